@@ -1,0 +1,157 @@
+// IoEngine: asynchronous reads and writes against a SwapSpace through one of three backends
+// (io_uring, libaio, a pread/pwrite thread pool), chosen by probing at start-up.
+//
+// * One backend-neutral request type and one completion path (detail/io_backend.hpp).
+// * Transfers are cut into block_size requests, kept queue_depth deep; excess waits in a FIFO.
+// * Every completion is checked: short transfers are resubmitted for the remainder, EAGAIN and
+//   EINTR are retried (bounded), anything else fails the ticket with a std::system_error naming
+//   "<op> <path> @<offset>+<len>". Nothing is silently truncated.
+// * Unaligned offsets, lengths or buffers on O_DIRECT files go through engine-owned bounce buffers
+//   (read-modify-write for partial blocks; concurrent partial writes to one block are serialized).
+// * Buffers registered with register_buffer() are used as io_uring fixed buffers.
+//
+// Thread-safety: submit(), wait_any(), register_buffer() and stats() may be called from any
+// number of threads concurrently.
+#pragma once
+
+#include <cstdint>
+#include <exception>
+#include <memory>
+#include <span>
+#include <string>
+#include <string_view>
+
+#include "tierswap/swap_space.hpp"
+
+namespace tierswap {
+
+enum class IoBackendKind { automatic, uring, aio, posix };
+std::string_view to_string(IoBackendKind kind) noexcept;
+/// "auto" | "uring" | "io_uring" | "aio" | "libaio" | "posix"; std::invalid_argument otherwise.
+IoBackendKind parse_backend(std::string_view text);
+
+struct IoEngineConfig {
+  IoBackendKind backend = IoBackendKind::automatic;  ///< forced backend, or probe in order
+  std::uint32_t queue_depth = 32;                    ///< requests in flight, 1..4096
+  std::uint64_t block_size = 1024 * 1024;            ///< largest request, 4 KiB..64 MiB
+  bool sqpoll = false;                               ///< io_uring SQPOLL kernel thread
+  std::uint32_t sqpoll_idle_ms = 50;
+  std::uint32_t posix_threads = 4;  ///< workers of the posix backend
+  std::uint32_t max_retries = 64;   ///< EAGAIN/EINTR/no-progress retries per request
+
+  /// Overrides from TIERSWAP_IO_BACKEND, TIERSWAP_QUEUE_DEPTH, TIERSWAP_BLOCK_SIZE,
+  /// TIERSWAP_SQPOLL (0|1), TIERSWAP_POSIX_THREADS, TIERSWAP_IO_RETRIES.
+  static IoEngineConfig from_env();
+  static IoEngineConfig from_env(IoEngineConfig base);
+  /// Loads {"backend","queue_depth","block_size","sqpoll","sqpoll_idle_ms","posix_threads",
+  /// "max_retries"}; unknown keys or bad values throw std::invalid_argument naming the key.
+  static IoEngineConfig from_json(std::string_view json);
+  void validate() const;
+};
+
+enum class IoOp : std::uint8_t { read, write };
+
+/// One transfer of a batch: `length` bytes at logical `offset` of the swap space.
+struct IoSegment {
+  IoOp op = IoOp::read;
+  std::uint64_t offset = 0;
+  std::uint64_t length = 0;
+  void* buffer = nullptr;
+};
+
+struct IoStats {
+  std::uint64_t bytes_read = 0;
+  std::uint64_t bytes_written = 0;
+  std::uint64_t requests = 0;         ///< requests handed to the backend (retries included)
+  std::uint64_t short_transfers = 0;  ///< completions that moved less than asked
+  std::uint64_t retries = 0;          ///< EAGAIN/EINTR resubmissions
+  std::uint64_t bounce_requests = 0;  ///< requests that went through a bounce buffer
+  std::uint64_t fixed_requests = 0;   ///< io_uring fixed-buffer requests
+  std::uint64_t failed_tickets = 0;
+};
+
+namespace detail {
+struct TicketState;
+class IoBackend;
+}  // namespace detail
+
+class IoEngine;
+
+/// Handle on a submitted batch. Move-only. The buffers of its segments must stay valid until it
+/// is ready(). Destroying a ticket that is not ready waits for it (errors are then dropped), so a
+/// buffer never outlives its I/O. A ticket must not outlive its engine.
+class IoTicket {
+ public:
+  IoTicket() noexcept = default;
+  IoTicket(IoTicket&&) noexcept;
+  IoTicket& operator=(IoTicket&&) noexcept;
+  IoTicket(const IoTicket&) = delete;
+  IoTicket& operator=(const IoTicket&) = delete;
+  ~IoTicket();
+
+  bool valid() const noexcept { return state_ != nullptr; }
+  /// True once every request of the batch finished (successfully or not). Never blocks.
+  bool ready() const noexcept;
+  /// Blocks until ready; rethrows the batch's first error (std::system_error).
+  void wait();
+  /// Bytes of the batch transferred so far.
+  std::uint64_t bytes_done() const noexcept;
+  std::uint64_t bytes_total() const noexcept;
+  /// The batch's error once ready, or null.
+  std::exception_ptr error() const noexcept;
+
+ private:
+  friend class IoEngine;
+  IoTicket(IoEngine* engine, std::shared_ptr<detail::TicketState> state) noexcept;
+  IoEngine* engine_ = nullptr;
+  std::shared_ptr<detail::TicketState> state_;
+};
+
+class IoEngine {
+ public:
+  /// Probes and starts the backend. `space` must outlive the engine. Throws
+  /// std::invalid_argument for a bad config, std::system_error when a forced backend is unavailable.
+  explicit IoEngine(const SwapSpace& space, IoEngineConfig config = {});
+  /// For tests and wrappers: run over a given backend (e.g. the fault-injecting one).
+  IoEngine(const SwapSpace& space, IoEngineConfig config,
+           std::unique_ptr<detail::IoBackend> backend);
+  /// Waits for every outstanding ticket, then stops the backend.
+  ~IoEngine();
+  IoEngine(const IoEngine&) = delete;
+  IoEngine& operator=(const IoEngine&) = delete;
+
+  /// Submits a batch. Segments must lie inside the space (std::out_of_range otherwise, nothing
+  /// submitted), with non-null buffers. An empty batch returns a ready ticket.
+  IoTicket submit(std::span<const IoSegment> segments);
+  IoTicket read(std::uint64_t offset, void* buffer, std::uint64_t length);
+  IoTicket write(std::uint64_t offset, const void* buffer, std::uint64_t length);
+
+  /// Blocks until one of `tickets` is ready and returns its index (tickets.size() if all are
+  /// invalid). Does not rethrow.
+  std::size_t wait_any(std::span<IoTicket> tickets);
+
+  /// Registers [data, data + bytes) as an io_uring fixed buffer (a pinned slab). Returns a handle
+  /// (>= 0) or -1 when the backend has no fixed buffers or the table is full; I/O into the region
+  /// then still works, unregistered. The region must stay valid until unregister_buffer().
+  int register_buffer(void* data, std::size_t bytes);
+  /// Unregisters; waits for in-flight requests that use it.
+  void unregister_buffer(int handle);
+
+  IoBackendKind backend() const noexcept { return kind_; }
+  /// Human-readable: backend, features, and why earlier backends were skipped.
+  const std::string& backend_description() const noexcept { return description_; }
+  const IoEngineConfig& config() const noexcept { return config_; }
+  const SwapSpace& space() const noexcept { return space_; }
+  IoStats stats() const noexcept;
+
+ private:
+  friend class IoTicket;
+  struct Impl;
+  const SwapSpace& space_;
+  IoEngineConfig config_;
+  IoBackendKind kind_ = IoBackendKind::automatic;
+  std::string description_;
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace tierswap

@@ -1,0 +1,28 @@
+// Byte-size parsing and formatting used by configs and the CLI.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <string_view>
+
+namespace tierswap {
+
+/// Parses "4096", "64KiB", "1MiB", "2GiB", "1M" (binary), "10MB"/"1GB" (decimal), "1.5GiB".
+/// Throws std::invalid_argument naming `key` and the text on anything else, negative values or
+/// overflow.
+std::uint64_t parse_size(std::string_view text, std::string_view key = "size");
+
+/// "1.50 GiB", "512 KiB", "17 B".
+std::string format_bytes(std::uint64_t bytes);
+
+/// Round `v` up / down to a multiple of `a` (a > 0).
+constexpr std::uint64_t round_up(std::uint64_t v, std::uint64_t a) noexcept {
+  return (v + a - 1) / a * a;
+}
+constexpr std::uint64_t round_down(std::uint64_t v, std::uint64_t a) noexcept { return v / a * a; }
+
+inline constexpr std::uint64_t KiB = 1024;
+inline constexpr std::uint64_t MiB = 1024 * KiB;
+inline constexpr std::uint64_t GiB = 1024 * MiB;
+
+}  // namespace tierswap

@@ -1,0 +1,51 @@
+#include "tierswap/aligned_buffer.hpp"
+
+#include <sys/mman.h>
+
+#include <cstdlib>
+#include <new>
+#include <stdexcept>
+#include <utility>
+
+#include "tierswap/units.hpp"
+
+namespace tierswap {
+
+AlignedBuffer::AlignedBuffer(std::size_t bytes, std::size_t alignment, bool lock) {
+  if (alignment < sizeof(void*) || (alignment & (alignment - 1)) != 0)
+    throw std::invalid_argument("AlignedBuffer: alignment must be a power of two >= pointer size");
+  std::size_t n = round_up(bytes == 0 ? alignment : bytes, alignment);
+  void* p = nullptr;
+  if (::posix_memalign(&p, alignment, n) != 0) throw std::bad_alloc();
+  data_ = static_cast<std::byte*>(p);
+  size_ = n;
+  if (lock) locked_ = ::mlock(data_, size_) == 0;
+}
+
+AlignedBuffer::~AlignedBuffer() { reset(); }
+
+AlignedBuffer::AlignedBuffer(AlignedBuffer&& o) noexcept
+    : data_(std::exchange(o.data_, nullptr)),
+      size_(std::exchange(o.size_, 0)),
+      locked_(std::exchange(o.locked_, false)) {}
+
+AlignedBuffer& AlignedBuffer::operator=(AlignedBuffer&& o) noexcept {
+  if (this != &o) {
+    reset();
+    data_ = std::exchange(o.data_, nullptr);
+    size_ = std::exchange(o.size_, 0);
+    locked_ = std::exchange(o.locked_, false);
+  }
+  return *this;
+}
+
+void AlignedBuffer::reset() noexcept {
+  if (data_ == nullptr) return;
+  if (locked_) ::munlock(data_, size_);
+  std::free(data_);
+  data_ = nullptr;
+  size_ = 0;
+  locked_ = false;
+}
+
+}  // namespace tierswap

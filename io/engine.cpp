@@ -1,0 +1,652 @@
+// IoEngine: splitting, queueing, the one completion path, bounce buffers.
+//
+// Locking: one mutex (mu_) guards the FIFO of tickets, the request slots, the bounce pool and every
+// call into the backend's submission side. The reaper thread blocks in backend->reap() without the
+// lock (the completion side has that single consumer), then takes the lock to run complete() on
+// each completion and to refill the queue.
+#include "tierswap/io_engine.hpp"
+
+#include <algorithm>
+#include <atomic>
+#include <cassert>
+#include <cerrno>
+#include <condition_variable>
+#include <cstring>
+#include <mutex>
+#include <sched.h>
+#include <thread>
+#include <utility>
+#include <vector>
+
+#include "tierswap/aligned_buffer.hpp"
+#include "tierswap/detail/io_backend.hpp"
+#include "tierswap/error.hpp"
+#include "tierswap/log.hpp"
+#include "tierswap/units.hpp"
+
+#include <fmt/format.h>
+
+namespace tierswap {
+
+namespace detail {
+
+struct TicketState {
+  std::vector<IoSegment> segments;
+  std::size_t seg = 0;     // split cursor: current segment
+  std::uint64_t pos = 0;   // split cursor: bytes of it already issued
+  std::uint32_t inflight = 0;
+  std::uint64_t total = 0;
+  std::atomic<std::uint64_t> done_bytes{0};
+  std::atomic<bool> ready{false};
+  std::exception_ptr error;
+  bool queued = false;
+  TicketState* next = nullptr;           // FIFO link
+  std::shared_ptr<TicketState> self;     // keeps the state alive while the engine uses it
+
+  bool split_done() const noexcept { return seg >= segments.size(); }
+};
+
+}  // namespace detail
+
+using detail::IoBackend;
+using detail::IoCompletion;
+using detail::IoRequest;
+using detail::TicketState;
+
+namespace {
+
+enum class Phase : std::uint8_t { direct, bounce_read, bounce_write, rmw_read, rmw_write };
+
+struct Slot {
+  IoRequest req;                 // must stay first: completions hand back &req
+  TicketState* ticket = nullptr;
+  Phase phase = Phase::direct;
+  std::uint32_t retries = 0;
+  std::uint64_t first_offset = 0;  // physical range as first issued, for error messages
+  std::uint32_t first_length = 0;
+  std::byte* user = nullptr;       // user buffer of this chunk
+  std::uint32_t user_len = 0;
+  std::uint32_t head = 0;          // user data starts at bounce + head
+  std::uint64_t aligned_offset = 0;
+  std::uint32_t aligned_len = 0;
+  std::byte* bounce = nullptr;
+  int region = -1;                 // registered region used, for unregister_buffer()
+  Slot* next = nullptr;            // free list / resubmit list
+};
+static_assert(offsetof(Slot, req) == 0);
+
+struct Region {
+  std::byte* data = nullptr;
+  std::size_t bytes = 0;
+  std::uint32_t inflight = 0;
+  bool used = false;
+};
+
+}  // namespace
+
+struct IoEngine::Impl {
+  IoEngine& owner;
+  std::unique_ptr<IoBackend> backend;
+  std::mutex mu;
+  std::condition_variable done_cv;    // a ticket became ready
+  std::condition_variable region_cv;  // a region's in-flight count dropped
+  std::vector<Slot> slots;
+  Slot* free_slots = nullptr;
+  Slot* resubmit = nullptr;  // slots whose request must go to the backend again
+  std::uint32_t inflight = 0;
+  TicketState* fifo_head = nullptr;
+  TicketState* fifo_tail = nullptr;
+  std::vector<Region> regions;
+  // Bounce buffers: one per slot, created on first need (registered as a fixed buffer if possible).
+  AlignedBuffer bounce_pool;
+  std::size_t bounce_size = 0;
+  int bounce_region = -1;
+  std::vector<std::byte*> free_bounce;
+  bool stop = false;
+  std::thread reaper;
+  std::uint32_t max_align = 1;
+
+  std::atomic<std::uint64_t> bytes_read{0}, bytes_written{0}, requests{0}, short_transfers{0},
+      retries{0}, bounce_requests{0}, fixed_requests{0}, failed_tickets{0};
+
+  explicit Impl(IoEngine& e) : owner(e) {}
+
+  const SwapFile& file(std::uint32_t i) const { return owner.space_.files()[i]; }
+
+  // ---- FIFO -----------------------------------------------------------------------------------
+  void push(TicketState* t) {
+    t->queued = true;
+    t->next = nullptr;
+    if (fifo_tail) fifo_tail->next = t;
+    else fifo_head = t;
+    fifo_tail = t;
+  }
+  void pop_head() {
+    TicketState* t = fifo_head;
+    fifo_head = t->next;
+    if (!fifo_head) fifo_tail = nullptr;
+    t->next = nullptr;
+    t->queued = false;
+  }
+  void unlink(TicketState* t) {
+    TicketState* prev = nullptr;
+    for (TicketState* p = fifo_head; p; prev = p, p = p->next) {
+      if (p != t) continue;
+      (prev ? prev->next : fifo_head) = p->next;
+      if (fifo_tail == p) fifo_tail = prev;
+      p->next = nullptr;
+      p->queued = false;
+      return;
+    }
+  }
+
+  // ---- tickets --------------------------------------------------------------------------------
+  void maybe_finish(TicketState* t) {
+    if (t->inflight != 0 || t->queued) return;
+    if (!t->split_done() && !t->error) return;
+    if (t->error) failed_tickets.fetch_add(1, std::memory_order_relaxed);
+    t->ready.store(true, std::memory_order_release);
+    auto keep = std::move(t->self);  // may free t when the user already dropped the ticket
+    done_cv.notify_all();
+  }
+
+  void fail(Slot* s, int err, std::string_view detail = {}) {
+    TicketState* t = s->ticket;
+    if (!t->error) {
+      const char* op = s->req.op == IoOp::read ? "read" : "write";
+      t->error = std::make_exception_ptr(io_error(err, op, file(s->req.file).path.string(),
+                                                  s->first_offset, s->first_length, detail));
+    }
+    if (t->queued) unlink(t);
+    finish(s, /*ok=*/false);
+  }
+
+  void finish(Slot* s, bool ok) {
+    TicketState* t = s->ticket;
+    if (ok) {
+      t->done_bytes.fetch_add(s->user_len, std::memory_order_relaxed);
+      (s->req.op == IoOp::read ? bytes_read : bytes_written)
+          .fetch_add(s->user_len, std::memory_order_relaxed);
+    }
+    if (s->bounce) free_bounce.push_back(s->bounce);
+    if (s->region >= 0 && --regions[s->region].inflight == 0) region_cv.notify_all();
+    s->bounce = nullptr;
+    s->region = -1;
+    s->ticket = nullptr;
+    s->next = free_slots;
+    free_slots = s;
+    --inflight;
+    --t->inflight;
+    maybe_finish(t);
+  }
+
+  void requeue(Slot* s) {
+    s->next = resubmit;
+    resubmit = s;
+  }
+
+  // ---- the one completion path ----------------------------------------------------------------
+  void complete(Slot* s, std::int64_t res) {
+    IoRequest& r = s->req;
+    if (res < 0) {
+      const int err = static_cast<int>(-res);
+      if ((err == EAGAIN || err == EINTR) && s->retries < owner.config_.max_retries) {
+        ++s->retries;
+        retries.fetch_add(1, std::memory_order_relaxed);
+        requeue(s);
+        return;
+      }
+      fail(s, err, err == EAGAIN || err == EINTR ? "retries exhausted" : std::string_view{});
+      return;
+    }
+    std::uint64_t moved = static_cast<std::uint64_t>(res);
+    if (moved > r.length) {
+      fail(s, EIO, "backend reported more bytes than asked");
+      return;
+    }
+    if (moved < r.length) {
+      short_transfers.fetch_add(1, std::memory_order_relaxed);
+      const SwapFile& f = file(r.file);
+      // On O_DIRECT files only aligned progress can be kept: the partial block is redone
+      // (re-reading or re-writing the same bytes is idempotent).
+      if (f.direct) moved = round_down(moved, std::max(f.offset_align, f.mem_align));
+      if (res == 0 && r.op == IoOp::read) {
+        fail(s, EIO, "unexpected end of file (swap file truncated?)");
+        return;
+      }
+      if (moved == 0) {
+        if (s->retries >= owner.config_.max_retries) {
+          fail(s, EIO, "no progress after retries");
+          return;
+        }
+        ++s->retries;
+        retries.fetch_add(1, std::memory_order_relaxed);
+      }
+      r.offset += moved;
+      r.buffer += moved;
+      r.length -= static_cast<std::uint32_t>(moved);
+      requeue(s);
+      return;
+    }
+    // This request's transfer is complete.
+    switch (s->phase) {
+      case Phase::bounce_read:
+        std::memcpy(s->user, s->bounce + s->head, s->user_len);
+        break;
+      case Phase::rmw_read:
+        std::memcpy(s->bounce + s->head, s->user, s->user_len);
+        s->phase = Phase::rmw_write;
+        s->retries = 0;
+        r.op = IoOp::write;
+        r.offset = s->aligned_offset;
+        r.buffer = s->bounce;
+        r.length = s->aligned_len;
+        requeue(s);
+        return;
+      default:
+        break;
+    }
+    finish(s, /*ok=*/true);
+  }
+
+  // ---- splitting and submission ---------------------------------------------------------------
+  int region_of(const std::byte* p, std::size_t n) const {
+    for (std::size_t i = 0; i < regions.size(); ++i) {
+      const Region& g = regions[i];
+      if (g.used && p >= g.data && p + n <= g.data + g.bytes) return static_cast<int>(i);
+    }
+    return -1;
+  }
+
+  void ensure_bounce_pool() {
+    if (bounce_pool) return;
+    bounce_size = round_up(owner.config_.block_size + 2 * max_align, 4096);
+    bounce_pool = AlignedBuffer(bounce_size * slots.size(), std::max<std::size_t>(4096, max_align));
+    for (std::size_t i = 0; i < slots.size(); ++i)
+      free_bounce.push_back(bounce_pool.data() + i * bounce_size);
+    bounce_region = register_locked(bounce_pool.data(), bounce_pool.size());
+  }
+
+  // Does an in-flight read-modify-write touch [a0, a1) of file f?
+  bool rmw_conflict(std::uint32_t f, std::uint64_t a0, std::uint64_t a1) const {
+    for (const Slot& s : slots) {
+      if (s.ticket && (s.phase == Phase::rmw_read || s.phase == Phase::rmw_write) &&
+          s.req.file == f && s.aligned_offset < a1 && a0 < s.aligned_offset + s.aligned_len)
+        return true;
+    }
+    return false;
+  }
+
+  // Builds the next request of ticket t into a free slot; false when it must wait.
+  bool build(TicketState* t, Slot** out) {
+    const IoSegment& seg = t->segments[t->seg];
+    const std::uint64_t remaining = seg.length - t->pos;
+    const std::uint64_t logical = seg.offset + t->pos;
+    PhysicalSpan ps = owner.space_.map(logical, std::min(remaining, owner.config_.block_size));
+    const SwapFile& f = file(ps.file);
+    std::byte* user = static_cast<std::byte*>(seg.buffer) + t->pos;
+    std::uint64_t len = ps.length;
+    Phase phase = Phase::direct;
+    std::uint64_t a0 = ps.offset, alen = len;
+    if (f.direct) {
+      const std::uint64_t oa = f.offset_align;
+      // Cut chunks at aligned physical boundaries so only a segment's first and last chunk can
+      // have partial blocks.
+      if (len < remaining && (ps.offset + len) % oa != 0) {
+        const std::uint64_t end = round_down(ps.offset + len, oa);
+        if (end > ps.offset) len = end - ps.offset;
+      }
+      const bool aligned = ps.offset % oa == 0 && len % oa == 0 &&
+                           reinterpret_cast<std::uintptr_t>(user) % f.mem_align == 0;
+      if (!aligned) {
+        a0 = round_down(ps.offset, oa);
+        alen = round_up(ps.offset + len, oa) - a0;
+        const bool partial = ps.offset % oa != 0 || len % oa != 0;
+        if (seg.op == IoOp::read) phase = Phase::bounce_read;
+        else phase = partial ? Phase::rmw_read : Phase::bounce_write;
+        ensure_bounce_pool();
+        if (phase == Phase::rmw_read && rmw_conflict(ps.file, a0, a0 + alen)) return false;
+        if (free_bounce.empty()) return false;
+      }
+    }
+    Slot* s = free_slots;
+    free_slots = s->next;
+    s->next = nullptr;
+    s->ticket = t;
+    s->phase = phase;
+    s->retries = 0;
+    s->user = user;
+    s->user_len = static_cast<std::uint32_t>(len);
+    IoRequest& r = s->req;
+    r.file = ps.file;
+    r.backend_data = nullptr;
+    if (phase == Phase::direct) {
+      r.op = seg.op;
+      r.offset = ps.offset;
+      r.length = static_cast<std::uint32_t>(len);
+      r.buffer = user;
+      s->region = region_of(user, len);
+    } else {
+      s->bounce = free_bounce.back();
+      free_bounce.pop_back();
+      s->head = static_cast<std::uint32_t>(ps.offset - a0);
+      s->aligned_offset = a0;
+      s->aligned_len = static_cast<std::uint32_t>(alen);
+      r.op = phase == Phase::bounce_write ? IoOp::write : IoOp::read;
+      r.offset = a0;
+      r.length = static_cast<std::uint32_t>(alen);
+      r.buffer = s->bounce;
+      if (phase == Phase::bounce_write) std::memcpy(s->bounce + s->head, user, len);
+      s->region = bounce_region;
+      bounce_requests.fetch_add(1, std::memory_order_relaxed);
+    }
+    if (s->region >= 0) ++regions[s->region].inflight;
+    s->first_offset = ps.offset;
+    s->first_length = static_cast<std::uint32_t>(len);
+    ++inflight;
+    ++t->inflight;
+    t->pos += len;
+    while (t->seg < t->segments.size() && t->pos == t->segments[t->seg].length) {
+      ++t->seg;
+      t->pos = 0;
+    }
+    *out = s;
+    return true;
+  }
+
+  // Fills the queue up to its depth and hands the batch to the backend. Called with mu held.
+  void pump() {
+    IoRequest* batch[256];
+    for (;;) {
+      std::size_t n = 0;
+      while (resubmit && n < std::size(batch)) {
+        Slot* s = resubmit;
+        resubmit = s->next;
+        s->next = nullptr;
+        batch[n++] = &s->req;
+      }
+      while (n < std::size(batch) && free_slots && fifo_head) {
+        TicketState* t = fifo_head;
+        if (t->error || t->split_done()) {
+          pop_head();
+          maybe_finish(t);
+          continue;
+        }
+        Slot* s = nullptr;
+        if (!build(t, &s)) break;
+        batch[n++] = &s->req;
+        if (t->split_done()) pop_head();
+      }
+      if (n == 0) return;
+      submit_batch(batch, n);
+    }
+  }
+
+  void submit_batch(IoRequest** batch, std::size_t n) {
+    for (std::size_t i = 0; i < n; ++i) {
+      IoRequest& r = *batch[i];
+      Slot* s = reinterpret_cast<Slot*>(batch[i]);
+      r.buffer_index = -1;
+      if (s->region >= 0 && backend->buffer_slots() > 0) {
+        r.buffer_index = s->region;
+        fixed_requests.fetch_add(1, std::memory_order_relaxed);
+      }
+    }
+    std::size_t done = 0;
+    std::uint32_t attempts = 0;
+    int last = 0;
+    while (done < n) {
+      int r = backend->submit(std::span<IoRequest* const>(batch + done, n - done));
+      if (r > 0) {
+        done += static_cast<std::size_t>(r);
+        attempts = 0;
+        continue;
+      }
+      last = r == 0 ? -EAGAIN : r;
+      if ((last == -EAGAIN || last == -EINTR || last == -EBUSY) &&
+          ++attempts <= owner.config_.max_retries) {
+        sched_yield();
+        continue;
+      }
+      break;
+    }
+    requests.fetch_add(done, std::memory_order_relaxed);
+    for (std::size_t i = done; i < n; ++i) {
+      Slot* s = reinterpret_cast<Slot*>(batch[i]);
+      fail(s, -last, "the backend did not accept the request");
+    }
+  }
+
+  // ---- buffers --------------------------------------------------------------------------------
+  int register_locked(void* data, std::size_t bytes) {
+    std::uint32_t cap = backend->buffer_slots();
+    if (cap == 0) return -1;
+    if (regions.size() < cap) regions.resize(cap);
+    for (std::uint32_t i = 0; i < cap; ++i) {
+      if (regions[i].used) continue;
+      int r = backend->register_buffer(i, data, bytes);
+      if (r < 0) {
+        log(LogLevel::info, fmt::format("fixed buffer of {} not registered: {}",
+                                        format_bytes(bytes), std::strerror(-r)));
+        return -1;
+      }
+      regions[i] = Region{static_cast<std::byte*>(data), bytes, 0, true};
+      return static_cast<int>(i);
+    }
+    return -1;
+  }
+
+  // ---- reaper thread --------------------------------------------------------------------------
+  void reap_loop() {
+    IoCompletion comps[128];
+    bool warned = false;
+    for (;;) {
+      int n = backend->reap(std::span<IoCompletion>(comps), /*wait=*/true);
+      std::unique_lock lock(mu);
+      if (n < 0 && n != -EINTR && n != -EAGAIN && n != -ETIME && !warned) {
+        log(LogLevel::error, fmt::format("I/O backend reap failed: {}", std::strerror(-n)));
+        warned = true;
+      }
+      for (int i = 0; i < n; ++i) {
+        if (comps[i].request == nullptr) continue;  // wake-up
+        complete(reinterpret_cast<Slot*>(comps[i].request), comps[i].result);
+      }
+      pump();
+      if (stop && inflight == 0 && !fifo_head) return;
+    }
+  }
+};
+
+// ---- IoTicket ---------------------------------------------------------------------------------
+
+IoTicket::IoTicket(IoEngine* engine, std::shared_ptr<detail::TicketState> state) noexcept
+    : engine_(engine), state_(std::move(state)) {}
+IoTicket::IoTicket(IoTicket&& o) noexcept
+    : engine_(std::exchange(o.engine_, nullptr)), state_(std::move(o.state_)) {}
+IoTicket& IoTicket::operator=(IoTicket&& o) noexcept {
+  if (this != &o) {
+    if (state_ && !ready()) {
+      try {
+        wait();
+      } catch (...) {
+      }
+    }
+    engine_ = std::exchange(o.engine_, nullptr);
+    state_ = std::move(o.state_);
+  }
+  return *this;
+}
+IoTicket::~IoTicket() {
+  if (state_ && !ready()) {
+    try {
+      wait();
+    } catch (...) {
+    }
+  }
+}
+bool IoTicket::ready() const noexcept {
+  return state_ && state_->ready.load(std::memory_order_acquire);
+}
+void IoTicket::wait() {
+  if (!state_) throw std::logic_error("IoTicket::wait on an empty ticket");
+  if (!ready()) {
+    std::unique_lock lock(engine_->impl_->mu);
+    engine_->impl_->done_cv.wait(lock, [&] { return ready(); });
+  }
+  if (state_->error) std::rethrow_exception(state_->error);
+}
+std::uint64_t IoTicket::bytes_done() const noexcept {
+  return state_ ? state_->done_bytes.load(std::memory_order_relaxed) : 0;
+}
+std::uint64_t IoTicket::bytes_total() const noexcept { return state_ ? state_->total : 0; }
+std::exception_ptr IoTicket::error() const noexcept {
+  return ready() ? state_->error : std::exception_ptr{};
+}
+
+// ---- IoEngine ---------------------------------------------------------------------------------
+
+namespace {
+detail::BackendParams params_for(const SwapSpace& space, const IoEngineConfig& c,
+                                 std::vector<int>& fds) {
+  for (const auto& f : space.files()) fds.push_back(f.fd);
+  detail::BackendParams p;
+  p.fds = fds;
+  p.queue_depth = c.queue_depth;
+  p.sqpoll = c.sqpoll;
+  p.sqpoll_idle_ms = c.sqpoll_idle_ms;
+  p.threads = c.posix_threads;
+  return p;
+}
+}  // namespace
+
+IoEngine::IoEngine(const SwapSpace& space, IoEngineConfig config)
+    : IoEngine(space, config, nullptr) {}
+
+IoEngine::IoEngine(const SwapSpace& space, IoEngineConfig config,
+                   std::unique_ptr<detail::IoBackend> backend)
+    : space_(space), config_(config) {
+  config_.validate();
+  if (space.files().empty())
+    throw std::invalid_argument("IoEngine: the swap space has no open files");
+  if (!backend) {
+    std::vector<int> fds;
+    auto p = params_for(space, config_, fds);
+    backend = detail::choose_backend(config_.backend, p, &description_);
+  } else {
+    description_ = std::string(to_string(backend->kind())) + " (" + backend->describe() + ")";
+  }
+  kind_ = backend->kind();
+  impl_ = std::make_unique<Impl>(*this);
+  impl_->backend = std::move(backend);
+  impl_->slots.resize(config_.queue_depth);
+  for (std::uint32_t i = 0; i < config_.queue_depth; ++i) {
+    Slot& s = impl_->slots[config_.queue_depth - 1 - i];
+    s.req.id = config_.queue_depth - 1 - i;
+    s.next = impl_->free_slots;
+    impl_->free_slots = &s;
+  }
+  for (const auto& f : space.files())
+    impl_->max_align = std::max({impl_->max_align, f.offset_align, f.mem_align});
+  if (!space.all_direct()) description_ += ", buffered I/O on some files";
+  log(LogLevel::info, "I/O engine: " + description_);
+  impl_->reaper = std::thread([this] { impl_->reap_loop(); });
+}
+
+IoEngine::~IoEngine() {
+  {
+    std::unique_lock lock(impl_->mu);
+    impl_->done_cv.wait(lock, [&] { return impl_->inflight == 0 && !impl_->fifo_head; });
+    impl_->stop = true;
+    impl_->backend->wake();
+  }
+  impl_->reaper.join();
+  for (std::size_t i = 0; i < impl_->regions.size(); ++i)
+    if (impl_->regions[i].used) impl_->backend->unregister_buffer(static_cast<std::uint32_t>(i));
+}
+
+IoTicket IoEngine::submit(std::span<const IoSegment> segments) {
+  auto st = std::make_shared<TicketState>();
+  st->segments.reserve(segments.size());
+  for (std::size_t i = 0; i < segments.size(); ++i) {
+    const IoSegment& s = segments[i];
+    if (s.length == 0) continue;
+    if (s.buffer == nullptr)
+      throw std::invalid_argument(fmt::format("IoEngine::submit: segment {} has a null buffer", i));
+    if (s.offset > space_.capacity() || s.length > space_.capacity() - s.offset)
+      throw std::out_of_range(fmt::format(
+          "IoEngine::submit: segment {} @{}+{} lies outside the swap space (capacity {})", i,
+          s.offset, s.length, space_.capacity()));
+    st->segments.push_back(s);
+    st->total += s.length;
+  }
+  if (st->segments.empty()) {
+    st->ready.store(true);
+    return IoTicket(this, std::move(st));
+  }
+  std::lock_guard lock(impl_->mu);
+  st->self = st;
+  impl_->push(st.get());
+  impl_->pump();
+  return IoTicket(this, std::move(st));
+}
+
+IoTicket IoEngine::read(std::uint64_t offset, void* buffer, std::uint64_t length) {
+  IoSegment s{IoOp::read, offset, length, buffer};
+  return submit(std::span(&s, 1));
+}
+
+IoTicket IoEngine::write(std::uint64_t offset, const void* buffer, std::uint64_t length) {
+  IoSegment s{IoOp::write, offset, length, const_cast<void*>(buffer)};
+  return submit(std::span(&s, 1));
+}
+
+std::size_t IoEngine::wait_any(std::span<IoTicket> tickets) {
+  auto first_ready = [&]() -> std::size_t {
+    bool any_valid = false;
+    for (std::size_t i = 0; i < tickets.size(); ++i) {
+      if (!tickets[i].valid()) continue;
+      any_valid = true;
+      if (tickets[i].ready()) return i;
+    }
+    return any_valid ? tickets.size() + 1 : tickets.size();
+  };
+  std::size_t i = first_ready();
+  if (i <= tickets.size()) return i;
+  std::unique_lock lock(impl_->mu);
+  impl_->done_cv.wait(lock, [&] { return (i = first_ready()) <= tickets.size(); });
+  return i;
+}
+
+int IoEngine::register_buffer(void* data, std::size_t bytes) {
+  if (data == nullptr || bytes == 0)
+    throw std::invalid_argument("IoEngine::register_buffer: null or empty region");
+  std::lock_guard lock(impl_->mu);
+  return impl_->register_locked(data, bytes);
+}
+
+void IoEngine::unregister_buffer(int handle) {
+  std::unique_lock lock(impl_->mu);
+  if (handle < 0 || static_cast<std::size_t>(handle) >= impl_->regions.size() ||
+      !impl_->regions[handle].used || handle == impl_->bounce_region)
+    throw std::invalid_argument(
+        fmt::format("IoEngine::unregister_buffer: {} is not a registered buffer", handle));
+  impl_->region_cv.wait(lock, [&] { return impl_->regions[handle].inflight == 0; });
+  impl_->backend->unregister_buffer(static_cast<std::uint32_t>(handle));
+  impl_->regions[handle] = Region{};
+}
+
+IoStats IoEngine::stats() const noexcept {
+  const Impl& m = *impl_;
+  IoStats s;
+  s.bytes_read = m.bytes_read.load();
+  s.bytes_written = m.bytes_written.load();
+  s.requests = m.requests.load();
+  s.short_transfers = m.short_transfers.load();
+  s.retries = m.retries.load();
+  s.bounce_requests = m.bounce_requests.load();
+  s.fixed_requests = m.fixed_requests.load();
+  s.failed_tickets = m.failed_tickets.load();
+  return s;
+}
+
+}  // namespace tierswap

@@ -1,0 +1,496 @@
+#include "tierswap/swap_space.hpp"
+
+#include <fcntl.h>
+#include <sys/random.h>
+#include <sys/stat.h>
+#include <sys/statvfs.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
+#include <map>
+#include <nlohmann/json.hpp>
+#include <system_error>
+
+#include "tierswap/aligned_buffer.hpp"
+#include "tierswap/checksum.hpp"
+#include "tierswap/error.hpp"
+#include "tierswap/log.hpp"
+#include "tierswap/units.hpp"
+
+#include <fmt/format.h>
+
+namespace tierswap {
+namespace {
+
+constexpr char kMagic[8] = {'T', 'S', 'W', 'A', 'P', 'S', 'P', '\0'};
+constexpr std::uint64_t kHeaderBlock = 4096;
+
+// Little-endian on every supported target (x86-64, aarch64); the layout is fixed-size.
+struct FileHeader {
+  char magic[8];
+  std::uint32_t version;
+  std::uint32_t file_index;
+  std::uint32_t file_count;
+  std::uint32_t reserved;
+  std::uint64_t data_offset;
+  std::uint64_t stripe_size;
+  std::uint64_t capacity;
+  std::uint64_t data_bytes;
+  std::uint8_t uuid[16];
+  std::uint64_t checksum;  // XXH3 of every byte before this field
+};
+static_assert(sizeof(FileHeader) == 80);
+
+std::string path_str(const std::filesystem::path& p) { return p.string(); }
+
+struct FdGuard {
+  int fd = -1;
+  ~FdGuard() {
+    if (fd >= 0) ::close(fd);
+  }
+  int release() { return std::exchange(fd, -1); }
+};
+
+// Opens `path` (no symlink following) with O_DIRECT per `mode`, fills alignment fields.
+SwapFile open_file(const std::filesystem::path& path, DirectIo mode, bool create) {
+  SwapFile f;
+  f.path = path;
+  int base = O_RDWR | O_CLOEXEC | O_NOFOLLOW;
+  if (create) {
+    int fd = ::open(path.c_str(), base | O_CREAT | O_EXCL, 0600);
+    if (fd < 0) throw_errno(errno, fmt::format("create swap file {}", path_str(path)));
+    ::close(fd);
+  }
+  int fd = -1;
+  bool direct = false;
+  if (mode != DirectIo::off) {
+    fd = ::open(path.c_str(), base | O_DIRECT);
+    if (fd >= 0) {
+      direct = true;
+    } else if (errno != EINVAL || mode == DirectIo::on) {
+      throw_errno(errno, fmt::format("open swap file {} with O_DIRECT", path_str(path)));
+    }
+  }
+  if (fd < 0) {
+    fd = ::open(path.c_str(), base);
+    if (fd < 0) throw_errno(errno, fmt::format("open swap file {}", path_str(path)));
+  }
+  FdGuard guard{fd};
+  struct stat st {};
+  if (::fstat(fd, &st) != 0) throw_errno(errno, fmt::format("stat {}", path_str(path)));
+  if (!S_ISREG(st.st_mode))
+    throw std::invalid_argument(fmt::format("swap file {} is not a regular file", path_str(path)));
+  std::uint32_t mem_align = 1, off_align = 1;
+  if (direct) {
+    struct statx stx {};
+    bool have_dio = false;
+    if (::statx(fd, "", AT_EMPTY_PATH, STATX_DIOALIGN, &stx) == 0 &&
+        (stx.stx_mask & STATX_DIOALIGN) != 0) {
+      if (stx.stx_dio_mem_align == 0 || stx.stx_dio_offset_align == 0) {
+        // The filesystem says it cannot do direct I/O on this file.
+        direct = false;
+      } else {
+        mem_align = stx.stx_dio_mem_align;
+        off_align = stx.stx_dio_offset_align;
+        have_dio = true;
+      }
+    }
+    if (direct && !have_dio) {
+      mem_align = 4096;  // conservative when the kernel does not report DIO alignment
+      off_align = static_cast<std::uint32_t>(std::max<blksize_t>(st.st_blksize, 512));
+    }
+    if (!direct) {
+      if (mode == DirectIo::on)
+        throw std::system_error(EINVAL, std::system_category(),
+                                fmt::format("O_DIRECT unsupported for {}", path_str(path)));
+      ::close(guard.release());
+      fd = ::open(path.c_str(), base);
+      if (fd < 0) throw_errno(errno, fmt::format("open swap file {}", path_str(path)));
+      guard.fd = fd;
+    }
+  }
+  if (!direct && mode == DirectIo::automatic)
+    log(LogLevel::warn, fmt::format("{}: filesystem does not support O_DIRECT; using buffered I/O "
+                                    "(page cache)",
+                                    path_str(path)));
+  f.fd = guard.release();
+  f.direct = direct;
+  f.mem_align = mem_align;
+  f.offset_align = off_align;
+  return f;
+}
+
+void pwrite_all(const SwapFile& f, const void* buf, std::size_t n, std::uint64_t off) {
+  std::size_t done = 0;
+  while (done < n) {
+    ssize_t r = ::pwrite(f.fd, static_cast<const char*>(buf) + done, n - done,
+                         static_cast<off_t>(off + done));
+    if (r < 0 && errno == EINTR) continue;
+    if (r <= 0) throw io_error(r < 0 ? errno : EIO, "write", path_str(f.path), off + done, n - done);
+    done += static_cast<std::size_t>(r);
+  }
+}
+
+void pread_all(const SwapFile& f, void* buf, std::size_t n, std::uint64_t off) {
+  std::size_t done = 0;
+  while (done < n) {
+    ssize_t r =
+        ::pread(f.fd, static_cast<char*>(buf) + done, n - done, static_cast<off_t>(off + done));
+    if (r < 0 && errno == EINTR) continue;
+    if (r < 0) throw io_error(errno, "read", path_str(f.path), off + done, n - done);
+    if (r == 0)
+      throw io_error(EIO, "read", path_str(f.path), off + done, n - done,
+                     "file is truncated: unexpected end of file");
+    done += static_cast<std::size_t>(r);
+  }
+}
+
+void fsync_dir(const std::filesystem::path& dir) {
+  int fd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  if (fd < 0) return;
+  ::fsync(fd);
+  ::close(fd);
+}
+
+std::filesystem::path file_in(const std::filesystem::path& dir) {
+  return dir / std::string(SwapSpace::kFileName);
+}
+
+void check_dirs(const std::vector<std::filesystem::path>& dirs) {
+  if (dirs.empty()) throw std::invalid_argument("swap space: dirs is empty (give at least one)");
+  for (std::size_t i = 0; i < dirs.size(); ++i) {
+    std::error_code ec;
+    if (!std::filesystem::is_directory(dirs[i], ec))
+      throw std::invalid_argument(
+          fmt::format("swap space: dirs[{}]={} is not an existing directory", i, dirs[i].string()));
+    for (std::size_t j = 0; j < i; ++j) {
+      if (std::filesystem::equivalent(dirs[i], dirs[j], ec))
+        throw std::invalid_argument(fmt::format(
+            "swap space: dirs[{}]={} is the same directory as dirs[{}]", i, dirs[i].string(), j));
+    }
+  }
+}
+
+}  // namespace
+
+// ---- config -----------------------------------------------------------------------------------
+
+void SwapSpaceConfig::validate() const {
+  if (dirs.empty()) throw std::invalid_argument("swap space: dirs is empty (give at least one)");
+  if (capacity == 0) throw_invalid("capacity", "0", "the swap space needs a capacity > 0");
+  if (stripe_size == 0 || stripe_size % 4096 != 0)
+    throw_invalid("stripe_size", std::to_string(stripe_size), "must be a multiple of 4096");
+}
+
+SwapSpaceConfig SwapSpaceConfig::from_env() { return from_env(SwapSpaceConfig{}); }
+
+SwapSpaceConfig SwapSpaceConfig::from_env(SwapSpaceConfig c) {
+  if (const char* v = std::getenv("TIERSWAP_SWAP_DIRS")) {
+    c.dirs.clear();
+    std::string_view s(v);
+    while (!s.empty()) {
+      auto p = s.find(':');
+      auto part = s.substr(0, p);
+      if (!part.empty()) c.dirs.emplace_back(std::string(part));
+      if (p == std::string_view::npos) break;
+      s.remove_prefix(p + 1);
+    }
+  }
+  if (const char* v = std::getenv("TIERSWAP_SWAP_CAPACITY"))
+    c.capacity = parse_size(v, "TIERSWAP_SWAP_CAPACITY");
+  if (const char* v = std::getenv("TIERSWAP_STRIPE_SIZE"))
+    c.stripe_size = parse_size(v, "TIERSWAP_STRIPE_SIZE");
+  if (const char* v = std::getenv("TIERSWAP_DIRECT_IO")) {
+    std::string_view s(v);
+    if (s == "auto") c.direct = DirectIo::automatic;
+    else if (s == "on" || s == "1") c.direct = DirectIo::on;
+    else if (s == "off" || s == "0") c.direct = DirectIo::off;
+    else throw_invalid("TIERSWAP_DIRECT_IO", s, "expected auto, on or off");
+  }
+  return c;
+}
+
+SwapSpaceConfig SwapSpaceConfig::from_json(std::string_view text) {
+  nlohmann::json j;
+  try {
+    j = nlohmann::json::parse(text);
+  } catch (const nlohmann::json::parse_error& e) {
+    throw std::invalid_argument(fmt::format("swap space config: invalid JSON: {}", e.what()));
+  }
+  if (!j.is_object()) throw std::invalid_argument("swap space config: expected a JSON object");
+  SwapSpaceConfig c;
+  auto size_of = [](const nlohmann::json& v, const char* key) -> std::uint64_t {
+    if (v.is_number_unsigned()) return v.get<std::uint64_t>();
+    if (v.is_string()) return parse_size(v.get<std::string>(), key);
+    throw_invalid(key, v.dump(), "expected a size (number or string like \"8GiB\")");
+  };
+  for (auto& [key, v] : j.items()) {
+    if (key == "dirs") {
+      if (!v.is_array()) throw_invalid(key, v.dump(), "expected an array of paths");
+      for (auto& d : v) {
+        if (!d.is_string()) throw_invalid(key, v.dump(), "expected an array of paths");
+        c.dirs.emplace_back(d.get<std::string>());
+      }
+    } else if (key == "capacity") {
+      c.capacity = size_of(v, "capacity");
+    } else if (key == "stripe_size") {
+      c.stripe_size = size_of(v, "stripe_size");
+    } else if (key == "direct") {
+      std::string s = v.is_string() ? v.get<std::string>() : v.dump();
+      if (s == "auto") c.direct = DirectIo::automatic;
+      else if (s == "on") c.direct = DirectIo::on;
+      else if (s == "off") c.direct = DirectIo::off;
+      else throw_invalid(key, s, "expected \"auto\", \"on\" or \"off\"");
+    } else if (key == "check_free_space") {
+      if (!v.is_boolean()) throw_invalid(key, v.dump(), "expected true or false");
+      c.check_free_space = v.get<bool>();
+    } else {
+      throw_invalid(key, v.dump(),
+                    "unknown swap space config key (known: dirs, capacity, stripe_size, direct, "
+                    "check_free_space)");
+    }
+  }
+  return c;
+}
+
+// ---- SwapSpace --------------------------------------------------------------------------------
+
+SwapSpace::SwapSpace(SwapSpace&& o) noexcept { *this = std::move(o); }
+
+SwapSpace& SwapSpace::operator=(SwapSpace&& o) noexcept {
+  if (this != &o) {
+    close_all();
+    files_ = std::move(o.files_);
+    o.files_.clear();
+    capacity_ = o.capacity_;
+    stripe_ = o.stripe_;
+    alignment_ = o.alignment_;
+    mem_alignment_ = o.mem_alignment_;
+    std::memcpy(uuid_, o.uuid_, sizeof uuid_);
+  }
+  return *this;
+}
+
+SwapSpace::~SwapSpace() { close_all(); }
+
+void SwapSpace::close_all() noexcept {
+  for (auto& f : files_) {
+    if (f.fd >= 0) ::close(f.fd);
+    f.fd = -1;
+  }
+}
+
+void SwapSpace::remove_files() noexcept {
+  close_all();
+  for (auto& f : files_) ::unlink(f.path.c_str());
+  files_.clear();
+}
+
+bool SwapSpace::all_direct() const noexcept {
+  return std::all_of(files_.begin(), files_.end(), [](const SwapFile& f) { return f.direct; });
+}
+
+std::string SwapSpace::uuid() const {
+  std::string s;
+  for (auto b : uuid_) s += fmt::format("{:02x}", b);
+  return s;
+}
+
+PhysicalSpan SwapSpace::map(std::uint64_t logical, std::uint64_t max_length) const noexcept {
+  const std::uint64_t n = files_.size();
+  const std::uint64_t stripe_idx = logical / stripe_;
+  const std::uint64_t within = logical % stripe_;
+  PhysicalSpan s;
+  s.file = static_cast<std::uint32_t>(stripe_idx % n);
+  s.offset = files_[s.file].data_offset + (stripe_idx / n) * stripe_ + within;
+  s.length = std::min({max_length, stripe_ - within, capacity_ - logical});
+  return s;
+}
+
+void SwapSpace::sync() const {
+  for (const auto& f : files_)
+    if (::fdatasync(f.fd) != 0) throw_errno(errno, fmt::format("fdatasync {}", f.path.string()));
+}
+
+SwapSpace SwapSpace::create(const SwapSpaceConfig& config) {
+  config.validate();
+  check_dirs(config.dirs);
+  const std::uint64_t n = config.dirs.size();
+  const std::uint64_t capacity = round_up(config.capacity, config.stripe_size * n);
+  const std::uint64_t data_bytes = capacity / n;
+
+  if (config.check_free_space) {
+    std::map<dev_t, std::pair<std::uint64_t, std::filesystem::path>> need;  // per filesystem
+    for (const auto& d : config.dirs) {
+      struct stat st {};
+      if (::stat(d.c_str(), &st) != 0) throw_errno(errno, fmt::format("stat {}", d.string()));
+      auto& e = need[st.st_dev];
+      e.first += data_bytes + 64 * KiB;
+      e.second = d;
+    }
+    for (auto& [dev, e] : need) {
+      struct statvfs vfs {};
+      if (::statvfs(e.second.c_str(), &vfs) != 0)
+        throw_errno(errno, fmt::format("statvfs {}", e.second.string()));
+      std::uint64_t avail = static_cast<std::uint64_t>(vfs.f_bavail) * vfs.f_frsize;
+      if (avail < e.first)
+        throw std::system_error(
+            ENOSPC, std::system_category(),
+            fmt::format("swap space: {} needs {} on its filesystem but only {} is free",
+                        e.second.string(), format_bytes(e.first), format_bytes(avail)));
+    }
+  }
+
+  SwapSpace s;
+  s.capacity_ = capacity;
+  s.stripe_ = config.stripe_size;
+  if (::getrandom(s.uuid_, sizeof s.uuid_, 0) != sizeof s.uuid_)
+    throw_errno(errno, "getrandom for the swap space uuid");
+
+  std::vector<std::filesystem::path> created;
+  try {
+    for (std::uint32_t i = 0; i < n; ++i) {
+      auto path = file_in(config.dirs[i]);
+      SwapFile f = open_file(path, config.direct, /*create=*/true);
+      created.push_back(path);
+      s.files_.push_back(f);
+      std::uint64_t data_offset = round_up(kHeaderBlock, f.offset_align);
+      if (data_offset % 4096 != 0) data_offset = round_up(data_offset, 4096);
+      s.files_.back().data_offset = data_offset;
+      s.files_.back().data_bytes = data_bytes;
+      const std::uint64_t total = data_offset + data_bytes;
+      if (::fallocate(f.fd, 0, 0, static_cast<off_t>(total)) != 0) {
+        int err = errno;
+        if (err == EOPNOTSUPP) err = ::posix_fallocate(f.fd, 0, static_cast<off_t>(total));
+        if (err != 0)
+          throw std::system_error(err, std::system_category(),
+                                  fmt::format("preallocate {} bytes for {}", total, path.string()));
+      }
+      FileHeader h{};
+      std::memcpy(h.magic, kMagic, sizeof kMagic);
+      h.version = kFormatVersion;
+      h.file_index = i;
+      h.file_count = static_cast<std::uint32_t>(n);
+      h.data_offset = data_offset;
+      h.stripe_size = s.stripe_;
+      h.capacity = capacity;
+      h.data_bytes = data_bytes;
+      std::memcpy(h.uuid, s.uuid_, sizeof h.uuid);
+      h.checksum = checksum64(&h, offsetof(FileHeader, checksum));
+      AlignedBuffer block(data_offset, std::max<std::size_t>(4096, f.mem_align));
+      std::memset(block.data(), 0, block.size());
+      std::memcpy(block.data(), &h, sizeof h);
+      pwrite_all(s.files_.back(), block.data(), data_offset, 0);
+      if (::fdatasync(f.fd) != 0) throw_errno(errno, fmt::format("fdatasync {}", path.string()));
+      fsync_dir(config.dirs[i]);
+    }
+  } catch (...) {
+    s.close_all();
+    for (auto& p : created) ::unlink(p.c_str());
+    s.files_.clear();
+    throw;
+  }
+  for (auto& f : s.files_) {
+    s.alignment_ = std::max(s.alignment_, f.offset_align);
+    s.mem_alignment_ = std::max(s.mem_alignment_, f.mem_align);
+  }
+  return s;
+}
+
+SwapSpace SwapSpace::open(const std::vector<std::filesystem::path>& dirs, DirectIo direct) {
+  check_dirs(dirs);
+  SwapSpace s;
+  std::vector<std::pair<FileHeader, SwapFile>> found;
+  try {
+    for (const auto& d : dirs) {
+      auto path = file_in(d);
+      SwapFile f = open_file(path, direct, /*create=*/false);
+      found.push_back({FileHeader{}, f});
+      AlignedBuffer block(kHeaderBlock, std::max<std::size_t>(4096, f.mem_align));
+      struct stat st {};
+      ::fstat(f.fd, &st);
+      if (static_cast<std::uint64_t>(st.st_size) < kHeaderBlock)
+        throw std::invalid_argument(fmt::format(
+            "swap file {} is truncated: {} bytes, smaller than its header", path.string(),
+            st.st_size));
+      pread_all(f, block.data(), kHeaderBlock, 0);
+      FileHeader h;
+      std::memcpy(&h, block.data(), sizeof h);
+      if (std::memcmp(h.magic, kMagic, sizeof kMagic) != 0)
+        throw std::invalid_argument(
+            fmt::format("{} is not a tierswap swap file (bad magic)", path.string()));
+      if (h.version != kFormatVersion)
+        throw std::invalid_argument(fmt::format("{}: unsupported swap format version {} (this "
+                                                "build reads version {})",
+                                                path.string(), h.version, kFormatVersion));
+      if (h.checksum != checksum64(&h, offsetof(FileHeader, checksum)))
+        throw std::invalid_argument(
+            fmt::format("{}: swap file header checksum mismatch (corrupt header)", path.string()));
+      if (h.data_offset < kHeaderBlock || h.data_offset % f.offset_align != 0 ||
+          h.stripe_size == 0 || h.data_bytes % h.stripe_size != 0)
+        throw std::invalid_argument(fmt::format("{}: inconsistent header geometry", path.string()));
+      if (static_cast<std::uint64_t>(st.st_size) < h.data_offset + h.data_bytes)
+        throw std::invalid_argument(fmt::format("swap file {} is truncated: {} bytes, expected {}",
+                                                path.string(), st.st_size,
+                                                h.data_offset + h.data_bytes));
+      found.back().first = h;
+      found.back().second.data_offset = h.data_offset;
+      found.back().second.data_bytes = h.data_bytes;
+    }
+    const FileHeader& h0 = found.front().first;
+    if (h0.file_count != dirs.size())
+      throw std::invalid_argument(fmt::format(
+          "swap space has {} files but {} directories were given", h0.file_count, dirs.size()));
+    std::vector<int> seen(dirs.size(), 0);
+    for (auto& [h, f] : found) {
+      if (std::memcmp(h.uuid, h0.uuid, sizeof h.uuid) != 0 || h.capacity != h0.capacity ||
+          h.stripe_size != h0.stripe_size || h.file_count != h0.file_count)
+        throw std::invalid_argument(fmt::format("{} belongs to a different swap space than {}",
+                                                f.path.string(), found.front().second.path.string()));
+      if (h.file_index >= dirs.size() || seen[h.file_index]++)
+        throw std::invalid_argument(
+            fmt::format("{}: duplicate or invalid file index {}", f.path.string(), h.file_index));
+    }
+    std::sort(found.begin(), found.end(),
+              [](auto& a, auto& b) { return a.first.file_index < b.first.file_index; });
+    s.capacity_ = h0.capacity;
+    s.stripe_ = h0.stripe_size;
+    std::memcpy(s.uuid_, h0.uuid, sizeof s.uuid_);
+    for (auto& [h, f] : found) s.files_.push_back(f);
+  } catch (...) {
+    for (auto& [h, f] : found) ::close(f.fd);
+    s.files_.clear();
+    throw;
+  }
+  for (auto& f : s.files_) {
+    s.alignment_ = std::max(s.alignment_, f.offset_align);
+    s.mem_alignment_ = std::max(s.mem_alignment_, f.mem_align);
+  }
+  return s;
+}
+
+SwapSpace SwapSpace::open_or_create(const SwapSpaceConfig& config) {
+  config.validate();
+  std::size_t present = 0;
+  for (const auto& d : config.dirs) {
+    struct stat st {};
+    if (::lstat(file_in(d).c_str(), &st) == 0) ++present;
+  }
+  if (present == 0) return create(config);
+  if (present != config.dirs.size())
+    throw std::invalid_argument(fmt::format(
+        "swap space: {} of {} directories already hold a {}; refusing to mix old and new files",
+        present, config.dirs.size(), kFileName));
+  SwapSpace s = open(config.dirs, config.direct);
+  const std::uint64_t want = round_up(config.capacity, config.stripe_size * config.dirs.size());
+  if (s.stripe_size() != config.stripe_size || s.capacity() != want)
+    throw std::invalid_argument(fmt::format(
+        "swap space in {} exists with capacity {} and stripe {}, but capacity {} and stripe {} "
+        "were asked; remove it or ask for the same geometry",
+        config.dirs.front().string(), s.capacity(), s.stripe_size(), want, config.stripe_size));
+  return s;
+}
+
+}  // namespace tierswap

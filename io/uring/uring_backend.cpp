@@ -1,0 +1,199 @@
+// io_uring backend: registered files, a sparse fixed-buffer table for pinned slabs
+// (READ_FIXED/WRITE_FIXED), batched submission, optional SQPOLL.
+#include <liburing.h>
+#include <sched.h>
+#include <sys/resource.h>
+
+#include <cstring>
+#include <vector>
+
+#include "tierswap/detail/io_backend.hpp"
+#include "tierswap/log.hpp"
+#include "tierswap/units.hpp"
+
+#include <fmt/format.h>
+
+namespace tierswap::detail {
+namespace {
+
+std::string memlock_text() {
+  rlimit rl{};
+  if (::getrlimit(RLIMIT_MEMLOCK, &rl) != 0) return "memlock ?";
+  if (rl.rlim_cur == RLIM_INFINITY) return "memlock unlimited";
+  return "memlock " + format_bytes(rl.rlim_cur);
+}
+
+class UringBackend final : public IoBackend {
+ public:
+  ~UringBackend() override {
+    if (ready_) io_uring_queue_exit(&ring_);
+  }
+
+  int init(const BackendParams& p, std::string* why) {
+    io_uring_params params{};
+    if (p.sqpoll) {
+      params.flags |= IORING_SETUP_SQPOLL;
+      params.sq_thread_idle = p.sqpoll_idle_ms;
+    }
+    // One extra entry for the wake-up NOP.
+    int r = io_uring_queue_init_params(p.queue_depth + 1, &ring_, &params);
+    if (r < 0) {
+      *why = fmt::format("io_uring_setup failed: {}{}", std::strerror(-r),
+                         r == -EPERM ? " (disabled by kernel.io_uring_disabled?)" : "");
+      return r;
+    }
+    ready_ = true;
+    sqpoll_ = p.sqpoll;
+    if (io_uring_probe* probe = io_uring_get_probe_ring(&ring_)) {
+      const int need[] = {IORING_OP_READ, IORING_OP_WRITE, IORING_OP_NOP};
+      for (int op : need) {
+        if (!io_uring_opcode_supported(probe, op)) {
+          io_uring_free_probe(probe);
+          *why = fmt::format("io_uring lacks opcode {} (kernel too old)", op);
+          return -EOPNOTSUPP;
+        }
+      }
+      fixed_ops_ = io_uring_opcode_supported(probe, IORING_OP_READ_FIXED) &&
+                   io_uring_opcode_supported(probe, IORING_OP_WRITE_FIXED);
+      io_uring_free_probe(probe);
+    } else {
+      *why = "io_uring opcode probe failed (kernel too old)";
+      return -EOPNOTSUPP;
+    }
+    fds_.assign(p.fds.begin(), p.fds.end());
+    r = io_uring_register_files(&ring_, fds_.data(), static_cast<unsigned>(fds_.size()));
+    files_registered_ = r == 0;
+    if (!files_registered_) file_note_ = fmt::format("files not registered: {}", std::strerror(-r));
+    if (fixed_ops_) {
+      r = io_uring_register_buffers_sparse(&ring_, p.buffer_slots);
+      if (r == 0) {
+        buffer_slots_ = p.buffer_slots;
+      } else {
+        buffer_note_ = fmt::format("no fixed buffers: {} ({})", std::strerror(-r), memlock_text());
+      }
+    } else {
+      buffer_note_ = "no fixed buffers: READ_FIXED unsupported";
+    }
+    return 0;
+  }
+
+  IoBackendKind kind() const noexcept override { return IoBackendKind::uring; }
+
+  std::string describe() const override {
+    std::string d = files_registered_ ? "registered files" : file_note_;
+    d += buffer_slots_ ? fmt::format(", fixed buffers ({} slots, {})", buffer_slots_, memlock_text())
+                       : ", " + buffer_note_;
+    d += sqpoll_ ? ", sqpoll on" : ", sqpoll off";
+    return d;
+  }
+
+  int submit(std::span<IoRequest* const> reqs) noexcept override {
+    unsigned prepared = 0;
+    for (IoRequest* r : reqs) {
+      io_uring_sqe* sqe = io_uring_get_sqe(&ring_);
+      if (sqe == nullptr) break;
+      const int fd = files_registered_ ? static_cast<int>(r->file) : fds_[r->file];
+      const bool fixed = r->buffer_index >= 0 && buffer_slots_ > 0;
+      if (r->op == IoOp::read) {
+        if (fixed)
+          io_uring_prep_read_fixed(sqe, fd, r->buffer, r->length, r->offset, r->buffer_index);
+        else
+          io_uring_prep_read(sqe, fd, r->buffer, r->length, r->offset);
+      } else {
+        if (fixed)
+          io_uring_prep_write_fixed(sqe, fd, r->buffer, r->length, r->offset, r->buffer_index);
+        else
+          io_uring_prep_write(sqe, fd, r->buffer, r->length, r->offset);
+      }
+      if (files_registered_) sqe->flags |= IOSQE_FIXED_FILE;
+      io_uring_sqe_set_data(sqe, r);
+      ++prepared;
+    }
+    if (prepared == 0) return reqs.empty() ? 0 : -EBUSY;
+    flush();
+    return static_cast<int>(prepared);
+  }
+
+  int reap(std::span<IoCompletion> out, bool wait) noexcept override {
+    io_uring_cqe* cqe = nullptr;
+    if (wait) {
+      int r = io_uring_wait_cqe(&ring_, &cqe);
+      if (r < 0) return r;
+    }
+    io_uring_cqe* cqes[128];
+    unsigned max = static_cast<unsigned>(std::min<std::size_t>(out.size(), std::size(cqes)));
+    unsigned n = io_uring_peek_batch_cqe(&ring_, cqes, max);
+    for (unsigned i = 0; i < n; ++i) {
+      out[i].request = static_cast<IoRequest*>(io_uring_cqe_get_data(cqes[i]));
+      out[i].result = cqes[i]->res;
+    }
+    io_uring_cq_advance(&ring_, n);
+    return static_cast<int>(n);
+  }
+
+  void wake() noexcept override {
+    io_uring_sqe* sqe = io_uring_get_sqe(&ring_);
+    if (sqe == nullptr) return;  // the ring is full, so a completion is coming anyway
+    io_uring_prep_nop(sqe);
+    io_uring_sqe_set_data(sqe, nullptr);
+    flush();
+  }
+
+  std::uint32_t buffer_slots() const noexcept override { return buffer_slots_; }
+
+  int register_buffer(std::uint32_t slot, void* data, std::size_t n) noexcept override {
+    if (slot >= buffer_slots_) return -EINVAL;
+    iovec iov{data, n};
+    __u64 tag = 0;
+    int r = io_uring_register_buffers_update_tag(&ring_, slot, &iov, &tag, 1);
+    return r < 0 ? r : 0;
+  }
+
+  int unregister_buffer(std::uint32_t slot) noexcept override {
+    if (slot >= buffer_slots_) return -EINVAL;
+    iovec iov{nullptr, 0};
+    __u64 tag = 0;
+    int r = io_uring_register_buffers_update_tag(&ring_, slot, &iov, &tag, 1);
+    return r < 0 ? r : 0;
+  }
+
+ private:
+  // Pushes every prepared SQE to the kernel. Prepared entries stay in the ring on a transient
+  // error, so the loop only ends when they are all in.
+  void flush() noexcept {
+    unsigned spins = 0;
+    while (io_uring_sq_ready(&ring_) > 0) {
+      int r = io_uring_submit(&ring_);
+      if (r >= 0 || r == -EINTR) continue;
+      if ((r == -EAGAIN || r == -EBUSY) && ++spins < 100000) {
+        sched_yield();
+        continue;
+      }
+      log(LogLevel::error, fmt::format("io_uring_submit failed: {}", std::strerror(-r)));
+      return;
+    }
+  }
+
+  io_uring ring_{};
+  bool ready_ = false;
+  bool sqpoll_ = false;
+  bool fixed_ops_ = false;
+  bool files_registered_ = false;
+  std::uint32_t buffer_slots_ = 0;
+  std::vector<int> fds_;
+  std::string file_note_, buffer_note_;
+};
+
+}  // namespace
+
+std::unique_ptr<IoBackend> make_uring_backend(const BackendParams& p, int* err, std::string* why) {
+  auto b = std::make_unique<UringBackend>();
+  int r = b->init(p, why);
+  if (r < 0) {
+    *err = r;
+    return nullptr;
+  }
+  return b;
+}
+
+}  // namespace tierswap::detail

@@ -1,0 +1,62 @@
+#include "tierswap/log.hpp"
+
+#include <unistd.h>
+
+#include <atomic>
+#include <cstdlib>
+#include <cstring>
+#include <string>
+
+#include "tierswap/error.hpp"
+
+#include <fmt/format.h>
+
+namespace tierswap {
+namespace {
+
+LogLevel level_from_env() noexcept {
+  const char* v = std::getenv("TIERSWAP_LOG_LEVEL");
+  if (v == nullptr) return LogLevel::warn;
+  if (std::strcmp(v, "error") == 0) return LogLevel::error;
+  if (std::strcmp(v, "info") == 0) return LogLevel::info;
+  if (std::strcmp(v, "debug") == 0) return LogLevel::debug;
+  return LogLevel::warn;
+}
+
+std::atomic<int>& level_ref() noexcept {
+  static std::atomic<int> level{static_cast<int>(level_from_env())};
+  return level;
+}
+
+constexpr const char* kNames[] = {"error", "warn", "info", "debug"};
+
+}  // namespace
+
+LogLevel log_level() noexcept { return static_cast<LogLevel>(level_ref().load()); }
+void set_log_level(LogLevel level) noexcept { level_ref().store(static_cast<int>(level)); }
+
+void log(LogLevel level, std::string_view message) noexcept {
+  if (static_cast<int>(level) > level_ref().load(std::memory_order_relaxed)) return;
+  try {
+    std::string line = fmt::format("tierswap[{}]: {}\n", kNames[static_cast<int>(level)], message);
+    [[maybe_unused]] auto r = ::write(STDERR_FILENO, line.data(), line.size());
+  } catch (...) {
+  }
+}
+
+std::system_error io_error(int err, std::string_view op, std::string_view path,
+                           std::uint64_t offset, std::uint64_t length, std::string_view detail) {
+  std::string what = fmt::format("{} {} @{}+{}", op, path, offset, length);
+  if (!detail.empty()) what += fmt::format(" ({})", detail);
+  return std::system_error(err, std::system_category(), what);
+}
+
+void throw_invalid(std::string_view key, std::string_view value, std::string_view why) {
+  throw std::invalid_argument(fmt::format("{}={}: {}", key, value, why));
+}
+
+void throw_errno(int err, std::string_view what) {
+  throw std::system_error(err, std::system_category(), std::string(what));
+}
+
+}  // namespace tierswap

@@ -1,0 +1,113 @@
+// Helpers shared by the test suites.
+#pragma once
+
+#include <gtest/gtest.h>
+#include <stdlib.h>
+#include <unistd.h>
+
+#include <cstdint>
+#include <filesystem>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "tierswap/detail/io_backend.hpp"
+#include "tierswap/io_engine.hpp"
+#include "tierswap/swap_space.hpp"
+
+namespace tierswap::test {
+
+/// A fresh directory on a real filesystem (TMPDIR or /var/tmp: not tmpfs, so O_DIRECT works),
+/// removed with everything in it at the end of the test.
+class TempDir {
+ public:
+  explicit TempDir(const char* base = nullptr) {
+    const char* env = std::getenv("TMPDIR");
+    std::string root = base ? base : (env && *env ? env : "/var/tmp");
+    std::string tmpl = root + "/tierswap-test-XXXXXX";
+    if (::mkdtemp(tmpl.data()) == nullptr) throw std::runtime_error("mkdtemp failed in " + root);
+    path_ = tmpl;
+  }
+  ~TempDir() {
+    std::error_code ec;
+    std::filesystem::remove_all(path_, ec);
+  }
+  const std::filesystem::path& path() const { return path_; }
+
+ private:
+  std::filesystem::path path_;
+};
+
+/// Deterministic bytes: the value at absolute offset `off` of stream `seed`.
+inline std::uint8_t pattern_byte(std::uint64_t seed, std::uint64_t off) {
+  std::uint64_t x = (off >> 3) * 0x9E3779B97F4A7C15ull + seed * 0xD1B54A32D192ED03ull;
+  x ^= x >> 29;
+  x *= 0xBF58476D1CE4E5B9ull;
+  x ^= x >> 32;
+  return static_cast<std::uint8_t>(x >> ((off & 7) * 8));
+}
+
+inline void fill_pattern(void* buf, std::uint64_t n, std::uint64_t seed, std::uint64_t base) {
+  auto* p = static_cast<std::uint8_t*>(buf);
+  for (std::uint64_t i = 0; i < n; ++i) p[i] = pattern_byte(seed, base + i);
+}
+
+/// Index of the first byte that differs from the pattern, or -1.
+inline std::int64_t first_mismatch(const void* buf, std::uint64_t n, std::uint64_t seed,
+                                   std::uint64_t base) {
+  auto* p = static_cast<const std::uint8_t*>(buf);
+  for (std::uint64_t i = 0; i < n; ++i)
+    if (p[i] != pattern_byte(seed, base + i)) return static_cast<std::int64_t>(i);
+  return -1;
+}
+
+inline SwapSpace make_space(const std::vector<std::filesystem::path>& dirs, std::uint64_t capacity,
+                            std::uint64_t stripe = 1024 * 1024,
+                            DirectIo direct = DirectIo::automatic) {
+  SwapSpaceConfig c;
+  c.dirs = dirs;
+  c.capacity = capacity;
+  c.stripe_size = stripe;
+  c.direct = direct;
+  return SwapSpace::create(c);
+}
+
+/// A backend of `kind` over `space`'s files, or nullptr (with the reason) when it cannot start
+/// here: the caller skips.
+inline std::unique_ptr<detail::IoBackend> make_backend(IoBackendKind kind, const SwapSpace& space,
+                                                       std::uint32_t depth, std::string* why) {
+  std::vector<int> fds;
+  for (auto& f : space.files()) fds.push_back(f.fd);
+  detail::BackendParams p;
+  p.fds = fds;
+  p.queue_depth = depth;
+  int err = 0;
+  switch (kind) {
+    case IoBackendKind::uring: return detail::make_uring_backend(p, &err, why);
+    case IoBackendKind::aio: return detail::make_aio_backend(p, &err, why);
+    default: return detail::make_posix_backend(p, &err, why);
+  }
+}
+
+inline const IoBackendKind kAllBackends[] = {IoBackendKind::uring, IoBackendKind::aio,
+                                             IoBackendKind::posix};
+
+inline std::string backend_name(const ::testing::TestParamInfo<IoBackendKind>& info) {
+  switch (info.param) {
+    case IoBackendKind::uring: return "uring";
+    case IoBackendKind::aio: return "aio";
+    default: return "posix";
+  }
+}
+
+/// Starts an engine with a forced backend, or skips the test when that backend is unavailable.
+#define TIERSWAP_ENGINE_OR_SKIP(var, space, cfg)                                         \
+  std::unique_ptr<::tierswap::IoEngine> var;                                            \
+  try {                                                                                 \
+    var = std::make_unique<::tierswap::IoEngine>(space, cfg);                           \
+  } catch (const std::system_error& e) {                                                \
+    GTEST_SKIP() << "backend " << ::tierswap::to_string(cfg.backend)                    \
+                 << " unavailable here: " << e.what();                                  \
+  }
+
+}  // namespace tierswap::test

@@ -1,0 +1,11 @@
+// Subcommand registration for the tierswap CLI; each command lives in its own file.
+#pragma once
+
+#include <CLI/CLI.hpp>
+
+namespace tierswap::cli {
+
+/// `tierswap bench io ...`
+void add_bench_io(CLI::App& bench);
+
+}  // namespace tierswap::cli

@@ -1,0 +1,49 @@
+// tierswap: command-line entry point.
+#include <cstdio>
+#include <exception>
+#include <nlohmann/json.hpp>
+
+#include "tierswap/device.hpp"
+#include "tierswap/io_engine.hpp"
+#include "tools/commands.hpp"
+
+#include <fmt/format.h>
+
+int main(int argc, char** argv) {
+  CLI::App app{"tierswap: NVMe-tiered memory manager and swap engine for large-model training"};
+  app.require_subcommand(1);
+  app.set_version_flag("--version", std::string("tierswap 0.1.0"));
+
+  auto* info = app.add_subcommand("info", "Show what this machine offers: GPU, I/O backends");
+  bool info_json = false;
+  info->add_flag("--json", info_json, "Print JSON on stdout instead of text");
+  info->callback([&] {
+    const auto& d = tierswap::device_info();
+    nlohmann::json j{{"cuda_compiled", d.compiled_with_cuda},
+                     {"gpu_available", d.available},
+                     {"gpu_count", d.device_count},
+                     {"gpu_name", d.name},
+                     {"gpu_reason", d.reason}};
+    if (info_json) {
+      fmt::print("{}\n", j.dump(2));
+      return;
+    }
+    fmt::print("CUDA compiled in: {}\n", d.compiled_with_cuda ? "yes" : "no");
+    if (d.available) fmt::print("GPU: {} device(s), first: {}\n", d.device_count, d.name);
+    else fmt::print("GPU: none ({}); CPU paths are used\n", d.reason);
+  });
+
+  auto* bench = app.add_subcommand("bench", "Benchmarks: io");
+  bench->require_subcommand(1);
+  tierswap::cli::add_bench_io(*bench);
+
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    return app.exit(e);
+  } catch (const std::exception& e) {
+    fmt::print(stderr, "tierswap: error: {}\n", e.what());
+    return 1;
+  }
+  return 0;
+}

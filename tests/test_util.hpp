@@ -83,9 +83,12 @@ inline std::unique_ptr<detail::IoBackend> make_backend(IoBackendKind kind, const
   p.queue_depth = depth;
   int err = 0;
   switch (kind) {
-    case IoBackendKind::uring: return detail::make_uring_backend(p, &err, why);
-    case IoBackendKind::aio: return detail::make_aio_backend(p, &err, why);
-    default: return detail::make_posix_backend(p, &err, why);
+    case IoBackendKind::uring:
+      return detail::make_uring_backend(p, &err, why);
+    case IoBackendKind::aio:
+      return detail::make_aio_backend(p, &err, why);
+    default:
+      return detail::make_posix_backend(p, &err, why);
   }
 }
 
@@ -94,20 +97,23 @@ inline const IoBackendKind kAllBackends[] = {IoBackendKind::uring, IoBackendKind
 
 inline std::string backend_name(const ::testing::TestParamInfo<IoBackendKind>& info) {
   switch (info.param) {
-    case IoBackendKind::uring: return "uring";
-    case IoBackendKind::aio: return "aio";
-    default: return "posix";
+    case IoBackendKind::uring:
+      return "uring";
+    case IoBackendKind::aio:
+      return "aio";
+    default:
+      return "posix";
   }
 }
 
 /// Starts an engine with a forced backend, or skips the test when that backend is unavailable.
-#define TIERSWAP_ENGINE_OR_SKIP(var, space, cfg)                                         \
-  std::unique_ptr<::tierswap::IoEngine> var;                                            \
-  try {                                                                                 \
-    var = std::make_unique<::tierswap::IoEngine>(space, cfg);                           \
-  } catch (const std::system_error& e) {                                                \
-    GTEST_SKIP() << "backend " << ::tierswap::to_string(cfg.backend)                    \
-                 << " unavailable here: " << e.what();                                  \
+#define TIERSWAP_ENGINE_OR_SKIP(var, space, cfg)                     \
+  std::unique_ptr<::tierswap::IoEngine> var;                         \
+  try {                                                              \
+    var = std::make_unique<::tierswap::IoEngine>(space, cfg);        \
+  } catch (const std::system_error& e) {                             \
+    GTEST_SKIP() << "backend " << ::tierswap::to_string(cfg.backend) \
+                 << " unavailable here: " << e.what();               \
   }
 
 }  // namespace tierswap::test

@@ -1,0 +1,47 @@
+# End-to-end check of `tierswap bench io --json` and its error reporting.
+execute_process(COMMAND ${CLI} bench io --size 16MiB --block-size 256KiB --queue-depth 8 --runs 2
+                        --json
+                RESULT_VARIABLE rc OUTPUT_VARIABLE out ERROR_VARIABLE err)
+if(NOT rc EQUAL 0)
+  message(FATAL_ERROR "bench io failed (${rc}): ${err}")
+endif()
+string(JSON n LENGTH "${out}" runs)
+if(NOT n EQUAL 4)
+  message(FATAL_ERROR "expected 4 runs (2 x write+read), got ${n}: ${out}")
+endif()
+math(EXPR last "${n} - 1")
+foreach(i RANGE ${last})
+  foreach(key backend mode block_size queue_depth bytes seconds gbps cpu_s_per_gib)
+    string(JSON v ERROR_VARIABLE e GET "${out}" runs ${i} ${key})
+    if(e)
+      message(FATAL_ERROR "run ${i} lacks ${key}: ${out}")
+    endif()
+  endforeach()
+  string(JSON bytes GET "${out}" runs ${i} bytes)
+  string(JSON bs GET "${out}" runs ${i} block_size)
+  if(NOT bytes EQUAL 16777216 OR NOT bs EQUAL 262144)
+    message(FATAL_ERROR "run ${i}: bytes=${bytes} block_size=${bs}")
+  endif()
+endforeach()
+string(JSON mode0 GET "${out}" runs 0 mode)
+string(JSON mode1 GET "${out}" runs 1 mode)
+if(NOT mode0 STREQUAL "write" OR NOT mode1 STREQUAL "read")
+  message(FATAL_ERROR "modes: ${mode0} ${mode1}")
+endif()
+
+# Bad input: a clear error naming the option, non-zero exit.
+execute_process(COMMAND ${CLI} bench io --size 12XB RESULT_VARIABLE rc ERROR_VARIABLE err
+                OUTPUT_QUIET)
+if(rc EQUAL 0 OR NOT err MATCHES "--size")
+  message(FATAL_ERROR "bad --size accepted or unclear: rc=${rc} ${err}")
+endif()
+execute_process(COMMAND ${CLI} bench io --size 1MiB --dir /nonexistent/tierswap
+                RESULT_VARIABLE rc ERROR_VARIABLE err OUTPUT_QUIET)
+if(rc EQUAL 0 OR NOT err MATCHES "/nonexistent/tierswap")
+  message(FATAL_ERROR "missing --dir accepted or unclear: rc=${rc} ${err}")
+endif()
+execute_process(COMMAND ${CLI} bench io --size 1MiB --backend spdk
+                RESULT_VARIABLE rc ERROR_VARIABLE err OUTPUT_QUIET)
+if(rc EQUAL 0 OR NOT err MATCHES "backend")
+  message(FATAL_ERROR "bad --backend accepted or unclear: rc=${rc} ${err}")
+endif()

@@ -1,0 +1,22 @@
+# Installs the build into a temporary prefix and builds a consumer with find_package(tierswap).
+set(prefix ${BUILD_DIR}/package-test/prefix)
+set(cbuild ${BUILD_DIR}/package-test/consumer)
+file(REMOVE_RECURSE ${BUILD_DIR}/package-test)
+execute_process(COMMAND ${CMAKE_COMMAND} --install ${BUILD_DIR} --prefix ${prefix}
+                RESULT_VARIABLE rc OUTPUT_QUIET)
+if(NOT rc EQUAL 0)
+  message(FATAL_ERROR "install failed")
+endif()
+execute_process(COMMAND ${CMAKE_COMMAND} -S ${SRC_DIR}/package_consumer -B ${cbuild}
+                        -DCMAKE_PREFIX_PATH=${prefix} RESULT_VARIABLE rc)
+if(NOT rc EQUAL 0)
+  message(FATAL_ERROR "configuring the consumer failed")
+endif()
+execute_process(COMMAND ${CMAKE_COMMAND} --build ${cbuild} RESULT_VARIABLE rc)
+if(NOT rc EQUAL 0)
+  message(FATAL_ERROR "building the consumer failed")
+endif()
+execute_process(COMMAND ${cbuild}/consumer RESULT_VARIABLE rc OUTPUT_VARIABLE out)
+if(NOT rc EQUAL 0 OR NOT out MATCHES "consumer ok")
+  message(FATAL_ERROR "consumer failed: ${rc} ${out}")
+endif()

@@ -305,10 +305,16 @@ TEST_P(EngineTest, LargeTransferAbove4GiB) {
     e->read(5 + off, back.data(), len).wait();
     ASSERT_EQ(std::memcmp(back.data(), p + off, len), 0) << "at " << off;
   }
-  // And once more as one > 4 GiB read, aligned this time.
-  AlignedBuffer all(round_up(n, 4096));
-  e->read(0, all.data(), 5 + n).wait();
-  EXPECT_EQ(std::memcmp(all.data() + 5, p, n), 0);
+  // And once more as one > 4 GiB read into the (now scrubbed) source buffer, checked against
+  // the generator, so the test holds one copy of the data.
+  std::memset(buf.data(), 0, buf.size());
+  e->read(5, p, n).wait();
+  for (std::uint64_t i = 0; i + 1 < buf.size() / 8; ++i) {
+    std::uint64_t got;
+    std::memcpy(&got, buf.data() + 8 * (i + 1), 8);
+    if (8 * (i + 1) + 8 > n + 1) break;
+    ASSERT_EQ(got, (i + 1) * 0x9E3779B97F4A7C15ull + 1) << "word " << i + 1;
+  }
 }
 
 INSTANTIATE_TEST_SUITE_P(Backends, EngineTest, ::testing::ValuesIn(test::kAllBackends),

@@ -1,0 +1,130 @@
+#!/usr/bin/python3
+"""tierswap's io_uring backend against fio (io_uring and libaio), interleaved, same disk.
+
+Each repetition runs, in this order and on the same directory:
+  tierswap bench io --backend uring --mode both   (write of a fresh preallocated file, then read)
+  fio --ioengine=io_uring  write (fresh file), then read of it
+  fio --ioengine=libaio    write (fresh file), then read of it
+with O_DIRECT, the same size, block size and queue depth. It prints every run, the medians, and
+the ratios tierswap / best fio engine for throughput and CPU seconds per GiB.
+
+Usage: bench/compare_fio.py --tierswap build/tierswap --dir /var/tmp [--size 2GiB]
+       [--block-size 1MiB] [--queue-depth 32] [--repeats 5] [--json]
+Needs fio (Debian package `fio`). Standard library only.
+"""
+import argparse
+import json
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+
+GIB = 1024 ** 3
+
+
+def parse_size(text):
+    units = {"": 1, "b": 1, "k": 1024, "kib": 1024, "m": 1024 ** 2, "mib": 1024 ** 2,
+             "g": 1024 ** 3, "gib": 1024 ** 3}
+    t = text.strip().lower()
+    num = "".join(c for c in t if c.isdigit() or c == ".")
+    return int(float(num) * units[t[len(num):].strip()])
+
+
+def run_tierswap(args, workdir):
+    cmd = [args.tierswap, "bench", "io", "--dir", workdir, "--size", args.size,
+           "--block-size", args.block_size, "--queue-depth", str(args.queue_depth),
+           "--backend", "uring", "--mode", "both", "--runs", "1", "--direct", "on", "--json"]
+    out = subprocess.run(cmd, check=True, capture_output=True, text=True).stdout
+    res = {}
+    for r in json.loads(out)["runs"]:
+        res[r["mode"]] = {"gbps": r["gbps"], "cpu_s_per_gib": r["cpu_s_per_gib"]}
+    return res
+
+
+def run_fio(args, workdir, engine, mode):
+    path = os.path.join(workdir, "fio.dat")
+    if mode == "write" and os.path.exists(path):
+        os.unlink(path)  # a fresh preallocated file, as tierswap writes into
+    cmd = ["fio", "--name=cmp", f"--filename={path}", f"--size={args.size_bytes}",
+           f"--bs={args.block_size_bytes}", f"--iodepth={args.queue_depth}",
+           f"--ioengine={engine}", "--direct=1", f"--rw={mode}", "--output-format=json",
+           "--fallocate=native"]
+    if engine == "io_uring":
+        cmd += ["--fixedbufs=1", "--registerfiles=1"]
+    out = subprocess.run(cmd, check=True, capture_output=True, text=True).stdout
+    job = json.loads(out[out.index("{"):])["jobs"][0]
+    side = job[mode]
+    seconds = side["runtime"] / 1000.0
+    cpu_s = (job["usr_cpu"] + job["sys_cpu"]) / 100.0 * seconds
+    moved = side["io_bytes"]
+    return {"gbps": moved / seconds / 1e9, "cpu_s_per_gib": cpu_s / (moved / GIB)}
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--tierswap", default="build/tierswap")
+    p.add_argument("--dir", default=os.environ.get("TMPDIR", "/var/tmp"))
+    p.add_argument("--size", default="2GiB")
+    p.add_argument("--block-size", default="1MiB")
+    p.add_argument("--queue-depth", type=int, default=32)
+    p.add_argument("--repeats", type=int, default=5)
+    p.add_argument("--json", action="store_true")
+    args = p.parse_args()
+    args.size_bytes = parse_size(args.size)
+    args.block_size_bytes = parse_size(args.block_size)
+    if shutil.which("fio") is None:
+        sys.exit("compare_fio.py: fio is not installed (apt-get install fio)")
+
+    engines = ["tierswap", "fio-io_uring", "fio-libaio"]
+    samples = {e: {"write": [], "read": []} for e in engines}
+    workdir = tempfile.mkdtemp(prefix="tierswap-fio-", dir=args.dir)
+    try:
+        for rep in range(args.repeats):
+            t = run_tierswap(args, workdir)
+            for mode in ("write", "read"):
+                samples["tierswap"][mode].append(t[mode])
+            for engine, name in (("io_uring", "fio-io_uring"), ("libaio", "fio-libaio")):
+                for mode in ("write", "read"):
+                    samples[name][mode].append(run_fio(args, workdir, engine, mode))
+            if not args.json:
+                line = "  ".join(
+                    f"{e} {m} {samples[e][m][-1]['gbps']:.3f}" for e in engines
+                    for m in ("write", "read"))
+                print(f"rep {rep + 1}/{args.repeats}: GB/s {line}", file=sys.stderr)
+    finally:
+        shutil.rmtree(workdir, ignore_errors=True)
+
+    def med(e, m, k):
+        return statistics.median(s[k] for s in samples[e][m])
+
+    report = {"size": args.size_bytes, "block_size": args.block_size_bytes,
+              "queue_depth": args.queue_depth, "repeats": args.repeats, "modes": {}}
+    for m in ("write", "read"):
+        best = max(("fio-io_uring", "fio-libaio"), key=lambda e: med(e, m, "gbps"))
+        report["modes"][m] = {
+            "median_gbps": {e: med(e, m, "gbps") for e in engines},
+            "median_cpu_s_per_gib": {e: med(e, m, "cpu_s_per_gib") for e in engines},
+            "best_fio": best,
+            "throughput_ratio": med("tierswap", m, "gbps") / med(best, m, "gbps"),
+            "cpu_ratio": med("tierswap", m, "cpu_s_per_gib") / med(best, m, "cpu_s_per_gib"),
+            "samples": {e: samples[e][m] for e in engines},
+        }
+    if args.json:
+        print(json.dumps(report, indent=2))
+        return
+    print(f"{args.repeats} interleaved repetitions, {args.size} O_DIRECT, block {args.block_size},"
+          f" depth {args.queue_depth}; medians")
+    print(f"{'mode':<6} {'engine':<14} {'GB/s':>8} {'CPU s/GiB':>10}")
+    for m in ("write", "read"):
+        for e in engines:
+            print(f"{m:<6} {e:<14} {med(e, m, 'gbps'):>8.3f} {med(e, m, 'cpu_s_per_gib'):>10.4f}")
+    for m in ("write", "read"):
+        r = report["modes"][m]
+        print(f"{m}: tierswap/{r['best_fio']} throughput {r['throughput_ratio']:.3f}, "
+              f"CPU s/GiB {r['cpu_ratio']:.3f}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,57 @@
+#!/usr/bin/env bash
+# The README's two commands, for a fresh Debian machine:
+#   tools/dev.sh run  [tierswap bench io options]  install what is missing, build, run the main job
+#   tools/dev.sh test                              install what is missing, build, run every test
+# `test` builds twice: the normal build (whole suite, the > 4 GiB transfers included) and an
+# ASan+UBSan build (whole suite but the > 4 GiB transfers).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+PACKAGES=(cmake ninja-build g++ pkg-config liburing-dev libaio-dev libfmt-dev libcli11-dev
+          nlohmann-json3-dev libxxhash-dev libgtest-dev libgmock-dev libbenchmark-dev)
+
+install_missing() {
+  local missing=()
+  for p in "${PACKAGES[@]}"; do
+    dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+  done
+  if ((${#missing[@]})); then
+    echo "dev.sh: installing ${missing[*]}"
+    local sudo=()
+    [ "$(id -u)" = 0 ] || sudo=(sudo)
+    "${sudo[@]}" apt-get update -qq
+    DEBIAN_FRONTEND=noninteractive "${sudo[@]}" apt-get install -y -qq --no-install-recommends \
+      "${missing[@]}" >/dev/null
+  fi
+}
+
+build() {  # build DIR [cmake args...]
+  local dir=$1
+  shift
+  cmake -S . -B "$dir" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo "$@" >/dev/null
+  cmake --build "$dir" -j "$(nproc)"
+}
+
+cmd=${1:-}
+[ $# -gt 0 ] && shift
+case "$cmd" in
+  run)
+    install_missing
+    build build
+    # The embedded default: a temporary swap directory, 1 GiB written then read, 3 runs.
+    exec build/tierswap bench io "$@"
+    ;;
+  test)
+    install_missing
+    build build
+    (cd build && ctest --output-on-failure -j 2 --timeout 900)
+    build build-asan -DTIERSWAP_SANITIZE=ON -DTIERSWAP_BUILD_BENCHMARKS=OFF
+    (cd build-asan && TIERSWAP_SKIP_LARGE=1 ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 \
+       UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
+       ctest --output-on-failure -j 2 --timeout 900 -LE slow)
+    ;;
+  *)
+    echo "usage: tools/dev.sh run [bench io options] | tools/dev.sh test" >&2
+    exit 2
+    ;;
+esac

@@ -1,15 +1,17 @@
 #!/usr/bin/python3
 """tierswap's io_uring backend against fio (io_uring and libaio), interleaved, same disk.
 
-Each repetition runs, in this order and on the same directory:
-  tierswap bench io --backend uring --mode both   (write of a fresh preallocated file, then read)
-  fio --ioengine=io_uring  write (fresh file), then read of it
-  fio --ioengine=libaio    write (fresh file), then read of it
-with O_DIRECT, the same size, block size and queue depth. It prints every run, the medians, and
+Each repetition runs, on the same directory, with O_DIRECT, the same size, block size and queue
+depth (the engines' order rotates every repetition; sync and a pause separate the phases):
+  writes: tierswap (--backend uring --mode write, fresh preallocated file), fio io_uring, fio
+          libaio (each a fresh file, fallocated as fio does by default)
+  reads:  tierswap (--mode read of the file its write left, --keep), fio io_uring, fio libaio,
+          all three reading that same file (fio at --offset=1MiB, where tierswap's data starts),
+          so the reads compare engines, not file layouts fio's io_uring job uses fixed buffers and registered files, as tierswap does. It prints every run, the medians, and
 the ratios tierswap / best fio engine for throughput and CPU seconds per GiB.
 
 Usage: bench/compare_fio.py --tierswap build/tierswap --dir /var/tmp [--size 2GiB]
-       [--block-size 1MiB] [--queue-depth 32] [--repeats 5] [--json]
+       [--block-size 1MiB] [--queue-depth 32] [--repeats 6] [--settle 2] [--json]
 Needs fio (Debian package `fio`). Standard library only.
 """
 import argparse
@@ -20,6 +22,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import time
 
 GIB = 1024 ** 3
 
@@ -32,22 +35,31 @@ def parse_size(text):
     return int(float(num) * units[t[len(num):].strip()])
 
 
-def run_tierswap(args, workdir):
-    cmd = [args.tierswap, "bench", "io", "--dir", workdir, "--size", args.size,
+def run_tierswap(args, workdir, mode):
+    tdir = os.path.join(workdir, "tierswap")
+    swap = os.path.join(tdir, "tierswap.swap")
+    if mode == "write" and os.path.exists(swap):
+        os.unlink(swap)  # a fresh preallocated file, as fio's write gets
+    os.makedirs(tdir, exist_ok=True)
+    cmd = [args.tierswap, "bench", "io", "--dir", tdir, "--size", args.size,
            "--block-size", args.block_size, "--queue-depth", str(args.queue_depth),
-           "--backend", "uring", "--mode", "both", "--runs", "1", "--direct", "on", "--json"]
+           "--backend", "uring", "--mode", mode, "--runs", "1", "--direct", "on", "--keep",
+           "--json"]
     out = subprocess.run(cmd, check=True, capture_output=True, text=True).stdout
-    res = {}
-    for r in json.loads(out)["runs"]:
-        res[r["mode"]] = {"gbps": r["gbps"], "cpu_s_per_gib": r["cpu_s_per_gib"]}
-    return res
+    r = json.loads(out)["runs"][0]
+    assert r["mode"] == mode
+    return {"gbps": r["gbps"], "cpu_s_per_gib": r["cpu_s_per_gib"]}
 
 
-def run_fio(args, workdir, engine, mode):
+def run_fio(args, workdir, engine, mode, read_path=None):
     path = os.path.join(workdir, "fio.dat")
+    offset = 0
     if mode == "write" and os.path.exists(path):
         os.unlink(path)  # a fresh preallocated file, as tierswap writes into
-    cmd = ["fio", "--name=cmp", f"--filename={path}", f"--size={args.size_bytes}",
+    if mode == "read":
+        path, offset = read_path, 1024 * 1024  # tierswap's data area starts 1 MiB in
+    cmd = ["fio", "--name=cmp", f"--filename={path}", f"--offset={offset}",
+           f"--size={args.size_bytes}",
            f"--bs={args.block_size_bytes}", f"--iodepth={args.queue_depth}",
            f"--ioengine={engine}", "--direct=1", f"--rw={mode}", "--output-format=json",
            "--fallocate=native"]
@@ -69,7 +81,9 @@ def main():
     p.add_argument("--size", default="2GiB")
     p.add_argument("--block-size", default="1MiB")
     p.add_argument("--queue-depth", type=int, default=32)
-    p.add_argument("--repeats", type=int, default=5)
+    p.add_argument("--repeats", type=int, default=6, help="a multiple of 3 balances the order")
+    p.add_argument("--settle", type=float, default=2.0,
+                   help="seconds of pause (after sync) between the write and the read phase")
     p.add_argument("--json", action="store_true")
     args = p.parse_args()
     args.size_bytes = parse_size(args.size)
@@ -82,12 +96,22 @@ def main():
     workdir = tempfile.mkdtemp(prefix="tierswap-fio-", dir=args.dir)
     try:
         for rep in range(args.repeats):
-            t = run_tierswap(args, workdir)
+            # Rotate who goes first: on a shared virtual disk the first run after the other
+            # phase is penalized, so each engine takes each position equally often.
+            order = engines[rep % 3:] + engines[:rep % 3]
             for mode in ("write", "read"):
-                samples["tierswap"][mode].append(t[mode])
-            for engine, name in (("io_uring", "fio-io_uring"), ("libaio", "fio-libaio")):
-                for mode in ("write", "read"):
-                    samples[name][mode].append(run_fio(args, workdir, engine, mode))
+                if mode == "read":
+                    os.sync()
+                    time.sleep(args.settle)  # let the disk absorb the write phase
+                for name in order:
+                    if name == "tierswap":
+                        samples[name][mode].append(run_tierswap(args, workdir, mode))
+                        continue
+                    path = os.path.join(workdir, name)
+                    os.makedirs(path, exist_ok=True)
+                    engine = name.split("-", 1)[1]
+                    swap = os.path.join(workdir, "tierswap", "tierswap.swap")
+                    samples[name][mode].append(run_fio(args, path, engine, mode, swap))
             if not args.json:
                 line = "  ".join(
                     f"{e} {m} {samples[e][m][-1]['gbps']:.3f}" for e in engines

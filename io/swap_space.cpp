@@ -26,6 +26,7 @@ namespace {
 
 constexpr char kMagic[8] = {'T', 'S', 'W', 'A', 'P', 'S', 'P', '\0'};
 constexpr std::uint64_t kHeaderBlock = 4096;
+constexpr std::uint64_t kDataAlign = 1024 * 1024;
 
 // Little-endian on every supported target (x86-64, aarch64); the layout is fixed-size.
 struct FileHeader {
@@ -356,8 +357,9 @@ SwapSpace SwapSpace::create(const SwapSpaceConfig& config) {
       SwapFile f = open_file(path, config.direct, /*create=*/true);
       created.push_back(path);
       s.files_.push_back(f);
-      std::uint64_t data_offset = round_up(kHeaderBlock, f.offset_align);
-      if (data_offset % 4096 != 0) data_offset = round_up(data_offset, 4096);
+      // Data starts 1 MiB in, so stripes (and block-size requests) stay aligned to the device's
+      // large boundaries; only the first 4 KiB hold the header.
+      const std::uint64_t data_offset = round_up(kDataAlign, std::max<std::uint64_t>(f.offset_align, 4096));
       s.files_.back().data_offset = data_offset;
       s.files_.back().data_bytes = data_bytes;
       const std::uint64_t total = data_offset + data_bytes;
@@ -379,10 +381,11 @@ SwapSpace SwapSpace::create(const SwapSpaceConfig& config) {
       h.data_bytes = data_bytes;
       std::memcpy(h.uuid, s.uuid_, sizeof h.uuid);
       h.checksum = checksum64(&h, offsetof(FileHeader, checksum));
-      AlignedBuffer block(data_offset, std::max<std::size_t>(4096, f.mem_align));
+      const std::uint64_t hdr = round_up(kHeaderBlock, f.offset_align);
+      AlignedBuffer block(hdr, std::max<std::size_t>(4096, f.mem_align));
       std::memset(block.data(), 0, block.size());
       std::memcpy(block.data(), &h, sizeof h);
-      pwrite_all(s.files_.back(), block.data(), data_offset, 0);
+      pwrite_all(s.files_.back(), block.data(), hdr, 0);
       if (::fdatasync(f.fd) != 0) throw_errno(errno, fmt::format("fdatasync {}", path.string()));
       fsync_dir(config.dirs[i]);
     }
@@ -408,14 +411,15 @@ SwapSpace SwapSpace::open(const std::vector<std::filesystem::path>& dirs, Direct
       auto path = file_in(d);
       SwapFile f = open_file(path, direct, /*create=*/false);
       found.push_back({FileHeader{}, f});
-      AlignedBuffer block(kHeaderBlock, std::max<std::size_t>(4096, f.mem_align));
+      const std::uint64_t hdr = round_up(kHeaderBlock, f.offset_align);
+      AlignedBuffer block(hdr, std::max<std::size_t>(4096, f.mem_align));
       struct stat st {};
       ::fstat(f.fd, &st);
       if (static_cast<std::uint64_t>(st.st_size) < kHeaderBlock)
         throw std::invalid_argument(fmt::format(
             "swap file {} is truncated: {} bytes, smaller than its header", path.string(),
             st.st_size));
-      pread_all(f, block.data(), kHeaderBlock, 0);
+      pread_all(f, block.data(), hdr, 0);
       FileHeader h;
       std::memcpy(&h, block.data(), sizeof h);
       if (std::memcmp(h.magic, kMagic, sizeof kMagic) != 0)

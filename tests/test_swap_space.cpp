@@ -109,7 +109,7 @@ TEST(SwapSpace, NeverOverwritesAnExistingFile) {
     EXPECT_NE(std::string(e.what()).find(file.string()), std::string::npos);
   }
   EXPECT_EQ(read_file(file, 4096), before);
-  EXPECT_EQ(std::filesystem::file_size(file), 4096 + 4 * MiB);
+  EXPECT_EQ(std::filesystem::file_size(file), MiB + 4 * MiB);
 }
 
 TEST(SwapSpace, DoesNotFollowSymlinks) {

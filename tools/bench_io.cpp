@@ -1,6 +1,7 @@
 // `tierswap bench io`: writes then reads a given amount through the engine and reports GB/s and
 // CPU seconds per GiB moved, per run; `--sweep` runs a grid of block sizes x depths x backends.
 #include <sys/resource.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -138,7 +139,15 @@ void run_bench_io(const BenchIoOptions& o) {
   sc.direct = o.direct == "on" ? DirectIo::on : o.direct == "off" ? DirectIo::off : DirectIo::automatic;
   if (o.direct != "on" && o.direct != "off" && o.direct != "auto")
     throw std::invalid_argument(fmt::format("--direct={}: expected auto, on or off", o.direct));
-  SwapSpace space = SwapSpace::create(sc);
+  // --keep reuses a space an earlier --keep run left in --dir (same geometry), data included, so
+  // a `--mode read` run can read what a `--mode write` run wrote.
+  const bool reuse = o.keep && !o.dirs.empty();
+  bool existed = false;
+  if (reuse) {
+    struct stat st {};
+    existed = ::lstat((sc.dirs.front() / std::string(SwapSpace::kFileName)).c_str(), &st) == 0;
+  }
+  SwapSpace space = reuse ? SwapSpace::open_or_create(sc) : SwapSpace::create(sc);
   struct Cleanup {
     SwapSpace& s;
     bool keep;
@@ -203,7 +212,8 @@ void run_bench_io(const BenchIoOptions& o) {
       std::vector<RunResult> rs;
       // A read-only run still needs data on disk; that write is not reported.
       if (do_write) rs.push_back(run_phase(engine, IoOp::write, size, ring.data(), c.block, c.depth));
-      else if (run == 1) run_phase(engine, IoOp::write, size, ring.data(), c.block, c.depth);
+      else if (run == 1 && !existed)
+        run_phase(engine, IoOp::write, size, ring.data(), c.block, c.depth);
       if (do_read) rs.push_back(run_phase(engine, IoOp::read, size, ring.data(), c.block, c.depth));
       for (auto& r : rs) {
         all.push_back(r);
@@ -294,7 +304,9 @@ void add_bench_io(CLI::App& bench) {
   io->add_flag("--sqpoll", opts->sqpoll, "io_uring SQPOLL thread");
   io->add_flag("--sweep", opts->sweep,
                "Grid of block sizes x depths x backends; prints the best configuration");
-  io->add_flag("--keep", opts->keep, "Leave the swap files in --dir");
+  io->add_flag("--keep", opts->keep,
+               "Leave the swap file in --dir, and reuse one left there (its data too: a --mode "
+               "read run then reads what an earlier --mode write run wrote)");
   io->add_flag("--json", opts->json, "Print every run's figures as JSON on stdout");
   io->callback([opts] { run_bench_io(*opts); });
 }

@@ -35,8 +35,17 @@ class UringBackend final : public IoBackend {
       params.flags |= IORING_SETUP_SQPOLL;
       params.sq_thread_idle = p.sqpoll_idle_ms;
     }
+    // Completions are only needed when the reaper enters the kernel, so no interrupting task
+    // work (kernel 5.19+; older kernels reject the flag and get a ring without it).
+    params.flags |= IORING_SETUP_COOP_TASKRUN;
     // One extra entry for the wake-up NOP.
     int r = io_uring_queue_init_params(p.queue_depth + 1, &ring_, &params);
+    if (r == -EINVAL) {
+      params.flags &= ~IORING_SETUP_COOP_TASKRUN;
+      r = io_uring_queue_init_params(p.queue_depth + 1, &ring_, &params);
+    } else if (r == 0) {
+      coop_ = true;
+    }
     if (r < 0) {
       *why = fmt::format("io_uring_setup failed: {}{}", std::strerror(-r),
                          r == -EPERM ? " (disabled by kernel.io_uring_disabled?)" : "");
@@ -84,6 +93,7 @@ class UringBackend final : public IoBackend {
     d += buffer_slots_ ? fmt::format(", fixed buffers ({} slots, {})", buffer_slots_, memlock_text())
                        : ", " + buffer_note_;
     d += sqpoll_ ? ", sqpoll on" : ", sqpoll off";
+    if (coop_) d += ", coop taskrun";
     return d;
   }
 
@@ -177,6 +187,7 @@ class UringBackend final : public IoBackend {
   io_uring ring_{};
   bool ready_ = false;
   bool sqpoll_ = false;
+  bool coop_ = false;
   bool fixed_ops_ = false;
   bool files_registered_ = false;
   std::uint32_t buffer_slots_ = 0;

@@ -1,0 +1,51 @@
+// ThreadPool: a fixed set of workers for data-parallel kernels.
+//
+// parallel_for() splits [0, n) into one contiguous range per thread (boundaries rounded to
+// `grain`), runs them and returns when all are done. Kernels built on it compute each output
+// element (or each fixed-size reduction chunk) independently of the split, so results are
+// bit-identical for any thread count. Not reentrant: one parallel_for at a time per pool
+// (concurrent callers are serialized).
+#pragma once
+
+#include <condition_variable>
+#include <cstddef>
+#include <functional>
+#include <mutex>
+#include <thread>
+#include <vector>
+
+namespace tierswap {
+
+class ThreadPool {
+ public:
+  /// `threads` >= 1 workers in all (the calling thread is one of them). 0 means
+  /// std::thread::hardware_concurrency(). Throws std::invalid_argument above 1024.
+  explicit ThreadPool(unsigned threads = 0);
+  ~ThreadPool();
+  ThreadPool(const ThreadPool&) = delete;
+  ThreadPool& operator=(const ThreadPool&) = delete;
+
+  unsigned size() const noexcept { return size_; }
+
+  /// Calls fn(begin, end) on disjoint ranges covering [0, n). The first exception thrown by a
+  /// range is rethrown here after every range finished.
+  void parallel_for(std::size_t n, std::size_t grain,
+                    const std::function<void(std::size_t, std::size_t)>& fn);
+
+ private:
+  void worker(unsigned index);
+
+  unsigned size_;
+  std::vector<std::thread> threads_;
+  std::mutex run_mu_;  // one parallel_for at a time
+  std::mutex mu_;
+  std::condition_variable start_cv_, done_cv_;
+  const std::function<void(std::size_t, std::size_t)>* fn_ = nullptr;
+  std::size_t n_ = 0, grain_ = 1;
+  std::size_t generation_ = 0;
+  unsigned pending_ = 0;
+  bool stop_ = false;
+  std::exception_ptr error_;
+};
+
+}  // namespace tierswap

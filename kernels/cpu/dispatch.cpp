@@ -1,0 +1,323 @@
+// Public kernel entry points: validation, per-step constants, ISA choice, thread split.
+#include <cmath>
+#include <cstdlib>
+#include <string>
+#include <vector>
+
+#include "kernels/cpu/convert.hpp"
+#include "kernels/cpu/kernel_table.hpp"
+#include "tierswap/error.hpp"
+#include "tierswap/kernels.hpp"
+#include "tierswap/thread_pool.hpp"
+
+namespace tierswap {
+
+using kernels::KernelTable;
+
+std::string_view to_string(Dtype d) noexcept {
+  switch (d) {
+    case Dtype::f32: return "f32";
+    case Dtype::bf16: return "bf16";
+    case Dtype::f16: return "f16";
+  }
+  return "?";
+}
+
+Dtype parse_dtype(std::string_view s) {
+  if (s == "f32" || s == "fp32" || s == "float32") return Dtype::f32;
+  if (s == "bf16" || s == "bfloat16") return Dtype::bf16;
+  if (s == "f16" || s == "fp16" || s == "float16") return Dtype::f16;
+  throw_invalid("dtype", s, "expected f32, bf16 or f16");
+}
+
+std::string_view to_string(CpuIsa isa) noexcept {
+  switch (isa) {
+    case CpuIsa::scalar: return "scalar";
+    case CpuIsa::avx2: return "avx2";
+    case CpuIsa::avx512: return "avx512";
+    case CpuIsa::neon: return "neon";
+  }
+  return "?";
+}
+
+CpuIsa parse_isa(std::string_view s) {
+  if (s == "scalar") return CpuIsa::scalar;
+  if (s == "avx2") return CpuIsa::avx2;
+  if (s == "avx512") return CpuIsa::avx512;
+  if (s == "neon") return CpuIsa::neon;
+  throw_invalid("isa", s, "expected scalar, avx2, avx512 or neon");
+}
+
+namespace {
+const KernelTable* table_of(CpuIsa isa) noexcept {
+  switch (isa) {
+    case CpuIsa::scalar: return &kernels::scalar_table();
+    case CpuIsa::avx2: return kernels::avx2_table();
+    case CpuIsa::avx512: return kernels::avx512_table();
+    case CpuIsa::neon: return kernels::neon_table();
+  }
+  return nullptr;
+}
+}  // namespace
+
+bool cpu_isa_supported(CpuIsa isa) noexcept {
+  if (table_of(isa) == nullptr) return false;
+  switch (isa) {
+    case CpuIsa::scalar: return true;
+#if defined(__x86_64__)
+    case CpuIsa::avx2:
+      return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
+             __builtin_cpu_supports("f16c");
+    case CpuIsa::avx512:
+      return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+             __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq") &&
+             __builtin_cpu_supports("f16c");
+#endif
+#if defined(__aarch64__)
+    case CpuIsa::neon: return true;
+#endif
+    default: return false;
+  }
+}
+
+CpuIsa default_cpu_isa() {
+  static const CpuIsa isa = [] {
+    if (const char* v = std::getenv("TIERSWAP_CPU_ISA")) {
+      CpuIsa want = parse_isa(v);
+      if (!cpu_isa_supported(want))
+        throw_invalid("TIERSWAP_CPU_ISA", v, "not supported by this CPU or this build");
+      return want;
+    }
+    for (CpuIsa c : {CpuIsa::avx512, CpuIsa::avx2, CpuIsa::neon})
+      if (cpu_isa_supported(c)) return c;
+    return CpuIsa::scalar;
+  }();
+  return isa;
+}
+
+namespace {
+
+const KernelTable& table_for(const CpuKernelContext& ctx) {
+  if (!cpu_isa_supported(ctx.isa))
+    throw_invalid("isa", to_string(ctx.isa), "not supported by this CPU or this build");
+  return *table_of(ctx.isa);
+}
+
+// Contiguous ranges of whole cache lines per thread; any split gives the same results.
+template <class Fn>
+void run_split(const CpuKernelContext& ctx, std::size_t n, Fn&& fn) {
+  if (ctx.pool == nullptr || ctx.pool->size() == 1 || n < 65536) {
+    fn(std::size_t{0}, n);
+    return;
+  }
+  ctx.pool->parallel_for(n, 64, fn);
+}
+
+void need(const void* p, const char* what) {
+  if (p == nullptr) throw std::invalid_argument(std::string(what) + " is null");
+}
+
+void check_p16(const Param16View& p16) {
+  if (p16.data != nullptr && p16.dtype == Dtype::f32)
+    throw_invalid("param16.dtype", "f32", "the 16-bit parameter copy must be bf16 or f16");
+}
+
+void check_moment(Dtype d) {
+  if (d == Dtype::f16)
+    throw_invalid("moment_dtype", "f16", "moments are stored in f32 or bf16 (f16 overflows)");
+}
+
+}  // namespace
+
+void AdamConfig::validate() const {
+  if (!(lr >= 0)) throw_invalid("lr", std::to_string(lr), "must be >= 0");
+  if (!(eps >= 0)) throw_invalid("eps", std::to_string(eps), "must be >= 0");
+  if (!(beta1 >= 0 && beta1 < 1)) throw_invalid("beta1", std::to_string(beta1), "must be in [0, 1)");
+  if (!(beta2 >= 0 && beta2 < 1)) throw_invalid("beta2", std::to_string(beta2), "must be in [0, 1)");
+  if (!(weight_decay >= 0))
+    throw_invalid("weight_decay", std::to_string(weight_decay), "must be >= 0");
+}
+
+void LionConfig::validate() const {
+  if (!(lr >= 0)) throw_invalid("lr", std::to_string(lr), "must be >= 0");
+  if (!(beta1 >= 0 && beta1 <= 1)) throw_invalid("beta1", std::to_string(beta1), "must be in [0, 1]");
+  if (!(beta2 >= 0 && beta2 <= 1)) throw_invalid("beta2", std::to_string(beta2), "must be in [0, 1]");
+  if (!(weight_decay >= 0))
+    throw_invalid("weight_decay", std::to_string(weight_decay), "must be >= 0");
+}
+
+void SgdConfig::validate() const {
+  if (!(lr >= 0)) throw_invalid("lr", std::to_string(lr), "must be >= 0");
+  if (!(momentum >= 0)) throw_invalid("momentum", std::to_string(momentum), "must be >= 0");
+  if (!(weight_decay >= 0))
+    throw_invalid("weight_decay", std::to_string(weight_decay), "must be >= 0");
+  if (nesterov && (momentum <= 0 || dampening != 0))
+    throw_invalid("nesterov", "true", "requires momentum > 0 and dampening = 0");
+}
+
+void adam_step(const AdamConfig& cfg, std::int64_t step, const AdamState& st, const GradView& g,
+               const Param16View& p16, std::size_t n, const CpuKernelContext& ctx) {
+  cfg.validate();
+  if (step < 1) throw_invalid("step", std::to_string(step), "the step count starts at 1");
+  check_p16(p16);
+  check_moment(st.moment_dtype);
+  if (n == 0) return;
+  need(st.param, "param");
+  need(st.exp_avg, "exp_avg");
+  need(st.exp_avg_sq, "exp_avg_sq");
+  need(g.data, "grad");
+  if (cfg.amsgrad) need(st.max_exp_avg_sq, "max_exp_avg_sq (amsgrad)");
+  const KernelTable& t = table_for(ctx);
+  kernels::AdamArgs a{};
+  // As torch: Python floats (double) for the bias corrections, rounded to fp32 where they meet
+  // the tensors.
+  const double bc1 = 1.0 - std::pow(static_cast<double>(cfg.beta1), static_cast<double>(step));
+  const double bc2 = 1.0 - std::pow(static_cast<double>(cfg.beta2), static_cast<double>(step));
+  a.s.beta1 = cfg.beta1;
+  a.s.beta2 = cfg.beta2;
+  a.s.one_minus_beta1 = static_cast<float>(1.0 - static_cast<double>(cfg.beta1));
+  a.s.one_minus_beta2 = static_cast<float>(1.0 - static_cast<double>(cfg.beta2));
+  a.s.eps = cfg.eps;
+  a.s.weight_decay = cfg.weight_decay;
+  a.s.decay = static_cast<float>(1.0 - static_cast<double>(cfg.lr) * cfg.weight_decay);
+  a.s.neg_step_size = static_cast<float>(-(static_cast<double>(cfg.lr) / bc1));
+  a.s.bias_correction2_sqrt = static_cast<float>(std::sqrt(bc2));
+  a.s.grad_multiplier = g.multiplier;
+  a.s.decoupled = cfg.decoupled;
+  a.s.amsgrad = cfg.amsgrad;
+  a.s.maximize = cfg.maximize;
+  a.param = st.param;
+  a.exp_avg = st.exp_avg;
+  a.exp_avg_sq = st.exp_avg_sq;
+  a.max_exp_avg_sq = st.max_exp_avg_sq;
+  a.moment_dtype = st.moment_dtype;
+  a.grad = g.data;
+  a.grad_dtype = g.dtype;
+  a.param16 = p16.data;
+  a.param16_dtype = p16.dtype;
+  run_split(ctx, n, [&](std::size_t b, std::size_t e) { t.adam(a, b, e); });
+}
+
+void lion_step(const LionConfig& cfg, float* param, void* exp_avg, Dtype moment_dtype,
+               const GradView& g, const Param16View& p16, std::size_t n,
+               const CpuKernelContext& ctx) {
+  cfg.validate();
+  check_p16(p16);
+  check_moment(moment_dtype);
+  if (n == 0) return;
+  need(param, "param");
+  need(exp_avg, "exp_avg");
+  need(g.data, "grad");
+  const KernelTable& t = table_for(ctx);
+  kernels::LionArgs a{};
+  a.s.lr = cfg.lr;
+  a.s.beta1 = cfg.beta1;
+  a.s.beta2 = cfg.beta2;
+  a.s.one_minus_beta1 = static_cast<float>(1.0 - static_cast<double>(cfg.beta1));
+  a.s.one_minus_beta2 = static_cast<float>(1.0 - static_cast<double>(cfg.beta2));
+  a.s.weight_decay = cfg.weight_decay;
+  a.s.decay = static_cast<float>(1.0 - static_cast<double>(cfg.lr) * cfg.weight_decay);
+  a.s.grad_multiplier = g.multiplier;
+  a.s.maximize = cfg.maximize;
+  a.param = param;
+  a.exp_avg = exp_avg;
+  a.moment_dtype = moment_dtype;
+  a.grad = g.data;
+  a.grad_dtype = g.dtype;
+  a.param16 = p16.data;
+  a.param16_dtype = p16.dtype;
+  run_split(ctx, n, [&](std::size_t b, std::size_t e) { t.lion(a, b, e); });
+}
+
+void sgd_step(const SgdConfig& cfg, bool first_step, float* param, float* momentum_buffer,
+              const GradView& g, const Param16View& p16, std::size_t n,
+              const CpuKernelContext& ctx) {
+  cfg.validate();
+  check_p16(p16);
+  if (n == 0) return;
+  need(param, "param");
+  need(g.data, "grad");
+  if (cfg.momentum != 0) need(momentum_buffer, "momentum_buffer");
+  const KernelTable& t = table_for(ctx);
+  kernels::SgdArgs a{};
+  a.s.lr = cfg.lr;
+  a.s.momentum = cfg.momentum;
+  a.s.one_minus_dampening = static_cast<float>(1.0 - static_cast<double>(cfg.dampening));
+  a.s.weight_decay = cfg.weight_decay;
+  a.s.grad_multiplier = g.multiplier;
+  a.s.nesterov = cfg.nesterov;
+  a.s.maximize = cfg.maximize;
+  a.s.first_step = first_step;
+  a.param = param;
+  a.momentum_buffer = momentum_buffer;
+  a.grad = g.data;
+  a.grad_dtype = g.dtype;
+  a.param16 = p16.data;
+  a.param16_dtype = p16.dtype;
+  run_split(ctx, n, [&](std::size_t b, std::size_t e) { t.sgd(a, b, e); });
+}
+
+GradStats grad_stats(const void* grad, Dtype dtype, std::size_t n, const CpuKernelContext& ctx) {
+  GradStats out;
+  if (n == 0) return out;
+  need(grad, "grad");
+  const KernelTable& t = table_for(ctx);
+  const std::size_t chunks = (n + kernels::kStatsChunk - 1) / kernels::kStatsChunk;
+  std::vector<double> partial(chunks);
+  std::vector<unsigned char> nonfinite(chunks);
+  auto run = [&](std::size_t cb, std::size_t ce) {
+    for (std::size_t c = cb; c < ce; ++c) {
+      kernels::StatsLanes l{};
+      const std::size_t b = c * kernels::kStatsChunk;
+      t.stats(grad, dtype, b, std::min(n, b + kernels::kStatsChunk), l);
+      // Fixed pairwise order over the 8 lanes.
+      partial[c] = ((l.lane[0] + l.lane[1]) + (l.lane[2] + l.lane[3])) +
+                   ((l.lane[4] + l.lane[5]) + (l.lane[6] + l.lane[7]));
+      nonfinite[c] = l.nonfinite;
+    }
+  };
+  if (ctx.pool == nullptr || ctx.pool->size() == 1 || chunks < 8) run(0, chunks);
+  else ctx.pool->parallel_for(chunks, 1, run);
+  for (std::size_t c = 0; c < chunks; ++c) {
+    out.sum_sq += partial[c];
+    out.nonfinite |= nonfinite[c] != 0;
+  }
+  return out;
+}
+
+void cast(const void* src, Dtype sd, void* dst, Dtype dd, std::size_t n,
+          const CpuKernelContext& ctx) {
+  if (n == 0) return;
+  need(src, "src");
+  need(dst, "dst");
+  const KernelTable& t = table_for(ctx);
+  run_split(ctx, n, [&](std::size_t b, std::size_t e) { t.cast(src, sd, dst, dd, b, e); });
+}
+
+void accumulate(void* acc, Dtype ad, const void* grad, Dtype gd, std::size_t n,
+                const CpuKernelContext& ctx) {
+  if (n == 0) return;
+  need(acc, "acc");
+  need(grad, "grad");
+  const KernelTable& t = table_for(ctx);
+  run_split(ctx, n, [&](std::size_t b, std::size_t e) { t.accumulate(acc, ad, grad, gd, b, e); });
+}
+
+std::uint16_t float_to_bf16(float f) noexcept { return kernels::to_bf16(f); }
+float bf16_to_float(std::uint16_t h) noexcept { return kernels::from_bf16(h); }
+std::uint16_t float_to_f16(float f) noexcept { return kernels::to_f16(f); }
+float f16_to_float(std::uint16_t h) noexcept { return kernels::from_f16(h); }
+
+}  // namespace tierswap
+
+namespace tierswap::kernels {
+#if !defined(TIERSWAP_KERNELS_AVX2)
+const KernelTable* avx2_table() { return nullptr; }
+#endif
+#if !defined(TIERSWAP_KERNELS_AVX512)
+const KernelTable* avx512_table() { return nullptr; }
+#endif
+#if !defined(TIERSWAP_KERNELS_NEON)
+const KernelTable* neon_table() { return nullptr; }
+#endif
+}  // namespace tierswap::kernels

@@ -1,0 +1,82 @@
+// Internal: the per-ISA function table and the argument blocks the dispatcher fills in.
+#pragma once
+
+#include <cstddef>
+
+#include "tierswap/kernels.hpp"
+
+namespace tierswap::kernels {
+
+// Per-step constants, computed once in double (as torch's Python scalars) and rounded to fp32.
+struct AdamScalars {
+  float beta1, beta2, one_minus_beta1, one_minus_beta2, eps, weight_decay, decay;
+  float neg_step_size, bias_correction2_sqrt, grad_multiplier;
+  bool decoupled, amsgrad, maximize;
+};
+struct AdamArgs {
+  AdamScalars s;
+  float* param;
+  void* exp_avg;
+  void* exp_avg_sq;
+  void* max_exp_avg_sq;
+  Dtype moment_dtype;
+  const void* grad;
+  Dtype grad_dtype;
+  void* param16;
+  Dtype param16_dtype;
+};
+
+struct LionScalars {
+  float lr, beta1, beta2, one_minus_beta1, one_minus_beta2, weight_decay, decay, grad_multiplier;
+  bool maximize;
+};
+struct LionArgs {
+  LionScalars s;
+  float* param;
+  void* exp_avg;
+  Dtype moment_dtype;
+  const void* grad;
+  Dtype grad_dtype;
+  void* param16;
+  Dtype param16_dtype;
+};
+
+struct SgdScalars {
+  float lr, momentum, one_minus_dampening, weight_decay, grad_multiplier;
+  bool nesterov, maximize, first_step;
+};
+struct SgdArgs {
+  SgdScalars s;
+  float* param;
+  float* momentum_buffer;
+  const void* grad;
+  Dtype grad_dtype;
+  void* param16;
+  Dtype param16_dtype;
+};
+
+struct StatsLanes {
+  double lane[8];
+  bool nonfinite;
+};
+
+struct KernelTable {
+  CpuIsa isa;
+  void (*adam)(const AdamArgs&, std::size_t b, std::size_t e);
+  void (*lion)(const LionArgs&, std::size_t b, std::size_t e);
+  void (*sgd)(const SgdArgs&, std::size_t b, std::size_t e);
+  // [b, e) within one statistics chunk; b a multiple of 8.
+  void (*stats)(const void* g, Dtype d, std::size_t b, std::size_t e, StatsLanes& out);
+  void (*cast)(const void* src, Dtype sd, void* dst, Dtype dd, std::size_t b, std::size_t e);
+  void (*accumulate)(void* acc, Dtype ad, const void* g, Dtype gd, std::size_t b, std::size_t e);
+};
+
+const KernelTable& scalar_table();
+const KernelTable* avx2_table();    // null when not compiled in
+const KernelTable* avx512_table();  // null when not compiled in
+const KernelTable* neon_table();    // null when not compiled in
+
+/// Elements per statistics chunk: the unit of the fixed reduction order.
+inline constexpr std::size_t kStatsChunk = 8192;
+
+}  // namespace tierswap::kernels

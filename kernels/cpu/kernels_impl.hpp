@@ -1,0 +1,277 @@
+// The kernels, written once against the vector interface of simd.hpp. Each
+// kernels_<isa>.cpp includes this file and instantiates table<Isa>(); the scalar instance is the
+// reference. Tails are finished with the Scalar instance of the same body, which performs the
+// same operations, so a SIMD variant is bit-identical to the reference at any size or offset.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+#include "kernels/cpu/kernel_table.hpp"
+#include "kernels/cpu/simd.hpp"
+
+namespace tierswap::kernels {
+namespace {
+
+template <class V, Dtype D>
+struct Mem;
+template <class V>
+struct Mem<V, Dtype::f32> {
+  static typename V::F load(const void* p, std::size_t i) { return V::load(static_cast<const float*>(p) + i); }
+  static void store(void* p, std::size_t i, typename V::F v) { V::store(static_cast<float*>(p) + i, v); }
+};
+template <class V>
+struct Mem<V, Dtype::bf16> {
+  static typename V::F load(const void* p, std::size_t i) {
+    return V::load_bf16(static_cast<const std::uint16_t*>(p) + i);
+  }
+  static void store(void* p, std::size_t i, typename V::F v) {
+    V::store_bf16(static_cast<std::uint16_t*>(p) + i, v);
+  }
+};
+template <class V>
+struct Mem<V, Dtype::f16> {
+  static typename V::F load(const void* p, std::size_t i) {
+    return V::load_f16(static_cast<const std::uint16_t*>(p) + i);
+  }
+  static void store(void* p, std::size_t i, typename V::F v) {
+    V::store_f16(static_cast<std::uint16_t*>(p) + i, v);
+  }
+};
+
+// Runs body.template operator()<V>(i) over full vectors, then <Scalar> over the tail.
+template <class V, class Body>
+inline void for_range(std::size_t b, std::size_t e, Body&& body) {
+  std::size_t i = b;
+  if constexpr (V::W > 1) {
+    for (; i + V::W <= e; i += V::W) body.template operator()<V>(i);
+  }
+  for (; i < e; ++i) body.template operator()<Scalar>(i);
+}
+
+// ---- Adam / AdamW ------------------------------------------------------------------------------
+template <class V, Dtype G, Dtype M, bool kP16, Dtype P>
+void adam_range(const AdamArgs& a, std::size_t b, std::size_t e) {
+  const AdamScalars& s = a.s;
+  for_range<V>(b, e, [&]<class X>(std::size_t i) {
+    using F = typename X::F;
+    F g = X::mul(Mem<X, G>::load(a.grad, i), X::set1(s.grad_multiplier));
+    if (s.maximize) g = X::neg(g);
+    F p = X::load(a.param + i);
+    if (s.weight_decay != 0.0f) {
+      if (s.decoupled) p = X::mul(p, X::set1(s.decay));
+      else g = X::add(g, X::mul(X::set1(s.weight_decay), p));
+    }
+    F m = X::add(X::mul(X::set1(s.beta1), Mem<X, M>::load(a.exp_avg, i)),
+                 X::mul(X::set1(s.one_minus_beta1), g));
+    F v = X::add(X::mul(X::set1(s.beta2), Mem<X, M>::load(a.exp_avg_sq, i)),
+                 X::mul(X::mul(X::set1(s.one_minus_beta2), g), g));
+    Mem<X, M>::store(a.exp_avg, i, m);
+    Mem<X, M>::store(a.exp_avg_sq, i, v);
+    if constexpr (M != Dtype::f32) {  // continue with the values as stored
+      m = Mem<X, M>::load(a.exp_avg, i);
+      v = Mem<X, M>::load(a.exp_avg_sq, i);
+    }
+    if (s.amsgrad) {
+      v = X::max(Mem<X, M>::load(a.max_exp_avg_sq, i), v);
+      Mem<X, M>::store(a.max_exp_avg_sq, i, v);
+      if constexpr (M != Dtype::f32) v = Mem<X, M>::load(a.max_exp_avg_sq, i);
+    }
+    const F denom = X::add(X::div(X::sqrt(v), X::set1(s.bias_correction2_sqrt)), X::set1(s.eps));
+    p = X::add(p, X::div(X::mul(X::set1(s.neg_step_size), m), denom));
+    X::store(a.param + i, p);
+    if constexpr (kP16) Mem<X, P>::store(a.param16, i, p);
+  });
+}
+
+// ---- Lion ----------------------------------------------------------------------------------------
+template <class V, Dtype G, Dtype M, bool kP16, Dtype P>
+void lion_range(const LionArgs& a, std::size_t b, std::size_t e) {
+  const LionScalars& s = a.s;
+  for_range<V>(b, e, [&]<class X>(std::size_t i) {
+    using F = typename X::F;
+    F g = X::mul(Mem<X, G>::load(a.grad, i), X::set1(s.grad_multiplier));
+    if (s.maximize) g = X::neg(g);
+    F p = X::load(a.param + i);
+    if (s.weight_decay != 0.0f) p = X::mul(p, X::set1(s.decay));
+    const F m = Mem<X, M>::load(a.exp_avg, i);
+    const F c = X::add(X::mul(X::set1(s.beta1), m), X::mul(X::set1(s.one_minus_beta1), g));
+    p = X::sub(p, X::mul(X::set1(s.lr), X::sign(c)));
+    Mem<X, M>::store(a.exp_avg, i,
+                     X::add(X::mul(X::set1(s.beta2), m), X::mul(X::set1(s.one_minus_beta2), g)));
+    X::store(a.param + i, p);
+    if constexpr (kP16) Mem<X, P>::store(a.param16, i, p);
+  });
+}
+
+// ---- SGD with momentum ---------------------------------------------------------------------------
+template <class V, Dtype G, bool kP16, Dtype P>
+void sgd_range(const SgdArgs& a, std::size_t b, std::size_t e) {
+  const SgdScalars& s = a.s;
+  for_range<V>(b, e, [&]<class X>(std::size_t i) {
+    using F = typename X::F;
+    F g = X::mul(Mem<X, G>::load(a.grad, i), X::set1(s.grad_multiplier));
+    if (s.maximize) g = X::neg(g);
+    F p = X::load(a.param + i);
+    if (s.weight_decay != 0.0f) g = X::add(g, X::mul(X::set1(s.weight_decay), p));
+    if (s.momentum != 0.0f) {
+      F buf = s.first_step ? g
+                           : X::add(X::mul(X::set1(s.momentum), X::load(a.momentum_buffer + i)),
+                                    X::mul(X::set1(s.one_minus_dampening), g));
+      X::store(a.momentum_buffer + i, buf);
+      g = s.nesterov ? X::add(g, X::mul(X::set1(s.momentum), buf)) : buf;
+    }
+    p = X::sub(p, X::mul(X::set1(s.lr), g));
+    X::store(a.param + i, p);
+    if constexpr (kP16) Mem<X, P>::store(a.param16, i, p);
+  });
+}
+
+// ---- statistics, casts, accumulation -------------------------------------------------------------
+template <class V, Dtype G>
+void stats_range(const void* grad, std::size_t b, std::size_t e, StatsLanes& out) {
+  // b is a multiple of 8 (chunks are), so value i always goes to lane i % 8.
+  Scalar::Acc acc;
+  std::size_t i = b;
+  if constexpr (V::W > 1) {
+    typename V::Acc vacc;
+    for (; i + V::W <= e; i += V::W) V::acc_squares(vacc, i, Mem<V, G>::load(grad, i));
+    V::acc_finish(vacc, acc);
+  }
+  for (; i < e; ++i) Scalar::acc_squares(acc, i, Mem<Scalar, G>::load(grad, i));
+  for (int j = 0; j < 8; ++j) out.lane[j] = acc.lane[j];
+  out.nonfinite = acc.nonfinite;
+}
+
+template <class V, Dtype S, Dtype D>
+void cast_range(const void* src, void* dst, std::size_t b, std::size_t e) {
+  for_range<V>(b, e, [&]<class X>(std::size_t i) { Mem<X, D>::store(dst, i, Mem<X, S>::load(src, i)); });
+}
+
+template <class V, Dtype A, Dtype G>
+void accumulate_range(void* acc, const void* grad, std::size_t b, std::size_t e) {
+  for_range<V>(b, e, [&]<class X>(std::size_t i) {
+    Mem<X, A>::store(acc, i, X::add(Mem<X, A>::load(acc, i), Mem<X, G>::load(grad, i)));
+  });
+}
+
+// ---- dtype dispatch --------------------------------------------------------------------------
+template <template <Dtype> class Fn, class... Args>
+void with_dtype(Dtype d, Args&&... args) {
+  switch (d) {
+    case Dtype::f32: Fn<Dtype::f32>::run(args...); break;
+    case Dtype::bf16: Fn<Dtype::bf16>::run(args...); break;
+    case Dtype::f16: Fn<Dtype::f16>::run(args...); break;
+  }
+}
+
+template <class V>
+struct Impl {
+  template <Dtype G, Dtype M>
+  static void adam_p16(const AdamArgs& a, std::size_t b, std::size_t e) {
+    if (a.param16 == nullptr) adam_range<V, G, M, false, Dtype::bf16>(a, b, e);
+    else if (a.param16_dtype == Dtype::bf16) adam_range<V, G, M, true, Dtype::bf16>(a, b, e);
+    else adam_range<V, G, M, true, Dtype::f16>(a, b, e);
+  }
+  template <Dtype G>
+  static void adam_m(const AdamArgs& a, std::size_t b, std::size_t e) {
+    if (a.moment_dtype == Dtype::bf16) adam_p16<G, Dtype::bf16>(a, b, e);
+    else adam_p16<G, Dtype::f32>(a, b, e);
+  }
+  static void adam(const AdamArgs& a, std::size_t b, std::size_t e) {
+    switch (a.grad_dtype) {
+      case Dtype::f32: adam_m<Dtype::f32>(a, b, e); break;
+      case Dtype::bf16: adam_m<Dtype::bf16>(a, b, e); break;
+      case Dtype::f16: adam_m<Dtype::f16>(a, b, e); break;
+    }
+  }
+
+  template <Dtype G, Dtype M>
+  static void lion_p16(const LionArgs& a, std::size_t b, std::size_t e) {
+    if (a.param16 == nullptr) lion_range<V, G, M, false, Dtype::bf16>(a, b, e);
+    else if (a.param16_dtype == Dtype::bf16) lion_range<V, G, M, true, Dtype::bf16>(a, b, e);
+    else lion_range<V, G, M, true, Dtype::f16>(a, b, e);
+  }
+  template <Dtype G>
+  static void lion_m(const LionArgs& a, std::size_t b, std::size_t e) {
+    if (a.moment_dtype == Dtype::bf16) lion_p16<G, Dtype::bf16>(a, b, e);
+    else lion_p16<G, Dtype::f32>(a, b, e);
+  }
+  static void lion(const LionArgs& a, std::size_t b, std::size_t e) {
+    switch (a.grad_dtype) {
+      case Dtype::f32: lion_m<Dtype::f32>(a, b, e); break;
+      case Dtype::bf16: lion_m<Dtype::bf16>(a, b, e); break;
+      case Dtype::f16: lion_m<Dtype::f16>(a, b, e); break;
+    }
+  }
+
+  template <Dtype G>
+  static void sgd_g(const SgdArgs& a, std::size_t b, std::size_t e) {
+    if (a.param16 == nullptr) sgd_range<V, G, false, Dtype::bf16>(a, b, e);
+    else if (a.param16_dtype == Dtype::bf16) sgd_range<V, G, true, Dtype::bf16>(a, b, e);
+    else sgd_range<V, G, true, Dtype::f16>(a, b, e);
+  }
+  static void sgd(const SgdArgs& a, std::size_t b, std::size_t e) {
+    switch (a.grad_dtype) {
+      case Dtype::f32: sgd_g<Dtype::f32>(a, b, e); break;
+      case Dtype::bf16: sgd_g<Dtype::bf16>(a, b, e); break;
+      case Dtype::f16: sgd_g<Dtype::f16>(a, b, e); break;
+    }
+  }
+
+  static void stats(const void* g, Dtype d, std::size_t b, std::size_t e, StatsLanes& out) {
+    switch (d) {
+      case Dtype::f32: stats_range<V, Dtype::f32>(g, b, e, out); break;
+      case Dtype::bf16: stats_range<V, Dtype::bf16>(g, b, e, out); break;
+      case Dtype::f16: stats_range<V, Dtype::f16>(g, b, e, out); break;
+    }
+  }
+
+  template <Dtype S>
+  static void cast_s(const void* src, void* dst, Dtype dd, std::size_t b, std::size_t e) {
+    switch (dd) {
+      case Dtype::f32: cast_range<V, S, Dtype::f32>(src, dst, b, e); break;
+      case Dtype::bf16: cast_range<V, S, Dtype::bf16>(src, dst, b, e); break;
+      case Dtype::f16: cast_range<V, S, Dtype::f16>(src, dst, b, e); break;
+    }
+  }
+  static void cast(const void* src, Dtype sd, void* dst, Dtype dd, std::size_t b, std::size_t e) {
+    switch (sd) {
+      case Dtype::f32: cast_s<Dtype::f32>(src, dst, dd, b, e); break;
+      case Dtype::bf16: cast_s<Dtype::bf16>(src, dst, dd, b, e); break;
+      case Dtype::f16: cast_s<Dtype::f16>(src, dst, dd, b, e); break;
+    }
+  }
+
+  template <Dtype A>
+  static void acc_a(void* acc, const void* g, Dtype gd, std::size_t b, std::size_t e) {
+    switch (gd) {
+      case Dtype::f32: accumulate_range<V, A, Dtype::f32>(acc, g, b, e); break;
+      case Dtype::bf16: accumulate_range<V, A, Dtype::bf16>(acc, g, b, e); break;
+      case Dtype::f16: accumulate_range<V, A, Dtype::f16>(acc, g, b, e); break;
+    }
+  }
+  static void accumulate(void* acc, Dtype ad, const void* g, Dtype gd, std::size_t b, std::size_t e) {
+    switch (ad) {
+      case Dtype::f32: acc_a<Dtype::f32>(acc, g, gd, b, e); break;
+      case Dtype::bf16: acc_a<Dtype::bf16>(acc, g, gd, b, e); break;
+      case Dtype::f16: acc_a<Dtype::f16>(acc, g, gd, b, e); break;
+    }
+  }
+};
+
+template <class V>
+KernelTable make_table(CpuIsa isa) {
+  KernelTable t;
+  t.isa = isa;
+  t.adam = &Impl<V>::adam;
+  t.lion = &Impl<V>::lion;
+  t.sgd = &Impl<V>::sgd;
+  t.stats = &Impl<V>::stats;
+  t.cast = &Impl<V>::cast;
+  t.accumulate = &Impl<V>::accumulate;
+  return t;
+}
+
+}  // namespace
+}  // namespace tierswap::kernels

@@ -1,0 +1,187 @@
+// Vector wrappers, one per instruction set, with the same operations as the scalar one. A kernel
+// is written once against this interface; its scalar instance is the reference, and each SIMD
+// instance performs the same IEEE operations in the same order, so results are bit-identical.
+//
+// Everything here has internal linkage: each kernels_<isa>.cpp is compiled with its own -m flags
+// and must not share an inline function with another (the linker could pick the AVX-512 copy).
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+
+#if defined(__AVX2__) || defined(__AVX512F__)
+#include <immintrin.h>
+#endif
+
+#include "kernels/cpu/convert.hpp"
+
+namespace tierswap::kernels {
+namespace {
+
+struct Scalar {
+  static constexpr std::size_t W = 1;
+  using F = float;
+  static F load(const float* p) { return *p; }
+  static void store(float* p, F v) { *p = v; }
+  static F load_bf16(const std::uint16_t* p) { return from_bf16(*p); }
+  static void store_bf16(std::uint16_t* p, F v) { *p = to_bf16(v); }
+  static F load_f16(const std::uint16_t* p) { return from_f16(*p); }
+  static void store_f16(std::uint16_t* p, F v) { *p = to_f16(v); }
+  static F set1(float x) { return x; }
+  static F add(F a, F b) { return a + b; }
+  static F sub(F a, F b) { return a - b; }
+  static F mul(F a, F b) { return a * b; }
+  static F div(F a, F b) { return a / b; }
+  static F sqrt(F a) { return __builtin_sqrtf(a); }
+  // As MAXPS: the second operand when either is NaN or they are equal.
+  static F max(F a, F b) { return a > b ? a : b; }
+  static F neg(F a) { return float_of(bits_of(a) ^ 0x80000000u); }
+  // -1, 0 or +1; NaN stays NaN (as torch.sign).
+  static F sign(F a) { return a != a ? a : a > 0 ? 1.0f : a < 0 ? -1.0f : 0.0f; }
+
+  // Statistics: add the squares of W values to 8 fp64 lanes (value j of a group of 8 goes to
+  // lane j) and flag non-finite values.
+  struct Acc {
+    double lane[8] = {};
+    bool nonfinite = false;
+  };
+  static void acc_squares(Acc& acc, std::size_t lane0, F x) {
+    const double d = x;
+    acc.lane[lane0 & 7] += d * d;
+    acc.nonfinite |= (bits_of(x) & 0x7f800000u) == 0x7f800000u;
+  }
+};
+
+#if defined(__AVX2__)
+struct Avx2 {
+  static constexpr std::size_t W = 8;
+  using F = __m256;
+  static F load(const float* p) { return _mm256_loadu_ps(p); }
+  static void store(float* p, F v) { _mm256_storeu_ps(p, v); }
+  static F load_bf16(const std::uint16_t* p) {
+    __m256i w = _mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+    return _mm256_castsi256_ps(_mm256_slli_epi32(w, 16));
+  }
+  static void store_bf16(std::uint16_t* p, F v) {
+    const __m256i u = _mm256_castps_si256(v);
+    const __m256i lsb = _mm256_and_si256(_mm256_srli_epi32(u, 16), _mm256_set1_epi32(1));
+    __m256i r = _mm256_srli_epi32(_mm256_add_epi32(_mm256_add_epi32(u, _mm256_set1_epi32(0x7fff)), lsb), 16);
+    const __m256i nan_bits = _mm256_or_si256(_mm256_srli_epi32(u, 16), _mm256_set1_epi32(0x40));
+    const __m256 is_nan = _mm256_cmp_ps(v, v, _CMP_UNORD_Q);
+    r = _mm256_blendv_epi8(r, nan_bits, _mm256_castps_si256(is_nan));
+    r = _mm256_and_si256(r, _mm256_set1_epi32(0xffff));
+    const __m128i packed = _mm_packus_epi32(_mm256_castsi256_si128(r), _mm256_extracti128_si256(r, 1));
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(p), packed);
+  }
+  static F load_f16(const std::uint16_t* p) {
+    return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+  }
+  static void store_f16(std::uint16_t* p, F v) {
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(p),
+                     _mm256_cvtps_ph(v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+  }
+  static F set1(float x) { return _mm256_set1_ps(x); }
+  static F add(F a, F b) { return _mm256_add_ps(a, b); }
+  static F sub(F a, F b) { return _mm256_sub_ps(a, b); }
+  static F mul(F a, F b) { return _mm256_mul_ps(a, b); }
+  static F div(F a, F b) { return _mm256_div_ps(a, b); }
+  static F sqrt(F a) { return _mm256_sqrt_ps(a); }
+  static F max(F a, F b) { return _mm256_max_ps(a, b); }
+  static F neg(F a) { return _mm256_xor_ps(a, _mm256_set1_ps(-0.0f)); }
+  static F sign(F a) {
+    const __m256 zero = _mm256_setzero_ps();
+    const __m256 pos = _mm256_and_ps(_mm256_cmp_ps(a, zero, _CMP_GT_OQ), _mm256_set1_ps(1.0f));
+    const __m256 negv = _mm256_and_ps(_mm256_cmp_ps(a, zero, _CMP_LT_OQ), _mm256_set1_ps(-1.0f));
+    return _mm256_blendv_ps(_mm256_or_ps(pos, negv), a, _mm256_cmp_ps(a, a, _CMP_UNORD_Q));
+  }
+  struct Acc {
+    __m256d lo = _mm256_setzero_pd(), hi = _mm256_setzero_pd();
+    __m256i nonfinite = _mm256_setzero_si256();
+  };
+  static void acc_squares(Acc& acc, std::size_t, F x) {
+    const __m256d a = _mm256_cvtps_pd(_mm256_castps256_ps128(x));
+    const __m256d b = _mm256_cvtps_pd(_mm256_extractf128_ps(x, 1));
+    acc.lo = _mm256_add_pd(acc.lo, _mm256_mul_pd(a, a));
+    acc.hi = _mm256_add_pd(acc.hi, _mm256_mul_pd(b, b));
+    const __m256i e = _mm256_and_si256(_mm256_castps_si256(x), _mm256_set1_epi32(0x7f800000));
+    acc.nonfinite = _mm256_or_si256(acc.nonfinite, _mm256_cmpeq_epi32(e, _mm256_set1_epi32(0x7f800000)));
+  }
+  static void acc_finish(const Acc& acc, Scalar::Acc& out) {
+    double l[8];
+    _mm256_storeu_pd(l, acc.lo);
+    _mm256_storeu_pd(l + 4, acc.hi);
+    for (int j = 0; j < 8; ++j) out.lane[j] += l[j];
+    out.nonfinite |= !_mm256_testz_si256(acc.nonfinite, acc.nonfinite);
+  }
+};
+#endif
+
+#if defined(__AVX512F__)
+struct Avx512 {
+  static constexpr std::size_t W = 16;
+  using F = __m512;
+  static F load(const float* p) { return _mm512_loadu_ps(p); }
+  static void store(float* p, F v) { _mm512_storeu_ps(p, v); }
+  static F load_bf16(const std::uint16_t* p) {
+    __m512i w = _mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
+    return _mm512_castsi512_ps(_mm512_slli_epi32(w, 16));
+  }
+  // Integer round-to-nearest-even rather than VCVTNEPS2BF16: that instruction treats subnormal
+  // inputs as zero, which would break bit-identity with the reference.
+  static void store_bf16(std::uint16_t* p, F v) {
+    const __m512i u = _mm512_castps_si512(v);
+    const __m512i lsb = _mm512_and_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(1));
+    __m512i r = _mm512_srli_epi32(_mm512_add_epi32(_mm512_add_epi32(u, _mm512_set1_epi32(0x7fff)), lsb), 16);
+    const __mmask16 is_nan = _mm512_cmp_ps_mask(v, v, _CMP_UNORD_Q);
+    r = _mm512_mask_or_epi32(r, is_nan, _mm512_srli_epi32(u, 16), _mm512_set1_epi32(0x40));
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(p), _mm512_cvtepi32_epi16(r));
+  }
+  static F load_f16(const std::uint16_t* p) {
+    return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
+  }
+  static void store_f16(std::uint16_t* p, F v) {
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(p),
+                        _mm512_cvtps_ph(v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+  }
+  static F set1(float x) { return _mm512_set1_ps(x); }
+  static F add(F a, F b) { return _mm512_add_ps(a, b); }
+  static F sub(F a, F b) { return _mm512_sub_ps(a, b); }
+  static F mul(F a, F b) { return _mm512_mul_ps(a, b); }
+  static F div(F a, F b) { return _mm512_div_ps(a, b); }
+  static F sqrt(F a) { return _mm512_sqrt_ps(a); }
+  static F max(F a, F b) { return _mm512_max_ps(a, b); }
+  static F neg(F a) {
+    return _mm512_castsi512_ps(
+        _mm512_xor_si512(_mm512_castps_si512(a), _mm512_set1_epi32(static_cast<int>(0x80000000u))));
+  }
+  static F sign(F a) {
+    const __m512 zero = _mm512_setzero_ps();
+    __m512 r = _mm512_mask_mov_ps(zero, _mm512_cmp_ps_mask(a, zero, _CMP_GT_OQ), _mm512_set1_ps(1.0f));
+    r = _mm512_mask_mov_ps(r, _mm512_cmp_ps_mask(a, zero, _CMP_LT_OQ), _mm512_set1_ps(-1.0f));
+    return _mm512_mask_mov_ps(r, _mm512_cmp_ps_mask(a, a, _CMP_UNORD_Q), a);
+  }
+  struct Acc {
+    __m512d lane = _mm512_setzero_pd();
+    __mmask16 nonfinite = 0;
+  };
+  static void acc_squares(Acc& acc, std::size_t, F x) {
+    // Values 0..7 then 8..15 into lanes 0..7: the reference's order.
+    const __m512d a = _mm512_cvtps_pd(_mm512_castps512_ps256(x));
+    const __m512d b = _mm512_cvtps_pd(_mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(x), 1)));
+    acc.lane = _mm512_add_pd(acc.lane, _mm512_mul_pd(a, a));
+    acc.lane = _mm512_add_pd(acc.lane, _mm512_mul_pd(b, b));
+    const __m512i e = _mm512_and_si512(_mm512_castps_si512(x), _mm512_set1_epi32(0x7f800000));
+    acc.nonfinite |= _mm512_cmpeq_epi32_mask(e, _mm512_set1_epi32(0x7f800000));
+  }
+  static void acc_finish(const Acc& acc, Scalar::Acc& out) {
+    double l[8];
+    _mm512_storeu_pd(l, acc.lane);
+    for (int j = 0; j < 8; ++j) out.lane[j] += l[j];
+    out.nonfinite |= acc.nonfinite != 0;
+  }
+};
+#endif
+
+}  // namespace
+}  // namespace tierswap::kernels

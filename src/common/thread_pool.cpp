@@ -1,0 +1,97 @@
+#include "tierswap/thread_pool.hpp"
+
+#include <stdexcept>
+
+#include "tierswap/units.hpp"
+
+namespace tierswap {
+
+namespace {
+// Range of worker `i` of `k` over n elements, boundaries multiples of grain.
+std::pair<std::size_t, std::size_t> range_of(unsigned i, unsigned k, std::size_t n,
+                                             std::size_t grain) {
+  const std::size_t units = (n + grain - 1) / grain;
+  const std::size_t b = units * i / k * grain, e = units * (i + 1) / k * grain;
+  return {std::min(b, n), std::min(e, n)};
+}
+}  // namespace
+
+ThreadPool::ThreadPool(unsigned threads) {
+  if (threads == 0) threads = std::max(1u, std::thread::hardware_concurrency());
+  if (threads > 1024) throw std::invalid_argument("ThreadPool: threads > 1024");
+  size_ = threads;
+  for (unsigned i = 1; i < threads; ++i) threads_.emplace_back([this, i] { worker(i); });
+}
+
+ThreadPool::~ThreadPool() {
+  {
+    std::lock_guard lock(mu_);
+    stop_ = true;
+  }
+  start_cv_.notify_all();
+  for (auto& t : threads_) t.join();
+}
+
+void ThreadPool::parallel_for(std::size_t n, std::size_t grain,
+                              const std::function<void(std::size_t, std::size_t)>& fn) {
+  if (n == 0) return;
+  if (grain == 0) grain = 1;
+  if (size_ == 1 || n <= grain) {
+    fn(0, n);
+    return;
+  }
+  std::lock_guard run(run_mu_);
+  {
+    std::lock_guard lock(mu_);
+    fn_ = &fn;
+    n_ = n;
+    grain_ = grain;
+    pending_ = size_ - 1;
+    error_ = nullptr;
+    ++generation_;
+  }
+  start_cv_.notify_all();
+  std::exception_ptr mine;
+  try {
+    auto [b, e] = range_of(0, size_, n, grain);
+    if (b < e) fn(b, e);
+  } catch (...) {
+    mine = std::current_exception();
+  }
+  std::unique_lock lock(mu_);
+  done_cv_.wait(lock, [&] { return pending_ == 0; });
+  fn_ = nullptr;
+  if (mine) std::rethrow_exception(mine);
+  if (error_) std::rethrow_exception(error_);
+}
+
+void ThreadPool::worker(unsigned index) {
+  std::size_t seen = 0;
+  for (;;) {
+    const std::function<void(std::size_t, std::size_t)>* fn;
+    std::size_t n, grain;
+    {
+      std::unique_lock lock(mu_);
+      start_cv_.wait(lock, [&] { return stop_ || generation_ != seen; });
+      if (stop_) return;
+      seen = generation_;
+      fn = fn_;
+      n = n_;
+      grain = grain_;
+    }
+    std::exception_ptr err;
+    try {
+      auto [b, e] = range_of(index, size_, n, grain);
+      if (b < e) (*fn)(b, e);
+    } catch (...) {
+      err = std::current_exception();
+    }
+    {
+      std::lock_guard lock(mu_);
+      if (err && !error_) error_ = err;
+      if (--pending_ == 0) done_cv_.notify_all();
+    }
+  }
+}
+
+}  // namespace tierswap

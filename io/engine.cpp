@@ -11,6 +11,8 @@
 #include <cassert>
 #include <cerrno>
 #include <condition_variable>
+#include <functional>
+#include <future>
 #include <cstring>
 #include <mutex>
 #include <sched.h>
@@ -104,6 +106,15 @@ struct IoEngine::Impl {
   std::vector<std::byte*> free_bounce;
   bool stop = false;
   std::thread reaper;
+  // Owner mode (backend->owner_thread_submits()): only the reaper touches the backend's
+  // submission side; other threads queue work and wake it when it is blocked in reap().
+  bool owner_submits = false;
+  bool reaper_waiting = false;
+  struct Control {
+    std::function<void()> fn;
+    bool done = false;
+  };
+  std::vector<Control*> controls;  // one per waiting caller
   std::uint32_t max_align = 1;
 
   std::atomic<std::uint64_t> bytes_read{0}, bytes_written{0}, requests{0}, short_transfers{0},
@@ -436,13 +447,40 @@ struct IoEngine::Impl {
     return -1;
   }
 
+  // Wakes the reaper when it is blocked in reap(). Called with mu held.
+  void kick() {
+    if (reaper_waiting) backend->wake();
+  }
+
+  // Runs fn on the reaper thread (owner mode) or here (otherwise), under mu either way.
+  void run_on_reaper(std::unique_lock<std::mutex>& lock, std::function<void()> fn) {
+    if (!owner_submits) {
+      fn();
+      return;
+    }
+    Control c{std::move(fn)};
+    controls.push_back(&c);
+    kick();
+    done_cv.wait(lock, [&] { return c.done; });
+  }
+
   // ---- reaper thread --------------------------------------------------------------------------
-  void reap_loop() {
+  void reap_loop(std::promise<int>& attached) {
+    const int a = backend->attach_reaper_thread();
+    if (a >= 0) {
+      // Counted as waiting from here on: a kick that comes before the first reap() is kept by
+      // the backend (eventfd count, pending NOP, wake flag) and ends that wait at once.
+      std::lock_guard lock(mu);
+      reaper_waiting = true;
+    }
+    attached.set_value(a);
+    if (a < 0) return;
     IoCompletion comps[128];
     bool warned = false;
     for (;;) {
       int n = backend->reap(std::span<IoCompletion>(comps), /*wait=*/true);
       std::unique_lock lock(mu);
+      reaper_waiting = false;
       if (n < 0 && n != -EINTR && n != -EAGAIN && n != -ETIME && !warned) {
         log(LogLevel::error, fmt::format("I/O backend reap failed: {}", std::strerror(-n)));
         warned = true;
@@ -451,8 +489,17 @@ struct IoEngine::Impl {
         if (comps[i].request == nullptr) continue;  // wake-up
         complete(reinterpret_cast<Slot*>(comps[i].request), comps[i].result);
       }
+      if (!controls.empty()) {
+        for (Control* c : controls) {
+          c->fn();
+          c->done = true;
+        }
+        controls.clear();
+        done_cv.notify_all();
+      }
       pump();
       if (stop && inflight == 0 && !fifo_head) return;
+      reaper_waiting = true;
     }
   }
 };
@@ -549,7 +596,15 @@ IoEngine::IoEngine(const SwapSpace& space, IoEngineConfig config,
     impl_->max_align = std::max({impl_->max_align, f.offset_align, f.mem_align});
   if (!space.all_direct()) description_ += ", buffered I/O on some files";
   log(LogLevel::info, "I/O engine: " + description_);
-  impl_->reaper = std::thread([this] { impl_->reap_loop(); });
+  impl_->owner_submits = impl_->backend->owner_thread_submits();
+  std::promise<int> attached;
+  auto result = attached.get_future();
+  impl_->reaper = std::thread([this, &attached] { impl_->reap_loop(attached); });
+  if (const int r = result.get(); r < 0) {
+    impl_->reaper.join();
+    throw std::system_error(-r, std::system_category(),
+                            "I/O engine: the reaper thread could not take over the backend");
+  }
 }
 
 IoEngine::~IoEngine() {
@@ -560,8 +615,7 @@ IoEngine::~IoEngine() {
     impl_->backend->wake();
   }
   impl_->reaper.join();
-  for (std::size_t i = 0; i < impl_->regions.size(); ++i)
-    if (impl_->regions[i].used) impl_->backend->unregister_buffer(static_cast<std::uint32_t>(i));
+  // Registered buffers go with the backend (closing an io_uring ring releases its table).
 }
 
 IoTicket IoEngine::submit(std::span<const IoSegment> segments) {
@@ -586,7 +640,8 @@ IoTicket IoEngine::submit(std::span<const IoSegment> segments) {
   std::lock_guard lock(impl_->mu);
   st->self = st;
   impl_->push(st.get());
-  impl_->pump();
+  if (impl_->owner_submits) impl_->kick();
+  else impl_->pump();
   return IoTicket(this, std::move(st));
 }
 
@@ -620,8 +675,10 @@ std::size_t IoEngine::wait_any(std::span<IoTicket> tickets) {
 int IoEngine::register_buffer(void* data, std::size_t bytes) {
   if (data == nullptr || bytes == 0)
     throw std::invalid_argument("IoEngine::register_buffer: null or empty region");
-  std::lock_guard lock(impl_->mu);
-  return impl_->register_locked(data, bytes);
+  std::unique_lock lock(impl_->mu);
+  int handle = -1;
+  impl_->run_on_reaper(lock, [&] { handle = impl_->register_locked(data, bytes); });
+  return handle;
 }
 
 void IoEngine::unregister_buffer(int handle) {
@@ -631,8 +688,10 @@ void IoEngine::unregister_buffer(int handle) {
     throw std::invalid_argument(
         fmt::format("IoEngine::unregister_buffer: {} is not a registered buffer", handle));
   impl_->region_cv.wait(lock, [&] { return impl_->regions[handle].inflight == 0; });
-  impl_->backend->unregister_buffer(static_cast<std::uint32_t>(handle));
-  impl_->regions[handle] = Region{};
+  impl_->run_on_reaper(lock, [&] {
+    impl_->backend->unregister_buffer(static_cast<std::uint32_t>(handle));
+    impl_->regions[handle] = Region{};
+  });
 }
 
 IoStats IoEngine::stats() const noexcept {

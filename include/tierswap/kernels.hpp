@@ -6,15 +6,17 @@
 // gradients and fp32 moments, against 40 for cast pass + fp32 Adam + cast back.
 //
 // Semantics follow torch.optim.AdamW / Adam (PyTorch 1.13+, single-tensor path):
-//   g  = grad * multiplier;  g = -g if maximize;  g += wd * p  (Adam, L2)
+//   g  = grad * multiplier;  g = -g if maximize;  g = fma(p, wd, g)  (Adam, L2)
 //   p *= 1 - lr * wd        (AdamW, decoupled)
-//   m  = beta1 * m + (1 - beta1) * g
-//   v  = beta2 * v + ((1 - beta2) * g) * g
+//   m  = fma(g, 1 - beta1, m * beta1)
+//   v  = v * beta2 + ((1 - beta2) * g) * g
 //   vmax = max(vmax, v)     (amsgrad; the denominator then uses vmax)
 //   denom = sqrt(v) / sqrt(1 - beta2^t) + eps
 //   p += (-lr / (1 - beta1^t)) * m / denom
-// Every variant (scalar, AVX2+F16C, AVX-512, CUDA) evaluates exactly these fp32 operations in this
-// order (no contraction into FMA), so all of them are bit-identical to the scalar reference.
+// The fused multiply-adds sit where torch's CPU path uses one (`add_(x, alpha=a)` is fmadd in
+// its vectorized kernel); everything else is a separately rounded fp32 operation. Every variant
+// (scalar, AVX2+F16C, AVX-512, CUDA) evaluates exactly these operations in this order and nothing
+// else is contracted, so all of them are bit-identical to the scalar reference.
 // Conversions to 16 bits round to nearest even; NaN stays NaN (quieted).
 //
 // Thread-safety: kernels may run concurrently on disjoint buffers. With a ThreadPool the work is
@@ -64,12 +66,14 @@ struct Param16View {
   Dtype dtype = Dtype::bf16;  ///< bf16 or f16
 };
 
+// Hyper-parameters are doubles, as torch's Python floats: derived constants (1 - beta, the bias
+// corrections, 1 - lr * wd) are computed in double and rounded to fp32 once, as torch does.
 struct AdamConfig {
-  float lr = 1e-3f;
-  float beta1 = 0.9f;
-  float beta2 = 0.999f;
-  float eps = 1e-8f;
-  float weight_decay = 0.0f;
+  double lr = 1e-3;
+  double beta1 = 0.9;
+  double beta2 = 0.999;
+  double eps = 1e-8;
+  double weight_decay = 0.0;
   bool decoupled = true;  ///< true: AdamW; false: Adam with L2 (weight decay added to g)
   bool amsgrad = false;
   bool maximize = false;
@@ -94,10 +98,10 @@ void adam_step(const AdamConfig& cfg, std::int64_t step, const AdamState& state,
 /// Lion (Chen et al. 2023): c = b1*m + (1-b1)*g; p = p*(1 - lr*wd) - lr*sign(c);
 /// m = b2*m + (1-b2)*g. One moment: 22 bytes per parameter with bf16 gradients.
 struct LionConfig {
-  float lr = 1e-4f;
-  float beta1 = 0.9f;
-  float beta2 = 0.99f;
-  float weight_decay = 0.0f;
+  double lr = 1e-4;
+  double beta1 = 0.9;
+  double beta2 = 0.99;
+  double weight_decay = 0.0;
   bool maximize = false;
   void validate() const;
 };
@@ -109,10 +113,10 @@ void lion_step(const LionConfig& cfg, float* param, void* exp_avg, Dtype moment_
 /// buf = momentum*buf + (1-dampening)*g; g = nesterov ? g + momentum*buf : buf; p -= lr*g
 /// (maximize: p += lr*g). momentum 0: no buffer is touched (it may be null).
 struct SgdConfig {
-  float lr = 1e-2f;
-  float momentum = 0.9f;
-  float dampening = 0.0f;
-  float weight_decay = 0.0f;
+  double lr = 1e-2;
+  double momentum = 0.9;
+  double dampening = 0.0;
+  double weight_decay = 0.0;
   bool nesterov = false;
   bool maximize = false;
   void validate() const;

@@ -95,6 +95,8 @@ class FaultBackend final : public IoBackend {
   }
 
   void wake() noexcept override { inner_->wake(); }
+  bool owner_thread_submits() const noexcept override { return inner_->owner_thread_submits(); }
+  int attach_reaper_thread() noexcept override { return inner_->attach_reaper_thread(); }
   std::uint32_t buffer_slots() const noexcept override { return inner_->buffer_slots(); }
   int register_buffer(std::uint32_t slot, void* data, std::size_t n) noexcept override {
     return inner_->register_buffer(slot, data, n);

@@ -2,7 +2,10 @@
 // (READ_FIXED/WRITE_FIXED), batched submission, optional SQPOLL.
 #include <liburing.h>
 #include <sched.h>
+#include <sys/eventfd.h>
 #include <sys/resource.h>
+#include <sys/syscall.h>
+#include <unistd.h>
 
 #include <cstring>
 #include <vector>
@@ -27,24 +30,45 @@ class UringBackend final : public IoBackend {
  public:
   ~UringBackend() override {
     if (ready_) io_uring_queue_exit(&ring_);
+    if (event_fd_ >= 0) ::close(event_fd_);
   }
 
   int init(const BackendParams& p, std::string* why) {
-    io_uring_params params{};
-    if (p.sqpoll) {
-      params.flags |= IORING_SETUP_SQPOLL;
-      params.sq_thread_idle = p.sqpoll_idle_ms;
+    // Preferred: one issuer (the engine's reaper thread) with deferred task work, so completions
+    // are reaped in batches inside the same io_uring_enter that submits (kernel 6.1+). The ring
+    // starts disabled and is enabled by the reaper thread, which becomes its submitter.
+    // Fallbacks: cooperative task work (5.19+), then a plain ring.
+    const unsigned kSingle = IORING_SETUP_SINGLE_ISSUER | IORING_SETUP_DEFER_TASKRUN |
+                             IORING_SETUP_COOP_TASKRUN | IORING_SETUP_R_DISABLED;
+    std::vector<unsigned> attempts;
+    if (p.single_issuer && !p.sqpoll) attempts.push_back(kSingle);
+    attempts.push_back(IORING_SETUP_COOP_TASKRUN);
+    attempts.push_back(0u);
+    int r = -EINVAL;
+    for (unsigned flags : attempts) {
+      io_uring_params params{};
+      params.flags = flags;
+      if (p.sqpoll) {
+        params.flags |= IORING_SETUP_SQPOLL;
+        params.sq_thread_idle = p.sqpoll_idle_ms;
+      }
+      // Extra entries: the wake-up NOP or eventfd read.
+      r = io_uring_queue_init_params(p.queue_depth + 2, &ring_, &params);
+      if (r == 0) {
+        single_ = (flags & IORING_SETUP_SINGLE_ISSUER) != 0;
+        coop_ = (flags & IORING_SETUP_COOP_TASKRUN) != 0;
+        break;
+      }
+      if (r != -EINVAL) break;
     }
-    // Completions are only needed when the reaper enters the kernel, so no interrupting task
-    // work (kernel 5.19+; older kernels reject the flag and get a ring without it).
-    params.flags |= IORING_SETUP_COOP_TASKRUN;
-    // One extra entry for the wake-up NOP.
-    int r = io_uring_queue_init_params(p.queue_depth + 1, &ring_, &params);
-    if (r == -EINVAL) {
-      params.flags &= ~IORING_SETUP_COOP_TASKRUN;
-      r = io_uring_queue_init_params(p.queue_depth + 1, &ring_, &params);
-    } else if (r == 0) {
-      coop_ = true;
+    if (r == 0 && single_) {
+      event_fd_ = ::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
+      if (event_fd_ < 0) {
+        r = -errno;
+        io_uring_queue_exit(&ring_);
+        *why = fmt::format("eventfd failed: {}", std::strerror(-r));
+        return r;
+      }
     }
     if (r < 0) {
       *why = fmt::format("io_uring_setup failed: {}{}", std::strerror(-r),
@@ -88,8 +112,27 @@ class UringBackend final : public IoBackend {
 
   IoBackendKind kind() const noexcept override { return IoBackendKind::uring; }
 
+  bool owner_thread_submits() const noexcept override { return single_; }
+
+  int attach_reaper_thread() noexcept override {
+    if (!single_) return 0;
+    // The calling thread becomes the only submitter. (liburing 2.3 declares
+    // io_uring_enable_rings but does not export it, so the register call is made directly.)
+    long r = ::syscall(__NR_io_uring_register, ring_.ring_fd, IORING_REGISTER_ENABLE_RINGS,
+                       nullptr, 0);
+    if (r < 0) r = -errno;
+    if (r < 0) {
+      log(LogLevel::error,
+          fmt::format("io_uring enable rings failed: {}", std::strerror(static_cast<int>(-r))));
+      return static_cast<int>(r);
+    }
+    arm_event();
+    return 0;
+  }
+
   std::string describe() const override {
-    std::string d = files_registered_ ? "registered files" : file_note_;
+    std::string d = single_ ? "single issuer, deferred task work, " : "";
+    d += files_registered_ ? "registered files" : file_note_;
     d += buffer_slots_ ? fmt::format(", fixed buffers ({} slots, {})", buffer_slots_, memlock_text())
                        : ", " + buffer_note_;
     d += sqpoll_ ? ", sqpoll on" : ", sqpoll off";
@@ -120,28 +163,45 @@ class UringBackend final : public IoBackend {
       ++prepared;
     }
     if (prepared == 0) return reqs.empty() ? 0 : -EBUSY;
-    flush();
+    if (!single_) flush();  // single issuer: reap() submits them with its wait
     return static_cast<int>(prepared);
   }
 
   int reap(std::span<IoCompletion> out, bool wait) noexcept override {
-    io_uring_cqe* cqe = nullptr;
-    if (wait) {
+    if (single_) {
+      int r = wait ? io_uring_submit_and_wait(&ring_, 1) : io_uring_submit(&ring_);
+      if (r < 0 && r != -EINTR && r != -EAGAIN && r != -EBUSY && r != -ETIME) return r;
+    } else if (wait) {
+      io_uring_cqe* cqe = nullptr;
       int r = io_uring_wait_cqe(&ring_, &cqe);
       if (r < 0) return r;
     }
     io_uring_cqe* cqes[128];
     unsigned max = static_cast<unsigned>(std::min<std::size_t>(out.size(), std::size(cqes)));
     unsigned n = io_uring_peek_batch_cqe(&ring_, cqes, max);
+    unsigned k = 0;
+    bool rearm = false;
     for (unsigned i = 0; i < n; ++i) {
-      out[i].request = static_cast<IoRequest*>(io_uring_cqe_get_data(cqes[i]));
-      out[i].result = cqes[i]->res;
+      void* data = io_uring_cqe_get_data(cqes[i]);
+      if (data == &event_value_) {  // a wake-up through the eventfd
+        rearm = true;
+        out[k++] = {nullptr, 0};
+        continue;
+      }
+      out[k].request = static_cast<IoRequest*>(data);
+      out[k++].result = cqes[i]->res;
     }
     io_uring_cq_advance(&ring_, n);
-    return static_cast<int>(n);
+    if (rearm) arm_event();
+    return static_cast<int>(k);
   }
 
   void wake() noexcept override {
+    if (single_) {
+      const std::uint64_t one = 1;
+      [[maybe_unused]] auto r = ::write(event_fd_, &one, sizeof one);
+      return;
+    }
     io_uring_sqe* sqe = io_uring_get_sqe(&ring_);
     if (sqe == nullptr) return;  // the ring is full, so a completion is coming anyway
     io_uring_prep_nop(sqe);
@@ -168,6 +228,15 @@ class UringBackend final : public IoBackend {
   }
 
  private:
+  // Keeps one read of the eventfd in the ring: a write to it from any thread completes the read
+  // and so ends the reaper's wait.
+  void arm_event() noexcept {
+    io_uring_sqe* sqe = io_uring_get_sqe(&ring_);
+    if (sqe == nullptr) return;
+    io_uring_prep_read(sqe, event_fd_, &event_value_, sizeof event_value_, 0);
+    io_uring_sqe_set_data(sqe, &event_value_);
+  }
+
   // Pushes every prepared SQE to the kernel. Prepared entries stay in the ring on a transient
   // error, so the loop only ends when they are all in.
   void flush() noexcept {
@@ -188,6 +257,9 @@ class UringBackend final : public IoBackend {
   bool ready_ = false;
   bool sqpoll_ = false;
   bool coop_ = false;
+  bool single_ = false;
+  int event_fd_ = -1;
+  std::uint64_t event_value_ = 0;
   bool fixed_ops_ = false;
   bool files_registered_ = false;
   std::uint32_t buffer_slots_ = 0;

@@ -27,7 +27,7 @@ struct AdamArgs {
 };
 
 struct LionScalars {
-  float lr, beta1, beta2, one_minus_beta1, one_minus_beta2, weight_decay, decay, grad_multiplier;
+  float lr, neg_lr, beta1, beta2, one_minus_beta1, one_minus_beta2, weight_decay, decay, grad_multiplier;
   bool maximize;
 };
 struct LionArgs {
@@ -42,7 +42,7 @@ struct LionArgs {
 };
 
 struct SgdScalars {
-  float lr, momentum, one_minus_dampening, weight_decay, grad_multiplier;
+  float lr, neg_lr, momentum, one_minus_dampening, weight_decay, grad_multiplier;
   bool nesterov, maximize, first_step;
 };
 struct SgdArgs {

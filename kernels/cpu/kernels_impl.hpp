@@ -60,11 +60,10 @@ void adam_range(const AdamArgs& a, std::size_t b, std::size_t e) {
     F p = X::load(a.param + i);
     if (s.weight_decay != 0.0f) {
       if (s.decoupled) p = X::mul(p, X::set1(s.decay));
-      else g = X::add(g, X::mul(X::set1(s.weight_decay), p));
+      else g = X::fma(p, X::set1(s.weight_decay), g);
     }
-    F m = X::add(X::mul(X::set1(s.beta1), Mem<X, M>::load(a.exp_avg, i)),
-                 X::mul(X::set1(s.one_minus_beta1), g));
-    F v = X::add(X::mul(X::set1(s.beta2), Mem<X, M>::load(a.exp_avg_sq, i)),
+    F m = X::fma(g, X::set1(s.one_minus_beta1), X::mul(Mem<X, M>::load(a.exp_avg, i), X::set1(s.beta1)));
+    F v = X::add(X::mul(Mem<X, M>::load(a.exp_avg_sq, i), X::set1(s.beta2)),
                  X::mul(X::mul(X::set1(s.one_minus_beta2), g), g));
     Mem<X, M>::store(a.exp_avg, i, m);
     Mem<X, M>::store(a.exp_avg_sq, i, v);
@@ -95,10 +94,10 @@ void lion_range(const LionArgs& a, std::size_t b, std::size_t e) {
     F p = X::load(a.param + i);
     if (s.weight_decay != 0.0f) p = X::mul(p, X::set1(s.decay));
     const F m = Mem<X, M>::load(a.exp_avg, i);
-    const F c = X::add(X::mul(X::set1(s.beta1), m), X::mul(X::set1(s.one_minus_beta1), g));
-    p = X::sub(p, X::mul(X::set1(s.lr), X::sign(c)));
+    const F c = X::add(X::mul(m, X::set1(s.beta1)), X::mul(g, X::set1(s.one_minus_beta1)));
+    p = X::fma(X::sign(c), X::set1(s.neg_lr), p);
     Mem<X, M>::store(a.exp_avg, i,
-                     X::add(X::mul(X::set1(s.beta2), m), X::mul(X::set1(s.one_minus_beta2), g)));
+                     X::fma(g, X::set1(s.one_minus_beta2), X::mul(m, X::set1(s.beta2))));
     X::store(a.param + i, p);
     if constexpr (kP16) Mem<X, P>::store(a.param16, i, p);
   });
@@ -113,15 +112,15 @@ void sgd_range(const SgdArgs& a, std::size_t b, std::size_t e) {
     F g = X::mul(Mem<X, G>::load(a.grad, i), X::set1(s.grad_multiplier));
     if (s.maximize) g = X::neg(g);
     F p = X::load(a.param + i);
-    if (s.weight_decay != 0.0f) g = X::add(g, X::mul(X::set1(s.weight_decay), p));
+    if (s.weight_decay != 0.0f) g = X::fma(p, X::set1(s.weight_decay), g);
     if (s.momentum != 0.0f) {
       F buf = s.first_step ? g
-                           : X::add(X::mul(X::set1(s.momentum), X::load(a.momentum_buffer + i)),
-                                    X::mul(X::set1(s.one_minus_dampening), g));
+                           : X::fma(g, X::set1(s.one_minus_dampening),
+                                    X::mul(X::load(a.momentum_buffer + i), X::set1(s.momentum)));
       X::store(a.momentum_buffer + i, buf);
-      g = s.nesterov ? X::add(g, X::mul(X::set1(s.momentum), buf)) : buf;
+      g = s.nesterov ? X::fma(buf, X::set1(s.momentum), g) : buf;
     }
-    p = X::sub(p, X::mul(X::set1(s.lr), g));
+    p = X::fma(g, X::set1(s.neg_lr), p);
     X::store(a.param + i, p);
     if constexpr (kP16) Mem<X, P>::store(a.param16, i, p);
   });

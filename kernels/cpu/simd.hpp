@@ -34,6 +34,8 @@ struct Scalar {
   static F mul(F a, F b) { return a * b; }
   static F div(F a, F b) { return a / b; }
   static F sqrt(F a) { return __builtin_sqrtf(a); }
+  // a * b + c with one rounding (correctly rounded in every variant).
+  static F fma(F a, F b, F c) { return __builtin_fmaf(a, b, c); }
   // As MAXPS: the second operand when either is NaN or they are equal.
   static F max(F a, F b) { return a > b ? a : b; }
   static F neg(F a) { return float_of(bits_of(a) ^ 0x80000000u); }
@@ -87,6 +89,7 @@ struct Avx2 {
   static F mul(F a, F b) { return _mm256_mul_ps(a, b); }
   static F div(F a, F b) { return _mm256_div_ps(a, b); }
   static F sqrt(F a) { return _mm256_sqrt_ps(a); }
+  static F fma(F a, F b, F c) { return _mm256_fmadd_ps(a, b, c); }
   static F max(F a, F b) { return _mm256_max_ps(a, b); }
   static F neg(F a) { return _mm256_xor_ps(a, _mm256_set1_ps(-0.0f)); }
   static F sign(F a) {
@@ -150,6 +153,7 @@ struct Avx512 {
   static F mul(F a, F b) { return _mm512_mul_ps(a, b); }
   static F div(F a, F b) { return _mm512_div_ps(a, b); }
   static F sqrt(F a) { return _mm512_sqrt_ps(a); }
+  static F fma(F a, F b, F c) { return _mm512_fmadd_ps(a, b, c); }
   static F max(F a, F b) { return _mm512_max_ps(a, b); }
   static F neg(F a) {
     return _mm512_castsi512_ps(

@@ -39,6 +39,7 @@ struct BackendParams {
   std::uint32_t sqpoll_idle_ms = 50;
   std::uint32_t threads = 4;
   std::uint32_t buffer_slots = 64;
+  bool single_issuer = true;  ///< io_uring: try SINGLE_ISSUER | DEFER_TASKRUN
 };
 
 class IoBackend {
@@ -53,8 +54,16 @@ class IoBackend {
   /// Fills `out` with completions. With `wait`, blocks until at least one is there or wake() is
   /// called. Called from one thread only (the engine's reaper). Returns count or -errno.
   virtual int reap(std::span<IoCompletion> out, bool wait) noexcept = 0;
-  /// Makes a blocked reap() return. Called under the engine's submission lock.
+  /// Makes a blocked reap() return. Called under the engine's submission lock (from any thread
+  /// when owner_thread_submits()).
   virtual void wake() noexcept = 0;
+  /// True when only the engine's reaper thread may touch the submission side (an io_uring ring
+  /// set up SINGLE_ISSUER | DEFER_TASKRUN). The engine then queues work for that thread, which
+  /// prepares requests with submit() and hands them to the kernel inside reap(wait), in the same
+  /// system call that waits for completions; wake() must then work from any thread.
+  virtual bool owner_thread_submits() const noexcept { return false; }
+  /// Called once at the start of the reaper thread, before any other call from it.
+  virtual int attach_reaper_thread() noexcept { return 0; }
   /// Fixed buffers (io_uring): number of slots, 0 when unsupported.
   virtual std::uint32_t buffer_slots() const noexcept { return 0; }
   virtual int register_buffer(std::uint32_t /*slot*/, void* /*data*/, std::size_t /*n*/) noexcept {

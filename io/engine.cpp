@@ -73,13 +73,20 @@ struct Slot {
   std::uint32_t aligned_len = 0;
   std::byte* bounce = nullptr;
   int region = -1;                 // registered region used, for unregister_buffer()
+  int fixed = -1;                  // fixed-buffer slot of the piece holding the buffer, or -1
   Slot* next = nullptr;            // free list / resubmit list
 };
 static_assert(offsetof(Slot, req) == 0);
 
+// A registered buffer, cut into pieces of `piece` bytes, each its own io_uring fixed-buffer
+// slot: the kernel's cost of a fixed-buffer request grows with its offset inside the registered
+// buffer, so one large slab registered whole is slower than the same memory in block-size pieces.
 struct Region {
   std::byte* data = nullptr;
   std::size_t bytes = 0;
+  std::size_t piece = 0;
+  std::uint32_t first_slot = 0;
+  std::uint32_t slots = 0;
   std::uint32_t inflight = 0;
   bool used = false;
 };
@@ -99,6 +106,7 @@ struct IoEngine::Impl {
   TicketState* fifo_head = nullptr;
   TicketState* fifo_tail = nullptr;
   std::vector<Region> regions;
+  std::vector<bool> slot_used;  // backend fixed-buffer slots
   // Bounce buffers: one per slot, created on first need (registered as a fixed buffer if possible).
   AlignedBuffer bounce_pool;
   std::size_t bounce_size = 0;
@@ -261,10 +269,16 @@ struct IoEngine::Impl {
   }
 
   // ---- splitting and submission ---------------------------------------------------------------
-  int region_of(const std::byte* p, std::size_t n) const {
+  // The registered region holding [p, p + n), and in *fixed the slot of its piece when the
+  // range lies inside one piece (else -1: the request goes unregistered).
+  int region_of(const std::byte* p, std::size_t n, int* fixed) const {
+    *fixed = -1;
     for (std::size_t i = 0; i < regions.size(); ++i) {
       const Region& g = regions[i];
-      if (g.used && p >= g.data && p + n <= g.data + g.bytes) return static_cast<int>(i);
+      if (!g.used || p < g.data || p + n > g.data + g.bytes) continue;
+      const std::size_t k = static_cast<std::size_t>(p - g.data) / g.piece;
+      if (p + n <= g.data + (k + 1) * g.piece) *fixed = static_cast<int>(g.first_slot + k);
+      return static_cast<int>(i);
     }
     return -1;
   }
@@ -275,7 +289,7 @@ struct IoEngine::Impl {
     bounce_pool = AlignedBuffer(bounce_size * slots.size(), std::max<std::size_t>(4096, max_align));
     for (std::size_t i = 0; i < slots.size(); ++i)
       free_bounce.push_back(bounce_pool.data() + i * bounce_size);
-    bounce_region = register_locked(bounce_pool.data(), bounce_pool.size());
+    bounce_region = register_locked(bounce_pool.data(), bounce_pool.size(), bounce_size);
   }
 
   // Does an in-flight read-modify-write touch [a0, a1) of file f?
@@ -336,7 +350,7 @@ struct IoEngine::Impl {
       r.offset = ps.offset;
       r.length = static_cast<std::uint32_t>(len);
       r.buffer = user;
-      s->region = region_of(user, len);
+      s->region = region_of(user, len, &s->fixed);
     } else {
       s->bounce = free_bounce.back();
       free_bounce.pop_back();
@@ -349,6 +363,11 @@ struct IoEngine::Impl {
       r.buffer = s->bounce;
       if (phase == Phase::bounce_write) std::memcpy(s->bounce + s->head, user, len);
       s->region = bounce_region;
+      s->fixed = -1;
+      if (bounce_region >= 0) {
+        const Region& g = regions[bounce_region];
+        s->fixed = static_cast<int>(g.first_slot + (s->bounce - g.data) / g.piece);
+      }
       bounce_requests.fetch_add(1, std::memory_order_relaxed);
     }
     if (s->region >= 0) ++regions[s->region].inflight;
@@ -398,8 +417,8 @@ struct IoEngine::Impl {
       IoRequest& r = *batch[i];
       Slot* s = reinterpret_cast<Slot*>(batch[i]);
       r.buffer_index = -1;
-      if (s->region >= 0 && backend->buffer_slots() > 0) {
-        r.buffer_index = s->region;
+      if (s->fixed >= 0) {
+        r.buffer_index = s->fixed;
         fixed_requests.fetch_add(1, std::memory_order_relaxed);
       }
     }
@@ -429,22 +448,57 @@ struct IoEngine::Impl {
   }
 
   // ---- buffers --------------------------------------------------------------------------------
-  int register_locked(void* data, std::size_t bytes) {
-    std::uint32_t cap = backend->buffer_slots();
+  int register_locked(void* data, std::size_t bytes, std::size_t piece) {
+    const std::uint32_t cap = backend->buffer_slots();
     if (cap == 0) return -1;
-    if (regions.size() < cap) regions.resize(cap);
-    for (std::uint32_t i = 0; i < cap; ++i) {
-      if (regions[i].used) continue;
-      int r = backend->register_buffer(i, data, bytes);
+    if (slot_used.size() < cap) slot_used.resize(cap);
+    piece = std::max<std::size_t>(piece, 4096);
+    const std::size_t count = (bytes + piece - 1) / piece;
+    // First fit of `count` consecutive free slots.
+    std::size_t first = 0, run = 0;
+    for (std::size_t i = 0; i < cap && run < count; ++i) {
+      if (slot_used[i]) {
+        run = 0;
+        first = i + 1;
+      } else {
+        ++run;
+      }
+    }
+    if (run < count) {
+      log(LogLevel::info, fmt::format("fixed buffer of {} not registered: no {} free slots",
+                                      format_bytes(bytes), count));
+      return -1;
+    }
+    auto* base = static_cast<std::byte*>(data);
+    for (std::size_t k = 0; k < count; ++k) {
+      const std::size_t len = std::min(piece, bytes - k * piece);
+      const int r = backend->register_buffer(static_cast<std::uint32_t>(first + k), base + k * piece, len);
       if (r < 0) {
+        for (std::size_t j = 0; j < k; ++j) backend->unregister_buffer(static_cast<std::uint32_t>(first + j));
         log(LogLevel::info, fmt::format("fixed buffer of {} not registered: {}",
                                         format_bytes(bytes), std::strerror(-r)));
         return -1;
       }
-      regions[i] = Region{static_cast<std::byte*>(data), bytes, 0, true};
-      return static_cast<int>(i);
     }
-    return -1;
+    for (std::size_t k = 0; k < count; ++k) slot_used[first + k] = true;
+    Region g{base, bytes, piece, static_cast<std::uint32_t>(first), static_cast<std::uint32_t>(count), 0, true};
+    for (std::size_t i = 0; i < regions.size(); ++i) {
+      if (!regions[i].used) {
+        regions[i] = g;
+        return static_cast<int>(i);
+      }
+    }
+    regions.push_back(g);
+    return static_cast<int>(regions.size() - 1);
+  }
+
+  void unregister_locked(int handle) {
+    Region& g = regions[handle];
+    for (std::uint32_t k = 0; k < g.slots; ++k) {
+      backend->unregister_buffer(g.first_slot + k);
+      slot_used[g.first_slot + k] = false;
+    }
+    g = Region{};
   }
 
   // Wakes the reaper when it is blocked in reap(). Called with mu held.
@@ -677,7 +731,9 @@ int IoEngine::register_buffer(void* data, std::size_t bytes) {
     throw std::invalid_argument("IoEngine::register_buffer: null or empty region");
   std::unique_lock lock(impl_->mu);
   int handle = -1;
-  impl_->run_on_reaper(lock, [&] { handle = impl_->register_locked(data, bytes); });
+  impl_->run_on_reaper(lock, [&] {
+    handle = impl_->register_locked(data, bytes, config_.block_size);
+  });
   return handle;
 }
 
@@ -688,10 +744,7 @@ void IoEngine::unregister_buffer(int handle) {
     throw std::invalid_argument(
         fmt::format("IoEngine::unregister_buffer: {} is not a registered buffer", handle));
   impl_->region_cv.wait(lock, [&] { return impl_->regions[handle].inflight == 0; });
-  impl_->run_on_reaper(lock, [&] {
-    impl_->backend->unregister_buffer(static_cast<std::uint32_t>(handle));
-    impl_->regions[handle] = Region{};
-  });
+  impl_->run_on_reaper(lock, [&] { impl_->unregister_locked(handle); });
 }
 
 IoStats IoEngine::stats() const noexcept {

@@ -48,6 +48,7 @@ struct RunResult {
   std::uint64_t bytes = 0;
   double seconds = 0;
   double cpu_seconds = 0;
+  IoStats io;  // the engine's counters for this phase alone
   double gbps() const { return seconds > 0 ? static_cast<double>(bytes) / seconds / 1e9 : 0; }
   double cpu_s_per_gib() const {
     return bytes ? cpu_seconds / (static_cast<double>(bytes) / static_cast<double>(GiB)) : 0;
@@ -85,12 +86,19 @@ RunResult run_phase(IoEngine& engine, IoOp op, std::uint64_t size, std::byte* ri
   segs.reserve(size / block + 1);
   for (std::uint64_t off = 0, i = 0; off < size; off += block, ++i)
     segs.push_back({op, off, std::min(block, size - off), ring + (i % depth) * block});
+  const IoStats s0 = engine.stats();
   const double c0 = cpu_now();
   const auto t0 = std::chrono::steady_clock::now();
   IoTicket t = engine.submit(segs);
   t.wait();
   const auto t1 = std::chrono::steady_clock::now();
+  const IoStats s1 = engine.stats();
   RunResult r;
+  r.io.requests = s1.requests - s0.requests;
+  r.io.fixed_requests = s1.fixed_requests - s0.fixed_requests;
+  r.io.bounce_requests = s1.bounce_requests - s0.bounce_requests;
+  r.io.retries = s1.retries - s0.retries;
+  r.io.short_transfers = s1.short_transfers - s0.short_transfers;
   r.backend = std::string(to_string(engine.backend()));
   r.mode = op == IoOp::read ? "read" : "write";
   r.block_size = block;
@@ -105,7 +113,10 @@ nlohmann::json to_json(const RunResult& r) {
   return {{"backend", r.backend},         {"mode", r.mode},
           {"block_size", r.block_size},   {"queue_depth", r.queue_depth},
           {"bytes", r.bytes},             {"seconds", r.seconds},
-          {"gbps", r.gbps()},             {"cpu_s_per_gib", r.cpu_s_per_gib()}};
+          {"gbps", r.gbps()},             {"cpu_s_per_gib", r.cpu_s_per_gib()},
+          {"requests", r.io.requests},    {"fixed_buffer_requests", r.io.fixed_requests},
+          {"bounce_requests", r.io.bounce_requests}, {"retries", r.io.retries},
+          {"short_transfers", r.io.short_transfers}};
 }
 
 void print_header() {

@@ -7,5 +7,7 @@ namespace tierswap::cli {
 
 /// `tierswap bench io ...`
 void add_bench_io(CLI::App& bench);
+/// `tierswap bench kernels ...`
+void add_bench_kernels(CLI::App& bench);
 
 }  // namespace tierswap::cli

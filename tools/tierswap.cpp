@@ -33,9 +33,10 @@ int main(int argc, char** argv) {
     else fmt::print("GPU: none ({}); CPU paths are used\n", d.reason);
   });
 
-  auto* bench = app.add_subcommand("bench", "Benchmarks: io");
+  auto* bench = app.add_subcommand("bench", "Benchmarks: io, kernels");
   bench->require_subcommand(1);
   tierswap::cli::add_bench_io(*bench);
+  tierswap::cli::add_bench_kernels(*bench);
 
   try {
     app.parse(argc, argv);

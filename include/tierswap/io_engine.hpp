@@ -130,9 +130,11 @@ class IoEngine {
   /// invalid). Does not rethrow.
   std::size_t wait_any(std::span<IoTicket> tickets);
 
-  /// Registers [data, data + bytes) as an io_uring fixed buffer (a pinned slab). Returns a handle
-  /// (>= 0) or -1 when the backend has no fixed buffers or the table is full; I/O into the region
-  /// then still works, unregistered. The region must stay valid until unregister_buffer().
+  /// Registers [data, data + bytes) as io_uring fixed buffers (a pinned slab), cut into
+  /// block_size pieces: a request whose buffer lies inside one piece uses READ_FIXED/WRITE_FIXED.
+  /// Returns a handle (>= 0) or -1 when the backend has no fixed buffers or the table (4096
+  /// pieces) is full; I/O into the region then still works, unregistered. The region must stay
+  /// valid until unregister_buffer().
   int register_buffer(void* data, std::size_t bytes);
   /// Unregisters; waits for in-flight requests that use it.
   void unregister_buffer(int handle);

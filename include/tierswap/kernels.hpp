@@ -95,8 +95,9 @@ void adam_step(const AdamConfig& cfg, std::int64_t step, const AdamState& state,
                const GradView& grad, const Param16View& p16, std::size_t n,
                const CpuKernelContext& ctx = {});
 
-/// Lion (Chen et al. 2023): c = b1*m + (1-b1)*g; p = p*(1 - lr*wd) - lr*sign(c);
-/// m = b2*m + (1-b2)*g. One moment: 22 bytes per parameter with bf16 gradients.
+/// Lion (Chen et al. 2023): c = m*b1 + g*(1-b1); p = fma(sign(c), -lr, p*(1 - lr*wd));
+/// m = fma(g, 1-b2, m*b2). One moment: 20 bytes per parameter with bf16 gradients (read p, m, g;
+/// write p, m, p16).
 struct LionConfig {
   double lr = 1e-4;
   double beta1 = 0.9;

@@ -113,19 +113,9 @@ void run_split(const CpuKernelContext& ctx, std::size_t n, Fn&& fn) {
   ctx.pool->parallel_for(n, 64, fn);
 }
 
-void need(const void* p, const char* what) {
-  if (p == nullptr) throw std::invalid_argument(std::string(what) + " is null");
-}
-
-void check_p16(const Param16View& p16) {
-  if (p16.data != nullptr && p16.dtype == Dtype::f32)
-    throw_invalid("param16.dtype", "f32", "the 16-bit parameter copy must be bf16 or f16");
-}
-
-void check_moment(Dtype d) {
-  if (d == Dtype::f16)
-    throw_invalid("moment_dtype", "f16", "moments are stored in f32 or bf16 (f16 overflows)");
-}
+using kernels::check_moment;
+using kernels::check_p16;
+using kernels::need;
 
 }  // namespace
 
@@ -157,35 +147,11 @@ void SgdConfig::validate() const {
 
 void adam_step(const AdamConfig& cfg, std::int64_t step, const AdamState& st, const GradView& g,
                const Param16View& p16, std::size_t n, const CpuKernelContext& ctx) {
-  cfg.validate();
-  if (step < 1) throw_invalid("step", std::to_string(step), "the step count starts at 1");
-  check_p16(p16);
-  check_moment(st.moment_dtype);
+  kernels::check_adam(cfg, step, st, g, p16, n);
   if (n == 0) return;
-  need(st.param, "param");
-  need(st.exp_avg, "exp_avg");
-  need(st.exp_avg_sq, "exp_avg_sq");
-  need(g.data, "grad");
-  if (cfg.amsgrad) need(st.max_exp_avg_sq, "max_exp_avg_sq (amsgrad)");
   const KernelTable& t = table_for(ctx);
   kernels::AdamArgs a{};
-  // As torch: Python floats (double) for the bias corrections, rounded to fp32 where they meet
-  // the tensors.
-  const double bc1 = 1.0 - std::pow(cfg.beta1, static_cast<double>(step));
-  const double bc2 = 1.0 - std::pow(cfg.beta2, static_cast<double>(step));
-  a.s.beta1 = static_cast<float>(cfg.beta1);
-  a.s.beta2 = static_cast<float>(cfg.beta2);
-  a.s.one_minus_beta1 = static_cast<float>(1.0 - cfg.beta1);
-  a.s.one_minus_beta2 = static_cast<float>(1.0 - cfg.beta2);
-  a.s.eps = static_cast<float>(cfg.eps);
-  a.s.weight_decay = static_cast<float>(cfg.weight_decay);
-  a.s.decay = static_cast<float>(1.0 - cfg.lr * cfg.weight_decay);
-  a.s.neg_step_size = static_cast<float>(-(cfg.lr / bc1));
-  a.s.bias_correction2_sqrt = static_cast<float>(std::sqrt(bc2));
-  a.s.grad_multiplier = g.multiplier;
-  a.s.decoupled = cfg.decoupled;
-  a.s.amsgrad = cfg.amsgrad;
-  a.s.maximize = cfg.maximize;
+  a.s = kernels::adam_scalars(cfg, step, g.multiplier);
   a.param = st.param;
   a.exp_avg = st.exp_avg;
   a.exp_avg_sq = st.exp_avg_sq;
@@ -210,16 +176,7 @@ void lion_step(const LionConfig& cfg, float* param, void* exp_avg, Dtype moment_
   need(g.data, "grad");
   const KernelTable& t = table_for(ctx);
   kernels::LionArgs a{};
-  a.s.lr = static_cast<float>(cfg.lr);
-  a.s.neg_lr = static_cast<float>(-cfg.lr);
-  a.s.beta1 = static_cast<float>(cfg.beta1);
-  a.s.beta2 = static_cast<float>(cfg.beta2);
-  a.s.one_minus_beta1 = static_cast<float>(1.0 - cfg.beta1);
-  a.s.one_minus_beta2 = static_cast<float>(1.0 - cfg.beta2);
-  a.s.weight_decay = static_cast<float>(cfg.weight_decay);
-  a.s.decay = static_cast<float>(1.0 - cfg.lr * cfg.weight_decay);
-  a.s.grad_multiplier = g.multiplier;
-  a.s.maximize = cfg.maximize;
+  a.s = kernels::lion_scalars(cfg, g.multiplier);
   a.param = param;
   a.exp_avg = exp_avg;
   a.moment_dtype = moment_dtype;
@@ -241,15 +198,7 @@ void sgd_step(const SgdConfig& cfg, bool first_step, float* param, float* moment
   if (cfg.momentum != 0) need(momentum_buffer, "momentum_buffer");
   const KernelTable& t = table_for(ctx);
   kernels::SgdArgs a{};
-  a.s.lr = static_cast<float>(cfg.lr);
-  a.s.neg_lr = static_cast<float>(-cfg.lr);
-  a.s.momentum = static_cast<float>(cfg.momentum);
-  a.s.one_minus_dampening = static_cast<float>(1.0 - cfg.dampening);
-  a.s.weight_decay = static_cast<float>(cfg.weight_decay);
-  a.s.grad_multiplier = g.multiplier;
-  a.s.nesterov = cfg.nesterov;
-  a.s.maximize = cfg.maximize;
-  a.s.first_step = first_step;
+  a.s = kernels::sgd_scalars(cfg, first_step, g.multiplier);
   a.param = param;
   a.momentum_buffer = momentum_buffer;
   a.grad = g.data;
@@ -313,6 +262,86 @@ float f16_to_float(std::uint16_t h) noexcept { return kernels::from_f16(h); }
 }  // namespace tierswap
 
 namespace tierswap::kernels {
+
+void need(const void* p, const char* what) {
+  if (p == nullptr) throw std::invalid_argument(std::string(what) + " is null");
+}
+
+void check_p16(const Param16View& p16) {
+  if (p16.data != nullptr && p16.dtype == Dtype::f32)
+    throw_invalid("param16.dtype", "f32", "the 16-bit parameter copy must be bf16 or f16");
+}
+
+void check_moment(Dtype d) {
+  if (d == Dtype::f16)
+    throw_invalid("moment_dtype", "f16", "moments are stored in f32 or bf16 (f16 overflows)");
+}
+
+void check_adam(const AdamConfig& cfg, std::int64_t step, const AdamState& st, const GradView& g,
+                const Param16View& p16, std::size_t n) {
+  cfg.validate();
+  if (step < 1) throw_invalid("step", std::to_string(step), "the step count starts at 1");
+  check_p16(p16);
+  check_moment(st.moment_dtype);
+  if (n == 0) return;
+  need(st.param, "param");
+  need(st.exp_avg, "exp_avg");
+  need(st.exp_avg_sq, "exp_avg_sq");
+  need(g.data, "grad");
+  if (cfg.amsgrad) need(st.max_exp_avg_sq, "max_exp_avg_sq (amsgrad)");
+}
+
+AdamScalars adam_scalars(const AdamConfig& cfg, std::int64_t step, float grad_multiplier) {
+  // As torch: Python floats (double) for the derived constants, rounded to fp32 where they meet
+  // the tensors.
+  const double bc1 = 1.0 - std::pow(cfg.beta1, static_cast<double>(step));
+  const double bc2 = 1.0 - std::pow(cfg.beta2, static_cast<double>(step));
+  AdamScalars s{};
+  s.beta1 = static_cast<float>(cfg.beta1);
+  s.beta2 = static_cast<float>(cfg.beta2);
+  s.one_minus_beta1 = static_cast<float>(1.0 - cfg.beta1);
+  s.one_minus_beta2 = static_cast<float>(1.0 - cfg.beta2);
+  s.eps = static_cast<float>(cfg.eps);
+  s.weight_decay = static_cast<float>(cfg.weight_decay);
+  s.decay = static_cast<float>(1.0 - cfg.lr * cfg.weight_decay);
+  s.neg_step_size = static_cast<float>(-(cfg.lr / bc1));
+  s.bias_correction2_sqrt = static_cast<float>(std::sqrt(bc2));
+  s.grad_multiplier = grad_multiplier;
+  s.decoupled = cfg.decoupled;
+  s.amsgrad = cfg.amsgrad;
+  s.maximize = cfg.maximize;
+  return s;
+}
+
+LionScalars lion_scalars(const LionConfig& cfg, float grad_multiplier) {
+  LionScalars s{};
+  s.lr = static_cast<float>(cfg.lr);
+  s.neg_lr = static_cast<float>(-cfg.lr);
+  s.beta1 = static_cast<float>(cfg.beta1);
+  s.beta2 = static_cast<float>(cfg.beta2);
+  s.one_minus_beta1 = static_cast<float>(1.0 - cfg.beta1);
+  s.one_minus_beta2 = static_cast<float>(1.0 - cfg.beta2);
+  s.weight_decay = static_cast<float>(cfg.weight_decay);
+  s.decay = static_cast<float>(1.0 - cfg.lr * cfg.weight_decay);
+  s.grad_multiplier = grad_multiplier;
+  s.maximize = cfg.maximize;
+  return s;
+}
+
+SgdScalars sgd_scalars(const SgdConfig& cfg, bool first_step, float grad_multiplier) {
+  SgdScalars s{};
+  s.lr = static_cast<float>(cfg.lr);
+  s.neg_lr = static_cast<float>(-cfg.lr);
+  s.momentum = static_cast<float>(cfg.momentum);
+  s.one_minus_dampening = static_cast<float>(1.0 - cfg.dampening);
+  s.weight_decay = static_cast<float>(cfg.weight_decay);
+  s.grad_multiplier = grad_multiplier;
+  s.nesterov = cfg.nesterov;
+  s.maximize = cfg.maximize;
+  s.first_step = first_step;
+  return s;
+}
+
 #if !defined(TIERSWAP_KERNELS_AVX2)
 const KernelTable* avx2_table() { return nullptr; }
 #endif

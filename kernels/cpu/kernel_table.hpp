@@ -2,6 +2,7 @@
 #pragma once
 
 #include <cstddef>
+#include <cstdint>
 
 #include "tierswap/kernels.hpp"
 
@@ -75,6 +76,18 @@ const KernelTable& scalar_table();
 const KernelTable* avx2_table();    // null when not compiled in
 const KernelTable* avx512_table();  // null when not compiled in
 const KernelTable* neon_table();    // null when not compiled in
+
+/// Argument checks shared by the CPU and CUDA entry points (std::invalid_argument).
+void need(const void* p, const char* what);
+void check_p16(const Param16View& p16);
+void check_moment(Dtype d);
+void check_adam(const AdamConfig& cfg, std::int64_t step, const AdamState& st, const GradView& g,
+                const Param16View& p16, std::size_t n);
+
+/// Per-step fp32 constants, shared by the CPU and CUDA launchers so both see the same bits.
+AdamScalars adam_scalars(const AdamConfig& cfg, std::int64_t step, float grad_multiplier);
+LionScalars lion_scalars(const LionConfig& cfg, float grad_multiplier);
+SgdScalars sgd_scalars(const SgdConfig& cfg, bool first_step, float grad_multiplier);
 
 /// Elements per statistics chunk: the unit of the fixed reduction order.
 inline constexpr std::size_t kStatsChunk = 8192;

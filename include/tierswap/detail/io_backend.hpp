@@ -38,7 +38,8 @@ struct BackendParams {
   bool sqpoll = false;
   std::uint32_t sqpoll_idle_ms = 50;
   std::uint32_t threads = 4;
-  std::uint32_t buffer_slots = 64;
+  std::uint32_t buffer_slots = 4096;  ///< fixed-buffer table size (registered regions are cut
+                                      ///< into block-size pieces, one slot each)
   bool single_issuer = true;  ///< io_uring: try SINGLE_ISSUER | DEFER_TASKRUN
 };
 

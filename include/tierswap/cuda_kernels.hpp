@@ -1,0 +1,44 @@
+// The fused optimizer kernels on a CUDA device, with the same semantics and the same fp32
+// operations as the CPU kernels (kernels.hpp), so results are bit-identical to the scalar
+// reference. All data pointers are device pointers (or host memory the device can address);
+// `stream` is a cudaStream_t passed as void* (null: the default stream). Launches are
+// stream-ordered and never synchronize; errors from the launch are thrown as std::runtime_error.
+// In a build without CUDA every function throws std::runtime_error saying so.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+#include "tierswap/kernels.hpp"
+
+namespace tierswap::cuda {
+
+/// True when built with CUDA and a device is usable (see device_info()).
+bool available() noexcept;
+
+void adam_step(const AdamConfig& cfg, std::int64_t step, const AdamState& state,
+               const GradView& grad, const Param16View& p16, std::size_t n, void* stream);
+void lion_step(const LionConfig& cfg, float* param, void* exp_avg, Dtype moment_dtype,
+               const GradView& grad, const Param16View& p16, std::size_t n, void* stream);
+void sgd_step(const SgdConfig& cfg, bool first_step, float* param, float* momentum_buffer,
+              const GradView& grad, const Param16View& p16, std::size_t n, void* stream);
+
+/// Device scratch grad_stats() needs for n values.
+std::size_t grad_stats_workspace_bytes(std::size_t n) noexcept;
+/// Writes the sum of squares (same fixed order as the CPU: bit-identical) to *d_sum_sq and the
+/// non-finite flag (0/1) to *d_nonfinite, both device memory.
+void grad_stats(const void* grad, Dtype dtype, std::size_t n, double* d_sum_sq, int* d_nonfinite,
+                void* d_workspace, void* stream);
+void cast(const void* src, Dtype src_dtype, void* dst, Dtype dst_dtype, std::size_t n,
+          void* stream);
+void accumulate(void* acc, Dtype acc_dtype, const void* grad, Dtype grad_dtype, std::size_t n,
+                void* stream);
+
+/// Minimal device memory helpers (used by tests and benchmarks; the tier manager owns pools).
+void* device_alloc(std::size_t bytes);
+void device_free(void* p) noexcept;
+void copy_to_device(void* dst, const void* src, std::size_t bytes, void* stream);
+void copy_to_host(void* dst, const void* src, std::size_t bytes, void* stream);
+void synchronize(void* stream);
+
+}  // namespace tierswap::cuda

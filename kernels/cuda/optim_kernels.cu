@@ -1,0 +1,453 @@
+// CUDA variants of the fused optimizer kernels. Layering as CUB: launcher (argument checks,
+// per-step constants shared with the CPU) -> dtype dispatch -> thin __global__ -> per-element
+// body. Every floating-point operation is an explicit round-to-nearest intrinsic (__fadd_rn,
+// __fmul_rn, __fdiv_rn, __fsqrt_rn, __fmaf_rn) so nvcc contracts nothing the CPU reference does
+// not: results are bit-identical to kernels/cpu's scalar reference.
+#include <cuda_runtime.h>
+
+#include <stdexcept>
+#include <string>
+
+#include "kernels/cpu/kernel_table.hpp"
+#include "tierswap/cuda_kernels.hpp"
+#include "tierswap/device.hpp"
+
+namespace tierswap::cuda {
+namespace {
+
+using kernels::AdamArgs;
+using kernels::LionArgs;
+using kernels::SgdArgs;
+
+// ---- conversions (the same bit recipes as kernels/cpu/convert.hpp) --------------------------
+__device__ __forceinline__ std::uint16_t to_bf16(float f) {
+  const std::uint32_t u = __float_as_uint(f);
+  if ((u & 0x7fffffffu) > 0x7f800000u) return static_cast<std::uint16_t>((u >> 16) | 0x40u);
+  return static_cast<std::uint16_t>((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
+}
+__device__ __forceinline__ float from_bf16(std::uint16_t h) {
+  return __uint_as_float(static_cast<std::uint32_t>(h) << 16);
+}
+__device__ __forceinline__ std::uint16_t to_f16(float f) {
+  const std::uint32_t u = __float_as_uint(f);
+  const std::uint32_t sign = (u >> 16) & 0x8000u;
+  std::uint32_t a = u & 0x7fffffffu;
+  if (a > 0x7f800000u) return static_cast<std::uint16_t>(sign | 0x7e00u | ((a >> 13) & 0x3ffu));
+  if (a >= 0x477ff000u) return static_cast<std::uint16_t>(sign | 0x7c00u);
+  if (a < 0x38800000u) {
+    const float r = __fadd_rn(__uint_as_float(a), 0.5f);
+    return static_cast<std::uint16_t>(sign | (__float_as_uint(r) - 0x3f000000u));
+  }
+  a += 0xc8000fffu + ((a >> 13) & 1u);
+  return static_cast<std::uint16_t>(sign | (a >> 13));
+}
+__device__ __forceinline__ float from_f16(std::uint16_t h) {
+  const std::uint32_t sign = static_cast<std::uint32_t>(h & 0x8000u) << 16;
+  const std::uint32_t exp = (h >> 10) & 0x1fu;
+  const std::uint32_t man = h & 0x3ffu;
+  if (exp == 0)
+    return __uint_as_float(sign | __float_as_uint(__fmul_rn(static_cast<float>(man),
+                                                            5.9604644775390625e-08f)));
+  if (exp == 31) return __uint_as_float(sign | 0x7f800000u | (man << 13) | (man ? 0x400000u : 0u));
+  return __uint_as_float(sign | ((exp + 112u) << 23) | (man << 13));
+}
+
+template <Dtype D>
+struct Mem;
+template <>
+struct Mem<Dtype::f32> {
+  __device__ static float load(const void* p, std::size_t i) { return static_cast<const float*>(p)[i]; }
+  __device__ static void store(void* p, std::size_t i, float v) { static_cast<float*>(p)[i] = v; }
+};
+template <>
+struct Mem<Dtype::bf16> {
+  __device__ static float load(const void* p, std::size_t i) {
+    return from_bf16(static_cast<const std::uint16_t*>(p)[i]);
+  }
+  __device__ static void store(void* p, std::size_t i, float v) {
+    static_cast<std::uint16_t*>(p)[i] = to_bf16(v);
+  }
+};
+template <>
+struct Mem<Dtype::f16> {
+  __device__ static float load(const void* p, std::size_t i) {
+    return from_f16(static_cast<const std::uint16_t*>(p)[i]);
+  }
+  __device__ static void store(void* p, std::size_t i, float v) {
+    static_cast<std::uint16_t*>(p)[i] = to_f16(v);
+  }
+};
+
+__device__ __forceinline__ float neg(float a) { return __uint_as_float(__float_as_uint(a) ^ 0x80000000u); }
+__device__ __forceinline__ float vmax(float a, float b) { return a > b ? a : b; }
+__device__ __forceinline__ float sign(float a) {
+  return a != a ? a : a > 0.0f ? 1.0f : a < 0.0f ? -1.0f : 0.0f;
+}
+
+#define TIERSWAP_GRID_STRIDE(i, n)                                                          \
+  for (std::size_t i = blockIdx.x * static_cast<std::size_t>(blockDim.x) + threadIdx.x; i < (n); \
+       i += static_cast<std::size_t>(gridDim.x) * blockDim.x)
+
+// ---- per-element bodies (same operation order as kernels/cpu/kernels_impl.hpp) -------------
+template <Dtype G, Dtype M, bool kP16, Dtype P>
+__global__ void adam_kernel(AdamArgs a, std::size_t n) {
+  const auto& s = a.s;
+  TIERSWAP_GRID_STRIDE(i, n) {
+    float g = __fmul_rn(Mem<G>::load(a.grad, i), s.grad_multiplier);
+    if (s.maximize) g = neg(g);
+    float p = a.param[i];
+    if (s.weight_decay != 0.0f) {
+      if (s.decoupled) p = __fmul_rn(p, s.decay);
+      else g = __fmaf_rn(p, s.weight_decay, g);
+    }
+    float m = __fmaf_rn(g, s.one_minus_beta1, __fmul_rn(Mem<M>::load(a.exp_avg, i), s.beta1));
+    float v = __fadd_rn(__fmul_rn(Mem<M>::load(a.exp_avg_sq, i), s.beta2),
+                        __fmul_rn(__fmul_rn(s.one_minus_beta2, g), g));
+    Mem<M>::store(a.exp_avg, i, m);
+    Mem<M>::store(a.exp_avg_sq, i, v);
+    if (M != Dtype::f32) {
+      m = Mem<M>::load(a.exp_avg, i);
+      v = Mem<M>::load(a.exp_avg_sq, i);
+    }
+    if (s.amsgrad) {
+      v = vmax(Mem<M>::load(a.max_exp_avg_sq, i), v);
+      Mem<M>::store(a.max_exp_avg_sq, i, v);
+      if (M != Dtype::f32) v = Mem<M>::load(a.max_exp_avg_sq, i);
+    }
+    const float denom = __fadd_rn(__fdiv_rn(__fsqrt_rn(v), s.bias_correction2_sqrt), s.eps);
+    p = __fadd_rn(p, __fdiv_rn(__fmul_rn(s.neg_step_size, m), denom));
+    a.param[i] = p;
+    if (kP16) Mem<P>::store(a.param16, i, p);
+  }
+}
+
+template <Dtype G, Dtype M, bool kP16, Dtype P>
+__global__ void lion_kernel(LionArgs a, std::size_t n) {
+  const auto& s = a.s;
+  TIERSWAP_GRID_STRIDE(i, n) {
+    float g = __fmul_rn(Mem<G>::load(a.grad, i), s.grad_multiplier);
+    if (s.maximize) g = neg(g);
+    float p = a.param[i];
+    if (s.weight_decay != 0.0f) p = __fmul_rn(p, s.decay);
+    const float m = Mem<M>::load(a.exp_avg, i);
+    const float c = __fadd_rn(__fmul_rn(m, s.beta1), __fmul_rn(g, s.one_minus_beta1));
+    p = __fmaf_rn(sign(c), s.neg_lr, p);
+    Mem<M>::store(a.exp_avg, i, __fmaf_rn(g, s.one_minus_beta2, __fmul_rn(m, s.beta2)));
+    a.param[i] = p;
+    if (kP16) Mem<P>::store(a.param16, i, p);
+  }
+}
+
+template <Dtype G, bool kP16, Dtype P>
+__global__ void sgd_kernel(SgdArgs a, std::size_t n) {
+  const auto& s = a.s;
+  TIERSWAP_GRID_STRIDE(i, n) {
+    float g = __fmul_rn(Mem<G>::load(a.grad, i), s.grad_multiplier);
+    if (s.maximize) g = neg(g);
+    float p = a.param[i];
+    if (s.weight_decay != 0.0f) g = __fmaf_rn(p, s.weight_decay, g);
+    if (s.momentum != 0.0f) {
+      const float buf = s.first_step ? g
+                                     : __fmaf_rn(g, s.one_minus_dampening,
+                                                 __fmul_rn(a.momentum_buffer[i], s.momentum));
+      a.momentum_buffer[i] = buf;
+      g = s.nesterov ? __fmaf_rn(buf, s.momentum, g) : buf;
+    }
+    p = __fmaf_rn(g, s.neg_lr, p);
+    a.param[i] = p;
+    if (kP16) Mem<P>::store(a.param16, i, p);
+  }
+}
+
+template <Dtype S, Dtype D>
+__global__ void cast_kernel(const void* src, void* dst, std::size_t n) {
+  TIERSWAP_GRID_STRIDE(i, n) { Mem<D>::store(dst, i, Mem<S>::load(src, i)); }
+}
+
+template <Dtype A, Dtype G>
+__global__ void accumulate_kernel(void* acc, const void* g, std::size_t n) {
+  TIERSWAP_GRID_STRIDE(i, n) {
+    Mem<A>::store(acc, i, __fadd_rn(Mem<A>::load(acc, i), Mem<G>::load(g, i)));
+  }
+}
+
+// Statistics in the CPU's fixed order: chunk c of kStatsChunk values, lane j sums values
+// j, j+8, ... of it in sequence; lanes combine as ((0+1)+(2+3))+((4+5)+(6+7)); chunks add in
+// order. One thread per (chunk, lane); eight consecutive threads of a warp form a chunk.
+template <Dtype G>
+__global__ void stats_lanes_kernel(const void* g, std::size_t n, std::size_t chunks,
+                                   double* partial, int* nonfinite) {
+  const std::size_t t = blockIdx.x * static_cast<std::size_t>(blockDim.x) + threadIdx.x;
+  const std::size_t c = t / 8;
+  const unsigned lane = threadIdx.x & 7u;
+  double acc = 0.0;
+  int bad = 0;
+  if (c < chunks) {
+    const std::size_t b = c * kernels::kStatsChunk;
+    const std::size_t e = min(n, b + kernels::kStatsChunk);
+    for (std::size_t i = b + lane; i < e; i += 8) {
+      const float x = Mem<G>::load(g, i);
+      const double d = static_cast<double>(x);
+      acc = __dadd_rn(acc, __dmul_rn(d, d));
+      bad |= (__float_as_uint(x) & 0x7f800000u) == 0x7f800000u;
+    }
+  }
+  const unsigned full = 0xffffffffu;
+  double other = __shfl_down_sync(full, acc, 1);
+  if ((lane & 1u) == 0) acc = __dadd_rn(acc, other);
+  other = __shfl_down_sync(full, acc, 2);
+  if ((lane & 3u) == 0) acc = __dadd_rn(acc, other);
+  other = __shfl_down_sync(full, acc, 4);
+  if (lane == 0) acc = __dadd_rn(acc, other);
+  bad |= __shfl_down_sync(full, bad, 1);
+  bad |= __shfl_down_sync(full, bad, 2);
+  bad |= __shfl_down_sync(full, bad, 4);
+  if (lane == 0 && c < chunks) {
+    partial[c] = acc;
+    nonfinite[c] = bad;
+  }
+}
+
+__global__ void stats_final_kernel(const double* partial, const int* nonfinite, std::size_t chunks,
+                                   double* sum, int* flag) {
+  double s = 0.0;
+  int f = 0;
+  for (std::size_t c = 0; c < chunks; ++c) {
+    s = __dadd_rn(s, partial[c]);
+    f |= nonfinite[c];
+  }
+  *sum = s;
+  *flag = f;
+}
+
+// ---- launch helpers --------------------------------------------------------------------------
+constexpr unsigned kBlock = 256;
+
+unsigned grid_for(std::size_t n) {
+  const std::size_t blocks = (n + kBlock - 1) / kBlock;
+  return static_cast<unsigned>(blocks < 65535 * 32 ? blocks : 65535 * 32);
+}
+
+cudaStream_t as_stream(void* s) { return static_cast<cudaStream_t>(s); }
+
+void check_launch(const char* what) {
+  const cudaError_t e = cudaGetLastError();
+  if (e != cudaSuccess)
+    throw std::runtime_error(std::string("tierswap CUDA ") + what + ": " + cudaGetErrorString(e));
+}
+
+void check(cudaError_t e, const char* what) {
+  if (e != cudaSuccess)
+    throw std::runtime_error(std::string("tierswap CUDA ") + what + ": " + cudaGetErrorString(e));
+}
+
+template <Dtype G, Dtype M>
+void launch_adam_p16(const AdamArgs& a, std::size_t n, cudaStream_t st) {
+  if (a.param16 == nullptr)
+    adam_kernel<G, M, false, Dtype::bf16><<<grid_for(n), kBlock, 0, st>>>(a, n);
+  else if (a.param16_dtype == Dtype::bf16)
+    adam_kernel<G, M, true, Dtype::bf16><<<grid_for(n), kBlock, 0, st>>>(a, n);
+  else
+    adam_kernel<G, M, true, Dtype::f16><<<grid_for(n), kBlock, 0, st>>>(a, n);
+}
+template <Dtype G>
+void launch_adam_m(const AdamArgs& a, std::size_t n, cudaStream_t st) {
+  if (a.moment_dtype == Dtype::bf16) launch_adam_p16<G, Dtype::bf16>(a, n, st);
+  else launch_adam_p16<G, Dtype::f32>(a, n, st);
+}
+
+template <Dtype G, Dtype M>
+void launch_lion_p16(const LionArgs& a, std::size_t n, cudaStream_t st) {
+  if (a.param16 == nullptr)
+    lion_kernel<G, M, false, Dtype::bf16><<<grid_for(n), kBlock, 0, st>>>(a, n);
+  else if (a.param16_dtype == Dtype::bf16)
+    lion_kernel<G, M, true, Dtype::bf16><<<grid_for(n), kBlock, 0, st>>>(a, n);
+  else
+    lion_kernel<G, M, true, Dtype::f16><<<grid_for(n), kBlock, 0, st>>>(a, n);
+}
+template <Dtype G>
+void launch_lion_m(const LionArgs& a, std::size_t n, cudaStream_t st) {
+  if (a.moment_dtype == Dtype::bf16) launch_lion_p16<G, Dtype::bf16>(a, n, st);
+  else launch_lion_p16<G, Dtype::f32>(a, n, st);
+}
+
+template <Dtype G>
+void launch_sgd(const SgdArgs& a, std::size_t n, cudaStream_t st) {
+  if (a.param16 == nullptr) sgd_kernel<G, false, Dtype::bf16><<<grid_for(n), kBlock, 0, st>>>(a, n);
+  else if (a.param16_dtype == Dtype::bf16)
+    sgd_kernel<G, true, Dtype::bf16><<<grid_for(n), kBlock, 0, st>>>(a, n);
+  else sgd_kernel<G, true, Dtype::f16><<<grid_for(n), kBlock, 0, st>>>(a, n);
+}
+
+template <Dtype S>
+void launch_cast(const void* src, void* dst, Dtype dd, std::size_t n, cudaStream_t st) {
+  switch (dd) {
+    case Dtype::f32: cast_kernel<S, Dtype::f32><<<grid_for(n), kBlock, 0, st>>>(src, dst, n); break;
+    case Dtype::bf16: cast_kernel<S, Dtype::bf16><<<grid_for(n), kBlock, 0, st>>>(src, dst, n); break;
+    case Dtype::f16: cast_kernel<S, Dtype::f16><<<grid_for(n), kBlock, 0, st>>>(src, dst, n); break;
+  }
+}
+
+template <Dtype A>
+void launch_acc(void* acc, const void* g, Dtype gd, std::size_t n, cudaStream_t st) {
+  switch (gd) {
+    case Dtype::f32: accumulate_kernel<A, Dtype::f32><<<grid_for(n), kBlock, 0, st>>>(acc, g, n); break;
+    case Dtype::bf16: accumulate_kernel<A, Dtype::bf16><<<grid_for(n), kBlock, 0, st>>>(acc, g, n); break;
+    case Dtype::f16: accumulate_kernel<A, Dtype::f16><<<grid_for(n), kBlock, 0, st>>>(acc, g, n); break;
+  }
+}
+
+}  // namespace
+
+bool available() noexcept {
+  try {
+    return device_info().available;
+  } catch (...) {
+    return false;
+  }
+}
+
+void adam_step(const AdamConfig& cfg, std::int64_t step, const AdamState& st, const GradView& g,
+               const Param16View& p16, std::size_t n, void* stream) {
+  kernels::check_adam(cfg, step, st, g, p16, n);
+  if (n == 0) return;
+  AdamArgs a{};
+  a.s = kernels::adam_scalars(cfg, step, g.multiplier);
+  a.param = st.param;
+  a.exp_avg = st.exp_avg;
+  a.exp_avg_sq = st.exp_avg_sq;
+  a.max_exp_avg_sq = st.max_exp_avg_sq;
+  a.moment_dtype = st.moment_dtype;
+  a.grad = g.data;
+  a.grad_dtype = g.dtype;
+  a.param16 = p16.data;
+  a.param16_dtype = p16.dtype;
+  switch (g.dtype) {
+    case Dtype::f32: launch_adam_m<Dtype::f32>(a, n, as_stream(stream)); break;
+    case Dtype::bf16: launch_adam_m<Dtype::bf16>(a, n, as_stream(stream)); break;
+    case Dtype::f16: launch_adam_m<Dtype::f16>(a, n, as_stream(stream)); break;
+  }
+  check_launch("adam_step");
+}
+
+void lion_step(const LionConfig& cfg, float* param, void* exp_avg, Dtype moment_dtype,
+               const GradView& g, const Param16View& p16, std::size_t n, void* stream) {
+  cfg.validate();
+  kernels::check_p16(p16);
+  kernels::check_moment(moment_dtype);
+  if (n == 0) return;
+  kernels::need(param, "param");
+  kernels::need(exp_avg, "exp_avg");
+  kernels::need(g.data, "grad");
+  LionArgs a{};
+  a.s = kernels::lion_scalars(cfg, g.multiplier);
+  a.param = param;
+  a.exp_avg = exp_avg;
+  a.moment_dtype = moment_dtype;
+  a.grad = g.data;
+  a.grad_dtype = g.dtype;
+  a.param16 = p16.data;
+  a.param16_dtype = p16.dtype;
+  switch (g.dtype) {
+    case Dtype::f32: launch_lion_m<Dtype::f32>(a, n, as_stream(stream)); break;
+    case Dtype::bf16: launch_lion_m<Dtype::bf16>(a, n, as_stream(stream)); break;
+    case Dtype::f16: launch_lion_m<Dtype::f16>(a, n, as_stream(stream)); break;
+  }
+  check_launch("lion_step");
+}
+
+void sgd_step(const SgdConfig& cfg, bool first_step, float* param, float* momentum_buffer,
+              const GradView& g, const Param16View& p16, std::size_t n, void* stream) {
+  cfg.validate();
+  kernels::check_p16(p16);
+  if (n == 0) return;
+  kernels::need(param, "param");
+  kernels::need(g.data, "grad");
+  if (cfg.momentum != 0) kernels::need(momentum_buffer, "momentum_buffer");
+  SgdArgs a{};
+  a.s = kernels::sgd_scalars(cfg, first_step, g.multiplier);
+  a.param = param;
+  a.momentum_buffer = momentum_buffer;
+  a.grad = g.data;
+  a.grad_dtype = g.dtype;
+  a.param16 = p16.data;
+  a.param16_dtype = p16.dtype;
+  switch (g.dtype) {
+    case Dtype::f32: launch_sgd<Dtype::f32>(a, n, as_stream(stream)); break;
+    case Dtype::bf16: launch_sgd<Dtype::bf16>(a, n, as_stream(stream)); break;
+    case Dtype::f16: launch_sgd<Dtype::f16>(a, n, as_stream(stream)); break;
+  }
+  check_launch("sgd_step");
+}
+
+std::size_t grad_stats_workspace_bytes(std::size_t n) noexcept {
+  const std::size_t chunks = (n + kernels::kStatsChunk - 1) / kernels::kStatsChunk;
+  return chunks * (sizeof(double) + sizeof(int)) + 16;
+}
+
+void grad_stats(const void* grad, Dtype dtype, std::size_t n, double* d_sum_sq, int* d_nonfinite,
+                void* d_workspace, void* stream) {
+  kernels::need(d_sum_sq, "d_sum_sq");
+  kernels::need(d_nonfinite, "d_nonfinite");
+  const std::size_t chunks = (n + kernels::kStatsChunk - 1) / kernels::kStatsChunk;
+  cudaStream_t st = as_stream(stream);
+  if (chunks == 0) {
+    check(cudaMemsetAsync(d_sum_sq, 0, sizeof(double), st), "grad_stats memset");
+    check(cudaMemsetAsync(d_nonfinite, 0, sizeof(int), st), "grad_stats memset");
+    return;
+  }
+  kernels::need(grad, "grad");
+  kernels::need(d_workspace, "d_workspace");
+  auto* partial = static_cast<double*>(d_workspace);
+  auto* flags = reinterpret_cast<int*>(partial + chunks);
+  const std::size_t threads = chunks * 8;
+  const unsigned blocks = static_cast<unsigned>((threads + kBlock - 1) / kBlock);
+  switch (dtype) {
+    case Dtype::f32: stats_lanes_kernel<Dtype::f32><<<blocks, kBlock, 0, st>>>(grad, n, chunks, partial, flags); break;
+    case Dtype::bf16: stats_lanes_kernel<Dtype::bf16><<<blocks, kBlock, 0, st>>>(grad, n, chunks, partial, flags); break;
+    case Dtype::f16: stats_lanes_kernel<Dtype::f16><<<blocks, kBlock, 0, st>>>(grad, n, chunks, partial, flags); break;
+  }
+  check_launch("grad_stats (lanes)");
+  stats_final_kernel<<<1, 1, 0, st>>>(partial, flags, chunks, d_sum_sq, d_nonfinite);
+  check_launch("grad_stats (final)");
+}
+
+void cast(const void* src, Dtype sd, void* dst, Dtype dd, std::size_t n, void* stream) {
+  if (n == 0) return;
+  kernels::need(src, "src");
+  kernels::need(dst, "dst");
+  switch (sd) {
+    case Dtype::f32: launch_cast<Dtype::f32>(src, dst, dd, n, as_stream(stream)); break;
+    case Dtype::bf16: launch_cast<Dtype::bf16>(src, dst, dd, n, as_stream(stream)); break;
+    case Dtype::f16: launch_cast<Dtype::f16>(src, dst, dd, n, as_stream(stream)); break;
+  }
+  check_launch("cast");
+}
+
+void accumulate(void* acc, Dtype ad, const void* g, Dtype gd, std::size_t n, void* stream) {
+  if (n == 0) return;
+  kernels::need(acc, "acc");
+  kernels::need(g, "grad");
+  switch (ad) {
+    case Dtype::f32: launch_acc<Dtype::f32>(acc, g, gd, n, as_stream(stream)); break;
+    case Dtype::bf16: launch_acc<Dtype::bf16>(acc, g, gd, n, as_stream(stream)); break;
+    case Dtype::f16: launch_acc<Dtype::f16>(acc, g, gd, n, as_stream(stream)); break;
+  }
+  check_launch("accumulate");
+}
+
+void* device_alloc(std::size_t bytes) {
+  void* p = nullptr;
+  check(cudaMalloc(&p, bytes == 0 ? 1 : bytes), "cudaMalloc");
+  return p;
+}
+void device_free(void* p) noexcept { cudaFree(p); }
+void copy_to_device(void* dst, const void* src, std::size_t bytes, void* stream) {
+  check(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, as_stream(stream)), "copy_to_device");
+}
+void copy_to_host(void* dst, const void* src, std::size_t bytes, void* stream) {
+  check(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToHost, as_stream(stream)), "copy_to_host");
+}
+void synchronize(void* stream) { check(cudaStreamSynchronize(as_stream(stream)), "synchronize"); }
+
+}  // namespace tierswap::cuda

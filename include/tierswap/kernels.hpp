@@ -127,7 +127,9 @@ void sgd_step(const SgdConfig& cfg, bool first_step, float* param, float* moment
               const CpuKernelContext& ctx = {});
 
 /// Sum of squares (fp64, fixed reduction order: bit-identical for every ISA and thread count) and
-/// a non-finite flag over n gradient values (the multiplier is not applied).
+/// a non-finite flag over n gradient values (the multiplier is not applied). The order: chunks of
+/// 8192 values; in a chunk, value i adds its (exact) square to lane i % 64; the 64 lanes combine
+/// in a pairwise tree; chunk sums add in chunk order.
 struct GradStats {
   double sum_sq = 0;
   bool nonfinite = false;
@@ -142,6 +144,11 @@ void cast(const void* src, Dtype src_dtype, void* dst, Dtype dst_dtype, std::siz
 /// acc = acc + g, computed in fp32 and rounded to acc's dtype (gradient accumulation).
 void accumulate(void* acc, Dtype acc_dtype, const void* grad, Dtype grad_dtype, std::size_t n,
                 const CpuKernelContext& ctx = {});
+
+/// STREAM triad a = b + s * c (non-temporal stores where the ISA has them): the memory-bandwidth
+/// probe `tierswap bench kernels` measures the optimizer kernels against (12 bytes per element).
+void stream_triad(float* a, const float* b, const float* c, float s, std::size_t n,
+                  const CpuKernelContext& ctx = {});
 
 /// Scalar conversions, exactly as every kernel does them.
 std::uint16_t float_to_bf16(float f) noexcept;

@@ -221,9 +221,7 @@ GradStats grad_stats(const void* grad, Dtype dtype, std::size_t n, const CpuKern
       kernels::StatsLanes l{};
       const std::size_t b = c * kernels::kStatsChunk;
       t.stats(grad, dtype, b, std::min(n, b + kernels::kStatsChunk), l);
-      // Fixed pairwise order over the 8 lanes.
-      partial[c] = ((l.lane[0] + l.lane[1]) + (l.lane[2] + l.lane[3])) +
-                   ((l.lane[4] + l.lane[5]) + (l.lane[6] + l.lane[7]));
+      partial[c] = kernels::combine_lanes(l.lane);
       nonfinite[c] = l.nonfinite;
     }
   };
@@ -252,6 +250,16 @@ void accumulate(void* acc, Dtype ad, const void* grad, Dtype gd, std::size_t n,
   need(grad, "grad");
   const KernelTable& t = table_for(ctx);
   run_split(ctx, n, [&](std::size_t b, std::size_t e) { t.accumulate(acc, ad, grad, gd, b, e); });
+}
+
+void stream_triad(float* a, const float* b, const float* c, float s, std::size_t n,
+                  const CpuKernelContext& ctx) {
+  if (n == 0) return;
+  need(a, "a");
+  need(b, "b");
+  need(c, "c");
+  const KernelTable& t = table_for(ctx);
+  run_split(ctx, n, [&](std::size_t i, std::size_t e) { t.triad(a, b, c, s, i, e); });
 }
 
 std::uint16_t float_to_bf16(float f) noexcept { return kernels::to_bf16(f); }

@@ -56,8 +56,9 @@ struct SgdArgs {
   Dtype param16_dtype;
 };
 
+inline constexpr int kStatsLanes = 64;
 struct StatsLanes {
-  double lane[8];
+  double lane[kStatsLanes];
   bool nonfinite;
 };
 
@@ -70,7 +71,18 @@ struct KernelTable {
   void (*stats)(const void* g, Dtype d, std::size_t b, std::size_t e, StatsLanes& out);
   void (*cast)(const void* src, Dtype sd, void* dst, Dtype dd, std::size_t b, std::size_t e);
   void (*accumulate)(void* acc, Dtype ad, const void* g, Dtype gd, std::size_t b, std::size_t e);
+  void (*triad)(float* a, const float* b, const float* c, float s, std::size_t i, std::size_t e);
 };
+
+/// The fixed combination of a chunk's 64 lanes: a pairwise tree, (0+1), (2+3), ... then pairs of
+/// those, and so on. CPU and CUDA both use this order.
+inline double combine_lanes(const double* lane) {
+  double l[kStatsLanes];
+  for (int j = 0; j < kStatsLanes; ++j) l[j] = lane[j];
+  for (int step = 1; step < kStatsLanes; step *= 2)
+    for (int j = 0; j < kStatsLanes; j += 2 * step) l[j] = l[j] + l[j + step];
+  return l[0];
+}
 
 const KernelTable& scalar_table();
 const KernelTable* avx2_table();    // null when not compiled in

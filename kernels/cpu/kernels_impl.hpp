@@ -129,17 +129,33 @@ void sgd_range(const SgdArgs& a, std::size_t b, std::size_t e) {
 // ---- statistics, casts, accumulation -------------------------------------------------------------
 template <class V, Dtype G>
 void stats_range(const void* grad, std::size_t b, std::size_t e, StatsLanes& out) {
-  // b is a multiple of 8 (chunks are), so value i always goes to lane i % 8.
+  // b is a multiple of 64 (chunks are), so value i always goes to lane i % 64.
   Scalar::Acc acc;
   std::size_t i = b;
   if constexpr (V::W > 1) {
     typename V::Acc vacc;
-    for (; i + V::W <= e; i += V::W) V::acc_squares(vacc, i, Mem<V, G>::load(grad, i));
+    typename V::F x[64 / V::W];
+    for (; i + 64 <= e; i += 64) {
+      for (std::size_t k = 0; k < 64 / V::W; ++k) x[k] = Mem<V, G>::load(grad, i + k * V::W);
+      V::acc_block64(vacc, x);
+    }
     V::acc_finish(vacc, acc);
   }
   for (; i < e; ++i) Scalar::acc_squares(acc, i, Mem<Scalar, G>::load(grad, i));
-  for (int j = 0; j < 8; ++j) out.lane[j] = acc.lane[j];
+  for (int j = 0; j < 64; ++j) out.lane[j] = acc.lane[j];
   out.nonfinite = acc.nonfinite;
+}
+
+// STREAM triad a = b + s * c with non-temporal stores where aligned: the bandwidth probe.
+template <class V>
+void triad_range(float* a, const float* b, const float* c, float s, std::size_t i0, std::size_t e) {
+  std::size_t i = i0;
+  if constexpr (V::W > 1) {
+    const auto sv = V::set1(s);
+    for (; i + V::W <= e; i += V::W)
+      V::stream_store(a + i, V::add(V::load(b + i), V::mul(sv, V::load(c + i))));
+  }
+  for (; i < e; ++i) a[i] = b[i] + s * c[i];
 }
 
 template <class V, Dtype S, Dtype D>
@@ -269,6 +285,7 @@ KernelTable make_table(CpuIsa isa) {
   t.stats = &Impl<V>::stats;
   t.cast = &Impl<V>::cast;
   t.accumulate = &Impl<V>::accumulate;
+  t.triad = &triad_range<V>;
   return t;
 }
 

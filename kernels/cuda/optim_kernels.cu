@@ -171,40 +171,44 @@ __global__ void accumulate_kernel(void* acc, const void* g, std::size_t n) {
   }
 }
 
-// Statistics in the CPU's fixed order: chunk c of kStatsChunk values, lane j sums values
-// j, j+8, ... of it in sequence; lanes combine as ((0+1)+(2+3))+((4+5)+(6+7)); chunks add in
-// order. One thread per (chunk, lane); eight consecutive threads of a warp form a chunk.
+// Statistics in the CPU's fixed order: chunk c of kStatsChunk values, lane j (of 64) sums the
+// squares of values j, j+64, ... of it in sequence; the lanes combine in the pairwise tree of
+// kernels::combine_lanes(); chunks add in order. One thread per (chunk, lane): a block of 256
+// threads holds 4 chunks.
 template <Dtype G>
 __global__ void stats_lanes_kernel(const void* g, std::size_t n, std::size_t chunks,
                                    double* partial, int* nonfinite) {
+  constexpr int L = kernels::kStatsLanes;
+  __shared__ double sum[256];
+  __shared__ int bad[256];
   const std::size_t t = blockIdx.x * static_cast<std::size_t>(blockDim.x) + threadIdx.x;
-  const std::size_t c = t / 8;
-  const unsigned lane = threadIdx.x & 7u;
+  const std::size_t c = t / L;
+  const unsigned lane = threadIdx.x % L;
   double acc = 0.0;
-  int bad = 0;
+  int flag = 0;
   if (c < chunks) {
     const std::size_t b = c * kernels::kStatsChunk;
     const std::size_t e = min(n, b + kernels::kStatsChunk);
-    for (std::size_t i = b + lane; i < e; i += 8) {
+    for (std::size_t i = b + lane; i < e; i += L) {
       const float x = Mem<G>::load(g, i);
       const double d = static_cast<double>(x);
       acc = __dadd_rn(acc, __dmul_rn(d, d));
-      bad |= (__float_as_uint(x) & 0x7f800000u) == 0x7f800000u;
+      flag |= (__float_as_uint(x) & 0x7f800000u) == 0x7f800000u;
     }
   }
-  const unsigned full = 0xffffffffu;
-  double other = __shfl_down_sync(full, acc, 1);
-  if ((lane & 1u) == 0) acc = __dadd_rn(acc, other);
-  other = __shfl_down_sync(full, acc, 2);
-  if ((lane & 3u) == 0) acc = __dadd_rn(acc, other);
-  other = __shfl_down_sync(full, acc, 4);
-  if (lane == 0) acc = __dadd_rn(acc, other);
-  bad |= __shfl_down_sync(full, bad, 1);
-  bad |= __shfl_down_sync(full, bad, 2);
-  bad |= __shfl_down_sync(full, bad, 4);
+  sum[threadIdx.x] = acc;
+  bad[threadIdx.x] = flag;
+  __syncthreads();
+  for (unsigned step = 1; step < L; step *= 2) {
+    if (lane % (2 * step) == 0) {
+      sum[threadIdx.x] = __dadd_rn(sum[threadIdx.x], sum[threadIdx.x + step]);
+      bad[threadIdx.x] |= bad[threadIdx.x + step];
+    }
+    __syncthreads();
+  }
   if (lane == 0 && c < chunks) {
-    partial[c] = acc;
-    nonfinite[c] = bad;
+    partial[c] = sum[threadIdx.x];
+    nonfinite[c] = bad[threadIdx.x];
   }
 }
 
@@ -400,7 +404,7 @@ void grad_stats(const void* grad, Dtype dtype, std::size_t n, double* d_sum_sq, 
   kernels::need(d_workspace, "d_workspace");
   auto* partial = static_cast<double*>(d_workspace);
   auto* flags = reinterpret_cast<int*>(partial + chunks);
-  const std::size_t threads = chunks * 8;
+  const std::size_t threads = chunks * kernels::kStatsLanes;
   const unsigned blocks = static_cast<unsigned>((threads + kBlock - 1) / kBlock);
   switch (dtype) {
     case Dtype::f32: stats_lanes_kernel<Dtype::f32><<<blocks, kBlock, 0, st>>>(grad, n, chunks, partial, flags); break;

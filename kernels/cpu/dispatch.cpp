@@ -222,7 +222,9 @@ GradStats grad_stats(const void* grad, Dtype dtype, std::size_t n, const CpuKern
       const std::size_t b = c * kernels::kStatsChunk;
       t.stats(grad, dtype, b, std::min(n, b + kernels::kStatsChunk), l);
       partial[c] = kernels::combine_lanes(l.lane);
-      nonfinite[c] = l.nonfinite;
+      // Squares are >= 0 and cannot overflow an fp64 chunk sum: a non-finite sum means a
+      // non-finite value in the chunk.
+      nonfinite[c] = !std::isfinite(partial[c]);
     }
   };
   if (ctx.pool == nullptr || ctx.pool->size() == 1 || chunks < 8) run(0, chunks);

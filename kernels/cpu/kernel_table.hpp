@@ -59,7 +59,6 @@ struct SgdArgs {
 inline constexpr int kStatsLanes = 64;
 struct StatsLanes {
   double lane[kStatsLanes];
-  bool nonfinite;
 };
 
 struct KernelTable {

@@ -6,6 +6,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <utility>
 
 #include "kernels/cpu/kernel_table.hpp"
 #include "kernels/cpu/simd.hpp"
@@ -128,22 +129,29 @@ void sgd_range(const SgdArgs& a, std::size_t b, std::size_t e) {
 
 // ---- statistics, casts, accumulation -------------------------------------------------------------
 template <class V, Dtype G>
+typename V::H load_half(const void* p, std::size_t i) {
+  if constexpr (G == Dtype::f32) return V::load_half(static_cast<const float*>(p) + i);
+  else if constexpr (G == Dtype::bf16) return V::load_half_bf16(static_cast<const std::uint16_t*>(p) + i);
+  else return V::load_half_f16(static_cast<const std::uint16_t*>(p) + i);
+}
+
+template <class V, Dtype G>
 void stats_range(const void* grad, std::size_t b, std::size_t e, StatsLanes& out) {
   // b is a multiple of 64 (chunks are), so value i always goes to lane i % 64.
   Scalar::Acc acc;
   std::size_t i = b;
   if constexpr (V::W > 1) {
     typename V::Acc vacc;
-    typename V::F x[64 / V::W];
+    constexpr int kH = V::kHalf;
     for (; i + 64 <= e; i += 64) {
-      for (std::size_t k = 0; k < 64 / V::W; ++k) x[k] = Mem<V, G>::load(grad, i + k * V::W);
-      V::acc_block64(vacc, x);
+      [&]<int... K>(std::integer_sequence<int, K...>) {
+        (V::acc_half(vacc, K, load_half<V, G>(grad, i + K * kH)), ...);
+      }(std::make_integer_sequence<int, 64 / kH>{});
     }
     V::acc_finish(vacc, acc);
   }
   for (; i < e; ++i) Scalar::acc_squares(acc, i, Mem<Scalar, G>::load(grad, i));
   for (int j = 0; j < 64; ++j) out.lane[j] = acc.lane[j];
-  out.nonfinite = acc.nonfinite;
 }
 
 // STREAM triad a = b + s * c with non-temporal stores where aligned: the bandwidth probe.

@@ -42,17 +42,16 @@ struct Scalar {
   // -1, 0 or +1; NaN stays NaN (as torch.sign).
   static F sign(F a) { return a != a ? a : a > 0 ? 1.0f : a < 0 ? -1.0f : 0.0f; }
 
-  // Statistics: value i of a chunk adds its square to fp64 lane i % 64 (kStatsLanes), in order;
-  // non-finite values raise a flag. 64 independent chains keep SIMD variants off the add
-  // latency while the order stays one and the same for every variant.
+  // Statistics: value i of a chunk adds its (exact) square to fp64 lane i % 64, in order. 64
+  // independent chains keep SIMD variants off the add latency while the order stays one and the
+  // same for every variant. (A non-finite value makes its chunk's sum non-finite: squares are
+  // >= 0 and even (fp32 max)^2 ~ 1.2e77 cannot overflow an fp64 sum, so no per-value flag.)
   struct Acc {
     double lane[64] = {};
-    bool nonfinite = false;
   };
   static void acc_squares(Acc& acc, std::size_t i, F x) {
     const double d = x;
     acc.lane[i & 63] += d * d;
-    acc.nonfinite |= (bits_of(x) & 0x7f800000u) == 0x7f800000u;
   }
   static void stream_store(float* p, F v) { *p = v; }
 };
@@ -100,27 +99,29 @@ struct Avx2 {
     const __m256 negv = _mm256_and_ps(_mm256_cmp_ps(a, zero, _CMP_LT_OQ), _mm256_set1_ps(-1.0f));
     return _mm256_blendv_ps(_mm256_or_ps(pos, negv), a, _mm256_cmp_ps(a, a, _CMP_UNORD_Q));
   }
-  // 64 values per block: 16 accumulators of 4 lanes.
+  // Statistics: 64 values per block, loaded 4 at a time and widened to fp64: 16 accumulators.
+  static constexpr int kHalf = 4;
+  using H = __m128;
+  static H load_half(const float* p) { return _mm_loadu_ps(p); }
+  static H load_half_bf16(const std::uint16_t* p) {
+    const __m128i w = _mm_cvtepu16_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p)));
+    return _mm_castsi128_ps(_mm_slli_epi32(w, 16));
+  }
+  static H load_half_f16(const std::uint16_t* p) {
+    return _mm_cvtph_ps(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p)));
+  }
   struct Acc {
     __m256d lane[16];
-    __m256i nonfinite = _mm256_setzero_si256();
     Acc() {
       for (auto& l : lane) l = _mm256_setzero_pd();
     }
   };
-  static void acc_block64(Acc& acc, const F* x) {
-    for (int k = 0; k < 8; ++k) {
-      const __m256d a = _mm256_cvtps_pd(_mm256_castps256_ps128(x[k]));
-      const __m256d b = _mm256_cvtps_pd(_mm256_extractf128_ps(x[k], 1));
-      acc.lane[2 * k] = _mm256_add_pd(acc.lane[2 * k], _mm256_mul_pd(a, a));
-      acc.lane[2 * k + 1] = _mm256_add_pd(acc.lane[2 * k + 1], _mm256_mul_pd(b, b));
-      const __m256i e = _mm256_and_si256(_mm256_castps_si256(x[k]), _mm256_set1_epi32(0x7f800000));
-      acc.nonfinite = _mm256_or_si256(acc.nonfinite, _mm256_cmpeq_epi32(e, _mm256_set1_epi32(0x7f800000)));
-    }
+  static void acc_half(Acc& acc, int k, H x) {
+    const __m256d d = _mm256_cvtps_pd(x);
+    acc.lane[k] = _mm256_add_pd(acc.lane[k], _mm256_mul_pd(d, d));
   }
   static void acc_finish(const Acc& acc, Scalar::Acc& out) {
     for (int k = 0; k < 16; ++k) _mm256_storeu_pd(out.lane + 4 * k, acc.lane[k]);
-    out.nonfinite |= !_mm256_testz_si256(acc.nonfinite, acc.nonfinite);
   }
   static void stream_store(float* p, F v) {
     if ((reinterpret_cast<std::uintptr_t>(p) & 31) == 0) _mm256_stream_ps(p, v);
@@ -174,28 +175,29 @@ struct Avx512 {
     r = _mm512_mask_mov_ps(r, _mm512_cmp_ps_mask(a, zero, _CMP_LT_OQ), _mm512_set1_ps(-1.0f));
     return _mm512_mask_mov_ps(r, _mm512_cmp_ps_mask(a, a, _CMP_UNORD_Q), a);
   }
-  // 64 values per block: 8 accumulators of 8 lanes.
+  // Statistics: 64 values per block, loaded 8 at a time and widened to fp64: 8 accumulators.
+  static constexpr int kHalf = 8;
+  using H = __m256;
+  static H load_half(const float* p) { return _mm256_loadu_ps(p); }
+  static H load_half_bf16(const std::uint16_t* p) {
+    const __m256i w = _mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+    return _mm256_castsi256_ps(_mm256_slli_epi32(w, 16));
+  }
+  static H load_half_f16(const std::uint16_t* p) {
+    return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+  }
   struct Acc {
     __m512d lane[8];
-    __mmask16 nonfinite = 0;
     Acc() {
       for (auto& l : lane) l = _mm512_setzero_pd();
     }
   };
-  static void acc_block64(Acc& acc, const F* x) {
-    for (int k = 0; k < 4; ++k) {
-      const __m512d a = _mm512_cvtps_pd(_mm512_castps512_ps256(x[k]));
-      const __m512d b =
-          _mm512_cvtps_pd(_mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(x[k]), 1)));
-      acc.lane[2 * k] = _mm512_add_pd(acc.lane[2 * k], _mm512_mul_pd(a, a));
-      acc.lane[2 * k + 1] = _mm512_add_pd(acc.lane[2 * k + 1], _mm512_mul_pd(b, b));
-      const __m512i e = _mm512_and_si512(_mm512_castps_si512(x[k]), _mm512_set1_epi32(0x7f800000));
-      acc.nonfinite |= _mm512_cmpeq_epi32_mask(e, _mm512_set1_epi32(0x7f800000));
-    }
+  static void acc_half(Acc& acc, int k, H x) {
+    const __m512d d = _mm512_cvtps_pd(x);
+    acc.lane[k] = _mm512_add_pd(acc.lane[k], _mm512_mul_pd(d, d));
   }
   static void acc_finish(const Acc& acc, Scalar::Acc& out) {
     for (int k = 0; k < 8; ++k) _mm512_storeu_pd(out.lane + 8 * k, acc.lane[k]);
-    out.nonfinite |= acc.nonfinite != 0;
   }
   static void stream_store(float* p, F v) {
     if ((reinterpret_cast<std::uintptr_t>(p) & 63) == 0) _mm512_stream_ps(p, v);

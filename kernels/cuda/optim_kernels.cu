@@ -180,12 +180,10 @@ __global__ void stats_lanes_kernel(const void* g, std::size_t n, std::size_t chu
                                    double* partial, int* nonfinite) {
   constexpr int L = kernels::kStatsLanes;
   __shared__ double sum[256];
-  __shared__ int bad[256];
   const std::size_t t = blockIdx.x * static_cast<std::size_t>(blockDim.x) + threadIdx.x;
   const std::size_t c = t / L;
   const unsigned lane = threadIdx.x % L;
   double acc = 0.0;
-  int flag = 0;
   if (c < chunks) {
     const std::size_t b = c * kernels::kStatsChunk;
     const std::size_t e = min(n, b + kernels::kStatsChunk);
@@ -193,22 +191,20 @@ __global__ void stats_lanes_kernel(const void* g, std::size_t n, std::size_t chu
       const float x = Mem<G>::load(g, i);
       const double d = static_cast<double>(x);
       acc = __dadd_rn(acc, __dmul_rn(d, d));
-      flag |= (__float_as_uint(x) & 0x7f800000u) == 0x7f800000u;
     }
   }
   sum[threadIdx.x] = acc;
-  bad[threadIdx.x] = flag;
   __syncthreads();
   for (unsigned step = 1; step < L; step *= 2) {
     if (lane % (2 * step) == 0) {
       sum[threadIdx.x] = __dadd_rn(sum[threadIdx.x], sum[threadIdx.x + step]);
-      bad[threadIdx.x] |= bad[threadIdx.x + step];
     }
     __syncthreads();
   }
   if (lane == 0 && c < chunks) {
     partial[c] = sum[threadIdx.x];
-    nonfinite[c] = bad[threadIdx.x];
+    // As on the CPU: a non-finite value makes the chunk's sum non-finite.
+    nonfinite[c] = !isfinite(sum[threadIdx.x]);
   }
 }
 

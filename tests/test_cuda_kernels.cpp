@@ -1,0 +1,87 @@
+// CUDA kernels against the CPU scalar reference, bit for bit, over ragged sizes. Skips with the
+// reason when no GPU is usable (always on the CI machine); runs on a GPU machine.
+#include <gtest/gtest.h>
+
+#include <cstring>
+#include <random>
+#include <vector>
+
+#include "tierswap/cuda_kernels.hpp"
+#include "tierswap/device.hpp"
+#include "tierswap/kernels.hpp"
+
+using namespace tierswap;
+
+namespace {
+
+template <class T>
+struct DeviceVec {
+  T* d = nullptr;
+  std::size_t n = 0;
+  explicit DeviceVec(const std::vector<T>& h) : n(h.size()) {
+    d = static_cast<T*>(cuda::device_alloc(n * sizeof(T)));
+    if (n) cuda::copy_to_device(d, h.data(), n * sizeof(T), nullptr);
+  }
+  ~DeviceVec() { cuda::device_free(d); }
+  std::vector<T> get() const {
+    std::vector<T> h(n);
+    if (n) cuda::copy_to_host(h.data(), d, n * sizeof(T), nullptr);
+    cuda::synchronize(nullptr);
+    return h;
+  }
+};
+
+std::vector<float> randoms(std::size_t n, unsigned seed, float scale) {
+  std::mt19937 rng(seed);
+  std::normal_distribution<float> d(0.0f, scale);
+  std::vector<float> v(n);
+  for (auto& x : v) x = d(rng);
+  return v;
+}
+
+}  // namespace
+
+TEST(CudaKernels, BuildWithoutCudaSaysSo) {
+  if (device_info().compiled_with_cuda) GTEST_SKIP() << "built with CUDA";
+  EXPECT_FALSE(cuda::available());
+  EXPECT_THROW(cuda::device_alloc(16), std::runtime_error);
+}
+
+TEST(CudaKernels, AdamStatsAndCastsMatchTheScalarReference) {
+  if (!cuda::available()) GTEST_SKIP() << "no usable GPU: " << device_info().reason;
+  for (std::size_t n : {1ul, 7ul, 17ul, 4097ul, (1ul << 20) + 3}) {
+    std::vector<float> p = randoms(n, 1, 1.0f), m = randoms(n, 2, 0.01f), v(n, 0.0f);
+    auto gf = randoms(n, 3, 0.1f);
+    std::vector<std::uint16_t> g(n), p16(n);
+    for (std::size_t i = 0; i < n; ++i) g[i] = float_to_bf16(gf[i]);
+    DeviceVec<float> dp(p), dm(m), dv(v);
+    DeviceVec<std::uint16_t> dg(g), dp16(p16);
+    AdamConfig c;
+    c.weight_decay = 0.01;
+    for (int step = 1; step <= 3; ++step) {
+      adam_step(c, step, {p.data(), m.data(), v.data(), nullptr, Dtype::f32},
+                {g.data(), Dtype::bf16, 0.5f}, {p16.data(), Dtype::bf16}, n, {CpuIsa::scalar});
+      cuda::adam_step(c, step, {dp.d, dm.d, dv.d, nullptr, Dtype::f32},
+                      {dg.d, Dtype::bf16, 0.5f}, {dp16.d, Dtype::bf16}, n, nullptr);
+    }
+    EXPECT_EQ(std::memcmp(dp.get().data(), p.data(), n * 4), 0) << "param n=" << n;
+    EXPECT_EQ(std::memcmp(dm.get().data(), m.data(), n * 4), 0) << "exp_avg n=" << n;
+    EXPECT_EQ(std::memcmp(dv.get().data(), v.data(), n * 4), 0) << "exp_avg_sq n=" << n;
+    EXPECT_EQ(std::memcmp(dp16.get().data(), p16.data(), n * 2), 0) << "param16 n=" << n;
+
+    GradStats ref = grad_stats(g.data(), Dtype::bf16, n, {CpuIsa::scalar});
+    DeviceVec<double> dsum{std::vector<double>(1)};
+    DeviceVec<int> dflag{std::vector<int>(1)};
+    DeviceVec<char> ws{std::vector<char>(cuda::grad_stats_workspace_bytes(n))};
+    cuda::grad_stats(dg.d, Dtype::bf16, n, dsum.d, dflag.d, ws.d, nullptr);
+    const double got = dsum.get()[0];
+    EXPECT_EQ(std::memcmp(&got, &ref.sum_sq, sizeof got), 0) << "sum_sq n=" << n;
+    EXPECT_EQ(dflag.get()[0] != 0, ref.nonfinite);
+
+    std::vector<std::uint16_t> h16(n);
+    cast(p.data(), Dtype::f32, h16.data(), Dtype::f16, n, {CpuIsa::scalar});
+    DeviceVec<std::uint16_t> d16{std::vector<std::uint16_t>(n)};
+    cuda::cast(dp.d, Dtype::f32, d16.d, Dtype::f16, n, nullptr);
+    EXPECT_EQ(d16.get(), h16) << "cast n=" << n;
+  }
+}

@@ -9,10 +9,12 @@ cd "$(dirname "$0")/.."
 
 PACKAGES=(cmake ninja-build g++ pkg-config liburing-dev libaio-dev libfmt-dev libcli11-dev
           nlohmann-json3-dev libxxhash-dev libgtest-dev libgmock-dev libbenchmark-dev)
+# The test command also checks the NEON kernels on an x86 machine: cross compiler + qemu.
+TEST_PACKAGES=(g++-aarch64-linux-gnu qemu-user)
 
 install_missing() {
   local missing=()
-  for p in "${PACKAGES[@]}"; do
+  for p in "${PACKAGES[@]}" "$@"; do
     dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
   done
   if ((${#missing[@]})); then
@@ -42,7 +44,9 @@ case "$cmd" in
     exec build/tierswap bench io "$@"
     ;;
   test)
-    install_missing
+    extra=()
+    [ "$(uname -m)" = x86_64 ] && extra=("${TEST_PACKAGES[@]}")
+    install_missing "${extra[@]}"
     build build
     (cd build && ctest --output-on-failure -j 2 --timeout 900)
     build build-asan -DTIERSWAP_SANITIZE=ON -DTIERSWAP_BUILD_BENCHMARKS=OFF

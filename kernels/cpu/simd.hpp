@@ -13,6 +13,9 @@
 #if defined(__AVX2__) || defined(__AVX512F__)
 #include <immintrin.h>
 #endif
+#if defined(__aarch64__)
+#include <arm_neon.h>
+#endif
 
 #include "kernels/cpu/convert.hpp"
 
@@ -203,6 +206,79 @@ struct Avx512 {
     if ((reinterpret_cast<std::uintptr_t>(p) & 63) == 0) _mm512_stream_ps(p, v);
     else _mm512_storeu_ps(p, v);
   }
+};
+#endif
+
+#if defined(__aarch64__)
+// NEON (AArch64: always present). fp16 conversions go lane by lane through the reference recipe,
+// so they are bit-identical by construction; bf16 uses the same integer rounding as the others.
+struct Neon {
+  static constexpr std::size_t W = 4;
+  using F = float32x4_t;
+  static F load(const float* p) { return vld1q_f32(p); }
+  static void store(float* p, F v) { vst1q_f32(p, v); }
+  static F load_bf16(const std::uint16_t* p) {
+    return vreinterpretq_f32_u32(vshlq_n_u32(vmovl_u16(vld1_u16(p)), 16));
+  }
+  static void store_bf16(std::uint16_t* p, F v) {
+    const uint32x4_t u = vreinterpretq_u32_f32(v);
+    const uint32x4_t lsb = vandq_u32(vshrq_n_u32(u, 16), vdupq_n_u32(1));
+    uint32x4_t r = vshrq_n_u32(vaddq_u32(vaddq_u32(u, vdupq_n_u32(0x7fff)), lsb), 16);
+    const uint32x4_t nan_bits = vorrq_u32(vshrq_n_u32(u, 16), vdupq_n_u32(0x40));
+    const uint32x4_t not_nan = vceqq_f32(v, v);
+    r = vbslq_u32(not_nan, r, nan_bits);
+    vst1_u16(p, vmovn_u32(r));
+  }
+  static F load_f16(const std::uint16_t* p) {
+    const float t[4] = {from_f16(p[0]), from_f16(p[1]), from_f16(p[2]), from_f16(p[3])};
+    return vld1q_f32(t);
+  }
+  static void store_f16(std::uint16_t* p, F v) {
+    float t[4];
+    vst1q_f32(t, v);
+    for (int j = 0; j < 4; ++j) p[j] = to_f16(t[j]);
+  }
+  static F set1(float x) { return vdupq_n_f32(x); }
+  static F add(F a, F b) { return vaddq_f32(a, b); }
+  static F sub(F a, F b) { return vsubq_f32(a, b); }
+  static F mul(F a, F b) { return vmulq_f32(a, b); }
+  static F div(F a, F b) { return vdivq_f32(a, b); }
+  static F sqrt(F a) { return vsqrtq_f32(a); }
+  static F fma(F a, F b, F c) { return vfmaq_f32(c, a, b); }
+  static F max(F a, F b) { return vbslq_f32(vcgtq_f32(a, b), a, b); }
+  static F neg(F a) { return vnegq_f32(a); }
+  static F sign(F a) {
+    const F zero = vdupq_n_f32(0.0f);
+    F r = vbslq_f32(vcgtq_f32(a, zero), vdupq_n_f32(1.0f), zero);
+    r = vbslq_f32(vcltq_f32(a, zero), vdupq_n_f32(-1.0f), r);
+    return vbslq_f32(vceqq_f32(a, a), r, a);
+  }
+  // Statistics: 64 values per block, 2 at a time widened to fp64: 32 accumulators.
+  static constexpr int kHalf = 2;
+  using H = float32x2_t;
+  static H load_half(const float* p) { return vld1_f32(p); }
+  static H load_half_bf16(const std::uint16_t* p) {
+    const float t[2] = {from_bf16(p[0]), from_bf16(p[1])};
+    return vld1_f32(t);
+  }
+  static H load_half_f16(const std::uint16_t* p) {
+    const float t[2] = {from_f16(p[0]), from_f16(p[1])};
+    return vld1_f32(t);
+  }
+  struct Acc {
+    float64x2_t lane[32];
+    Acc() {
+      for (auto& l : lane) l = vdupq_n_f64(0.0);
+    }
+  };
+  static void acc_half(Acc& acc, int k, H x) {
+    const float64x2_t d = vcvt_f64_f32(x);
+    acc.lane[k] = vaddq_f64(acc.lane[k], vmulq_f64(d, d));
+  }
+  static void acc_finish(const Acc& acc, Scalar::Acc& out) {
+    for (int k = 0; k < 32; ++k) vst1q_f64(out.lane + 2 * k, acc.lane[k]);
+  }
+  static void stream_store(float* p, F v) { vst1q_f32(p, v); }
 };
 #endif
 

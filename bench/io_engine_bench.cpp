@@ -73,12 +73,23 @@ void BM_EngineRequests(benchmark::State& state, IoBackendKind kind, IoOp op) {
 }  // namespace
 
 BENCHMARK_CAPTURE(BM_EngineRequests, uring_read, IoBackendKind::uring, IoOp::read)
-    ->Arg(4096)->Arg(64 * 1024)->Arg(1 << 20)->UseRealTime();
+    ->Arg(4096)
+    ->Arg(64 * 1024)
+    ->Arg(1 << 20)
+    ->UseRealTime();
 BENCHMARK_CAPTURE(BM_EngineRequests, aio_read, IoBackendKind::aio, IoOp::read)
-    ->Arg(4096)->Arg(64 * 1024)->Arg(1 << 20)->UseRealTime();
+    ->Arg(4096)
+    ->Arg(64 * 1024)
+    ->Arg(1 << 20)
+    ->UseRealTime();
 BENCHMARK_CAPTURE(BM_EngineRequests, posix_read, IoBackendKind::posix, IoOp::read)
-    ->Arg(4096)->Arg(64 * 1024)->Arg(1 << 20)->UseRealTime();
+    ->Arg(4096)
+    ->Arg(64 * 1024)
+    ->Arg(1 << 20)
+    ->UseRealTime();
 BENCHMARK_CAPTURE(BM_EngineRequests, uring_write, IoBackendKind::uring, IoOp::write)
-    ->Arg(4096)->Arg(1 << 20)->UseRealTime();
+    ->Arg(4096)
+    ->Arg(1 << 20)
+    ->UseRealTime();
 
 BENCHMARK_MAIN();

@@ -94,7 +94,7 @@ void BM_StreamTriad(benchmark::State& state, CpuIsa isa) {
 
 }  // namespace
 
-#define TIERSWAP_PER_ISA(fn)                                   \
+#define TIERSWAP_PER_ISA(fn)                                    \
   BENCHMARK_CAPTURE(fn, scalar, CpuIsa::scalar)->UseRealTime(); \
   BENCHMARK_CAPTURE(fn, avx2, CpuIsa::avx2)->UseRealTime();     \
   BENCHMARK_CAPTURE(fn, avx512, CpuIsa::avx512)->UseRealTime();

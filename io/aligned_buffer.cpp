@@ -22,7 +22,9 @@ AlignedBuffer::AlignedBuffer(std::size_t bytes, std::size_t alignment, bool lock
   if (lock) locked_ = ::mlock(data_, size_) == 0;
 }
 
-AlignedBuffer::~AlignedBuffer() { reset(); }
+AlignedBuffer::~AlignedBuffer() {
+  reset();
+}
 
 AlignedBuffer::AlignedBuffer(AlignedBuffer&& o) noexcept
     : data_(std::exchange(o.data_, nullptr)),

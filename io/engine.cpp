@@ -6,16 +6,16 @@
 // each completion and to refill the queue.
 #include "tierswap/io_engine.hpp"
 
+#include <sched.h>
 #include <algorithm>
 #include <atomic>
 #include <cassert>
 #include <cerrno>
 #include <condition_variable>
+#include <cstring>
 #include <functional>
 #include <future>
-#include <cstring>
 #include <mutex>
-#include <sched.h>
 #include <thread>
 #include <utility>
 #include <vector>
@@ -34,16 +34,16 @@ namespace detail {
 
 struct TicketState {
   std::vector<IoSegment> segments;
-  std::size_t seg = 0;     // split cursor: current segment
-  std::uint64_t pos = 0;   // split cursor: bytes of it already issued
+  std::size_t seg = 0;    // split cursor: current segment
+  std::uint64_t pos = 0;  // split cursor: bytes of it already issued
   std::uint32_t inflight = 0;
   std::uint64_t total = 0;
   std::atomic<std::uint64_t> done_bytes{0};
   std::atomic<bool> ready{false};
   std::exception_ptr error;
   bool queued = false;
-  TicketState* next = nullptr;           // FIFO link
-  std::shared_ptr<TicketState> self;     // keeps the state alive while the engine uses it
+  TicketState* next = nullptr;        // FIFO link
+  std::shared_ptr<TicketState> self;  // keeps the state alive while the engine uses it
 
   bool split_done() const noexcept { return seg >= segments.size(); }
 };
@@ -60,21 +60,21 @@ namespace {
 enum class Phase : std::uint8_t { direct, bounce_read, bounce_write, rmw_read, rmw_write };
 
 struct Slot {
-  IoRequest req;                 // must stay first: completions hand back &req
+  IoRequest req;  // must stay first: completions hand back &req
   TicketState* ticket = nullptr;
   Phase phase = Phase::direct;
   std::uint32_t retries = 0;
   std::uint64_t first_offset = 0;  // physical range as first issued, for error messages
   std::uint32_t first_length = 0;
-  std::byte* user = nullptr;       // user buffer of this chunk
+  std::byte* user = nullptr;  // user buffer of this chunk
   std::uint32_t user_len = 0;
-  std::uint32_t head = 0;          // user data starts at bounce + head
+  std::uint32_t head = 0;  // user data starts at bounce + head
   std::uint64_t aligned_offset = 0;
   std::uint32_t aligned_len = 0;
   std::byte* bounce = nullptr;
-  int region = -1;                 // registered region used, for unregister_buffer()
-  int fixed = -1;                  // fixed-buffer slot of the piece holding the buffer, or -1
-  Slot* next = nullptr;            // free list / resubmit list
+  int region = -1;       // registered region used, for unregister_buffer()
+  int fixed = -1;        // fixed-buffer slot of the piece holding the buffer, or -1
+  Slot* next = nullptr;  // free list / resubmit list
 };
 static_assert(offsetof(Slot, req) == 0);
 
@@ -136,8 +136,10 @@ struct IoEngine::Impl {
   void push(TicketState* t) {
     t->queued = true;
     t->next = nullptr;
-    if (fifo_tail) fifo_tail->next = t;
-    else fifo_head = t;
+    if (fifo_tail)
+      fifo_tail->next = t;
+    else
+      fifo_head = t;
     fifo_tail = t;
   }
   void pop_head() {
@@ -327,8 +329,10 @@ struct IoEngine::Impl {
         a0 = round_down(ps.offset, oa);
         alen = round_up(ps.offset + len, oa) - a0;
         const bool partial = ps.offset % oa != 0 || len % oa != 0;
-        if (seg.op == IoOp::read) phase = Phase::bounce_read;
-        else phase = partial ? Phase::rmw_read : Phase::bounce_write;
+        if (seg.op == IoOp::read)
+          phase = Phase::bounce_read;
+        else
+          phase = partial ? Phase::rmw_read : Phase::bounce_write;
         ensure_bounce_pool();
         if (phase == Phase::rmw_read && rmw_conflict(ps.file, a0, a0 + alen)) return false;
         if (free_bounce.empty()) return false;
@@ -472,16 +476,20 @@ struct IoEngine::Impl {
     auto* base = static_cast<std::byte*>(data);
     for (std::size_t k = 0; k < count; ++k) {
       const std::size_t len = std::min(piece, bytes - k * piece);
-      const int r = backend->register_buffer(static_cast<std::uint32_t>(first + k), base + k * piece, len);
+      const int r =
+          backend->register_buffer(static_cast<std::uint32_t>(first + k), base + k * piece, len);
       if (r < 0) {
-        for (std::size_t j = 0; j < k; ++j) backend->unregister_buffer(static_cast<std::uint32_t>(first + j));
+        for (std::size_t j = 0; j < k; ++j)
+          backend->unregister_buffer(static_cast<std::uint32_t>(first + j));
         log(LogLevel::info, fmt::format("fixed buffer of {} not registered: {}",
                                         format_bytes(bytes), std::strerror(-r)));
         return -1;
       }
     }
     for (std::size_t k = 0; k < count; ++k) slot_used[first + k] = true;
-    Region g{base, bytes, piece, static_cast<std::uint32_t>(first), static_cast<std::uint32_t>(count), 0, true};
+    Region g{
+        base, bytes, piece, static_cast<std::uint32_t>(first), static_cast<std::uint32_t>(count),
+        0,    true};
     for (std::size_t i = 0; i < regions.size(); ++i) {
       if (!regions[i].used) {
         regions[i] = g;
@@ -599,7 +607,9 @@ void IoTicket::wait() {
 std::uint64_t IoTicket::bytes_done() const noexcept {
   return state_ ? state_->done_bytes.load(std::memory_order_relaxed) : 0;
 }
-std::uint64_t IoTicket::bytes_total() const noexcept { return state_ ? state_->total : 0; }
+std::uint64_t IoTicket::bytes_total() const noexcept {
+  return state_ ? state_->total : 0;
+}
 std::exception_ptr IoTicket::error() const noexcept {
   return ready() ? state_->error : std::exception_ptr{};
 }
@@ -694,8 +704,10 @@ IoTicket IoEngine::submit(std::span<const IoSegment> segments) {
   std::lock_guard lock(impl_->mu);
   st->self = st;
   impl_->push(st.get());
-  if (impl_->owner_submits) impl_->kick();
-  else impl_->pump();
+  if (impl_->owner_submits)
+    impl_->kick();
+  else
+    impl_->pump();
   return IoTicket(this, std::move(st));
 }
 
@@ -731,9 +743,8 @@ int IoEngine::register_buffer(void* data, std::size_t bytes) {
     throw std::invalid_argument("IoEngine::register_buffer: null or empty region");
   std::unique_lock lock(impl_->mu);
   int handle = -1;
-  impl_->run_on_reaper(lock, [&] {
-    handle = impl_->register_locked(data, bytes, config_.block_size);
-  });
+  impl_->run_on_reaper(lock,
+                       [&] { handle = impl_->register_locked(data, bytes, config_.block_size); });
   return handle;
 }
 

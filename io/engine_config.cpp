@@ -12,10 +12,14 @@ namespace tierswap {
 
 std::string_view to_string(IoBackendKind kind) noexcept {
   switch (kind) {
-    case IoBackendKind::automatic: return "auto";
-    case IoBackendKind::uring: return "io_uring";
-    case IoBackendKind::aio: return "libaio";
-    case IoBackendKind::posix: return "posix";
+    case IoBackendKind::automatic:
+      return "auto";
+    case IoBackendKind::uring:
+      return "io_uring";
+    case IoBackendKind::aio:
+      return "libaio";
+    case IoBackendKind::posix:
+      return "posix";
   }
   return "?";
 }
@@ -50,7 +54,9 @@ std::uint64_t env_u64(const char* name, std::uint64_t fallback, bool size) {
 }
 }  // namespace
 
-IoEngineConfig IoEngineConfig::from_env() { return from_env(IoEngineConfig{}); }
+IoEngineConfig IoEngineConfig::from_env() {
+  return from_env(IoEngineConfig{});
+}
 
 IoEngineConfig IoEngineConfig::from_env(IoEngineConfig c) {
   if (const char* v = std::getenv("TIERSWAP_IO_BACKEND")) c.backend = parse_backend(v);
@@ -82,7 +88,8 @@ IoEngineConfig IoEngineConfig::from_json(std::string_view text) {
       if (!v.is_string()) throw_invalid(key, v.dump(), "expected a string");
       c.backend = parse_backend(v.get<std::string>());
     } else if (key == "queue_depth") {
-      c.queue_depth = static_cast<std::uint32_t>(std::min<std::uint64_t>(uint_of(v, key), 1u << 30));
+      c.queue_depth =
+          static_cast<std::uint32_t>(std::min<std::uint64_t>(uint_of(v, key), 1u << 30));
     } else if (key == "block_size") {
       c.block_size = v.is_string() ? parse_size(v.get<std::string>(), key) : uint_of(v, key);
     } else if (key == "sqpoll") {
@@ -91,7 +98,8 @@ IoEngineConfig IoEngineConfig::from_json(std::string_view text) {
     } else if (key == "sqpoll_idle_ms") {
       c.sqpoll_idle_ms = static_cast<std::uint32_t>(uint_of(v, key));
     } else if (key == "posix_threads") {
-      c.posix_threads = static_cast<std::uint32_t>(std::min<std::uint64_t>(uint_of(v, key), 1u << 30));
+      c.posix_threads =
+          static_cast<std::uint32_t>(std::min<std::uint64_t>(uint_of(v, key), 1u << 30));
     } else if (key == "max_retries") {
       c.max_retries = static_cast<std::uint32_t>(uint_of(v, key));
     } else {

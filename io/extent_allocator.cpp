@@ -57,9 +57,10 @@ Extent ExtentAllocator::allocate(std::uint64_t bytes) {
   ExtentStats st = stats();
   throw std::system_error(
       ENOSPC, std::system_category(),
-      fmt::format("swap space full: asked {} ({} B), free {} in {} fragments, largest free extent {}",
-                  format_bytes(bytes), bytes, format_bytes(st.free), st.free_fragments,
-                  format_bytes(st.largest_free)));
+      fmt::format(
+          "swap space full: asked {} ({} B), free {} in {} fragments, largest free extent {}",
+          format_bytes(bytes), bytes, format_bytes(st.free), st.free_fragments,
+          format_bytes(st.largest_free)));
 }
 
 void ExtentAllocator::free(const Extent& e) {
@@ -91,9 +92,9 @@ void ExtentAllocator::free(const Extent& e) {
 
 void ExtentAllocator::reserve(const Extent& e) {
   if (e.length == 0 || e.offset % alignment_ != 0 || e.length % alignment_ != 0)
-    throw std::invalid_argument(fmt::format(
-        "ExtentAllocator::reserve: extent @{}+{} is not aligned to {}", e.offset, e.length,
-        alignment_));
+    throw std::invalid_argument(
+        fmt::format("ExtentAllocator::reserve: extent @{}+{} is not aligned to {}", e.offset,
+                    e.length, alignment_));
   std::lock_guard lock(mu_);
   auto it = free_by_offset_.upper_bound(e.offset);
   if (it == free_by_offset_.begin())

@@ -38,9 +38,9 @@ std::unique_ptr<IoBackend> choose_backend(IoBackendKind wanted, const BackendPar
       return b;
     }
     if (wanted != IoBackendKind::automatic)
-      throw std::system_error(-err, std::system_category(),
-                              fmt::format("I/O backend {} was forced but cannot start: {}",
-                                          to_string(c.kind), why));
+      throw std::system_error(
+          -err, std::system_category(),
+          fmt::format("I/O backend {} was forced but cannot start: {}", to_string(c.kind), why));
     std::string s = fmt::format("{}: {}", to_string(c.kind), why);
     log(LogLevel::warn, "I/O backend " + s + "; trying the next one");
     skipped += skipped.empty() ? s : "; " + s;

@@ -44,7 +44,9 @@ struct FileHeader {
 };
 static_assert(sizeof(FileHeader) == 80);
 
-std::string path_str(const std::filesystem::path& p) { return p.string(); }
+std::string path_str(const std::filesystem::path& p) {
+  return p.string();
+}
 
 struct FdGuard {
   int fd = -1;
@@ -129,7 +131,8 @@ void pwrite_all(const SwapFile& f, const void* buf, std::size_t n, std::uint64_t
     ssize_t r = ::pwrite(f.fd, static_cast<const char*>(buf) + done, n - done,
                          static_cast<off_t>(off + done));
     if (r < 0 && errno == EINTR) continue;
-    if (r <= 0) throw io_error(r < 0 ? errno : EIO, "write", path_str(f.path), off + done, n - done);
+    if (r <= 0)
+      throw io_error(r < 0 ? errno : EIO, "write", path_str(f.path), off + done, n - done);
     done += static_cast<std::size_t>(r);
   }
 }
@@ -185,7 +188,9 @@ void SwapSpaceConfig::validate() const {
     throw_invalid("stripe_size", std::to_string(stripe_size), "must be a multiple of 4096");
 }
 
-SwapSpaceConfig SwapSpaceConfig::from_env() { return from_env(SwapSpaceConfig{}); }
+SwapSpaceConfig SwapSpaceConfig::from_env() {
+  return from_env(SwapSpaceConfig{});
+}
 
 SwapSpaceConfig SwapSpaceConfig::from_env(SwapSpaceConfig c) {
   if (const char* v = std::getenv("TIERSWAP_SWAP_DIRS")) {
@@ -205,10 +210,14 @@ SwapSpaceConfig SwapSpaceConfig::from_env(SwapSpaceConfig c) {
     c.stripe_size = parse_size(v, "TIERSWAP_STRIPE_SIZE");
   if (const char* v = std::getenv("TIERSWAP_DIRECT_IO")) {
     std::string_view s(v);
-    if (s == "auto") c.direct = DirectIo::automatic;
-    else if (s == "on" || s == "1") c.direct = DirectIo::on;
-    else if (s == "off" || s == "0") c.direct = DirectIo::off;
-    else throw_invalid("TIERSWAP_DIRECT_IO", s, "expected auto, on or off");
+    if (s == "auto")
+      c.direct = DirectIo::automatic;
+    else if (s == "on" || s == "1")
+      c.direct = DirectIo::on;
+    else if (s == "off" || s == "0")
+      c.direct = DirectIo::off;
+    else
+      throw_invalid("TIERSWAP_DIRECT_IO", s, "expected auto, on or off");
   }
   return c;
 }
@@ -240,10 +249,14 @@ SwapSpaceConfig SwapSpaceConfig::from_json(std::string_view text) {
       c.stripe_size = size_of(v, "stripe_size");
     } else if (key == "direct") {
       std::string s = v.is_string() ? v.get<std::string>() : v.dump();
-      if (s == "auto") c.direct = DirectIo::automatic;
-      else if (s == "on") c.direct = DirectIo::on;
-      else if (s == "off") c.direct = DirectIo::off;
-      else throw_invalid(key, s, "expected \"auto\", \"on\" or \"off\"");
+      if (s == "auto")
+        c.direct = DirectIo::automatic;
+      else if (s == "on")
+        c.direct = DirectIo::on;
+      else if (s == "off")
+        c.direct = DirectIo::off;
+      else
+        throw_invalid(key, s, "expected \"auto\", \"on\" or \"off\"");
     } else if (key == "check_free_space") {
       if (!v.is_boolean()) throw_invalid(key, v.dump(), "expected true or false");
       c.check_free_space = v.get<bool>();
@@ -258,7 +271,9 @@ SwapSpaceConfig SwapSpaceConfig::from_json(std::string_view text) {
 
 // ---- SwapSpace --------------------------------------------------------------------------------
 
-SwapSpace::SwapSpace(SwapSpace&& o) noexcept { *this = std::move(o); }
+SwapSpace::SwapSpace(SwapSpace&& o) noexcept {
+  *this = std::move(o);
+}
 
 SwapSpace& SwapSpace::operator=(SwapSpace&& o) noexcept {
   if (this != &o) {
@@ -274,7 +289,9 @@ SwapSpace& SwapSpace::operator=(SwapSpace&& o) noexcept {
   return *this;
 }
 
-SwapSpace::~SwapSpace() { close_all(); }
+SwapSpace::~SwapSpace() {
+  close_all();
+}
 
 void SwapSpace::close_all() noexcept {
   for (auto& f : files_) {
@@ -359,7 +376,8 @@ SwapSpace SwapSpace::create(const SwapSpaceConfig& config) {
       s.files_.push_back(f);
       // Data starts 1 MiB in, so stripes (and block-size requests) stay aligned to the device's
       // large boundaries; only the first 4 KiB hold the header.
-      const std::uint64_t data_offset = round_up(kDataAlign, std::max<std::uint64_t>(f.offset_align, 4096));
+      const std::uint64_t data_offset =
+          round_up(kDataAlign, std::max<std::uint64_t>(f.offset_align, 4096));
       s.files_.back().data_offset = data_offset;
       s.files_.back().data_bytes = data_bytes;
       const std::uint64_t total = data_offset + data_bytes;
@@ -416,9 +434,9 @@ SwapSpace SwapSpace::open(const std::vector<std::filesystem::path>& dirs, Direct
       struct stat st {};
       ::fstat(f.fd, &st);
       if (static_cast<std::uint64_t>(st.st_size) < kHeaderBlock)
-        throw std::invalid_argument(fmt::format(
-            "swap file {} is truncated: {} bytes, smaller than its header", path.string(),
-            st.st_size));
+        throw std::invalid_argument(
+            fmt::format("swap file {} is truncated: {} bytes, smaller than its header",
+                        path.string(), st.st_size));
       pread_all(f, block.data(), hdr, 0);
       FileHeader h;
       std::memcpy(&h, block.data(), sizeof h);
@@ -426,9 +444,10 @@ SwapSpace SwapSpace::open(const std::vector<std::filesystem::path>& dirs, Direct
         throw std::invalid_argument(
             fmt::format("{} is not a tierswap swap file (bad magic)", path.string()));
       if (h.version != kFormatVersion)
-        throw std::invalid_argument(fmt::format("{}: unsupported swap format version {} (this "
-                                                "build reads version {})",
-                                                path.string(), h.version, kFormatVersion));
+        throw std::invalid_argument(
+            fmt::format("{}: unsupported swap format version {} (this "
+                        "build reads version {})",
+                        path.string(), h.version, kFormatVersion));
       if (h.checksum != checksum64(&h, offsetof(FileHeader, checksum)))
         throw std::invalid_argument(
             fmt::format("{}: swap file header checksum mismatch (corrupt header)", path.string()));
@@ -452,7 +471,8 @@ SwapSpace SwapSpace::open(const std::vector<std::filesystem::path>& dirs, Direct
       if (std::memcmp(h.uuid, h0.uuid, sizeof h.uuid) != 0 || h.capacity != h0.capacity ||
           h.stripe_size != h0.stripe_size || h.file_count != h0.file_count)
         throw std::invalid_argument(fmt::format("{} belongs to a different swap space than {}",
-                                                f.path.string(), found.front().second.path.string()));
+                                                f.path.string(),
+                                                found.front().second.path.string()));
       if (h.file_index >= dirs.size() || seen[h.file_index]++)
         throw std::invalid_argument(
             fmt::format("{}: duplicate or invalid file index {}", f.path.string(), h.file_index));

@@ -61,8 +61,8 @@ TEST(CudaKernels, AdamStatsAndCastsMatchTheScalarReference) {
     for (int step = 1; step <= 3; ++step) {
       adam_step(c, step, {p.data(), m.data(), v.data(), nullptr, Dtype::f32},
                 {g.data(), Dtype::bf16, 0.5f}, {p16.data(), Dtype::bf16}, n, {CpuIsa::scalar});
-      cuda::adam_step(c, step, {dp.d, dm.d, dv.d, nullptr, Dtype::f32},
-                      {dg.d, Dtype::bf16, 0.5f}, {dp16.d, Dtype::bf16}, n, nullptr);
+      cuda::adam_step(c, step, {dp.d, dm.d, dv.d, nullptr, Dtype::f32}, {dg.d, Dtype::bf16, 0.5f},
+                      {dp16.d, Dtype::bf16}, n, nullptr);
     }
     EXPECT_EQ(std::memcmp(dp.get().data(), p.data(), n * 4), 0) << "param n=" << n;
     EXPECT_EQ(std::memcmp(dm.get().data(), m.data(), n * 4), 0) << "exp_avg n=" << n;

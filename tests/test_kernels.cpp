@@ -47,14 +47,29 @@ std::vector<float> random_floats(std::size_t n, std::uint64_t seed, float scale,
     x = d(rng);
     if (specials) {
       switch (rng() % 64) {
-        case 0: x = 0.0f; break;
-        case 1: x = -0.0f; break;
-        case 2: x = from_bits(static_cast<std::uint32_t>(rng() % 0x7fffff) + 1); break;  // subnormal
-        case 3: x = std::numeric_limits<float>::infinity(); break;
-        case 4: x = std::numeric_limits<float>::quiet_NaN(); break;
-        case 5: x = 70000.0f; break;  // above fp16's range
-        case 6: x = from_bits(0xff800001u); break;  // signalling NaN, negative
-        default: break;
+        case 0:
+          x = 0.0f;
+          break;
+        case 1:
+          x = -0.0f;
+          break;
+        case 2:
+          x = from_bits(static_cast<std::uint32_t>(rng() % 0x7fffff) + 1);
+          break;  // subnormal
+        case 3:
+          x = std::numeric_limits<float>::infinity();
+          break;
+        case 4:
+          x = std::numeric_limits<float>::quiet_NaN();
+          break;
+        case 5:
+          x = 70000.0f;
+          break;  // above fp16's range
+        case 6:
+          x = from_bits(0xff800001u);
+          break;  // signalling NaN, negative
+        default:
+          break;
       }
     }
   }
@@ -79,7 +94,8 @@ template <class T>
 
 }  // namespace
 
-// ---- conversions ---------------------------------------------------------------------------------
+// ---- conversions
+// ---------------------------------------------------------------------------------
 
 TEST(Conversions, Bf16RoundsToNearestEvenAndKeepsNaN) {
   EXPECT_EQ(float_to_bf16(1.0f), 0x3f80);
@@ -88,7 +104,7 @@ TEST(Conversions, Bf16RoundsToNearestEvenAndKeepsNaN) {
   EXPECT_EQ(float_to_bf16(from_bits(0x3f808001u)), 0x3f81);
   EXPECT_EQ(float_to_bf16(-0.0f), 0x8000);
   EXPECT_EQ(float_to_bf16(std::numeric_limits<float>::infinity()), 0x7f80);
-  EXPECT_EQ(float_to_bf16(from_bits(0x7f7fffffu)), 0x7f80);  // FLT_MAX rounds to inf
+  EXPECT_EQ(float_to_bf16(from_bits(0x7f7fffffu)), 0x7f80);       // FLT_MAX rounds to inf
   const std::uint16_t n = float_to_bf16(from_bits(0x7f800001u));  // signalling NaN
   EXPECT_TRUE(std::isnan(bf16_to_float(n)));
   EXPECT_TRUE(n & 0x40) << "quieted";
@@ -110,16 +126,17 @@ TEST(Conversions, F16RoundTripsEveryValueAndRoundsToNearestEven) {
   }
   EXPECT_EQ(float_to_f16(65504.0f), 0x7bff);
   EXPECT_EQ(float_to_f16(65519.0f), 0x7bff);
-  EXPECT_EQ(float_to_f16(65520.0f), 0x7c00);  // the tie rounds to infinity
+  EXPECT_EQ(float_to_f16(65520.0f), 0x7c00);            // the tie rounds to infinity
   EXPECT_EQ(float_to_f16(1.0f + 1.0f / 2048), 0x3c00);  // tie to even
   EXPECT_EQ(float_to_f16(1.0f + 3.0f / 2048), 0x3c02);
-  EXPECT_EQ(float_to_f16(5.9604644775390625e-08f), 0x0001);  // smallest subnormal
+  EXPECT_EQ(float_to_f16(5.9604644775390625e-08f), 0x0001);   // smallest subnormal
   EXPECT_EQ(float_to_f16(2.98023223876953125e-08f), 0x0000);  // half of it: tie to even (0)
   EXPECT_EQ(float_to_f16(1e-10f), 0x0000);
   EXPECT_EQ(float_to_f16(-1e-10f), 0x8000);
 }
 
-// ---- every SIMD variant against the scalar reference ---------------------------------------------
+// ---- every SIMD variant against the scalar reference
+// ---------------------------------------------
 
 class SimdVsScalar : public ::testing::TestWithParam<CpuIsa> {};
 
@@ -132,7 +149,8 @@ TEST_P(SimdVsScalar, Casts) {
         std::vector<std::uint16_t> ref(n + off), simd(n + off);
         cast(f.data() + off, Dtype::f32, ref.data() + off, d, n, {CpuIsa::scalar});
         cast(f.data() + off, Dtype::f32, simd.data() + off, d, n, {isa});
-        ASSERT_TRUE(same_bits(ref, simd)) << "f32->" << to_string(d) << " n=" << n << " off=" << off;
+        ASSERT_TRUE(same_bits(ref, simd))
+            << "f32->" << to_string(d) << " n=" << n << " off=" << off;
         std::vector<float> up_ref(n + off), up_simd(n + off);
         cast(ref.data() + off, d, up_ref.data() + off, Dtype::f32, n, {CpuIsa::scalar});
         cast(ref.data() + off, d, up_simd.data() + off, Dtype::f32, n, {isa});
@@ -181,7 +199,8 @@ TEST_P(SimdVsScalar, AdamAllVariants) {
             const bool b = md == Dtype::bf16;
             st.exp_avg = b ? static_cast<void*>(r.m16.data() + off) : r.m32.data() + off;
             st.exp_avg_sq = b ? static_cast<void*>(r.v16.data() + off) : r.v32.data() + off;
-            st.max_exp_avg_sq = b ? static_cast<void*>(r.vmax16.data() + off) : r.vmax32.data() + off;
+            st.max_exp_avg_sq =
+                b ? static_cast<void*>(r.vmax16.data() + off) : r.vmax32.data() + off;
             st.moment_dtype = md;
             GradView g{gd == Dtype::f32 ? static_cast<const void*>(g32.data() + off)
                                         : static_cast<const void*>(r.g16.data() + off),
@@ -372,7 +391,8 @@ TEST(KernelApi, RejectsMisuse) {
   }
 }
 
-// ---- torch semantics -----------------------------------------------------------------------------
+// ---- torch semantics
+// -----------------------------------------------------------------------------
 
 TEST(TorchReference, MatchesTorchOptimAfter12Steps) {
   std::ifstream in(std::string(TIERSWAP_TEST_FIXTURES) + "/torch_optim_reference.json");

@@ -110,12 +110,18 @@ RunResult run_phase(IoEngine& engine, IoOp op, std::uint64_t size, std::byte* ri
 }
 
 nlohmann::json to_json(const RunResult& r) {
-  return {{"backend", r.backend},         {"mode", r.mode},
-          {"block_size", r.block_size},   {"queue_depth", r.queue_depth},
-          {"bytes", r.bytes},             {"seconds", r.seconds},
-          {"gbps", r.gbps()},             {"cpu_s_per_gib", r.cpu_s_per_gib()},
-          {"requests", r.io.requests},    {"fixed_buffer_requests", r.io.fixed_requests},
-          {"bounce_requests", r.io.bounce_requests}, {"retries", r.io.retries},
+  return {{"backend", r.backend},
+          {"mode", r.mode},
+          {"block_size", r.block_size},
+          {"queue_depth", r.queue_depth},
+          {"bytes", r.bytes},
+          {"seconds", r.seconds},
+          {"gbps", r.gbps()},
+          {"cpu_s_per_gib", r.cpu_s_per_gib()},
+          {"requests", r.io.requests},
+          {"fixed_buffer_requests", r.io.fixed_requests},
+          {"bounce_requests", r.io.bounce_requests},
+          {"retries", r.io.retries},
           {"short_transfers", r.io.short_transfers}};
 }
 
@@ -147,7 +153,9 @@ void run_bench_io(const BenchIoOptions& o) {
   }
   sc.capacity = size;
   sc.stripe_size = parse_size(o.stripe_size, "--stripe-size");
-  sc.direct = o.direct == "on" ? DirectIo::on : o.direct == "off" ? DirectIo::off : DirectIo::automatic;
+  sc.direct = o.direct == "on"    ? DirectIo::on
+              : o.direct == "off" ? DirectIo::off
+                                  : DirectIo::automatic;
   if (o.direct != "on" && o.direct != "off" && o.direct != "auto")
     throw std::invalid_argument(fmt::format("--direct={}: expected auto, on or off", o.direct));
   // --keep reuses a space an earlier --keep run left in --dir (same geometry), data included, so
@@ -222,7 +230,8 @@ void run_bench_io(const BenchIoOptions& o) {
     for (int run = 1; run <= o.runs; ++run) {
       std::vector<RunResult> rs;
       // A read-only run still needs data on disk; that write is not reported.
-      if (do_write) rs.push_back(run_phase(engine, IoOp::write, size, ring.data(), c.block, c.depth));
+      if (do_write)
+        rs.push_back(run_phase(engine, IoOp::write, size, ring.data(), c.block, c.depth));
       else if (run == 1 && !existed)
         run_phase(engine, IoOp::write, size, ring.data(), c.block, c.depth);
       if (do_read) rs.push_back(run_phase(engine, IoOp::read, size, ring.data(), c.block, c.depth));
@@ -298,7 +307,8 @@ void run_bench_io(const BenchIoOptions& o) {
 
 void add_bench_io(CLI::App& bench) {
   auto opts = std::make_shared<BenchIoOptions>();
-  auto* io = bench.add_subcommand("io", "Swap I/O throughput through the engine (write, then read)");
+  auto* io =
+      bench.add_subcommand("io", "Swap I/O throughput through the engine (write, then read)");
   io->add_option("--dir", opts->dirs,
                  "Swap directory, once per drive (default: a temporary directory under $TMPDIR "
                  "or /var/tmp)");

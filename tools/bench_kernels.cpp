@@ -41,11 +41,16 @@ std::uint64_t parse_count(const std::string& text) {
   }
   std::string unit = text.substr(pos);
   double mult = 1;
-  if (unit == "" ) mult = 1;
-  else if (unit == "K" || unit == "k") mult = 1e3;
-  else if (unit == "M" || unit == "m") mult = 1e6;
-  else if (unit == "B" || unit == "G" || unit == "b" || unit == "g") mult = 1e9;
-  else throw std::invalid_argument(fmt::format("--params={}: unknown suffix (use K, M, B)", text));
+  if (unit == "")
+    mult = 1;
+  else if (unit == "K" || unit == "k")
+    mult = 1e3;
+  else if (unit == "M" || unit == "m")
+    mult = 1e6;
+  else if (unit == "B" || unit == "G" || unit == "b" || unit == "g")
+    mult = 1e9;
+  else
+    throw std::invalid_argument(fmt::format("--params={}: unknown suffix (use K, M, B)", text));
   if (!(v > 0) || v * mult > 1e12)
     throw std::invalid_argument(fmt::format("--params={}: must be in 1..10^12", text));
   return static_cast<std::uint64_t>(v * mult);
@@ -63,8 +68,8 @@ void run(const Options& o) {
   if (o.reps < 1) throw std::invalid_argument(fmt::format("--reps={}: must be >= 1", o.reps));
   const CpuIsa isa = o.isa.empty() ? default_cpu_isa() : parse_isa(o.isa);
   if (!cpu_isa_supported(isa))
-    throw std::invalid_argument(fmt::format("--isa={}: not supported on this CPU or build",
-                                            to_string(isa)));
+    throw std::invalid_argument(
+        fmt::format("--isa={}: not supported on this CPU or build", to_string(isa)));
   ThreadPool pool(o.threads);
   CpuKernelContext ctx{isa, &pool};
 
@@ -102,26 +107,36 @@ void run(const Options& o) {
     std::vector<double> seconds;
   };
   std::vector<Kernel> ks;
-  ks.push_back({"bandwidth_probe_triad", 12.0,
-                [&] { stream_triad(g32f, mf, vf, 0.5f, n, ctx); }, {}});
-  ks.push_back({"adamw_fused_bf16", 28.0, [&] {
+  ks.push_back(
+      {"bandwidth_probe_triad", 12.0, [&] { stream_triad(g32f, mf, vf, 0.5f, n, ctx); }, {}});
+  ks.push_back({"adamw_fused_bf16",
+                28.0,
+                [&] {
                   adam_step(adam, ++step, {pf, mf, vf, nullptr, Dtype::f32},
                             {g16.data(), Dtype::bf16, 1.0f}, {p16.data(), Dtype::bf16}, n, ctx);
-                }, {}});
-  ks.push_back({"adamw_unfused_pipeline", 40.0, [&] {
+                },
+                {}});
+  ks.push_back({"adamw_unfused_pipeline",
+                40.0,
+                [&] {
                   cast(g16.data(), Dtype::bf16, g32f, Dtype::f32, n, ctx);
                   adam_step(adam, ++step, {pf, mf, vf, nullptr, Dtype::f32},
                             {g32f, Dtype::f32, 1.0f}, {}, n, ctx);
                   cast(pf, Dtype::f32, p16.data(), Dtype::bf16, n, ctx);
-                }, {}});
-  ks.push_back({"lion_fused_bf16", 20.0, [&] {
+                },
+                {}});
+  ks.push_back({"lion_fused_bf16",
+                20.0,
+                [&] {
                   lion_step(lion, pf, mf, Dtype::f32, {g16.data(), Dtype::bf16, 1.0f},
                             {p16.data(), Dtype::bf16}, n, ctx);
-                }, {}});
+                },
+                {}});
   volatile double sink = 0;
-  ks.push_back({"grad_stats_bf16", 2.0, [&] {
-                  sink = sink + grad_stats(g16.data(), Dtype::bf16, n, ctx).sum_sq;
-                }, {}});
+  ks.push_back({"grad_stats_bf16",
+                2.0,
+                [&] { sink = sink + grad_stats(g16.data(), Dtype::bf16, n, ctx).sum_sq; },
+                {}});
 
   for (auto& k : ks) k.fn();  // warm-up: caches, page tables, thread wake-up paths
   for (int r = 0; r < o.reps; ++r) {
@@ -142,11 +157,12 @@ void run(const Options& o) {
                      {"results", nlohmann::json::array()}};
   double fused_s = 0, unfused_s = 0;
   if (!o.json) {
-    fmt::print("tierswap bench kernels: {} params, {} threads, isa {}, median of {} alternating "
-               "repetitions\n",
-               n, o.threads, to_string(isa), o.reps);
-    fmt::print("{:<24} {:>8} {:>10} {:>9} {:>9} {:>9}\n", "kernel", "B/param", "Gparam/s",
-               "GB/s", "of probe", "ms");
+    fmt::print(
+        "tierswap bench kernels: {} params, {} threads, isa {}, median of {} alternating "
+        "repetitions\n",
+        n, o.threads, to_string(isa), o.reps);
+    fmt::print("{:<24} {:>8} {:>10} {:>9} {:>9} {:>9}\n", "kernel", "B/param", "Gparam/s", "GB/s",
+               "of probe", "ms");
   }
   for (std::size_t i = 0; i < ks.size(); ++i) {
     const auto& k = ks[i];

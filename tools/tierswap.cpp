@@ -29,8 +29,10 @@ int main(int argc, char** argv) {
       return;
     }
     fmt::print("CUDA compiled in: {}\n", d.compiled_with_cuda ? "yes" : "no");
-    if (d.available) fmt::print("GPU: {} device(s), first: {}\n", d.device_count, d.name);
-    else fmt::print("GPU: none ({}); CPU paths are used\n", d.reason);
+    if (d.available)
+      fmt::print("GPU: {} device(s), first: {}\n", d.device_count, d.name);
+    else
+      fmt::print("GPU: none ({}); CPU paths are used\n", d.reason);
   });
 
   auto* bench = app.add_subcommand("bench", "Benchmarks: io, kernels");

@@ -15,8 +15,9 @@ namespace tierswap {
 
 /// The exception for a failed I/O: code `err` (a positive errno), message
 /// "<op> <path> @<offset>+<length>[: detail]".
-std::system_error io_error(int err, std::string_view op, std::string_view path, std::uint64_t offset,
-                           std::uint64_t length, std::string_view detail = {});
+std::system_error io_error(int err, std::string_view op, std::string_view path,
+                           std::uint64_t offset, std::uint64_t length,
+                           std::string_view detail = {});
 
 /// Throws std::invalid_argument("<key>=<value>: <why>").
 [[noreturn]] void throw_invalid(std::string_view key, std::string_view value, std::string_view why);

@@ -54,9 +54,9 @@ class ExtentAllocator {
   std::uint64_t capacity_;
   std::uint64_t alignment_;
   std::uint64_t used_ = 0;
-  std::map<std::uint64_t, std::uint64_t> free_by_offset_;         // offset -> length
-  std::multimap<std::uint64_t, std::uint64_t> free_by_size_;      // length -> offset
-  std::map<std::uint64_t, std::uint64_t> used_by_offset_;         // offset -> length
+  std::map<std::uint64_t, std::uint64_t> free_by_offset_;     // offset -> length
+  std::multimap<std::uint64_t, std::uint64_t> free_by_size_;  // length -> offset
+  std::map<std::uint64_t, std::uint64_t> used_by_offset_;     // offset -> length
 };
 
 }  // namespace tierswap

@@ -110,7 +110,8 @@ class IoTicket {
 class IoEngine {
  public:
   /// Probes and starts the backend. `space` must outlive the engine. Throws
-  /// std::invalid_argument for a bad config, std::system_error when a forced backend is unavailable.
+  /// std::invalid_argument for a bad config, std::system_error when a forced backend is
+  /// unavailable.
   explicit IoEngine(const SwapSpace& space, IoEngineConfig config = {});
   /// For tests and wrappers: run over a given backend (e.g. the fault-injecting one).
   IoEngine(const SwapSpace& space, IoEngineConfig config,

@@ -35,7 +35,9 @@ enum class Dtype : std::uint8_t { f32, bf16, f16 };
 std::string_view to_string(Dtype d) noexcept;
 /// "f32"/"fp32"/"float32", "bf16"/"bfloat16", "f16"/"fp16"/"float16"; std::invalid_argument else.
 Dtype parse_dtype(std::string_view text);
-constexpr std::size_t dtype_size(Dtype d) noexcept { return d == Dtype::f32 ? 4 : 2; }
+constexpr std::size_t dtype_size(Dtype d) noexcept {
+  return d == Dtype::f32 ? 4 : 2;
+}
 
 enum class CpuIsa : std::uint8_t { scalar, avx2, avx512, neon };
 std::string_view to_string(CpuIsa isa) noexcept;
@@ -85,8 +87,8 @@ struct AdamState {
   float* param = nullptr;
   void* exp_avg = nullptr;
   void* exp_avg_sq = nullptr;
-  void* max_exp_avg_sq = nullptr;      ///< amsgrad only
-  Dtype moment_dtype = Dtype::f32;     ///< f32, or bf16 (opt-in: halves the moments' bytes)
+  void* max_exp_avg_sq = nullptr;   ///< amsgrad only
+  Dtype moment_dtype = Dtype::f32;  ///< f32, or bf16 (opt-in: halves the moments' bytes)
 };
 
 /// One fused Adam/AdamW step over n parameters; `step` is the 1-based step count after this

@@ -19,7 +19,9 @@ std::string format_bytes(std::uint64_t bytes);
 constexpr std::uint64_t round_up(std::uint64_t v, std::uint64_t a) noexcept {
   return (v + a - 1) / a * a;
 }
-constexpr std::uint64_t round_down(std::uint64_t v, std::uint64_t a) noexcept { return v / a * a; }
+constexpr std::uint64_t round_down(std::uint64_t v, std::uint64_t a) noexcept {
+  return v / a * a;
+}
 
 inline constexpr std::uint64_t KiB = 1024;
 inline constexpr std::uint64_t MiB = 1024 * KiB;

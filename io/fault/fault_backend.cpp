@@ -58,8 +58,8 @@ class FaultBackend final : public IoBackend {
     }
     std::size_t accepted = 0;
     while (accepted < pass.size()) {
-      int n = inner_->submit(std::span<IoRequest* const>(pass.data() + accepted,
-                                                         pass.size() - accepted));
+      int n = inner_->submit(
+          std::span<IoRequest* const>(pass.data() + accepted, pass.size() - accepted));
       if (n <= 0) break;
       accepted += static_cast<std::size_t>(n);
     }

@@ -75,8 +75,10 @@ class PosixBackend final : public IoBackend {
         ++n;
       }
     }
-    if (n == 1) q_cv_.notify_one();
-    else if (n > 1) q_cv_.notify_all();
+    if (n == 1)
+      q_cv_.notify_one();
+    else if (n > 1)
+      q_cv_.notify_all();
     return n == 0 && !reqs.empty() ? -EBUSY : n;
   }
 
@@ -107,9 +109,10 @@ class PosixBackend final : public IoBackend {
         if (queue_.empty()) return;
         r = queue_.pop();
       }
-      ssize_t res = r->op == IoOp::read
-                        ? ::pread(fds_[r->file], r->buffer, r->length, static_cast<off_t>(r->offset))
-                        : ::pwrite(fds_[r->file], r->buffer, r->length, static_cast<off_t>(r->offset));
+      ssize_t res =
+          r->op == IoOp::read
+              ? ::pread(fds_[r->file], r->buffer, r->length, static_cast<off_t>(r->offset))
+              : ::pwrite(fds_[r->file], r->buffer, r->length, static_cast<off_t>(r->offset));
       IoCompletion c{r, res < 0 ? -static_cast<std::int64_t>(errno) : res};
       {
         std::lock_guard lock(d_mu_);

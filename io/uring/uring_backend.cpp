@@ -118,8 +118,8 @@ class UringBackend final : public IoBackend {
     if (!single_) return 0;
     // The calling thread becomes the only submitter. (liburing 2.3 declares
     // io_uring_enable_rings but does not export it, so the register call is made directly.)
-    long r = ::syscall(__NR_io_uring_register, ring_.ring_fd, IORING_REGISTER_ENABLE_RINGS,
-                       nullptr, 0);
+    long r =
+        ::syscall(__NR_io_uring_register, ring_.ring_fd, IORING_REGISTER_ENABLE_RINGS, nullptr, 0);
     if (r < 0) r = -errno;
     if (r < 0) {
       log(LogLevel::error,
@@ -133,8 +133,9 @@ class UringBackend final : public IoBackend {
   std::string describe() const override {
     std::string d = single_ ? "single issuer, deferred task work, " : "";
     d += files_registered_ ? "registered files" : file_note_;
-    d += buffer_slots_ ? fmt::format(", fixed buffers ({} slots, {})", buffer_slots_, memlock_text())
-                       : ", " + buffer_note_;
+    d += buffer_slots_
+             ? fmt::format(", fixed buffers ({} slots, {})", buffer_slots_, memlock_text())
+             : ", " + buffer_note_;
     d += sqpoll_ ? ", sqpoll on" : ", sqpoll off";
     if (coop_) d += ", coop taskrun";
     return d;

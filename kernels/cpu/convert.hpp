@@ -26,7 +26,9 @@ inline std::uint16_t to_bf16(float f) noexcept {
   return static_cast<std::uint16_t>((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
 }
 
-inline float from_bf16(std::uint16_t h) noexcept { return float_of(std::uint32_t{h} << 16); }
+inline float from_bf16(std::uint16_t h) noexcept {
+  return float_of(std::uint32_t{h} << 16);
+}
 
 inline std::uint16_t to_f16(float f) noexcept {
   const std::uint32_t u = bits_of(f);

@@ -16,9 +16,12 @@ using kernels::KernelTable;
 
 std::string_view to_string(Dtype d) noexcept {
   switch (d) {
-    case Dtype::f32: return "f32";
-    case Dtype::bf16: return "bf16";
-    case Dtype::f16: return "f16";
+    case Dtype::f32:
+      return "f32";
+    case Dtype::bf16:
+      return "bf16";
+    case Dtype::f16:
+      return "f16";
   }
   return "?";
 }
@@ -32,10 +35,14 @@ Dtype parse_dtype(std::string_view s) {
 
 std::string_view to_string(CpuIsa isa) noexcept {
   switch (isa) {
-    case CpuIsa::scalar: return "scalar";
-    case CpuIsa::avx2: return "avx2";
-    case CpuIsa::avx512: return "avx512";
-    case CpuIsa::neon: return "neon";
+    case CpuIsa::scalar:
+      return "scalar";
+    case CpuIsa::avx2:
+      return "avx2";
+    case CpuIsa::avx512:
+      return "avx512";
+    case CpuIsa::neon:
+      return "neon";
   }
   return "?";
 }
@@ -51,10 +58,14 @@ CpuIsa parse_isa(std::string_view s) {
 namespace {
 const KernelTable* table_of(CpuIsa isa) noexcept {
   switch (isa) {
-    case CpuIsa::scalar: return &kernels::scalar_table();
-    case CpuIsa::avx2: return kernels::avx2_table();
-    case CpuIsa::avx512: return kernels::avx512_table();
-    case CpuIsa::neon: return kernels::neon_table();
+    case CpuIsa::scalar:
+      return &kernels::scalar_table();
+    case CpuIsa::avx2:
+      return kernels::avx2_table();
+    case CpuIsa::avx512:
+      return kernels::avx512_table();
+    case CpuIsa::neon:
+      return kernels::neon_table();
   }
   return nullptr;
 }
@@ -63,7 +74,8 @@ const KernelTable* table_of(CpuIsa isa) noexcept {
 bool cpu_isa_supported(CpuIsa isa) noexcept {
   if (table_of(isa) == nullptr) return false;
   switch (isa) {
-    case CpuIsa::scalar: return true;
+    case CpuIsa::scalar:
+      return true;
 #if defined(__x86_64__)
     case CpuIsa::avx2:
       return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
@@ -74,9 +86,11 @@ bool cpu_isa_supported(CpuIsa isa) noexcept {
              __builtin_cpu_supports("f16c");
 #endif
 #if defined(__aarch64__)
-    case CpuIsa::neon: return true;
+    case CpuIsa::neon:
+      return true;
 #endif
-    default: return false;
+    default:
+      return false;
   }
 }
 
@@ -113,8 +127,6 @@ void run_split(const CpuKernelContext& ctx, std::size_t n, Fn&& fn) {
   ctx.pool->parallel_for(n, 64, fn);
 }
 
-using kernels::check_moment;
-using kernels::check_p16;
 using kernels::need;
 
 }  // namespace
@@ -122,16 +134,20 @@ using kernels::need;
 void AdamConfig::validate() const {
   if (!(lr >= 0)) throw_invalid("lr", std::to_string(lr), "must be >= 0");
   if (!(eps >= 0)) throw_invalid("eps", std::to_string(eps), "must be >= 0");
-  if (!(beta1 >= 0 && beta1 < 1)) throw_invalid("beta1", std::to_string(beta1), "must be in [0, 1)");
-  if (!(beta2 >= 0 && beta2 < 1)) throw_invalid("beta2", std::to_string(beta2), "must be in [0, 1)");
+  if (!(beta1 >= 0 && beta1 < 1))
+    throw_invalid("beta1", std::to_string(beta1), "must be in [0, 1)");
+  if (!(beta2 >= 0 && beta2 < 1))
+    throw_invalid("beta2", std::to_string(beta2), "must be in [0, 1)");
   if (!(weight_decay >= 0))
     throw_invalid("weight_decay", std::to_string(weight_decay), "must be >= 0");
 }
 
 void LionConfig::validate() const {
   if (!(lr >= 0)) throw_invalid("lr", std::to_string(lr), "must be >= 0");
-  if (!(beta1 >= 0 && beta1 <= 1)) throw_invalid("beta1", std::to_string(beta1), "must be in [0, 1]");
-  if (!(beta2 >= 0 && beta2 <= 1)) throw_invalid("beta2", std::to_string(beta2), "must be in [0, 1]");
+  if (!(beta1 >= 0 && beta1 <= 1))
+    throw_invalid("beta1", std::to_string(beta1), "must be in [0, 1]");
+  if (!(beta2 >= 0 && beta2 <= 1))
+    throw_invalid("beta2", std::to_string(beta2), "must be in [0, 1]");
   if (!(weight_decay >= 0))
     throw_invalid("weight_decay", std::to_string(weight_decay), "must be >= 0");
 }
@@ -147,64 +163,27 @@ void SgdConfig::validate() const {
 
 void adam_step(const AdamConfig& cfg, std::int64_t step, const AdamState& st, const GradView& g,
                const Param16View& p16, std::size_t n, const CpuKernelContext& ctx) {
-  kernels::check_adam(cfg, step, st, g, p16, n);
+  const kernels::AdamArgs a = kernels::adam_args(cfg, step, st, g, p16, n);
   if (n == 0) return;
   const KernelTable& t = table_for(ctx);
-  kernels::AdamArgs a{};
-  a.s = kernels::adam_scalars(cfg, step, g.multiplier);
-  a.param = st.param;
-  a.exp_avg = st.exp_avg;
-  a.exp_avg_sq = st.exp_avg_sq;
-  a.max_exp_avg_sq = st.max_exp_avg_sq;
-  a.moment_dtype = st.moment_dtype;
-  a.grad = g.data;
-  a.grad_dtype = g.dtype;
-  a.param16 = p16.data;
-  a.param16_dtype = p16.dtype;
   run_split(ctx, n, [&](std::size_t b, std::size_t e) { t.adam(a, b, e); });
 }
 
 void lion_step(const LionConfig& cfg, float* param, void* exp_avg, Dtype moment_dtype,
                const GradView& g, const Param16View& p16, std::size_t n,
                const CpuKernelContext& ctx) {
-  cfg.validate();
-  check_p16(p16);
-  check_moment(moment_dtype);
+  const kernels::LionArgs a = kernels::lion_args(cfg, param, exp_avg, moment_dtype, g, p16, n);
   if (n == 0) return;
-  need(param, "param");
-  need(exp_avg, "exp_avg");
-  need(g.data, "grad");
   const KernelTable& t = table_for(ctx);
-  kernels::LionArgs a{};
-  a.s = kernels::lion_scalars(cfg, g.multiplier);
-  a.param = param;
-  a.exp_avg = exp_avg;
-  a.moment_dtype = moment_dtype;
-  a.grad = g.data;
-  a.grad_dtype = g.dtype;
-  a.param16 = p16.data;
-  a.param16_dtype = p16.dtype;
   run_split(ctx, n, [&](std::size_t b, std::size_t e) { t.lion(a, b, e); });
 }
 
 void sgd_step(const SgdConfig& cfg, bool first_step, float* param, float* momentum_buffer,
               const GradView& g, const Param16View& p16, std::size_t n,
               const CpuKernelContext& ctx) {
-  cfg.validate();
-  check_p16(p16);
+  const kernels::SgdArgs a = kernels::sgd_args(cfg, first_step, param, momentum_buffer, g, p16, n);
   if (n == 0) return;
-  need(param, "param");
-  need(g.data, "grad");
-  if (cfg.momentum != 0) need(momentum_buffer, "momentum_buffer");
   const KernelTable& t = table_for(ctx);
-  kernels::SgdArgs a{};
-  a.s = kernels::sgd_scalars(cfg, first_step, g.multiplier);
-  a.param = param;
-  a.momentum_buffer = momentum_buffer;
-  a.grad = g.data;
-  a.grad_dtype = g.dtype;
-  a.param16 = p16.data;
-  a.param16_dtype = p16.dtype;
   run_split(ctx, n, [&](std::size_t b, std::size_t e) { t.sgd(a, b, e); });
 }
 
@@ -227,8 +206,10 @@ GradStats grad_stats(const void* grad, Dtype dtype, std::size_t n, const CpuKern
       nonfinite[c] = !std::isfinite(partial[c]);
     }
   };
-  if (ctx.pool == nullptr || ctx.pool->size() == 1 || chunks < 8) run(0, chunks);
-  else ctx.pool->parallel_for(chunks, 1, run);
+  if (ctx.pool == nullptr || ctx.pool->size() == 1 || chunks < 8)
+    run(0, chunks);
+  else
+    ctx.pool->parallel_for(chunks, 1, run);
   for (std::size_t c = 0; c < chunks; ++c) {
     out.sum_sq += partial[c];
     out.nonfinite |= nonfinite[c] != 0;
@@ -264,10 +245,18 @@ void stream_triad(float* a, const float* b, const float* c, float s, std::size_t
   run_split(ctx, n, [&](std::size_t i, std::size_t e) { t.triad(a, b, c, s, i, e); });
 }
 
-std::uint16_t float_to_bf16(float f) noexcept { return kernels::to_bf16(f); }
-float bf16_to_float(std::uint16_t h) noexcept { return kernels::from_bf16(h); }
-std::uint16_t float_to_f16(float f) noexcept { return kernels::to_f16(f); }
-float f16_to_float(std::uint16_t h) noexcept { return kernels::from_f16(h); }
+std::uint16_t float_to_bf16(float f) noexcept {
+  return kernels::to_bf16(f);
+}
+float bf16_to_float(std::uint16_t h) noexcept {
+  return kernels::from_bf16(h);
+}
+std::uint16_t float_to_f16(float f) noexcept {
+  return kernels::to_f16(f);
+}
+float f16_to_float(std::uint16_t h) noexcept {
+  return kernels::from_f16(h);
+}
 
 }  // namespace tierswap
 
@@ -352,13 +341,78 @@ SgdScalars sgd_scalars(const SgdConfig& cfg, bool first_step, float grad_multipl
   return s;
 }
 
+AdamArgs adam_args(const AdamConfig& cfg, std::int64_t step, const AdamState& st, const GradView& g,
+                   const Param16View& p16, std::size_t n) {
+  check_adam(cfg, step, st, g, p16, n);
+  AdamArgs a{};
+  a.s = adam_scalars(cfg, step, g.multiplier);
+  a.param = st.param;
+  a.exp_avg = st.exp_avg;
+  a.exp_avg_sq = st.exp_avg_sq;
+  a.max_exp_avg_sq = st.max_exp_avg_sq;
+  a.moment_dtype = st.moment_dtype;
+  a.grad = g.data;
+  a.grad_dtype = g.dtype;
+  a.param16 = p16.data;
+  a.param16_dtype = p16.dtype;
+  return a;
+}
+
+LionArgs lion_args(const LionConfig& cfg, float* param, void* exp_avg, Dtype moment_dtype,
+                   const GradView& g, const Param16View& p16, std::size_t n) {
+  cfg.validate();
+  check_p16(p16);
+  check_moment(moment_dtype);
+  if (n != 0) {
+    need(param, "param");
+    need(exp_avg, "exp_avg");
+    need(g.data, "grad");
+  }
+  LionArgs a{};
+  a.s = lion_scalars(cfg, g.multiplier);
+  a.param = param;
+  a.exp_avg = exp_avg;
+  a.moment_dtype = moment_dtype;
+  a.grad = g.data;
+  a.grad_dtype = g.dtype;
+  a.param16 = p16.data;
+  a.param16_dtype = p16.dtype;
+  return a;
+}
+
+SgdArgs sgd_args(const SgdConfig& cfg, bool first_step, float* param, float* momentum_buffer,
+                 const GradView& g, const Param16View& p16, std::size_t n) {
+  cfg.validate();
+  check_p16(p16);
+  if (n != 0) {
+    need(param, "param");
+    need(g.data, "grad");
+    if (cfg.momentum != 0) need(momentum_buffer, "momentum_buffer");
+  }
+  SgdArgs a{};
+  a.s = sgd_scalars(cfg, first_step, g.multiplier);
+  a.param = param;
+  a.momentum_buffer = momentum_buffer;
+  a.grad = g.data;
+  a.grad_dtype = g.dtype;
+  a.param16 = p16.data;
+  a.param16_dtype = p16.dtype;
+  return a;
+}
+
 #if !defined(TIERSWAP_KERNELS_AVX2)
-const KernelTable* avx2_table() { return nullptr; }
+const KernelTable* avx2_table() {
+  return nullptr;
+}
 #endif
 #if !defined(TIERSWAP_KERNELS_AVX512)
-const KernelTable* avx512_table() { return nullptr; }
+const KernelTable* avx512_table() {
+  return nullptr;
+}
 #endif
 #if !defined(TIERSWAP_KERNELS_NEON)
-const KernelTable* neon_table() { return nullptr; }
+const KernelTable* neon_table() {
+  return nullptr;
+}
 #endif
 }  // namespace tierswap::kernels

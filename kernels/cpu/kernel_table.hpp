@@ -28,7 +28,8 @@ struct AdamArgs {
 };
 
 struct LionScalars {
-  float lr, neg_lr, beta1, beta2, one_minus_beta1, one_minus_beta2, weight_decay, decay, grad_multiplier;
+  float lr, neg_lr, beta1, beta2, one_minus_beta1, one_minus_beta2, weight_decay, decay,
+      grad_multiplier;
   bool maximize;
 };
 struct LionArgs {
@@ -99,6 +100,14 @@ void check_adam(const AdamConfig& cfg, std::int64_t step, const AdamState& st, c
 AdamScalars adam_scalars(const AdamConfig& cfg, std::int64_t step, float grad_multiplier);
 LionScalars lion_scalars(const LionConfig& cfg, float grad_multiplier);
 SgdScalars sgd_scalars(const SgdConfig& cfg, bool first_step, float grad_multiplier);
+
+/// Validated argument blocks for the launchers (CPU and CUDA): std::invalid_argument on misuse.
+AdamArgs adam_args(const AdamConfig& cfg, std::int64_t step, const AdamState& st, const GradView& g,
+                   const Param16View& p16, std::size_t n);
+LionArgs lion_args(const LionConfig& cfg, float* param, void* exp_avg, Dtype moment_dtype,
+                   const GradView& g, const Param16View& p16, std::size_t n);
+SgdArgs sgd_args(const SgdConfig& cfg, bool first_step, float* param, float* momentum_buffer,
+                 const GradView& g, const Param16View& p16, std::size_t n);
 
 /// Elements per statistics chunk: the unit of the fixed reduction order.
 inline constexpr std::size_t kStatsChunk = 8192;

@@ -18,8 +18,12 @@ template <class V, Dtype D>
 struct Mem;
 template <class V>
 struct Mem<V, Dtype::f32> {
-  static typename V::F load(const void* p, std::size_t i) { return V::load(static_cast<const float*>(p) + i); }
-  static void store(void* p, std::size_t i, typename V::F v) { V::store(static_cast<float*>(p) + i, v); }
+  static typename V::F load(const void* p, std::size_t i) {
+    return V::load(static_cast<const float*>(p) + i);
+  }
+  static void store(void* p, std::size_t i, typename V::F v) {
+    V::store(static_cast<float*>(p) + i, v);
+  }
 };
 template <class V>
 struct Mem<V, Dtype::bf16> {
@@ -60,10 +64,13 @@ void adam_range(const AdamArgs& a, std::size_t b, std::size_t e) {
     if (s.maximize) g = X::neg(g);
     F p = X::load(a.param + i);
     if (s.weight_decay != 0.0f) {
-      if (s.decoupled) p = X::mul(p, X::set1(s.decay));
-      else g = X::fma(p, X::set1(s.weight_decay), g);
+      if (s.decoupled)
+        p = X::mul(p, X::set1(s.decay));
+      else
+        g = X::fma(p, X::set1(s.weight_decay), g);
     }
-    F m = X::fma(g, X::set1(s.one_minus_beta1), X::mul(Mem<X, M>::load(a.exp_avg, i), X::set1(s.beta1)));
+    F m = X::fma(g, X::set1(s.one_minus_beta1),
+                 X::mul(Mem<X, M>::load(a.exp_avg, i), X::set1(s.beta1)));
     F v = X::add(X::mul(Mem<X, M>::load(a.exp_avg_sq, i), X::set1(s.beta2)),
                  X::mul(X::mul(X::set1(s.one_minus_beta2), g), g));
     Mem<X, M>::store(a.exp_avg, i, m);
@@ -84,7 +91,8 @@ void adam_range(const AdamArgs& a, std::size_t b, std::size_t e) {
   });
 }
 
-// ---- Lion ----------------------------------------------------------------------------------------
+// ---- Lion
+// ----------------------------------------------------------------------------------------
 template <class V, Dtype G, Dtype M, bool kP16, Dtype P>
 void lion_range(const LionArgs& a, std::size_t b, std::size_t e) {
   const LionScalars& s = a.s;
@@ -104,7 +112,8 @@ void lion_range(const LionArgs& a, std::size_t b, std::size_t e) {
   });
 }
 
-// ---- SGD with momentum ---------------------------------------------------------------------------
+// ---- SGD with momentum
+// ---------------------------------------------------------------------------
 template <class V, Dtype G, bool kP16, Dtype P>
 void sgd_range(const SgdArgs& a, std::size_t b, std::size_t e) {
   const SgdScalars& s = a.s;
@@ -127,12 +136,16 @@ void sgd_range(const SgdArgs& a, std::size_t b, std::size_t e) {
   });
 }
 
-// ---- statistics, casts, accumulation -------------------------------------------------------------
+// ---- statistics, casts, accumulation
+// -------------------------------------------------------------
 template <class V, Dtype G>
 typename V::H load_half(const void* p, std::size_t i) {
-  if constexpr (G == Dtype::f32) return V::load_half(static_cast<const float*>(p) + i);
-  else if constexpr (G == Dtype::bf16) return V::load_half_bf16(static_cast<const std::uint16_t*>(p) + i);
-  else return V::load_half_f16(static_cast<const std::uint16_t*>(p) + i);
+  if constexpr (G == Dtype::f32)
+    return V::load_half(static_cast<const float*>(p) + i);
+  else if constexpr (G == Dtype::bf16)
+    return V::load_half_bf16(static_cast<const std::uint16_t*>(p) + i);
+  else
+    return V::load_half_f16(static_cast<const std::uint16_t*>(p) + i);
 }
 
 template <class V, Dtype G>
@@ -146,7 +159,8 @@ void stats_range(const void* grad, std::size_t b, std::size_t e, StatsLanes& out
     for (; i + 64 <= e; i += 64) {
       [&]<int... K>(std::integer_sequence<int, K...>) {
         (V::acc_half(vacc, K, load_half<V, G>(grad, i + K * kH)), ...);
-      }(std::make_integer_sequence<int, 64 / kH>{});
+      }
+      (std::make_integer_sequence<int, 64 / kH>{});
     }
     V::acc_finish(vacc, acc);
   }
@@ -168,7 +182,8 @@ void triad_range(float* a, const float* b, const float* c, float s, std::size_t 
 
 template <class V, Dtype S, Dtype D>
 void cast_range(const void* src, void* dst, std::size_t b, std::size_t e) {
-  for_range<V>(b, e, [&]<class X>(std::size_t i) { Mem<X, D>::store(dst, i, Mem<X, S>::load(src, i)); });
+  for_range<V>(b, e,
+               [&]<class X>(std::size_t i) { Mem<X, D>::store(dst, i, Mem<X, S>::load(src, i)); });
 }
 
 template <class V, Dtype A, Dtype G>
@@ -182,9 +197,15 @@ void accumulate_range(void* acc, const void* grad, std::size_t b, std::size_t e)
 template <template <Dtype> class Fn, class... Args>
 void with_dtype(Dtype d, Args&&... args) {
   switch (d) {
-    case Dtype::f32: Fn<Dtype::f32>::run(args...); break;
-    case Dtype::bf16: Fn<Dtype::bf16>::run(args...); break;
-    case Dtype::f16: Fn<Dtype::f16>::run(args...); break;
+    case Dtype::f32:
+      Fn<Dtype::f32>::run(args...);
+      break;
+    case Dtype::bf16:
+      Fn<Dtype::bf16>::run(args...);
+      break;
+    case Dtype::f16:
+      Fn<Dtype::f16>::run(args...);
+      break;
   }
 }
 
@@ -192,93 +213,155 @@ template <class V>
 struct Impl {
   template <Dtype G, Dtype M>
   static void adam_p16(const AdamArgs& a, std::size_t b, std::size_t e) {
-    if (a.param16 == nullptr) adam_range<V, G, M, false, Dtype::bf16>(a, b, e);
-    else if (a.param16_dtype == Dtype::bf16) adam_range<V, G, M, true, Dtype::bf16>(a, b, e);
-    else adam_range<V, G, M, true, Dtype::f16>(a, b, e);
+    if (a.param16 == nullptr)
+      adam_range<V, G, M, false, Dtype::bf16>(a, b, e);
+    else if (a.param16_dtype == Dtype::bf16)
+      adam_range<V, G, M, true, Dtype::bf16>(a, b, e);
+    else
+      adam_range<V, G, M, true, Dtype::f16>(a, b, e);
   }
   template <Dtype G>
   static void adam_m(const AdamArgs& a, std::size_t b, std::size_t e) {
-    if (a.moment_dtype == Dtype::bf16) adam_p16<G, Dtype::bf16>(a, b, e);
-    else adam_p16<G, Dtype::f32>(a, b, e);
+    if (a.moment_dtype == Dtype::bf16)
+      adam_p16<G, Dtype::bf16>(a, b, e);
+    else
+      adam_p16<G, Dtype::f32>(a, b, e);
   }
   static void adam(const AdamArgs& a, std::size_t b, std::size_t e) {
     switch (a.grad_dtype) {
-      case Dtype::f32: adam_m<Dtype::f32>(a, b, e); break;
-      case Dtype::bf16: adam_m<Dtype::bf16>(a, b, e); break;
-      case Dtype::f16: adam_m<Dtype::f16>(a, b, e); break;
+      case Dtype::f32:
+        adam_m<Dtype::f32>(a, b, e);
+        break;
+      case Dtype::bf16:
+        adam_m<Dtype::bf16>(a, b, e);
+        break;
+      case Dtype::f16:
+        adam_m<Dtype::f16>(a, b, e);
+        break;
     }
   }
 
   template <Dtype G, Dtype M>
   static void lion_p16(const LionArgs& a, std::size_t b, std::size_t e) {
-    if (a.param16 == nullptr) lion_range<V, G, M, false, Dtype::bf16>(a, b, e);
-    else if (a.param16_dtype == Dtype::bf16) lion_range<V, G, M, true, Dtype::bf16>(a, b, e);
-    else lion_range<V, G, M, true, Dtype::f16>(a, b, e);
+    if (a.param16 == nullptr)
+      lion_range<V, G, M, false, Dtype::bf16>(a, b, e);
+    else if (a.param16_dtype == Dtype::bf16)
+      lion_range<V, G, M, true, Dtype::bf16>(a, b, e);
+    else
+      lion_range<V, G, M, true, Dtype::f16>(a, b, e);
   }
   template <Dtype G>
   static void lion_m(const LionArgs& a, std::size_t b, std::size_t e) {
-    if (a.moment_dtype == Dtype::bf16) lion_p16<G, Dtype::bf16>(a, b, e);
-    else lion_p16<G, Dtype::f32>(a, b, e);
+    if (a.moment_dtype == Dtype::bf16)
+      lion_p16<G, Dtype::bf16>(a, b, e);
+    else
+      lion_p16<G, Dtype::f32>(a, b, e);
   }
   static void lion(const LionArgs& a, std::size_t b, std::size_t e) {
     switch (a.grad_dtype) {
-      case Dtype::f32: lion_m<Dtype::f32>(a, b, e); break;
-      case Dtype::bf16: lion_m<Dtype::bf16>(a, b, e); break;
-      case Dtype::f16: lion_m<Dtype::f16>(a, b, e); break;
+      case Dtype::f32:
+        lion_m<Dtype::f32>(a, b, e);
+        break;
+      case Dtype::bf16:
+        lion_m<Dtype::bf16>(a, b, e);
+        break;
+      case Dtype::f16:
+        lion_m<Dtype::f16>(a, b, e);
+        break;
     }
   }
 
   template <Dtype G>
   static void sgd_g(const SgdArgs& a, std::size_t b, std::size_t e) {
-    if (a.param16 == nullptr) sgd_range<V, G, false, Dtype::bf16>(a, b, e);
-    else if (a.param16_dtype == Dtype::bf16) sgd_range<V, G, true, Dtype::bf16>(a, b, e);
-    else sgd_range<V, G, true, Dtype::f16>(a, b, e);
+    if (a.param16 == nullptr)
+      sgd_range<V, G, false, Dtype::bf16>(a, b, e);
+    else if (a.param16_dtype == Dtype::bf16)
+      sgd_range<V, G, true, Dtype::bf16>(a, b, e);
+    else
+      sgd_range<V, G, true, Dtype::f16>(a, b, e);
   }
   static void sgd(const SgdArgs& a, std::size_t b, std::size_t e) {
     switch (a.grad_dtype) {
-      case Dtype::f32: sgd_g<Dtype::f32>(a, b, e); break;
-      case Dtype::bf16: sgd_g<Dtype::bf16>(a, b, e); break;
-      case Dtype::f16: sgd_g<Dtype::f16>(a, b, e); break;
+      case Dtype::f32:
+        sgd_g<Dtype::f32>(a, b, e);
+        break;
+      case Dtype::bf16:
+        sgd_g<Dtype::bf16>(a, b, e);
+        break;
+      case Dtype::f16:
+        sgd_g<Dtype::f16>(a, b, e);
+        break;
     }
   }
 
   static void stats(const void* g, Dtype d, std::size_t b, std::size_t e, StatsLanes& out) {
     switch (d) {
-      case Dtype::f32: stats_range<V, Dtype::f32>(g, b, e, out); break;
-      case Dtype::bf16: stats_range<V, Dtype::bf16>(g, b, e, out); break;
-      case Dtype::f16: stats_range<V, Dtype::f16>(g, b, e, out); break;
+      case Dtype::f32:
+        stats_range<V, Dtype::f32>(g, b, e, out);
+        break;
+      case Dtype::bf16:
+        stats_range<V, Dtype::bf16>(g, b, e, out);
+        break;
+      case Dtype::f16:
+        stats_range<V, Dtype::f16>(g, b, e, out);
+        break;
     }
   }
 
   template <Dtype S>
   static void cast_s(const void* src, void* dst, Dtype dd, std::size_t b, std::size_t e) {
     switch (dd) {
-      case Dtype::f32: cast_range<V, S, Dtype::f32>(src, dst, b, e); break;
-      case Dtype::bf16: cast_range<V, S, Dtype::bf16>(src, dst, b, e); break;
-      case Dtype::f16: cast_range<V, S, Dtype::f16>(src, dst, b, e); break;
+      case Dtype::f32:
+        cast_range<V, S, Dtype::f32>(src, dst, b, e);
+        break;
+      case Dtype::bf16:
+        cast_range<V, S, Dtype::bf16>(src, dst, b, e);
+        break;
+      case Dtype::f16:
+        cast_range<V, S, Dtype::f16>(src, dst, b, e);
+        break;
     }
   }
   static void cast(const void* src, Dtype sd, void* dst, Dtype dd, std::size_t b, std::size_t e) {
     switch (sd) {
-      case Dtype::f32: cast_s<Dtype::f32>(src, dst, dd, b, e); break;
-      case Dtype::bf16: cast_s<Dtype::bf16>(src, dst, dd, b, e); break;
-      case Dtype::f16: cast_s<Dtype::f16>(src, dst, dd, b, e); break;
+      case Dtype::f32:
+        cast_s<Dtype::f32>(src, dst, dd, b, e);
+        break;
+      case Dtype::bf16:
+        cast_s<Dtype::bf16>(src, dst, dd, b, e);
+        break;
+      case Dtype::f16:
+        cast_s<Dtype::f16>(src, dst, dd, b, e);
+        break;
     }
   }
 
   template <Dtype A>
   static void acc_a(void* acc, const void* g, Dtype gd, std::size_t b, std::size_t e) {
     switch (gd) {
-      case Dtype::f32: accumulate_range<V, A, Dtype::f32>(acc, g, b, e); break;
-      case Dtype::bf16: accumulate_range<V, A, Dtype::bf16>(acc, g, b, e); break;
-      case Dtype::f16: accumulate_range<V, A, Dtype::f16>(acc, g, b, e); break;
+      case Dtype::f32:
+        accumulate_range<V, A, Dtype::f32>(acc, g, b, e);
+        break;
+      case Dtype::bf16:
+        accumulate_range<V, A, Dtype::bf16>(acc, g, b, e);
+        break;
+      case Dtype::f16:
+        accumulate_range<V, A, Dtype::f16>(acc, g, b, e);
+        break;
     }
   }
-  static void accumulate(void* acc, Dtype ad, const void* g, Dtype gd, std::size_t b, std::size_t e) {
+  static void accumulate(void* acc, Dtype ad, const void* g, Dtype gd, std::size_t b,
+                         std::size_t e) {
     switch (ad) {
-      case Dtype::f32: acc_a<Dtype::f32>(acc, g, gd, b, e); break;
-      case Dtype::bf16: acc_a<Dtype::bf16>(acc, g, gd, b, e); break;
-      case Dtype::f16: acc_a<Dtype::f16>(acc, g, gd, b, e); break;
+      case Dtype::f32:
+        acc_a<Dtype::f32>(acc, g, gd, b, e);
+        break;
+      case Dtype::bf16:
+        acc_a<Dtype::bf16>(acc, g, gd, b, e);
+        break;
+      case Dtype::f16:
+        acc_a<Dtype::f16>(acc, g, gd, b, e);
+        break;
     }
   }
 };

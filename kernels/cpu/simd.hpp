@@ -72,12 +72,14 @@ struct Avx2 {
   static void store_bf16(std::uint16_t* p, F v) {
     const __m256i u = _mm256_castps_si256(v);
     const __m256i lsb = _mm256_and_si256(_mm256_srli_epi32(u, 16), _mm256_set1_epi32(1));
-    __m256i r = _mm256_srli_epi32(_mm256_add_epi32(_mm256_add_epi32(u, _mm256_set1_epi32(0x7fff)), lsb), 16);
+    __m256i r = _mm256_srli_epi32(
+        _mm256_add_epi32(_mm256_add_epi32(u, _mm256_set1_epi32(0x7fff)), lsb), 16);
     const __m256i nan_bits = _mm256_or_si256(_mm256_srli_epi32(u, 16), _mm256_set1_epi32(0x40));
     const __m256 is_nan = _mm256_cmp_ps(v, v, _CMP_UNORD_Q);
     r = _mm256_blendv_epi8(r, nan_bits, _mm256_castps_si256(is_nan));
     r = _mm256_and_si256(r, _mm256_set1_epi32(0xffff));
-    const __m128i packed = _mm_packus_epi32(_mm256_castsi256_si128(r), _mm256_extracti128_si256(r, 1));
+    const __m128i packed =
+        _mm_packus_epi32(_mm256_castsi256_si128(r), _mm256_extracti128_si256(r, 1));
     _mm_storeu_si128(reinterpret_cast<__m128i*>(p), packed);
   }
   static F load_f16(const std::uint16_t* p) {
@@ -127,8 +129,10 @@ struct Avx2 {
     for (int k = 0; k < 16; ++k) _mm256_storeu_pd(out.lane + 4 * k, acc.lane[k]);
   }
   static void stream_store(float* p, F v) {
-    if ((reinterpret_cast<std::uintptr_t>(p) & 31) == 0) _mm256_stream_ps(p, v);
-    else _mm256_storeu_ps(p, v);
+    if ((reinterpret_cast<std::uintptr_t>(p) & 31) == 0)
+      _mm256_stream_ps(p, v);
+    else
+      _mm256_storeu_ps(p, v);
   }
 };
 #endif
@@ -148,7 +152,8 @@ struct Avx512 {
   static void store_bf16(std::uint16_t* p, F v) {
     const __m512i u = _mm512_castps_si512(v);
     const __m512i lsb = _mm512_and_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(1));
-    __m512i r = _mm512_srli_epi32(_mm512_add_epi32(_mm512_add_epi32(u, _mm512_set1_epi32(0x7fff)), lsb), 16);
+    __m512i r = _mm512_srli_epi32(
+        _mm512_add_epi32(_mm512_add_epi32(u, _mm512_set1_epi32(0x7fff)), lsb), 16);
     const __mmask16 is_nan = _mm512_cmp_ps_mask(v, v, _CMP_UNORD_Q);
     r = _mm512_mask_or_epi32(r, is_nan, _mm512_srli_epi32(u, 16), _mm512_set1_epi32(0x40));
     _mm256_storeu_si256(reinterpret_cast<__m256i*>(p), _mm512_cvtepi32_epi16(r));
@@ -174,7 +179,8 @@ struct Avx512 {
   }
   static F sign(F a) {
     const __m512 zero = _mm512_setzero_ps();
-    __m512 r = _mm512_mask_mov_ps(zero, _mm512_cmp_ps_mask(a, zero, _CMP_GT_OQ), _mm512_set1_ps(1.0f));
+    __m512 r =
+        _mm512_mask_mov_ps(zero, _mm512_cmp_ps_mask(a, zero, _CMP_GT_OQ), _mm512_set1_ps(1.0f));
     r = _mm512_mask_mov_ps(r, _mm512_cmp_ps_mask(a, zero, _CMP_LT_OQ), _mm512_set1_ps(-1.0f));
     return _mm512_mask_mov_ps(r, _mm512_cmp_ps_mask(a, a, _CMP_UNORD_Q), a);
   }
@@ -203,8 +209,10 @@ struct Avx512 {
     for (int k = 0; k < 8; ++k) _mm512_storeu_pd(out.lane + 8 * k, acc.lane[k]);
   }
   static void stream_store(float* p, F v) {
-    if ((reinterpret_cast<std::uintptr_t>(p) & 63) == 0) _mm512_stream_ps(p, v);
-    else _mm512_storeu_ps(p, v);
+    if ((reinterpret_cast<std::uintptr_t>(p) & 63) == 0)
+      _mm512_stream_ps(p, v);
+    else
+      _mm512_storeu_ps(p, v);
   }
 };
 #endif

@@ -46,8 +46,8 @@ __device__ __forceinline__ float from_f16(std::uint16_t h) {
   const std::uint32_t exp = (h >> 10) & 0x1fu;
   const std::uint32_t man = h & 0x3ffu;
   if (exp == 0)
-    return __uint_as_float(sign | __float_as_uint(__fmul_rn(static_cast<float>(man),
-                                                            5.9604644775390625e-08f)));
+    return __uint_as_float(
+        sign | __float_as_uint(__fmul_rn(static_cast<float>(man), 5.9604644775390625e-08f)));
   if (exp == 31) return __uint_as_float(sign | 0x7f800000u | (man << 13) | (man ? 0x400000u : 0u));
   return __uint_as_float(sign | ((exp + 112u) << 23) | (man << 13));
 }
@@ -56,7 +56,9 @@ template <Dtype D>
 struct Mem;
 template <>
 struct Mem<Dtype::f32> {
-  __device__ static float load(const void* p, std::size_t i) { return static_cast<const float*>(p)[i]; }
+  __device__ static float load(const void* p, std::size_t i) {
+    return static_cast<const float*>(p)[i];
+  }
   __device__ static void store(void* p, std::size_t i, float v) { static_cast<float*>(p)[i] = v; }
 };
 template <>
@@ -78,13 +80,17 @@ struct Mem<Dtype::f16> {
   }
 };
 
-__device__ __forceinline__ float neg(float a) { return __uint_as_float(__float_as_uint(a) ^ 0x80000000u); }
-__device__ __forceinline__ float vmax(float a, float b) { return a > b ? a : b; }
+__device__ __forceinline__ float neg(float a) {
+  return __uint_as_float(__float_as_uint(a) ^ 0x80000000u);
+}
+__device__ __forceinline__ float vmax(float a, float b) {
+  return a > b ? a : b;
+}
 __device__ __forceinline__ float sign(float a) {
   return a != a ? a : a > 0.0f ? 1.0f : a < 0.0f ? -1.0f : 0.0f;
 }
 
-#define TIERSWAP_GRID_STRIDE(i, n)                                                          \
+#define TIERSWAP_GRID_STRIDE(i, n)                                                               \
   for (std::size_t i = blockIdx.x * static_cast<std::size_t>(blockDim.x) + threadIdx.x; i < (n); \
        i += static_cast<std::size_t>(gridDim.x) * blockDim.x)
 
@@ -97,8 +103,10 @@ __global__ void adam_kernel(AdamArgs a, std::size_t n) {
     if (s.maximize) g = neg(g);
     float p = a.param[i];
     if (s.weight_decay != 0.0f) {
-      if (s.decoupled) p = __fmul_rn(p, s.decay);
-      else g = __fmaf_rn(p, s.weight_decay, g);
+      if (s.decoupled)
+        p = __fmul_rn(p, s.decay);
+      else
+        g = __fmaf_rn(p, s.weight_decay, g);
     }
     float m = __fmaf_rn(g, s.one_minus_beta1, __fmul_rn(Mem<M>::load(a.exp_avg, i), s.beta1));
     float v = __fadd_rn(__fmul_rn(Mem<M>::load(a.exp_avg_sq, i), s.beta2),
@@ -161,7 +169,9 @@ __global__ void sgd_kernel(SgdArgs a, std::size_t n) {
 
 template <Dtype S, Dtype D>
 __global__ void cast_kernel(const void* src, void* dst, std::size_t n) {
-  TIERSWAP_GRID_STRIDE(i, n) { Mem<D>::store(dst, i, Mem<S>::load(src, i)); }
+  TIERSWAP_GRID_STRIDE(i, n) {
+    Mem<D>::store(dst, i, Mem<S>::load(src, i));
+  }
 }
 
 template <Dtype A, Dtype G>
@@ -228,7 +238,9 @@ unsigned grid_for(std::size_t n) {
   return static_cast<unsigned>(blocks < 65535 * 32 ? blocks : 65535 * 32);
 }
 
-cudaStream_t as_stream(void* s) { return static_cast<cudaStream_t>(s); }
+cudaStream_t as_stream(void* s) {
+  return static_cast<cudaStream_t>(s);
+}
 
 void check_launch(const char* what) {
   const cudaError_t e = cudaGetLastError();
@@ -252,8 +264,10 @@ void launch_adam_p16(const AdamArgs& a, std::size_t n, cudaStream_t st) {
 }
 template <Dtype G>
 void launch_adam_m(const AdamArgs& a, std::size_t n, cudaStream_t st) {
-  if (a.moment_dtype == Dtype::bf16) launch_adam_p16<G, Dtype::bf16>(a, n, st);
-  else launch_adam_p16<G, Dtype::f32>(a, n, st);
+  if (a.moment_dtype == Dtype::bf16)
+    launch_adam_p16<G, Dtype::bf16>(a, n, st);
+  else
+    launch_adam_p16<G, Dtype::f32>(a, n, st);
 }
 
 template <Dtype G, Dtype M>
@@ -267,33 +281,49 @@ void launch_lion_p16(const LionArgs& a, std::size_t n, cudaStream_t st) {
 }
 template <Dtype G>
 void launch_lion_m(const LionArgs& a, std::size_t n, cudaStream_t st) {
-  if (a.moment_dtype == Dtype::bf16) launch_lion_p16<G, Dtype::bf16>(a, n, st);
-  else launch_lion_p16<G, Dtype::f32>(a, n, st);
+  if (a.moment_dtype == Dtype::bf16)
+    launch_lion_p16<G, Dtype::bf16>(a, n, st);
+  else
+    launch_lion_p16<G, Dtype::f32>(a, n, st);
 }
 
 template <Dtype G>
 void launch_sgd(const SgdArgs& a, std::size_t n, cudaStream_t st) {
-  if (a.param16 == nullptr) sgd_kernel<G, false, Dtype::bf16><<<grid_for(n), kBlock, 0, st>>>(a, n);
+  if (a.param16 == nullptr)
+    sgd_kernel<G, false, Dtype::bf16><<<grid_for(n), kBlock, 0, st>>>(a, n);
   else if (a.param16_dtype == Dtype::bf16)
     sgd_kernel<G, true, Dtype::bf16><<<grid_for(n), kBlock, 0, st>>>(a, n);
-  else sgd_kernel<G, true, Dtype::f16><<<grid_for(n), kBlock, 0, st>>>(a, n);
+  else
+    sgd_kernel<G, true, Dtype::f16><<<grid_for(n), kBlock, 0, st>>>(a, n);
 }
 
 template <Dtype S>
 void launch_cast(const void* src, void* dst, Dtype dd, std::size_t n, cudaStream_t st) {
   switch (dd) {
-    case Dtype::f32: cast_kernel<S, Dtype::f32><<<grid_for(n), kBlock, 0, st>>>(src, dst, n); break;
-    case Dtype::bf16: cast_kernel<S, Dtype::bf16><<<grid_for(n), kBlock, 0, st>>>(src, dst, n); break;
-    case Dtype::f16: cast_kernel<S, Dtype::f16><<<grid_for(n), kBlock, 0, st>>>(src, dst, n); break;
+    case Dtype::f32:
+      cast_kernel<S, Dtype::f32><<<grid_for(n), kBlock, 0, st>>>(src, dst, n);
+      break;
+    case Dtype::bf16:
+      cast_kernel<S, Dtype::bf16><<<grid_for(n), kBlock, 0, st>>>(src, dst, n);
+      break;
+    case Dtype::f16:
+      cast_kernel<S, Dtype::f16><<<grid_for(n), kBlock, 0, st>>>(src, dst, n);
+      break;
   }
 }
 
 template <Dtype A>
 void launch_acc(void* acc, const void* g, Dtype gd, std::size_t n, cudaStream_t st) {
   switch (gd) {
-    case Dtype::f32: accumulate_kernel<A, Dtype::f32><<<grid_for(n), kBlock, 0, st>>>(acc, g, n); break;
-    case Dtype::bf16: accumulate_kernel<A, Dtype::bf16><<<grid_for(n), kBlock, 0, st>>>(acc, g, n); break;
-    case Dtype::f16: accumulate_kernel<A, Dtype::f16><<<grid_for(n), kBlock, 0, st>>>(acc, g, n); break;
+    case Dtype::f32:
+      accumulate_kernel<A, Dtype::f32><<<grid_for(n), kBlock, 0, st>>>(acc, g, n);
+      break;
+    case Dtype::bf16:
+      accumulate_kernel<A, Dtype::bf16><<<grid_for(n), kBlock, 0, st>>>(acc, g, n);
+      break;
+    case Dtype::f16:
+      accumulate_kernel<A, Dtype::f16><<<grid_for(n), kBlock, 0, st>>>(acc, g, n);
+      break;
   }
 }
 
@@ -309,73 +339,54 @@ bool available() noexcept {
 
 void adam_step(const AdamConfig& cfg, std::int64_t step, const AdamState& st, const GradView& g,
                const Param16View& p16, std::size_t n, void* stream) {
-  kernels::check_adam(cfg, step, st, g, p16, n);
+  const AdamArgs a = kernels::adam_args(cfg, step, st, g, p16, n);
   if (n == 0) return;
-  AdamArgs a{};
-  a.s = kernels::adam_scalars(cfg, step, g.multiplier);
-  a.param = st.param;
-  a.exp_avg = st.exp_avg;
-  a.exp_avg_sq = st.exp_avg_sq;
-  a.max_exp_avg_sq = st.max_exp_avg_sq;
-  a.moment_dtype = st.moment_dtype;
-  a.grad = g.data;
-  a.grad_dtype = g.dtype;
-  a.param16 = p16.data;
-  a.param16_dtype = p16.dtype;
   switch (g.dtype) {
-    case Dtype::f32: launch_adam_m<Dtype::f32>(a, n, as_stream(stream)); break;
-    case Dtype::bf16: launch_adam_m<Dtype::bf16>(a, n, as_stream(stream)); break;
-    case Dtype::f16: launch_adam_m<Dtype::f16>(a, n, as_stream(stream)); break;
+    case Dtype::f32:
+      launch_adam_m<Dtype::f32>(a, n, as_stream(stream));
+      break;
+    case Dtype::bf16:
+      launch_adam_m<Dtype::bf16>(a, n, as_stream(stream));
+      break;
+    case Dtype::f16:
+      launch_adam_m<Dtype::f16>(a, n, as_stream(stream));
+      break;
   }
   check_launch("adam_step");
 }
 
 void lion_step(const LionConfig& cfg, float* param, void* exp_avg, Dtype moment_dtype,
                const GradView& g, const Param16View& p16, std::size_t n, void* stream) {
-  cfg.validate();
-  kernels::check_p16(p16);
-  kernels::check_moment(moment_dtype);
+  const LionArgs a = kernels::lion_args(cfg, param, exp_avg, moment_dtype, g, p16, n);
   if (n == 0) return;
-  kernels::need(param, "param");
-  kernels::need(exp_avg, "exp_avg");
-  kernels::need(g.data, "grad");
-  LionArgs a{};
-  a.s = kernels::lion_scalars(cfg, g.multiplier);
-  a.param = param;
-  a.exp_avg = exp_avg;
-  a.moment_dtype = moment_dtype;
-  a.grad = g.data;
-  a.grad_dtype = g.dtype;
-  a.param16 = p16.data;
-  a.param16_dtype = p16.dtype;
   switch (g.dtype) {
-    case Dtype::f32: launch_lion_m<Dtype::f32>(a, n, as_stream(stream)); break;
-    case Dtype::bf16: launch_lion_m<Dtype::bf16>(a, n, as_stream(stream)); break;
-    case Dtype::f16: launch_lion_m<Dtype::f16>(a, n, as_stream(stream)); break;
+    case Dtype::f32:
+      launch_lion_m<Dtype::f32>(a, n, as_stream(stream));
+      break;
+    case Dtype::bf16:
+      launch_lion_m<Dtype::bf16>(a, n, as_stream(stream));
+      break;
+    case Dtype::f16:
+      launch_lion_m<Dtype::f16>(a, n, as_stream(stream));
+      break;
   }
   check_launch("lion_step");
 }
 
 void sgd_step(const SgdConfig& cfg, bool first_step, float* param, float* momentum_buffer,
               const GradView& g, const Param16View& p16, std::size_t n, void* stream) {
-  cfg.validate();
-  kernels::check_p16(p16);
+  const SgdArgs a = kernels::sgd_args(cfg, first_step, param, momentum_buffer, g, p16, n);
   if (n == 0) return;
-  kernels::need(param, "param");
-  kernels::need(g.data, "grad");
-  if (cfg.momentum != 0) kernels::need(momentum_buffer, "momentum_buffer");
-  SgdArgs a{};
-  a.s = kernels::sgd_scalars(cfg, first_step, g.multiplier);
-  a.param = param;
-  a.momentum_buffer = momentum_buffer;
-  a.grad = g.data;
-  a.grad_dtype = g.dtype;
-  a.param16 = p16.data;
-  a.param16_dtype = p16.dtype;
   switch (g.dtype) {
-    case Dtype::f32: launch_sgd<Dtype::f32>(a, n, as_stream(stream)); break;
-    case Dtype::bf16: launch_sgd<Dtype::bf16>(a, n, as_stream(stream)); break;
-    case Dtype::f16: launch_sgd<Dtype::f16>(a, n, as_stream(stream)); break;
+    case Dtype::f32:
+      launch_sgd<Dtype::f32>(a, n, as_stream(stream));
+      break;
+    case Dtype::bf16:
+      launch_sgd<Dtype::bf16>(a, n, as_stream(stream));
+      break;
+    case Dtype::f16:
+      launch_sgd<Dtype::f16>(a, n, as_stream(stream));
+      break;
   }
   check_launch("sgd_step");
 }
@@ -403,9 +414,15 @@ void grad_stats(const void* grad, Dtype dtype, std::size_t n, double* d_sum_sq, 
   const std::size_t threads = chunks * kernels::kStatsLanes;
   const unsigned blocks = static_cast<unsigned>((threads + kBlock - 1) / kBlock);
   switch (dtype) {
-    case Dtype::f32: stats_lanes_kernel<Dtype::f32><<<blocks, kBlock, 0, st>>>(grad, n, chunks, partial, flags); break;
-    case Dtype::bf16: stats_lanes_kernel<Dtype::bf16><<<blocks, kBlock, 0, st>>>(grad, n, chunks, partial, flags); break;
-    case Dtype::f16: stats_lanes_kernel<Dtype::f16><<<blocks, kBlock, 0, st>>>(grad, n, chunks, partial, flags); break;
+    case Dtype::f32:
+      stats_lanes_kernel<Dtype::f32><<<blocks, kBlock, 0, st>>>(grad, n, chunks, partial, flags);
+      break;
+    case Dtype::bf16:
+      stats_lanes_kernel<Dtype::bf16><<<blocks, kBlock, 0, st>>>(grad, n, chunks, partial, flags);
+      break;
+    case Dtype::f16:
+      stats_lanes_kernel<Dtype::f16><<<blocks, kBlock, 0, st>>>(grad, n, chunks, partial, flags);
+      break;
   }
   check_launch("grad_stats (lanes)");
   stats_final_kernel<<<1, 1, 0, st>>>(partial, flags, chunks, d_sum_sq, d_nonfinite);
@@ -417,9 +434,15 @@ void cast(const void* src, Dtype sd, void* dst, Dtype dd, std::size_t n, void* s
   kernels::need(src, "src");
   kernels::need(dst, "dst");
   switch (sd) {
-    case Dtype::f32: launch_cast<Dtype::f32>(src, dst, dd, n, as_stream(stream)); break;
-    case Dtype::bf16: launch_cast<Dtype::bf16>(src, dst, dd, n, as_stream(stream)); break;
-    case Dtype::f16: launch_cast<Dtype::f16>(src, dst, dd, n, as_stream(stream)); break;
+    case Dtype::f32:
+      launch_cast<Dtype::f32>(src, dst, dd, n, as_stream(stream));
+      break;
+    case Dtype::bf16:
+      launch_cast<Dtype::bf16>(src, dst, dd, n, as_stream(stream));
+      break;
+    case Dtype::f16:
+      launch_cast<Dtype::f16>(src, dst, dd, n, as_stream(stream));
+      break;
   }
   check_launch("cast");
 }
@@ -429,9 +452,15 @@ void accumulate(void* acc, Dtype ad, const void* g, Dtype gd, std::size_t n, voi
   kernels::need(acc, "acc");
   kernels::need(g, "grad");
   switch (ad) {
-    case Dtype::f32: launch_acc<Dtype::f32>(acc, g, gd, n, as_stream(stream)); break;
-    case Dtype::bf16: launch_acc<Dtype::bf16>(acc, g, gd, n, as_stream(stream)); break;
-    case Dtype::f16: launch_acc<Dtype::f16>(acc, g, gd, n, as_stream(stream)); break;
+    case Dtype::f32:
+      launch_acc<Dtype::f32>(acc, g, gd, n, as_stream(stream));
+      break;
+    case Dtype::bf16:
+      launch_acc<Dtype::bf16>(acc, g, gd, n, as_stream(stream));
+      break;
+    case Dtype::f16:
+      launch_acc<Dtype::f16>(acc, g, gd, n, as_stream(stream));
+      break;
   }
   check_launch("accumulate");
 }
@@ -441,13 +470,19 @@ void* device_alloc(std::size_t bytes) {
   check(cudaMalloc(&p, bytes == 0 ? 1 : bytes), "cudaMalloc");
   return p;
 }
-void device_free(void* p) noexcept { cudaFree(p); }
+void device_free(void* p) noexcept {
+  cudaFree(p);
+}
 void copy_to_device(void* dst, const void* src, std::size_t bytes, void* stream) {
-  check(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, as_stream(stream)), "copy_to_device");
+  check(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, as_stream(stream)),
+        "copy_to_device");
 }
 void copy_to_host(void* dst, const void* src, std::size_t bytes, void* stream) {
-  check(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToHost, as_stream(stream)), "copy_to_host");
+  check(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToHost, as_stream(stream)),
+        "copy_to_host");
 }
-void synchronize(void* stream) { check(cudaStreamSynchronize(as_stream(stream)), "synchronize"); }
+void synchronize(void* stream) {
+  check(cudaStreamSynchronize(as_stream(stream)), "synchronize");
+}
 
 }  // namespace tierswap::cuda

@@ -32,8 +32,12 @@ constexpr const char* kNames[] = {"error", "warn", "info", "debug"};
 
 }  // namespace
 
-LogLevel log_level() noexcept { return static_cast<LogLevel>(level_ref().load()); }
-void set_log_level(LogLevel level) noexcept { level_ref().store(static_cast<int>(level)); }
+LogLevel log_level() noexcept {
+  return static_cast<LogLevel>(level_ref().load());
+}
+void set_log_level(LogLevel level) noexcept {
+  level_ref().store(static_cast<int>(level));
+}
 
 void log(LogLevel level, std::string_view message) noexcept {
   if (static_cast<int>(level) > level_ref().load(std::memory_order_relaxed)) return;

@@ -25,16 +25,26 @@ std::uint64_t parse_size(std::string_view text, std::string_view key) {
   while (!unit.empty() && unit.front() == ' ') unit.erase(0, 1);
   for (auto& c : unit) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
   double mult = 1;
-  if (unit.empty() || unit == "b") mult = 1;
-  else if (unit == "k" || unit == "kib") mult = 1024.0;
-  else if (unit == "m" || unit == "mib") mult = 1024.0 * 1024;
-  else if (unit == "g" || unit == "gib") mult = 1024.0 * 1024 * 1024;
-  else if (unit == "t" || unit == "tib") mult = 1024.0 * 1024 * 1024 * 1024;
-  else if (unit == "kb") mult = 1e3;
-  else if (unit == "mb") mult = 1e6;
-  else if (unit == "gb") mult = 1e9;
-  else if (unit == "tb") mult = 1e12;
-  else throw_invalid(key, text, "unknown unit (use B, KiB, MiB, GiB, TiB, KB, MB, GB, TB)");
+  if (unit.empty() || unit == "b")
+    mult = 1;
+  else if (unit == "k" || unit == "kib")
+    mult = 1024.0;
+  else if (unit == "m" || unit == "mib")
+    mult = 1024.0 * 1024;
+  else if (unit == "g" || unit == "gib")
+    mult = 1024.0 * 1024 * 1024;
+  else if (unit == "t" || unit == "tib")
+    mult = 1024.0 * 1024 * 1024 * 1024;
+  else if (unit == "kb")
+    mult = 1e3;
+  else if (unit == "mb")
+    mult = 1e6;
+  else if (unit == "gb")
+    mult = 1e9;
+  else if (unit == "tb")
+    mult = 1e12;
+  else
+    throw_invalid(key, text, "unknown unit (use B, KiB, MiB, GiB, TiB, KB, MB, GB, TB)");
 
   if (number.find('.') == std::string::npos) {
     std::uint64_t v = 0;

@@ -10,21 +10,45 @@ namespace {
 }
 }  // namespace
 
-bool available() noexcept { return false; }
+bool available() noexcept {
+  return false;
+}
 void adam_step(const AdamConfig&, std::int64_t, const AdamState&, const GradView&,
-               const Param16View&, std::size_t, void*) { no_cuda(); }
+               const Param16View&, std::size_t, void*) {
+  no_cuda();
+}
 void lion_step(const LionConfig&, float*, void*, Dtype, const GradView&, const Param16View&,
-               std::size_t, void*) { no_cuda(); }
+               std::size_t, void*) {
+  no_cuda();
+}
 void sgd_step(const SgdConfig&, bool, float*, float*, const GradView&, const Param16View&,
-              std::size_t, void*) { no_cuda(); }
-std::size_t grad_stats_workspace_bytes(std::size_t) noexcept { return 0; }
-void grad_stats(const void*, Dtype, std::size_t, double*, int*, void*, void*) { no_cuda(); }
-void cast(const void*, Dtype, void*, Dtype, std::size_t, void*) { no_cuda(); }
-void accumulate(void*, Dtype, const void*, Dtype, std::size_t, void*) { no_cuda(); }
-void* device_alloc(std::size_t) { no_cuda(); }
+              std::size_t, void*) {
+  no_cuda();
+}
+std::size_t grad_stats_workspace_bytes(std::size_t) noexcept {
+  return 0;
+}
+void grad_stats(const void*, Dtype, std::size_t, double*, int*, void*, void*) {
+  no_cuda();
+}
+void cast(const void*, Dtype, void*, Dtype, std::size_t, void*) {
+  no_cuda();
+}
+void accumulate(void*, Dtype, const void*, Dtype, std::size_t, void*) {
+  no_cuda();
+}
+void* device_alloc(std::size_t) {
+  no_cuda();
+}
 void device_free(void*) noexcept {}
-void copy_to_device(void*, const void*, std::size_t, void*) { no_cuda(); }
-void copy_to_host(void*, const void*, std::size_t, void*) { no_cuda(); }
-void synchronize(void*) { no_cuda(); }
+void copy_to_device(void*, const void*, std::size_t, void*) {
+  no_cuda();
+}
+void copy_to_host(void*, const void*, std::size_t, void*) {
+  no_cuda();
+}
+void synchronize(void*) {
+  no_cuda();
+}
 
 }  // namespace tierswap::cuda

@@ -16,7 +16,8 @@ namespace {
 int failures = 0;
 
 template <class T>
-void expect_same(const std::vector<T>& a, const std::vector<T>& b, const char* what, std::size_t n) {
+void expect_same(const std::vector<T>& a, const std::vector<T>& b, const char* what,
+                 std::size_t n) {
   if (std::memcmp(a.data(), b.data(), a.size() * sizeof(T)) != 0) {
     std::printf("FAIL %s n=%zu\n", what, n);
     ++failures;
@@ -30,13 +31,26 @@ std::vector<float> randoms(std::size_t n, unsigned seed) {
   for (auto& x : v) {
     x = d(rng);
     switch (rng() % 50) {
-      case 0: x = 0.0f; break;
-      case 1: x = -0.0f; break;
-      case 2: x = std::numeric_limits<float>::infinity(); break;
-      case 3: x = std::numeric_limits<float>::quiet_NaN(); break;
-      case 4: x = 1e-40f; break;
-      case 5: x = 70000.0f; break;
-      default: break;
+      case 0:
+        x = 0.0f;
+        break;
+      case 1:
+        x = -0.0f;
+        break;
+      case 2:
+        x = std::numeric_limits<float>::infinity();
+        break;
+      case 3:
+        x = std::numeric_limits<float>::quiet_NaN();
+        break;
+      case 4:
+        x = 1e-40f;
+        break;
+      case 5:
+        x = 70000.0f;
+        break;
+      default:
+        break;
     }
   }
   return v;
@@ -58,8 +72,8 @@ int main() {
           std::vector<float> p = p0, m(n, 0.01f), v(n, 0.001f), vmax(n, 0.002f);
           std::vector<std::uint16_t> p16(n);
           AdamArgs a{};
-          a.s = {0.9f, 0.999f, 0.1f, 0.001f, 1e-8f, 0.01f, 0.9999f, -0.001f, 0.03f, 0.5f,
-                 variant != 1, variant == 2, variant == 1};
+          a.s = {0.9f,    0.999f, 0.1f, 0.001f,       1e-8f,        0.01f,       0.9999f,
+                 -0.001f, 0.03f,  0.5f, variant != 1, variant == 2, variant == 1};
           a.param = p.data();
           a.exp_avg = m.data();
           a.exp_avg_sq = v.data();

@@ -40,7 +40,7 @@ struct BackendParams {
   std::uint32_t threads = 4;
   std::uint32_t buffer_slots = 4096;  ///< fixed-buffer table size (registered regions are cut
                                       ///< into block-size pieces, one slot each)
-  bool single_issuer = true;  ///< io_uring: try SINGLE_ISSUER | DEFER_TASKRUN
+  bool single_issuer = true;          ///< io_uring: try SINGLE_ISSUER | DEFER_TASKRUN
 };
 
 class IoBackend {
@@ -86,8 +86,8 @@ std::unique_ptr<IoBackend> choose_backend(IoBackendKind wanted, const BackendPar
 /// What the fault-injecting wrapper does to one request.
 struct Fault {
   enum class Kind { none, error, short_transfer, again, interrupt, zero } kind = Kind::none;
-  int error = 0;              ///< errno for Kind::error
-  std::uint32_t bytes = 0;    ///< for short_transfer: how many bytes really move
+  int error = 0;            ///< errno for Kind::error
+  std::uint32_t bytes = 0;  ///< for short_transfer: how many bytes really move
 };
 /// Decides a fault from the request and its sequence number (0, 1, ...). Called under the
 /// engine's submission lock.

@@ -2,6 +2,7 @@
 // striping, concurrent submitters, > 4 GiB transfers, API misuse.
 #include <fcntl.h>
 #include <gtest/gtest.h>
+#include <sys/statvfs.h>
 #include <unistd.h>
 
 #include <cstring>
@@ -285,6 +286,16 @@ TEST_P(EngineTest, LargeTransferAbove4GiB) {
   if (std::getenv("TIERSWAP_SKIP_LARGE")) GTEST_SKIP() << "TIERSWAP_SKIP_LARGE is set";
   const std::uint64_t n = 4 * GiB + 64 * KiB + 3;
   TempDir d;
+  // Environment limits, not failures: the test needs the transfer's size on disk and in memory.
+  struct statvfs vfs {};
+  ASSERT_EQ(::statvfs(d.path().c_str(), &vfs), 0);
+  const std::uint64_t disk_free = static_cast<std::uint64_t>(vfs.f_bavail) * vfs.f_frsize;
+  if (disk_free < n + 1 * GiB)
+    GTEST_SKIP() << "needs " << format_bytes(n + GiB) << " free in " << d.path() << ", has "
+                 << format_bytes(disk_free);
+  if (const long pages = ::sysconf(_SC_AVPHYS_PAGES);
+      pages > 0 && static_cast<std::uint64_t>(pages) * ::sysconf(_SC_PAGESIZE) < n + 2 * GiB)
+    GTEST_SKIP() << "needs " << format_bytes(n + 2 * GiB) << " of free memory";
   SwapSpaceConfig sc;
   sc.dirs = {d.path()};
   sc.capacity = n + 5;

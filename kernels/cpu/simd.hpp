@@ -122,8 +122,10 @@ struct Avx2 {
     }
   };
   static void acc_half(Acc& acc, int k, H x) {
+    // d * d is exact in fp64 (inputs have <= 24 significant bits), so the fused multiply-add
+    // rounds exactly as the reference's acc + d * d.
     const __m256d d = _mm256_cvtps_pd(x);
-    acc.lane[k] = _mm256_add_pd(acc.lane[k], _mm256_mul_pd(d, d));
+    acc.lane[k] = _mm256_fmadd_pd(d, d, acc.lane[k]);
   }
   static void acc_finish(const Acc& acc, Scalar::Acc& out) {
     for (int k = 0; k < 16; ++k) _mm256_storeu_pd(out.lane + 4 * k, acc.lane[k]);
@@ -202,8 +204,8 @@ struct Avx512 {
     }
   };
   static void acc_half(Acc& acc, int k, H x) {
-    const __m512d d = _mm512_cvtps_pd(x);
-    acc.lane[k] = _mm512_add_pd(acc.lane[k], _mm512_mul_pd(d, d));
+    const __m512d d = _mm512_cvtps_pd(x);  // fma: see Avx2::acc_half
+    acc.lane[k] = _mm512_fmadd_pd(d, d, acc.lane[k]);
   }
   static void acc_finish(const Acc& acc, Scalar::Acc& out) {
     for (int k = 0; k < 8; ++k) _mm512_storeu_pd(out.lane + 8 * k, acc.lane[k]);
@@ -280,8 +282,8 @@ struct Neon {
     }
   };
   static void acc_half(Acc& acc, int k, H x) {
-    const float64x2_t d = vcvt_f64_f32(x);
-    acc.lane[k] = vaddq_f64(acc.lane[k], vmulq_f64(d, d));
+    const float64x2_t d = vcvt_f64_f32(x);  // fma: see Avx2::acc_half
+    acc.lane[k] = vfmaq_f64(acc.lane[k], d, d);
   }
   static void acc_finish(const Acc& acc, Scalar::Acc& out) {
     for (int k = 0; k < 32; ++k) vst1q_f64(out.lane + 2 * k, acc.lane[k]);

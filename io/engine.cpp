@@ -11,6 +11,7 @@
 #include <atomic>
 #include <cassert>
 #include <cerrno>
+#include <chrono>
 #include <condition_variable>
 #include <cstring>
 #include <functional>
@@ -72,9 +73,10 @@ struct Slot {
   std::uint64_t aligned_offset = 0;
   std::uint32_t aligned_len = 0;
   std::byte* bounce = nullptr;
-  int region = -1;       // registered region used, for unregister_buffer()
-  int fixed = -1;        // fixed-buffer slot of the piece holding the buffer, or -1
-  Slot* next = nullptr;  // free list / resubmit list
+  int region = -1;            // registered region used, for unregister_buffer()
+  int fixed = -1;             // fixed-buffer slot of the piece holding the buffer, or -1
+  std::int64_t start_ns = 0;  // when the chunk was built, for the latency histogram
+  Slot* next = nullptr;       // free list / resubmit list
 };
 static_assert(offsetof(Slot, req) == 0);
 
@@ -127,6 +129,13 @@ struct IoEngine::Impl {
 
   std::atomic<std::uint64_t> bytes_read{0}, bytes_written{0}, requests{0}, short_transfers{0},
       retries{0}, bounce_requests{0}, fixed_requests{0}, failed_tickets{0};
+  std::atomic<std::uint64_t> latency[32] = {};
+
+  static std::int64_t now_ns() noexcept {
+    return std::chrono::duration_cast<std::chrono::nanoseconds>(
+               std::chrono::steady_clock::now().time_since_epoch())
+        .count();
+  }
 
   explicit Impl(IoEngine& e) : owner(e) {}
 
@@ -188,6 +197,10 @@ struct IoEngine::Impl {
       t->done_bytes.fetch_add(s->user_len, std::memory_order_relaxed);
       (s->req.op == IoOp::read ? bytes_read : bytes_written)
           .fetch_add(s->user_len, std::memory_order_relaxed);
+      const std::uint64_t us =
+          static_cast<std::uint64_t>(std::max<std::int64_t>(0, now_ns() - s->start_ns)) / 1000;
+      const int bucket = us < 2 ? 0 : std::min(31, 63 - __builtin_clzll(us));
+      latency[bucket].fetch_add(1, std::memory_order_relaxed);
     }
     if (s->bounce) free_bounce.push_back(s->bounce);
     if (s->region >= 0 && --regions[s->region].inflight == 0) region_cv.notify_all();
@@ -377,6 +390,7 @@ struct IoEngine::Impl {
     if (s->region >= 0) ++regions[s->region].inflight;
     s->first_offset = ps.offset;
     s->first_length = static_cast<std::uint32_t>(len);
+    s->start_ns = now_ns();
     ++inflight;
     ++t->inflight;
     t->pos += len;
@@ -769,6 +783,8 @@ IoStats IoEngine::stats() const noexcept {
   s.bounce_requests = m.bounce_requests.load();
   s.fixed_requests = m.fixed_requests.load();
   s.failed_tickets = m.failed_tickets.load();
+  for (std::size_t k = 0; k < s.latency_us_log2.size(); ++k)
+    s.latency_us_log2[k] = m.latency[k].load();
   return s;
 }
 

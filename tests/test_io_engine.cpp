@@ -67,6 +67,11 @@ TEST_P(EngineTest, AlignedRoundTrip) {
   EXPECT_EQ(st.bytes_written, 16 * MiB);
   EXPECT_EQ(st.bytes_read, 16 * MiB);
   EXPECT_EQ(st.requests, 2u * 64) << "16 MiB in 256 KiB requests, each way";
+  std::uint64_t timed = 0;
+  for (auto c : st.latency_us_log2) timed += c;
+  EXPECT_EQ(timed, 2u * 64) << "every completed request lands in the latency histogram";
+  EXPECT_GT(st.latency_quantile_us(0.99), 0u);
+  EXPECT_LE(st.latency_quantile_us(0.5), st.latency_quantile_us(0.99));
   if (s.all_direct()) EXPECT_EQ(st.bounce_requests, 0u);
 }
 

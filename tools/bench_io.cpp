@@ -99,6 +99,8 @@ RunResult run_phase(IoEngine& engine, IoOp op, std::uint64_t size, std::byte* ri
   r.io.bounce_requests = s1.bounce_requests - s0.bounce_requests;
   r.io.retries = s1.retries - s0.retries;
   r.io.short_transfers = s1.short_transfers - s0.short_transfers;
+  for (std::size_t k = 0; k < r.io.latency_us_log2.size(); ++k)
+    r.io.latency_us_log2[k] = s1.latency_us_log2[k] - s0.latency_us_log2[k];
   r.backend = std::string(to_string(engine.backend()));
   r.mode = op == IoOp::read ? "read" : "write";
   r.block_size = block;
@@ -122,7 +124,9 @@ nlohmann::json to_json(const RunResult& r) {
           {"fixed_buffer_requests", r.io.fixed_requests},
           {"bounce_requests", r.io.bounce_requests},
           {"retries", r.io.retries},
-          {"short_transfers", r.io.short_transfers}};
+          {"short_transfers", r.io.short_transfers},
+          {"latency_p50_us", r.io.latency_quantile_us(0.5)},
+          {"latency_p99_us", r.io.latency_quantile_us(0.99)}};
 }
 
 void print_header() {

@@ -14,6 +14,7 @@
 // number of threads concurrently.
 #pragma once
 
+#include <array>
 #include <cstdint>
 #include <exception>
 #include <memory>
@@ -68,6 +69,24 @@ struct IoStats {
   std::uint64_t bounce_requests = 0;  ///< requests that went through a bounce buffer
   std::uint64_t fixed_requests = 0;   ///< io_uring fixed-buffer requests
   std::uint64_t failed_tickets = 0;
+  /// Completed requests by latency from first submission to completion (retries and
+  /// read-modify-write phases included): bucket k counts [2^k, 2^(k+1)) microseconds, bucket 0
+  /// everything under 2 us.
+  std::array<std::uint64_t, 32> latency_us_log2{};
+
+  /// Upper bound (us) of the bucket holding quantile q (0..1) of latency_us_log2; 0 when empty.
+  std::uint64_t latency_quantile_us(double q) const noexcept {
+    std::uint64_t total = 0;
+    for (auto c : latency_us_log2) total += c;
+    if (total == 0) return 0;
+    const double want = q * static_cast<double>(total);
+    std::uint64_t seen = 0;
+    for (std::size_t k = 0; k < latency_us_log2.size(); ++k) {
+      seen += latency_us_log2[k];
+      if (static_cast<double>(seen) >= want) return std::uint64_t{2} << k;
+    }
+    return std::uint64_t{2} << (latency_us_log2.size() - 1);
+  }
 };
 
 namespace detail {

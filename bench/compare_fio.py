@@ -48,7 +48,8 @@ def run_tierswap(args, workdir, mode):
     out = subprocess.run(cmd, check=True, capture_output=True, text=True).stdout
     r = json.loads(out)["runs"][0]
     assert r["mode"] == mode
-    return {"gbps": r["gbps"], "cpu_s_per_gib": r["cpu_s_per_gib"]}
+    return {"gbps": r["gbps"], "cpu_s_per_gib": r["cpu_s_per_gib"],
+            "latency_p50_us": r.get("latency_p50_us"), "latency_p99_us": r.get("latency_p99_us")}
 
 
 def run_fio(args, workdir, engine, mode, read_path=None):

@@ -45,3 +45,20 @@ execute_process(COMMAND ${CLI} bench io --size 1MiB --backend spdk
 if(rc EQUAL 0 OR NOT err MATCHES "backend")
   message(FATAL_ERROR "bad --backend accepted or unclear: rc=${rc} ${err}")
 endif()
+
+# The sweep: every block size x depth x backend, write and read, and a best configuration each.
+execute_process(COMMAND ${CLI} bench io --sweep --size 8MiB --runs 1 --json
+                RESULT_VARIABLE rc OUTPUT_VARIABLE out ERROR_VARIABLE err)
+if(NOT rc EQUAL 0)
+  message(FATAL_ERROR "bench io --sweep failed (${rc}): ${err}")
+endif()
+string(JSON n LENGTH "${out}" runs)
+if(NOT n EQUAL 90)
+  message(FATAL_ERROR "sweep: expected 90 runs (5 block sizes x 3 depths x 3 backends x 2), got ${n}")
+endif()
+foreach(mode write read)
+  string(JSON best ERROR_VARIABLE e GET "${out}" best ${mode} backend)
+  if(e)
+    message(FATAL_ERROR "sweep: no best ${mode} configuration: ${out}")
+  endif()
+endforeach()

@@ -9,7 +9,6 @@
 #include <sched.h>
 #include <algorithm>
 #include <atomic>
-#include <cassert>
 #include <cerrno>
 #include <chrono>
 #include <condition_variable>
@@ -630,11 +629,12 @@ std::exception_ptr IoTicket::error() const noexcept {
 
 // ---- IoEngine ---------------------------------------------------------------------------------
 
-namespace {
-detail::BackendParams params_for(const SwapSpace& space, const IoEngineConfig& c,
-                                 std::vector<int>& fds) {
+namespace detail {
+BackendParams backend_params(const SwapSpace& space, const IoEngineConfig& c,
+                             std::vector<int>& fds) {
+  fds.clear();
   for (const auto& f : space.files()) fds.push_back(f.fd);
-  detail::BackendParams p;
+  BackendParams p;
   p.fds = fds;
   p.queue_depth = c.queue_depth;
   p.sqpoll = c.sqpoll;
@@ -642,7 +642,7 @@ detail::BackendParams params_for(const SwapSpace& space, const IoEngineConfig& c
   p.threads = c.posix_threads;
   return p;
 }
-}  // namespace
+}  // namespace detail
 
 IoEngine::IoEngine(const SwapSpace& space, IoEngineConfig config)
     : IoEngine(space, config, nullptr) {}
@@ -655,7 +655,7 @@ IoEngine::IoEngine(const SwapSpace& space, IoEngineConfig config,
     throw std::invalid_argument("IoEngine: the swap space has no open files");
   if (!backend) {
     std::vector<int> fds;
-    auto p = params_for(space, config_, fds);
+    auto p = detail::backend_params(space, config_, fds);
     backend = detail::choose_backend(config_.backend, p, &description_);
   } else {
     description_ = std::string(to_string(backend->kind())) + " (" + backend->describe() + ")";

@@ -495,13 +495,14 @@ SwapSpace SwapSpace::open(const std::vector<std::filesystem::path>& dirs, Direct
   return s;
 }
 
-SwapSpace SwapSpace::open_or_create(const SwapSpaceConfig& config) {
+SwapSpace SwapSpace::open_or_create(const SwapSpaceConfig& config, bool* created) {
   config.validate();
   std::size_t present = 0;
   for (const auto& d : config.dirs) {
     struct stat st {};
     if (::lstat(file_in(d).c_str(), &st) == 0) ++present;
   }
+  if (created) *created = present == 0;
   if (present == 0) return create(config);
   if (present != config.dirs.size())
     throw std::invalid_argument(fmt::format(

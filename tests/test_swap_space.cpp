@@ -157,7 +157,14 @@ TEST(SwapSpace, MismatchedSetsAreRejected) {
   EXPECT_NE(what_of([&] { SwapSpace::open_or_create(cfg); }).find("exists with capacity"),
             std::string::npos);
   cfg.capacity = 4 * MiB;
-  EXPECT_NO_THROW(SwapSpace::open_or_create(cfg));
+  bool created = true;
+  EXPECT_NO_THROW(SwapSpace::open_or_create(cfg, &created));
+  EXPECT_FALSE(created) << "reopened, not created";
+  TempDir fresh;
+  SwapSpaceConfig fresh_cfg = cfg;
+  fresh_cfg.dirs = {fresh.path()};
+  EXPECT_NO_THROW(SwapSpace::open_or_create(fresh_cfg, &created));
+  EXPECT_TRUE(created);
   TempDir d;
   cfg.dirs = {a.path(), d.path()};
   EXPECT_NE(what_of([&] { SwapSpace::open_or_create(cfg); }).find("refusing to mix"),

@@ -76,11 +76,10 @@ inline SwapSpace make_space(const std::vector<std::filesystem::path>& dirs, std:
 /// here: the caller skips.
 inline std::unique_ptr<detail::IoBackend> make_backend(IoBackendKind kind, const SwapSpace& space,
                                                        std::uint32_t depth, std::string* why) {
+  IoEngineConfig config;
+  config.queue_depth = depth;
   std::vector<int> fds;
-  for (auto& f : space.files()) fds.push_back(f.fd);
-  detail::BackendParams p;
-  p.fds = fds;
-  p.queue_depth = depth;
+  const detail::BackendParams p = detail::backend_params(space, config, fds);
   int err = 0;
   switch (kind) {
     case IoBackendKind::uring:

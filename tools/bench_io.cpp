@@ -1,7 +1,6 @@
 // `tierswap bench io`: writes then reads a given amount through the engine and reports GB/s and
 // CPU seconds per GiB moved, per run; `--sweep` runs a grid of block sizes x depths x backends.
 #include <sys/resource.h>
-#include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -165,12 +164,8 @@ void run_bench_io(const BenchIoOptions& o) {
   // --keep reuses a space an earlier --keep run left in --dir (same geometry), data included, so
   // a `--mode read` run can read what a `--mode write` run wrote.
   const bool reuse = o.keep && !o.dirs.empty();
-  bool existed = false;
-  if (reuse) {
-    struct stat st {};
-    existed = ::lstat((sc.dirs.front() / std::string(SwapSpace::kFileName)).c_str(), &st) == 0;
-  }
-  SwapSpace space = reuse ? SwapSpace::open_or_create(sc) : SwapSpace::create(sc);
+  bool created = true;
+  SwapSpace space = reuse ? SwapSpace::open_or_create(sc, &created) : SwapSpace::create(sc);
   struct Cleanup {
     SwapSpace& s;
     bool keep;
@@ -236,7 +231,7 @@ void run_bench_io(const BenchIoOptions& o) {
       // A read-only run still needs data on disk; that write is not reported.
       if (do_write)
         rs.push_back(run_phase(engine, IoOp::write, size, ring.data(), c.block, c.depth));
-      else if (run == 1 && !existed)
+      else if (run == 1 && created)
         run_phase(engine, IoOp::write, size, ring.data(), c.block, c.depth);
       if (do_read) rs.push_back(run_phase(engine, IoOp::read, size, ring.data(), c.block, c.depth));
       for (auto& r : rs) {

@@ -75,8 +75,8 @@ class SwapSpace {
   static SwapSpace open(const std::vector<std::filesystem::path>& dirs,
                         DirectIo direct = DirectIo::automatic);
   /// open() when every file exists with the requested geometry, create() when none exists;
-  /// anything in between is an error (nothing is overwritten).
-  static SwapSpace open_or_create(const SwapSpaceConfig& config);
+  /// anything in between is an error (nothing is overwritten). `*created` (if given) tells which.
+  static SwapSpace open_or_create(const SwapSpaceConfig& config, bool* created = nullptr);
 
   SwapSpace(SwapSpace&&) noexcept;
   SwapSpace& operator=(SwapSpace&&) noexcept;

@@ -56,7 +56,6 @@ struct Scalar {
     const double d = x;
     acc.lane[i & 63] += d * d;
   }
-  static void stream_store(float* p, F v) { *p = v; }
 };
 
 #if defined(__AVX2__)

@@ -2,7 +2,6 @@
 
 #include <stdexcept>
 
-#include "tierswap/units.hpp"
 
 namespace tierswap {
 

@@ -9,6 +9,7 @@
 #include <span>
 #include <string>
 #include <string_view>
+#include <vector>
 
 #include "tierswap/io_engine.hpp"
 
@@ -72,6 +73,11 @@ class IoBackend {
   }
   virtual int unregister_buffer(std::uint32_t /*slot*/) noexcept { return -EOPNOTSUPP; }
 };
+
+/// The parameters a backend over `space`'s files gets under `config`. `fds` is filled with the
+/// files' descriptors and must outlive the returned value (it points into it).
+BackendParams backend_params(const SwapSpace& space, const IoEngineConfig& config,
+                             std::vector<int>& fds);
 
 /// Each returns the backend, or nullptr with *err = -errno and *why set.
 std::unique_ptr<IoBackend> make_uring_backend(const BackendParams& p, int* err, std::string* why);

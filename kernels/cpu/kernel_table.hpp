@@ -3,6 +3,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <type_traits>
 
 #include "tierswap/kernels.hpp"
 
@@ -88,6 +89,46 @@ const KernelTable& scalar_table();
 const KernelTable* avx2_table();    // null when not compiled in
 const KernelTable* avx512_table();  // null when not compiled in
 const KernelTable* neon_table();    // null when not compiled in
+
+// ---- runtime dtype -> compile-time dtype (CPU and CUDA launchers) ------------------------------
+template <Dtype D>
+using DtypeC = std::integral_constant<Dtype, D>;
+
+/// Calls f(DtypeC<d>{}).
+template <class F>
+void visit_dtype(Dtype d, F&& f) {
+  switch (d) {
+    case Dtype::f32:
+      f(DtypeC<Dtype::f32>{});
+      break;
+    case Dtype::bf16:
+      f(DtypeC<Dtype::bf16>{});
+      break;
+    case Dtype::f16:
+      f(DtypeC<Dtype::f16>{});
+      break;
+  }
+}
+
+/// Moments are f32 or bf16 (check_moment() rejects f16): only those two are instantiated.
+template <class F>
+void visit_moment_dtype(Dtype d, F&& f) {
+  if (d == Dtype::bf16)
+    f(DtypeC<Dtype::bf16>{});
+  else
+    f(DtypeC<Dtype::f32>{});
+}
+
+/// Calls f(has_copy, DtypeC<dtype>) for the optional 16-bit parameter copy (bf16 or f16).
+template <class F>
+void visit_param16(const void* data, Dtype d, F&& f) {
+  if (data == nullptr)
+    f(std::false_type{}, DtypeC<Dtype::bf16>{});
+  else if (d == Dtype::f16)
+    f(std::true_type{}, DtypeC<Dtype::f16>{});
+  else
+    f(std::true_type{}, DtypeC<Dtype::bf16>{});
+}
 
 /// Argument checks shared by the CPU and CUDA entry points (std::invalid_argument).
 void need(const void* p, const char* what);

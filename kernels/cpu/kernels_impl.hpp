@@ -193,176 +193,53 @@ void accumulate_range(void* acc, const void* grad, std::size_t b, std::size_t e)
   });
 }
 
-// ---- dtype dispatch --------------------------------------------------------------------------
-template <template <Dtype> class Fn, class... Args>
-void with_dtype(Dtype d, Args&&... args) {
-  switch (d) {
-    case Dtype::f32:
-      Fn<Dtype::f32>::run(args...);
-      break;
-    case Dtype::bf16:
-      Fn<Dtype::bf16>::run(args...);
-      break;
-    case Dtype::f16:
-      Fn<Dtype::f16>::run(args...);
-      break;
-  }
-}
-
+// ---- dtype dispatch: runtime dtypes -> one template instance per combination -------------------
 template <class V>
 struct Impl {
-  template <Dtype G, Dtype M>
-  static void adam_p16(const AdamArgs& a, std::size_t b, std::size_t e) {
-    if (a.param16 == nullptr)
-      adam_range<V, G, M, false, Dtype::bf16>(a, b, e);
-    else if (a.param16_dtype == Dtype::bf16)
-      adam_range<V, G, M, true, Dtype::bf16>(a, b, e);
-    else
-      adam_range<V, G, M, true, Dtype::f16>(a, b, e);
-  }
-  template <Dtype G>
-  static void adam_m(const AdamArgs& a, std::size_t b, std::size_t e) {
-    if (a.moment_dtype == Dtype::bf16)
-      adam_p16<G, Dtype::bf16>(a, b, e);
-    else
-      adam_p16<G, Dtype::f32>(a, b, e);
-  }
   static void adam(const AdamArgs& a, std::size_t b, std::size_t e) {
-    switch (a.grad_dtype) {
-      case Dtype::f32:
-        adam_m<Dtype::f32>(a, b, e);
-        break;
-      case Dtype::bf16:
-        adam_m<Dtype::bf16>(a, b, e);
-        break;
-      case Dtype::f16:
-        adam_m<Dtype::f16>(a, b, e);
-        break;
-    }
-  }
-
-  template <Dtype G, Dtype M>
-  static void lion_p16(const LionArgs& a, std::size_t b, std::size_t e) {
-    if (a.param16 == nullptr)
-      lion_range<V, G, M, false, Dtype::bf16>(a, b, e);
-    else if (a.param16_dtype == Dtype::bf16)
-      lion_range<V, G, M, true, Dtype::bf16>(a, b, e);
-    else
-      lion_range<V, G, M, true, Dtype::f16>(a, b, e);
-  }
-  template <Dtype G>
-  static void lion_m(const LionArgs& a, std::size_t b, std::size_t e) {
-    if (a.moment_dtype == Dtype::bf16)
-      lion_p16<G, Dtype::bf16>(a, b, e);
-    else
-      lion_p16<G, Dtype::f32>(a, b, e);
+    visit_dtype(a.grad_dtype, [&](auto gt) {
+      visit_moment_dtype(a.moment_dtype, [&](auto mt) {
+        visit_param16(a.param16, a.param16_dtype, [&](auto has, auto pt) {
+          adam_range<V, decltype(gt)::value, decltype(mt)::value, decltype(has)::value,
+                     decltype(pt)::value>(a, b, e);
+        });
+      });
+    });
   }
   static void lion(const LionArgs& a, std::size_t b, std::size_t e) {
-    switch (a.grad_dtype) {
-      case Dtype::f32:
-        lion_m<Dtype::f32>(a, b, e);
-        break;
-      case Dtype::bf16:
-        lion_m<Dtype::bf16>(a, b, e);
-        break;
-      case Dtype::f16:
-        lion_m<Dtype::f16>(a, b, e);
-        break;
-    }
-  }
-
-  template <Dtype G>
-  static void sgd_g(const SgdArgs& a, std::size_t b, std::size_t e) {
-    if (a.param16 == nullptr)
-      sgd_range<V, G, false, Dtype::bf16>(a, b, e);
-    else if (a.param16_dtype == Dtype::bf16)
-      sgd_range<V, G, true, Dtype::bf16>(a, b, e);
-    else
-      sgd_range<V, G, true, Dtype::f16>(a, b, e);
+    visit_dtype(a.grad_dtype, [&](auto gt) {
+      visit_moment_dtype(a.moment_dtype, [&](auto mt) {
+        visit_param16(a.param16, a.param16_dtype, [&](auto has, auto pt) {
+          lion_range<V, decltype(gt)::value, decltype(mt)::value, decltype(has)::value,
+                     decltype(pt)::value>(a, b, e);
+        });
+      });
+    });
   }
   static void sgd(const SgdArgs& a, std::size_t b, std::size_t e) {
-    switch (a.grad_dtype) {
-      case Dtype::f32:
-        sgd_g<Dtype::f32>(a, b, e);
-        break;
-      case Dtype::bf16:
-        sgd_g<Dtype::bf16>(a, b, e);
-        break;
-      case Dtype::f16:
-        sgd_g<Dtype::f16>(a, b, e);
-        break;
-    }
+    visit_dtype(a.grad_dtype, [&](auto gt) {
+      visit_param16(a.param16, a.param16_dtype, [&](auto has, auto pt) {
+        sgd_range<V, decltype(gt)::value, decltype(has)::value, decltype(pt)::value>(a, b, e);
+      });
+    });
   }
-
   static void stats(const void* g, Dtype d, std::size_t b, std::size_t e, StatsLanes& out) {
-    switch (d) {
-      case Dtype::f32:
-        stats_range<V, Dtype::f32>(g, b, e, out);
-        break;
-      case Dtype::bf16:
-        stats_range<V, Dtype::bf16>(g, b, e, out);
-        break;
-      case Dtype::f16:
-        stats_range<V, Dtype::f16>(g, b, e, out);
-        break;
-    }
-  }
-
-  template <Dtype S>
-  static void cast_s(const void* src, void* dst, Dtype dd, std::size_t b, std::size_t e) {
-    switch (dd) {
-      case Dtype::f32:
-        cast_range<V, S, Dtype::f32>(src, dst, b, e);
-        break;
-      case Dtype::bf16:
-        cast_range<V, S, Dtype::bf16>(src, dst, b, e);
-        break;
-      case Dtype::f16:
-        cast_range<V, S, Dtype::f16>(src, dst, b, e);
-        break;
-    }
+    visit_dtype(d, [&](auto gd) { stats_range<V, decltype(gd)::value>(g, b, e, out); });
   }
   static void cast(const void* src, Dtype sd, void* dst, Dtype dd, std::size_t b, std::size_t e) {
-    switch (sd) {
-      case Dtype::f32:
-        cast_s<Dtype::f32>(src, dst, dd, b, e);
-        break;
-      case Dtype::bf16:
-        cast_s<Dtype::bf16>(src, dst, dd, b, e);
-        break;
-      case Dtype::f16:
-        cast_s<Dtype::f16>(src, dst, dd, b, e);
-        break;
-    }
-  }
-
-  template <Dtype A>
-  static void acc_a(void* acc, const void* g, Dtype gd, std::size_t b, std::size_t e) {
-    switch (gd) {
-      case Dtype::f32:
-        accumulate_range<V, A, Dtype::f32>(acc, g, b, e);
-        break;
-      case Dtype::bf16:
-        accumulate_range<V, A, Dtype::bf16>(acc, g, b, e);
-        break;
-      case Dtype::f16:
-        accumulate_range<V, A, Dtype::f16>(acc, g, b, e);
-        break;
-    }
+    visit_dtype(sd, [&](auto s) {
+      visit_dtype(dd, [&](auto d) {
+        cast_range<V, decltype(s)::value, decltype(d)::value>(src, dst, b, e);
+      });
+    });
   }
   static void accumulate(void* acc, Dtype ad, const void* g, Dtype gd, std::size_t b,
                          std::size_t e) {
-    switch (ad) {
-      case Dtype::f32:
-        acc_a<Dtype::f32>(acc, g, gd, b, e);
-        break;
-      case Dtype::bf16:
-        acc_a<Dtype::bf16>(acc, g, gd, b, e);
-        break;
-      case Dtype::f16:
-        acc_a<Dtype::f16>(acc, g, gd, b, e);
-        break;
-    }
+    visit_dtype(ad, [&](auto a) {
+      visit_dtype(gd, [&](auto gg) {
+        accumulate_range<V, decltype(a)::value, decltype(gg)::value>(acc, g, b, e);
+      });
+    });
   }
 };
 

@@ -253,80 +253,6 @@ void check(cudaError_t e, const char* what) {
     throw std::runtime_error(std::string("tierswap CUDA ") + what + ": " + cudaGetErrorString(e));
 }
 
-template <Dtype G, Dtype M>
-void launch_adam_p16(const AdamArgs& a, std::size_t n, cudaStream_t st) {
-  if (a.param16 == nullptr)
-    adam_kernel<G, M, false, Dtype::bf16><<<grid_for(n), kBlock, 0, st>>>(a, n);
-  else if (a.param16_dtype == Dtype::bf16)
-    adam_kernel<G, M, true, Dtype::bf16><<<grid_for(n), kBlock, 0, st>>>(a, n);
-  else
-    adam_kernel<G, M, true, Dtype::f16><<<grid_for(n), kBlock, 0, st>>>(a, n);
-}
-template <Dtype G>
-void launch_adam_m(const AdamArgs& a, std::size_t n, cudaStream_t st) {
-  if (a.moment_dtype == Dtype::bf16)
-    launch_adam_p16<G, Dtype::bf16>(a, n, st);
-  else
-    launch_adam_p16<G, Dtype::f32>(a, n, st);
-}
-
-template <Dtype G, Dtype M>
-void launch_lion_p16(const LionArgs& a, std::size_t n, cudaStream_t st) {
-  if (a.param16 == nullptr)
-    lion_kernel<G, M, false, Dtype::bf16><<<grid_for(n), kBlock, 0, st>>>(a, n);
-  else if (a.param16_dtype == Dtype::bf16)
-    lion_kernel<G, M, true, Dtype::bf16><<<grid_for(n), kBlock, 0, st>>>(a, n);
-  else
-    lion_kernel<G, M, true, Dtype::f16><<<grid_for(n), kBlock, 0, st>>>(a, n);
-}
-template <Dtype G>
-void launch_lion_m(const LionArgs& a, std::size_t n, cudaStream_t st) {
-  if (a.moment_dtype == Dtype::bf16)
-    launch_lion_p16<G, Dtype::bf16>(a, n, st);
-  else
-    launch_lion_p16<G, Dtype::f32>(a, n, st);
-}
-
-template <Dtype G>
-void launch_sgd(const SgdArgs& a, std::size_t n, cudaStream_t st) {
-  if (a.param16 == nullptr)
-    sgd_kernel<G, false, Dtype::bf16><<<grid_for(n), kBlock, 0, st>>>(a, n);
-  else if (a.param16_dtype == Dtype::bf16)
-    sgd_kernel<G, true, Dtype::bf16><<<grid_for(n), kBlock, 0, st>>>(a, n);
-  else
-    sgd_kernel<G, true, Dtype::f16><<<grid_for(n), kBlock, 0, st>>>(a, n);
-}
-
-template <Dtype S>
-void launch_cast(const void* src, void* dst, Dtype dd, std::size_t n, cudaStream_t st) {
-  switch (dd) {
-    case Dtype::f32:
-      cast_kernel<S, Dtype::f32><<<grid_for(n), kBlock, 0, st>>>(src, dst, n);
-      break;
-    case Dtype::bf16:
-      cast_kernel<S, Dtype::bf16><<<grid_for(n), kBlock, 0, st>>>(src, dst, n);
-      break;
-    case Dtype::f16:
-      cast_kernel<S, Dtype::f16><<<grid_for(n), kBlock, 0, st>>>(src, dst, n);
-      break;
-  }
-}
-
-template <Dtype A>
-void launch_acc(void* acc, const void* g, Dtype gd, std::size_t n, cudaStream_t st) {
-  switch (gd) {
-    case Dtype::f32:
-      accumulate_kernel<A, Dtype::f32><<<grid_for(n), kBlock, 0, st>>>(acc, g, n);
-      break;
-    case Dtype::bf16:
-      accumulate_kernel<A, Dtype::bf16><<<grid_for(n), kBlock, 0, st>>>(acc, g, n);
-      break;
-    case Dtype::f16:
-      accumulate_kernel<A, Dtype::f16><<<grid_for(n), kBlock, 0, st>>>(acc, g, n);
-      break;
-  }
-}
-
 }  // namespace
 
 bool available() noexcept {
@@ -341,17 +267,15 @@ void adam_step(const AdamConfig& cfg, std::int64_t step, const AdamState& st, co
                const Param16View& p16, std::size_t n, void* stream) {
   const AdamArgs a = kernels::adam_args(cfg, step, st, g, p16, n);
   if (n == 0) return;
-  switch (g.dtype) {
-    case Dtype::f32:
-      launch_adam_m<Dtype::f32>(a, n, as_stream(stream));
-      break;
-    case Dtype::bf16:
-      launch_adam_m<Dtype::bf16>(a, n, as_stream(stream));
-      break;
-    case Dtype::f16:
-      launch_adam_m<Dtype::f16>(a, n, as_stream(stream));
-      break;
-  }
+  const cudaStream_t cs = as_stream(stream);
+  kernels::visit_dtype(a.grad_dtype, [&](auto gt) {
+    kernels::visit_moment_dtype(a.moment_dtype, [&](auto mt) {
+      kernels::visit_param16(a.param16, a.param16_dtype, [&](auto has, auto pt) {
+        adam_kernel<decltype(gt)::value, decltype(mt)::value, decltype(has)::value,
+                    decltype(pt)::value><<<grid_for(n), kBlock, 0, cs>>>(a, n);
+      });
+    });
+  });
   check_launch("adam_step");
 }
 
@@ -359,17 +283,15 @@ void lion_step(const LionConfig& cfg, float* param, void* exp_avg, Dtype moment_
                const GradView& g, const Param16View& p16, std::size_t n, void* stream) {
   const LionArgs a = kernels::lion_args(cfg, param, exp_avg, moment_dtype, g, p16, n);
   if (n == 0) return;
-  switch (g.dtype) {
-    case Dtype::f32:
-      launch_lion_m<Dtype::f32>(a, n, as_stream(stream));
-      break;
-    case Dtype::bf16:
-      launch_lion_m<Dtype::bf16>(a, n, as_stream(stream));
-      break;
-    case Dtype::f16:
-      launch_lion_m<Dtype::f16>(a, n, as_stream(stream));
-      break;
-  }
+  const cudaStream_t cs = as_stream(stream);
+  kernels::visit_dtype(a.grad_dtype, [&](auto gt) {
+    kernels::visit_moment_dtype(a.moment_dtype, [&](auto mt) {
+      kernels::visit_param16(a.param16, a.param16_dtype, [&](auto has, auto pt) {
+        lion_kernel<decltype(gt)::value, decltype(mt)::value, decltype(has)::value,
+                    decltype(pt)::value><<<grid_for(n), kBlock, 0, cs>>>(a, n);
+      });
+    });
+  });
   check_launch("lion_step");
 }
 
@@ -377,17 +299,13 @@ void sgd_step(const SgdConfig& cfg, bool first_step, float* param, float* moment
               const GradView& g, const Param16View& p16, std::size_t n, void* stream) {
   const SgdArgs a = kernels::sgd_args(cfg, first_step, param, momentum_buffer, g, p16, n);
   if (n == 0) return;
-  switch (g.dtype) {
-    case Dtype::f32:
-      launch_sgd<Dtype::f32>(a, n, as_stream(stream));
-      break;
-    case Dtype::bf16:
-      launch_sgd<Dtype::bf16>(a, n, as_stream(stream));
-      break;
-    case Dtype::f16:
-      launch_sgd<Dtype::f16>(a, n, as_stream(stream));
-      break;
-  }
+  const cudaStream_t cs = as_stream(stream);
+  kernels::visit_dtype(a.grad_dtype, [&](auto gt) {
+    kernels::visit_param16(a.param16, a.param16_dtype, [&](auto has, auto pt) {
+      sgd_kernel<decltype(gt)::value, decltype(has)::value, decltype(pt)::value>
+          <<<grid_for(n), kBlock, 0, cs>>>(a, n);
+    });
+  });
   check_launch("sgd_step");
 }
 
@@ -413,17 +331,10 @@ void grad_stats(const void* grad, Dtype dtype, std::size_t n, double* d_sum_sq, 
   auto* flags = reinterpret_cast<int*>(partial + chunks);
   const std::size_t threads = chunks * kernels::kStatsLanes;
   const unsigned blocks = static_cast<unsigned>((threads + kBlock - 1) / kBlock);
-  switch (dtype) {
-    case Dtype::f32:
-      stats_lanes_kernel<Dtype::f32><<<blocks, kBlock, 0, st>>>(grad, n, chunks, partial, flags);
-      break;
-    case Dtype::bf16:
-      stats_lanes_kernel<Dtype::bf16><<<blocks, kBlock, 0, st>>>(grad, n, chunks, partial, flags);
-      break;
-    case Dtype::f16:
-      stats_lanes_kernel<Dtype::f16><<<blocks, kBlock, 0, st>>>(grad, n, chunks, partial, flags);
-      break;
-  }
+  kernels::visit_dtype(dtype, [&](auto gd) {
+    stats_lanes_kernel<decltype(gd)::value>
+        <<<blocks, kBlock, 0, st>>>(grad, n, chunks, partial, flags);
+  });
   check_launch("grad_stats (lanes)");
   stats_final_kernel<<<1, 1, 0, st>>>(partial, flags, chunks, d_sum_sq, d_nonfinite);
   check_launch("grad_stats (final)");
@@ -433,17 +344,13 @@ void cast(const void* src, Dtype sd, void* dst, Dtype dd, std::size_t n, void* s
   if (n == 0) return;
   kernels::need(src, "src");
   kernels::need(dst, "dst");
-  switch (sd) {
-    case Dtype::f32:
-      launch_cast<Dtype::f32>(src, dst, dd, n, as_stream(stream));
-      break;
-    case Dtype::bf16:
-      launch_cast<Dtype::bf16>(src, dst, dd, n, as_stream(stream));
-      break;
-    case Dtype::f16:
-      launch_cast<Dtype::f16>(src, dst, dd, n, as_stream(stream));
-      break;
-  }
+  const cudaStream_t cs = as_stream(stream);
+  kernels::visit_dtype(sd, [&](auto from) {
+    kernels::visit_dtype(dd, [&](auto to) {
+      cast_kernel<decltype(from)::value, decltype(to)::value>
+          <<<grid_for(n), kBlock, 0, cs>>>(src, dst, n);
+    });
+  });
   check_launch("cast");
 }
 
@@ -451,17 +358,13 @@ void accumulate(void* acc, Dtype ad, const void* g, Dtype gd, std::size_t n, voi
   if (n == 0) return;
   kernels::need(acc, "acc");
   kernels::need(g, "grad");
-  switch (ad) {
-    case Dtype::f32:
-      launch_acc<Dtype::f32>(acc, g, gd, n, as_stream(stream));
-      break;
-    case Dtype::bf16:
-      launch_acc<Dtype::bf16>(acc, g, gd, n, as_stream(stream));
-      break;
-    case Dtype::f16:
-      launch_acc<Dtype::f16>(acc, g, gd, n, as_stream(stream));
-      break;
-  }
+  const cudaStream_t cs = as_stream(stream);
+  kernels::visit_dtype(ad, [&](auto a) {
+    kernels::visit_dtype(gd, [&](auto gg) {
+      accumulate_kernel<decltype(a)::value, decltype(gg)::value>
+          <<<grid_for(n), kBlock, 0, cs>>>(acc, g, n);
+    });
+  });
   check_launch("accumulate");
 }
 

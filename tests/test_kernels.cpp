@@ -11,10 +11,12 @@
 #include <random>
 #include <vector>
 
+#include "kernel_inputs.hpp"
 #include "tierswap/kernels.hpp"
 #include "tierswap/thread_pool.hpp"
 
 using namespace tierswap;
+using tierswap::test::random_floats;
 
 namespace {
 
@@ -35,44 +37,6 @@ std::vector<CpuIsa> simd_isas() {
   std::vector<CpuIsa> v;
   for (CpuIsa i : {CpuIsa::avx2, CpuIsa::avx512, CpuIsa::neon})
     if (cpu_isa_supported(i)) v.push_back(i);
-  return v;
-}
-
-// Random floats with a sprinkling of zeros, -0, subnormals, huge values, inf and NaN.
-std::vector<float> random_floats(std::size_t n, std::uint64_t seed, float scale, bool specials) {
-  std::mt19937_64 rng(seed);
-  std::normal_distribution<float> d(0.0f, scale);
-  std::vector<float> v(n);
-  for (auto& x : v) {
-    x = d(rng);
-    if (specials) {
-      switch (rng() % 64) {
-        case 0:
-          x = 0.0f;
-          break;
-        case 1:
-          x = -0.0f;
-          break;
-        case 2:
-          x = from_bits(static_cast<std::uint32_t>(rng() % 0x7fffff) + 1);
-          break;  // subnormal
-        case 3:
-          x = std::numeric_limits<float>::infinity();
-          break;
-        case 4:
-          x = std::numeric_limits<float>::quiet_NaN();
-          break;
-        case 5:
-          x = 70000.0f;
-          break;  // above fp16's range
-        case 6:
-          x = from_bits(0xff800001u);
-          break;  // signalling NaN, negative
-        default:
-          break;
-      }
-    }
-  }
   return v;
 }
 

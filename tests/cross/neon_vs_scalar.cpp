@@ -2,11 +2,10 @@
 // library: built for aarch64 and run under qemu by neon_check.sh (x86 CI machines skip it).
 #include <cstdio>
 #include <cstring>
-#include <limits>
-#include <random>
 #include <vector>
 
 #include "kernels/cpu/kernels_impl.hpp"
+#include "tests/kernel_inputs.hpp"
 
 using namespace tierswap;
 using namespace tierswap::kernels;
@@ -24,46 +23,14 @@ void expect_same(const std::vector<T>& a, const std::vector<T>& b, const char* w
   }
 }
 
-std::vector<float> randoms(std::size_t n, unsigned seed) {
-  std::mt19937 rng(seed);
-  std::normal_distribution<float> d(0.0f, 1.0f);
-  std::vector<float> v(n);
-  for (auto& x : v) {
-    x = d(rng);
-    switch (rng() % 50) {
-      case 0:
-        x = 0.0f;
-        break;
-      case 1:
-        x = -0.0f;
-        break;
-      case 2:
-        x = std::numeric_limits<float>::infinity();
-        break;
-      case 3:
-        x = std::numeric_limits<float>::quiet_NaN();
-        break;
-      case 4:
-        x = 1e-40f;
-        break;
-      case 5:
-        x = 70000.0f;
-        break;
-      default:
-        break;
-    }
-  }
-  return v;
-}
-
 }  // namespace
 
 int main() {
   const KernelTable ref = make_table<Scalar>(CpuIsa::scalar);
   const KernelTable neon = make_table<Neon>(CpuIsa::neon);
   for (std::size_t n : {1ul, 3ul, 7ul, 17ul, 63ul, 65ul, 4097ul, 100003ul}) {
-    auto p0 = randoms(n, 1);
-    auto g32 = randoms(n, 2);
+    auto p0 = test::random_floats(n, 1, 1.0f, true);
+    auto g32 = test::random_floats(n, 2, 1.0f, true);
     std::vector<std::uint16_t> g16(n);
     for (std::size_t i = 0; i < n; ++i) g16[i] = to_bf16(g32[i] * 0.1f);
     for (Dtype pd : {Dtype::bf16, Dtype::f16}) {

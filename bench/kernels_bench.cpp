@@ -102,6 +102,7 @@ void BM_StreamTriad(benchmark::State& state, CpuIsa isa) {
 TIERSWAP_PER_ISA(BM_AdamwFusedBf16)
 TIERSWAP_PER_ISA(BM_LionFusedBf16)
 TIERSWAP_PER_ISA(BM_GradStatsBf16)
+BENCHMARK_CAPTURE(BM_GradStatsBf16, avx512bf16, CpuIsa::avx512bf16)->UseRealTime();
 TIERSWAP_PER_ISA(BM_CastBf16ToF32)
 TIERSWAP_PER_ISA(BM_CastF32ToBf16)
 TIERSWAP_PER_ISA(BM_StreamTriad)

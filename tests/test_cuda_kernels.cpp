@@ -85,3 +85,39 @@ TEST(CudaKernels, AdamStatsAndCastsMatchTheScalarReference) {
     EXPECT_EQ(d16.get(), h16) << "cast n=" << n;
   }
 }
+
+// The statistics pass's three paths: the 16-bit fast path, chunks sent to the exact path (bf16
+// squares beyond fp32's range, tiny values, inf/NaN) and all-zero chunks, for bf16 and fp16.
+TEST(CudaKernels, StatsFallbacksMatchTheScalarReference) {
+  if (!cuda::available()) GTEST_SKIP() << "no usable GPU: " << device_info().reason;
+  const std::size_t n = 5 * 8192 + 77;
+  for (Dtype d : {Dtype::bf16, Dtype::f16}) {
+    for (float scale : {1.0f, 1e25f, 1e-25f}) {
+      auto f = randoms(n, 9, scale);
+      if (d == Dtype::f16 && scale != 1.0f) continue;
+      std::vector<std::uint16_t> h(n);
+      for (std::size_t i = 0; i < n; ++i)
+        h[i] = d == Dtype::bf16 ? float_to_bf16(f[i]) : float_to_f16(f[i]);
+      for (std::size_t i = 8192; i < 2 * 8192; ++i) h[i] = 0x8000;  // an all-zero chunk
+      h[3 * 8192 + 5] = d == Dtype::bf16 ? float_to_bf16(3e35f) : float_to_f16(6e4f);
+      for (bool poison : {false, true}) {
+        if (poison) h[4 * 8192 + 9] = 0x7fc0;  // NaN
+        GradStats ref = grad_stats(h.data(), d, n, {CpuIsa::scalar});
+        DeviceVec<std::uint16_t> dg{h};
+        DeviceVec<double> dsum{std::vector<double>(1)};
+        DeviceVec<int> dflag{std::vector<int>(1)};
+        DeviceVec<char> ws{std::vector<char>(cuda::grad_stats_workspace_bytes(n))};
+        cuda::grad_stats(dg.d, d, n, dsum.d, dflag.d, ws.d, nullptr);
+        const double got = dsum.get()[0];
+        if (poison) {
+          EXPECT_TRUE(dflag.get()[0] != 0);
+          EXPECT_TRUE(ref.nonfinite);
+        } else {
+          EXPECT_EQ(std::memcmp(&got, &ref.sum_sq, sizeof got), 0)
+              << to_string(d) << " scale " << scale << ": " << got << " vs " << ref.sum_sq;
+          EXPECT_EQ(dflag.get()[0] != 0, ref.nonfinite);
+        }
+      }
+    }
+  }
+}

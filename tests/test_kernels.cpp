@@ -35,8 +35,14 @@ const std::size_t kSizes[] = {0, 1, 7, 15, 16, 17, 31, 33, 4097, (1u << 20) + 3}
 
 std::vector<CpuIsa> simd_isas() {
   std::vector<CpuIsa> v;
-  for (CpuIsa i : {CpuIsa::avx2, CpuIsa::avx512, CpuIsa::neon})
+  for (CpuIsa i : {CpuIsa::avx2, CpuIsa::avx512, CpuIsa::avx512bf16, CpuIsa::neon})
     if (cpu_isa_supported(i)) v.push_back(i);
+  return v;
+}
+
+std::vector<CpuIsa> all_isas() {
+  std::vector<CpuIsa> v = simd_isas();
+  v.insert(v.begin(), CpuIsa::scalar);
   return v;
 }
 
@@ -285,7 +291,8 @@ TEST(GradStats, MatchesAnExactSumAndFlagsNonFinite) {
     exact += v * v;
   }
   GradStats s = grad_stats(h.data(), Dtype::bf16, n);
-  EXPECT_NEAR(s.sum_sq, static_cast<double>(exact), 1e-12 * static_cast<double>(exact));
+  // The 16-bit fast path rounds once per fp32 add of a run of kStatsRun squares.
+  EXPECT_NEAR(s.sum_sq, static_cast<double>(exact), 1e-6 * static_cast<double>(exact));
   EXPECT_FALSE(s.nonfinite);
   for (float bad : {std::numeric_limits<float>::infinity(), -std::numeric_limits<float>::infinity(),
                     std::numeric_limits<float>::quiet_NaN()}) {
@@ -296,6 +303,57 @@ TEST(GradStats, MatchesAnExactSumAndFlagsNonFinite) {
   auto hf = to16(f, Dtype::f16);
   hf[7] = float_to_f16(1e6f);  // overflows fp16 to inf
   EXPECT_TRUE(grad_stats(hf.data(), Dtype::f16, n).nonfinite);
+}
+
+// Values whose squares leave fp32's range (bf16 only: |x| > 2^64 overflows, |x| < 2^-63 lands in
+// fp32 subnormals) send their chunk to the exact fp64 path; zeros stay on the fast path.
+TEST(GradStats, ChunksBeyondFp32RangeAreSummedExactly) {
+  const std::size_t n = 3 * 8192 + 100;
+  auto exact_sum = [](const std::vector<std::uint16_t>& h) {
+    long double e = 0;
+    for (auto x : h) {
+      const long double v = bf16_to_float(x);
+      e += v * v;
+    }
+    return static_cast<double>(e);
+  };
+  for (float scale : {1e30f, 1e25f, 1e-25f, 1e-35f, 1e-38f}) {
+    auto f = random_floats(n, 17, 1.0f, false);
+    for (auto& x : f) x *= scale;
+    auto h = to16(f, Dtype::bf16);
+    const double e = exact_sum(h);
+    ASSERT_GT(e, 0.0);
+    const GradStats ref = grad_stats(h.data(), Dtype::bf16, n, {CpuIsa::scalar});
+    for (CpuIsa isa : all_isas()) {
+      const GradStats s = grad_stats(h.data(), Dtype::bf16, n, {isa});
+      EXPECT_EQ(std::memcmp(&s.sum_sq, &ref.sum_sq, sizeof(double)), 0) << to_string(isa);
+      EXPECT_FALSE(s.nonfinite) << scale;
+      // Exact squares, summed in fp64 over 64 lanes: far tighter than the fast path's bound.
+      EXPECT_NEAR(s.sum_sq, e, 1e-13 * e) << "scale " << scale << " " << to_string(isa);
+    }
+  }
+  // One huge value in an otherwise ordinary chunk; an all-zero chunk (+0 and -0); a chunk of
+  // values too small for fp32 squares between ordinary chunks.
+  auto h = to16(random_floats(n, 18, 1.0f, false), Dtype::bf16);
+  h[8192 + 5] = float_to_bf16(3e35f);
+  for (std::size_t i = 0; i < 8192; ++i) h[i] = (i & 1) ? 0x8000 : 0;
+  for (std::size_t i = 2 * 8192; i < 3 * 8192; ++i) h[i] = float_to_bf16(1e-30f);
+  const double e = exact_sum(h);
+  const GradStats ref = grad_stats(h.data(), Dtype::bf16, n, {CpuIsa::scalar});
+  for (CpuIsa isa : all_isas()) {
+    const GradStats s = grad_stats(h.data(), Dtype::bf16, n, {isa});
+    EXPECT_EQ(std::memcmp(&s.sum_sq, &ref.sum_sq, sizeof(double)), 0) << to_string(isa);
+    EXPECT_FALSE(s.nonfinite);
+    EXPECT_NEAR(s.sum_sq, e, 1e-6 * e) << to_string(isa);
+  }
+  std::vector<std::uint16_t> zeros(n, 0x8000);
+  EXPECT_EQ(grad_stats(zeros.data(), Dtype::bf16, n).sum_sq, 0.0);
+  // fp16: squares of the largest and the smallest values stay in fp32's range.
+  std::vector<std::uint16_t> hf(n, 0x7bff);  // 65504
+  hf[3] = 0x0001;                            // 2^-24
+  const GradStats sf = grad_stats(hf.data(), Dtype::f16, n);
+  EXPECT_FALSE(sf.nonfinite);
+  EXPECT_NEAR(sf.sum_sq, (n - 1) * 65504.0 * 65504.0, 1e-6 * (n - 1) * 65504.0 * 65504.0);
 }
 
 TEST(ThreadCount, ResultsAreBitIdenticalForAnyPoolSize) {

@@ -41,6 +41,8 @@ std::string_view to_string(CpuIsa isa) noexcept {
       return "avx2";
     case CpuIsa::avx512:
       return "avx512";
+    case CpuIsa::avx512bf16:
+      return "avx512bf16";
     case CpuIsa::neon:
       return "neon";
   }
@@ -51,8 +53,9 @@ CpuIsa parse_isa(std::string_view s) {
   if (s == "scalar") return CpuIsa::scalar;
   if (s == "avx2") return CpuIsa::avx2;
   if (s == "avx512") return CpuIsa::avx512;
+  if (s == "avx512bf16") return CpuIsa::avx512bf16;
   if (s == "neon") return CpuIsa::neon;
-  throw_invalid("isa", s, "expected scalar, avx2, avx512 or neon");
+  throw_invalid("isa", s, "expected scalar, avx2, avx512, avx512bf16 or neon");
 }
 
 namespace {
@@ -64,6 +67,8 @@ const KernelTable* table_of(CpuIsa isa) noexcept {
       return kernels::avx2_table();
     case CpuIsa::avx512:
       return kernels::avx512_table();
+    case CpuIsa::avx512bf16:
+      return kernels::avx512bf16_table();
     case CpuIsa::neon:
       return kernels::neon_table();
   }
@@ -84,6 +89,8 @@ bool cpu_isa_supported(CpuIsa isa) noexcept {
       return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
              __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq") &&
              __builtin_cpu_supports("f16c");
+    case CpuIsa::avx512bf16:
+      return cpu_isa_supported(CpuIsa::avx512) && __builtin_cpu_supports("avx512bf16");
 #endif
 #if defined(__aarch64__)
     case CpuIsa::neon:
@@ -102,7 +109,7 @@ CpuIsa default_cpu_isa() {
         throw_invalid("TIERSWAP_CPU_ISA", v, "not supported by this CPU or this build");
       return want;
     }
-    for (CpuIsa c : {CpuIsa::avx512, CpuIsa::avx2, CpuIsa::neon})
+    for (CpuIsa c : {CpuIsa::avx512bf16, CpuIsa::avx512, CpuIsa::avx2, CpuIsa::neon})
       if (cpu_isa_supported(c)) return c;
     return CpuIsa::scalar;
   }();
@@ -195,16 +202,28 @@ GradStats grad_stats(const void* grad, Dtype dtype, std::size_t n, const CpuKern
   const std::size_t chunks = (n + kernels::kStatsChunk - 1) / kernels::kStatsChunk;
   std::vector<double> partial(chunks);
   std::vector<unsigned char> nonfinite(chunks);
+  const std::size_t full = n / kernels::kStatsChunk;  // chunks of kStatsChunk values
+  const int streams = dtype == Dtype::f32 ? 1 : t.stats16_streams;
+  // Chunks [cb, ce): the full ones as `streams` contiguous runs summed in lockstep (chunk j of
+  // each run together), the rest and a ragged last chunk one by one.
   auto run = [&](std::size_t cb, std::size_t ce) {
-    for (std::size_t c = cb; c < ce; ++c) {
-      kernels::StatsLanes l{};
-      const std::size_t b = c * kernels::kStatsChunk;
-      t.stats(grad, dtype, b, std::min(n, b + kernels::kStatsChunk), l);
-      partial[c] = kernels::combine_lanes(l.lane);
-      // Squares are >= 0 and cannot overflow an fp64 chunk sum: a non-finite sum means a
-      // non-finite value in the chunk.
-      nonfinite[c] = !std::isfinite(partial[c]);
+    const std::size_t fe = std::min(ce, full);
+    const std::size_t per = fe > cb ? (fe - cb) / streams : 0;
+    std::size_t b[kernels::kMaxStatsStreams];
+    for (std::size_t j = 0; j < per && streams > 1; ++j) {
+      for (int k = 0; k < streams; ++k) b[k] = (cb + k * per + j) * kernels::kStatsChunk;
+      double s[kernels::kMaxStatsStreams];
+      kernels::chunk_sums_sq(t, grad, dtype, b, kernels::kStatsChunk, streams, s);
+      for (int k = 0; k < streams; ++k) partial[cb + k * per + j] = s[k];
     }
+    for (std::size_t c = streams > 1 ? cb + per * streams : cb; c < ce; ++c) {
+      b[0] = c * kernels::kStatsChunk;
+      kernels::chunk_sums_sq(t, grad, dtype, b, std::min(n - b[0], kernels::kStatsChunk), 1,
+                             &partial[c]);
+    }
+    // A non-finite fast sum is recomputed exactly; exact squares are >= 0 and cannot overflow
+    // an fp64 chunk sum, so a non-finite sum means a non-finite value in the chunk.
+    for (std::size_t c = cb; c < ce; ++c) nonfinite[c] = !std::isfinite(partial[c]);
   };
   if (ctx.pool == nullptr || ctx.pool->size() == 1 || chunks < 8)
     run(0, chunks);
@@ -407,6 +426,9 @@ const KernelTable* avx2_table() {
 #endif
 #if !defined(TIERSWAP_KERNELS_AVX512)
 const KernelTable* avx512_table() {
+  return nullptr;
+}
+const KernelTable* avx512bf16_table() {
   return nullptr;
 }
 #endif

@@ -1,6 +1,7 @@
 // Internal: the per-ISA function table and the argument blocks the dispatcher fills in.
 #pragma once
 
+#include <cmath>
 #include <cstddef>
 #include <cstdint>
 #include <type_traits>
@@ -59,6 +60,7 @@ struct SgdArgs {
 };
 
 inline constexpr int kStatsLanes = 64;
+inline constexpr int kMaxStatsStreams = 8;  // chunks a stats16 call may take at once
 struct StatsLanes {
   double lane[kStatsLanes];
 };
@@ -68,8 +70,13 @@ struct KernelTable {
   void (*adam)(const AdamArgs&, std::size_t b, std::size_t e);
   void (*lion)(const LionArgs&, std::size_t b, std::size_t e);
   void (*sgd)(const SgdArgs&, std::size_t b, std::size_t e);
-  // [b, e) within one statistics chunk; b a multiple of 8.
+  // Statistics lanes of one chunk [b, e) (b is the chunk's start): exact fp64 squares, any dtype.
   void (*stats)(const void* g, Dtype d, std::size_t b, std::size_t e, StatsLanes& out);
+  // The fast path for bf16/f16 (fp32 runs of squares): `streams` chunks [b[k], b[k] + len) in
+  // lockstep, streams 1 or stats16_streams. Use chunk_sums_sq().
+  void (*stats16)(const void* g, Dtype d, const std::size_t* b, std::size_t len, int streams,
+                  StatsLanes* out);
+  int stats16_streams;
   void (*cast)(const void* src, Dtype sd, void* dst, Dtype dd, std::size_t b, std::size_t e);
   void (*accumulate)(void* acc, Dtype ad, const void* g, Dtype gd, std::size_t b, std::size_t e);
   void (*triad)(float* a, const float* b, const float* c, float s, std::size_t i, std::size_t e);
@@ -86,9 +93,10 @@ inline double combine_lanes(const double* lane) {
 }
 
 const KernelTable& scalar_table();
-const KernelTable* avx2_table();    // null when not compiled in
-const KernelTable* avx512_table();  // null when not compiled in
-const KernelTable* neon_table();    // null when not compiled in
+const KernelTable* avx2_table();        // null when not compiled in
+const KernelTable* avx512_table();      // null when not compiled in
+const KernelTable* avx512bf16_table();  // null when not compiled in
+const KernelTable* neon_table();        // null when not compiled in
 
 // ---- runtime dtype -> compile-time dtype (CPU and CUDA launchers) ------------------------------
 template <Dtype D>
@@ -152,5 +160,49 @@ SgdArgs sgd_args(const SgdConfig& cfg, bool first_step, float* param, float* mom
 
 /// Elements per statistics chunk: the unit of the fixed reduction order.
 inline constexpr std::size_t kStatsChunk = 8192;
+/// Squares each lane adds in fp32 before its run is widened into the lane's fp64 sum (16-bit path).
+inline constexpr std::size_t kStatsRun = 8;
+/// A 16-bit chunk whose fast sum is below this (but has a non-zero value) or is not finite is
+/// recomputed exactly: below it, fp32 underflow of bf16 squares (|x| < 2^-63) could matter.
+inline constexpr double kStatsExactBelow = 0x1p-80;
+
+/// True when every 16-bit value of [b, e) is +0 or -0.
+inline bool all_zero16(const void* g, std::size_t b, std::size_t e) {
+  const auto* h = static_cast<const std::uint16_t*>(g);
+  unsigned bits = 0;
+  for (std::size_t i = b; i < e; ++i) bits |= h[i] & 0x7fffu;
+  return bits == 0;
+}
+
+/// Sums of squares of statistics chunks [b[k], b[k] + len), k < count (count 1 or
+/// t.stats16_streams), in the fixed order every variant (CPU and CUDA) follows. 16-bit gradients
+/// take the fast path (fp32 runs of kStatsRun exact squares per lane, widened to fp64: relative
+/// error below kStatsRun * 2^-24 per run, about 5e-7); a chunk whose fast sum is not finite (an
+/// inf/NaN value, or a bf16 square beyond fp32's range), or is below kStatsExactBelow without
+/// being all zeros, is recomputed with exact fp64 squares. fp32 gradients always take the exact
+/// path.
+inline void chunk_sums_sq(const KernelTable& t, const void* g, Dtype d, const std::size_t* b,
+                          std::size_t len, int count, double* sums) {
+  StatsLanes l[kMaxStatsStreams];
+  if (d != Dtype::f32) {
+    t.stats16(g, d, b, len, count, l);
+    for (int k = 0; k < count; ++k) {
+      const double s = combine_lanes(l[k].lane);
+      if (std::isfinite(s) && (s >= kStatsExactBelow || all_zero16(g, b[k], b[k] + len))) {
+        sums[k] = s;
+      } else {
+        StatsLanes x{};
+        t.stats(g, d, b[k], b[k] + len, x);
+        sums[k] = combine_lanes(x.lane);
+      }
+    }
+    return;
+  }
+  for (int k = 0; k < count; ++k) {
+    StatsLanes x{};
+    t.stats(g, d, b[k], b[k] + len, x);
+    sums[k] = combine_lanes(x.lane);
+  }
+}
 
 }  // namespace tierswap::kernels

@@ -24,6 +24,7 @@ namespace {
 
 struct Scalar {
   static constexpr std::size_t W = 1;
+  static constexpr int kRegs = 16;
   using F = float;
   static F load(const float* p) { return *p; }
   static void store(float* p, F v) { *p = v; }
@@ -45,7 +46,8 @@ struct Scalar {
   // -1, 0 or +1; NaN stays NaN (as torch.sign).
   static F sign(F a) { return a != a ? a : a > 0 ? 1.0f : a < 0 ? -1.0f : 0.0f; }
 
-  // Statistics: value i of a chunk adds its (exact) square to fp64 lane i % 64, in order. 64
+  // Exact statistics (fp32 gradients, and the 16-bit fallback of kernels_impl.hpp's
+  // stats16_streams): value i of a chunk adds its (exact) square to fp64 lane i % 64, in order. 64
   // independent chains keep SIMD variants off the add latency while the order stays one and the
   // same for every variant. (A non-finite value makes its chunk's sum non-finite: squares are
   // >= 0 and even (fp32 max)^2 ~ 1.2e77 cannot overflow an fp64 sum, so no per-value flag.)
@@ -56,11 +58,29 @@ struct Scalar {
     const double d = x;
     acc.lane[i & 63] += d * d;
   }
+  // The 16-bit statistics path: lanes[j] += (double)x[j] for the W lanes of x (exact widening).
+  static void widen_add(F x, double* lanes) { lanes[0] += static_cast<double>(x); }
+  // bf16 statistics, the semantics of AVX512-BF16's VDPBF16PS with a = b = 2W raw bf16 values:
+  // lane j: acc = (acc + sq(x[2j+1])) + sq(x[2j]), one rounding per add, where sq(x) is x * x
+  // (exact in fp32) but 0 when |x| < 2^-63 (the instruction treats subnormal inputs and products
+  // as zero). Magnitudes are tested on the bits, so inf and NaN go through.
+  static bool sq_kept(std::uint16_t h) { return (h & 0x7fffu) >= 0x2000u; }
+  static void sq_pairs_bf16(const std::uint16_t* p, F& acc) {
+    if (sq_kept(p[1])) {
+      const float o = from_bf16(p[1]);
+      acc = acc + o * o;
+    }
+    if (sq_kept(p[0])) {
+      const float e = from_bf16(p[0]);
+      acc = acc + e * e;
+    }
+  }
 };
 
 #if defined(__AVX2__)
 struct Avx2 {
   static constexpr std::size_t W = 8;
+  static constexpr int kRegs = 16;  // vector registers
   using F = __m256;
   static F load(const float* p) { return _mm256_loadu_ps(p); }
   static void store(float* p, F v) { _mm256_storeu_ps(p, v); }
@@ -129,6 +149,22 @@ struct Avx2 {
   static void acc_finish(const Acc& acc, Scalar::Acc& out) {
     for (int k = 0; k < 16; ++k) _mm256_storeu_pd(out.lane + 4 * k, acc.lane[k]);
   }
+  static void sq_pairs_bf16(const std::uint16_t* p, F& acc) {  // see Scalar::sq_pairs_bf16
+    const __m256i w = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
+    const __m256i mag = _mm256_set1_epi32(0x7fffffff), small = _mm256_set1_epi32(0x1fffffff);
+    __m256i e = _mm256_slli_epi32(w, 16);
+    __m256i o = _mm256_and_si256(w, _mm256_set1_epi32(static_cast<int>(0xffff0000u)));
+    e = _mm256_and_si256(e, _mm256_cmpgt_epi32(_mm256_and_si256(e, mag), small));
+    o = _mm256_and_si256(o, _mm256_cmpgt_epi32(_mm256_and_si256(o, mag), small));
+    const __m256 ef = _mm256_castsi256_ps(e), of = _mm256_castsi256_ps(o);
+    acc = _mm256_fmadd_ps(ef, ef, _mm256_fmadd_ps(of, of, acc));
+  }
+  static void widen_add(F x, double* lanes) {
+    _mm256_storeu_pd(
+        lanes, _mm256_add_pd(_mm256_loadu_pd(lanes), _mm256_cvtps_pd(_mm256_castps256_ps128(x))));
+    _mm256_storeu_pd(lanes + 4, _mm256_add_pd(_mm256_loadu_pd(lanes + 4),
+                                              _mm256_cvtps_pd(_mm256_extractf128_ps(x, 1))));
+  }
   static void stream_store(float* p, F v) {
     if ((reinterpret_cast<std::uintptr_t>(p) & 31) == 0)
       _mm256_stream_ps(p, v);
@@ -141,6 +177,7 @@ struct Avx2 {
 #if defined(__AVX512F__)
 struct Avx512 {
   static constexpr std::size_t W = 16;
+  static constexpr int kRegs = 32;
   using F = __m512;
   static F load(const float* p) { return _mm512_loadu_ps(p); }
   static void store(float* p, F v) { _mm512_storeu_ps(p, v); }
@@ -209,6 +246,22 @@ struct Avx512 {
   static void acc_finish(const Acc& acc, Scalar::Acc& out) {
     for (int k = 0; k < 8; ++k) _mm512_storeu_pd(out.lane + 8 * k, acc.lane[k]);
   }
+  static void sq_pairs_bf16(const std::uint16_t* p, F& acc) {  // see Scalar::sq_pairs_bf16
+    const __m512i w = _mm512_loadu_si512(p);
+    const __m512i mag = _mm512_set1_epi32(0x7fffffff), small = _mm512_set1_epi32(0x1fffffff);
+    const __m512i e = _mm512_slli_epi32(w, 16);
+    const __m512i o = _mm512_and_si512(w, _mm512_set1_epi32(static_cast<int>(0xffff0000u)));
+    const __mmask16 ke = _mm512_cmpgt_epi32_mask(_mm512_and_si512(e, mag), small);
+    const __mmask16 ko = _mm512_cmpgt_epi32_mask(_mm512_and_si512(o, mag), small);
+    const __m512 ef = _mm512_castsi512_ps(e), of = _mm512_castsi512_ps(o);
+    acc = _mm512_mask3_fmadd_ps(ef, ef, _mm512_mask3_fmadd_ps(of, of, acc, ko), ke);
+  }
+  static void widen_add(F x, double* lanes) {
+    _mm512_storeu_pd(
+        lanes, _mm512_add_pd(_mm512_loadu_pd(lanes), _mm512_cvtps_pd(_mm512_castps512_ps256(x))));
+    const __m256 hi = _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(x), 1));
+    _mm512_storeu_pd(lanes + 8, _mm512_add_pd(_mm512_loadu_pd(lanes + 8), _mm512_cvtps_pd(hi)));
+  }
   static void stream_store(float* p, F v) {
     if ((reinterpret_cast<std::uintptr_t>(p) & 63) == 0)
       _mm512_stream_ps(p, v);
@@ -218,11 +271,23 @@ struct Avx512 {
 };
 #endif
 
+#if defined(__AVX512BF16__)
+// AVX-512 with AVX512-BF16: only the bf16 statistics differ, done by the instruction the
+// reference's sq_pairs_bf16 describes.
+struct Avx512Bf16 : Avx512 {
+  static void sq_pairs_bf16(const std::uint16_t* p, F& acc) {
+    const __m512bh w = reinterpret_cast<__m512bh>(_mm512_loadu_si512(p));
+    acc = _mm512_dpbf16_ps(acc, w, w);
+  }
+};
+#endif
+
 #if defined(__aarch64__)
 // NEON (AArch64: always present). fp16 conversions go lane by lane through the reference recipe,
 // so they are bit-identical by construction; bf16 uses the same integer rounding as the others.
 struct Neon {
   static constexpr std::size_t W = 4;
+  static constexpr int kRegs = 32;
   using F = float32x4_t;
   static F load(const float* p) { return vld1q_f32(p); }
   static void store(float* p, F v) { vst1q_f32(p, v); }
@@ -286,6 +351,20 @@ struct Neon {
   }
   static void acc_finish(const Acc& acc, Scalar::Acc& out) {
     for (int k = 0; k < 32; ++k) vst1q_f64(out.lane + 2 * k, acc.lane[k]);
+  }
+  static void sq_pairs_bf16(const std::uint16_t* p, F& acc) {  // see Scalar::sq_pairs_bf16
+    const uint32x4_t w = vreinterpretq_u32_u16(vld1q_u16(p));
+    const uint32x4_t mag = vdupq_n_u32(0x7fffffffu), small = vdupq_n_u32(0x1fffffffu);
+    uint32x4_t e = vshlq_n_u32(w, 16);
+    uint32x4_t o = vandq_u32(w, vdupq_n_u32(0xffff0000u));
+    e = vandq_u32(e, vcgtq_u32(vandq_u32(e, mag), small));
+    o = vandq_u32(o, vcgtq_u32(vandq_u32(o, mag), small));
+    const F ef = vreinterpretq_f32_u32(e), of = vreinterpretq_f32_u32(o);
+    acc = vfmaq_f32(vfmaq_f32(acc, of, of), ef, ef);
+  }
+  static void widen_add(F x, double* lanes) {
+    vst1q_f64(lanes, vaddq_f64(vld1q_f64(lanes), vcvt_f64_f32(vget_low_f32(x))));
+    vst1q_f64(lanes + 2, vaddq_f64(vld1q_f64(lanes + 2), vcvt_high_f64_f32(x)));
   }
   static void stream_store(float* p, F v) { vst1q_f32(p, v); }
 };

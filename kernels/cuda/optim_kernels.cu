@@ -181,40 +181,116 @@ __global__ void accumulate_kernel(void* acc, const void* g, std::size_t n) {
   }
 }
 
-// Statistics in the CPU's fixed order: chunk c of kStatsChunk values, lane j (of 64) sums the
-// squares of values j, j+64, ... of it in sequence; the lanes combine in the pairwise tree of
-// kernels::combine_lanes(); chunks add in order. One thread per (chunk, lane): a block of 256
-// threads holds 4 chunks.
+// Statistics in the CPU's fixed order (kernels/cpu/kernels_impl.hpp and kernel_table.hpp's
+// chunk_sums_sq): chunk c of kStatsChunk values, 64 lanes. One thread per (chunk, lane): a block
+// of 256 threads holds 4 chunks. The 16-bit fast path sums fp32 runs of kStatsRun squares per lane
+// (bf16: lane j takes the pair (2j, 2j+1) of each 128-value block, odd square first, squares of
+// |x| < 2^-63 dropped; fp16: value i feeds lane i % 64) and widens each run into the lane's fp64
+// sum; lanes combine in the pairwise tree of kernels::combine_lanes(); a chunk whose fast sum is
+// not finite, or below kStatsExactBelow with a non-zero value, is summed again with exact fp64
+// squares (lane j: values j, j+64, ...). fp32 gradients take the exact path only.
+__device__ __forceinline__ double stats_exact_lane(const void* g, Dtype d, std::size_t b,
+                                                   std::size_t e, unsigned lane) {
+  double acc = 0.0;
+  for (std::size_t i = b + lane; i < e; i += kernels::kStatsLanes) {
+    const float x = d == Dtype::f32    ? Mem<Dtype::f32>::load(g, i)
+                    : d == Dtype::bf16 ? Mem<Dtype::bf16>::load(g, i)
+                                       : Mem<Dtype::f16>::load(g, i);
+    const double v = static_cast<double>(x);
+    acc = __dadd_rn(acc, __dmul_rn(v, v));
+  }
+  return acc;
+}
+
+// The pairwise tree over the 64 lanes of each chunk in sum[]; every thread of the block calls it.
+__device__ __forceinline__ void stats_tree(double* sum, unsigned lane) {
+  __syncthreads();
+  for (unsigned step = 1; step < kernels::kStatsLanes; step *= 2) {
+    if (lane % (2 * step) == 0)
+      sum[threadIdx.x] = __dadd_rn(sum[threadIdx.x], sum[threadIdx.x + step]);
+    __syncthreads();
+  }
+}
+
 template <Dtype G>
 __global__ void stats_lanes_kernel(const void* g, std::size_t n, std::size_t chunks,
                                    double* partial, int* nonfinite) {
   constexpr int L = kernels::kStatsLanes;
+  static_assert(256 % L == 0);
   __shared__ double sum[256];
+  __shared__ int nonzero[256 / L];
+  __shared__ int redo[256 / L];
+  __shared__ int any_redo;
   const std::size_t t = blockIdx.x * static_cast<std::size_t>(blockDim.x) + threadIdx.x;
   const std::size_t c = t / L;
   const unsigned lane = threadIdx.x % L;
+  const unsigned slot = threadIdx.x / L;
+  const std::size_t b = c * kernels::kStatsChunk;
+  const std::size_t e = c < chunks ? min(n, b + kernels::kStatsChunk) : b;
+  if (threadIdx.x == 0) any_redo = 0;
+  if (lane == 0) nonzero[slot] = 0;
+  __syncthreads();
   double acc = 0.0;
-  if (c < chunks) {
-    const std::size_t b = c * kernels::kStatsChunk;
-    const std::size_t e = min(n, b + kernels::kStatsChunk);
-    for (std::size_t i = b + lane; i < e; i += L) {
-      const float x = Mem<G>::load(g, i);
-      const double d = static_cast<double>(x);
-      acc = __dadd_rn(acc, __dmul_rn(d, d));
+  if constexpr (G == Dtype::f32) {
+    if (c < chunks) acc = stats_exact_lane(g, G, b, e, lane);
+  } else if (c < chunks) {
+    const auto* h = static_cast<const std::uint16_t*>(g);
+    unsigned bits = 0;
+    float run = 0.0f;
+    if constexpr (G == Dtype::bf16) {
+      std::size_t m = 0;
+      for (std::size_t blk = b; blk < e; blk += 128, ++m) {
+        const std::size_t i0 = blk + 2 * lane;
+        for (int q = 1; q >= 0; --q) {  // odd square first, as VDPBF16PS
+          const std::size_t i = i0 + q;
+          if (i >= e) continue;
+          bits |= h[i] & 0x7fffu;
+          if ((h[i] & 0x7fffu) >= 0x2000u) {
+            const float x = from_bf16(h[i]);
+            run = __fadd_rn(run, __fmul_rn(x, x));
+          }
+        }
+        if ((m + 1) % (kernels::kStatsRun / 2) == 0) {
+          acc = __dadd_rn(acc, static_cast<double>(run));
+          run = 0.0f;
+        }
+      }
+    } else {
+      std::size_t m = 0;
+      for (std::size_t i = b + lane; i < e; i += L, ++m) {
+        bits |= h[i] & 0x7fffu;
+        const float x = from_f16(h[i]);
+        run = __fmaf_rn(x, x, run);
+        if ((m + 1) % kernels::kStatsRun == 0) {
+          acc = __dadd_rn(acc, static_cast<double>(run));
+          run = 0.0f;
+        }
+      }
     }
+    acc = __dadd_rn(acc, static_cast<double>(run));
+    if (bits != 0) atomicOr(&nonzero[slot], 1);
   }
   sum[threadIdx.x] = acc;
-  __syncthreads();
-  for (unsigned step = 1; step < L; step *= 2) {
-    if (lane % (2 * step) == 0) {
-      sum[threadIdx.x] = __dadd_rn(sum[threadIdx.x], sum[threadIdx.x + step]);
+  stats_tree(sum, lane);
+  double total = sum[threadIdx.x];  // lane 0: the chunk's sum
+  if constexpr (G != Dtype::f32) {
+    if (lane == 0) {
+      redo[slot] =
+          c < chunks && (!isfinite(total) || (total < kernels::kStatsExactBelow && nonzero[slot]));
+      if (redo[slot]) atomicOr(&any_redo, 1);
     }
     __syncthreads();
+    if (any_redo) {  // block-uniform: every thread reaches the tree's barriers
+      sum[threadIdx.x] = redo[slot] ? stats_exact_lane(g, G, b, e, lane) : 0.0;
+      stats_tree(sum, lane);
+      if (redo[slot]) total = sum[threadIdx.x];
+    }
   }
   if (lane == 0 && c < chunks) {
-    partial[c] = sum[threadIdx.x];
-    // As on the CPU: a non-finite value makes the chunk's sum non-finite.
-    nonfinite[c] = !isfinite(sum[threadIdx.x]);
+    partial[c] = total;
+    // As on the CPU: exact squares cannot overflow an fp64 chunk sum, so a non-finite sum means
+    // a non-finite value in the chunk.
+    nonfinite[c] = !isfinite(total);
   }
 }
 

@@ -84,6 +84,13 @@ int main() {
       expect_same(pa, pb, "lion param", n);
       expect_same(ma, mb, "lion exp_avg", n);
     }
+    // Statistics: the exact lanes per chunk, and the 16-bit fast path's chunk sums (bf16 and fp16,
+    // with values whose bf16 squares leave fp32's range so the exact fallback runs too).
+    std::vector<std::uint16_t> g16h(n), g16s(n);
+    for (std::size_t i = 0; i < n; ++i) {
+      g16h[i] = to_f16(g32[i]);
+      g16s[i] = to_bf16(g32[i] * (i % 3 == 0 ? 1e-30f : i % 3 == 1 ? 1.0f : 1e25f));
+    }
     for (std::size_t b = 0; b < n; b += kStatsChunk) {
       const std::size_t e = std::min(n, b + kStatsChunk);
       StatsLanes x{}, y{};
@@ -92,6 +99,16 @@ int main() {
       if (std::memcmp(x.lane, y.lane, sizeof x.lane) != 0) {
         std::printf("FAIL stats n=%zu\n", n);
         ++failures;
+      }
+      for (const auto* src : {&g16, &g16h, &g16s}) {
+        const Dtype d = src == &g16h ? Dtype::f16 : Dtype::bf16;
+        double sx = 0, sy = 0;
+        chunk_sums_sq(ref, src->data(), d, &b, e - b, 1, &sx);
+        chunk_sums_sq(neon, src->data(), d, &b, e - b, 1, &sy);
+        if (std::memcmp(&sx, &sy, sizeof sx) != 0) {
+          std::printf("FAIL stats16 %s n=%zu\n", d == Dtype::f16 ? "f16" : "bf16", n);
+          ++failures;
+        }
       }
     }
   }

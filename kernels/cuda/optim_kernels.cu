@@ -463,5 +463,14 @@ void copy_to_host(void* dst, const void* src, std::size_t bytes, void* stream) {
 void synchronize(void* stream) {
   check(cudaStreamSynchronize(as_stream(stream)), "synchronize");
 }
+bool host_register(void* p, std::size_t bytes) noexcept {
+  if (!available()) return false;
+  if (cudaHostRegister(p, bytes, cudaHostRegisterDefault) == cudaSuccess) return true;
+  cudaGetLastError();  // clear the sticky-free error so later calls do not see it
+  return false;
+}
+void host_unregister(void* p) noexcept {
+  cudaHostUnregister(p);
+}
 
 }  // namespace tierswap::cuda

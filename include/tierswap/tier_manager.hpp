@@ -1,0 +1,291 @@
+// TierManager: owns every byte of training state and knows where it is. A block (a named, typed
+// buffer: fp32 master weights, a moment, a 16-bit gradient, ...) lives in up to three tiers:
+//
+//   device  GPU memory (cudaMalloc slabs), or a *simulated* device tier on a machine without a
+//           GPU: host memory with a capacity and a copy bandwidth, labelled "simulated" everywhere
+//   host    pinned host slabs (cudaHostRegister with a GPU, else mlock where the memlock limit
+//           allows, else page-aligned memory with a warning), registered with the io_uring ring
+//   nvme    extents of a SwapSpace, read and written through an IoEngine
+//
+// NVMe is the home of every block; host and device hold copies. Each copy has a state (absent,
+// valid, dirty, reading, writing); "dirty" means newer than the tiers below it.
+//
+// Generations (shadow paging). Every block has two NVMe extent slots (one in in-place mode). Data
+// written back during the open generation goes to the uncommitted slot; commit() makes it durable
+// (data synced, then a manifest naming the new slots written to a temp file, fsynced and renamed)
+// and flips the slots of every block written in the generation; discard() drops everything
+// written or dirtied since the last commit, leaving the committed state bit for bit. Reopening a
+// swap directory after a crash yields the last committed generation with every block's checksum
+// verified.
+//
+// Thread-safety: every member may be called from any number of threads. A BlockView keeps its
+// block resident (pinned) in its tier until it is released; two writable views of one block never
+// coexist, and a block with views can be neither evicted nor discarded.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <filesystem>
+#include <memory>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "tierswap/kernels.hpp"
+
+namespace tierswap {
+
+class SwapSpace;
+class IoEngine;
+
+enum class Tier : std::uint8_t { device, host, nvme };
+inline constexpr int kTierCount = 3;
+/// "gpu" for the device tier (the name the CLI and JSON use), "host", "nvme".
+std::string_view to_string(Tier t) noexcept;
+/// "gpu" | "device" | "host" | "nvme"; std::invalid_argument otherwise.
+Tier parse_tier(std::string_view text);
+
+enum class BlockClass : std::uint8_t {
+  master,
+  exp_avg,
+  exp_avg_sq,
+  max_exp_avg_sq,
+  momentum,
+  grad16,
+  param16,
+  other
+};
+std::string_view to_string(BlockClass c) noexcept;
+/// The names above; std::invalid_argument otherwise.
+BlockClass parse_block_class(std::string_view text);
+
+enum class CopyState : std::uint8_t { absent, valid, dirty, reading, writing };
+std::string_view to_string(CopyState s) noexcept;
+
+/// Who a block belongs to: rank, parameter group, sub-group (-1: not applicable).
+struct BlockOwner {
+  int rank = 0;
+  int group = -1;
+  int subgroup = -1;
+  friend bool operator==(const BlockOwner&, const BlockOwner&) = default;
+};
+
+struct BlockDesc {
+  std::string name;  ///< unique, non-empty, at most 255 bytes, no control characters
+  BlockClass cls = BlockClass::other;
+  Dtype dtype = Dtype::f32;
+  std::uint64_t numel = 0;  ///< > 0
+  BlockOwner owner;
+  std::uint64_t bytes() const noexcept { return numel * dtype_size(dtype); }
+};
+
+using BlockId = std::uint32_t;
+
+enum class DeviceTierMode : std::uint8_t {
+  automatic,  ///< the GPU when one is usable, else simulated when device_budget > 0
+  gpu,        ///< a GPU is required
+  simulated,  ///< host memory standing in for the GPU
+  off         ///< no device tier
+};
+
+struct TierConfig {
+  std::uint64_t host_budget = std::uint64_t{1} << 30;  ///< pinned host bytes, never exceeded
+  std::uint64_t host_slab_size = 64ull << 20;          ///< slab granularity of the host pool
+  bool lock_host_memory = true;  ///< pin host slabs (cudaHostRegister / mlock) when allowed
+  int numa_node = -1;            ///< bind host slabs to this node (-1: no binding)
+  DeviceTierMode device_mode = DeviceTierMode::automatic;
+  std::uint64_t device_budget = 0;      ///< device tier bytes (0: no device tier)
+  double simulated_device_gbps = 25.0;  ///< copy bandwidth of the simulated device tier
+  std::uint64_t max_dirty_bytes = 256ull << 20;  ///< write-behind starts above this
+  std::uint32_t lookahead = 2;    ///< prefetches in flight at once (demand reads go first)
+  bool shadow_slots = true;       ///< two NVMe slots per block; false: in place (no rollback)
+  bool durable = true;            ///< fdatasync + fsync'd manifest at each commit
+  bool verify_on_open = true;     ///< read back and checksum every committed block when opening
+  /// Overrides from TIERSWAP_HOST_BUDGET, TIERSWAP_HOST_SLAB, TIERSWAP_LOCK_HOST (0|1),
+  /// TIERSWAP_NUMA_NODE, TIERSWAP_DEVICE_TIER (auto|gpu|simulated|off),
+  /// TIERSWAP_DEVICE_BUDGET, TIERSWAP_SIM_DEVICE_GBPS, TIERSWAP_MAX_DIRTY, TIERSWAP_LOOKAHEAD,
+  /// TIERSWAP_SHADOW (0|1), TIERSWAP_DURABLE (0|1).
+  static TierConfig from_env();
+  static TierConfig from_env(TierConfig base);
+  /// Loads {"host_budget", "host_slab_size", "lock_host_memory", "numa_node", "device_mode",
+  /// "device_budget", "simulated_device_gbps", "max_dirty_bytes", "lookahead", "shadow_slots",
+  /// "durable", "verify_on_open"}; sizes as numbers or strings ("2GiB"). Unknown keys or bad
+  /// values throw std::invalid_argument naming the key.
+  static TierConfig from_json(std::string_view json);
+  void validate() const;
+};
+
+/// Counters since the manager was created. Bytes and operations per tier and direction
+/// ("in" = into that tier), time stalled waiting for I/O, prefetch hits and misses.
+struct TierCounters {
+  std::uint64_t bytes_in[kTierCount] = {};
+  std::uint64_t bytes_out[kTierCount] = {};
+  std::uint64_t ops_in[kTierCount] = {};
+  std::uint64_t ops_out[kTierCount] = {};
+  double busy_seconds_in[kTierCount] = {};  ///< summed transfer time (per-tier bandwidth)
+  double busy_seconds_out[kTierCount] = {};
+  std::uint64_t stalls = 0;         ///< acquires that waited for a transfer
+  double stall_seconds = 0;         ///< time those waits took
+  std::uint64_t prefetch_hits = 0;  ///< acquires served by a prefetch (done or in flight)
+  std::uint64_t prefetch_misses = 0;
+  std::uint64_t evictions = 0;
+  std::uint64_t write_behind = 0;  ///< write-backs started by the dirty-bytes bound
+  std::uint64_t commits = 0;
+  std::uint64_t discards = 0;
+  std::uint32_t inflight_ops = 0;  ///< now
+  std::uint32_t queued_prefetches = 0;
+};
+
+/// Where everything is, now.
+struct ResidencySnapshot {
+  struct TierRow {
+    Tier tier;
+    std::uint64_t capacity_bytes = 0;
+    std::uint64_t resident_bytes = 0;  ///< blocks with a valid or dirty copy in the tier
+    std::uint64_t dirty_bytes = 0;
+    std::uint64_t inflight_bytes = 0;  ///< copies being read into or written from the tier
+    std::uint64_t pinned_bytes = 0;    ///< blocks with views
+  };
+  struct ClassRow {
+    BlockClass cls;
+    Tier tier;
+    std::uint64_t bytes = 0;
+  };
+  struct BlockRow {
+    std::string name;
+    BlockClass cls;
+    Dtype dtype;
+    std::uint64_t numel = 0;
+    BlockOwner owner;
+    CopyState state[kTierCount] = {};
+    std::uint32_t pins = 0;
+  };
+  int pid = 0;
+  bool simulated_device = false;
+  bool device_tier = false;
+  std::string host_memory;  ///< "cuda-registered", "mlocked" or "pageable"
+  std::vector<TierRow> tiers;
+  std::vector<ClassRow> classes;
+  std::vector<BlockRow> blocks;
+  std::uint64_t committed_generation = 0;
+  bool checksums_verified = false;
+  TierCounters counters;
+  /// The JSON the CLI prints (schema in the README).
+  std::string to_json() const;
+};
+
+class TierManager;
+
+/// A resident copy of a block, pinned in its tier until released or destroyed (destroying an
+/// unreleased view releases it clean). Move-only; must not outlive its manager.
+class BlockView {
+ public:
+  BlockView() noexcept = default;
+  BlockView(BlockView&& o) noexcept;
+  BlockView& operator=(BlockView&& o) noexcept;
+  BlockView(const BlockView&) = delete;
+  BlockView& operator=(const BlockView&) = delete;
+  ~BlockView();
+  explicit operator bool() const noexcept { return mgr_ != nullptr; }
+  /// Host pointer for the host tier, a device pointer for the GPU tier (host memory when the
+  /// device tier is simulated).
+  std::byte* data() const noexcept { return data_; }
+  std::uint64_t bytes() const noexcept { return bytes_; }
+  BlockId id() const noexcept { return id_; }
+  Tier tier() const noexcept { return tier_; }
+  bool writable() const noexcept { return writable_; }
+
+ private:
+  friend class TierManager;
+  TierManager* mgr_ = nullptr;
+  std::byte* data_ = nullptr;
+  std::uint64_t bytes_ = 0;
+  BlockId id_ = 0;
+  Tier tier_ = Tier::host;
+  bool writable_ = false;
+};
+
+enum class Access : std::uint8_t { read, write };
+
+class TierManager {
+ public:
+  /// Opens the manager on a swap space and engine (both must outlive it). If the space's first
+  /// directory holds a manifest, its blocks are restored at the committed generation (their
+  /// checksums verified when cfg.verify_on_open); a manifest of another space, or a corrupt or
+  /// truncated one, or a block whose data does not match its checksum, throws
+  /// std::runtime_error naming the file and the problem (nothing is changed on disk then).
+  TierManager(SwapSpace& space, IoEngine& engine, TierConfig cfg = {});
+  /// Waits for in-flight transfers. Uncommitted changes are dropped (not written).
+  ~TierManager();
+  TierManager(const TierManager&) = delete;
+  TierManager& operator=(const TierManager&) = delete;
+
+  /// Registers a block (all zeros, no copy anywhere) and reserves its NVMe slots. Throws
+  /// std::invalid_argument for a bad descriptor or a duplicate name, std::system_error(ENOSPC)
+  /// when the swap space cannot hold it.
+  BlockId create(const BlockDesc& desc);
+  std::optional<BlockId> find(std::string_view name) const;
+  BlockDesc desc(BlockId id) const;
+  std::size_t block_count() const;
+
+  /// Starts bringing the block into `tier` (queued behind demand reads, at most
+  /// TierConfig::lookahead in flight). A no-op when it is already there or on its way.
+  void prefetch(BlockId id, Tier tier);
+  /// Makes the block resident in `tier` (host or device) and pins it there; waits for an
+  /// in-flight read rather than issuing a second one. Access::write requires that no other view of
+  /// the block exists (std::logic_error otherwise). Running out of the tier's budget evicts
+  /// unpinned blocks (written back first when dirty); when nothing can be evicted it throws
+  /// std::runtime_error naming the budget, the request and what is in use.
+  BlockView acquire(BlockId id, Tier tier, Access access = Access::read);
+  /// Unpins. `dirty` (writable views only) marks the copy newer than every other: the other
+  /// tiers' copies are dropped and the block counts toward the write-behind bound.
+  void release(BlockView& view, bool dirty);
+  /// Drops the block's copy in `tier` (host or device), writing it down first when it is dirty.
+  /// Throws std::logic_error when the block is pinned there.
+  void evict(BlockId id, Tier tier);
+  /// Writes every dirty copy to NVMe (device copies via host) and waits.
+  void flush();
+
+  /// flush(), then makes the open generation the committed one (see the header comment) and
+  /// returns its number. In in-place mode the data is overwritten in place and only the manifest
+  /// is atomic. Throws std::logic_error while a writable view exists.
+  std::uint64_t commit();
+  /// Drops every change since the last commit (copies dirtied or written back). Throws
+  /// std::logic_error in in-place mode, or while any block has a view.
+  void discard();
+  std::uint64_t committed_generation() const;
+
+  ResidencySnapshot snapshot() const;
+  TierCounters counters() const;
+  const TierConfig& config() const noexcept;
+  /// Path of the manifest ("<first swap dir>/tierswap.manifest").
+  std::filesystem::path manifest_path() const;
+
+ private:
+  friend class BlockView;
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+/// The manifest as stored, for offline inspection (`tierswap residency --swap-dir`). Verifies the
+/// manifest's own checksum and version; throws std::runtime_error naming the file otherwise.
+struct ManifestInfo {
+  struct Block {
+    std::string name;
+    BlockClass cls;
+    Dtype dtype;
+    std::uint64_t numel = 0;
+    BlockOwner owner;
+    bool has_data = false;
+    std::uint64_t generation = 0;  ///< generation that wrote the committed data
+    std::uint64_t checksum = 0;    ///< XXH3-64 of the committed data
+  };
+  std::string space_uuid;
+  std::uint64_t generation = 0;
+  bool shadow_slots = true;
+  std::vector<Block> blocks;
+};
+ManifestInfo read_manifest(const std::filesystem::path& path);
+
+}  // namespace tierswap

@@ -95,13 +95,13 @@ struct TierConfig {
   bool lock_host_memory = true;  ///< pin host slabs (cudaHostRegister / mlock) when allowed
   int numa_node = -1;            ///< bind host slabs to this node (-1: no binding)
   DeviceTierMode device_mode = DeviceTierMode::automatic;
-  std::uint64_t device_budget = 0;      ///< device tier bytes (0: no device tier)
-  double simulated_device_gbps = 25.0;  ///< copy bandwidth of the simulated device tier
+  std::uint64_t device_budget = 0;               ///< device tier bytes (0: no device tier)
+  double simulated_device_gbps = 25.0;           ///< copy bandwidth of the simulated device tier
   std::uint64_t max_dirty_bytes = 256ull << 20;  ///< write-behind starts above this
-  std::uint32_t lookahead = 2;    ///< prefetches in flight at once (demand reads go first)
-  bool shadow_slots = true;       ///< two NVMe slots per block; false: in place (no rollback)
-  bool durable = true;            ///< fdatasync + fsync'd manifest at each commit
-  bool verify_on_open = true;     ///< read back and checksum every committed block when opening
+  std::uint32_t lookahead = 2;  ///< prefetches in flight at once (demand reads go first)
+  bool shadow_slots = true;     ///< two NVMe slots per block; false: in place (no rollback)
+  bool durable = true;          ///< fdatasync + fsync'd manifest at each commit
+  bool verify_on_open = true;   ///< read back and checksum every committed block when opening
   /// Overrides from TIERSWAP_HOST_BUDGET, TIERSWAP_HOST_SLAB, TIERSWAP_LOCK_HOST (0|1),
   /// TIERSWAP_NUMA_NODE, TIERSWAP_DEVICE_TIER (auto|gpu|simulated|off),
   /// TIERSWAP_DEVICE_BUDGET, TIERSWAP_SIM_DEVICE_GBPS, TIERSWAP_MAX_DIRTY, TIERSWAP_LOOKAHEAD,

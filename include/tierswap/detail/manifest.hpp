@@ -1,0 +1,24 @@
+// The manifest file (internal). Layout, version 1:
+//   [0, 64)   header: magic "TSWAPMF\0", u32 version, u32 flags (0), u64 payload bytes,
+//             u64 XXH3-64 of the payload, 24 reserved bytes (0), u64 XXH3-64 of bytes [0, 56)
+//   [64, ...) payload: UTF-8 JSON (the block table; see tier_manager.cpp)
+// Written to "<path>.tmp", fsynced (durable), renamed over <path>, directory fsynced (durable).
+#pragma once
+
+#include <filesystem>
+#include <string>
+
+namespace tierswap::detail {
+
+inline constexpr std::uint32_t kManifestVersion = 1;
+inline constexpr std::string_view kManifestName = "tierswap.manifest";
+
+/// Writes the payload atomically. Throws std::system_error naming the path on failure (the old
+/// manifest is then untouched).
+void write_manifest_file(const std::filesystem::path& path, const std::string& payload,
+                         bool durable);
+/// Reads and verifies the header and checksums; returns the payload. Throws std::runtime_error
+/// naming the path and the problem (truncated, bad magic, newer version, checksum mismatch).
+std::string read_manifest_file(const std::filesystem::path& path);
+
+}  // namespace tierswap::detail

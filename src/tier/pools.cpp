@@ -1,0 +1,164 @@
+#include <sys/mman.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+#include <filesystem>
+#include <stdexcept>
+#include <system_error>
+
+#include "tierswap/cuda_kernels.hpp"
+#include "tierswap/detail/tier_pools.hpp"
+#include "tierswap/device.hpp"
+#include "tierswap/io_engine.hpp"
+#include "tierswap/log.hpp"
+#include "tierswap/units.hpp"
+
+#include <fmt/format.h>
+
+namespace tierswap::detail {
+namespace {
+constexpr std::uint64_t kPiece = 4096;
+
+// mbind(2) without libnuma: MPOL_BIND with MPOL_MF_MOVE.
+bool bind_to_node(void* p, std::uint64_t bytes, int node) noexcept {
+  constexpr int kMpolBind = 2;
+  constexpr unsigned kMfMove = 1u << 1;
+  unsigned long mask[16] = {};
+  if (node < 0 || node >= static_cast<int>(sizeof mask * 8)) return false;
+  mask[node / (8 * sizeof(unsigned long))] |= 1ul << (node % (8 * sizeof(unsigned long)));
+  return ::syscall(SYS_mbind, p, bytes, kMpolBind, mask, sizeof mask * 8, kMfMove) == 0;
+}
+}  // namespace
+
+SlabPool::SlabPool(std::uint64_t budget, std::uint64_t slab_size)
+    : budget_(budget), slab_size_(round_up(std::max<std::uint64_t>(slab_size, kPiece), kPiece)) {}
+
+bool SlabPool::could_fit(std::uint64_t bytes) const noexcept {
+  return round_up(std::max<std::uint64_t>(bytes, 1), kPiece) <= budget_;
+}
+
+std::byte* SlabPool::try_allocate(std::uint64_t bytes) {
+  const std::uint64_t len = round_up(std::max<std::uint64_t>(bytes, 1), kPiece);
+  for (auto& s : slabs_) {
+    if (auto e = s->alloc->try_allocate(len)) {
+      std::byte* p = s->base + e->offset;
+      pieces_[p] = {s.get(), e->length};
+      used_ += e->length;
+      return p;
+    }
+  }
+  // A new slab: the usual size, or one just big enough for a larger piece, within the budget.
+  std::uint64_t size = std::max(slab_size_, len);
+  if (reserved_ + size > budget_) size = len;
+  if (reserved_ + size > budget_) return nullptr;
+  auto s = std::make_unique<Slab>();
+  make_slab(*s, size);
+  s->bytes = size;
+  s->alloc = std::make_unique<ExtentAllocator>(size, kPiece);
+  reserved_ += size;
+  const Extent e = s->alloc->allocate(len);
+  std::byte* p = s->base + e.offset;
+  pieces_[p] = {s.get(), e.length};
+  used_ += e.length;
+  slabs_.push_back(std::move(s));
+  return p;
+}
+
+void SlabPool::free(std::byte* p) noexcept {
+  auto it = pieces_.find(p);
+  if (it == pieces_.end()) return;
+  Slab* s = it->second.first;
+  try {
+    s->alloc->free({static_cast<std::uint64_t>(p - s->base), it->second.second});
+  } catch (...) {
+  }
+  used_ -= it->second.second;
+  pieces_.erase(it);
+}
+
+void SlabPool::release_all() noexcept {
+  for (auto& s : slabs_) drop_slab(*s);
+  slabs_.clear();
+  pieces_.clear();
+  reserved_ = used_ = 0;
+}
+
+HostPool::HostPool(std::uint64_t budget, std::uint64_t slab_size, bool lock, int numa_node,
+                   IoEngine* engine)
+    : SlabPool(budget, slab_size), lock_(lock), numa_node_(numa_node), engine_(engine) {
+  if (numa_node >= 0 &&
+      !std::filesystem::exists(fmt::format("/sys/devices/system/node/node{}", numa_node)))
+    throw std::invalid_argument(
+        fmt::format("numa_node={}: no such NUMA node on this machine", numa_node));
+}
+
+HostPool::~HostPool() {
+  release_all();
+}
+
+void HostPool::make_slab(Slab& s, std::uint64_t bytes) {
+  s.host = AlignedBuffer(bytes, 4096, false);
+  s.base = s.host.data();
+  if (numa_node_ >= 0 && !bind_to_node(s.base, bytes, numa_node_))
+    log(LogLevel::warn, fmt::format("host slab: binding {} to NUMA node {} failed: {}",
+                                    format_bytes(bytes), numa_node_, std::strerror(errno)));
+  if (lock_) {
+    if (device_info().available) s.cuda_registered = cuda::host_register(s.base, bytes);
+    if (!s.cuda_registered) s.mlocked = ::mlock(s.base, bytes) == 0;
+    if (!s.cuda_registered && !s.mlocked && !warned_) {
+      warned_ = true;
+      log(LogLevel::warn,
+          fmt::format("host slab of {}: could not pin it (mlock: {}; raise `ulimit -l`); using "
+                      "pageable memory",
+                      format_bytes(bytes), std::strerror(errno)));
+    }
+  }
+  any_cuda_ |= s.cuda_registered;
+  any_mlocked_ |= s.mlocked;
+  any_pageable_ |= !s.cuda_registered && !s.mlocked;
+  if (engine_ != nullptr) s.engine_handle = engine_->register_buffer(s.base, bytes);
+}
+
+void HostPool::drop_slab(Slab& s) noexcept {
+  if (engine_ != nullptr && s.engine_handle >= 0) engine_->unregister_buffer(s.engine_handle);
+  if (s.cuda_registered) cuda::host_unregister(s.base);
+  if (s.mlocked) ::munlock(s.base, s.bytes);
+  s.host = AlignedBuffer();
+}
+
+std::string HostPool::memory_kind() const {
+  if (any_pageable_) return "pageable";
+  if (any_mlocked_) return "mlocked";
+  if (any_cuda_) return "cuda-registered";
+  if (!lock_) return "pageable";
+  return device_info().available ? "cuda-registered" : "mlocked";
+}
+
+DevicePool::DevicePool(std::uint64_t budget, std::uint64_t slab_size, bool simulated)
+    : SlabPool(budget, slab_size), simulated_(simulated) {
+  if (!simulated && !device_info().available)
+    throw std::runtime_error("device tier: no usable GPU (" + device_info().reason + ")");
+}
+
+DevicePool::~DevicePool() {
+  release_all();
+}
+
+void DevicePool::make_slab(Slab& s, std::uint64_t bytes) {
+  if (simulated_) {
+    s.host = AlignedBuffer(bytes, 4096, false);
+    s.base = s.host.data();
+  } else {
+    s.device = cuda::device_alloc(bytes);
+    s.base = static_cast<std::byte*>(s.device);
+  }
+}
+
+void DevicePool::drop_slab(Slab& s) noexcept {
+  if (s.device != nullptr) cuda::device_free(s.device);
+  s.host = AlignedBuffer();
+}
+
+}  // namespace tierswap::detail

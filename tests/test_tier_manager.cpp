@@ -1,0 +1,497 @@
+// TierManager: residency across the three tiers (the device tier simulated here), budgets and
+// eviction, write-behind, prefetch, generations (commit/discard), the manifest and reopening
+// after a crash, misuse errors, and many threads at once.
+#include <gtest/gtest.h>
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <cstring>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <random>
+#include <thread>
+
+#include "test_util.hpp"
+#include "tierswap/aligned_buffer.hpp"
+#include "tierswap/io_engine.hpp"
+#include "tierswap/swap_space.hpp"
+#include "tierswap/tier_manager.hpp"
+
+using namespace tierswap;
+using tierswap::test::TempDir;
+
+namespace {
+
+constexpr std::uint64_t kKiB = 1024;
+
+struct Rig {
+  TempDir dir;
+  std::unique_ptr<SwapSpace> space;
+  std::unique_ptr<IoEngine> engine;
+  std::unique_ptr<TierManager> mgr;
+
+  explicit Rig(TierConfig cfg, std::uint64_t capacity = 64 << 20) {
+    SwapSpaceConfig sc;
+    sc.dirs = {dir.path()};
+    sc.capacity = capacity;
+    space = std::make_unique<SwapSpace>(SwapSpace::create(sc));
+    engine = std::make_unique<IoEngine>(*space);
+    mgr = std::make_unique<TierManager>(*space, *engine, cfg);
+  }
+  // Closes and reopens everything on the same directory (as a new process would).
+  void reopen(TierConfig cfg) {
+    mgr.reset();
+    engine.reset();
+    space = std::make_unique<SwapSpace>(SwapSpace::open({dir.path()}));
+    engine = std::make_unique<IoEngine>(*space);
+    mgr = std::make_unique<TierManager>(*space, *engine, cfg);
+  }
+};
+
+TierConfig small_config(std::uint64_t block_bytes, std::uint64_t host_blocks,
+                        std::uint64_t device_blocks = 0) {
+  TierConfig c;
+  c.host_budget = host_blocks * block_bytes;
+  c.host_slab_size = block_bytes;
+  c.device_budget = device_blocks * block_bytes;
+  c.device_mode = device_blocks > 0 ? DeviceTierMode::simulated : DeviceTierMode::off;
+  c.simulated_device_gbps = 50;
+  c.max_dirty_bytes = 2 * block_bytes;
+  c.durable = false;
+  return c;
+}
+
+BlockDesc desc(const std::string& name, std::uint64_t numel, Dtype dt = Dtype::f32,
+               BlockClass cls = BlockClass::master, int subgroup = 0) {
+  BlockDesc d;
+  d.name = name;
+  d.numel = numel;
+  d.dtype = dt;
+  d.cls = cls;
+  d.owner = {0, 0, subgroup};
+  return d;
+}
+
+void fill(BlockView& v, std::uint64_t seed) {
+  test::fill_pattern(v.data(), v.bytes(), seed, 0);
+}
+
+void expect_pattern(TierManager& m, BlockId id, std::uint64_t seed, Tier t = Tier::host) {
+  BlockView v = m.acquire(id, t);
+  EXPECT_EQ(test::first_mismatch(v.data(), v.bytes(), seed, 0), -1)
+      << m.desc(id).name << " seed " << seed << " via " << to_string(t);
+}
+
+bool all_zero(const BlockView& v) {
+  for (std::uint64_t i = 0; i < v.bytes(); ++i)
+    if (v.data()[i] != std::byte{0}) return false;
+  return true;
+}
+
+}  // namespace
+
+TEST(TierManager, NewBlocksReadAsZerosAndRoundTripThroughNvme) {
+  const std::uint64_t n = 10000;  // 40000 bytes: not a multiple of 4 KiB
+  Rig r(small_config(40 * kKiB, 4));
+  const BlockId a = r.mgr->create(desc("a", n));
+  {
+    BlockView v = r.mgr->acquire(a, Tier::host);
+    EXPECT_EQ(v.bytes(), n * 4);
+    EXPECT_TRUE(all_zero(v));
+  }
+  {
+    BlockView v = r.mgr->acquire(a, Tier::host, Access::write);
+    fill(v, 7);
+    r.mgr->release(v, true);
+  }
+  r.mgr->flush();
+  r.mgr->evict(a, Tier::host);
+  auto snap = r.mgr->snapshot();
+  EXPECT_EQ(snap.blocks[0].state[1], CopyState::absent);
+  EXPECT_EQ(snap.blocks[0].state[2], CopyState::valid);
+  expect_pattern(*r.mgr, a, 7);
+  const auto c = r.mgr->counters();
+  EXPECT_GE(c.bytes_in[static_cast<int>(Tier::nvme)], n * 4);
+  EXPECT_GE(c.bytes_out[static_cast<int>(Tier::nvme)], n * 4);
+  EXPECT_EQ(r.mgr->find("a"), a);
+  EXPECT_FALSE(r.mgr->find("b").has_value());
+}
+
+TEST(TierManager, SimulatedDeviceTierIsLabelledAndHoldsTheNewestCopy) {
+  const std::uint64_t bytes = 64 * kKiB;
+  Rig r(small_config(bytes, 4, 2));
+  const BlockId a = r.mgr->create(desc("dev", bytes / 2, Dtype::bf16, BlockClass::param16));
+  {
+    BlockView v = r.mgr->acquire(a, Tier::device, Access::write);
+    EXPECT_EQ(v.tier(), Tier::device);
+    fill(v, 11);
+    r.mgr->release(v, true);
+  }
+  auto snap = r.mgr->snapshot();
+  EXPECT_TRUE(snap.simulated_device);
+  EXPECT_TRUE(snap.device_tier);
+  EXPECT_EQ(snap.blocks[0].state[0], CopyState::dirty);
+  EXPECT_EQ(snap.blocks[0].state[1], CopyState::absent);  // the stale host copy was dropped
+  const auto j = nlohmann::json::parse(snap.to_json());
+  EXPECT_TRUE(j.at("simulated_device").get<bool>());
+  EXPECT_EQ(j.at("tiers").at(0).at("tier"), "gpu");
+  expect_pattern(*r.mgr, a, 11, Tier::host);  // copied down from the device
+  r.mgr->evict(a, Tier::device);
+  r.mgr->flush();
+  r.mgr->evict(a, Tier::host);
+  expect_pattern(*r.mgr, a, 11, Tier::device);  // NVMe -> host -> device
+}
+
+TEST(TierManager, BudgetsAreNeverExceededAndEvictionWritesDirtyDataBack) {
+  const std::uint64_t bytes = 64 * kKiB;
+  Rig r(small_config(bytes, 3, 2));
+  std::vector<BlockId> ids;
+  for (int i = 0; i < 10; ++i)
+    ids.push_back(r.mgr->create(desc("b" + std::to_string(i), bytes / 4)));
+  for (int i = 0; i < 10; ++i) {
+    const Tier t = i % 3 == 0 ? Tier::device : Tier::host;
+    BlockView v = r.mgr->acquire(ids[i], t, Access::write);
+    fill(v, 100 + i);
+    r.mgr->release(v, true);
+    const auto s = r.mgr->snapshot();
+    for (auto& row : s.tiers) EXPECT_LE(row.resident_bytes, row.capacity_bytes);
+  }
+  for (int i = 9; i >= 0; --i)
+    expect_pattern(*r.mgr, ids[i], 100 + i, i % 2 ? Tier::host : Tier::device);
+  const auto c = r.mgr->counters();
+  EXPECT_GT(c.evictions, 0u);
+  EXPECT_GT(c.bytes_in[static_cast<int>(Tier::nvme)], 0u);
+}
+
+TEST(TierManager, RunningOutOfBudgetNamesTheBudgetAndTheRequest) {
+  const std::uint64_t bytes = 64 * kKiB;
+  Rig r(small_config(bytes, 2));
+  const BlockId a = r.mgr->create(desc("a", bytes / 4));
+  const BlockId b = r.mgr->create(desc("b", bytes / 4));
+  const BlockId c = r.mgr->create(desc("c", bytes / 4));
+  const BlockId huge = r.mgr->create(desc("huge", bytes));  // 4 blocks' worth
+  BlockView va = r.mgr->acquire(a, Tier::host);
+  BlockView vb = r.mgr->acquire(b, Tier::host);
+  try {
+    r.mgr->acquire(c, Tier::host);
+    FAIL() << "expected a budget error";
+  } catch (const std::runtime_error& e) {
+    const std::string m = e.what();
+    EXPECT_NE(m.find("host tier budget exhausted"), std::string::npos) << m;
+    EXPECT_NE(m.find("'c'"), std::string::npos) << m;
+    EXPECT_NE(m.find("the budget is 128.00 KiB"), std::string::npos) << m;
+  }
+  EXPECT_THROW(r.mgr->acquire(huge, Tier::host), std::runtime_error);
+  va = BlockView();  // released: now c fits (a is evicted)
+  EXPECT_NO_THROW(r.mgr->acquire(c, Tier::host));
+}
+
+TEST(TierManager, DiscardRestoresTheCommittedGenerationBitForBit) {
+  const std::uint64_t bytes = 64 * kKiB;
+  Rig r(small_config(bytes, 8));
+  const BlockId a = r.mgr->create(desc("a", bytes / 4));
+  const BlockId b = r.mgr->create(desc("b", bytes / 4));
+  for (BlockId id : {a, b}) {
+    BlockView v = r.mgr->acquire(id, Tier::host, Access::write);
+    fill(v, 1000 + id);
+    r.mgr->release(v, true);
+  }
+  EXPECT_EQ(r.mgr->commit(), 1u);
+  // Generation 2: a written back to NVMe (its uncommitted slot), b only dirty in memory.
+  for (BlockId id : {a, b}) {
+    BlockView v = r.mgr->acquire(id, Tier::host, Access::write);
+    fill(v, 2000 + id);
+    r.mgr->release(v, true);
+  }
+  r.mgr->evict(a, Tier::host);
+  r.mgr->discard();
+  expect_pattern(*r.mgr, a, 1000 + a);
+  expect_pattern(*r.mgr, b, 1000 + b);
+  EXPECT_EQ(r.mgr->committed_generation(), 1u);
+  // A later commit still works from the restored state.
+  {
+    BlockView v = r.mgr->acquire(a, Tier::host, Access::write);
+    fill(v, 3000);
+    r.mgr->release(v, true);
+  }
+  EXPECT_EQ(r.mgr->commit(), 2u);
+  r.mgr->evict(a, Tier::host);
+  expect_pattern(*r.mgr, a, 3000);
+}
+
+TEST(TierManager, ReopeningYieldsTheLastCommittedGenerationWithChecksumsVerified) {
+  const std::uint64_t bytes = 64 * kKiB;
+  TierConfig cfg = small_config(bytes, 8);
+  cfg.durable = true;
+  Rig r(cfg);
+  const BlockId a = r.mgr->create(desc("a", bytes / 4, Dtype::f32, BlockClass::exp_avg, 3));
+  const BlockId z = r.mgr->create(desc("never-written", 1000, Dtype::bf16, BlockClass::grad16));
+  {
+    BlockView v = r.mgr->acquire(a, Tier::host, Access::write);
+    fill(v, 42);
+    r.mgr->release(v, true);
+  }
+  EXPECT_EQ(r.mgr->commit(), 1u);
+  {
+    BlockView v = r.mgr->acquire(a, Tier::host, Access::write);
+    fill(v, 43);
+    r.mgr->release(v, true);
+  }
+  r.mgr->flush();  // generation 2 reaches the disk but is never committed
+  r.reopen(cfg);
+  EXPECT_EQ(r.mgr->committed_generation(), 1u);
+  EXPECT_EQ(r.mgr->block_count(), 2u);
+  const auto s = r.mgr->snapshot();
+  EXPECT_TRUE(s.checksums_verified);
+  const BlockId a2 = *r.mgr->find("a");
+  EXPECT_EQ(r.mgr->desc(a2).cls, BlockClass::exp_avg);
+  EXPECT_EQ(r.mgr->desc(a2).owner.subgroup, 3);
+  expect_pattern(*r.mgr, a2, 42);
+  BlockView vz = r.mgr->acquire(*r.mgr->find("never-written"), Tier::host);
+  EXPECT_TRUE(all_zero(vz));
+  (void)z;
+  // The offline reader sees the same table.
+  const ManifestInfo info = read_manifest(r.mgr->manifest_path());
+  EXPECT_EQ(info.generation, 1u);
+  EXPECT_EQ(info.space_uuid, r.space->uuid());
+  ASSERT_EQ(info.blocks.size(), 2u);
+  EXPECT_TRUE(info.blocks[0].has_data);
+  EXPECT_FALSE(info.blocks[1].has_data);
+}
+
+TEST(TierManager, CorruptOrTruncatedManifestOrDataGivesAClearError) {
+  const std::uint64_t bytes = 64 * kKiB;
+  TierConfig cfg = small_config(bytes, 8);
+  Rig r(cfg);
+  const BlockId a = r.mgr->create(desc("a", bytes / 4));
+  {
+    BlockView v = r.mgr->acquire(a, Tier::host, Access::write);
+    fill(v, 5);
+    r.mgr->release(v, true);
+  }
+  r.mgr->commit();
+  const auto path = r.mgr->manifest_path();
+  r.mgr.reset();
+  std::string good;
+  {
+    std::ifstream f(path, std::ios::binary);
+    good.assign(std::istreambuf_iterator<char>(f), {});
+  }
+  auto expect_open_error = [&](const std::string& content, const std::string& needle) {
+    {
+      std::ofstream f(path, std::ios::binary | std::ios::trunc);
+      f << content;
+    }
+    try {
+      TierManager m(*r.space, *r.engine, cfg);
+      ADD_FAILURE() << "opened a bad manifest (" << needle << ")";
+    } catch (const std::runtime_error& e) {
+      const std::string msg = e.what();
+      EXPECT_NE(msg.find(path.string()), std::string::npos) << msg;
+      EXPECT_NE(msg.find(needle), std::string::npos) << msg;
+    }
+  };
+  expect_open_error(good.substr(0, 30), "truncated");
+  expect_open_error(good.substr(0, good.size() - 5), "truncated");
+  std::string flipped = good;
+  flipped[good.size() - 3] ^= 0x20;
+  expect_open_error(flipped, "checksum");
+  std::string magic = good;
+  magic[0] = 'X';
+  expect_open_error(magic, "magic");
+  // Data corruption in the committed extent (both slots, whichever is committed).
+  {
+    std::ofstream f(path, std::ios::binary | std::ios::trunc);
+    f << good;
+  }
+  const auto& file = r.space->files().front();
+  AlignedBuffer junk(4096);  // O_DIRECT wants an aligned buffer
+  std::memset(junk.data(), 0x5a, 4096);
+  for (std::uint64_t logical : {std::uint64_t{0}, bytes}) {
+    const PhysicalSpan p = r.space->map(logical, 4096);
+    ASSERT_EQ(::pwrite(file.fd, junk.data(), 4096, static_cast<off_t>(p.offset)), 4096);
+  }
+  try {
+    TierManager m(*r.space, *r.engine, cfg);
+    ADD_FAILURE() << "opened corrupt data";
+  } catch (const std::runtime_error& e) {
+    const std::string msg = e.what();
+    EXPECT_NE(msg.find("block 'a'"), std::string::npos) << msg;
+    EXPECT_NE(msg.find("checksum"), std::string::npos) << msg;
+  }
+}
+
+TEST(TierManager, ManifestOfAnotherSpaceIsRefused) {
+  const std::uint64_t bytes = 64 * kKiB;
+  TierConfig cfg = small_config(bytes, 8);
+  Rig r1(cfg), r2(cfg);
+  r1.mgr->create(desc("a", 100));
+  r1.mgr->commit();
+  r2.mgr.reset();
+  std::filesystem::copy_file(r1.mgr->manifest_path(), r2.dir.path() / "tierswap.manifest");
+  try {
+    TierManager m(*r2.space, *r2.engine, cfg);
+    ADD_FAILURE() << "opened another space's manifest";
+  } catch (const std::runtime_error& e) {
+    EXPECT_NE(std::string(e.what()).find("belongs to swap space"), std::string::npos) << e.what();
+  }
+}
+
+TEST(TierManager, InPlaceModeCommitsAndReopensButCannotDiscard) {
+  const std::uint64_t bytes = 64 * kKiB;
+  TierConfig cfg = small_config(bytes, 8);
+  cfg.shadow_slots = false;
+  Rig r(cfg);
+  const BlockId a = r.mgr->create(desc("a", bytes / 4));
+  {
+    BlockView v = r.mgr->acquire(a, Tier::host, Access::write);
+    fill(v, 9);
+    r.mgr->release(v, true);
+  }
+  EXPECT_EQ(r.mgr->commit(), 1u);
+  EXPECT_THROW(r.mgr->discard(), std::logic_error);
+  r.reopen(cfg);
+  expect_pattern(*r.mgr, *r.mgr->find("a"), 9);
+  TierConfig shadow = cfg;
+  shadow.shadow_slots = true;
+  EXPECT_THROW(r.reopen(shadow), std::runtime_error);  // mode mismatch is named, not guessed
+}
+
+TEST(TierManager, MisuseIsRejectedWithClearErrors) {
+  const std::uint64_t bytes = 64 * kKiB;
+  Rig r(small_config(bytes, 8));
+  const BlockId a = r.mgr->create(desc("a", 100));
+  EXPECT_THROW(r.mgr->create(desc("a", 100)), std::invalid_argument);
+  EXPECT_THROW(r.mgr->create(desc("", 100)), std::invalid_argument);
+  EXPECT_THROW(r.mgr->create(desc("zero", 0)), std::invalid_argument);
+  EXPECT_THROW(r.mgr->create(desc(std::string("bad\nname"), 4)), std::invalid_argument);
+  EXPECT_THROW(r.mgr->acquire(a, Tier::nvme), std::invalid_argument);
+  EXPECT_THROW(r.mgr->acquire(a, Tier::device), std::invalid_argument);  // no device tier
+  EXPECT_THROW(r.mgr->acquire(99, Tier::host), std::invalid_argument);
+  {
+    BlockView w = r.mgr->acquire(a, Tier::host, Access::write);
+    EXPECT_THROW(r.mgr->acquire(a, Tier::host, Access::write), std::logic_error);
+    EXPECT_THROW(r.mgr->acquire(a, Tier::host), std::logic_error);
+    EXPECT_THROW(r.mgr->evict(a, Tier::host), std::logic_error);
+    EXPECT_THROW(r.mgr->commit(), std::logic_error);
+  }
+  {
+    BlockView v = r.mgr->acquire(a, Tier::host);
+    EXPECT_THROW(r.mgr->release(v, true), std::logic_error);
+    EXPECT_THROW(r.mgr->acquire(a, Tier::host, Access::write), std::logic_error);
+    EXPECT_THROW(r.mgr->discard(), std::logic_error);
+  }
+  BlockView empty;
+  EXPECT_THROW(r.mgr->release(empty, false), std::logic_error);
+  EXPECT_THROW(TierConfig::from_json(R"({"host_budget": "1GiB", "bogus": 1})"),
+               std::invalid_argument);
+  EXPECT_THROW(TierConfig::from_json(R"({"device_mode": "simulated"})"), std::invalid_argument);
+  EXPECT_EQ(TierConfig::from_json(R"({"host_budget": "2MiB", "lookahead": 4})").host_budget,
+            2u << 20);
+}
+
+TEST(TierManager, ThePrefetchQueueServesAcquiresAhead) {
+  const std::uint64_t bytes = 256 * kKiB;
+  TierConfig cfg = small_config(bytes, 4);
+  cfg.lookahead = 2;
+  Rig r(cfg);
+  std::vector<BlockId> ids;
+  for (int i = 0; i < 12; ++i) {
+    ids.push_back(r.mgr->create(desc("p" + std::to_string(i), bytes / 4)));
+    BlockView v = r.mgr->acquire(ids.back(), Tier::host, Access::write);
+    fill(v, 500 + i);
+    r.mgr->release(v, true);
+  }
+  r.mgr->commit();
+  for (BlockId id : ids) r.mgr->evict(id, Tier::host);
+  // Streaming with look-ahead 2, through a budget of 4 blocks.
+  r.mgr->prefetch(ids[0], Tier::host);
+  r.mgr->prefetch(ids[1], Tier::host);
+  for (int i = 0; i < 12; ++i) {
+    if (i + 2 < 12) r.mgr->prefetch(ids[i + 2], Tier::host);
+    expect_pattern(*r.mgr, ids[i], 500 + i);
+  }
+  const auto c = r.mgr->counters();
+  EXPECT_GE(c.prefetch_hits, 10u);
+  EXPECT_LE(c.prefetch_misses, 2u);
+}
+
+TEST(TierManager, ManyThreadsOverThreeTiersWithTinyBudgets) {
+  const std::uint64_t bytes = 64 * kKiB;
+  constexpr int kThreads = 6, kOwn = 3, kShared = 4;
+  TierConfig cfg = small_config(bytes, 10, 7);
+  cfg.max_dirty_bytes = bytes;
+  Rig r(cfg);
+  // Every block's content is pattern(seed) with the seed in its first 8 bytes, so a reader can
+  // tell a consistent copy from a torn or stale one.
+  auto write_version = [&](BlockId id, std::uint64_t seed, Tier t) {
+    BlockView v = r.mgr->acquire(id, t, Access::write);
+    test::fill_pattern(v.data() + 8, v.bytes() - 8, seed, 8);
+    std::memcpy(v.data(), &seed, 8);
+    r.mgr->release(v, true);
+  };
+  auto check = [&](BlockId id, Tier t, std::uint64_t expect) {
+    BlockView v = r.mgr->acquire(id, t);
+    std::uint64_t seed = 0;
+    std::memcpy(&seed, v.data(), 8);
+    EXPECT_EQ(seed, expect) << r.mgr->desc(id).name;
+    EXPECT_EQ(test::first_mismatch(v.data() + 8, v.bytes() - 8, seed, 8), -1)
+        << r.mgr->desc(id).name;
+  };
+  std::vector<BlockId> shared;
+  for (int i = 0; i < kShared; ++i) {
+    shared.push_back(r.mgr->create(desc("shared" + std::to_string(i), bytes / 4)));
+    write_version(shared.back(), 9000 + i, Tier::host);
+  }
+  std::vector<std::vector<BlockId>> own(kThreads);
+  for (int t = 0; t < kThreads; ++t)
+    for (int k = 0; k < kOwn; ++k)
+      own[t].push_back(r.mgr->create(desc("t" + std::to_string(t) + "." + std::to_string(k),
+                                          bytes / 4, Dtype::f32, BlockClass::exp_avg, t)));
+  std::atomic<int> failures{0};
+  std::vector<std::thread> threads;
+  for (int t = 0; t < kThreads; ++t) {
+    threads.emplace_back([&, t] {
+      std::mt19937 rng(t + 1);
+      std::vector<std::uint64_t> version(kOwn, 0);
+      try {
+        for (int it = 0; it < 300; ++it) {
+          const Tier tier = rng() % 3 == 0 ? Tier::device : Tier::host;
+          const int k = static_cast<int>(rng() % kOwn);
+          switch (rng() % 6) {
+            case 0:
+            case 1:
+              version[k] = (static_cast<std::uint64_t>(t) << 32) | (it + 1);
+              write_version(own[t][k], version[k], tier);
+              break;
+            case 2:
+              if (version[k] != 0) check(own[t][k], tier, version[k]);
+              break;
+            case 3: {
+              const int i = static_cast<int>(rng() % kShared);
+              check(shared[i], tier, 9000 + i);
+              break;
+            }
+            case 4:
+              r.mgr->prefetch(shared[rng() % kShared], Tier::host);
+              r.mgr->prefetch(own[t][k], tier);
+              break;
+            case 5:
+              r.mgr->evict(own[t][k], tier);
+              break;
+          }
+        }
+      } catch (const std::exception& e) {
+        ADD_FAILURE() << "thread " << t << ": " << e.what();
+        ++failures;
+      }
+    });
+  }
+  for (auto& th : threads) th.join();
+  EXPECT_EQ(failures.load(), 0);
+  for (auto& row : r.mgr->snapshot().tiers) EXPECT_LE(row.resident_bytes, row.capacity_bytes);
+  r.mgr->flush();
+  EXPECT_EQ(r.mgr->commit(), 1u);
+}

@@ -3,6 +3,7 @@
 // after a crash, misuse errors, and many threads at once.
 #include <gtest/gtest.h>
 #include <signal.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -17,6 +18,7 @@
 #include "tierswap/aligned_buffer.hpp"
 #include "tierswap/io_engine.hpp"
 #include "tierswap/swap_space.hpp"
+#include "tierswap/telemetry.hpp"
 #include "tierswap/tier_manager.hpp"
 
 using namespace tierswap;
@@ -60,6 +62,7 @@ TierConfig small_config(std::uint64_t block_bytes, std::uint64_t host_blocks,
   c.simulated_device_gbps = 50;
   c.max_dirty_bytes = 2 * block_bytes;
   c.durable = false;
+  c.telemetry = false;
   return c;
 }
 
@@ -566,4 +569,59 @@ TEST(TierManagerCrash, KillNineAtRandomPointsLeavesTheLastCommittedGeneration) {
     }
   }
   EXPECT_GE(advanced, kTrials / 2) << "the children rarely got to commit: kills came too early";
+}
+
+TEST(Telemetry, ALiveManagerServesItsSnapshotOnAPrivateSocket) {
+  TempDir runtime;
+  ::setenv("TIERSWAP_RUNTIME_DIR", (runtime.path() / "rt").c_str(), 1);
+  TierConfig cfg = small_config(64 * kKiB, 4, 2);
+  cfg.telemetry = true;
+  Rig r(cfg);
+  ::unsetenv("TIERSWAP_RUNTIME_DIR");
+  r.mgr->create(desc("served", 1000, Dtype::bf16, BlockClass::grad16, 2));
+  const auto sock = r.mgr->telemetry_socket();
+  ASSERT_FALSE(sock.empty());
+  struct stat st {};
+  ASSERT_EQ(::stat(sock.c_str(), &st), 0);
+  EXPECT_EQ(st.st_mode & 0777, 0600u);
+  ASSERT_EQ(::stat(sock.parent_path().c_str(), &st), 0);
+  EXPECT_EQ(st.st_mode & 0777, 0700u);
+  const auto j = nlohmann::json::parse(query_telemetry(sock));
+  EXPECT_EQ(j.at("pid").get<int>(), ::getpid());
+  EXPECT_TRUE(j.at("simulated_device").get<bool>());
+  EXPECT_EQ(j.at("tiers").size(), 3u);
+  for (const char* k :
+       {"tier", "capacity_bytes", "resident_bytes", "dirty_bytes", "inflight_bytes"})
+    EXPECT_TRUE(j.at("tiers").at(1).contains(k)) << k;
+  EXPECT_TRUE(j.at("generation").contains("committed"));
+  EXPECT_TRUE(j.at("generation").contains("checksums_verified"));
+  EXPECT_TRUE(j.at("counters").is_object());
+  EXPECT_EQ(j.at("subgroups").at(0).at("blocks").at(0).at("name"), "served");
+  const auto live = list_live_processes(sock.parent_path());
+  ASSERT_EQ(live.size(), 1u);
+  EXPECT_EQ(live[0].pid, ::getpid());
+  EXPECT_NE(live[0].command.find("test_tier_manager"), std::string::npos);
+  r.mgr.reset();
+  EXPECT_FALSE(std::filesystem::exists(sock));  // removed on shutdown
+}
+
+TEST(Telemetry, AnUnsafeRuntimeDirectoryIsRefused) {
+  TempDir runtime;
+  const auto dir = runtime.path() / "open";
+  std::filesystem::create_directory(dir);
+  ::chmod(dir.c_str(), 0777);
+  TelemetryConfig tc;
+  tc.runtime_dir = dir;
+  try {
+    TelemetryServer s([] { return std::string("{}"); }, tc);
+    ADD_FAILURE() << "served from a world-writable directory";
+  } catch (const std::system_error& e) {
+    EXPECT_NE(std::string(e.what()).find("writable by group or others"), std::string::npos)
+        << e.what();
+  }
+  // A stale socket of a dead process is cleaned up, not listed.
+  ::chmod(dir.c_str(), 0700);
+  std::ofstream(dir / "999999999.sock") << "";
+  EXPECT_TRUE(list_live_processes(dir).empty());
+  EXPECT_FALSE(std::filesystem::exists(dir / "999999999.sock"));
 }

@@ -102,6 +102,9 @@ struct TierConfig {
   bool shadow_slots = true;     ///< two NVMe slots per block; false: in place (no rollback)
   bool durable = true;          ///< fdatasync + fsync'd manifest at each commit
   bool verify_on_open = true;   ///< read back and checksum every committed block when opening
+  /// Serve snapshot() on a Unix socket for `tierswap ps` / `tierswap residency` (telemetry.hpp;
+  /// TIERSWAP_TELEMETRY=0 turns it off too). A socket that cannot be set up is a warning.
+  bool telemetry = true;
   /// Overrides from TIERSWAP_HOST_BUDGET, TIERSWAP_HOST_SLAB, TIERSWAP_LOCK_HOST (0|1),
   /// TIERSWAP_NUMA_NODE, TIERSWAP_DEVICE_TIER (auto|gpu|simulated|off),
   /// TIERSWAP_DEVICE_BUDGET, TIERSWAP_SIM_DEVICE_GBPS, TIERSWAP_MAX_DIRTY, TIERSWAP_LOOKAHEAD,
@@ -110,8 +113,8 @@ struct TierConfig {
   static TierConfig from_env(TierConfig base);
   /// Loads {"host_budget", "host_slab_size", "lock_host_memory", "numa_node", "device_mode",
   /// "device_budget", "simulated_device_gbps", "max_dirty_bytes", "lookahead", "shadow_slots",
-  /// "durable", "verify_on_open"}; sizes as numbers or strings ("2GiB"). Unknown keys or bad
-  /// values throw std::invalid_argument naming the key.
+  /// "durable", "verify_on_open", "telemetry"}; sizes as numbers or strings ("2GiB"). Unknown keys
+  /// or bad values throw std::invalid_argument naming the key.
   static TierConfig from_json(std::string_view json);
   void validate() const;
 };
@@ -261,6 +264,8 @@ class TierManager {
   const TierConfig& config() const noexcept;
   /// Path of the manifest ("<first swap dir>/tierswap.manifest").
   std::filesystem::path manifest_path() const;
+  /// The telemetry socket, or empty when telemetry is off or could not start.
+  std::filesystem::path telemetry_socket() const;
 
  private:
   friend class BlockView;

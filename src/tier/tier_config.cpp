@@ -185,12 +185,14 @@ TierConfig TierConfig::from_json(std::string_view text) {
       c.durable = bool_of(v, key);
     } else if (key == "verify_on_open") {
       c.verify_on_open = bool_of(v, key);
+    } else if (key == "telemetry") {
+      c.telemetry = bool_of(v, key);
     } else {
       throw_invalid(key, v.dump(),
                     "unknown tier config key (known: host_budget, host_slab_size, "
                     "lock_host_memory, numa_node, device_mode, device_budget, "
                     "simulated_device_gbps, max_dirty_bytes, lookahead, shadow_slots, durable, "
-                    "verify_on_open)");
+                    "verify_on_open, telemetry)");
     }
   }
   c.validate();

@@ -25,6 +25,7 @@
 #include "tierswap/io_engine.hpp"
 #include "tierswap/log.hpp"
 #include "tierswap/swap_space.hpp"
+#include "tierswap/telemetry.hpp"
 #include "tierswap/units.hpp"
 
 #include <fmt/format.h>
@@ -126,6 +127,7 @@ struct TierManager::Impl {
   bool checksums_verified = false;
   bool stop = false;
   std::thread reaper;
+  std::unique_ptr<TelemetryServer> telemetry;  // declared last: stopped first
 
   Impl(SwapSpace& s, IoEngine& e, const TierConfig& c)
       : space(s),
@@ -811,9 +813,23 @@ TierManager::TierManager(SwapSpace& space, IoEngine& engine, TierConfig cfg) {
       m.finalize(*op);
     }
   });
+  TelemetryConfig tc = TelemetryConfig::from_env();
+  if (cfg.telemetry && tc.enabled) {
+    try {
+      impl_->telemetry =
+          std::make_unique<TelemetryServer>([this] { return snapshot().to_json(); }, tc);
+    } catch (const std::exception& e) {
+      log(LogLevel::warn, fmt::format("telemetry endpoint not started: {}", e.what()));
+    }
+  }
+}
+
+std::filesystem::path TierManager::telemetry_socket() const {
+  return impl_->telemetry ? impl_->telemetry->socket_path() : std::filesystem::path();
 }
 
 TierManager::~TierManager() {
+  impl_->telemetry.reset();
   {
     std::unique_lock lk(impl_->mu);
     impl_->stop = true;

@@ -17,6 +17,7 @@
 #include "tierswap/swap_space.hpp"
 #include "tierswap/units.hpp"
 #include "tools/commands.hpp"
+#include "tools/temp_dir.hpp"
 
 #include <fmt/format.h>
 
@@ -60,22 +61,6 @@ double cpu_now() {
   return static_cast<double>(ru.ru_utime.tv_sec + ru.ru_stime.tv_sec) +
          static_cast<double>(ru.ru_utime.tv_usec + ru.ru_stime.tv_usec) * 1e-6;
 }
-
-// A temporary directory on a real disk (not tmpfs), removed with its swap file at exit.
-struct TempDir {
-  std::filesystem::path path;
-  TempDir() {
-    const char* base = std::getenv("TMPDIR");
-    std::string tmpl = std::string(base && *base ? base : "/var/tmp") + "/tierswap-bench-XXXXXX";
-    if (::mkdtemp(tmpl.data()) == nullptr)
-      throw std::system_error(errno, std::system_category(), "mkdtemp " + tmpl);
-    path = tmpl;
-  }
-  ~TempDir() {
-    std::error_code ec;
-    std::filesystem::remove_all(path, ec);
-  }
-};
 
 // Moves `size` bytes in one direction through `engine`, cycling through a ring of
 // queue_depth x block_size buffers, and times it.

@@ -2,6 +2,8 @@
 #pragma once
 
 #include <CLI/CLI.hpp>
+#include <cstdio>
+#include <string>
 
 namespace tierswap::cli {
 
@@ -9,5 +11,15 @@ namespace tierswap::cli {
 void add_bench_io(CLI::App& bench);
 /// `tierswap bench kernels ...`
 void add_bench_kernels(CLI::App& bench);
+/// `tierswap bench tier ...`
+void add_bench_tier(CLI::App& bench);
+/// `tierswap ps`
+void add_ps(CLI::App& app);
+/// `tierswap residency ...`
+void add_residency(CLI::App& app);
+/// `tierswap demo ...` (the embedded default main job)
+void add_demo(CLI::App& app);
+/// Prints a residency snapshot (the telemetry JSON) as tables.
+void print_residency(const std::string& json, std::FILE* out);
 
 }  // namespace tierswap::cli

@@ -35,10 +35,14 @@ int main(int argc, char** argv) {
       fmt::print("GPU: none ({}); CPU paths are used\n", d.reason);
   });
 
-  auto* bench = app.add_subcommand("bench", "Benchmarks: io, kernels");
+  auto* bench = app.add_subcommand("bench", "Benchmarks: io, kernels, tier");
   bench->require_subcommand(1);
   tierswap::cli::add_bench_io(*bench);
   tierswap::cli::add_bench_kernels(*bench);
+  tierswap::cli::add_bench_tier(*bench);
+  tierswap::cli::add_demo(app);
+  tierswap::cli::add_ps(app);
+  tierswap::cli::add_residency(app);
 
   try {
     app.parse(argc, argv);

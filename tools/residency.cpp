@@ -1,0 +1,236 @@
+// `tierswap ps` and `tierswap residency`: where every byte of a live process is (through its
+// telemetry socket), or what a swap directory's manifest records (offline, checksums verified).
+#include <signal.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdio>
+#include <filesystem>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "tierswap/io_engine.hpp"
+#include "tierswap/swap_space.hpp"
+#include "tierswap/telemetry.hpp"
+#include "tierswap/tier_manager.hpp"
+#include "tierswap/units.hpp"
+#include "tools/commands.hpp"
+
+#include <fmt/format.h>
+
+namespace tierswap::cli {
+
+namespace {
+
+std::string bytes_of(const nlohmann::json& v) {
+  return format_bytes(v.get<std::uint64_t>());
+}
+
+}  // namespace
+
+void print_residency(const std::string& json_text, std::FILE* out) {
+  const auto j = nlohmann::json::parse(json_text);
+  if (j.contains("error"))
+    throw std::runtime_error("the process answered: " + j.at("error").get<std::string>());
+  const auto& g = j.at("generation");
+  fmt::print(out, "{}; host memory {}; gpu tier {}; committed generation {}{}\n",
+             j.at("pid").is_null() ? std::string("manifest (offline)")
+                                   : fmt::format("pid {}", j.at("pid").get<int>()),
+             j.value("host_memory", std::string("-")),
+             !j.value("device_tier", false)         ? "none"
+             : j.at("simulated_device").get<bool>() ? "SIMULATED (host memory)"
+                                                    : "GPU",
+             g.at("committed").get<std::uint64_t>(),
+             g.at("checksums_verified").get<bool>() ? " (checksums verified)" : "");
+  fmt::print(out, "\n{:<6} {:>12} {:>12} {:>12} {:>12} {:>12}\n", "tier", "capacity", "resident",
+             "dirty", "in flight", "pinned");
+  for (auto& t : j.at("tiers")) {
+    std::string name = t.at("tier").get<std::string>();
+    if (name == "gpu" && j.at("simulated_device").get<bool>()) name = "gpu*";
+    fmt::print(out, "{:<6} {:>12} {:>12} {:>12} {:>12} {:>12}\n", name,
+               bytes_of(t.at("capacity_bytes")), bytes_of(t.at("resident_bytes")),
+               bytes_of(t.at("dirty_bytes")), bytes_of(t.at("inflight_bytes")),
+               t.contains("pinned_bytes") ? bytes_of(t.at("pinned_bytes")) : std::string("-"));
+  }
+  if (j.at("simulated_device").get<bool>())
+    fmt::print(out,
+               "(gpu* = simulated device tier: host memory with a capacity and a copy "
+               "bandwidth)\n");
+  // Classes as rows, tiers as columns.
+  std::map<std::string, std::map<std::string, std::uint64_t>> by_class;
+  for (auto& c : j.at("classes"))
+    by_class[c.at("class").get<std::string>()][c.at("tier").get<std::string>()] +=
+        c.at("bytes").get<std::uint64_t>();
+  if (!by_class.empty()) {
+    fmt::print(out, "\n{:<16} {:>12} {:>12} {:>12}\n", "class", "gpu", "host", "nvme");
+    for (auto& [cls, m] : by_class) {
+      auto cell = [&](const char* t) {
+        auto it = m.find(t);
+        return it == m.end() ? std::string("-") : format_bytes(it->second);
+      };
+      fmt::print(out, "{:<16} {:>12} {:>12} {:>12}\n", cls, cell("gpu"), cell("host"),
+                 cell("nvme"));
+    }
+  }
+  if (j.contains("counters") && j.at("counters").contains("tiers")) {
+    const auto& c = j.at("counters");
+    fmt::print(out, "\n{:<6} {:>12} {:>10} {:>12} {:>10}\n", "tier", "bytes in", "GB/s in",
+               "bytes out", "GB/s out");
+    for (auto& [name, t] : c.at("tiers").items())
+      fmt::print(out, "{:<6} {:>12} {:>10.2f} {:>12} {:>10.2f}\n", name, bytes_of(t.at("bytes_in")),
+                 t.at("gbps_in").get<double>(), bytes_of(t.at("bytes_out")),
+                 t.at("gbps_out").get<double>());
+    fmt::print(out,
+               "stalls {} ({:.3f} s), prefetch hits {} misses {}, evictions {}, write-behind {}, "
+               "commits {}, discards {}, in flight {}, queued prefetches {}\n",
+               c.at("stalls").get<std::uint64_t>(), c.at("stall_seconds").get<double>(),
+               c.at("prefetch_hits").get<std::uint64_t>(),
+               c.at("prefetch_misses").get<std::uint64_t>(), c.at("evictions").get<std::uint64_t>(),
+               c.at("write_behind").get<std::uint64_t>(), c.at("commits").get<std::uint64_t>(),
+               c.at("discards").get<std::uint64_t>(), c.at("inflight_ops").get<std::uint64_t>(),
+               c.at("queued_prefetches").get<std::uint64_t>());
+  }
+  if (j.contains("subgroups")) {
+    fmt::print(out, "\n{:<14} {:<28} {:<14} {:<5} {:>12} {:<8} {:<8} {:<8}\n", "rank/grp/sub",
+               "block", "class", "dtype", "numel", "gpu", "host", "nvme");
+    for (auto& sg : j.at("subgroups")) {
+      const std::string who = fmt::format("{}/{}/{}", sg.at("rank").get<int>(),
+                                          sg.at("group").get<int>(), sg.at("subgroup").get<int>());
+      for (auto& b : sg.at("blocks"))
+        fmt::print(out, "{:<14} {:<28} {:<14} {:<5} {:>12} {:<8} {:<8} {:<8}\n", who,
+                   b.at("name").get<std::string>(), b.at("class").get<std::string>(),
+                   b.at("dtype").get<std::string>(), b.at("numel").get<std::uint64_t>(),
+                   b.at("gpu").get<std::string>(), b.at("host").get<std::string>(),
+                   b.at("nvme").get<std::string>());
+    }
+  }
+}
+
+namespace {
+
+struct ResidencyOptions {
+  std::string target;  // PID or socket path
+  std::vector<std::string> swap_dirs;
+  bool json = false;
+  double watch = 0;
+};
+
+std::filesystem::path socket_for(const std::string& target) {
+  if (!target.empty() && target.find_first_not_of("0123456789") == std::string::npos) {
+    const auto p = default_runtime_dir() / (target + ".sock");
+    if (!std::filesystem::exists(p))
+      throw std::invalid_argument(fmt::format(
+          "no tierswap telemetry socket for pid {} in {} (is it running, with telemetry on? "
+          "`tierswap ps` lists live processes)",
+          target, default_runtime_dir().string()));
+    return p;
+  }
+  return target;
+}
+
+std::string offline_snapshot(const std::vector<std::string>& dirs) {
+  std::vector<std::filesystem::path> paths(dirs.begin(), dirs.end());
+  const auto manifest = paths.front() / "tierswap.manifest";
+  if (!std::filesystem::exists(manifest))
+    throw std::invalid_argument(
+        fmt::format("--swap-dir {}: no manifest ({}); nothing was "
+                    "committed there",
+                    dirs.front(), manifest.string()));
+  const ManifestInfo info = read_manifest(manifest);
+  SwapSpace space = SwapSpace::open(paths);
+  IoEngine engine(space);
+  TierConfig cfg;
+  cfg.shadow_slots = info.shadow_slots;
+  cfg.telemetry = false;
+  cfg.lock_host_memory = false;
+  cfg.device_mode = DeviceTierMode::off;
+  cfg.verify_on_open = true;
+  TierManager m(space, engine, cfg);  // reads and checks; writes nothing
+  auto j = nlohmann::json::parse(m.snapshot().to_json());
+  j["pid"] = nullptr;
+  j["source"] = manifest.string();
+  j["tiers"] = nlohmann::json::array({j["tiers"].back()});  // the nvme row: nothing is resident
+  j.erase("counters");
+  j["counters"] = nlohmann::json::object();
+  return j.dump();
+}
+
+void run_residency(const ResidencyOptions& o) {
+  if (!o.swap_dirs.empty()) {
+    if (!o.target.empty())
+      throw std::invalid_argument("residency: give a PID/socket or --swap-dir, not both");
+    const std::string snap = offline_snapshot(o.swap_dirs);
+    if (o.json)
+      fmt::print("{}\n", nlohmann::json::parse(snap).dump(2));
+    else
+      print_residency(snap, stdout);
+    return;
+  }
+  if (o.target.empty())
+    throw std::invalid_argument("residency: give a PID or socket path, or --swap-dir DIR");
+  const auto sock = socket_for(o.target);
+  for (bool first = true;; first = false) {
+    std::string snap;
+    try {
+      snap = query_telemetry(sock);
+    } catch (const std::exception& e) {
+      if (first) throw;
+      fmt::print(stderr, "tierswap residency: the process is gone ({})\n", e.what());
+      return;
+    }
+    if (o.watch > 0 && !o.json) fmt::print("\x1b[H\x1b[2J");
+    if (o.json)
+      fmt::print("{}\n", nlohmann::json::parse(snap).dump(o.watch > 0 ? -1 : 2));
+    else
+      print_residency(snap, stdout);
+    std::fflush(stdout);
+    if (o.watch <= 0) return;
+    std::this_thread::sleep_for(std::chrono::duration<double>(o.watch));
+  }
+}
+
+}  // namespace
+
+void add_ps(CLI::App& app) {
+  auto* ps = app.add_subcommand("ps", "List live tierswap processes (telemetry sockets)");
+  auto json = std::make_shared<bool>(false);
+  ps->add_flag("--json", *json, "Print JSON on stdout instead of a table");
+  ps->callback([json] {
+    const auto dir = default_runtime_dir();
+    const auto live = list_live_processes(dir);
+    if (*json) {
+      auto arr = nlohmann::json::array();
+      for (auto& p : live)
+        arr.push_back({{"pid", p.pid}, {"socket", p.socket.string()}, {"command", p.command}});
+      fmt::print("{}\n", nlohmann::json{{"runtime_dir", dir.string()}, {"processes", arr}}.dump(2));
+      return;
+    }
+    if (live.empty()) {
+      fmt::print("no live tierswap processes (runtime directory {})\n", dir.string());
+      return;
+    }
+    fmt::print("{:>8}  {:<40}  {}\n", "PID", "SOCKET", "COMMAND");
+    for (auto& p : live) fmt::print("{:>8}  {:<40}  {}\n", p.pid, p.socket.string(), p.command);
+  });
+}
+
+void add_residency(CLI::App& app) {
+  auto o = std::make_shared<ResidencyOptions>();
+  auto* r = app.add_subcommand(
+      "residency", "Where every block is: a live process (PID or socket), or a swap directory");
+  r->add_option("target", o->target, "PID of a live tierswap process, or its socket path");
+  r->add_option("--swap-dir", o->swap_dirs,
+                "Read a swap directory's manifest offline (repeat for striped spaces)");
+  r->add_flag("--json", o->json, "Print JSON on stdout instead of tables");
+  r->add_option("--watch", o->watch, "Refresh every SECONDS, like top (live processes)")
+      ->expected(0, 1)
+      ->default_str("1");
+  r->callback([o] {
+    if (o->watch < 0) throw std::invalid_argument("--watch: must be > 0 seconds");
+    run_residency(*o);
+  });
+}
+
+}  // namespace tierswap::cli

@@ -247,31 +247,45 @@ void run_tier_bench(const TierBenchOptions& o) {
   nlohmann::json runs = nlohmann::json::array();
   std::vector<double> ratios;
   for (int r = 0; r < o.runs; ++r) {
-    // Tier manager stream: look-ahead prefetch, acquire, release, evict behind.
-    const auto c0 = m.counters();
-    auto t0 = Clock::now();
-    for (std::uint32_t k = 0; k < o.lookahead && k < ids.size(); ++k)
-      m.prefetch(ids[k], Tier::host);
-    for (std::size_t i = 0; i < ids.size(); ++i) {
-      if (i + o.lookahead < ids.size()) m.prefetch(ids[i + o.lookahead], Tier::host);
-      BlockView v = m.acquire(ids[i], Tier::host);
-    }
-    const double tier_s = since(t0);
-    const auto c1 = m.counters();
-    for (BlockId id : ids) m.evict(id, Tier::host);
-    // The engine alone over the same extents, two blocks in flight as the stream has.
-    t0 = Clock::now();
+    // Tier manager stream: look-ahead prefetch, acquire, release; evicted afterwards.
     const std::uint64_t total = bb * ids.size();
-    std::vector<IoTicket> tickets;
-    for (std::uint64_t off = 0; off < total; off += bb) {
-      tickets.push_back(engine.read(off, ring.data() + ((off / bb) % 2) * bb, bb));
-      if (tickets.size() == 2) {
-        tickets.front().wait();
-        tickets.erase(tickets.begin());
+    TierCounters c0, c1;
+    auto tier_stream = [&] {
+      c0 = m.counters();
+      const auto t0 = Clock::now();
+      for (std::uint32_t k = 0; k < o.lookahead && k < ids.size(); ++k)
+        m.prefetch(ids[k], Tier::host);
+      for (std::size_t i = 0; i < ids.size(); ++i) {
+        if (i + o.lookahead < ids.size()) m.prefetch(ids[i + o.lookahead], Tier::host);
+        BlockView v = m.acquire(ids[i], Tier::host);
       }
+      const double s = since(t0);
+      c1 = m.counters();
+      for (BlockId id : ids) m.evict(id, Tier::host);
+      return s;
+    };
+    // The engine alone over the same extents, two blocks in flight as the stream has.
+    auto engine_stream = [&] {
+      const auto t0 = Clock::now();
+      std::vector<IoTicket> tickets;
+      for (std::uint64_t off = 0; off < total; off += bb) {
+        tickets.push_back(engine.read(off, ring.data() + ((off / bb) % 2) * bb, bb));
+        if (tickets.size() == 2) {
+          tickets.front().wait();
+          tickets.erase(tickets.begin());
+        }
+      }
+      for (auto& t : tickets) t.wait();
+      return since(t0);
+    };
+    double tier_s = 0, io_s = 0;
+    if (r % 2 == 0) {  // alternate who goes first
+      tier_s = tier_stream();
+      io_s = engine_stream();
+    } else {
+      io_s = engine_stream();
+      tier_s = tier_stream();
     }
-    for (auto& t : tickets) t.wait();
-    const double io_s = since(t0);
     const double tier_gbps = static_cast<double>(total) / tier_s / 1e9;
     const double io_gbps = static_cast<double>(total) / io_s / 1e9;
     ratios.push_back(tier_gbps / io_gbps);

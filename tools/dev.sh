@@ -1,9 +1,13 @@
 #!/usr/bin/env bash
 # The README's two commands, for a fresh Debian machine:
-#   tools/dev.sh run  [tierswap bench io options]  install what is missing, build, run the main job
-#   tools/dev.sh test                              install what is missing, build, run every test
-# `test` builds twice: the normal build (whole suite, the > 4 GiB transfers included) and an
-# ASan+UBSan build (whole suite but the > 4 GiB transfers).
+#   tools/dev.sh run  [tierswap demo options]  install what is missing, build, run the main job
+#   tools/dev.sh test                          install what is missing, build, run every test
+# `run` measures the swap engine (`tierswap bench io` on a temporary directory), then runs
+# `tierswap demo`: a synthetic model's optimizer steps on the three tiers of a temporary swap
+# directory, ending with the residency tables.
+# `test` builds three times: the normal build (whole suite, the > 4 GiB transfers included), an
+# ASan+UBSan build (whole suite but the > 4 GiB transfers), and a ThreadSanitizer build of the
+# concurrent components (tier manager, I/O engine, thread pool).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -40,8 +44,11 @@ case "$cmd" in
   run)
     install_missing
     build build
-    # The embedded default: a temporary swap directory, 1 GiB written then read, 3 runs.
-    exec build/tierswap bench io "$@"
+    # The embedded default: a temporary swap directory, 1 GiB written then read, 3 runs; then the
+    # synthetic model (16M parameters in 8 sub-groups, 3 steps) on the tiers.
+    build/tierswap bench io
+    echo
+    exec build/tierswap demo "$@"
     ;;
   test)
     extra=()
@@ -53,9 +60,16 @@ case "$cmd" in
     (cd build-asan && TIERSWAP_SKIP_LARGE=1 ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 \
        UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
        ctest --output-on-failure -j 2 --timeout 900 -LE slow)
+    cmake -S . -B build-tsan -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DTIERSWAP_SANITIZE=thread \
+      -DTIERSWAP_BUILD_BENCHMARKS=OFF -DTIERSWAP_WITH_CUDA=OFF >/dev/null
+    cmake --build build-tsan -j "$(nproc)" \
+      --target test_tier_manager test_thread_pool test_io_engine test_io_faults
+    (cd build-tsan && TIERSWAP_SKIP_LARGE=1 TSAN_OPTIONS=halt_on_error=1:second_deadlock_stack=1 \
+       ctest --output-on-failure -j 2 --timeout 900 \
+       -R '^(TierManager|TierManagerCrash|Telemetry|ThreadPool|Backends/EngineTest|Backends/FaultTest)[.]')
     ;;
   *)
-    echo "usage: tools/dev.sh run [bench io options] | tools/dev.sh test" >&2
+    echo "usage: tools/dev.sh run [demo options] | tools/dev.sh test" >&2
     exit 2
     ;;
 esac

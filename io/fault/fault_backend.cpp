@@ -57,11 +57,16 @@ class FaultBackend final : public IoBackend {
       }
     }
     std::size_t accepted = 0;
-    while (accepted < pass.size()) {
-      int n = inner_->submit(
-          std::span<IoRequest* const>(pass.data() + accepted, pass.size() - accepted));
-      if (n <= 0) break;
-      accepted += static_cast<std::size_t>(n);
+    {
+      // Held across the inner submit: reap() restores lengths under the same lock, and the
+      // kernel's handoff from submission to completion is not an ordering ThreadSanitizer sees.
+      std::lock_guard lock(mu_);
+      while (accepted < pass.size()) {
+        int n = inner_->submit(
+            std::span<IoRequest* const>(pass.data() + accepted, pass.size() - accepted));
+        if (n <= 0) break;
+        accepted += static_cast<std::size_t>(n);
+      }
     }
     if (accepted < pass.size()) {
       std::lock_guard lock(mu_);

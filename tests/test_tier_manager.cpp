@@ -120,6 +120,26 @@ TEST(TierManager, NewBlocksReadAsZerosAndRoundTripThroughNvme) {
   EXPECT_GE(c.bytes_out[static_cast<int>(Tier::nvme)], n * 4);
   EXPECT_EQ(r.mgr->find("a"), a);
   EXPECT_FALSE(r.mgr->find("b").has_value());
+  // Host slabs are registered with the engine: io_uring moves them with fixed buffers.
+  if (r.engine->backend() == IoBackendKind::uring) EXPECT_GT(r.engine->stats().fixed_requests, 0u);
+}
+
+TEST(TierManager, HostSlabsBindToARealNumaNodeAndRefuseAMissingOne) {
+  TierConfig cfg = small_config(64 * kKiB, 4);
+  cfg.numa_node = 0;
+  Rig r(cfg);
+  const BlockId a = r.mgr->create(desc("numa", 1000));
+  BlockView v = r.mgr->acquire(a, Tier::host);
+  EXPECT_TRUE(all_zero(v));
+  v = BlockView();
+  TierConfig bad = cfg;
+  bad.numa_node = 999;
+  try {
+    TierManager m(*r.space, *r.engine, bad);
+    ADD_FAILURE() << "accepted NUMA node 999";
+  } catch (const std::invalid_argument& e) {
+    EXPECT_NE(std::string(e.what()).find("numa_node=999"), std::string::npos) << e.what();
+  }
 }
 
 TEST(TierManager, SimulatedDeviceTierIsLabelledAndHoldsTheNewestCopy) {

@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <chrono>
 #include <condition_variable>
+#include <cstdlib>
 #include <cstring>
 #include <deque>
 #include <map>
@@ -224,6 +225,7 @@ struct TierManager::Impl {
     }
     if (b.op.get() == &op) b.op.reset();
     pump_prefetch();
+    check_invariants();
     cv.notify_all();
   }
 
@@ -633,6 +635,37 @@ struct TierManager::Impl {
     }
   }
 
+  // Debug builds (and the sanitizer builds, which define TIERSWAP_DEBUG_INVARIANTS) check the
+  // residency invariants after every state change; a violation is a bug in this file.
+  void check_invariants() const {
+#if !defined(NDEBUG) || defined(TIERSWAP_DEBUG_INVARIANTS)
+    auto fail = [](const Block& b, const char* what) {
+      log(LogLevel::error,
+          fmt::format("tier manager invariant broken for '{}': {}", b.desc.name, what));
+      std::abort();
+    };
+    std::uint64_t used[2] = {0, 0};
+    for (auto& bp : blocks) {
+      const Block& b = *bp;
+      if (b.st[kDev] == CopyState::dirty &&
+          (b.st[kHost] == CopyState::dirty || b.st[kHost] == CopyState::writing))
+        fail(b, "two dirty copies (one of them is stale)");
+      if (b.writer && b.pins[kDev] + b.pins[kHost] != 1) fail(b, "a writer that is not alone");
+      for (int s : {kDev, kHost}) {
+        if (b.pins[s] > 0 && b.st[s] == CopyState::absent) fail(b, "a view of an absent copy");
+        if ((b.st[s] == CopyState::absent) != (b.data[s] == nullptr))
+          fail(b, "copy state and memory disagree");
+        if (b.data[s] != nullptr) used[s] += b.alloc_bytes;
+      }
+      if ((b.st[kHost] == CopyState::reading || b.st[kHost] == CopyState::writing) && !b.op)
+        fail(b, "a transfer state without a transfer");
+      if (b.op && b.op->done) fail(b, "a finished transfer still attached");
+    }
+    if (used[kHost] > host.budget() || (device && used[kDev] > device->budget()))
+      log(LogLevel::error, "tier manager: a budget is exceeded"), std::abort();
+#endif
+  }
+
   // ---- manifest ----------------------------------------------------------------------------
   std::filesystem::path manifest_path() const {
     return space.files().front().path.parent_path() / detail::kManifestName;
@@ -979,6 +1012,7 @@ BlockView TierManager::acquire(BlockId id, Tier tier, Access access) {
       ++m.ctr.stalls;
       m.ctr.stall_seconds += seconds_since(t0);
     }
+    m.check_invariants();
     BlockView v;
     v.mgr_ = this;
     v.data_ = b.data[s];
@@ -1015,6 +1049,7 @@ void TierManager::release(BlockView& v, bool dirty) {
   b.last_use = ++m.tick;
   v.mgr_ = nullptr;
   if (dirty) m.write_behind();
+  m.check_invariants();
   m.cv.notify_all();
 }
 
@@ -1025,6 +1060,7 @@ void TierManager::evict(BlockId id, Tier tier) {
   if (tier == Tier::nvme) throw std::invalid_argument("evict: the nvme tier is the home of data");
   if (tier == Tier::device && !m.device) return;
   m.evict_copy(lk, id, slot_of(tier), true);
+  m.check_invariants();
 }
 
 void TierManager::flush() {
@@ -1055,6 +1091,7 @@ std::uint64_t TierManager::commit() {
     b.modified = b.dirty_anywhere();
   }
   ++m.ctr.commits;
+  m.check_invariants();
   return m.committed_gen;
 }
 
@@ -1078,6 +1115,7 @@ void TierManager::discard() {
     b.modified = false;
   }
   ++m.ctr.discards;
+  m.check_invariants();
 }
 
 std::uint64_t TierManager::committed_generation() const {

@@ -2,6 +2,7 @@
 #include <nlohmann/json.hpp>
 #include <string>
 
+#include "tierswap/detail/env.hpp"
 #include "tierswap/error.hpp"
 #include "tierswap/io_engine.hpp"
 #include "tierswap/units.hpp"
@@ -42,17 +43,7 @@ void IoEngineConfig::validate() const {
     throw_invalid("posix_threads", std::to_string(posix_threads), "must be in 1..256");
 }
 
-namespace {
-std::uint64_t env_u64(const char* name, std::uint64_t fallback, bool size) {
-  const char* v = std::getenv(name);
-  if (v == nullptr) return fallback;
-  if (size) return parse_size(v, name);
-  char* end = nullptr;
-  unsigned long long x = std::strtoull(v, &end, 10);
-  if (end == v || *end != '\0') throw_invalid(name, v, "expected a non-negative integer");
-  return x;
-}
-}  // namespace
+using detail::env_u64;
 
 IoEngineConfig IoEngineConfig::from_env() {
   return from_env(IoEngineConfig{});
@@ -62,7 +53,7 @@ IoEngineConfig IoEngineConfig::from_env(IoEngineConfig c) {
   if (const char* v = std::getenv("TIERSWAP_IO_BACKEND")) c.backend = parse_backend(v);
   c.queue_depth = static_cast<std::uint32_t>(env_u64("TIERSWAP_QUEUE_DEPTH", c.queue_depth, false));
   c.block_size = env_u64("TIERSWAP_BLOCK_SIZE", c.block_size, true);
-  c.sqpoll = env_u64("TIERSWAP_SQPOLL", c.sqpoll ? 1 : 0, false) != 0;
+  c.sqpoll = detail::env_bool("TIERSWAP_SQPOLL", c.sqpoll);
   c.posix_threads =
       static_cast<std::uint32_t>(env_u64("TIERSWAP_POSIX_THREADS", c.posix_threads, false));
   c.max_retries = static_cast<std::uint32_t>(env_u64("TIERSWAP_IO_RETRIES", c.max_retries, false));

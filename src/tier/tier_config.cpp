@@ -2,6 +2,7 @@
 #include <nlohmann/json.hpp>
 #include <string>
 
+#include "tierswap/detail/env.hpp"
 #include "tierswap/error.hpp"
 #include "tierswap/tier_manager.hpp"
 #include "tierswap/units.hpp"
@@ -72,24 +73,6 @@ DeviceTierMode parse_device_mode(std::string_view s, const std::string& key) {
   throw_invalid(key, s, "expected auto, gpu, simulated or off");
 }
 
-std::uint64_t env_u64(const char* name, std::uint64_t fallback, bool size) {
-  const char* v = std::getenv(name);
-  if (v == nullptr) return fallback;
-  if (size) return parse_size(v, name);
-  char* end = nullptr;
-  unsigned long long x = std::strtoull(v, &end, 10);
-  if (end == v || *end != '\0') throw_invalid(name, v, "expected a non-negative integer");
-  return x;
-}
-
-bool env_bool(const char* name, bool fallback) {
-  const char* v = std::getenv(name);
-  if (v == nullptr) return fallback;
-  const std::string_view s(v);
-  if (s == "1") return true;
-  if (s == "0") return false;
-  throw_invalid(name, s, "expected 0 or 1");
-}
 }  // namespace
 
 void TierConfig::validate() const {
@@ -112,23 +95,15 @@ TierConfig TierConfig::from_env() {
 }
 
 TierConfig TierConfig::from_env(TierConfig c) {
+  using detail::env_bool, detail::env_double, detail::env_long, detail::env_u64;
   c.host_budget = env_u64("TIERSWAP_HOST_BUDGET", c.host_budget, true);
   c.host_slab_size = env_u64("TIERSWAP_HOST_SLAB", c.host_slab_size, true);
   c.lock_host_memory = env_bool("TIERSWAP_LOCK_HOST", c.lock_host_memory);
-  if (const char* v = std::getenv("TIERSWAP_NUMA_NODE")) {
-    char* end = nullptr;
-    const long x = std::strtol(v, &end, 10);
-    if (end == v || *end != '\0') throw_invalid("TIERSWAP_NUMA_NODE", v, "expected an integer");
-    c.numa_node = static_cast<int>(x);
-  }
+  c.numa_node = static_cast<int>(env_long("TIERSWAP_NUMA_NODE", c.numa_node));
   if (const char* v = std::getenv("TIERSWAP_DEVICE_TIER"))
     c.device_mode = parse_device_mode(v, "TIERSWAP_DEVICE_TIER");
   c.device_budget = env_u64("TIERSWAP_DEVICE_BUDGET", c.device_budget, true);
-  if (const char* v = std::getenv("TIERSWAP_SIM_DEVICE_GBPS")) {
-    char* end = nullptr;
-    c.simulated_device_gbps = std::strtod(v, &end);
-    if (end == v || *end != '\0') throw_invalid("TIERSWAP_SIM_DEVICE_GBPS", v, "expected GB/s");
-  }
+  c.simulated_device_gbps = env_double("TIERSWAP_SIM_DEVICE_GBPS", c.simulated_device_gbps);
   c.max_dirty_bytes = env_u64("TIERSWAP_MAX_DIRTY", c.max_dirty_bytes, true);
   c.lookahead = static_cast<std::uint32_t>(env_u64("TIERSWAP_LOOKAHEAD", c.lookahead, false));
   c.shadow_slots = env_bool("TIERSWAP_SHADOW", c.shadow_slots);

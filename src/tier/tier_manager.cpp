@@ -176,6 +176,16 @@ struct TierManager::Impl {
   std::uint64_t offset_of(const Block& b, int slot) const { return b.slot[slot].offset; }
 
   // ---- transfers ---------------------------------------------------------------------------
+  void count(Tier from, Tier to, std::uint64_t bytes, double secs) {
+    const int f = static_cast<int>(from), t = static_cast<int>(to);
+    ctr.bytes_out[f] += bytes;
+    ctr.ops_out[f] += 1;
+    ctr.busy_seconds_out[f] += secs;
+    ctr.bytes_in[t] += bytes;
+    ctr.ops_in[t] += 1;
+    ctr.busy_seconds_in[t] += secs;
+  }
+
   void finalize(Op& op) {
     if (op.done) return;
     op.done = true;
@@ -197,12 +207,7 @@ struct TierManager::Impl {
         b.st[kHost] = CopyState::valid;
         b.prefetched = op.prefetch;
         if (op.prefetch) b.last_use = ++tick;  // about to be used: not the first to go
-        ctr.bytes_out[2] += op.bytes;
-        ctr.ops_out[2] += 1;
-        ctr.busy_seconds_out[2] += secs;
-        ctr.bytes_in[1] += op.bytes;
-        ctr.ops_in[1] += 1;
-        ctr.busy_seconds_in[1] += secs;
+        count(Tier::nvme, Tier::host, op.bytes, secs);
       }
     } else {
       if (op.stale) {  // a newer copy was released meanwhile: this one and its write are moot
@@ -215,12 +220,7 @@ struct TierManager::Impl {
         b.st[kHost] = CopyState::valid;
         b.written = true;
         b.written_checksum = op.checksum;
-        ctr.bytes_in[2] += op.bytes;
-        ctr.ops_in[2] += 1;
-        ctr.busy_seconds_in[2] += secs;
-        ctr.bytes_out[1] += op.bytes;
-        ctr.ops_out[1] += 1;
-        ctr.busy_seconds_out[1] += secs;
+        count(Tier::host, Tier::nvme, op.bytes, secs);
       }
     }
     if (b.op.get() == &op) b.op.reset();
@@ -323,13 +323,8 @@ struct TierManager::Impl {
     b.busy = false;
     cv.notify_all();
     if (err) std::rethrow_exception(err);
-    const int tf = from == kDev ? 0 : 1, tt = to == kDev ? 0 : 1;
-    ctr.bytes_out[tf] += n;
-    ctr.ops_out[tf] += 1;
-    ctr.busy_seconds_out[tf] += secs;
-    ctr.bytes_in[tt] += n;
-    ctr.ops_in[tt] += 1;
-    ctr.busy_seconds_in[tt] += secs;
+    count(from == kDev ? Tier::device : Tier::host, to == kDev ? Tier::device : Tier::host, n,
+          secs);
   }
 
   // ---- memory ------------------------------------------------------------------------------

@@ -1,6 +1,7 @@
 #include <sys/mman.h>
-#include <sys/syscall.h>
 #include <unistd.h>
+
+#include <numa.h>
 
 #include <cerrno>
 #include <cstring>
@@ -21,14 +22,13 @@ namespace tierswap::detail {
 namespace {
 constexpr std::uint64_t kPiece = 4096;
 
-// mbind(2) without libnuma: MPOL_BIND with MPOL_MF_MOVE.
+// Binds future pages of [p, p + bytes) to `node` (libnuma: an mbind MPOL_BIND policy). The slab
+// is bound before anything touches it (mlock, cudaHostRegister, I/O), so its pages land there.
 bool bind_to_node(void* p, std::uint64_t bytes, int node) noexcept {
-  constexpr int kMpolBind = 2;
-  constexpr unsigned kMfMove = 1u << 1;
-  unsigned long mask[16] = {};
-  if (node < 0 || node >= static_cast<int>(sizeof mask * 8)) return false;
-  mask[node / (8 * sizeof(unsigned long))] |= 1ul << (node % (8 * sizeof(unsigned long)));
-  return ::syscall(SYS_mbind, p, bytes, kMpolBind, mask, sizeof mask * 8, kMfMove) == 0;
+  if (numa_available() < 0) return false;
+  errno = 0;
+  numa_tonode_memory(p, bytes, node);
+  return errno == 0;
 }
 }  // namespace
 
@@ -88,10 +88,15 @@ void SlabPool::release_all() noexcept {
 HostPool::HostPool(std::uint64_t budget, std::uint64_t slab_size, bool lock, int numa_node,
                    IoEngine* engine)
     : SlabPool(budget, slab_size), lock_(lock), numa_node_(numa_node), engine_(engine) {
-  if (numa_node >= 0 &&
-      !std::filesystem::exists(fmt::format("/sys/devices/system/node/node{}", numa_node)))
-    throw std::invalid_argument(
-        fmt::format("numa_node={}: no such NUMA node on this machine", numa_node));
+  if (numa_node >= 0) {
+    if (numa_available() < 0)
+      throw std::invalid_argument(
+          fmt::format("numa_node={}: this system has no NUMA support (numa_available)", numa_node));
+    if (numa_node > numa_max_node() || !numa_bitmask_isbitset(numa_all_nodes_ptr, numa_node))
+      throw std::invalid_argument(
+          fmt::format("numa_node={}: no such NUMA node on this machine (nodes 0..{})", numa_node,
+                      numa_max_node()));
+  }
 }
 
 HostPool::~HostPool() {

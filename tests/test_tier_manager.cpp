@@ -449,8 +449,8 @@ TEST(TierManager, ManyThreadsOverThreeTiersWithTinyBudgets) {
   Rig r(cfg);
   // Every block's content is pattern(seed) with the seed in its first 8 bytes, so a reader can
   // tell a consistent copy from a torn or stale one.
-  auto write_version = [&](BlockId id, std::uint64_t seed, Tier t) {
-    BlockView v = r.mgr->acquire(id, t, Access::write);
+  auto write_version = [&](BlockId id, std::uint64_t seed, Tier t, Access how = Access::write) {
+    BlockView v = r.mgr->acquire(id, t, how);
     test::fill_pattern(v.data() + 8, v.bytes() - 8, seed, 8);
     std::memcpy(v.data(), &seed, 8);
     r.mgr->release(v, true);
@@ -487,7 +487,8 @@ TEST(TierManager, ManyThreadsOverThreeTiersWithTinyBudgets) {
             case 0:
             case 1:
               version[k] = (static_cast<std::uint64_t>(t) << 32) | (it + 1);
-              write_version(own[t][k], version[k], tier);
+              write_version(own[t][k], version[k], tier,
+                            rng() % 2 ? Access::write : Access::overwrite);
               break;
             case 2:
               if (version[k] != 0) check(own[t][k], tier, version[k]);
@@ -659,4 +660,41 @@ TEST(Telemetry, AnUnsafeRuntimeDirectoryIsRefused) {
   std::ofstream(dir / "999999999.sock") << "";
   EXPECT_TRUE(list_live_processes(dir).empty());
   EXPECT_FALSE(std::filesystem::exists(dir / "999999999.sock"));
+}
+
+TEST(TierManager, OverwriteViewsReadNothingAndKeepTheOldDataWhenReleasedClean) {
+  const std::uint64_t bytes = 64 * kKiB;
+  Rig r(small_config(bytes, 4, 2));
+  const BlockId a = r.mgr->create(desc("a", bytes / 4));
+  {
+    BlockView v = r.mgr->acquire(a, Tier::host, Access::write);
+    fill(v, 1);
+    r.mgr->release(v, true);
+  }
+  r.mgr->commit();
+  r.mgr->evict(a, Tier::host);
+  const int nv = static_cast<int>(Tier::nvme);
+  const auto before = r.mgr->counters().bytes_out[nv];
+  {
+    BlockView v = r.mgr->acquire(a, Tier::host, Access::overwrite);
+    EXPECT_TRUE(v.writable());
+    EXPECT_THROW(r.mgr->acquire(a, Tier::host), std::logic_error);
+    fill(v, 2);
+    r.mgr->release(v, true);
+  }
+  EXPECT_EQ(r.mgr->counters().bytes_out[nv], before) << "overwrite read the old data";
+  expect_pattern(*r.mgr, a, 2);
+  // Released clean (here: destroyed), a fresh overwrite copy is dropped: the old data stays.
+  r.mgr->flush();
+  r.mgr->evict(a, Tier::host);
+  { BlockView v = r.mgr->acquire(a, Tier::device, Access::overwrite); }
+  EXPECT_EQ(r.mgr->snapshot().blocks[0].state[0], CopyState::absent);
+  expect_pattern(*r.mgr, a, 2, Tier::device);
+  // In place over an existing copy, as write.
+  {
+    BlockView v = r.mgr->acquire(a, Tier::device, Access::overwrite);
+    fill(v, 3);
+    r.mgr->release(v, true);
+  }
+  expect_pattern(*r.mgr, a, 3, Tier::host);
 }

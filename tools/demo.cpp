@@ -146,7 +146,7 @@ void run_demo(const DemoOptions& o) {
       BlockView mm = m.acquire(s.m, Tier::host, Access::write);
       BlockView vv = m.acquire(s.v, Tier::host, Access::write);
       BlockView g = m.acquire(s.grad, Tier::host);
-      BlockView p16 = m.acquire(s.p16, Tier::host, Access::write);
+      BlockView p16 = m.acquire(s.p16, Tier::host, Access::overwrite);  // output only
       adam_step(adam, static_cast<std::int64_t>(m.committed_generation()),
                 {reinterpret_cast<float*>(p.data()), mm.data(), vv.data(), nullptr, Dtype::f32},
                 {g.data(), Dtype::bf16, 1.0f}, {p16.data(), Dtype::bf16}, s.n, ctx);

@@ -209,7 +209,11 @@ class BlockView {
   bool writable_ = false;
 };
 
-enum class Access : std::uint8_t { read, write };
+/// read: a shared view. write: the only view of the block, its current contents in place.
+/// overwrite: as write, but the caller replaces every byte: when the tier holds no copy, memory
+/// is taken without reading anything (contents unspecified). Release it dirty; released clean (or
+/// destroyed unreleased), such a fresh copy is dropped and the block keeps its previous data.
+enum class Access : std::uint8_t { read, write, overwrite };
 
 class TierManager {
  public:

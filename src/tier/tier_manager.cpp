@@ -67,7 +67,8 @@ struct Block {
   std::byte* data[2] = {nullptr, nullptr};
   std::uint32_t pins[2] = {0, 0};
   bool writer = false;
-  bool busy = false;  // a host<->device copy is running without the lock
+  bool fresh[2] = {false, false};  // an overwrite view's copy, not yet released dirty
+  bool busy = false;               // a host<->device copy is running without the lock
   Extent slot[2];
   int nslots = 2;
   int committed = 0;
@@ -381,6 +382,11 @@ struct TierManager::Impl {
     for (;;) {
       wait_not_busy(lk, id);
       Block& b = *blocks[id];
+      if (b.writer) {  // its copies are being rewritten: not now
+        if (!strict) return;
+        throw std::logic_error(
+            fmt::format("evict: block '{}' has a writable view; release it first", b.desc.name));
+      }
       if (b.pins[s] > 0) {
         if (!strict) return;
         throw std::logic_error(fmt::format("evict: block '{}' is pinned in the {} tier by a view",
@@ -944,11 +950,12 @@ BlockView TierManager::acquire(BlockId id, Tier tier, Access access) {
     throw std::invalid_argument("acquire: the nvme tier has no views; acquire host or gpu");
   if (tier == Tier::device && !m.device)
     throw std::invalid_argument("acquire: no device tier configured");
+  const bool writes = access != Access::read;
   auto conflict = [&](const Block& b) {
     if (b.writer)
       throw std::logic_error(
           fmt::format("acquire: block '{}' has a writable view; release it first", b.desc.name));
-    if (access == Access::write && b.pins[kDev] + b.pins[kHost] > 0)
+    if (writes && b.pins[kDev] + b.pins[kHost] > 0)
       throw std::logic_error(fmt::format(
           "acquire(write): block '{}' has {} other view(s); a writable view must be the only one",
           b.desc.name, b.pins[kDev] + b.pins[kHost]));
@@ -957,14 +964,36 @@ BlockView TierManager::acquire(BlockId id, Tier tier, Access access) {
   const auto t0 = Clock::now();
   bool waited = false;
   const bool was_prefetched = b0.prefetched || (b0.op && b0.op->prefetch);
-  const bool needed_read =
-      b0.st[kHost] == CopyState::absent && b0.st[kDev] == CopyState::absent && b0.nvme_has_data();
+  const bool needed_read = access != Access::overwrite && b0.st[kHost] == CopyState::absent &&
+                           b0.st[kDev] == CopyState::absent && b0.nvme_has_data();
   const int s = slot_of(tier);
   for (;;) {
-    m.ensure_host(lk, id, &waited);
+    if (access == Access::overwrite) {
+      m.wait_not_busy(lk, id);
+      Block& b = *m.blocks[id];
+      if (b.st[s] == CopyState::absent) {  // no copy here: take memory, read nothing
+        std::byte* p = m.alloc_slot(lk, s, id);
+        Block& b2 = *m.blocks[id];
+        conflict(b2);
+        if (b2.st[s] != CopyState::absent || b2.busy) {
+          m.pool(s).free(p);
+          continue;
+        }
+        b2.data[s] = p;
+        b2.st[s] = CopyState::valid;
+        b2.fresh[s] = true;
+      }
+      if (b.st[s] == CopyState::reading) {  // a prefetch in flight: let it land, then reuse it
+        auto op = b.op;
+        waited = true;
+        m.wait_op(lk, op);
+        continue;
+      }
+    }
+    if (!m.blocks[id]->fresh[s]) m.ensure_host(lk, id, &waited);
     Block& b = *m.blocks[id];
     conflict(b);
-    if (access == Access::write && b.st[kHost] == CopyState::writing) {
+    if (writes && b.st[kHost] == CopyState::writing) {
       auto op = b.op;
       waited = true;
       m.wait_op(lk, op);
@@ -994,7 +1023,7 @@ BlockView TierManager::acquire(BlockId id, Tier tier, Access access) {
     if (b.st[s] != CopyState::valid && b.st[s] != CopyState::dirty && b.st[s] != CopyState::writing)
       continue;
     ++b.pins[s];
-    b.writer = access == Access::write;
+    b.writer = writes;
     b.prefetched = false;
     b.last_use = ++m.tick;
     if (b.nvme_has_data()) {
@@ -1014,7 +1043,7 @@ BlockView TierManager::acquire(BlockId id, Tier tier, Access access) {
     v.bytes_ = b.bytes;
     v.id_ = id;
     v.tier_ = tier;
-    v.writable_ = access == Access::write;
+    v.writable_ = writes;
     return v;
   }
 }
@@ -1031,6 +1060,10 @@ void TierManager::release(BlockView& v, bool dirty) {
   const int s = slot_of(v.tier_);
   --b.pins[s];
   if (v.writable_) b.writer = false;
+  if (b.fresh[s]) {  // an overwrite view's own copy: kept only with new data in it
+    b.fresh[s] = false;
+    if (!dirty) m.drop(b, s);
+  }
   if (dirty) {
     const int o = s == kDev ? kHost : kDev;
     if (b.st[o] == CopyState::valid || b.st[o] == CopyState::dirty) m.drop(b, o);

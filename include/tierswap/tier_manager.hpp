@@ -32,6 +32,7 @@
 #include <string_view>
 #include <vector>
 
+#include "tierswap/extent_allocator.hpp"
 #include "tierswap/kernels.hpp"
 
 namespace tierswap {
@@ -277,8 +278,9 @@ class TierManager {
   std::unique_ptr<Impl> impl_;
 };
 
-/// The manifest as stored, for offline inspection (`tierswap residency --swap-dir`). Verifies the
-/// manifest's own checksum and version; throws std::runtime_error naming the file otherwise.
+/// The manifest as stored (what TierManager opens, and `tierswap residency --swap-dir` shows).
+/// Verifies the manifest's own checksums, version and the block table's shape (slot count,
+/// committed slot); throws std::runtime_error naming the file and the problem otherwise.
 struct ManifestInfo {
   struct Block {
     std::string name;
@@ -286,6 +288,8 @@ struct ManifestInfo {
     Dtype dtype;
     std::uint64_t numel = 0;
     BlockOwner owner;
+    std::vector<Extent> slots;  ///< NVMe extents (2 with shadow slots, else 1)
+    int committed_slot = 0;     ///< index into slots
     bool has_data = false;
     std::uint64_t generation = 0;  ///< generation that wrote the committed data
     std::uint64_t checksum = 0;    ///< XXH3-64 of the committed data

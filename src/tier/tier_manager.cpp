@@ -77,7 +77,6 @@ struct Block {
   std::uint64_t data_gen = 0;
   bool written = false;  // the write slot holds data newer than the committed one
   std::uint64_t written_checksum = 0;
-  bool modified = false;  // changed since the last commit
   bool prefetched = false;
   bool queued = false;
   std::shared_ptr<Op> op;  // in-flight transfer of the host copy
@@ -90,6 +89,8 @@ struct Block {
     return st[kDev] == CopyState::dirty || st[kHost] == CopyState::dirty ||
            st[kHost] == CopyState::writing;
   }
+  // Some copy differs from the committed data: dirty somewhere, or written back but not committed.
+  bool changed() const { return written || dirty_anywhere(); }
 };
 
 void validate_name(const std::string& n) {
@@ -354,18 +355,27 @@ struct TierManager::Impl {
         format_bytes(pinned_bytes(s))));
   }
 
-  // The least recently used copy in slot `s` that may go: unpinned, settled, not `exclude`.
-  Block* victim(int s, BlockId exclude, bool clean_only) {
+  // The least recently used settled copy in slot `s` (valid or dirty, unpinned, no transfer, no
+  // writer) that `ok` accepts, or null.
+  template <class Pred>
+  Block* lru(int s, Pred ok) {
     Block* best = nullptr;
     for (auto& bp : blocks) {
       Block& b = *bp;
-      if (&b == blocks[exclude].get() || b.busy || b.pins[s] > 0 || b.op || b.writer) continue;
+      if (b.busy || b.pins[s] > 0 || b.op || b.writer) continue;
       if (b.st[s] != CopyState::valid && b.st[s] != CopyState::dirty) continue;
-      // Making room for a prefetch never drops another prefetched, not yet used copy.
-      if (clean_only && (b.st[s] == CopyState::dirty || b.prefetched)) continue;
+      if (!ok(b)) continue;
       if (best == nullptr || b.last_use < best->last_use) best = &b;
     }
     return best;
+  }
+
+  // A copy that may go to make room for block `exclude`. Making room for a prefetch
+  // (clean_only) never waits for a write-back and never drops another prefetched copy.
+  Block* victim(int s, BlockId exclude, bool clean_only) {
+    return lru(s, [&](const Block& b) {
+      return b.id != exclude && !(clean_only && (b.st[s] == CopyState::dirty || b.prefetched));
+    });
   }
 
   // Frees one copy in slot `s` (writing it down first when dirty). False when none can go.
@@ -401,23 +411,8 @@ struct TierManager::Impl {
         continue;
       }
       if (b.st[s] == CopyState::absent) return;
-      if (s == kDev && b.st[kDev] == CopyState::dirty) {
-        // The device holds the newest data: move it to host first.
-        if (b.st[kHost] == CopyState::absent) {
-          std::byte* p = alloc_slot(lk, kHost, id);
-          Block& b2 = *blocks[id];
-          if (b2.st[kHost] != CopyState::absent || b2.busy || b2.st[kDev] != CopyState::dirty ||
-              b2.pins[kDev] > 0) {
-            host.free(p);
-            continue;
-          }
-          b2.data[kHost] = p;
-          b2.st[kHost] = CopyState::valid;  // placeholder, overwritten by the copy
-        }
-        copy_copy(lk, id, kDev, kHost);
-        Block& b3 = *blocks[id];
-        b3.st[kHost] = CopyState::dirty;
-        b3.st[kDev] = CopyState::valid;
+      if (s == kDev && b.st[kDev] == CopyState::dirty) {  // the newest data: down to host first
+        copy_down(lk, id);
         continue;
       }
       if (s == kHost && b.st[kHost] == CopyState::dirty && b.st[kDev] != CopyState::dirty) {
@@ -432,14 +427,20 @@ struct TierManager::Impl {
     }
   }
 
+  // Memory for block b in slot s if the pool has it now; the bytes past the block's end (up to
+  // its NVMe extent's length) are zeroed, so what is written to NVMe is deterministic.
+  std::byte* try_take(int s, const Block& b) {
+    std::byte* p = pool(s).try_allocate(b.alloc_bytes);
+    if (p != nullptr && b.alloc_bytes > b.bytes)
+      std::memset(p + b.bytes, 0, b.alloc_bytes - b.bytes);
+    return p;
+  }
+
   // Memory for block `id` in slot s, evicting others (LRU) as needed.
   std::byte* alloc_slot(std::unique_lock<std::mutex>& lk, int s, BlockId id) {
     for (;;) {
       Block& b = *blocks[id];
-      if (std::byte* p = pool(s).try_allocate(b.alloc_bytes)) {
-        if (b.alloc_bytes > b.bytes) std::memset(p + b.bytes, 0, b.alloc_bytes - b.bytes);
-        return p;
-      }
+      if (std::byte* p = try_take(s, b)) return p;
       if (!pool(s).could_fit(b.alloc_bytes)) budget_error(s, b);
       if (evict_one(lk, s, id)) continue;
       // Nothing evictable now; transfers in flight may settle into evictable copies.
@@ -476,23 +477,8 @@ struct TierManager::Impl {
           break;
       }
       if (b.st[kDev] == CopyState::valid || b.st[kDev] == CopyState::dirty) {
-        std::byte* p = alloc_slot(lk, kHost, id);
-        Block& b2 = *blocks[id];
-        // alloc_slot may have waited: start over unless both copies are as they were.
-        if (b2.st[kHost] != CopyState::absent || b2.busy ||
-            (b2.st[kDev] != CopyState::valid && b2.st[kDev] != CopyState::dirty)) {
-          host.free(p);
-          continue;
-        }
-        b2.data[kHost] = p;
-        b2.st[kHost] = CopyState::valid;
-        const bool dev_dirty = b2.st[kDev] == CopyState::dirty;
-        copy_copy(lk, id, kDev, kHost);
-        if (dev_dirty) {
-          blocks[id]->st[kHost] = CopyState::dirty;
-          blocks[id]->st[kDev] = CopyState::valid;
-        }
-        return;
+        if (copy_down(lk, id)) return;
+        continue;  // the block changed while memory was found: look again
       }
       std::byte* p = alloc_slot(lk, kHost, id);
       Block& b2 = *blocks[id];
@@ -522,15 +508,14 @@ struct TierManager::Impl {
         prefetch_q.pop_front();
         continue;
       }
-      std::byte* p = host.try_allocate(b.alloc_bytes);
+      std::byte* p = try_take(kHost, b);
       while (p == nullptr) {
         Block* v = victim(kHost, id, true);  // never waits: only clean copies go
         if (v == nullptr) return;            // stays queued until memory frees up
         drop(*v, kHost);
         ++ctr.evictions;
-        p = host.try_allocate(b.alloc_bytes);
+        p = try_take(kHost, b);
       }
-      if (b.alloc_bytes > b.bytes) std::memset(p + b.bytes, 0, b.alloc_bytes - b.bytes);
       b.queued = false;
       prefetch_q.pop_front();
       try {
@@ -551,14 +536,9 @@ struct TierManager::Impl {
   void write_behind() {
     std::uint64_t dirty = dirty_host_bytes();
     while (dirty > cfg.max_dirty_bytes) {
-      Block* v = nullptr;
-      for (auto& bp : blocks) {
-        Block& b = *bp;
-        if (b.st[kHost] != CopyState::dirty || b.pins[kHost] > 0 || b.op || b.busy || b.writer ||
-            b.st[kDev] == CopyState::dirty)
-          continue;
-        if (v == nullptr || b.last_use < v->last_use) v = &b;
-      }
+      Block* v = lru(kHost, [](const Block& b) {
+        return b.st[kHost] == CopyState::dirty && b.st[kDev] != CopyState::dirty;
+      });
       if (v == nullptr) return;
       start_write(v->id);
       ++ctr.write_behind;
@@ -570,7 +550,8 @@ struct TierManager::Impl {
     for (BlockId id = 0; id < blocks.size(); ++id) {
       wait_not_busy(lk, id);
       Block& b = *blocks[id];
-      if (b.st[kDev] == CopyState::dirty && !b.writer) evict_copy_keep_device(lk, id);
+      while (b.st[kDev] == CopyState::dirty && !b.writer && !copy_down(lk, id)) {
+      }
     }
     for (BlockId id = 0; id < blocks.size(); ++id) {
       wait_not_busy(lk, id);
@@ -595,35 +576,40 @@ struct TierManager::Impl {
     if (first) std::rethrow_exception(first);
   }
 
-  // Copies a dirty device copy down to host (host dirty, device valid).
-  void evict_copy_keep_device(std::unique_lock<std::mutex>& lk, BlockId id) {
-    for (;;) {
-      wait_not_busy(lk, id);
-      Block& b = *blocks[id];
-      if (b.st[kDev] != CopyState::dirty || b.writer) return;  // settled meanwhile
-      if (b.op) {
-        auto op = b.op;
-        try {
-          wait_op(lk, op);
-        } catch (...) {
-        }
-        continue;
+  // Copies the device copy into host memory so that the host holds the newest data: host dirty
+  // and device valid when the device copy was dirty, both valid otherwise. Waits for a transfer
+  // of the host copy first. False when the block changed meanwhile (the caller looks again).
+  bool copy_down(std::unique_lock<std::mutex>& lk, BlockId id) {
+    wait_not_busy(lk, id);
+    Block& b = *blocks[id];
+    if (b.op) {
+      auto op = b.op;
+      try {
+        wait_op(lk, op);
+      } catch (...) {
       }
-      if (b.st[kHost] == CopyState::absent) {
-        std::byte* p = alloc_slot(lk, kHost, id);
-        Block& b2 = *blocks[id];
-        if (b2.st[kHost] != CopyState::absent || b2.busy || b2.st[kDev] != CopyState::dirty) {
-          host.free(p);
-          continue;
-        }
-        b2.data[kHost] = p;
-        b2.st[kHost] = CopyState::valid;
+      return false;
+    }
+    if (b.writer || (b.st[kDev] != CopyState::valid && b.st[kDev] != CopyState::dirty))
+      return false;
+    if (b.st[kHost] == CopyState::absent) {
+      std::byte* p = alloc_slot(lk, kHost, id);
+      Block& b2 = *blocks[id];
+      if (b2.st[kHost] != CopyState::absent || b2.busy || b2.op || b2.writer ||
+          (b2.st[kDev] != CopyState::valid && b2.st[kDev] != CopyState::dirty)) {
+        host.free(p);
+        return false;
       }
-      copy_copy(lk, id, kDev, kHost);
+      b2.data[kHost] = p;
+      b2.st[kHost] = CopyState::valid;
+    }
+    const bool dev_dirty = blocks[id]->st[kDev] == CopyState::dirty;
+    copy_copy(lk, id, kDev, kHost);
+    if (dev_dirty) {
       blocks[id]->st[kHost] = CopyState::dirty;
       blocks[id]->st[kDev] = CopyState::valid;
-      return;
     }
+    return true;
   }
 
   void wait_all(std::unique_lock<std::mutex>& lk) {
@@ -672,17 +658,18 @@ struct TierManager::Impl {
     return space.files().front().path.parent_path() / detail::kManifestName;
   }
 
-  std::string manifest_payload(bool after_commit) const {
+  // The block table as it will be once the open generation is committed.
+  std::string manifest_payload() const {
     nlohmann::json j;
     j["format"] = "tierswap-manifest";
     j["space_uuid"] = space.uuid();
-    j["generation"] = after_commit ? committed_gen + 1 : committed_gen;
+    j["generation"] = committed_gen + 1;
     j["shadow_slots"] = cfg.shadow_slots;
     j["alignment"] = align;
     auto arr = nlohmann::json::array();
     for (auto& bp : blocks) {
       const Block& b = *bp;
-      const bool w = after_commit && b.written;
+      const bool w = b.written;
       nlohmann::json e;
       e["name"] = b.desc.name;
       e["class"] = std::string(to_string(b.desc.cls));
@@ -704,68 +691,42 @@ struct TierManager::Impl {
 
   void load_manifest() {
     const auto path = manifest_path();
-    const std::string payload = detail::read_manifest_file(path);
+    const ManifestInfo info = read_manifest(path);
     auto bad = [&](const std::string& why) {
       return std::runtime_error(fmt::format("manifest {}: {}", path.string(), why));
     };
-    nlohmann::json j;
-    try {
-      j = nlohmann::json::parse(payload);
-    } catch (const std::exception& e) {
-      throw bad(std::string("unreadable block table: ") + e.what());
-    }
-    try {
-      if (j.at("format") != "tierswap-manifest") throw bad("not a tierswap manifest");
-      if (j.at("space_uuid").get<std::string>() != space.uuid())
-        throw bad(fmt::format("belongs to swap space {}, not to this one ({})",
-                              j.at("space_uuid").get<std::string>(), space.uuid()));
-      const bool shadow = j.at("shadow_slots").get<bool>();
-      if (shadow != cfg.shadow_slots)
-        throw bad(fmt::format("written with shadow_slots={}, opened with shadow_slots={}", shadow,
-                              cfg.shadow_slots));
-      committed_gen = j.at("generation").get<std::uint64_t>();
-      for (auto& e : j.at("blocks")) {
-        auto b = std::make_unique<Block>();
-        b->desc.name = e.at("name").get<std::string>();
-        b->desc.cls = parse_block_class(e.at("class").get<std::string>());
-        b->desc.dtype = parse_dtype(e.at("dtype").get<std::string>());
-        b->desc.numel = e.at("numel").get<std::uint64_t>();
-        const auto& o = e.at("owner");
-        b->desc.owner = {o.at(0).get<int>(), o.at(1).get<int>(), o.at(2).get<int>()};
-        b->bytes = b->desc.bytes();
-        b->alloc_bytes = round_up(b->bytes, align);
-        const auto& slots = e.at("slots");
-        b->nslots = static_cast<int>(slots.size());
-        if (b->nslots != (shadow ? 2 : 1))
-          throw bad(fmt::format("block '{}': {} slots", b->desc.name, b->nslots));
-        for (int s = 0; s < b->nslots; ++s) {
-          b->slot[s] = {slots.at(s).at(0).get<std::uint64_t>(),
-                        slots.at(s).at(1).get<std::uint64_t>()};
-          if (b->slot[s].length < b->alloc_bytes)
-            throw bad(fmt::format("block '{}': slot {} is {} bytes, the block needs {}",
-                                  b->desc.name, s, b->slot[s].length, b->alloc_bytes));
-          try {
-            alloc.reserve(b->slot[s]);
-          } catch (const std::exception& x) {
-            throw bad(fmt::format("block '{}': slot {}: {}", b->desc.name, s, x.what()));
-          }
+    if (info.space_uuid != space.uuid())
+      throw bad(fmt::format("belongs to swap space {}, not to this one ({})", info.space_uuid,
+                            space.uuid()));
+    if (info.shadow_slots != cfg.shadow_slots)
+      throw bad(fmt::format("written with shadow_slots={}, opened with shadow_slots={}",
+                            info.shadow_slots, cfg.shadow_slots));
+    committed_gen = info.generation;
+    for (const auto& m : info.blocks) {
+      auto b = std::make_unique<Block>();
+      b->desc = {m.name, m.cls, m.dtype, m.numel, m.owner};
+      b->bytes = b->desc.bytes();
+      b->alloc_bytes = round_up(b->bytes, align);
+      b->nslots = static_cast<int>(m.slots.size());
+      for (int s = 0; s < b->nslots; ++s) {
+        b->slot[s] = m.slots[s];
+        if (b->slot[s].length < b->alloc_bytes)
+          throw bad(fmt::format("block '{}': slot {} is {} bytes, the block needs {}", m.name, s,
+                                b->slot[s].length, b->alloc_bytes));
+        try {
+          alloc.reserve(b->slot[s]);
+        } catch (const std::exception& x) {
+          throw bad(fmt::format("block '{}': slot {}: {}", m.name, s, x.what()));
         }
-        b->committed = e.at("committed_slot").get<int>();
-        if (b->committed < 0 || b->committed >= b->nslots)
-          throw bad(fmt::format("block '{}': committed slot {}", b->desc.name, b->committed));
-        b->has_data = e.at("has_data").get<bool>();
-        b->data_gen = e.at("generation").get<std::uint64_t>();
-        b->checksum = std::stoull(e.at("checksum").get<std::string>(), nullptr, 16);
-        if (names.count(b->desc.name) != 0)
-          throw bad(fmt::format("block '{}' listed twice", b->desc.name));
-        b->id = static_cast<BlockId>(blocks.size());
-        names.emplace(b->desc.name, b->id);
-        blocks.push_back(std::move(b));
       }
-    } catch (const std::runtime_error&) {
-      throw;
-    } catch (const std::exception& e) {
-      throw bad(std::string("malformed block table: ") + e.what());
+      b->committed = m.committed_slot;
+      b->has_data = m.has_data;
+      b->data_gen = m.generation;
+      b->checksum = m.checksum;
+      if (names.count(m.name) != 0) throw bad(fmt::format("block '{}' listed twice", m.name));
+      b->id = static_cast<BlockId>(blocks.size());
+      names.emplace(m.name, b->id);
+      blocks.push_back(std::move(b));
     }
   }
 
@@ -1072,7 +1033,6 @@ void TierManager::release(BlockView& v, bool dirty) {
       b.op->stale = true;
     b.st[s] = CopyState::dirty;
     b.written = false;
-    b.modified = true;
   }
   b.last_use = ++m.tick;
   v.mgr_ = nullptr;
@@ -1105,7 +1065,7 @@ std::uint64_t TierManager::commit() {
           fmt::format("commit: block '{}' has a writable view; release it first", b->desc.name));
   m.flush_locked(lk);
   if (m.cfg.durable) m.space.sync();
-  detail::write_manifest_file(m.manifest_path(), m.manifest_payload(true), m.cfg.durable);
+  detail::write_manifest_file(m.manifest_path(), m.manifest_payload(), m.cfg.durable);
   ++m.committed_gen;
   for (auto& bp : m.blocks) {
     Block& b = *bp;
@@ -1116,7 +1076,6 @@ std::uint64_t TierManager::commit() {
       b.data_gen = m.committed_gen;
       b.written = false;
     }
-    b.modified = b.dirty_anywhere();
   }
   ++m.ctr.commits;
   m.check_invariants();
@@ -1136,11 +1095,10 @@ void TierManager::discard() {
   for (auto& b : m.blocks) m.cv.wait(lk, [&] { return !b->busy; });
   for (auto& bp : m.blocks) {
     Block& b = *bp;
-    if (!b.modified && !b.written) continue;
+    if (!b.changed()) continue;
     for (int s : {kDev, kHost})
       if (b.st[s] != CopyState::absent) m.drop(b, s);
     b.written = false;
-    b.modified = false;
   }
   ++m.ctr.discards;
   m.check_invariants();
@@ -1306,9 +1264,13 @@ std::string ResidencySnapshot::to_json() const {
 
 ManifestInfo read_manifest(const std::filesystem::path& path) {
   const std::string payload = detail::read_manifest_file(path);
+  auto bad = [&](const std::string& why) {
+    return std::runtime_error(fmt::format("manifest {}: {}", path.string(), why));
+  };
   ManifestInfo info;
   try {
     const auto j = nlohmann::json::parse(payload);
+    if (j.at("format") != "tierswap-manifest") throw bad("not a tierswap manifest");
     info.space_uuid = j.at("space_uuid").get<std::string>();
     info.generation = j.at("generation").get<std::uint64_t>();
     info.shadow_slots = j.at("shadow_slots").get<bool>();
@@ -1320,14 +1282,22 @@ ManifestInfo read_manifest(const std::filesystem::path& path) {
       b.numel = e.at("numel").get<std::uint64_t>();
       const auto& o = e.at("owner");
       b.owner = {o.at(0).get<int>(), o.at(1).get<int>(), o.at(2).get<int>()};
+      for (auto& x : e.at("slots"))
+        b.slots.push_back({x.at(0).get<std::uint64_t>(), x.at(1).get<std::uint64_t>()});
+      if (b.slots.size() != (info.shadow_slots ? 2u : 1u))
+        throw bad(fmt::format("block '{}': {} slots", b.name, b.slots.size()));
+      b.committed_slot = e.at("committed_slot").get<int>();
+      if (b.committed_slot < 0 || b.committed_slot >= static_cast<int>(b.slots.size()))
+        throw bad(fmt::format("block '{}': committed slot {}", b.name, b.committed_slot));
       b.has_data = e.at("has_data").get<bool>();
       b.generation = e.at("generation").get<std::uint64_t>();
       b.checksum = std::stoull(e.at("checksum").get<std::string>(), nullptr, 16);
       info.blocks.push_back(std::move(b));
     }
+  } catch (const std::runtime_error&) {
+    throw;
   } catch (const std::exception& e) {
-    throw std::runtime_error(
-        fmt::format("manifest {}: malformed block table: {}", path.string(), e.what()));
+    throw bad(std::string("malformed block table: ") + e.what());
   }
   return info;
 }

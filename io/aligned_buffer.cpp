@@ -4,8 +4,8 @@
 
 #include <cstdlib>
 #include <new>
-#include <string_view>
 #include <stdexcept>
+#include <string_view>
 #include <utility>
 
 #include "tierswap/units.hpp"

@@ -201,7 +201,6 @@ GradStats grad_stats(const void* grad, Dtype dtype, std::size_t n, const CpuKern
   const KernelTable& t = table_for(ctx);
   const std::size_t chunks = (n + kernels::kStatsChunk - 1) / kernels::kStatsChunk;
   std::vector<double> partial(chunks);
-  std::vector<unsigned char> nonfinite(chunks);
   const std::size_t full = n / kernels::kStatsChunk;  // chunks of kStatsChunk values
   const int streams = dtype == Dtype::f32 ? 1 : t.stats16_streams;
   // Chunks [cb, ce): the full ones as `streams` contiguous runs summed in lockstep (chunk j of
@@ -221,17 +220,16 @@ GradStats grad_stats(const void* grad, Dtype dtype, std::size_t n, const CpuKern
       kernels::chunk_sums_sq(t, grad, dtype, b, std::min(n - b[0], kernels::kStatsChunk), 1,
                              &partial[c]);
     }
-    // A non-finite fast sum is recomputed exactly; exact squares are >= 0 and cannot overflow
-    // an fp64 chunk sum, so a non-finite sum means a non-finite value in the chunk.
-    for (std::size_t c = cb; c < ce; ++c) nonfinite[c] = !std::isfinite(partial[c]);
   };
   if (ctx.pool == nullptr || ctx.pool->size() == 1 || chunks < 8)
     run(0, chunks);
   else
     ctx.pool->parallel_for(chunks, 1, run);
+  // A non-finite fast sum was recomputed exactly; exact squares are >= 0 and cannot overflow an
+  // fp64 chunk sum, so a non-finite chunk sum means a non-finite value in the chunk.
   for (std::size_t c = 0; c < chunks; ++c) {
     out.sum_sq += partial[c];
-    out.nonfinite |= nonfinite[c] != 0;
+    out.nonfinite |= !std::isfinite(partial[c]);
   }
   return out;
 }

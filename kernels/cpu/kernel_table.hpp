@@ -184,21 +184,16 @@ inline bool all_zero16(const void* g, std::size_t b, std::size_t e) {
 inline void chunk_sums_sq(const KernelTable& t, const void* g, Dtype d, const std::size_t* b,
                           std::size_t len, int count, double* sums) {
   StatsLanes l[kMaxStatsStreams];
-  if (d != Dtype::f32) {
-    t.stats16(g, d, b, len, count, l);
-    for (int k = 0; k < count; ++k) {
+  const bool fast = d != Dtype::f32;
+  if (fast) t.stats16(g, d, b, len, count, l);
+  for (int k = 0; k < count; ++k) {
+    if (fast) {
       const double s = combine_lanes(l[k].lane);
       if (std::isfinite(s) && (s >= kStatsExactBelow || all_zero16(g, b[k], b[k] + len))) {
         sums[k] = s;
-      } else {
-        StatsLanes x{};
-        t.stats(g, d, b[k], b[k] + len, x);
-        sums[k] = combine_lanes(x.lane);
+        continue;
       }
     }
-    return;
-  }
-  for (int k = 0; k < count; ++k) {
     StatsLanes x{};
     t.stats(g, d, b[k], b[k] + len, x);
     sums[k] = combine_lanes(x.lane);

@@ -706,3 +706,118 @@ TEST(TierManager, OverwriteViewsReadNothingAndKeepTheOldDataWhenReleasedClean) {
   }
   expect_pattern(*r.mgr, a, 3, Tier::host);
 }
+
+// Transient blocks (gradients): never written behind or by commit(), untouched by discard(),
+// spilled only under memory pressure, gone after reopening; trim() empties a block.
+TEST(TierManager, TransientBlocksStayOutOfGenerations) {
+  const std::uint64_t n = 4096;  // 16 KiB blocks
+  TierConfig cfg = small_config(16 * kKiB, 3);
+  cfg.max_dirty_bytes = 0;  // any dirty persistent block is written behind at once
+  Rig r(cfg);
+  BlockDesc gd = desc("grad", n, Dtype::f32, BlockClass::grad16);
+  gd.transient = true;
+  const BlockId g = r.mgr->create(gd);
+  const BlockId p = r.mgr->create(desc("p", n));
+  {
+    BlockView v = r.mgr->acquire(g, Tier::host, Access::overwrite);
+    fill(v, 1);
+    r.mgr->release(v, true);
+  }
+  {
+    BlockView v = r.mgr->acquire(p, Tier::host, Access::overwrite);
+    fill(v, 2);
+    r.mgr->release(v, true);
+  }
+  r.mgr->commit();
+  // Only the persistent block went to NVMe.
+  EXPECT_EQ(r.mgr->counters().bytes_in[static_cast<int>(Tier::nvme)], 16 * kKiB);
+  expect_pattern(*r.mgr, g, 1);
+  r.mgr->discard();  // nothing changed since the commit: the gradient is still there
+  expect_pattern(*r.mgr, g, 1);
+  {
+    BlockView v = r.mgr->acquire(p, Tier::host, Access::write);
+    fill(v, 3);
+    r.mgr->release(v, true);
+  }
+  r.mgr->discard();  // p goes back to the committed data; the transient block is untouched
+  expect_pattern(*r.mgr, p, 2);
+  expect_pattern(*r.mgr, g, 1);
+
+  // Memory pressure spills the gradient to NVMe and brings it back intact.
+  std::vector<BlockId> others;
+  for (int i = 0; i < 3; ++i) {
+    others.push_back(r.mgr->create(desc("o" + std::to_string(i), n)));
+    BlockView v = r.mgr->acquire(others.back(), Tier::host, Access::overwrite);
+    fill(v, 10 + i);
+    r.mgr->release(v, true);
+  }
+  r.mgr->evict(g, Tier::host);
+  expect_pattern(*r.mgr, g, 1);
+  r.mgr->commit();
+  expect_pattern(*r.mgr, g, 1);
+
+  // trim(): zeros afterwards, no write.
+  const auto before = r.mgr->counters().bytes_in[static_cast<int>(Tier::nvme)];
+  r.mgr->trim(g);
+  {
+    BlockView v = r.mgr->acquire(g, Tier::host);
+    EXPECT_TRUE(all_zero(v));
+    EXPECT_THROW(r.mgr->trim(g), std::logic_error);  // it has a view
+  }
+  EXPECT_EQ(r.mgr->counters().bytes_in[static_cast<int>(Tier::nvme)], before);
+
+  // A committed block trimmed, then discarded: its data is back; trimmed then committed: zeros.
+  r.mgr->trim(p);
+  {
+    BlockView v = r.mgr->acquire(p, Tier::host);
+    EXPECT_TRUE(all_zero(v));
+  }
+  r.mgr->discard();
+  expect_pattern(*r.mgr, p, 2);
+  {
+    BlockView v = r.mgr->acquire(g, Tier::host, Access::overwrite);
+    fill(v, 5);
+    r.mgr->release(v, true);
+  }
+  r.mgr->trim(p);
+  r.mgr->commit();
+  r.reopen(cfg);
+  const auto info = read_manifest(r.mgr->manifest_path());
+  for (const auto& b : info.blocks) {
+    if (b.name == "grad") EXPECT_TRUE(b.transient && !b.has_data);
+    if (b.name == "p") EXPECT_FALSE(b.has_data);
+  }
+  BlockView v = r.mgr->acquire(*r.mgr->find("grad"), Tier::host);
+  EXPECT_TRUE(all_zero(v));
+  BlockView w = r.mgr->acquire(*r.mgr->find("p"), Tier::host);
+  EXPECT_TRUE(all_zero(w));
+}
+
+// write_back(): the write starts at once, and the block is the first to go afterwards.
+TEST(TierManager, WriteBackStartsAtOnceAndDemotes) {
+  const std::uint64_t n = 4096;
+  TierConfig cfg = small_config(16 * kKiB, 2);
+  cfg.max_dirty_bytes = 1 << 30;
+  Rig r(cfg);
+  const BlockId a = r.mgr->create(desc("a", n));
+  const BlockId b = r.mgr->create(desc("b", n));
+  const BlockId c = r.mgr->create(desc("c", n));
+  for (auto [id, seed] : {std::pair{a, 1}, std::pair{b, 2}}) {
+    BlockView v = r.mgr->acquire(id, Tier::host, Access::overwrite);
+    fill(v, seed);
+    r.mgr->release(v, true);
+  }
+  r.mgr->write_back(b);  // b is newer than a, but b is the one to make room
+  {
+    BlockView v = r.mgr->acquire(c, Tier::host, Access::overwrite);
+    fill(v, 3);
+    r.mgr->release(v, true);
+  }
+  const auto snap = r.mgr->snapshot();
+  for (const auto& row : snap.blocks) {
+    if (row.name == "a") EXPECT_EQ(row.state[static_cast<int>(Tier::host)], CopyState::dirty);
+    if (row.name == "b") EXPECT_EQ(row.state[static_cast<int>(Tier::host)], CopyState::absent);
+  }
+  EXPECT_EQ(r.mgr->counters().bytes_in[static_cast<int>(Tier::nvme)], 16 * kKiB);
+  expect_pattern(*r.mgr, b, 2);
+}

@@ -78,6 +78,10 @@ struct BlockDesc {
   Dtype dtype = Dtype::f32;
   std::uint64_t numel = 0;  ///< > 0
   BlockOwner owner;
+  /// Contents that live only in this process until trim() (16-bit gradients): never written
+  /// behind, flushed or committed; written to NVMe only when evicted under memory pressure
+  /// (spilled), and untouched by commit() and discard(). After reopening it reads as zeros.
+  bool transient = false;
   std::uint64_t bytes() const noexcept { return numel * dtype_size(dtype); }
 };
 
@@ -252,7 +256,16 @@ class TierManager {
   /// Drops the block's copy in `tier` (host or device), writing it down first when it is dirty.
   /// Throws std::logic_error when the block is pinned there.
   void evict(BlockId id, Tier tier);
-  /// Writes every dirty copy to NVMe (device copies via host) and waits.
+  /// Write-behind for a block the caller is done with: starts writing its dirty host copy to
+  /// NVMe (into the open generation's slot) without waiting, and makes the copy the first to be
+  /// evicted once it is clean. A write error surfaces at the next flush()/commit().
+  void write_back(BlockId id);
+  /// Declares the block's contents dead: every copy is dropped without being written, and the
+  /// block reads as zeros until written again. Committed data stays on NVMe until the next
+  /// commit (discard() brings it back); a transient block simply empties. Throws
+  /// std::logic_error while the block has a view, or in in-place mode for committed data.
+  void trim(BlockId id);
+  /// Writes every dirty copy (transient blocks excepted) to NVMe (device via host) and waits.
   void flush();
 
   /// flush(), then makes the open generation the committed one (see the header comment) and
@@ -293,6 +306,7 @@ struct ManifestInfo {
     bool has_data = false;
     std::uint64_t generation = 0;  ///< generation that wrote the committed data
     std::uint64_t checksum = 0;    ///< XXH3-64 of the committed data
+    bool transient = false;
   };
   std::string space_uuid;
   std::uint64_t generation = 0;

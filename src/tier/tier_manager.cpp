@@ -76,6 +76,7 @@ struct Block {
   std::uint64_t checksum = 0;
   std::uint64_t data_gen = 0;
   bool written = false;  // the write slot holds data newer than the committed one
+  bool trimmed = false;  // trim()med since the last commit: reads as zeros
   std::uint64_t written_checksum = 0;
   bool prefetched = false;
   bool queued = false;
@@ -83,14 +84,14 @@ struct Block {
   std::uint64_t last_use = 0;
 
   int write_slot() const { return nslots == 2 ? 1 - committed : committed; }
-  bool nvme_has_data() const { return has_data || written; }
+  bool nvme_has_data() const { return (has_data && !trimmed) || written; }
   int nvme_slot() const { return written ? write_slot() : committed; }
   bool dirty_anywhere() const {
     return st[kDev] == CopyState::dirty || st[kHost] == CopyState::dirty ||
            st[kHost] == CopyState::writing;
   }
   // Some copy differs from the committed data: dirty somewhere, or written back but not committed.
-  bool changed() const { return written || dirty_anywhere(); }
+  bool changed() const { return written || trimmed || dirty_anywhere(); }
 };
 
 void validate_name(const std::string& n) {
@@ -442,6 +443,29 @@ struct TierManager::Impl {
       Block& b = *blocks[id];
       if (std::byte* p = try_take(s, b)) return p;
       if (!pool(s).could_fit(b.alloc_bytes)) budget_error(s, b);
+      // Cheapest first: a clean copy goes at once; else a write-back in flight (write-behind)
+      // lands; only then is a dirty copy written back here.
+      if (Block* v = lru(s, [&](const Block& c) {
+            return c.id != id && c.st[s] == CopyState::valid;
+          })) {
+        evict_copy(lk, v->id, s, false);
+        continue;
+      }
+      if (s == kHost) {
+        std::shared_ptr<Op> w;
+        for (auto& op : inflight)
+          if (op->kind == Op::write) {
+            w = op;
+            break;
+          }
+        if (w) {
+          try {
+            wait_op(lk, w);
+          } catch (...) {
+          }
+          continue;
+        }
+      }
       if (evict_one(lk, s, id)) continue;
       // Nothing evictable now; transfers in flight may settle into evictable copies.
       if (!inflight.empty()) {
@@ -529,7 +553,7 @@ struct TierManager::Impl {
   std::uint64_t dirty_host_bytes() const {
     std::uint64_t n = 0;
     for (auto& b : blocks)
-      if (b->st[kHost] == CopyState::dirty) n += b->alloc_bytes;
+      if (b->st[kHost] == CopyState::dirty && !b->desc.transient) n += b->alloc_bytes;
     return n;
   }
 
@@ -537,7 +561,8 @@ struct TierManager::Impl {
     std::uint64_t dirty = dirty_host_bytes();
     while (dirty > cfg.max_dirty_bytes) {
       Block* v = lru(kHost, [](const Block& b) {
-        return b.st[kHost] == CopyState::dirty && b.st[kDev] != CopyState::dirty;
+        return b.st[kHost] == CopyState::dirty && b.st[kDev] != CopyState::dirty &&
+               !b.desc.transient;
       });
       if (v == nullptr) return;
       start_write(v->id);
@@ -550,13 +575,15 @@ struct TierManager::Impl {
     for (BlockId id = 0; id < blocks.size(); ++id) {
       wait_not_busy(lk, id);
       Block& b = *blocks[id];
-      while (b.st[kDev] == CopyState::dirty && !b.writer && !copy_down(lk, id)) {
+      while (b.st[kDev] == CopyState::dirty && !b.writer && !b.desc.transient &&
+             !copy_down(lk, id)) {
       }
     }
     for (BlockId id = 0; id < blocks.size(); ++id) {
       wait_not_busy(lk, id);
       Block& b = *blocks[id];
-      if (b.st[kHost] == CopyState::dirty && !b.writer && !b.op) start_write(id);
+      if (b.st[kHost] == CopyState::dirty && !b.writer && !b.op && !b.desc.transient)
+        start_write(id);
     }
     std::exception_ptr first;
     while (true) {
@@ -669,7 +696,8 @@ struct TierManager::Impl {
     auto arr = nlohmann::json::array();
     for (auto& bp : blocks) {
       const Block& b = *bp;
-      const bool w = b.written;
+      const bool w = b.written && !b.desc.transient;
+      const bool data = !b.desc.transient && !b.trimmed && (w || b.has_data);
       nlohmann::json e;
       e["name"] = b.desc.name;
       e["class"] = std::string(to_string(b.desc.cls));
@@ -680,7 +708,8 @@ struct TierManager::Impl {
       for (int s = 0; s < b.nslots; ++s) slots.push_back({b.slot[s].offset, b.slot[s].length});
       e["slots"] = slots;
       e["committed_slot"] = w ? b.write_slot() : b.committed;
-      e["has_data"] = w || b.has_data;
+      e["has_data"] = data;
+      if (b.desc.transient) e["transient"] = true;
       e["generation"] = w ? committed_gen + 1 : b.data_gen;
       e["checksum"] = hex64(w ? b.written_checksum : b.checksum);
       arr.push_back(std::move(e));
@@ -704,7 +733,7 @@ struct TierManager::Impl {
     committed_gen = info.generation;
     for (const auto& m : info.blocks) {
       auto b = std::make_unique<Block>();
-      b->desc = {m.name, m.cls, m.dtype, m.numel, m.owner};
+      b->desc = {m.name, m.cls, m.dtype, m.numel, m.owner, m.transient};
       b->bytes = b->desc.bytes();
       b->alloc_bytes = round_up(b->bytes, align);
       b->nslots = static_cast<int>(m.slots.size());
@@ -1051,6 +1080,55 @@ void TierManager::evict(BlockId id, Tier tier) {
   m.check_invariants();
 }
 
+void TierManager::write_back(BlockId id) {
+  std::unique_lock lk(impl_->mu);
+  Impl& m = *impl_;
+  Block& b = m.blk(id);
+  b.last_use = 0;  // the first copy to go once it is clean
+  if (b.st[kHost] == CopyState::dirty && b.st[kDev] != CopyState::dirty && !b.writer && !b.op &&
+      !b.busy && !b.desc.transient) {
+    m.start_write(id);
+    ++m.ctr.write_behind;
+  }
+  m.check_invariants();
+}
+
+void TierManager::trim(BlockId id) {
+  std::unique_lock lk(impl_->mu);
+  Impl& m = *impl_;
+  m.blk(id);
+  for (;;) {
+    m.wait_not_busy(lk, id);
+    Block& b = *m.blocks[id];
+    if (b.pins[kDev] + b.pins[kHost] > 0)
+      throw std::logic_error(
+          fmt::format("trim: block '{}' has a view; release it first", b.desc.name));
+    if (b.op) {
+      auto op = b.op;
+      try {
+        m.wait_op(lk, op);
+      } catch (...) {
+      }
+      continue;
+    }
+    if (!b.desc.transient && !m.cfg.shadow_slots && b.has_data)
+      throw std::logic_error(fmt::format(
+          "trim: block '{}' holds committed data and in-place mode cannot keep it until the "
+          "next commit",
+          b.desc.name));
+    for (int s : {kDev, kHost})
+      if (b.st[s] != CopyState::absent) m.drop(b, s);
+    b.written = false;
+    if (b.desc.transient)
+      b.has_data = false;
+    else if (b.has_data)
+      b.trimmed = true;
+    m.check_invariants();
+    m.cv.notify_all();
+    return;
+  }
+}
+
 void TierManager::flush() {
   std::unique_lock lk(impl_->mu);
   impl_->flush_locked(lk);
@@ -1069,6 +1147,11 @@ std::uint64_t TierManager::commit() {
   ++m.committed_gen;
   for (auto& bp : m.blocks) {
     Block& b = *bp;
+    if (b.desc.transient) continue;  // in-process contents only: nothing to commit
+    if (b.trimmed) {
+      b.has_data = false;
+      b.trimmed = false;
+    }
     if (b.written) {
       b.committed = b.write_slot();
       b.has_data = true;
@@ -1095,10 +1178,11 @@ void TierManager::discard() {
   for (auto& b : m.blocks) m.cv.wait(lk, [&] { return !b->busy; });
   for (auto& bp : m.blocks) {
     Block& b = *bp;
-    if (!b.changed()) continue;
+    if (b.desc.transient || !b.changed()) continue;
     for (int s : {kDev, kHost})
       if (b.st[s] != CopyState::absent) m.drop(b, s);
     b.written = false;
+    b.trimmed = false;
   }
   ++m.ctr.discards;
   m.check_invariants();
@@ -1292,6 +1376,7 @@ ManifestInfo read_manifest(const std::filesystem::path& path) {
       b.has_data = e.at("has_data").get<bool>();
       b.generation = e.at("generation").get<std::uint64_t>();
       b.checksum = std::stoull(e.at("checksum").get<std::string>(), nullptr, 16);
+      b.transient = e.value("transient", false);
       info.blocks.push_back(std::move(b));
     }
   } catch (const std::runtime_error&) {

@@ -40,6 +40,8 @@ void device_free(void* p) noexcept;
 void copy_to_device(void* dst, const void* src, std::size_t bytes, void* stream);
 void copy_to_host(void* dst, const void* src, std::size_t bytes, void* stream);
 void synchronize(void* stream);
+/// Blocks until `event` (a cudaEvent_t as void*) has completed.
+void event_synchronize(void* event);
 /// Page-locks host memory for the GPU (cudaHostRegister). False when it fails or no GPU is usable;
 /// never throws. host_unregister undoes a successful host_register.
 bool host_register(void* p, std::size_t bytes) noexcept;

@@ -139,6 +139,13 @@ struct GradStats {
 };
 GradStats grad_stats(const void* grad, Dtype dtype, std::size_t n,
                      const CpuKernelContext& ctx = {});
+/// Values per statistics chunk: the unit of grad_stats' fixed order.
+inline constexpr std::size_t kGradStatsChunk = 8192;
+/// The chunk sums grad_stats adds up: sums[c] for chunk c < ceil(n / kGradStatsChunk). A buffer
+/// that starts on a chunk boundary of a larger one gets that buffer's chunk sums, bit for bit:
+/// what lets ranks that hold chunk-aligned shards compute one norm for any world size.
+void grad_chunk_sums(const void* grad, Dtype dtype, std::size_t n, double* sums,
+                     const CpuKernelContext& ctx = {});
 
 /// dst = src converted (16 <-> 32 bits, or same-type copy), round to nearest even.
 void cast(const void* src, Dtype src_dtype, void* dst, Dtype dst_dtype, std::size_t n,

@@ -141,6 +141,8 @@ struct TierCounters {
   std::uint64_t write_behind = 0;  ///< write-backs started by the dirty-bytes bound
   std::uint64_t commits = 0;
   std::uint64_t discards = 0;
+  /// Most pool memory (whole slabs) the host and device tiers ever held: never above the budget.
+  std::uint64_t peak_reserved_bytes[kTierCount] = {};
   std::uint32_t inflight_ops = 0;  ///< now
   std::uint32_t queued_prefetches = 0;
 };

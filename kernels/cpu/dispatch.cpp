@@ -194,13 +194,13 @@ void sgd_step(const SgdConfig& cfg, bool first_step, float* param, float* moment
   run_split(ctx, n, [&](std::size_t b, std::size_t e) { t.sgd(a, b, e); });
 }
 
-GradStats grad_stats(const void* grad, Dtype dtype, std::size_t n, const CpuKernelContext& ctx) {
-  GradStats out;
-  if (n == 0) return out;
+void grad_chunk_sums(const void* grad, Dtype dtype, std::size_t n, double* sums,
+                     const CpuKernelContext& ctx) {
+  if (n == 0) return;
   need(grad, "grad");
+  need(sums, "sums");
   const KernelTable& t = table_for(ctx);
   const std::size_t chunks = (n + kernels::kStatsChunk - 1) / kernels::kStatsChunk;
-  std::vector<double> partial(chunks);
   const std::size_t full = n / kernels::kStatsChunk;  // chunks of kStatsChunk values
   const int streams = dtype == Dtype::f32 ? 1 : t.stats16_streams;
   // Chunks [cb, ce): the full ones as `streams` contiguous runs summed in lockstep (chunk j of
@@ -213,23 +213,31 @@ GradStats grad_stats(const void* grad, Dtype dtype, std::size_t n, const CpuKern
       for (int k = 0; k < streams; ++k) b[k] = (cb + k * per + j) * kernels::kStatsChunk;
       double s[kernels::kMaxStatsStreams];
       kernels::chunk_sums_sq(t, grad, dtype, b, kernels::kStatsChunk, streams, s);
-      for (int k = 0; k < streams; ++k) partial[cb + k * per + j] = s[k];
+      for (int k = 0; k < streams; ++k) sums[cb + k * per + j] = s[k];
     }
     for (std::size_t c = streams > 1 ? cb + per * streams : cb; c < ce; ++c) {
       b[0] = c * kernels::kStatsChunk;
       kernels::chunk_sums_sq(t, grad, dtype, b, std::min(n - b[0], kernels::kStatsChunk), 1,
-                             &partial[c]);
+                             &sums[c]);
     }
   };
   if (ctx.pool == nullptr || ctx.pool->size() == 1 || chunks < 8)
     run(0, chunks);
   else
     ctx.pool->parallel_for(chunks, 1, run);
+}
+
+GradStats grad_stats(const void* grad, Dtype dtype, std::size_t n, const CpuKernelContext& ctx) {
+  GradStats out;
+  if (n == 0) return out;
+  need(grad, "grad");
+  std::vector<double> partial((n + kernels::kStatsChunk - 1) / kernels::kStatsChunk);
+  grad_chunk_sums(grad, dtype, n, partial.data(), ctx);
   // A non-finite fast sum was recomputed exactly; exact squares are >= 0 and cannot overflow an
   // fp64 chunk sum, so a non-finite chunk sum means a non-finite value in the chunk.
-  for (std::size_t c = 0; c < chunks; ++c) {
-    out.sum_sq += partial[c];
-    out.nonfinite |= !std::isfinite(partial[c]);
+  for (double c : partial) {
+    out.sum_sq += c;
+    out.nonfinite |= !std::isfinite(c);
   }
   return out;
 }

@@ -159,7 +159,7 @@ SgdArgs sgd_args(const SgdConfig& cfg, bool first_step, float* param, float* mom
                  const GradView& g, const Param16View& p16, std::size_t n);
 
 /// Elements per statistics chunk: the unit of the fixed reduction order.
-inline constexpr std::size_t kStatsChunk = 8192;
+inline constexpr std::size_t kStatsChunk = kGradStatsChunk;
 /// Squares each lane adds in fp32 before its run is widened into the lane's fp64 sum (16-bit path).
 inline constexpr std::size_t kStatsRun = 8;
 /// A 16-bit chunk whose fast sum is below this (but has a non-zero value) or is not finite is

@@ -463,6 +463,9 @@ void copy_to_host(void* dst, const void* src, std::size_t bytes, void* stream) {
 void synchronize(void* stream) {
   check(cudaStreamSynchronize(as_stream(stream)), "synchronize");
 }
+void event_synchronize(void* event) {
+  check(cudaEventSynchronize(static_cast<cudaEvent_t>(event)), "event_synchronize");
+}
 bool host_register(void* p, std::size_t bytes) noexcept {
   if (!available()) return false;
   if (cudaHostRegister(p, bytes, cudaHostRegisterDefault) == cudaSuccess) return true;

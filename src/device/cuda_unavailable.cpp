@@ -50,6 +50,9 @@ void copy_to_host(void*, const void*, std::size_t, void*) {
 void synchronize(void*) {
   no_cuda();
 }
+void event_synchronize(void*) {
+  no_cuda();
+}
 bool host_register(void*, std::size_t) noexcept {
   return false;
 }

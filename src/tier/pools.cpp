@@ -58,6 +58,7 @@ std::byte* SlabPool::try_allocate(std::uint64_t bytes) {
   s->bytes = size;
   s->alloc = std::make_unique<ExtentAllocator>(size, kPiece);
   reserved_ += size;
+  peak_ = std::max(peak_, reserved_);
   const Extent e = s->alloc->allocate(len);
   std::byte* p = s->base + e.offset;
   pieces_[p] = {s.get(), e.length};

@@ -1198,6 +1198,9 @@ TierCounters TierManager::counters() const {
   TierCounters c = impl_->ctr;
   c.inflight_ops = static_cast<std::uint32_t>(impl_->inflight.size());
   c.queued_prefetches = static_cast<std::uint32_t>(impl_->prefetch_q.size());
+  c.peak_reserved_bytes[static_cast<int>(Tier::host)] = impl_->host.peak_reserved();
+  if (impl_->device)
+    c.peak_reserved_bytes[static_cast<int>(Tier::device)] = impl_->device->peak_reserved();
   return c;
 }
 
@@ -1214,6 +1217,9 @@ ResidencySnapshot TierManager::snapshot() const {
   r.counters = m.ctr;
   r.counters.inflight_ops = static_cast<std::uint32_t>(m.inflight.size());
   r.counters.queued_prefetches = static_cast<std::uint32_t>(m.prefetch_q.size());
+  r.counters.peak_reserved_bytes[static_cast<int>(Tier::host)] = m.host.peak_reserved();
+  if (m.device)
+    r.counters.peak_reserved_bytes[static_cast<int>(Tier::device)] = m.device->peak_reserved();
   ResidencySnapshot::TierRow rows[kTierCount];
   rows[0].tier = Tier::device;
   rows[0].capacity_bytes = m.device ? m.device->budget() : 0;
@@ -1321,6 +1327,7 @@ std::string ResidencySnapshot::to_json() const {
                    {"commits", c.commits},
                    {"discards", c.discards},
                    {"inflight_ops", c.inflight_ops},
+                   {"peak_host_bytes", c.peak_reserved_bytes[static_cast<int>(Tier::host)]},
                    {"queued_prefetches", c.queued_prefetches}};
   // Per sub-group: where each block is.
   std::map<std::tuple<int, int, int>, nlohmann::json> groups;

@@ -46,6 +46,7 @@ class SlabPool {
   std::uint64_t budget() const noexcept { return budget_; }
   std::uint64_t reserved() const noexcept { return reserved_; }  ///< slab bytes
   std::uint64_t used() const noexcept { return used_; }          ///< bytes handed out
+  std::uint64_t peak_reserved() const noexcept { return peak_; }  ///< most slab bytes ever
   /// Whether a piece of `bytes` could ever fit (a slab of that size fits the budget).
   bool could_fit(std::uint64_t bytes) const noexcept;
 
@@ -59,6 +60,7 @@ class SlabPool {
   std::uint64_t budget_;
   std::uint64_t slab_size_;
   std::uint64_t reserved_ = 0;
+  std::uint64_t peak_ = 0;
   std::uint64_t used_ = 0;
   std::vector<std::unique_ptr<Slab>> slabs_;
   std::map<std::byte*, std::pair<Slab*, std::uint64_t>> pieces_;  // piece -> (slab, length)

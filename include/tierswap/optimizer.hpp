@@ -1,0 +1,255 @@
+// ShardedOptimizer: the ZeRO-style optimizer whose state lives on the tiers. This is what a
+// trainer links.
+//
+// Life cycle:
+//   1. add_group() per parameter group (own hyper-parameters), add_param() per parameter (name,
+//      shape, 16-bit dtype, requires_grad). Frozen parameters get no gradient or state slot.
+//   2. finalize(): each group's trainable parameters are flattened (registration order) and cut
+//      into one contiguous partition per rank (a multiple of kGradStatsChunk elements, the last
+//      rank's ragged; padding never exists in memory), and each partition into sub-groups of
+//      OptimizerConfig::subgroup_size elements. Every sub-group has one TierManager block per
+//      state (fp32 master, moments) and one transient 16-bit (or fp32) gradient block.
+//   3. initialize() (or load()) writes the master weights and commits generation 1.
+//   4. Per step: begin_backward(); add_grad() per parameter (or add_grad_bucket()); end_backward();
+//      repeated for gradient accumulation; then step().
+//
+// Gradients. The trainer hands each rank's *local* (unreduced) gradient of every trainable
+// parameter, 16-bit (or fp32), from host memory or, in CUDA builds, from device memory with the
+// events of every stream that produced it (all are waited for before reading). At world size 1
+// they are accumulated straight into the sub-groups' gradient blocks. At world size > 1 they are
+// accumulated into a local flat buffer (accumulation dtype, one element per trainable parameter
+// of the model: the memory cost of data parallelism before the reduction) and reduce-scattered
+// per sub-group: at every end_backward(), or once per step with `coalesce` (several backward
+// passes, one reduction: the unreduced buffer then lives for the whole step, and 16-bit sums
+// round once instead of once per backward).
+//
+// The step. The only stored gradient is the 16-bit one: the statistics pass gives the global
+// norm (bit-identical for every world size: chunk sums are gathered, then added in one order) and
+// the non-finite flag; a step with a non-finite gradient is skipped (dynamic loss scaling shrinks
+// the scale); max-norm clipping and the loss-scale inverse fold into the kernel's gradient
+// multiplier. Sub-groups are stepped as a pipeline: the state of the next `prefetch_depth`
+// sub-groups is read ahead while the fused kernel runs on the current one, and the previous one
+// is written behind, so pinned memory stays within the host budget whatever the model size. The
+// new state is written as a new generation and committed at the end of the step: an error
+// mid-step leaves the previous step's state intact (discarded).
+//
+// 16-bit parameters. The kernel writes this rank's share of the 16-bit parameters; step()
+// all-gathers them, so param16(id) on every rank holds the whole model's updated 16-bit weights.
+//
+// Thread-safety: one thread drives an optimizer (MPI semantics: every rank calls the same
+// functions in the same order). The TierManager and Communicator must outlive it.
+#pragma once
+
+#include <cstdint>
+#include <filesystem>
+#include <functional>
+#include <memory>
+#include <span>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "tierswap/kernels.hpp"
+#include "tierswap/tier_manager.hpp"
+
+namespace tierswap {
+
+class Communicator;
+class ThreadPool;
+
+enum class OptimizerKind : std::uint8_t { adamw, adam, lion, sgd };
+std::string_view to_string(OptimizerKind k) noexcept;
+/// "adamw" | "adam" | "lion" | "sgd"; std::invalid_argument otherwise.
+OptimizerKind parse_optimizer_kind(std::string_view text);
+
+/// One parameter group's hyper-parameters (torch.optim names and defaults). Changeable between
+/// steps (schedulers) except `kind`, `amsgrad`, and whether SGD has momentum, which fix the set
+/// of state blocks at finalize().
+struct GroupConfig {
+  OptimizerKind kind = OptimizerKind::adamw;
+  double lr = 1e-3;
+  double beta1 = 0.9;  ///< Adam/AdamW/Lion
+  double beta2 = 0.999;
+  double eps = 1e-8;
+  double weight_decay = 1e-2;  ///< decoupled for adamw and lion, L2 for adam and sgd
+  bool amsgrad = false;
+  bool maximize = false;
+  double momentum = 0.0;  ///< SGD
+  double dampening = 0.0;
+  bool nesterov = false;
+  /// Throws std::invalid_argument naming the field for values torch also rejects.
+  void validate() const;
+  friend bool operator==(const GroupConfig&, const GroupConfig&) = default;
+};
+
+enum class LossScaling : std::uint8_t {
+  none,     ///< bf16 / fp32 gradients: no scaling (non-finite gradients still skip the step)
+  fixed,    ///< a static scale
+  dynamic,  ///< torch.cuda.amp.GradScaler: halve on overflow, double after `growth_interval`
+};
+
+struct LossScalerConfig {
+  LossScaling mode = LossScaling::none;
+  double init_scale = 65536.0;
+  double growth_factor = 2.0;
+  double backoff_factor = 0.5;
+  std::uint32_t growth_interval = 2000;
+  void validate() const;
+};
+
+struct OptimizerConfig {
+  /// Elements per sub-group (rounded up to a multiple of kGradStatsChunk): the unit of the
+  /// step pipeline, of prefetch and of write-behind.
+  std::uint64_t subgroup_size = 8ull << 20;
+  /// Sub-groups whose state is read ahead of the one being stepped.
+  std::uint32_t prefetch_depth = 2;
+  /// Gradient accumulation dtype: the 16-bit dtype of each group's parameters (default, 2 bytes
+  /// per parameter), or f32 (exact accumulation over micro-steps, 4 bytes).
+  bool accumulate_fp32 = false;
+  /// Moments stored in bf16 (halves their bytes; opt-in, changes results).
+  bool bf16_moments = false;
+  /// Where state lives between steps: nvme (streamed through the host budget, written behind
+  /// after each sub-group), host (kept resident; the tier manager still commits it to NVMe each
+  /// step), or automatic: host when all state and gradients fit in half the host budget.
+  enum class StateTier : std::uint8_t { automatic, host, nvme } state_tier = StateTier::automatic;
+  /// host: gradient blocks stay in pinned memory (spilled to NVMe only under pressure);
+  /// nvme: each gradient block is written to NVMe once its ingest is done.
+  Tier grad_tier = Tier::host;
+  /// One reduce-scatter per step for all backward passes (world size > 1).
+  bool coalesce = true;
+  /// Clip the global gradient norm to this (0: off), folded into the kernel's multiplier.
+  double max_grad_norm = 0.0;
+  LossScalerConfig loss_scaler;
+  void validate() const;
+};
+
+using ParamId = std::uint32_t;
+
+struct ParamSpec {
+  std::string name;                ///< unique, non-empty
+  std::vector<std::int64_t> shape; ///< numel = product (> 0)
+  Dtype dtype = Dtype::bf16;       ///< the 16-bit dtype of the model's copy (bf16 or f16)
+  bool requires_grad = true;
+  std::uint64_t numel() const;
+};
+
+/// A sub-group of this rank: a contiguous range of its group's flat parameter space.
+struct SubgroupInfo {
+  int group = 0;
+  int index = 0;               ///< within the group's partition of this rank
+  std::uint64_t begin = 0;     ///< element offset in the group's flat space
+  std::uint64_t numel = 0;
+};
+
+/// What step() did.
+struct StepResult {
+  bool skipped = false;          ///< a non-finite gradient: state unchanged, scale backed off
+  std::uint64_t step = 0;        ///< optimizer steps taken so far (skipped ones not counted)
+  double grad_norm = 0;          ///< global norm of the unscaled gradient (inf/nan when skipped)
+  double clip_factor = 1;        ///< <= 1
+  double loss_scale = 1;         ///< the scale the gradients of this step carried
+  double next_loss_scale = 1;    ///< the scale for the next step
+  std::uint64_t bytes_in[kTierCount] = {};   ///< moved into each tier during the step
+  std::uint64_t bytes_out[kTierCount] = {};
+  double io_wait_seconds = 0;    ///< time the step waited for transfers
+  double seconds = 0;            ///< wall time of step()
+  std::uint64_t generation = 0;  ///< the committed generation holding the new state
+};
+
+/// Fills `count` fp32 values of parameter `param` starting at element `offset`.
+using ParamInit =
+    std::function<void(ParamId param, std::uint64_t offset, float* out, std::uint64_t count)>;
+
+class ShardedOptimizer {
+ public:
+  /// `pool` (may be null) runs the CPU kernels; `comm` gives rank and world size.
+  ShardedOptimizer(TierManager& tiers, Communicator& comm, OptimizerConfig cfg = {},
+                   ThreadPool* pool = nullptr);
+  ~ShardedOptimizer();
+  ShardedOptimizer(const ShardedOptimizer&) = delete;
+  ShardedOptimizer& operator=(const ShardedOptimizer&) = delete;
+
+  // ---- building (before finalize) --------------------------------------------------------
+  /// Returns the group's index.
+  int add_group(const GroupConfig& cfg, std::string name = {});
+  /// Every parameter of a group must have the same 16-bit dtype.
+  ParamId add_param(int group, const ParamSpec& spec);
+  /// Lays out partitions and sub-groups and creates the state blocks (or finds them, when the
+  /// swap space was reopened with this optimizer's blocks: then the layout must match, and the
+  /// state, step count and loss scale continue from the last committed step).
+  void finalize();
+  bool finalized() const noexcept;
+  /// Writes every master weight (the caller's init), zeroes the state, computes the 16-bit
+  /// copies and commits. Collective.
+  void initialize(const ParamInit& init);
+
+  // ---- hyper-parameters ------------------------------------------------------------------
+  int group_count() const;
+  const GroupConfig& group_config(int group) const;
+  /// Takes effect at the next step. Throws std::invalid_argument for a bad value or a change of
+  /// kind/amsgrad/momentum-ness after finalize().
+  void set_group_config(int group, const GroupConfig& cfg);
+  void set_lr(int group, double lr);
+
+  // ---- gradients -------------------------------------------------------------------------
+  /// Starts a backward pass (a micro-step). `final`: the last one before step(); sub-groups whose
+  /// gradients are complete then report gradient_final().
+  void begin_backward(bool final = true);
+  /// Adds this rank's local gradient of a trainable parameter (param.numel() values of `dtype`,
+  /// host memory) to the accumulated gradient.
+  void add_grad(ParamId param, const void* grad, Dtype dtype);
+  /// The same from device memory once every event in `events` (cudaEvent_t as void*) completed.
+  void add_grad_device(ParamId param, const void* d_grad, Dtype dtype,
+                       std::span<void* const> events);
+  /// A bucket: consecutive trainable parameters of one group, starting at `first`, their
+  /// gradients back to back in `grad` (`count` parameters).
+  void add_grad_bucket(ParamId first, std::size_t count, const void* grad, Dtype dtype);
+  /// Ends the backward pass (reduces now unless `coalesce`).
+  void end_backward();
+  /// Whether sub-group k's gradient is final for this step (the hook for stepping a sub-group as
+  /// soon as its gradients are complete).
+  bool gradient_final(std::size_t k) const;
+
+  // ---- the step --------------------------------------------------------------------------
+  /// The scale the trainer multiplies the loss by (1 without loss scaling).
+  double loss_scale() const;
+  StepResult step();
+  std::uint64_t step_count() const;
+
+  // ---- parameters and layout --------------------------------------------------------------
+  /// The model's 16-bit copy of a parameter (every rank holds all of it after a step); for a
+  /// frozen parameter, memory the trainer may fill (not stored by tierswap).
+  std::span<const std::uint16_t> param16(ParamId param) const;
+  /// This rank's fp32 master weights of `param` that fall in its partition: (offset in the
+  /// parameter, values). Reads through the tiers.
+  std::vector<std::pair<std::uint64_t, std::vector<float>>> master_shard(ParamId param);
+  const ParamSpec& param(ParamId id) const;
+  std::size_t param_count() const;
+  std::size_t subgroup_count() const;  ///< this rank's
+  SubgroupInfo subgroup(std::size_t k) const;
+  /// Elements of `group` owned by `rank`: [begin, end) of the group's flat space.
+  std::pair<std::uint64_t, std::uint64_t> partition(int group, int rank) const;
+  /// Trainable elements (all ranks) and bytes of state of this rank.
+  std::uint64_t trainable_numel() const;
+  std::uint64_t state_bytes() const;
+  const OptimizerConfig& config() const noexcept;
+
+  // ---- checkpoints -----------------------------------------------------------------------
+  /// Writes this rank's committed state (master, moments), and on rank 0 the checkpoint
+  /// manifest (format version, world size, layout, hyper-parameters, step count, loss scaler,
+  /// XXH3 checksums), every file written to a temporary name, fsynced and renamed; the manifest
+  /// last. Collective. Reads the state through the tiers: NVMe-resident state stays where it is.
+  void save(const std::filesystem::path& dir);
+  /// Restores a checkpoint written at any world size into this optimizer's layout (same groups
+  /// and parameters, any world size and sub-group size). Hyper-parameters, step count and loss
+  /// scaler come from the checkpoint. Commits a generation. A missing, truncated, corrupt or
+  /// mismatched checkpoint throws std::runtime_error naming the file and the problem, and the
+  /// state already stored is untouched.
+  void load(const std::filesystem::path& dir);
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace tierswap

@@ -1,0 +1,461 @@
+// Checkpoints of the sharded optimizer. Layout of a checkpoint directory (format version 1):
+//   tierswap.checkpoint            the manifest (rank 0; written last: the commit point)
+//   rank-RRRRR-ID.json             rank R's index: sections and per-piece XXH3 checksums
+//   rank-RRRRR-ID.bin              rank R's state: per group, per state slot, its partition
+// JSON files use the manifest container (magic, version, header and payload checksums). ID is
+// drawn anew at every save, so a save that dies half-way leaves the previous checkpoint whole;
+// files of earlier saves are removed once the new manifest is in place.
+//
+// A section is one (group, slot) range [begin, end) of the group's flat space, stored as the
+// state's dtype, checksummed in pieces of kPiece elements counted from `begin`. Loading at another
+// world size reads, for each new partition, the overlapping pieces of the old ranks' sections and
+// verifies each piece it reads.
+#include <fcntl.h>
+#include <fmt/format.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+#include <nlohmann/json.hpp>
+#include <random>
+#include <system_error>
+
+#include "src/optim/optimizer_impl.hpp"
+#include "tierswap/checksum.hpp"
+#include "tierswap/detail/manifest.hpp"
+
+namespace tierswap {
+namespace {
+
+constexpr std::uint32_t kCheckpointVersion = 1;
+constexpr std::uint64_t kPiece = 1ull << 20;  // elements per checksummed piece
+constexpr const char* kManifest = "tierswap.checkpoint";
+
+[[noreturn]] void sys_fail(int err, const std::string& what) {
+  throw std::system_error(err, std::system_category(), what);
+}
+
+class File {
+ public:
+  File(const std::filesystem::path& p, int flags) : path_(p.string()) {
+    fd_ = ::open(path_.c_str(), flags | O_CLOEXEC | O_NOFOLLOW, 0600);
+    if (fd_ < 0) sys_fail(errno, "open " + path_);
+  }
+  ~File() {
+    if (fd_ >= 0) ::close(fd_);
+  }
+  File(const File&) = delete;
+  File& operator=(const File&) = delete;
+  void pwrite_all(const void* data, std::size_t n, std::uint64_t off) {
+    auto* p = static_cast<const char*>(data);
+    while (n > 0) {
+      const ssize_t w = ::pwrite(fd_, p, n, static_cast<off_t>(off));
+      if (w < 0 && errno == EINTR) continue;
+      if (w <= 0) sys_fail(w < 0 ? errno : EIO, fmt::format("write {} @{}+{}", path_, off, n));
+      p += w;
+      n -= static_cast<std::size_t>(w);
+      off += static_cast<std::uint64_t>(w);
+    }
+  }
+  void pread_all(void* data, std::size_t n, std::uint64_t off) {
+    auto* p = static_cast<char*>(data);
+    while (n > 0) {
+      const ssize_t r = ::pread(fd_, p, n, static_cast<off_t>(off));
+      if (r < 0 && errno == EINTR) continue;
+      if (r < 0) sys_fail(errno, fmt::format("read {} @{}+{}", path_, off, n));
+      if (r == 0)
+        throw std::runtime_error(fmt::format("checkpoint file {} is truncated (reading @{}+{})",
+                                             path_, off, n));
+      p += r;
+      n -= static_cast<std::size_t>(r);
+      off += static_cast<std::uint64_t>(r);
+    }
+  }
+  std::uint64_t size() const {
+    struct stat st{};
+    if (::fstat(fd_, &st) != 0) sys_fail(errno, "stat " + path_);
+    return static_cast<std::uint64_t>(st.st_size);
+  }
+  void sync() {
+    if (::fsync(fd_) != 0) sys_fail(errno, "fsync " + path_);
+  }
+
+ private:
+  std::string path_;
+  int fd_ = -1;
+};
+
+std::string hex64(std::uint64_t v) {
+  return fmt::format("{:016x}", v);
+}
+
+std::string slot_name(int slot) {
+  return std::string(to_string(state_class(slot)));
+}
+
+nlohmann::json group_json(const GroupConfig& c) {
+  return {{"kind", std::string(to_string(c.kind))},
+          {"lr", c.lr},
+          {"beta1", c.beta1},
+          {"beta2", c.beta2},
+          {"eps", c.eps},
+          {"weight_decay", c.weight_decay},
+          {"amsgrad", c.amsgrad},
+          {"maximize", c.maximize},
+          {"momentum", c.momentum},
+          {"dampening", c.dampening},
+          {"nesterov", c.nesterov}};
+}
+
+GroupConfig group_from_json(const nlohmann::json& j) {
+  GroupConfig c;
+  c.kind = parse_optimizer_kind(j.at("kind").get<std::string>());
+  c.lr = j.at("lr").get<double>();
+  c.beta1 = j.at("beta1").get<double>();
+  c.beta2 = j.at("beta2").get<double>();
+  c.eps = j.at("eps").get<double>();
+  c.weight_decay = j.at("weight_decay").get<double>();
+  c.amsgrad = j.at("amsgrad").get<bool>();
+  c.maximize = j.at("maximize").get<bool>();
+  c.momentum = j.at("momentum").get<double>();
+  c.dampening = j.at("dampening").get<double>();
+  c.nesterov = j.at("nesterov").get<bool>();
+  return c;
+}
+
+void fsync_dir(const std::filesystem::path& dir) {
+  const int fd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  if (fd < 0) sys_fail(errno, "open directory " + dir.string());
+  const int rc = ::fsync(fd);
+  const int err = errno;
+  ::close(fd);
+  if (rc != 0) sys_fail(err, "fsync directory " + dir.string());
+}
+
+struct Section {
+  int group = 0, slot = 0;
+  std::uint64_t begin = 0, end = 0, offset = 0;
+  Dtype dtype = Dtype::f32;
+  std::vector<std::uint64_t> sums;
+};
+
+struct RankIndex {
+  std::filesystem::path data;
+  std::uint64_t data_bytes = 0;
+  std::vector<Section> sections;
+  const Section* find(int group, int slot) const {
+    for (const auto& s : sections)
+      if (s.group == group && s.slot == slot) return &s;
+    return nullptr;
+  }
+};
+
+}  // namespace
+
+void ShardedOptimizer::save(const std::filesystem::path& dir) {
+  Impl& m = *impl_;
+  m.require_finalized("save");
+  if (m.in_backward) throw std::logic_error("save: a backward pass is in progress");
+  std::error_code ec;
+  std::filesystem::create_directories(dir, ec);
+  if (ec) sys_fail(ec.value(), "create checkpoint directory " + dir.string());
+  std::uint64_t id = 0;
+  if (m.rank == 0) id = std::random_device{}() * 0x100000001ull ^ std::random_device{}();
+  m.comm.broadcast(&id, sizeof id, 0);
+  const std::string tag = fmt::format("rank-{:05}-{:016x}", m.rank, id);
+  const auto data_path = dir / (tag + ".bin");
+  const auto index_path = dir / (tag + ".json");
+
+  nlohmann::json sections = nlohmann::json::array();
+  std::uint64_t offset = 0;
+  {
+    File f(dir / (tag + ".bin.tmp"), O_WRONLY | O_CREAT | O_TRUNC);
+    std::vector<std::byte> piece;
+    for (std::size_t gi = 0; gi < m.groups.size(); ++gi) {
+      const OptGroup& g = m.groups[gi];
+      for (int slot = 0; slot < kStateSlots; ++slot) {
+        if (!g.has_slot(slot)) continue;
+        const Dtype dt = m.slot_dtype(slot);
+        const std::size_t es = dtype_size(dt);
+        nlohmann::json sums = nlohmann::json::array();
+        const std::uint64_t start = offset;
+        std::size_t fill = 0;
+        piece.resize(kPiece * es);
+        auto flush_piece = [&] {
+          if (fill == 0) return;
+          sums.push_back(hex64(checksum64(piece.data(), fill)));
+          f.pwrite_all(piece.data(), fill, offset);
+          offset += fill;
+          fill = 0;
+        };
+        for (std::size_t k = 0; k < g.nsubs; ++k) {
+          const OptSub& s = m.subs[g.first_sub + k];
+          BlockView v = m.tiers.acquire(s.state[slot], Tier::host);
+          std::size_t done = 0;
+          while (done < v.bytes()) {
+            const std::size_t n = std::min(v.bytes() - done, piece.size() - fill);
+            std::memcpy(piece.data() + fill, v.data() + done, n);
+            fill += n;
+            done += n;
+            if (fill == piece.size()) flush_piece();
+          }
+          m.tiers.release(v, false);
+          if (m.streaming) m.tiers.write_back(s.state[slot]);
+        }
+        flush_piece();
+        sections.push_back({{"group", gi},
+                            {"slot", slot_name(slot)},
+                            {"dtype", std::string(to_string(dt))},
+                            {"begin", g.lo},
+                            {"end", g.hi},
+                            {"offset", start},
+                            {"checksums", std::move(sums)}});
+      }
+    }
+    f.sync();
+  }
+  std::filesystem::rename(dir / (tag + ".bin.tmp"), data_path);
+  nlohmann::json index = {{"format", "tierswap-checkpoint-rank"},
+                          {"version", kCheckpointVersion},
+                          {"rank", m.rank},
+                          {"world_size", m.world},
+                          {"data", data_path.filename().string()},
+                          {"data_bytes", offset},
+                          {"piece", kPiece},
+                          {"sections", std::move(sections)}};
+  const std::string index_payload = index.dump();
+  detail::write_manifest_file(index_path, index_payload, true);
+
+  // Rank 0 binds every rank's index (by checksum) into the manifest, written last.
+  std::vector<std::uint64_t> sums(m.world);
+  for (int r = 0; r < m.world; ++r) {
+    std::uint64_t s = r == m.rank ? checksum64(index_payload.data(), index_payload.size()) : 0;
+    m.comm.broadcast(&s, sizeof s, r);
+    sums[r] = s;
+  }
+  if (m.rank == 0) {
+    nlohmann::json groups = nlohmann::json::array();
+    for (const auto& g : m.groups) {
+      nlohmann::json ps = nlohmann::json::array();
+      for (ParamId pid : g.params) {
+        const OptParam& p = m.params[pid];
+        ps.push_back({{"name", p.spec.name},
+                      {"shape", p.spec.shape},
+                      {"dtype", std::string(to_string(p.spec.dtype))},
+                      {"requires_grad", p.spec.requires_grad}});
+      }
+      nlohmann::json slots = nlohmann::json::array();
+      for (int slot = 0; slot < kStateSlots; ++slot)
+        if (g.has_slot(slot)) slots.push_back(slot_name(slot));
+      groups.push_back({{"name", g.name},
+                        {"config", group_json(g.cfg)},
+                        {"numel", g.numel},
+                        {"part", g.part},
+                        {"slots", std::move(slots)},
+                        {"params", std::move(ps)}});
+    }
+    nlohmann::json ranks = nlohmann::json::array();
+    for (int r = 0; r < m.world; ++r)
+      ranks.push_back({{"index", fmt::format("rank-{:05}-{:016x}.json", r, id)},
+                       {"checksum", hex64(sums[r])}});
+    nlohmann::json man = {{"format", "tierswap-checkpoint"},
+                          {"version", kCheckpointVersion},
+                          {"world_size", m.world},
+                          {"step", m.step_count},
+                          {"loss_scale", m.scale},
+                          {"growth_tracker", m.growth_tracker},
+                          {"moment_dtype", std::string(to_string(m.moment_dtype()))},
+                          {"groups", std::move(groups)},
+                          {"ranks", std::move(ranks)}};
+    detail::write_manifest_file(dir / kManifest, man.dump(), true);
+    fsync_dir(dir);
+  }
+  m.comm.barrier();
+  // Files of earlier saves are unreferenced now.
+  const std::string mine = fmt::format("rank-{:05}-", m.rank);
+  for (const auto& e : std::filesystem::directory_iterator(dir, ec)) {
+    const std::string n = e.path().filename().string();
+    if (n.rfind(mine, 0) == 0 && n.find(fmt::format("{:016x}", id)) == std::string::npos)
+      std::filesystem::remove(e.path(), ec);
+  }
+}
+
+void ShardedOptimizer::load(const std::filesystem::path& dir) {
+  Impl& m = *impl_;
+  m.require_finalized("load");
+  if (m.in_backward) throw std::logic_error("load: a backward pass is in progress");
+  const auto man_path = dir / kManifest;
+  if (!std::filesystem::exists(man_path))
+    throw std::runtime_error(
+        fmt::format("checkpoint {}: no {} (not a checkpoint, or its save did not finish)",
+                    dir.string(), kManifest));
+  auto bad = [&](const std::filesystem::path& p, const std::string& why) {
+    return std::runtime_error(fmt::format("checkpoint {}: {}", p.string(), why));
+  };
+  nlohmann::json man;
+  try {
+    man = nlohmann::json::parse(detail::read_manifest_file(man_path));
+  } catch (const nlohmann::json::exception& e) {
+    throw bad(man_path, std::string("malformed manifest: ") + e.what());
+  }
+  // ---- validate everything before touching the state --------------------------------------
+  int old_world = 0;
+  std::vector<RankIndex> olds;
+  std::vector<GroupConfig> cfgs;
+  std::vector<std::uint64_t> old_part;
+  std::uint64_t step = 0;
+  double scale = 1;
+  std::uint32_t tracker = 0;
+  try {
+    if (man.at("format") != "tierswap-checkpoint") throw bad(man_path, "not a tierswap checkpoint");
+    if (man.at("version").get<std::uint32_t>() != kCheckpointVersion)
+      throw bad(man_path, fmt::format("format version {} (this build reads {})",
+                                      man.at("version").dump(), kCheckpointVersion));
+    old_world = man.at("world_size").get<int>();
+    step = man.at("step").get<std::uint64_t>();
+    scale = man.at("loss_scale").get<double>();
+    tracker = man.at("growth_tracker").get<std::uint32_t>();
+    if (man.at("moment_dtype").get<std::string>() != to_string(m.moment_dtype()))
+      throw bad(man_path, fmt::format("moments stored as {}, this optimizer keeps {}",
+                                      man.at("moment_dtype").get<std::string>(),
+                                      to_string(m.moment_dtype())));
+    const auto& groups = man.at("groups");
+    if (groups.size() != m.groups.size())
+      throw bad(man_path, fmt::format("{} parameter groups, this optimizer has {}", groups.size(),
+                                      m.groups.size()));
+    for (std::size_t gi = 0; gi < m.groups.size(); ++gi) {
+      const OptGroup& g = m.groups[gi];
+      const auto& jg = groups[gi];
+      GroupConfig c = group_from_json(jg.at("config"));
+      OptGroup probe = g;
+      probe.cfg = c;
+      for (int slot = 0; slot < kStateSlots; ++slot)
+        if (probe.has_slot(slot) != g.has_slot(slot) || c.kind != g.cfg.kind)
+          throw bad(man_path, fmt::format("group {} is {}{}, this optimizer's is {}{}", gi,
+                                          to_string(c.kind), c.amsgrad ? " (amsgrad)" : "",
+                                          to_string(g.cfg.kind), g.cfg.amsgrad ? " (amsgrad)" : ""));
+      cfgs.push_back(c);
+      const auto& ps = jg.at("params");
+      if (ps.size() != g.params.size())
+        throw bad(man_path, fmt::format("group {} has {} parameters, this optimizer's has {}", gi,
+                                        ps.size(), g.params.size()));
+      for (std::size_t i = 0; i < ps.size(); ++i) {
+        const ParamSpec& s = m.params[g.params[i]].spec;
+        const auto& jp = ps[i];
+        if (jp.at("name").get<std::string>() != s.name ||
+            jp.at("shape").get<std::vector<std::int64_t>>() != s.shape ||
+            jp.at("dtype").get<std::string>() != to_string(s.dtype) ||
+            jp.at("requires_grad").get<bool>() != s.requires_grad)
+          throw bad(man_path, fmt::format("group {} parameter {} is {} {} {}, this optimizer's is "
+                                          "'{}' {} {}",
+                                          gi, i, jp.at("name").dump(), jp.at("shape").dump(),
+                                          jp.at("dtype").dump(), s.name,
+                                          nlohmann::json(s.shape).dump(), to_string(s.dtype)));
+      }
+      if (jg.at("numel").get<std::uint64_t>() != g.numel)
+        throw bad(man_path, fmt::format("group {}: {} elements, expected {}", gi,
+                                        jg.at("numel").get<std::uint64_t>(), g.numel));
+      old_part.push_back(jg.at("part").get<std::uint64_t>());
+    }
+    const auto& ranks = man.at("ranks");
+    if (static_cast<int>(ranks.size()) != old_world || old_world < 1)
+      throw bad(man_path, "rank table does not match the world size");
+    for (int r = 0; r < old_world; ++r) {
+      const auto ip = dir / ranks[r].at("index").get<std::string>();
+      if (!std::filesystem::exists(ip)) throw bad(ip, "missing (written by rank " + std::to_string(r) + ")");
+      const std::string payload = detail::read_manifest_file(ip);
+      if (hex64(checksum64(payload.data(), payload.size())) != ranks[r].at("checksum"))
+        throw bad(ip, "does not belong to this checkpoint's manifest (checksum mismatch)");
+      const auto j = nlohmann::json::parse(payload);
+      RankIndex ri;
+      ri.data = dir / j.at("data").get<std::string>();
+      ri.data_bytes = j.at("data_bytes").get<std::uint64_t>();
+      if (j.at("piece").get<std::uint64_t>() != kPiece) throw bad(ip, "unexpected piece size");
+      if (!std::filesystem::exists(ri.data)) throw bad(ri.data, "missing");
+      File f(ri.data, O_RDONLY);
+      if (f.size() != ri.data_bytes)
+        throw bad(ri.data, fmt::format("{} bytes, the index says {} (truncated?)", f.size(),
+                                       ri.data_bytes));
+      for (const auto& js : j.at("sections")) {
+        Section s;
+        s.group = js.at("group").get<int>();
+        const std::string sn = js.at("slot").get<std::string>();
+        s.slot = -1;
+        for (int slot = 0; slot < kStateSlots; ++slot)
+          if (slot_name(slot) == sn) s.slot = slot;
+        s.dtype = parse_dtype(js.at("dtype").get<std::string>());
+        s.begin = js.at("begin").get<std::uint64_t>();
+        s.end = js.at("end").get<std::uint64_t>();
+        s.offset = js.at("offset").get<std::uint64_t>();
+        for (const auto& h : js.at("checksums"))
+          s.sums.push_back(std::stoull(h.get<std::string>(), nullptr, 16));
+        const std::uint64_t n = s.end - s.begin;
+        if (s.slot < 0 || s.group < 0 || s.group >= static_cast<int>(m.groups.size()) ||
+            s.end < s.begin || s.sums.size() != (n + kPiece - 1) / kPiece ||
+            s.offset + n * dtype_size(s.dtype) > ri.data_bytes)
+          throw bad(ip, "malformed section table");
+        ri.sections.push_back(std::move(s));
+      }
+      olds.push_back(std::move(ri));
+    }
+  } catch (const std::runtime_error&) {
+    throw;
+  } catch (const std::exception& e) {
+    throw bad(man_path, std::string("malformed: ") + e.what());
+  }
+
+  // ---- copy: each sub-group of this rank from the old ranks' pieces ------------------------
+  try {
+    std::vector<std::byte> buf;
+    for (std::size_t gi = 0; gi < m.groups.size(); ++gi) {
+      const OptGroup& g = m.groups[gi];
+      for (int slot = 0; slot < kStateSlots; ++slot) {
+        if (!g.has_slot(slot)) continue;
+        const Dtype dt = m.slot_dtype(slot);
+        const std::size_t es = dtype_size(dt);
+        for (std::size_t k = 0; k < g.nsubs; ++k) {
+          const OptSub& s = m.subs[g.first_sub + k];
+          BlockView v = m.tiers.acquire(s.state[slot], Tier::host, Access::overwrite);
+          std::uint64_t x = s.begin;
+          const std::uint64_t end = s.begin + s.numel;
+          while (x < end) {
+            const int q = static_cast<int>(std::min<std::uint64_t>(x / old_part[gi], old_world - 1));
+            const Section* sec = olds[q].find(static_cast<int>(gi), slot);
+            if (sec == nullptr || x < sec->begin || x >= sec->end || sec->dtype != dt)
+              throw bad(olds[q].data, fmt::format("no {} data for group {} element {}",
+                                                  slot_name(slot), gi, x));
+            const std::uint64_t pi = (x - sec->begin) / kPiece;
+            const std::uint64_t pb = sec->begin + pi * kPiece;
+            const std::uint64_t pn = std::min(kPiece, sec->end - pb);
+            buf.resize(pn * es);
+            File f(olds[q].data, O_RDONLY);
+            f.pread_all(buf.data(), buf.size(), sec->offset + pi * kPiece * es);
+            if (checksum64(buf.data(), buf.size()) != sec->sums[pi])
+              throw bad(olds[q].data,
+                        fmt::format("{} of group {}, elements [{}, {}): checksum mismatch "
+                                    "(corrupt data)",
+                                    slot_name(slot), gi, pb, pb + pn));
+            const std::uint64_t n = std::min(end, pb + pn) - x;
+            std::memcpy(v.data() + (x - s.begin) * es, buf.data() + (x - pb) * es, n * es);
+            x += n;
+          }
+          m.tiers.release(v, true);
+          if (m.streaming) m.tiers.write_back(s.state[slot]);
+        }
+      }
+    }
+  } catch (...) {
+    if (m.tiers.config().shadow_slots) m.tiers.discard();  // the stored state, untouched
+    throw;
+  }
+  for (std::size_t gi = 0; gi < m.groups.size(); ++gi) m.groups[gi].cfg = cfgs[gi];
+  m.step_count = step;
+  m.scale = scale;
+  m.growth_tracker = tracker;
+  for (auto& s : m.subs) m.tiers.trim(s.grad);
+  m.refresh_param16();
+  m.tiers.commit();
+}
+
+}  // namespace tierswap

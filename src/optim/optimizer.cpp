@@ -1,0 +1,833 @@
+// ShardedOptimizer: layout, gradient ingest and reduction, the pipelined step.
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstring>
+#include <limits>
+#include <stdexcept>
+
+#include "src/optim/optimizer_impl.hpp"
+#include "tierswap/cuda_kernels.hpp"
+#include "tierswap/log.hpp"
+#include "tierswap/units.hpp"
+
+namespace tierswap {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+[[noreturn]] void bad_value(const std::string& key, const std::string& value, const char* why) {
+  throw std::invalid_argument(fmt::format("{} = {}: {}", key, value, why));
+}
+
+AdamConfig adam_config(const GroupConfig& c) {
+  AdamConfig a;
+  a.lr = c.lr;
+  a.beta1 = c.beta1;
+  a.beta2 = c.beta2;
+  a.eps = c.eps;
+  a.weight_decay = c.weight_decay;
+  a.decoupled = c.kind == OptimizerKind::adamw;
+  a.amsgrad = c.amsgrad;
+  a.maximize = c.maximize;
+  return a;
+}
+LionConfig lion_config(const GroupConfig& c) {
+  LionConfig l;
+  l.lr = c.lr;
+  l.beta1 = c.beta1;
+  l.beta2 = c.beta2;
+  l.weight_decay = c.weight_decay;
+  l.maximize = c.maximize;
+  return l;
+}
+SgdConfig sgd_config(const GroupConfig& c) {
+  SgdConfig s;
+  s.lr = c.lr;
+  s.momentum = c.momentum;
+  s.dampening = c.dampening;
+  s.weight_decay = c.weight_decay;
+  s.nesterov = c.nesterov;
+  s.maximize = c.maximize;
+  return s;
+}
+
+std::uint64_t round_up_u64(std::uint64_t v, std::uint64_t m) {
+  return (v + m - 1) / m * m;
+}
+
+// Releases a view on scope exit (clean unless marked dirty).
+struct Held {
+  TierManager& t;
+  BlockView v;
+  bool dirty = false;
+  Held(TierManager& tm, BlockView view) : t(tm), v(std::move(view)) {}
+  ~Held() {
+    if (v) {
+      try {
+        t.release(v, dirty);
+      } catch (...) {
+      }
+    }
+  }
+  Held(const Held&) = delete;
+  Held& operator=(const Held&) = delete;
+};
+
+}  // namespace
+
+std::string_view to_string(OptimizerKind k) noexcept {
+  switch (k) {
+    case OptimizerKind::adamw:
+      return "adamw";
+    case OptimizerKind::adam:
+      return "adam";
+    case OptimizerKind::lion:
+      return "lion";
+    case OptimizerKind::sgd:
+      return "sgd";
+  }
+  return "?";
+}
+
+OptimizerKind parse_optimizer_kind(std::string_view t) {
+  if (t == "adamw") return OptimizerKind::adamw;
+  if (t == "adam") return OptimizerKind::adam;
+  if (t == "lion") return OptimizerKind::lion;
+  if (t == "sgd") return OptimizerKind::sgd;
+  throw std::invalid_argument(
+      fmt::format("optimizer '{}': expected adamw, adam, lion or sgd", std::string(t)));
+}
+
+void GroupConfig::validate() const {
+  switch (kind) {
+    case OptimizerKind::adamw:
+    case OptimizerKind::adam:
+      adam_config(*this).validate();
+      break;
+    case OptimizerKind::lion:
+      lion_config(*this).validate();
+      break;
+    case OptimizerKind::sgd:
+      sgd_config(*this).validate();
+      break;
+  }
+}
+
+void LossScalerConfig::validate() const {
+  if (mode == LossScaling::none) return;
+  if (!(init_scale > 0) || !std::isfinite(init_scale))
+    bad_value("loss_scaler.init_scale", std::to_string(init_scale), "must be finite and > 0");
+  if (!(growth_factor > 1))
+    bad_value("loss_scaler.growth_factor", std::to_string(growth_factor), "must be > 1");
+  if (!(backoff_factor > 0 && backoff_factor < 1))
+    bad_value("loss_scaler.backoff_factor", std::to_string(backoff_factor), "must be in (0, 1)");
+  if (growth_interval == 0) bad_value("loss_scaler.growth_interval", "0", "must be > 0");
+}
+
+void OptimizerConfig::validate() const {
+  if (subgroup_size == 0) bad_value("subgroup_size", "0", "must be > 0");
+  if (subgroup_size > (std::uint64_t{1} << 30))
+    bad_value("subgroup_size", std::to_string(subgroup_size), "must be at most 2^30 elements");
+  if (prefetch_depth > 64)
+    bad_value("prefetch_depth", std::to_string(prefetch_depth), "must be at most 64");
+  if (grad_tier == Tier::device)
+    bad_value("grad_tier", "gpu", "gradients are kept in host memory or on NVMe");
+  if (!(max_grad_norm >= 0) || !std::isfinite(max_grad_norm))
+    bad_value("max_grad_norm", std::to_string(max_grad_norm), "must be finite and >= 0");
+  loss_scaler.validate();
+}
+
+std::uint64_t ParamSpec::numel() const {
+  if (shape.empty()) return 1;  // a scalar
+  std::uint64_t n = 1;
+  for (auto d : shape) {
+    if (d <= 0)
+      throw std::invalid_argument(
+          fmt::format("parameter '{}': dimension {} must be > 0", name, d));
+    n *= static_cast<std::uint64_t>(d);
+  }
+  return n;
+}
+
+BlockClass state_class(int slot) {
+  switch (slot) {
+    case kMaster:
+      return BlockClass::master;
+    case kExpAvg:
+      return BlockClass::exp_avg;
+    case kExpAvgSq:
+      return BlockClass::exp_avg_sq;
+    case kMaxExpAvgSq:
+      return BlockClass::max_exp_avg_sq;
+    default:
+      return BlockClass::momentum;
+  }
+}
+
+bool OptGroup::has_slot(int slot) const {
+  switch (slot) {
+    case kMaster:
+      return true;
+    case kExpAvg:
+      return cfg.kind != OptimizerKind::sgd;
+    case kExpAvgSq:
+      return cfg.kind == OptimizerKind::adamw || cfg.kind == OptimizerKind::adam;
+    case kMaxExpAvgSq:
+      return (cfg.kind == OptimizerKind::adamw || cfg.kind == OptimizerKind::adam) && cfg.amsgrad;
+    case kMomentum:
+      return cfg.kind == OptimizerKind::sgd && cfg.momentum != 0;
+  }
+  return false;
+}
+
+// ---- Impl --------------------------------------------------------------------------------------
+ShardedOptimizer::Impl::Impl(TierManager& t, Communicator& c, OptimizerConfig o, ThreadPool* p)
+    : tiers(t), comm(c), cfg(std::move(o)), pool(p) {
+  cfg.validate();
+  rank = comm.rank();
+  world = comm.size();
+  sub_size = round_up_u64(cfg.subgroup_size, kGradStatsChunk);
+  if (cfg.loss_scaler.mode != LossScaling::none) scale = cfg.loss_scaler.init_scale;
+}
+
+std::pair<std::uint64_t, std::uint64_t> ShardedOptimizer::Impl::rank_range(const OptGroup& g,
+                                                                           int r) const {
+  const std::uint64_t lo = std::min(g.numel, g.part * static_cast<std::uint64_t>(r));
+  const std::uint64_t hi = std::min(g.numel, g.part * static_cast<std::uint64_t>(r + 1));
+  return {lo, hi};
+}
+
+std::pair<std::uint64_t, std::uint64_t> ShardedOptimizer::Impl::piece(const OptGroup& g, int r,
+                                                                      std::uint64_t k) const {
+  const auto [lo, hi] = rank_range(g, r);
+  const std::uint64_t b = std::min(hi, lo + k * sub_size);
+  const std::uint64_t e = std::min(hi, b + sub_size);
+  return {b, e - b};
+}
+
+void ShardedOptimizer::Impl::require_finalized(const char* what) const {
+  if (!finalized)
+    throw std::logic_error(fmt::format("{}: call finalize() first", what));
+}
+
+void ShardedOptimizer::Impl::layout() {
+  if (groups.empty()) throw std::logic_error("finalize: no parameter groups were added");
+  std::uint64_t trainable = 0;
+  for (auto& g : groups) {
+    g.numel = 0;
+    for (ParamId id : g.params) {
+      OptParam& p = params[id];
+      if (!p.spec.requires_grad) continue;
+      p.offset = g.numel;
+      g.numel += p.numel;
+    }
+    trainable += g.numel;
+    const std::uint64_t per = (g.numel + world - 1) / static_cast<std::uint64_t>(world);
+    g.part = std::max<std::uint64_t>(kGradStatsChunk, round_up_u64(per, kGradStatsChunk));
+    std::tie(g.lo, g.hi) = rank_range(g, rank);
+    g.slots = (g.part + sub_size - 1) / sub_size;
+    g.chunk_base = chunks;
+    chunks += (g.numel + kGradStatsChunk - 1) / kGradStatsChunk;
+    g.p16.assign(g.numel, 0);
+    g.first_sub = subs.size();
+    for (std::uint64_t k = 0; k < g.slots; ++k) {
+      const auto [b, n] = piece(g, rank, k);
+      if (n == 0) break;
+      OptSub s;
+      s.group = static_cast<int>(&g - groups.data());
+      s.index = static_cast<int>(k);
+      s.begin = b;
+      s.numel = n;
+      for (ParamId id : g.params) {
+        const OptParam& p = params[id];
+        if (p.spec.requires_grad && p.offset < b + n && p.offset + p.numel > b) ++s.nparams;
+      }
+      subs.push_back(s);
+    }
+    g.nsubs = subs.size() - g.first_sub;
+    if (world > 1) g.local_grad.assign(g.numel * dtype_size(acc_dtype(g)), std::byte{0});
+  }
+  if (trainable == 0) throw std::logic_error("finalize: no parameter requires a gradient");
+}
+
+void ShardedOptimizer::Impl::create_blocks() {
+  std::uint64_t state = 0, grads = 0;
+  for (const auto& s : subs) {
+    const OptGroup& g = groups[s.group];
+    for (int slot = 0; slot < kStateSlots; ++slot)
+      if (g.has_slot(slot)) state += s.numel * dtype_size(slot_dtype(slot));
+    grads += s.numel * dtype_size(acc_dtype(g));
+  }
+  switch (cfg.state_tier) {
+    case OptimizerConfig::StateTier::host:
+      streaming = false;
+      break;
+    case OptimizerConfig::StateTier::nvme:
+      streaming = true;
+      break;
+    case OptimizerConfig::StateTier::automatic:
+      streaming = state + grads > tiers.config().host_budget / 2;
+      break;
+  }
+  for (auto& s : subs) {
+    const OptGroup& g = groups[s.group];
+    const std::string base = fmt::format("g{}.r{}.s{}", s.group, rank, s.index);
+    for (int slot = 0; slot < kStateSlots; ++slot) {
+      if (!g.has_slot(slot)) continue;
+      BlockDesc d;
+      d.name = fmt::format("{}.{}", base, to_string(state_class(slot)));
+      if (tiers.find(d.name))
+        throw std::runtime_error(fmt::format(
+            "finalize: the swap space already holds block '{}' (optimizer state of an earlier "
+            "run): use a fresh swap directory, and load() a checkpoint to resume",
+            d.name));
+      d.cls = state_class(slot);
+      d.dtype = slot_dtype(slot);
+      d.numel = s.numel;
+      d.owner = {rank, s.group, s.index};
+      s.state[slot] = tiers.create(d);
+    }
+    BlockDesc gd;
+    gd.name = base + ".grad16";
+    gd.cls = BlockClass::grad16;
+    gd.dtype = acc_dtype(g);
+    gd.numel = s.numel;
+    gd.owner = {rank, s.group, s.index};
+    gd.transient = true;
+    s.grad = tiers.create(gd);
+  }
+}
+
+void ShardedOptimizer::Impl::gather_param16() {
+  if (world == 1) return;
+  std::vector<std::size_t> counts(world), displs(world);
+  for (auto& g : groups) {
+    for (std::uint64_t k = 0; k < g.slots; ++k) {
+      bool any = false;
+      for (int r = 0; r < world; ++r) {
+        const auto [b, n] = piece(g, r, k);
+        counts[r] = n;
+        displs[r] = b;
+        any |= n > 0;
+      }
+      if (any) comm.all_gather_v(g.p16.data(), counts, displs, g.dtype16);
+    }
+  }
+}
+
+void ShardedOptimizer::Impl::refresh_param16() {
+  for (auto& s : subs) {
+    OptGroup& g = groups[s.group];
+    Held m(tiers, tiers.acquire(s.state[kMaster], Tier::host));
+    cast(m.v.data(), Dtype::f32, g.p16.data() + s.begin, g.dtype16, s.numel, ctx());
+    if (streaming) {
+      tiers.release(m.v, false);
+      tiers.write_back(s.state[kMaster]);
+    }
+  }
+  gather_param16();
+}
+
+// Reduce-scatters group g's local gradient, slot by slot, into this rank's gradient blocks.
+void ShardedOptimizer::Impl::reduce_local(OptGroup& g) {
+  if (!g.local_dirty) return;
+  const Dtype dt = acc_dtype(g);
+  const std::size_t es = dtype_size(dt);
+  std::vector<std::size_t> counts(world);
+  std::vector<std::byte> send, recv;
+  for (std::uint64_t k = 0; k < g.slots; ++k) {
+    std::size_t total = 0;
+    for (int r = 0; r < world; ++r) total += counts[r] = piece(g, r, k).second;
+    if (total == 0) continue;
+    send.resize(total * es);
+    std::size_t off = 0;
+    for (int r = 0; r < world; ++r) {
+      const auto [b, n] = piece(g, r, k);
+      std::memcpy(send.data() + off * es, g.local_grad.data() + b * es, n * es);
+      off += n;
+    }
+    recv.resize(std::max<std::size_t>(1, counts[rank]) * es);
+    comm.reduce_scatter(send.data(), recv.data(), counts, dt);
+    if (counts[rank] == 0) continue;
+    OptSub& s = subs[g.first_sub + k];
+    Held v(tiers, tiers.acquire(s.grad, Tier::host, Access::write));
+    accumulate(v.v.data(), dt, recv.data(), dt, s.numel, ctx());
+    v.dirty = true;
+  }
+  std::memset(g.local_grad.data(), 0, g.local_grad.size());
+  g.local_dirty = false;
+  for (std::size_t k = 0; k < g.nsubs; ++k) {
+    OptSub& s = subs[g.first_sub + k];
+    if (final_backward) s.final = true;
+    if (cfg.grad_tier == Tier::nvme) tiers.evict(s.grad, Tier::host);
+  }
+}
+
+// ---- ShardedOptimizer --------------------------------------------------------------------------
+ShardedOptimizer::ShardedOptimizer(TierManager& tiers, Communicator& comm, OptimizerConfig cfg,
+                                   ThreadPool* pool)
+    : impl_(std::make_unique<Impl>(tiers, comm, std::move(cfg), pool)) {}
+
+ShardedOptimizer::~ShardedOptimizer() = default;
+
+int ShardedOptimizer::add_group(const GroupConfig& cfg, std::string name) {
+  Impl& m = *impl_;
+  if (m.finalized) throw std::logic_error("add_group: the optimizer is finalized");
+  cfg.validate();
+  OptGroup g;
+  g.cfg = cfg;
+  g.name = name.empty() ? fmt::format("group{}", m.groups.size()) : std::move(name);
+  m.groups.push_back(std::move(g));
+  return static_cast<int>(m.groups.size() - 1);
+}
+
+ParamId ShardedOptimizer::add_param(int group, const ParamSpec& spec) {
+  Impl& m = *impl_;
+  if (m.finalized) throw std::logic_error("add_param: the optimizer is finalized");
+  if (group < 0 || group >= static_cast<int>(m.groups.size()))
+    throw std::invalid_argument(fmt::format("add_param '{}': no group {}", spec.name, group));
+  if (spec.name.empty()) throw std::invalid_argument("add_param: empty parameter name");
+  if (spec.dtype == Dtype::f32)
+    throw std::invalid_argument(
+        fmt::format("add_param '{}': dtype must be bf16 or f16 (the model's 16-bit copy)",
+                    spec.name));
+  for (const auto& p : m.params)
+    if (p.spec.name == spec.name)
+      throw std::invalid_argument(fmt::format("add_param '{}': a parameter of that name exists",
+                                              spec.name));
+  OptGroup& g = m.groups[group];
+  if (spec.requires_grad) {
+    if (g.has_dtype && g.dtype16 != spec.dtype)
+      throw std::invalid_argument(fmt::format(
+          "add_param '{}': dtype {} but group '{}' holds {} parameters (one dtype per group)",
+          spec.name, to_string(spec.dtype), g.name, to_string(g.dtype16)));
+    g.dtype16 = spec.dtype;
+    g.has_dtype = true;
+  }
+  OptParam p;
+  p.spec = spec;
+  p.group = group;
+  p.numel = spec.numel();
+  if (!spec.requires_grad) p.frozen16.assign(p.numel, 0);
+  m.params.push_back(std::move(p));
+  const auto id = static_cast<ParamId>(m.params.size() - 1);
+  g.params.push_back(id);
+  return id;
+}
+
+void ShardedOptimizer::finalize() {
+  Impl& m = *impl_;
+  if (m.finalized) throw std::logic_error("finalize: already finalized");
+  m.layout();
+  m.create_blocks();
+  m.finalized = true;
+}
+
+bool ShardedOptimizer::finalized() const noexcept {
+  return impl_->finalized;
+}
+
+void ShardedOptimizer::initialize(const ParamInit& init) {
+  Impl& m = *impl_;
+  m.require_finalized("initialize");
+  if (!init) throw std::invalid_argument("initialize: no initializer");
+  const bool in_place = !m.tiers.config().shadow_slots;
+  for (auto& s : m.subs) {
+    OptGroup& g = m.groups[s.group];
+    {
+      Held v(m.tiers, m.tiers.acquire(s.state[kMaster], Tier::host, Access::overwrite));
+      auto* out = reinterpret_cast<float*>(v.v.data());
+      for (ParamId id : g.params) {
+        const OptParam& p = m.params[id];
+        if (!p.spec.requires_grad) continue;
+        const std::uint64_t b = std::max(p.offset, s.begin);
+        const std::uint64_t e = std::min(p.offset + p.numel, s.begin + s.numel);
+        if (b < e) init(id, b - p.offset, out + (b - s.begin), e - b);
+      }
+      cast(out, Dtype::f32, g.p16.data() + s.begin, g.dtype16, s.numel, m.ctx());
+      v.dirty = true;
+    }
+    if (m.streaming) m.tiers.write_back(s.state[kMaster]);
+    for (int slot = kExpAvg; slot < kStateSlots; ++slot) {
+      if (s.state[slot] == kNoBlock) continue;
+      if (!in_place) {
+        m.tiers.trim(s.state[slot]);  // zeros, without writing them
+        continue;
+      }
+      Held v(m.tiers, m.tiers.acquire(s.state[slot], Tier::host, Access::overwrite));
+      std::memset(v.v.data(), 0, v.v.bytes());
+      v.dirty = true;
+    }
+    m.tiers.trim(s.grad);
+  }
+  m.gather_param16();
+  m.step_count = 0;
+  m.scale = m.cfg.loss_scaler.mode != LossScaling::none ? m.cfg.loss_scaler.init_scale : 1.0;
+  m.growth_tracker = 0;
+  m.tiers.commit();
+}
+
+int ShardedOptimizer::group_count() const {
+  return static_cast<int>(impl_->groups.size());
+}
+
+const GroupConfig& ShardedOptimizer::group_config(int group) const {
+  if (group < 0 || group >= group_count())
+    throw std::invalid_argument(fmt::format("group {}: no such group", group));
+  return impl_->groups[group].cfg;
+}
+
+void ShardedOptimizer::set_group_config(int group, const GroupConfig& cfg) {
+  Impl& m = *impl_;
+  if (group < 0 || group >= group_count())
+    throw std::invalid_argument(fmt::format("group {}: no such group", group));
+  cfg.validate();
+  OptGroup& g = m.groups[group];
+  if (m.finalized) {
+    OptGroup probe = g;
+    probe.cfg = cfg;
+    for (int slot = 0; slot < kStateSlots; ++slot)
+      if (probe.has_slot(slot) != g.has_slot(slot) || cfg.kind != g.cfg.kind)
+        throw std::invalid_argument(fmt::format(
+            "group '{}': kind, amsgrad and SGD momentum (on/off) are fixed at finalize()",
+            g.name));
+  }
+  g.cfg = cfg;
+}
+
+void ShardedOptimizer::set_lr(int group, double lr) {
+  GroupConfig c = group_config(group);
+  c.lr = lr;
+  set_group_config(group, c);
+}
+
+void ShardedOptimizer::begin_backward(bool final) {
+  Impl& m = *impl_;
+  m.require_finalized("begin_backward");
+  if (m.in_backward) throw std::logic_error("begin_backward: the previous backward has not ended");
+  m.in_backward = true;
+  m.final_backward = final;
+  for (auto& s : m.subs) s.seen = 0;
+}
+
+void ShardedOptimizer::add_grad(ParamId id, const void* grad, Dtype dtype) {
+  Impl& m = *impl_;
+  m.require_finalized("add_grad");
+  if (!m.in_backward) throw std::logic_error("add_grad: call begin_backward() first");
+  if (id >= m.params.size()) throw std::invalid_argument(fmt::format("add_grad: no parameter {}", id));
+  const OptParam& p = m.params[id];
+  if (!p.spec.requires_grad)
+    throw std::invalid_argument(
+        fmt::format("add_grad: parameter '{}' is frozen (requires_grad=false)", p.spec.name));
+  if (grad == nullptr)
+    throw std::invalid_argument(fmt::format("add_grad '{}': null gradient", p.spec.name));
+  OptGroup& g = m.groups[p.group];
+  const Dtype acc = m.acc_dtype(g);
+  const std::size_t in_es = dtype_size(dtype), acc_es = dtype_size(acc);
+  if (m.world > 1) {
+    accumulate(g.local_grad.data() + p.offset * acc_es, acc, grad, dtype, p.numel, m.ctx());
+    g.local_dirty = true;
+    return;
+  }
+  for (std::size_t k = 0; k < g.nsubs; ++k) {
+    OptSub& s = m.subs[g.first_sub + k];
+    const std::uint64_t b = std::max(p.offset, s.begin);
+    const std::uint64_t e = std::min(p.offset + p.numel, s.begin + s.numel);
+    if (b >= e) continue;
+    {
+      Held v(m.tiers, m.tiers.acquire(s.grad, Tier::host, Access::write));
+      accumulate(v.v.data() + (b - s.begin) * acc_es, acc,
+                 static_cast<const std::byte*>(grad) + (b - p.offset) * in_es, dtype, e - b,
+                 m.ctx());
+      v.dirty = true;
+    }
+    if (++s.seen == s.nparams) {
+      if (m.final_backward) s.final = true;
+      if (m.cfg.grad_tier == Tier::nvme) m.tiers.evict(s.grad, Tier::host);
+    }
+  }
+}
+
+void ShardedOptimizer::add_grad_device(ParamId id, const void* d_grad, Dtype dtype,
+                                       std::span<void* const> events) {
+  Impl& m = *impl_;
+  m.require_finalized("add_grad_device");
+  if (id >= m.params.size())
+    throw std::invalid_argument(fmt::format("add_grad_device: no parameter {}", id));
+  for (void* e : events) cuda::event_synchronize(e);  // every producing stream, not one
+  std::vector<std::byte> host(m.params[id].numel * dtype_size(dtype));
+  cuda::copy_to_host(host.data(), d_grad, host.size(), nullptr);
+  cuda::synchronize(nullptr);
+  add_grad(id, host.data(), dtype);
+}
+
+void ShardedOptimizer::add_grad_bucket(ParamId first, std::size_t count, const void* grad,
+                                       Dtype dtype) {
+  Impl& m = *impl_;
+  if (first + count > m.params.size() || count == 0)
+    throw std::invalid_argument(fmt::format(
+        "add_grad_bucket: parameters {}..{} do not exist", first, first + count));
+  const int group = m.params[first].group;
+  std::uint64_t off = 0;
+  for (std::size_t i = 0; i < count; ++i) {
+    const OptParam& p = m.params[first + i];
+    if (p.group != group || !p.spec.requires_grad)
+      throw std::invalid_argument(fmt::format(
+          "add_grad_bucket: parameter '{}' is {} (a bucket holds trainable parameters of one "
+          "group)",
+          p.spec.name, p.spec.requires_grad ? "in another group" : "frozen"));
+    add_grad(first + static_cast<ParamId>(i),
+             static_cast<const std::byte*>(grad) + off * dtype_size(dtype), dtype);
+    off += p.numel;
+  }
+}
+
+void ShardedOptimizer::end_backward() {
+  Impl& m = *impl_;
+  if (!m.in_backward) throw std::logic_error("end_backward: no backward in progress");
+  m.in_backward = false;
+  if (m.world > 1 && (!m.cfg.coalesce || m.final_backward))
+    for (auto& g : m.groups) m.reduce_local(g);
+}
+
+bool ShardedOptimizer::gradient_final(std::size_t k) const {
+  if (k >= impl_->subs.size())
+    throw std::invalid_argument(fmt::format("gradient_final: no sub-group {}", k));
+  return impl_->subs[k].final;
+}
+
+double ShardedOptimizer::loss_scale() const {
+  return impl_->scale;
+}
+
+std::uint64_t ShardedOptimizer::step_count() const {
+  return impl_->step_count;
+}
+
+StepResult ShardedOptimizer::step() {
+  Impl& m = *impl_;
+  m.require_finalized("step");
+  if (m.in_backward) throw std::logic_error("step: end_backward() first");
+  const auto t0 = Clock::now();
+  const TierCounters c0 = m.tiers.counters();
+  if (m.world > 1)
+    for (auto& g : m.groups) m.reduce_local(g);  // whatever was not reduced yet
+
+  // Validation: chunk sums of the 16-bit gradient, gathered so every rank adds the same numbers
+  // in the same order (the norm is the same for every world size and thread count).
+  std::vector<double> chunk(m.chunks, 0.0);
+  for (auto& s : m.subs) {
+    const OptGroup& g = m.groups[s.group];
+    Held v(m.tiers, m.tiers.acquire(s.grad, Tier::host));
+    grad_chunk_sums(v.v.data(), m.acc_dtype(g), s.numel,
+                    chunk.data() + g.chunk_base + s.begin / kGradStatsChunk, m.ctx());
+  }
+  if (m.world > 1) m.comm.all_reduce_sum(chunk.data(), chunk.size());
+  double sum_sq = 0;
+  bool nonfinite = false;
+  for (double c : chunk) {
+    sum_sq += c;
+    nonfinite |= !std::isfinite(c);
+  }
+
+  StepResult r;
+  r.loss_scale = m.scale;
+  const double inv = 1.0 / m.scale;
+  r.grad_norm = std::sqrt(sum_sq) * inv;
+  const auto& ls = m.cfg.loss_scaler;
+  auto finish = [&] {
+    for (auto& s : m.subs) {
+      m.tiers.trim(s.grad);
+      s.final = false;
+    }
+    const TierCounters c1 = m.tiers.counters();
+    for (int t = 0; t < kTierCount; ++t) {
+      r.bytes_in[t] = c1.bytes_in[t] - c0.bytes_in[t];
+      r.bytes_out[t] = c1.bytes_out[t] - c0.bytes_out[t];
+    }
+    r.io_wait_seconds = c1.stall_seconds - c0.stall_seconds;
+    r.step = m.step_count;
+    r.next_loss_scale = m.scale;
+    r.generation = m.tiers.committed_generation();
+    r.seconds = std::chrono::duration<double>(Clock::now() - t0).count();
+  };
+  if (nonfinite) {
+    r.skipped = true;
+    if (ls.mode == LossScaling::dynamic) {
+      m.scale *= ls.backoff_factor;
+      m.growth_tracker = 0;
+    }
+    finish();
+    return r;
+  }
+  if (m.cfg.max_grad_norm > 0) {
+    const double c = m.cfg.max_grad_norm / (r.grad_norm + 1e-6);
+    if (c < 1) r.clip_factor = c;
+  }
+  const auto multiplier = static_cast<float>(inv * r.clip_factor);
+  const std::uint64_t t = m.step_count + 1;
+
+  // The pipeline: prefetch ahead, step, write behind. Errors roll the generation back.
+  std::size_t done = 0;
+  try {
+    const std::size_t n = m.subs.size();
+    auto prefetch = [&](std::size_t k) {
+      if (k >= n || !m.streaming) return;
+      for (BlockId b : m.subs[k].state)
+        if (b != kNoBlock) m.tiers.prefetch(b, Tier::host);
+    };
+    for (std::size_t k = 0; k < std::min<std::size_t>(n, m.cfg.prefetch_depth + 1); ++k)
+      prefetch(k);
+    for (std::size_t k = 0; k < n; ++k) {
+      prefetch(k + m.cfg.prefetch_depth + 1);
+      OptSub& s = m.subs[k];
+      OptGroup& g = m.groups[s.group];
+      {
+        std::optional<Held> st[kStateSlots];
+        void* ptr[kStateSlots] = {};
+        for (int slot = 0; slot < kStateSlots; ++slot) {
+          if (s.state[slot] == kNoBlock) continue;
+          st[slot].emplace(m.tiers, m.tiers.acquire(s.state[slot], Tier::host, Access::write));
+          ptr[slot] = st[slot]->v.data();
+        }
+        Held gv(m.tiers, m.tiers.acquire(s.grad, Tier::host));
+        const GradView gview{gv.v.data(), m.acc_dtype(g), multiplier};
+        const Param16View p16{g.p16.data() + s.begin, g.dtype16};
+        auto* p = static_cast<float*>(ptr[kMaster]);
+        switch (g.cfg.kind) {
+          case OptimizerKind::adamw:
+          case OptimizerKind::adam: {
+            AdamState a;
+            a.param = p;
+            a.exp_avg = ptr[kExpAvg];
+            a.exp_avg_sq = ptr[kExpAvgSq];
+            a.max_exp_avg_sq = ptr[kMaxExpAvgSq];
+            a.moment_dtype = m.moment_dtype();
+            adam_step(adam_config(g.cfg), static_cast<std::int64_t>(t), a, gview, p16, s.numel,
+                      m.ctx());
+            break;
+          }
+          case OptimizerKind::lion:
+            lion_step(lion_config(g.cfg), p, ptr[kExpAvg], m.moment_dtype(), gview, p16, s.numel,
+                      m.ctx());
+            break;
+          case OptimizerKind::sgd:
+            sgd_step(sgd_config(g.cfg), t == 1, p, static_cast<float*>(ptr[kMomentum]), gview,
+                     p16, s.numel, m.ctx());
+            break;
+        }
+        for (auto& h : st)
+          if (h) h->dirty = true;
+      }
+      ++done;
+      m.tiers.trim(s.grad);
+      if (m.streaming)
+        for (BlockId b : s.state)
+          if (b != kNoBlock) m.tiers.write_back(b);
+    }
+    m.step_count = t;
+    m.tiers.commit();
+  } catch (...) {
+    m.step_count = t - 1;
+    try {
+      m.tiers.discard();
+      if (done > 0) m.refresh_param16();
+    } catch (const std::exception& e) {
+      log(LogLevel::error, fmt::format("step: rolling back after an error failed too: {}", e.what()));
+    }
+    throw;
+  }
+  m.gather_param16();
+  if (ls.mode == LossScaling::dynamic && ++m.growth_tracker >= ls.growth_interval) {
+    m.scale *= ls.growth_factor;
+    m.growth_tracker = 0;
+  }
+  finish();
+  return r;
+}
+
+std::span<const std::uint16_t> ShardedOptimizer::param16(ParamId id) const {
+  const Impl& m = *impl_;
+  m.require_finalized("param16");
+  if (id >= m.params.size()) throw std::invalid_argument(fmt::format("param16: no parameter {}", id));
+  const OptParam& p = m.params[id];
+  if (!p.spec.requires_grad) return {p.frozen16.data(), p.frozen16.size()};
+  return {m.groups[p.group].p16.data() + p.offset, p.numel};
+}
+
+std::vector<std::pair<std::uint64_t, std::vector<float>>> ShardedOptimizer::master_shard(
+    ParamId id) {
+  Impl& m = *impl_;
+  m.require_finalized("master_shard");
+  if (id >= m.params.size())
+    throw std::invalid_argument(fmt::format("master_shard: no parameter {}", id));
+  const OptParam& p = m.params[id];
+  std::vector<std::pair<std::uint64_t, std::vector<float>>> out;
+  if (!p.spec.requires_grad) return out;
+  const OptGroup& g = m.groups[p.group];
+  for (std::size_t k = 0; k < g.nsubs; ++k) {
+    const OptSub& s = m.subs[g.first_sub + k];
+    const std::uint64_t b = std::max(p.offset, s.begin);
+    const std::uint64_t e = std::min(p.offset + p.numel, s.begin + s.numel);
+    if (b >= e) continue;
+    Held v(m.tiers, m.tiers.acquire(s.state[kMaster], Tier::host));
+    const auto* f = reinterpret_cast<const float*>(v.v.data()) + (b - s.begin);
+    if (!out.empty() && out.back().first + out.back().second.size() == b - p.offset)
+      out.back().second.insert(out.back().second.end(), f, f + (e - b));
+    else
+      out.emplace_back(b - p.offset, std::vector<float>(f, f + (e - b)));
+  }
+  return out;
+}
+
+const ParamSpec& ShardedOptimizer::param(ParamId id) const {
+  if (id >= impl_->params.size()) throw std::invalid_argument(fmt::format("no parameter {}", id));
+  return impl_->params[id].spec;
+}
+
+std::size_t ShardedOptimizer::param_count() const {
+  return impl_->params.size();
+}
+
+std::size_t ShardedOptimizer::subgroup_count() const {
+  return impl_->subs.size();
+}
+
+SubgroupInfo ShardedOptimizer::subgroup(std::size_t k) const {
+  if (k >= impl_->subs.size()) throw std::invalid_argument(fmt::format("no sub-group {}", k));
+  const OptSub& s = impl_->subs[k];
+  return {s.group, s.index, s.begin, s.numel};
+}
+
+std::pair<std::uint64_t, std::uint64_t> ShardedOptimizer::partition(int group, int rank) const {
+  const Impl& m = *impl_;
+  m.require_finalized("partition");
+  if (group < 0 || group >= group_count() || rank < 0 || rank >= m.world)
+    throw std::invalid_argument(fmt::format("partition({}, {}): out of range", group, rank));
+  return m.rank_range(m.groups[group], rank);
+}
+
+std::uint64_t ShardedOptimizer::trainable_numel() const {
+  std::uint64_t n = 0;
+  for (const auto& p : impl_->params)
+    if (p.spec.requires_grad) n += p.numel;
+  return n;
+}
+
+std::uint64_t ShardedOptimizer::state_bytes() const {
+  const Impl& m = *impl_;
+  std::uint64_t n = 0;
+  for (const auto& s : m.subs)
+    for (int slot = 0; slot < kStateSlots; ++slot)
+      if (s.state[slot] != kNoBlock) n += s.numel * dtype_size(m.slot_dtype(slot));
+  return n;
+}
+
+const OptimizerConfig& ShardedOptimizer::config() const noexcept {
+  return impl_->cfg;
+}
+
+}  // namespace tierswap

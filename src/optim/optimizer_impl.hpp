@@ -1,0 +1,99 @@
+// ShardedOptimizer internals shared by optimizer.cpp (layout, ingest, step) and checkpoint.cpp.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "tierswap/communicator.hpp"
+#include "tierswap/optimizer.hpp"
+#include "tierswap/tier_manager.hpp"
+
+namespace tierswap {
+
+inline constexpr BlockId kNoBlock = ~BlockId{0};
+
+/// The state blocks of one sub-group, by BlockClass (kNoBlock where the optimizer has none).
+enum StateSlot : int { kMaster, kExpAvg, kExpAvgSq, kMaxExpAvgSq, kMomentum, kStateSlots };
+BlockClass state_class(int slot);
+
+struct OptParam {
+  ParamSpec spec;
+  int group = 0;
+  std::uint64_t numel = 0;
+  std::uint64_t offset = 0;             // in the group's flat space (trainable parameters)
+  std::vector<std::uint16_t> frozen16;  // a frozen parameter's 16-bit memory
+};
+
+struct OptSub {
+  int group = 0;
+  int index = 0;
+  std::uint64_t begin = 0, numel = 0;  // group flat space
+  BlockId state[kStateSlots] = {kNoBlock, kNoBlock, kNoBlock, kNoBlock, kNoBlock};
+  BlockId grad = kNoBlock;
+  std::uint32_t nparams = 0;  // trainable parameters overlapping it
+  std::uint32_t seen = 0;     // of them, ingested in this backward
+  bool final = false;
+};
+
+struct OptGroup {
+  GroupConfig cfg;
+  std::string name;
+  Dtype dtype16 = Dtype::bf16;
+  bool has_dtype = false;
+  std::vector<ParamId> params;  // all, registration order
+  std::uint64_t numel = 0;      // trainable elements
+  std::uint64_t part = 0;       // elements per rank partition (multiple of kGradStatsChunk)
+  std::uint64_t lo = 0, hi = 0; // this rank's partition
+  std::uint64_t slots = 0;      // sub-group slots per partition: ceil(part / subgroup size)
+  std::vector<std::uint16_t> p16;      // the whole group's 16-bit parameters (flat)
+  std::vector<std::byte> local_grad;   // world size > 1: unreduced local gradient (flat)
+  bool local_dirty = false;
+  std::size_t chunk_base = 0;          // first statistics chunk in the optimizer's chunk vector
+  std::size_t first_sub = 0, nsubs = 0;  // this rank's sub-groups in Impl::subs
+  bool has_slot(int slot) const;
+};
+
+struct ShardedOptimizer::Impl {
+  TierManager& tiers;
+  Communicator& comm;
+  OptimizerConfig cfg;
+  ThreadPool* pool;
+  int rank = 0, world = 1;
+  std::uint64_t sub_size = 0;
+  bool finalized = false;
+  bool streaming = true;  // state written behind after each sub-group (state tier nvme)
+  std::vector<OptGroup> groups;
+  std::vector<OptParam> params;
+  std::vector<OptSub> subs;
+  std::size_t chunks = 0;
+  std::uint64_t step_count = 0;
+  double scale = 1.0;
+  std::uint32_t growth_tracker = 0;
+  bool in_backward = false, final_backward = false;
+
+  Impl(TierManager& t, Communicator& c, OptimizerConfig o, ThreadPool* p);
+
+  Dtype acc_dtype(const OptGroup& g) const { return cfg.accumulate_fp32 ? Dtype::f32 : g.dtype16; }
+  Dtype moment_dtype() const { return cfg.bf16_moments ? Dtype::bf16 : Dtype::f32; }
+  Dtype slot_dtype(int slot) const {
+    return slot == kMaster || slot == kMomentum ? Dtype::f32 : moment_dtype();
+  }
+  CpuKernelContext ctx() const {
+    CpuKernelContext c;
+    c.pool = pool;
+    return c;
+  }
+  /// Rank r's piece of slot k of group g: [begin, begin + count) in the group's flat space.
+  std::pair<std::uint64_t, std::uint64_t> piece(const OptGroup& g, int r, std::uint64_t k) const;
+  std::pair<std::uint64_t, std::uint64_t> rank_range(const OptGroup& g, int r) const;
+  void require_finalized(const char* what) const;
+  void layout();
+  void create_blocks();
+  /// Recomputes this rank's 16-bit parameters from the master weights, then all-gathers them.
+  void refresh_param16();
+  void gather_param16();
+  void reduce_local(OptGroup& g);
+};
+
+}  // namespace tierswap

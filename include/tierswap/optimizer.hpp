@@ -174,9 +174,8 @@ class ShardedOptimizer {
   int add_group(const GroupConfig& cfg, std::string name = {});
   /// Every parameter of a group must have the same 16-bit dtype.
   ParamId add_param(int group, const ParamSpec& spec);
-  /// Lays out partitions and sub-groups and creates the state blocks (or finds them, when the
-  /// swap space was reopened with this optimizer's blocks: then the layout must match, and the
-  /// state, step count and loss scale continue from the last committed step).
+  /// Lays out partitions and sub-groups and creates the state blocks. The swap space must not
+  /// hold this rank's blocks already (resume from a checkpoint with load()).
   void finalize();
   bool finalized() const noexcept;
   /// Writes every master weight (the caller's init), zeroes the state, computes the 16-bit
@@ -220,9 +219,12 @@ class ShardedOptimizer {
   /// The model's 16-bit copy of a parameter (every rank holds all of it after a step); for a
   /// frozen parameter, memory the trainer may fill (not stored by tierswap).
   std::span<const std::uint16_t> param16(ParamId param) const;
-  /// This rank's fp32 master weights of `param` that fall in its partition: (offset in the
-  /// parameter, values). Reads through the tiers.
-  std::vector<std::pair<std::uint64_t, std::vector<float>>> master_shard(ParamId param);
+  /// This rank's state of `param` (fp32 master weights, or a moment: exp_avg, exp_avg_sq,
+  /// max_exp_avg_sq, momentum), the part that falls in its partition, as runs of (offset in the
+  /// parameter, values). Reads through the tiers. std::invalid_argument for a state the
+  /// parameter's group does not keep.
+  std::vector<std::pair<std::uint64_t, std::vector<float>>> shard(
+      ParamId param, BlockClass cls = BlockClass::master);
   const ParamSpec& param(ParamId id) const;
   std::size_t param_count() const;
   std::size_t subgroup_count() const;  ///< this rank's

@@ -79,6 +79,7 @@ struct Block {
   bool trimmed = false;  // trim()med since the last commit: reads as zeros
   std::uint64_t written_checksum = 0;
   bool prefetched = false;
+  bool landed = false;  // a read landed and its acquirer has not pinned it yet
   bool queued = false;
   std::shared_ptr<Op> op;  // in-flight transfer of the host copy
   std::uint64_t last_use = 0;
@@ -209,7 +210,10 @@ struct TierManager::Impl {
       } else {
         b.st[kHost] = CopyState::valid;
         b.prefetched = op.prefetch;
-        if (op.prefetch) b.last_use = ++tick;  // about to be used: not the first to go
+        // About to be used (by a prefetcher's acquire, or the demand reader waiting for it): not
+        // the first to go, and never dropped to make room for another prefetch meanwhile.
+        b.landed = true;
+        b.last_use = ++tick;
         count(Tier::nvme, Tier::host, op.bytes, secs);
       }
     } else {
@@ -335,7 +339,7 @@ struct TierManager::Impl {
     pool(s).free(b.data[s]);
     b.data[s] = nullptr;
     b.st[s] = CopyState::absent;
-    if (s == kHost) b.prefetched = false;
+    if (s == kHost) b.prefetched = b.landed = false;
   }
 
   std::uint64_t pinned_bytes(int s) const {
@@ -375,7 +379,8 @@ struct TierManager::Impl {
   // (clean_only) never waits for a write-back and never drops another prefetched copy.
   Block* victim(int s, BlockId exclude, bool clean_only) {
     return lru(s, [&](const Block& b) {
-      return b.id != exclude && !(clean_only && (b.st[s] == CopyState::dirty || b.prefetched));
+      return b.id != exclude &&
+             !(clean_only && (b.st[s] == CopyState::dirty || b.prefetched || b.landed));
     });
   }
 
@@ -1015,6 +1020,7 @@ BlockView TierManager::acquire(BlockId id, Tier tier, Access access) {
     ++b.pins[s];
     b.writer = writes;
     b.prefetched = false;
+    b.landed = false;
     b.last_use = ++m.tick;
     if (b.nvme_has_data()) {
       if (was_prefetched)

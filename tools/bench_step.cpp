@@ -1,0 +1,359 @@
+// `tierswap bench step`: the optimizer step with its state on NVMe, against what bounds it and
+// against the traffic ZeRO-Infinity has. In one process, on a synthetic model (one AdamW or Lion
+// group, parameters of at most 64M elements, bf16 gradients held in host memory or on NVMe):
+//   (a) io-only: the engine alone moves exactly the bytes a step moves (read master and moments,
+//       write them back to another extent), sub-group by sub-group, with the same look-ahead;
+//   (b) tierswap: ShardedOptimizer::step() (statistics, pipelined fused kernel, commit);
+//   (c) zero-infinity: the same pipeline with ZeRO-Infinity's traffic: the fp32 gradient is
+//       written to NVMe at the accumulation boundary and read back in the step (timed together).
+// Each run does (a), (b), (c) in a rotating order after one untimed warm-up step; times are
+// medians over --runs. Gradient ingest (backward's work) is not timed.
+#include <fmt/format.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstring>
+#include <nlohmann/json.hpp>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "tierswap/aligned_buffer.hpp"
+#include "tierswap/communicator.hpp"
+#include "tierswap/io_engine.hpp"
+#include "tierswap/kernels.hpp"
+#include "tierswap/optimizer.hpp"
+#include "tierswap/swap_space.hpp"
+#include "tierswap/thread_pool.hpp"
+#include "tierswap/tier_manager.hpp"
+#include "tierswap/units.hpp"
+#include "tools/commands.hpp"
+#include "tools/temp_dir.hpp"
+
+namespace tierswap::cli {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+constexpr BlockId kNoBlockForBench() {
+  return ~BlockId{0};
+}
+
+double since(Clock::time_point t0) {
+  return std::chrono::duration<double>(Clock::now() - t0).count();
+}
+
+double median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v[v.size() / 2];
+}
+
+struct StepOptions {
+  std::vector<std::string> dirs;
+  std::string params = "256M";
+  std::string host_budget = "1GiB";
+  std::string sub_group = "16M";
+  std::string optimizer = "adamw";
+  std::string grad_tier = "host";
+  int runs = 3;
+  unsigned threads = 2;
+  bool keep = false;
+  bool json = false;
+};
+
+SwapSpace make_space(const std::vector<std::filesystem::path>& dirs, const char* sub,
+                     std::uint64_t capacity) {
+  SwapSpaceConfig sc;
+  for (const auto& d : dirs) {
+    sc.dirs.push_back(d / sub);
+    std::filesystem::create_directories(sc.dirs.back());
+  }
+  sc.capacity = round_up(capacity, 1ull << 20);
+  return SwapSpace::create(sc);
+}
+
+void run_step_bench(const StepOptions& o) {
+  const std::uint64_t n = parse_size(o.params, "--params");
+  const std::uint64_t budget = parse_size(o.host_budget, "--host-budget");
+  const std::uint64_t sg = parse_size(o.sub_group, "--sub-group");
+  const OptimizerKind kind = parse_optimizer_kind(o.optimizer);
+  if (kind != OptimizerKind::adamw && kind != OptimizerKind::lion)
+    throw std::invalid_argument("--optimizer: adamw or lion");
+  const Tier grad_tier = parse_tier(o.grad_tier);
+  if (grad_tier == Tier::device) throw std::invalid_argument("--grad-tier: host or nvme");
+  if (n < 8192) throw std::invalid_argument("--params: at least 8K");
+  if (o.runs < 1) throw std::invalid_argument("--runs: at least 1");
+  const int moments = kind == OptimizerKind::adamw ? 2 : 1;
+  const std::uint64_t state_pp = 4ull * (1 + moments);  // bytes per parameter of state
+
+  std::unique_ptr<TempDir> temp;
+  std::vector<std::filesystem::path> dirs(o.dirs.begin(), o.dirs.end());
+  if (dirs.empty()) {
+    temp = std::make_unique<TempDir>("tierswap-bench-step");
+    dirs = {temp->path};
+  }
+  ThreadPool pool(o.threads);
+
+  // (b) tierswap.
+  SwapSpace space = make_space(dirs, "tierswap", 2 * n * state_pp + 2 * n * 2 + (256ull << 20));
+  IoEngine engine(space, IoEngineConfig::from_env());
+  TierConfig tc;
+  tc.host_budget = budget;
+  tc.host_slab_size = std::min<std::uint64_t>(64ull << 20, round_up(sg * 4, 1ull << 20));
+  tc.device_mode = DeviceTierMode::off;
+  tc.durable = o.keep;
+  tc.telemetry = o.keep;
+  tc.max_dirty_bytes = budget / 4;
+  TierManager tiers(space, engine, tc);
+  auto comm = make_single_communicator();
+  OptimizerConfig oc;
+  oc.subgroup_size = sg;
+  oc.state_tier = OptimizerConfig::StateTier::nvme;
+  oc.grad_tier = grad_tier;
+  ShardedOptimizer opt(tiers, *comm, oc, &pool);
+  GroupConfig gc;
+  gc.kind = kind;
+  gc.lr = kind == OptimizerKind::lion ? 1e-4 : 1e-3;
+  if (kind == OptimizerKind::lion) gc.beta2 = 0.99;
+  opt.add_group(gc, "all");
+  std::vector<ParamId> ids;
+  const std::uint64_t per = 64ull << 20;
+  for (std::uint64_t off = 0; off < n; off += per)
+    ids.push_back(opt.add_param(
+        0, {fmt::format("layer{}", ids.size()),
+            {static_cast<std::int64_t>(std::min(per, n - off))}, Dtype::bf16, true}));
+  opt.finalize();
+  opt.initialize([](ParamId, std::uint64_t off, float* out, std::uint64_t k) {
+    for (std::uint64_t i = 0; i < k; ++i) out[i] = 0.01f * static_cast<float>((off + i) % 101);
+  });
+  std::vector<std::uint16_t> grad(std::min(n, per));
+  for (std::size_t i = 0; i < grad.size(); ++i)
+    grad[i] = float_to_bf16(1e-3f * static_cast<float>(static_cast<int>(i % 17) - 8));
+  auto ingest = [&] {
+    opt.begin_backward();
+    for (ParamId id : ids) opt.add_grad(id, grad.data(), Dtype::bf16);
+    opt.end_backward();
+  };
+
+  // (c) ZeRO-Infinity's traffic: state blocks plus an fp32 gradient block per sub-group.
+  SwapSpace zspace = make_space(dirs, "zero-infinity", 2 * n * (state_pp + 4) + (256ull << 20));
+  IoEngine zengine(zspace, IoEngineConfig::from_env());
+  TierConfig ztc = tc;
+  ztc.durable = false;
+  ztc.telemetry = false;
+  TierManager ztiers(zspace, zengine, ztc);
+  struct ZSub {
+    BlockId p, m, v, g;
+    std::uint64_t off, n;
+  };
+  std::vector<ZSub> zsubs;
+  const std::uint64_t sgr = round_up(sg, kGradStatsChunk);
+  for (std::uint64_t off = 0; off < n; off += sgr) {
+    const std::uint64_t k = std::min(sgr, n - off);
+    auto mk = [&](const char* what, BlockClass c) {
+      BlockDesc d;
+      d.name = fmt::format("zi.{}.{}", zsubs.size(), what);
+      d.cls = c;
+      d.numel = k;
+      return ztiers.create(d);
+    };
+    ZSub z{mk("master", BlockClass::master), mk("exp_avg", BlockClass::exp_avg),
+           moments == 2 ? mk("exp_avg_sq", BlockClass::exp_avg_sq) : kNoBlockForBench(),
+           mk("grad32", BlockClass::other), off, k};
+    zsubs.push_back(z);
+    BlockView v = ztiers.acquire(z.p, Tier::host, Access::overwrite);
+    auto* f = reinterpret_cast<float*>(v.data());
+    for (std::uint64_t i = 0; i < k; ++i) f[i] = 0.01f * static_cast<float>((off + i) % 101);
+    ztiers.release(v, true);
+    ztiers.write_back(z.p);
+  }
+  ztiers.commit();
+  std::vector<std::uint16_t> p16(std::min(n, sgr));
+  std::int64_t zstep = 0;
+  auto zero_infinity_step = [&] {
+    const auto t0 = Clock::now();
+    // The accumulation boundary: the fp32 gradient goes to NVMe.
+    for (const ZSub& z : zsubs) {
+      BlockView v = ztiers.acquire(z.g, Tier::host, Access::overwrite);
+      cast(grad.data() + (z.off % per), Dtype::bf16, v.data(), Dtype::f32, z.n, {default_cpu_isa(), &pool});
+      ztiers.release(v, true);
+      ztiers.write_back(z.g);
+    }
+    // The step: read state and fp32 gradient ahead, fused kernel on fp32 gradients, write behind.
+    ++zstep;
+    auto pre = [&](std::size_t k) {
+      if (k >= zsubs.size()) return;
+      for (BlockId b : {zsubs[k].p, zsubs[k].m, zsubs[k].v, zsubs[k].g})
+        if (b != kNoBlockForBench()) ztiers.prefetch(b, Tier::host);
+    };
+    for (std::size_t k = 0; k <= oc.prefetch_depth; ++k) pre(k);
+    for (std::size_t k = 0; k < zsubs.size(); ++k) {
+      pre(k + oc.prefetch_depth + 1);
+      const ZSub& z = zsubs[k];
+      {
+        BlockView p = ztiers.acquire(z.p, Tier::host, Access::write);
+        BlockView m = ztiers.acquire(z.m, Tier::host, Access::write);
+        BlockView v;
+        if (z.v != kNoBlockForBench()) v = ztiers.acquire(z.v, Tier::host, Access::write);
+        BlockView g = ztiers.acquire(z.g, Tier::host);
+        const GradView gv{g.data(), Dtype::f32, 1.0f};
+        const Param16View pv{p16.data(), Dtype::bf16};
+        CpuKernelContext ctx{default_cpu_isa(), &pool};
+        if (kind == OptimizerKind::adamw)
+          adam_step(AdamConfig{}, zstep,
+                    {reinterpret_cast<float*>(p.data()), m.data(), v.data(), nullptr, Dtype::f32},
+                    gv, pv, z.n, ctx);
+        else
+          lion_step(LionConfig{}, reinterpret_cast<float*>(p.data()), m.data(), Dtype::f32, gv, pv,
+                    z.n, ctx);
+        ztiers.release(p, true);
+        ztiers.release(m, true);
+        if (v) ztiers.release(v, true);
+      }
+      ztiers.trim(z.g);  // consumed (ZeRO-Infinity overwrites it at the next boundary)
+      for (BlockId b : {z.p, z.m, z.v})
+        if (b != kNoBlockForBench()) ztiers.write_back(b);
+    }
+    ztiers.commit();
+    return since(t0);
+  };
+
+  // (a) io-only: the same bytes through the engine alone.
+  const std::uint64_t blk = round_up(sgr * 4, 1ull << 20);
+  const std::size_t nblk = zsubs.size() * (1 + moments);
+  SwapSpace ispace = make_space(dirs, "io-only", 2 * nblk * blk + (64ull << 20));
+  IoEngine iengine(ispace, IoEngineConfig::from_env());
+  const std::size_t slots = (oc.prefetch_depth + 2) * (1 + moments);
+  AlignedBuffer ring(slots * blk);
+  iengine.register_buffer(ring.data(), ring.size());
+  auto io_only = [&] {
+    const auto t0 = Clock::now();
+    std::vector<std::optional<IoTicket>> rd(slots), wr(slots);
+    std::size_t issued = 0;
+    auto issue = [&](std::size_t b) {
+      const std::size_t s = b % slots;
+      if (wr[s]) wr[s]->wait(), wr[s].reset();
+      rd[s] = iengine.read(b * blk, ring.data() + s * blk, zsubs[b / (1 + moments)].n * 4);
+    };
+    const std::size_t ahead = (oc.prefetch_depth + 1) * (1 + moments);
+    for (std::size_t b = 0; b < nblk; ++b) {
+      while (issued < nblk && issued < b + ahead) issue(issued++);
+      const std::size_t s = b % slots;
+      rd[s]->wait();
+      rd[s].reset();
+      wr[s] = iengine.write((nblk + b) * blk, ring.data() + s * blk,
+                            zsubs[b / (1 + moments)].n * 4);
+    }
+    for (auto& w : wr)
+      if (w) w->wait();
+    return since(t0);
+  };
+
+  if (!o.json)
+    fmt::print(
+        "tierswap bench step: {} params ({}), {} of state on NVMe ({}), host budget {}, "
+        "sub-group {} params, gradients on {}\n",
+        n, o.optimizer, format_bytes(n * state_pp), dirs.front().string(), format_bytes(budget),
+        sgr, o.grad_tier);
+  // Warm-up: every block has data on NVMe afterwards.
+  ingest();
+  opt.step();
+  zero_infinity_step();
+  io_only();
+  std::vector<double> ts, zs, is;
+  nlohmann::json runs = nlohmann::json::array();
+  StepResult last;
+  for (int r = 0; r < o.runs; ++r) {
+    double t = 0, z = 0, i = 0;
+    for (int k = 0; k < 3; ++k) {
+      switch ((r + k) % 3) {
+        case 0:
+          ingest();
+          last = opt.step();
+          t = last.seconds;
+          break;
+        case 1:
+          z = zero_infinity_step();
+          break;
+        case 2:
+          i = io_only();
+          break;
+      }
+    }
+    ts.push_back(t);
+    zs.push_back(z);
+    is.push_back(i);
+    runs.push_back({{"io_only_s", i}, {"step_s", t}, {"zero_infinity_step_s", z}});
+    if (!o.json)
+      fmt::print("run {}: io-only {:.3f} s, tierswap step {:.3f} s, zero-infinity traffic {:.3f} s\n",
+                 r + 1, i, t, z);
+  }
+  const int nv = static_cast<int>(Tier::nvme);
+  const double rd = static_cast<double>(last.bytes_out[nv]) / static_cast<double>(n);
+  const double wr = static_cast<double>(last.bytes_in[nv]) / static_cast<double>(n);
+  const TierCounters c = tiers.counters();
+  const double io_s = median(is), step_s = median(ts), zi_s = median(zs);
+  const double grad_nvme = rd + wr - 2.0 * static_cast<double>(state_pp);
+  nlohmann::json j{{"params", n},
+                   {"optimizer", o.optimizer},
+                   {"grad_tier", o.grad_tier},
+                   {"sub_group", sgr},
+                   {"runs", runs},
+                   {"io_only_s", io_s},
+                   {"step_s", step_s},
+                   {"zero_infinity_step_s", zi_s},
+                   {"step_over_io_only", step_s / io_s},
+                   {"zero_infinity_over_step", zi_s / step_s},
+                   {"nvme_read_bytes_per_param", rd},
+                   {"nvme_write_bytes_per_param", wr},
+                   {"grad_nvme_bytes_per_param", grad_nvme},
+                   {"fp32_grad_bytes", 0},
+                   {"step_nvme_gbps", (last.bytes_in[nv] + last.bytes_out[nv]) / step_s / 1e9},
+                   {"io_wait_s", last.io_wait_seconds},
+                   {"peak_pinned_bytes", c.peak_reserved_bytes[static_cast<int>(Tier::host)]},
+                   {"host_budget_bytes", budget},
+                   {"state_bytes", n * state_pp}};
+  if (o.json) {
+    fmt::print("{}\n", j.dump(2));
+  } else {
+    fmt::print(
+        "median: io-only {:.3f} s, step {:.3f} s ({:.2f}x io-only), zero-infinity traffic {:.3f} s "
+        "({:.2f}x the step)\nNVMe per parameter per step: {:.1f} B read, {:.1f} B written ({:.1f} B "
+        "of it gradient, 0 fp32); peak pinned {} of a {} budget ({} of state)\n",
+        io_s, step_s, step_s / io_s, zi_s, zi_s / step_s, rd, wr, grad_nvme,
+        format_bytes(c.peak_reserved_bytes[static_cast<int>(Tier::host)]), format_bytes(budget),
+        format_bytes(n * state_pp));
+  }
+  if (o.keep) {
+    if (temp) {
+      const auto kept = temp->path;
+      temp->path.clear();  // not removed
+      fmt::print(stderr, "kept the swap directory {}\n", kept.string());
+    }
+    fmt::print(stderr, "inspect: tierswap residency --swap-dir {}\n",
+               (dirs.front() / "tierswap").string());
+  }
+}
+
+}  // namespace
+
+void add_bench_step(CLI::App& bench) {
+  auto o = std::make_shared<StepOptions>();
+  auto* b = bench.add_subcommand(
+      "step", "Optimizer step on NVMe-resident state vs an I/O-only pass and ZeRO-Infinity traffic");
+  b->add_option("--dir", o->dirs, "Swap directory (repeat to stripe; default: a temporary one)");
+  b->add_option("--params", o->params, "Parameters (suffixes K, M, G: powers of 1024)");
+  b->add_option("--host-budget", o->host_budget, "Pinned host bytes");
+  b->add_option("--sub-group", o->sub_group, "Parameters per sub-group");
+  b->add_option("--optimizer", o->optimizer, "adamw | lion");
+  b->add_option("--grad-tier", o->grad_tier, "Where the bf16 gradients wait: host | nvme");
+  b->add_option("--runs", o->runs, "Repetitions (medians reported)");
+  b->add_option("--threads", o->threads, "Kernel threads");
+  b->add_flag("--keep", o->keep,
+              "Durable mode (fsync'd manifest every step); keep the swap directory");
+  b->add_flag("--json", o->json, "Print JSON on stdout instead of text");
+  b->callback([o] { run_step_bench(*o); });
+}
+
+}  // namespace tierswap::cli

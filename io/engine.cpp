@@ -735,6 +735,23 @@ IoTicket IoEngine::write(std::uint64_t offset, const void* buffer, std::uint64_t
   return submit(std::span(&s, 1));
 }
 
+std::size_t IoEngine::wait_any(std::span<IoTicket* const> tickets) {
+  auto first_ready = [&]() -> std::size_t {
+    bool any_valid = false;
+    for (std::size_t i = 0; i < tickets.size(); ++i) {
+      if (tickets[i] == nullptr || !tickets[i]->valid()) continue;
+      any_valid = true;
+      if (tickets[i]->ready()) return i;
+    }
+    return any_valid ? tickets.size() + 1 : tickets.size();
+  };
+  std::size_t i = first_ready();
+  if (i <= tickets.size()) return i;
+  std::unique_lock lock(impl_->mu);
+  impl_->done_cv.wait(lock, [&] { return (i = first_ready()) <= tickets.size(); });
+  return i;
+}
+
 std::size_t IoEngine::wait_any(std::span<IoTicket> tickets) {
   auto first_ready = [&]() -> std::size_t {
     bool any_valid = false;

@@ -6,7 +6,8 @@
 //   (b) tierswap: ShardedOptimizer::step() (statistics, pipelined fused kernel, commit);
 //   (c) zero-infinity: the same pipeline with ZeRO-Infinity's traffic: the fp32 gradient is
 //       written to NVMe at the accumulation boundary and read back in the step (timed together).
-// Each run does (a), (b), (c) in a rotating order after one untimed warm-up step; times are
+// (a) uses as much buffer memory as the step has for state (the host budget less the host-resident
+// gradients). Each run does (a), (b), (c) in a rotating order after one untimed warm-up step; times are
 // medians over --runs. Gradient ingest (backward's work) is not timed.
 #include <fmt/format.h>
 #include <unistd.h>
@@ -57,6 +58,7 @@ struct StepOptions {
   std::string optimizer = "adamw";
   std::string grad_tier = "host";
   int runs = 3;
+  std::uint32_t prefetch_depth = 2;
   unsigned threads = 2;
   bool keep = false;
   bool json = false;
@@ -105,12 +107,15 @@ void run_step_bench(const StepOptions& o) {
   tc.durable = o.keep;
   tc.telemetry = o.keep;
   tc.max_dirty_bytes = budget / 4;
+  // Prefetches in flight: the state blocks of the sub-groups the step reads ahead.
+  tc.lookahead = (o.prefetch_depth + 1) * static_cast<std::uint32_t>(1 + moments);
   TierManager tiers(space, engine, tc);
   auto comm = make_single_communicator();
   OptimizerConfig oc;
   oc.subgroup_size = sg;
   oc.state_tier = OptimizerConfig::StateTier::nvme;
   oc.grad_tier = grad_tier;
+  oc.prefetch_depth = o.prefetch_depth;
   ShardedOptimizer opt(tiers, *comm, oc, &pool);
   GroupConfig gc;
   gc.kind = kind;
@@ -224,25 +229,39 @@ void run_step_bench(const StepOptions& o) {
   const std::size_t nblk = zsubs.size() * (1 + moments);
   SwapSpace ispace = make_space(dirs, "io-only", 2 * nblk * blk + (64ull << 20));
   IoEngine iengine(ispace, IoEngineConfig::from_env());
-  const std::size_t slots = (oc.prefetch_depth + 2) * (1 + moments);
+  // Its buffers: the pinned memory the step has for state, the host budget less the gradients
+  // waiting in it (both passes run under the same budget), at least two sub-groups' worth.
+  const std::uint64_t grad_host = grad_tier == Tier::host ? n * 2 : 0;
+  const std::size_t slots = std::max<std::size_t>(
+      2 * (1 + moments), (budget > grad_host ? budget - grad_host : 0) / blk);
   AlignedBuffer ring(slots * blk);
   iengine.register_buffer(ring.data(), ring.size());
+  // Two regions, read from one and written to the other, alternating per pass; region 0 is
+  // written first, so no pass reads an unwritten extent (the filesystem would return zeros without
+  // touching the disk).
+  int flip = 0;
+  for (std::size_t b = 0; b < nblk; ++b) {
+    std::memset(ring.data(), static_cast<int>(b), blk);
+    iengine.write(b * blk, ring.data(), zsubs[b / (1 + moments)].n * 4).wait();
+  }
   auto io_only = [&] {
+    const std::uint64_t from = flip * nblk * blk, to = (1 - flip) * nblk * blk;
+    flip ^= 1;
     const auto t0 = Clock::now();
     std::vector<std::optional<IoTicket>> rd(slots), wr(slots);
     std::size_t issued = 0;
     auto issue = [&](std::size_t b) {
       const std::size_t s = b % slots;
       if (wr[s]) wr[s]->wait(), wr[s].reset();
-      rd[s] = iengine.read(b * blk, ring.data() + s * blk, zsubs[b / (1 + moments)].n * 4);
+      rd[s] = iengine.read(from + b * blk, ring.data() + s * blk, zsubs[b / (1 + moments)].n * 4);
     };
-    const std::size_t ahead = (oc.prefetch_depth + 1) * (1 + moments);
+    const std::size_t ahead = slots - (1 + moments);  // the rest holds writes in flight
     for (std::size_t b = 0; b < nblk; ++b) {
       while (issued < nblk && issued < b + ahead) issue(issued++);
       const std::size_t s = b % slots;
       rd[s]->wait();
       rd[s].reset();
-      wr[s] = iengine.write((nblk + b) * blk, ring.data() + s * blk,
+      wr[s] = iengine.write(to + b * blk, ring.data() + s * blk,
                             zsubs[b / (1 + moments)].n * 4);
     }
     for (auto& w : wr)
@@ -349,6 +368,7 @@ void add_bench_step(CLI::App& bench) {
   b->add_option("--optimizer", o->optimizer, "adamw | lion");
   b->add_option("--grad-tier", o->grad_tier, "Where the bf16 gradients wait: host | nvme");
   b->add_option("--runs", o->runs, "Repetitions (medians reported)");
+  b->add_option("--prefetch-depth", o->prefetch_depth, "Sub-groups whose state is read ahead");
   b->add_option("--threads", o->threads, "Kernel threads");
   b->add_flag("--keep", o->keep,
               "Durable mode (fsync'd manifest every step); keep the swap directory");

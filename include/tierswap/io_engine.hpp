@@ -149,6 +149,8 @@ class IoEngine {
   /// Blocks until one of `tickets` is ready and returns its index (tickets.size() if all are
   /// invalid). Does not rethrow.
   std::size_t wait_any(std::span<IoTicket> tickets);
+  /// The same over tickets held elsewhere (null entries are skipped).
+  std::size_t wait_any(std::span<IoTicket* const> tickets);
 
   /// Registers [data, data + bytes) as io_uring fixed buffers (a pinned slab), cut into
   /// block_size pieces: a request whose buffer lies inside one piece uses READ_FIXED/WRITE_FIXED.

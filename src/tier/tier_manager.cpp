@@ -281,13 +281,24 @@ struct TierManager::Impl {
     return op;
   }
 
-  std::shared_ptr<Op> start_write(BlockId id) {
+  // Starts writing block id's dirty host copy back. Its checksum is computed with the lock
+  // released (the block is busy meanwhile: nobody else touches its copies), so that transfers
+  // keep landing and memory keeps being freed while a large block is hashed.
+  std::shared_ptr<Op> start_write(std::unique_lock<std::mutex>& lk, BlockId id) {
     Block& b = *blocks[id];
+    b.busy = true;
+    const std::byte* data = b.data[kHost];
+    const std::uint64_t n = b.bytes;
+    lk.unlock();
+    const std::uint64_t sum = checksum64(data, n);
+    lk.lock();
+    b.busy = false;
+    cv.notify_all();
     auto op = std::make_shared<Op>();
     op->kind = Op::write;
     op->id = id;
     op->bytes = b.alloc_bytes;
-    op->checksum = checksum64(b.data[kHost], b.bytes);
+    op->checksum = sum;
     op->start = Clock::now();
     op->ticket = engine.write(offset_of(b, b.write_slot()), b.data[kHost], b.alloc_bytes);
     b.st[kHost] = CopyState::writing;
@@ -422,7 +433,7 @@ struct TierManager::Impl {
         continue;
       }
       if (s == kHost && b.st[kHost] == CopyState::dirty && b.st[kDev] != CopyState::dirty) {
-        auto op = start_write(id);
+        auto op = start_write(lk, id);
         wait_op(lk, op);
         continue;
       }
@@ -562,7 +573,7 @@ struct TierManager::Impl {
     return n;
   }
 
-  void write_behind() {
+  void write_behind(std::unique_lock<std::mutex>& lk) {
     std::uint64_t dirty = dirty_host_bytes();
     while (dirty > cfg.max_dirty_bytes) {
       Block* v = lru(kHost, [](const Block& b) {
@@ -570,7 +581,7 @@ struct TierManager::Impl {
                !b.desc.transient;
       });
       if (v == nullptr) return;
-      start_write(v->id);
+      start_write(lk, v->id);
       ++ctr.write_behind;
       dirty -= v->alloc_bytes;
     }
@@ -588,7 +599,7 @@ struct TierManager::Impl {
       wait_not_busy(lk, id);
       Block& b = *blocks[id];
       if (b.st[kHost] == CopyState::dirty && !b.writer && !b.op && !b.desc.transient)
-        start_write(id);
+        start_write(lk, id);
     }
     std::exception_ptr first;
     while (true) {
@@ -832,14 +843,16 @@ TierManager::TierManager(SwapSpace& space, IoEngine& engine, TierConfig cfg) {
     for (;;) {
       m.cv.wait(lk, [&] { return m.stop || !m.inflight.empty(); });
       if (m.stop) return;
-      auto op = m.inflight.front();
+      // Whichever transfer lands first is finalized first (a write-back that frees memory
+      // must not wait behind a slower read).
+      std::vector<std::shared_ptr<Op>> ops(m.inflight.begin(), m.inflight.end());
+      std::vector<IoTicket*> tickets;
+      for (auto& op : ops) tickets.push_back(&op->ticket);
       lk.unlock();
-      try {
-        op->ticket.wait();
-      } catch (...) {
-      }
+      m.engine.wait_any(tickets);
       lk.lock();
-      m.finalize(*op);
+      for (auto& op : ops)
+        if (op->ticket.ready()) m.finalize(*op);
     }
   });
   TelemetryConfig tc = TelemetryConfig::from_env();
@@ -1071,7 +1084,8 @@ void TierManager::release(BlockView& v, bool dirty) {
   }
   b.last_use = ++m.tick;
   v.mgr_ = nullptr;
-  if (dirty) m.write_behind();
+  if (dirty) m.write_behind(lk);
+  m.pump_prefetch();
   m.check_invariants();
   m.cv.notify_all();
 }
@@ -1093,7 +1107,7 @@ void TierManager::write_back(BlockId id) {
   b.last_use = 0;  // the first copy to go once it is clean
   if (b.st[kHost] == CopyState::dirty && b.st[kDev] != CopyState::dirty && !b.writer && !b.op &&
       !b.busy && !b.desc.transient) {
-    m.start_write(id);
+    m.start_write(lk, id);
     ++m.ctr.write_behind;
   }
   m.check_invariants();
@@ -1129,6 +1143,7 @@ void TierManager::trim(BlockId id) {
       b.has_data = false;
     else if (b.has_data)
       b.trimmed = true;
+    m.pump_prefetch();  // the memory may let a queued prefetch start
     m.check_invariants();
     m.cv.notify_all();
     return;

@@ -64,12 +64,28 @@ struct StepOptions {
   bool json = false;
 };
 
+// The sub-directories the bench creates under each --dir, removed at exit unless --keep.
+struct Created {
+  std::vector<std::filesystem::path> dirs;
+  bool keep = false;
+  ~Created() {
+    if (keep) return;
+    std::error_code ec;
+    for (const auto& d : dirs) std::filesystem::remove_all(d, ec);
+  }
+};
+
 SwapSpace make_space(const std::vector<std::filesystem::path>& dirs, const char* sub,
-                     std::uint64_t capacity) {
+                     std::uint64_t capacity, Created& created) {
   SwapSpaceConfig sc;
   for (const auto& d : dirs) {
     sc.dirs.push_back(d / sub);
+    if (std::filesystem::exists(sc.dirs.back()))
+      throw std::invalid_argument(fmt::format(
+          "--dir {}: {} exists (a kept run?); remove it or use another directory", d.string(),
+          sc.dirs.back().string()));
     std::filesystem::create_directories(sc.dirs.back());
+    created.dirs.push_back(sc.dirs.back());
   }
   sc.capacity = round_up(capacity, 1ull << 20);
   return SwapSpace::create(sc);
@@ -96,9 +112,12 @@ void run_step_bench(const StepOptions& o) {
     dirs = {temp->path};
   }
   ThreadPool pool(o.threads);
+  Created created;
+  created.keep = o.keep;
 
   // (b) tierswap.
-  SwapSpace space = make_space(dirs, "tierswap", 2 * n * state_pp + 2 * n * 2 + (256ull << 20));
+  SwapSpace space =
+      make_space(dirs, "tierswap", 2 * n * state_pp + 2 * n * 2 + (256ull << 20), created);
   IoEngine engine(space, IoEngineConfig::from_env());
   TierConfig tc;
   tc.host_budget = budget;
@@ -142,7 +161,8 @@ void run_step_bench(const StepOptions& o) {
   };
 
   // (c) ZeRO-Infinity's traffic: state blocks plus an fp32 gradient block per sub-group.
-  SwapSpace zspace = make_space(dirs, "zero-infinity", 2 * n * (state_pp + 4) + (256ull << 20));
+  SwapSpace zspace =
+      make_space(dirs, "zero-infinity", 2 * n * (state_pp + 4) + (256ull << 20), created);
   IoEngine zengine(zspace, IoEngineConfig::from_env());
   TierConfig ztc = tc;
   ztc.durable = false;
@@ -227,7 +247,7 @@ void run_step_bench(const StepOptions& o) {
   // (a) io-only: the same bytes through the engine alone.
   const std::uint64_t blk = round_up(sgr * 4, 1ull << 20);
   const std::size_t nblk = zsubs.size() * (1 + moments);
-  SwapSpace ispace = make_space(dirs, "io-only", 2 * nblk * blk + (64ull << 20));
+  SwapSpace ispace = make_space(dirs, "io-only", 2 * nblk * blk + (64ull << 20), created);
   IoEngine iengine(ispace, IoEngineConfig::from_env());
   // Its buffers: the pinned memory the step has for state, the host budget less the gradients
   // waiting in it (both passes run under the same budget), at least two sub-groups' worth.
@@ -283,13 +303,16 @@ void run_step_bench(const StepOptions& o) {
   std::vector<double> ts, zs, is;
   nlohmann::json runs = nlohmann::json::array();
   StepResult last;
+  TierCounters cycle0, cycle1;  // around the last run's ingest + step
   for (int r = 0; r < o.runs; ++r) {
     double t = 0, z = 0, i = 0;
     for (int k = 0; k < 3; ++k) {
       switch ((r + k) % 3) {
         case 0:
+          cycle0 = tiers.counters();
           ingest();
           last = opt.step();
+          cycle1 = tiers.counters();
           t = last.seconds;
           break;
         case 1:
@@ -309,8 +332,12 @@ void run_step_bench(const StepOptions& o) {
                  r + 1, i, t, z);
   }
   const int nv = static_cast<int>(Tier::nvme);
-  const double rd = static_cast<double>(last.bytes_out[nv]) / static_cast<double>(n);
-  const double wr = static_cast<double>(last.bytes_in[nv]) / static_cast<double>(n);
+  // Per parameter over a whole cycle (gradient ingest, which spills with --grad-tier nvme, and
+  // the step).
+  const double rd =
+      static_cast<double>(cycle1.bytes_out[nv] - cycle0.bytes_out[nv]) / static_cast<double>(n);
+  const double wr =
+      static_cast<double>(cycle1.bytes_in[nv] - cycle0.bytes_in[nv]) / static_cast<double>(n);
   const TierCounters c = tiers.counters();
   const double io_s = median(is), step_s = median(ts), zi_s = median(zs);
   const double grad_nvme = rd + wr - 2.0 * static_cast<double>(state_pp);

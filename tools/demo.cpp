@@ -1,9 +1,10 @@
-// `tierswap demo`: the embedded default main job. A synthetic model's optimizer state (fp32
-// master, exp_avg, exp_avg_sq and bf16 grad/param blocks per sub-group) lives on the tiers of a
-// temporary swap directory, with host and (simulated, without a GPU) device budgets smaller than
-// the state. Each step streams the sub-groups (prefetch ahead, fused AdamW, write-behind), copies
-// the bf16 parameters to the device tier and commits a generation; then it prints the residency
-// tables. The process serves telemetry meanwhile (`tierswap ps`, `tierswap residency PID`).
+// `tierswap demo`: the embedded default main job. A synthetic transformer-like model (a few
+// hundred million parameters by default, two parameter groups: weights with decay, biases and norm
+// scales without) is trained for a few AdamW steps by the ShardedOptimizer with its state on the
+// NVMe tier of a temporary swap directory, under a 1 GiB pinned host budget: every step ingests
+// bf16 gradients, then streams the sub-groups (prefetch, fused kernel, write-behind) and commits
+// a generation. Prints per-step figures (time, NVMe bytes per parameter, GB/s) and the residency
+// tables; the process serves telemetry meanwhile (`tierswap ps`, `tierswap residency PID`).
 //
 // `tierswap bench tier`: prefetch effectiveness. N blocks larger than the host budget are
 // streamed with look-ahead 2 (prefetch i+1, i+2; acquire i) and compared, in the same run, with
@@ -20,8 +21,10 @@
 #include <vector>
 
 #include "tierswap/aligned_buffer.hpp"
+#include "tierswap/communicator.hpp"
 #include "tierswap/io_engine.hpp"
 #include "tierswap/kernels.hpp"
+#include "tierswap/optimizer.hpp"
 #include "tierswap/swap_space.hpp"
 #include "tierswap/thread_pool.hpp"
 #include "tierswap/tier_manager.hpp"
@@ -42,24 +45,46 @@ double since(Clock::time_point t0) {
 
 struct DemoOptions {
   std::string dir;
-  std::string params = "16M";
-  int subgroups = 8;
+  std::string params = "256M";
+  std::string sub_group = "16M";
   int steps = 3;
-  std::string host_budget;    // default: a quarter of the state
-  std::string device_budget;  // default: two sub-groups' bf16 parameters
+  std::string host_budget = "1GiB";
   unsigned threads = 2;
   double hold = 0;
   bool json = false;
 };
 
+// The synthetic model: transformer-like layers of [h, 4h] and [4h, h] weights (the "decay"
+// group) plus per-layer biases and norm scales ("no_decay"), h = 1024, as many layers as fit.
+struct DemoParam {
+  std::string name;
+  std::int64_t rows, cols;
+  int group;
+};
+
+std::vector<DemoParam> demo_model(std::uint64_t params) {
+  const std::int64_t h = params >= (64u << 20) ? 1024 : 256;  // small models for tests
+  const std::uint64_t per_layer = 2 * h * 4 * h + 4 * h + h + 2 * h;
+  const std::uint64_t layers = std::max<std::uint64_t>(1, params / per_layer);
+  std::vector<DemoParam> out;
+  for (std::uint64_t l = 0; l < layers; ++l) {
+    out.push_back({fmt::format("layer{}.up.weight", l), 4 * h, h, 0});
+    out.push_back({fmt::format("layer{}.up.bias", l), 1, 4 * h, 1});
+    out.push_back({fmt::format("layer{}.down.weight", l), h, 4 * h, 0});
+    out.push_back({fmt::format("layer{}.down.bias", l), 1, h, 1});
+    out.push_back({fmt::format("layer{}.norm.scale", l), 1, 2 * h, 1});
+  }
+  return out;
+}
+
 void run_demo(const DemoOptions& o) {
-  const std::uint64_t params = parse_size(o.params, "--params");
-  if (params < 1024) throw std::invalid_argument("--params: at least 1K parameters");
-  if (o.subgroups < 1 || static_cast<std::uint64_t>(o.subgroups) > params)
-    throw std::invalid_argument("--subgroups: must be in 1..params");
+  const std::uint64_t want = parse_size(o.params, "--params");
+  if (want < (1u << 20)) throw std::invalid_argument("--params: at least 1M parameters");
   if (o.steps < 1) throw std::invalid_argument("--steps: must be >= 1");
-  const std::uint64_t per = (params + o.subgroups - 1) / o.subgroups;
-  const std::uint64_t state = params * (4 + 4 + 4 + 2 + 2);
+  const auto model = demo_model(want);
+  std::uint64_t params = 0;
+  for (const auto& p : model) params += static_cast<std::uint64_t>(p.rows * p.cols);
+  const std::uint64_t state = params * 12;
   std::unique_ptr<TempDir> temp;
   std::filesystem::path dir = o.dir;
   if (dir.empty()) {
@@ -68,116 +93,103 @@ void run_demo(const DemoOptions& o) {
   }
   SwapSpaceConfig sc;
   sc.dirs = {dir};
-  sc.capacity = round_up(2 * state + (64ull << 20), 1ull << 20);  // shadow slots, margin
-  bool created = false;
-  SwapSpace space = SwapSpace::open_or_create(sc, &created);
-  IoEngine engine(space);
+  sc.capacity = round_up(2 * state + 2 * params * 2 + (256ull << 20), 1ull << 20);
+  SwapSpace space = SwapSpace::create(sc);
+  IoEngine engine(space, IoEngineConfig::from_env());
   TierConfig tc = TierConfig::from_env();
-  tc.host_budget = o.host_budget.empty() ? std::max<std::uint64_t>(state / 4, 8 * per * 4)
-                                         : parse_size(o.host_budget, "--host-budget");
-  tc.host_slab_size = round_up(per * 4, 4096);
-  tc.device_budget = o.device_budget.empty() ? round_up(2 * per * 2, 4096)
-                                             : parse_size(o.device_budget, "--device-budget");
-  tc.max_dirty_bytes = 2 * per * 4;
-  tc.lookahead = 3;
-  TierManager m(space, engine, tc);
+  tc.host_budget = parse_size(o.host_budget, "--host-budget");
+  tc.host_slab_size = 64ull << 20;
+  tc.device_mode = DeviceTierMode::off;
+  tc.lookahead = 9;
+  TierManager tiers(space, engine, tc);
+  auto comm = make_single_communicator();
+  ThreadPool pool(o.threads);
+  OptimizerConfig oc;
+  oc.subgroup_size = parse_size(o.sub_group, "--sub-group");
+  oc.state_tier = OptimizerConfig::StateTier::nvme;
+  oc.max_grad_norm = 1.0;
+  ShardedOptimizer opt(tiers, *comm, oc, &pool);
+  GroupConfig decay;
+  decay.lr = 3e-4;
+  decay.weight_decay = 0.1;
+  GroupConfig no_decay = decay;
+  no_decay.weight_decay = 0.0;
+  opt.add_group(decay, "decay");
+  opt.add_group(no_decay, "no_decay");
+  std::vector<ParamId> ids;
+  for (const auto& p : model)
+    ids.push_back(opt.add_param(p.group, {p.name, {p.rows, p.cols}, Dtype::bf16, true}));
+  opt.finalize();
   if (!o.json)
     fmt::print(
-        "tierswap demo: {} params in {} sub-groups, {} of state on {} (swap {}), host budget {}, "
-        "{} device tier {}; telemetry {}\n",
-        params, o.subgroups, format_bytes(state), dir.string(), format_bytes(space.capacity()),
-        format_bytes(tc.host_budget), m.snapshot().simulated_device ? "simulated" : "GPU",
-        format_bytes(tc.device_budget),
-        m.telemetry_socket().empty() ? std::string("off") : m.telemetry_socket().string());
-
-  struct Sub {
-    BlockId master, m, v, grad, p16;
-    std::uint64_t n;
-  };
-  std::vector<Sub> subs;
+        "tierswap demo: {} parameters ({} tensors, 2 groups), {} of AdamW state on NVMe at {}, "
+        "host budget {}, {} sub-groups; telemetry {}\n",
+        params, model.size(), format_bytes(state), dir.string(), format_bytes(tc.host_budget),
+        opt.subgroup_count(),
+        tiers.telemetry_socket().empty() ? std::string("off") : tiers.telemetry_socket().string());
+  const auto t_init = Clock::now();
+  opt.initialize([](ParamId id, std::uint64_t off, float* out, std::uint64_t n) {
+    std::uint64_t x = (static_cast<std::uint64_t>(id) << 40) ^ off;
+    for (std::uint64_t i = 0; i < n; ++i) {
+      x = x * 6364136223846793005ull + 1442695040888963407ull;
+      out[i] = 0.02f * (static_cast<float>(x >> 40) * (1.0f / 16777216.0f) - 0.5f);
+    }
+  });
+  if (!o.json) fmt::print("initialized in {:.2f} s\n", since(t_init));
+  // Gradients: one random bf16 buffer, read at a different offset by every parameter and step.
+  std::vector<std::uint16_t> noise((16u << 20) + 4096);
   std::mt19937 rng(1);
-  std::normal_distribution<float> nd(0.0f, 1.0f);
-  for (int i = 0; i < o.subgroups; ++i) {
-    const std::uint64_t n = std::min(per, params - per * static_cast<std::uint64_t>(i));
-    auto mk = [&](const char* what, BlockClass c, Dtype d) {
-      const std::string name = fmt::format("sg{}.{}", i, what);
-      if (auto id = m.find(name)) return *id;
-      BlockDesc b;
-      b.name = name;
-      b.cls = c;
-      b.dtype = d;
-      b.numel = n;
-      b.owner = {0, 0, i};
-      return m.create(b);
-    };
-    Sub s{mk("master", BlockClass::master, Dtype::f32),
-          mk("exp_avg", BlockClass::exp_avg, Dtype::f32),
-          mk("exp_avg_sq", BlockClass::exp_avg_sq, Dtype::f32),
-          mk("grad", BlockClass::grad16, Dtype::bf16),
-          mk("param16", BlockClass::param16, Dtype::bf16),
-          n};
-    subs.push_back(s);
-    if (m.committed_generation() == 0) {  // a fresh model: random weights and gradients
-      BlockView p = m.acquire(s.master, Tier::host, Access::write);
-      auto* pf = reinterpret_cast<float*>(p.data());
-      for (std::uint64_t k = 0; k < n; ++k) pf[k] = 0.02f * nd(rng);
-      m.release(p, true);
-      BlockView g = m.acquire(s.grad, Tier::host, Access::write);
-      auto* gh = reinterpret_cast<std::uint16_t*>(g.data());
-      for (std::uint64_t k = 0; k < n; ++k) gh[k] = float_to_bf16(0.001f * nd(rng));
-      m.release(g, true);
-    }
-  }
-  if (m.committed_generation() == 0) m.commit();
-
-  ThreadPool pool(o.threads);
-  CpuKernelContext ctx{default_cpu_isa(), &pool};
-  AdamConfig adam;
-  adam.weight_decay = 0.01;
+  std::normal_distribution<float> nd(0.0f, 1e-3f);
+  for (auto& v : noise) v = float_to_bf16(nd(rng));
   nlohmann::json steps = nlohmann::json::array();
+  const int nv = static_cast<int>(Tier::nvme), hv = static_cast<int>(Tier::host);
   for (int step = 1; step <= o.steps; ++step) {
-    const auto t0 = Clock::now();
-    const auto c0 = m.counters();
-    for (std::size_t i = 0; i < subs.size(); ++i) {
-      for (std::size_t k = i + 1; k < std::min(subs.size(), i + 2); ++k)
-        for (BlockId id : {subs[k].master, subs[k].m, subs[k].v}) m.prefetch(id, Tier::host);
-      const Sub& s = subs[i];
-      BlockView p = m.acquire(s.master, Tier::host, Access::write);
-      BlockView mm = m.acquire(s.m, Tier::host, Access::write);
-      BlockView vv = m.acquire(s.v, Tier::host, Access::write);
-      BlockView g = m.acquire(s.grad, Tier::host);
-      BlockView p16 = m.acquire(s.p16, Tier::host, Access::overwrite);  // output only
-      adam_step(adam, static_cast<std::int64_t>(m.committed_generation()),
-                {reinterpret_cast<float*>(p.data()), mm.data(), vv.data(), nullptr, Dtype::f32},
-                {g.data(), Dtype::bf16, 1.0f}, {p16.data(), Dtype::bf16}, s.n, ctx);
-      m.release(p, true);
-      m.release(mm, true);
-      m.release(vv, true);
-      m.release(p16, true);
-      g = BlockView();
-      // The 16-bit parameters go "up" to the device tier, as they would to the GPU.
-      BlockView up = m.acquire(s.p16, Tier::device);
+    const auto tg = Clock::now();
+    opt.begin_backward();
+    for (std::size_t i = 0; i < ids.size(); ++i) {
+      const std::uint64_t n = opt.param(ids[i]).numel();
+      const std::uint64_t shift = (i * 977 + step * 131) % 4096;
+      if (n <= noise.size() - shift) {
+        opt.add_grad(ids[i], noise.data() + shift, Dtype::bf16);
+      } else {
+        std::vector<std::uint16_t> g(n);
+        for (std::uint64_t off = 0; off < n; off += 16u << 20)
+          std::memcpy(g.data() + off, noise.data() + shift,
+                      std::min<std::uint64_t>(16u << 20, n - off) * 2);
+        opt.add_grad(ids[i], g.data(), Dtype::bf16);
+      }
     }
-    const std::uint64_t gen = m.commit();
-    const auto c1 = m.counters();
-    const double secs = since(t0);
-    const int nv = static_cast<int>(Tier::nvme);
-    const std::uint64_t rd = c1.bytes_out[nv] - c0.bytes_out[nv];
-    const std::uint64_t wr = c1.bytes_in[nv] - c0.bytes_in[nv];
+    opt.end_backward();
+    const double ingest_s = since(tg);
+    const StepResult r = opt.step();
+    const double gbps = static_cast<double>(r.bytes_in[nv] + r.bytes_out[nv]) / r.seconds / 1e9;
     steps.push_back({{"step", step},
-                     {"generation", gen},
-                     {"seconds", secs},
-                     {"nvme_read_bytes", rd},
-                     {"nvme_written_bytes", wr}});
+                     {"seconds", r.seconds},
+                     {"grad_ingest_seconds", ingest_s},
+                     {"io_wait_seconds", r.io_wait_seconds},
+                     {"grad_norm", r.grad_norm},
+                     {"clip_factor", r.clip_factor},
+                     {"nvme_read_bytes", r.bytes_out[nv]},
+                     {"nvme_written_bytes", r.bytes_in[nv]},
+                     {"host_in_bytes", r.bytes_in[hv]},
+                     {"nvme_gbps", gbps},
+                     {"generation", r.generation}});
     if (!o.json)
-      fmt::print("step {}: {:.2f} s, NVMe read {} written {}, committed generation {}\n", step,
-                 secs, format_bytes(rd), format_bytes(wr), gen);
+      fmt::print(
+          "step {}: {:.2f} s (waited {:.2f} s on I/O; gradient ingest {:.2f} s before it), NVMe "
+          "read {} ({:.1f} B/param) written {} ({:.1f} B/param), {:.2f} GB/s; grad norm {:.4g}, "
+          "clip {:.3f}; generation {}\n",
+          step, r.seconds, r.io_wait_seconds, ingest_s, format_bytes(r.bytes_out[nv]),
+          static_cast<double>(r.bytes_out[nv]) / params, format_bytes(r.bytes_in[nv]),
+          static_cast<double>(r.bytes_in[nv]) / params, gbps, r.grad_norm, r.clip_factor,
+          r.generation);
   }
-  const std::string snap = m.snapshot().to_json();
+  const std::string snap = tiers.snapshot().to_json();
   if (o.json) {
-    fmt::print(
-        "{}\n",
-        nlohmann::json{{"steps", steps}, {"residency", nlohmann::json::parse(snap)}}.dump(2));
+    fmt::print("{}\n", nlohmann::json{{"params", params},
+                                      {"steps", steps},
+                                      {"residency", nlohmann::json::parse(snap)}}
+                           .dump(2));
   } else {
     fmt::print("\n");
     print_residency(snap, stdout);
@@ -323,13 +335,13 @@ void run_tier_bench(const TierBenchOptions& o) {
 void add_demo(CLI::App& app) {
   auto o = std::make_shared<DemoOptions>();
   auto* d = app.add_subcommand(
-      "demo", "Run a synthetic model's optimizer steps on the tiers and show the residency");
-  d->add_option("--dir", o->dir, "Swap directory (default: a temporary one, removed at exit)");
+      "demo", "Train a synthetic model a few steps with its optimizer state on NVMe");
+  d->add_option("--dir", o->dir,
+                "Swap directory, new or empty (default: a temporary one, removed at exit)");
   d->add_option("--params", o->params, "Parameters (suffixes K, M, G: powers of 1024)");
-  d->add_option("--subgroups", o->subgroups, "Sub-groups");
+  d->add_option("--sub-group", o->sub_group, "Parameters per sub-group");
   d->add_option("--steps", o->steps, "Optimizer steps");
-  d->add_option("--host-budget", o->host_budget, "Pinned host bytes (default: state / 4)");
-  d->add_option("--device-budget", o->device_budget, "Device tier bytes");
+  d->add_option("--host-budget", o->host_budget, "Pinned host bytes");
   d->add_option("--threads", o->threads, "Kernel threads");
   d->add_option("--hold", o->hold, "Keep serving telemetry this many seconds at the end");
   d->add_flag("--json", o->json, "Print JSON on stdout instead of text");

@@ -453,7 +453,11 @@ void ShardedOptimizer::load(const std::filesystem::path& dir) {
   m.step_count = step;
   m.scale = scale;
   m.growth_tracker = tracker;
-  for (auto& s : m.subs) m.tiers.trim(s.grad);
+  for (auto& s : m.subs) {
+    m.tiers.trim(s.grad);
+    s.sums.clear();
+    s.final = false;
+  }
   m.refresh_param16();
   m.tiers.commit();
 }

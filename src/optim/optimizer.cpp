@@ -332,6 +332,14 @@ void ShardedOptimizer::Impl::refresh_param16() {
   gather_param16();
 }
 
+void ShardedOptimizer::Impl::gradient_done(OptSub& s, const BlockView& grad) {
+  if (final_backward) {
+    s.final = true;
+    s.sums.assign((s.numel + kGradStatsChunk - 1) / kGradStatsChunk, 0.0);
+    grad_chunk_sums(grad.data(), acc_dtype(groups[s.group]), s.numel, s.sums.data(), ctx());
+  }
+}
+
 // Reduce-scatters group g's local gradient, slot by slot, into this rank's gradient blocks.
 void ShardedOptimizer::Impl::reduce_local(OptGroup& g) {
   if (!g.local_dirty) return;
@@ -354,17 +362,17 @@ void ShardedOptimizer::Impl::reduce_local(OptGroup& g) {
     comm.reduce_scatter(send.data(), recv.data(), counts, dt);
     if (counts[rank] == 0) continue;
     OptSub& s = subs[g.first_sub + k];
-    Held v(tiers, tiers.acquire(s.grad, Tier::host, Access::write));
-    accumulate(v.v.data(), dt, recv.data(), dt, s.numel, ctx());
-    v.dirty = true;
+    {
+      Held v(tiers, tiers.acquire(s.grad, Tier::host, Access::write));
+      accumulate(v.v.data(), dt, recv.data(), dt, s.numel, ctx());
+      v.dirty = true;
+      s.sums.clear();
+      gradient_done(s, v.v);
+    }
+    if (cfg.grad_tier == Tier::nvme) tiers.evict(s.grad, Tier::host);
   }
   std::memset(g.local_grad.data(), 0, g.local_grad.size());
   g.local_dirty = false;
-  for (std::size_t k = 0; k < g.nsubs; ++k) {
-    OptSub& s = subs[g.first_sub + k];
-    if (final_backward) s.final = true;
-    if (cfg.grad_tier == Tier::nvme) tiers.evict(s.grad, Tier::host);
-  }
 }
 
 // ---- ShardedOptimizer --------------------------------------------------------------------------
@@ -463,6 +471,7 @@ void ShardedOptimizer::initialize(const ParamInit& init) {
       v.dirty = true;
     }
     m.tiers.trim(s.grad);
+    s.sums.clear();
   }
   m.gather_param16();
   m.step_count = 0;
@@ -544,11 +553,10 @@ void ShardedOptimizer::add_grad(ParamId id, const void* grad, Dtype dtype) {
                  static_cast<const std::byte*>(grad) + (b - p.offset) * in_es, dtype, e - b,
                  m.ctx());
       v.dirty = true;
+      s.sums.clear();
+      if (++s.seen == s.nparams) m.gradient_done(s, v.v);
     }
-    if (++s.seen == s.nparams) {
-      if (m.final_backward) s.final = true;
-      if (m.cfg.grad_tier == Tier::nvme) m.tiers.evict(s.grad, Tier::host);
-    }
+    if (s.seen == s.nparams && m.cfg.grad_tier == Tier::nvme) m.tiers.evict(s.grad, Tier::host);
   }
 }
 
@@ -622,9 +630,13 @@ StepResult ShardedOptimizer::step() {
   std::vector<double> chunk(m.chunks, 0.0);
   for (auto& s : m.subs) {
     const OptGroup& g = m.groups[s.group];
+    double* out = chunk.data() + g.chunk_base + s.begin / kGradStatsChunk;
+    if (!s.sums.empty()) {  // taken at ingest
+      std::copy(s.sums.begin(), s.sums.end(), out);
+      continue;
+    }
     Held v(m.tiers, m.tiers.acquire(s.grad, Tier::host));
-    grad_chunk_sums(v.v.data(), m.acc_dtype(g), s.numel,
-                    chunk.data() + g.chunk_base + s.begin / kGradStatsChunk, m.ctx());
+    grad_chunk_sums(v.v.data(), m.acc_dtype(g), s.numel, out, m.ctx());
   }
   if (m.world > 1) m.comm.all_reduce_sum(chunk.data(), chunk.size());
   double sum_sq = 0;
@@ -643,6 +655,7 @@ StepResult ShardedOptimizer::step() {
     for (auto& s : m.subs) {
       m.tiers.trim(s.grad);
       s.final = false;
+      s.sums.clear();
     }
     const TierCounters c1 = m.tiers.counters();
     for (int t = 0; t < kTierCount; ++t) {

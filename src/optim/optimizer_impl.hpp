@@ -34,6 +34,9 @@ struct OptSub {
   std::uint32_t nparams = 0;  // trainable parameters overlapping it
   std::uint32_t seen = 0;     // of them, ingested in this backward
   bool final = false;
+  // Statistics chunk sums of the final gradient, taken while it was in memory at ingest (so a
+  // gradient spilled to NVMe is not read back for them); empty when not taken.
+  std::vector<double> sums;
 };
 
 struct OptGroup {
@@ -94,6 +97,9 @@ struct ShardedOptimizer::Impl {
   void refresh_param16();
   void gather_param16();
   void reduce_local(OptGroup& g);
+  /// At the end of a sub-group's final ingest: its statistics (view: its gradient), then the
+  /// spill to NVMe when gradients live there.
+  void gradient_done(OptSub& s, const BlockView& grad);
 };
 
 }  // namespace tierswap

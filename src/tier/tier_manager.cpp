@@ -459,10 +459,11 @@ struct TierManager::Impl {
       Block& b = *blocks[id];
       if (std::byte* p = try_take(s, b)) return p;
       if (!pool(s).could_fit(b.alloc_bytes)) budget_error(s, b);
-      // Cheapest first: a clean copy goes at once; else a write-back in flight (write-behind)
-      // lands; only then is a dirty copy written back here.
+      // Cheapest first: a clean copy that nobody is about to use goes at once; else a
+      // write-back in flight (write-behind) lands; only then does anything else go (a dirty copy
+      // written back here, or a prefetched one).
       if (Block* v = lru(s, [&](const Block& c) {
-            return c.id != id && c.st[s] == CopyState::valid;
+            return c.id != id && c.st[s] == CopyState::valid && !c.prefetched && !c.landed;
           })) {
         evict_copy(lk, v->id, s, false);
         continue;

@@ -120,7 +120,7 @@ if(NOT rc EQUAL 0 OR e OR gen LESS 3)
 endif()
 file(REMOVE_RECURSE "${sdir}")
 file(MAKE_DIRECTORY "${sdir}")
-execute_process(COMMAND ${CLI} bench step --params 2M --sub-group 256K --host-budget 12MiB --runs 1
+execute_process(COMMAND ${CLI} bench step --params 2M --sub-group 256K --host-budget 16MiB --runs 1
                         --dir ${sdir} --grad-tier nvme --json
                 RESULT_VARIABLE rc OUTPUT_VARIABLE out ERROR_VARIABLE err)
 string(JSON g ERROR_VARIABLE e GET "${out}" grad_nvme_bytes_per_param)

@@ -273,6 +273,31 @@ void ShardedOptimizer::Impl::create_blocks() {
       streaming = state + grads > tiers.config().host_budget / 2;
       break;
   }
+  // Read-ahead within the budget: host-resident gradients, the sub-group being stepped, one being
+  // written behind, and `depth` read ahead must fit, or memory pressure would spill gradients and
+  // drop prefetched state before its use.
+  depth = cfg.prefetch_depth;
+  if (streaming) {
+    std::uint64_t per = 0;
+    for (const auto& s : subs) {
+      std::uint64_t b = 0;
+      for (int slot = 0; slot < kStateSlots; ++slot)
+        if (groups[s.group].has_slot(slot)) b += round_up_u64(s.numel * dtype_size(slot_dtype(slot)), 4096);
+      per = std::max(per, b);
+    }
+    const std::uint64_t budget = tiers.config().host_budget;
+    const std::uint64_t held = (cfg.grad_tier == Tier::host ? grads : 0) + 2 * per;
+    const std::uint64_t fit = budget > held ? (budget - held) / std::max<std::uint64_t>(per, 1) : 0;
+    if (fit < depth) {
+      log(LogLevel::info,
+          fmt::format("optimizer: reading {} sub-group(s) ahead, not {}: the host budget {} holds "
+                      "{} of gradients and {} per sub-group of state (smaller sub-groups or a "
+                      "larger budget read further ahead)",
+                      fit, depth, format_bytes(budget),
+                      format_bytes(cfg.grad_tier == Tier::host ? grads : 0), format_bytes(per)));
+      depth = static_cast<std::uint32_t>(fit);
+    }
+  }
   for (auto& s : subs) {
     const OptGroup& g = groups[s.group];
     const std::string base = fmt::format("g{}.r{}.s{}", s.group, rank, s.index);
@@ -693,10 +718,10 @@ StepResult ShardedOptimizer::step() {
       for (BlockId b : m.subs[k].state)
         if (b != kNoBlock) m.tiers.prefetch(b, Tier::host);
     };
-    for (std::size_t k = 0; k < std::min<std::size_t>(n, m.cfg.prefetch_depth + 1); ++k)
+    for (std::size_t k = 0; k < std::min<std::size_t>(n, m.depth + 1); ++k)
       prefetch(k);
     for (std::size_t k = 0; k < n; ++k) {
-      prefetch(k + m.cfg.prefetch_depth + 1);
+      prefetch(k + m.depth + 1);
       OptSub& s = m.subs[k];
       OptGroup& g = m.groups[s.group];
       {

@@ -66,6 +66,8 @@ struct ShardedOptimizer::Impl {
   std::uint64_t sub_size = 0;
   bool finalized = false;
   bool streaming = true;  // state written behind after each sub-group (state tier nvme)
+  std::uint32_t depth = 0;  // sub-groups read ahead: prefetch_depth, or fewer where the budget
+                            // cannot hold them beside the gradients and a write-behind
   std::vector<OptGroup> groups;
   std::vector<OptParam> params;
   std::vector<OptSub> subs;

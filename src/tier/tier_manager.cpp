@@ -483,6 +483,13 @@ struct TierManager::Impl {
           continue;
         }
       }
+      // A clean prefetched copy (read again later) before a dirty one (written, then read).
+      if (Block* v = lru(s, [&](const Block& c) {
+            return c.id != id && c.st[s] == CopyState::valid;
+          })) {
+        evict_copy(lk, v->id, s, false);
+        continue;
+      }
       if (evict_one(lk, s, id)) continue;
       // Nothing evictable now; transfers in flight may settle into evictable copies.
       if (!inflight.empty()) {

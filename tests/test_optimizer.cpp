@@ -412,3 +412,35 @@ TEST(ShardedOptimizer, MisuseIsRejectedWithClearErrors) {
   EXPECT_THROW(twin.finalize(), std::runtime_error);
   (void)bits;
 }
+
+TEST(ShardedOptimizer, ConfigFromJsonAndEnvironment) {
+  const auto c = OptimizerConfig::from_json(
+      R"({"subgroup_size": "4M", "prefetch_depth": 3, "state_tier": "host", "grad_tier": "nvme",
+          "max_grad_norm": 1.5, "loss_scaler": {"mode": "dynamic", "growth_interval": 10}})");
+  EXPECT_EQ(c.subgroup_size, 4u << 20);
+  EXPECT_EQ(c.prefetch_depth, 3u);
+  EXPECT_EQ(c.state_tier, OptimizerConfig::StateTier::host);
+  EXPECT_EQ(c.grad_tier, Tier::nvme);
+  EXPECT_EQ(c.max_grad_norm, 1.5);
+  EXPECT_EQ(c.loss_scaler.mode, LossScaling::dynamic);
+  EXPECT_EQ(c.loss_scaler.growth_interval, 10u);
+  for (const char* bad : {R"({"subgroup": 1})", R"({"grad_tier": "gpu"})",
+                          R"({"loss_scaler": {"mode": "sometimes"}})", R"({"max_grad_norm": -1})",
+                          R"({"loss_scaler": {"backoff": 0.5}})", "[1]", "{"}) {
+    try {
+      OptimizerConfig::from_json(bad);
+      ADD_FAILURE() << "accepted: " << bad;
+    } catch (const std::invalid_argument& e) {
+      EXPECT_FALSE(std::string(e.what()).empty());
+    }
+  }
+  ::setenv("TIERSWAP_STATE_TIER", "nvme", 1);
+  ::setenv("TIERSWAP_SUBGROUP_SIZE", "1M", 1);
+  const auto e = OptimizerConfig::from_env();
+  EXPECT_EQ(e.state_tier, OptimizerConfig::StateTier::nvme);
+  EXPECT_EQ(e.subgroup_size, 1u << 20);
+  ::setenv("TIERSWAP_STATE_TIER", "ssd", 1);
+  EXPECT_THROW(OptimizerConfig::from_env(), std::invalid_argument);
+  ::unsetenv("TIERSWAP_STATE_TIER");
+  ::unsetenv("TIERSWAP_SUBGROUP_SIZE");
+}

@@ -3,16 +3,17 @@
 #   tools/dev.sh run  [tierswap demo options]  install what is missing, build, run the main job
 #   tools/dev.sh test                          install what is missing, build, run every test
 # `run` measures the swap engine (`tierswap bench io` on a temporary directory), then runs
-# `tierswap demo`: a synthetic model's optimizer steps on the three tiers of a temporary swap
-# directory, ending with the residency tables.
+# `tierswap demo`: a synthetic model trained a few steps by the sharded optimizer with its state on
+# the NVMe tier of a temporary swap directory, ending with the residency tables.
 # `test` builds three times: the normal build (whole suite, the > 4 GiB transfers included), an
 # ASan+UBSan build (whole suite but the > 4 GiB transfers), and a ThreadSanitizer build of the
-# concurrent components (tier manager, I/O engine, thread pool).
+# concurrent components (tier manager, I/O engine, thread pool, the optimizer over them).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 PACKAGES=(cmake ninja-build g++ pkg-config liburing-dev libaio-dev libfmt-dev libcli11-dev
-          nlohmann-json3-dev libxxhash-dev libnuma-dev libgtest-dev libgmock-dev libbenchmark-dev)
+          nlohmann-json3-dev libxxhash-dev libnuma-dev libgtest-dev libgmock-dev libbenchmark-dev
+          libopenmpi-dev openmpi-bin)
 # The test command also checks the NEON kernels on an x86 machine: cross compiler + qemu.
 TEST_PACKAGES=(g++-aarch64-linux-gnu qemu-user)
 
@@ -45,7 +46,7 @@ case "$cmd" in
     install_missing
     build build
     # The embedded default: a temporary swap directory, 1 GiB written then read, 3 runs; then the
-    # synthetic model (16M parameters in 8 sub-groups, 3 steps) on the tiers.
+    # synthetic model (260M parameters, two groups, 3 AdamW steps) with its state on NVMe.
     build/tierswap bench io
     echo
     exec build/tierswap demo "$@"
@@ -63,10 +64,10 @@ case "$cmd" in
     cmake -S . -B build-tsan -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DTIERSWAP_SANITIZE=thread \
       -DTIERSWAP_BUILD_BENCHMARKS=OFF -DTIERSWAP_WITH_CUDA=OFF >/dev/null
     cmake --build build-tsan -j "$(nproc)" \
-      --target test_tier_manager test_thread_pool test_io_engine test_io_faults
+      --target test_tier_manager test_thread_pool test_io_engine test_io_faults test_optimizer
     (cd build-tsan && TIERSWAP_SKIP_LARGE=1 TSAN_OPTIONS=halt_on_error=1:second_deadlock_stack=1 \
        ctest --output-on-failure -j 2 --timeout 900 \
-       -R '^(TierManager|TierManagerCrash|Telemetry|ThreadPool|Backends/EngineTest|Backends/FaultTest)[.]')
+       -R '^(TierManager|TierManagerCrash|Telemetry|ThreadPool|Backends/EngineTest|Backends/FaultTest|ShardedOptimizer)[.]')
     ;;
   *)
     echo "usage: tools/dev.sh run [demo options] | tools/dev.sh test" >&2

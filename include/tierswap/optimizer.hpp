@@ -121,6 +121,16 @@ struct OptimizerConfig {
   double max_grad_norm = 0.0;
   LossScalerConfig loss_scaler;
   void validate() const;
+  /// Overrides from TIERSWAP_SUBGROUP_SIZE, TIERSWAP_PREFETCH_DEPTH, TIERSWAP_ACCUMULATE_FP32,
+  /// TIERSWAP_BF16_MOMENTS, TIERSWAP_STATE_TIER (auto|host|nvme), TIERSWAP_GRAD_TIER
+  /// (host|nvme), TIERSWAP_COALESCE, TIERSWAP_MAX_GRAD_NORM.
+  static OptimizerConfig from_env();
+  static OptimizerConfig from_env(OptimizerConfig base);
+  /// Loads {"subgroup_size", "prefetch_depth", "accumulate_fp32", "bf16_moments", "state_tier",
+  /// "grad_tier", "coalesce", "max_grad_norm", "loss_scaler": {"mode", "init_scale",
+  /// "growth_factor", "backoff_factor", "growth_interval"}}; unknown keys or bad values throw
+  /// std::invalid_argument naming the key.
+  static OptimizerConfig from_json(std::string_view json);
 };
 
 using ParamId = std::uint32_t;

@@ -753,20 +753,10 @@ std::size_t IoEngine::wait_any(std::span<IoTicket* const> tickets) {
 }
 
 std::size_t IoEngine::wait_any(std::span<IoTicket> tickets) {
-  auto first_ready = [&]() -> std::size_t {
-    bool any_valid = false;
-    for (std::size_t i = 0; i < tickets.size(); ++i) {
-      if (!tickets[i].valid()) continue;
-      any_valid = true;
-      if (tickets[i].ready()) return i;
-    }
-    return any_valid ? tickets.size() + 1 : tickets.size();
-  };
-  std::size_t i = first_ready();
-  if (i <= tickets.size()) return i;
-  std::unique_lock lock(impl_->mu);
-  impl_->done_cv.wait(lock, [&] { return (i = first_ready()) <= tickets.size(); });
-  return i;
+  std::vector<IoTicket*> p;
+  p.reserve(tickets.size());
+  for (auto& t : tickets) p.push_back(&t);
+  return wait_any(std::span<IoTicket* const>(p));
 }
 
 int IoEngine::register_buffer(void* data, std::size_t bytes) {

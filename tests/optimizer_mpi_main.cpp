@@ -3,7 +3,7 @@
 // weights and both moments (gathered from the shards) to --out. The ctest script runs it at 1, 2,
 // 3 and 4 ranks and compares the files byte for byte, resumes a 3-rank checkpoint at 2 ranks,
 // and checks 3 ranks against torch.optim.AdamW (--fixture).
-//   optimizer_mpi --out FILE [--save-at N DIR] [--load DIR] [--fixture FILE]
+//   optimizer_mpi --out FILE [--save-at N DIR] [--load DIR] [--fixture FILE] [--no-coalesce]
 #include <cmath>
 #include <cstdio>
 #include <cstring>
@@ -23,12 +23,14 @@ using namespace tierswap;
 int main(int argc, char** argv) {
   std::string out, save_dir, load_dir, fixture;
   int save_at = 0;
+  bool coalesce = true;
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
     if (a == "--out" && i + 1 < argc) out = argv[++i];
     else if (a == "--save-at" && i + 2 < argc) save_at = std::stoi(argv[++i]), save_dir = argv[++i];
     else if (a == "--load" && i + 1 < argc) load_dir = argv[++i];
     else if (a == "--fixture" && i + 1 < argc) fixture = argv[++i];
+    else if (a == "--no-coalesce") coalesce = false;
     else {
       std::cerr << "usage: optimizer_mpi --out FILE [--save-at N DIR] [--load DIR] [--fixture F]\n";
       return 2;
@@ -50,7 +52,9 @@ int main(int argc, char** argv) {
     tc.durable = false;
     tc.telemetry = false;
     TierManager tiers(space, engine, tc);
-    ShardedOptimizer opt(tiers, *comm, test::model_config());
+    OptimizerConfig oc = test::model_config();
+    oc.coalesce = coalesce;  // off: one reduce-scatter per backward pass instead of per step
+    ShardedOptimizer opt(tiers, *comm, oc);
     auto m = test::build_model(opt);
     int first = 1;
     if (!load_dir.empty()) {

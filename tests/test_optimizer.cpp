@@ -444,3 +444,50 @@ TEST(ShardedOptimizer, ConfigFromJsonAndEnvironment) {
   ::unsetenv("TIERSWAP_STATE_TIER");
   ::unsetenv("TIERSWAP_SUBGROUP_SIZE");
 }
+
+// fp32 accumulation reads fp32 gradient blocks (statistics and kernel); with this model's exact
+// sums it must give the very bits of 16-bit accumulation. bf16 moments halve the moments' bytes
+// and stay close.
+TEST(ShardedOptimizer, Fp32AccumulationAndBf16MomentsPaths) {
+  Rig a;
+  auto ma = test::build_model(*a.opt);
+  test::init_model(*a.opt, ma);
+  test::train(*a.opt, ma, 1, 8, 0, 1);
+  OptimizerConfig oc = test::model_config();
+  oc.accumulate_fp32 = true;
+  Rig b(tier_config(2 * kMiB, 128 * kKiB), oc);
+  auto mb = test::build_model(*b.opt);
+  test::init_model(*b.opt, mb);
+  test::train(*b.opt, mb, 1, 8, 0, 1);
+  oc = test::model_config();
+  oc.bf16_moments = true;
+  Rig c(tier_config(2 * kMiB, 128 * kKiB), oc);
+  auto mc = test::build_model(*c.opt);
+  test::init_model(*c.opt, mc);
+  test::train(*c.opt, mc, 1, 8, 0, 1);
+  EXPECT_EQ(c.opt->state_bytes() * 3, a.opt->state_bytes() * 2);  // 4 + 2 + 2 vs 4 + 4 + 4
+  for (std::size_t p = 0; p < ma.ids.size(); ++p) {
+    if (!test::model_params()[p].trainable) continue;
+    const auto x = full(*a.opt, ma.ids[p]);
+    EXPECT_TRUE(same_bits(x, full(*b.opt, mb.ids[p]))) << test::model_params()[p].name;
+    const auto z = full(*c.opt, mc.ids[p]);
+    for (std::size_t i = 0; i < x.size(); ++i)
+      ASSERT_NEAR(z[i], x[i], 1e-4) << test::model_params()[p].name << "[" << i << "]";
+  }
+}
+
+TEST(ShardedOptimizer, FixedLossScaleNeverChangesAndStillSkipsOverflow) {
+  OptimizerConfig oc = test::model_config();
+  oc.loss_scaler.mode = LossScaling::fixed;
+  oc.loss_scaler.init_scale = 512;
+  Rig r(tier_config(2 * kMiB, 128 * kKiB), oc);
+  auto m = test::build_model(*r.opt);
+  test::init_model(*r.opt, m);
+  const auto res = test::train(*r.opt, m, 1, 8, 0, 1);
+  for (std::size_t i = 0; i < res.size(); ++i) {
+    EXPECT_EQ(res[i].loss_scale, 512.0);
+    EXPECT_EQ(res[i].next_loss_scale, 512.0);
+    EXPECT_EQ(res[i].skipped, static_cast<int>(i + 1) == test::kOverflowStep);
+  }
+  EXPECT_EQ(r.opt->step_count(), 7u);
+}

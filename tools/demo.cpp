@@ -230,7 +230,7 @@ void run_tier_bench(const TierBenchOptions& o) {
   sc.dirs = {dir};
   sc.capacity = bb * static_cast<std::uint64_t>(o.blocks) + (16ull << 20);
   SwapSpace space = SwapSpace::create(sc);
-  IoEngine engine(space);
+  IoEngine engine(space, IoEngineConfig::from_env());
   TierConfig tc;
   tc.host_budget = bb * static_cast<std::uint64_t>(o.host_blocks);
   tc.host_slab_size = bb;

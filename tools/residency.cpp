@@ -140,7 +140,7 @@ std::string offline_snapshot(const std::vector<std::string>& dirs) {
                     dirs.front(), manifest.string()));
   const ManifestInfo info = read_manifest(manifest);
   SwapSpace space = SwapSpace::open(paths);
-  IoEngine engine(space);
+  IoEngine engine(space, IoEngineConfig::from_env());
   TierConfig cfg;
   cfg.shadow_slots = info.shadow_slots;
   cfg.telemetry = false;

@@ -256,7 +256,8 @@ class ShardedOptimizer {
   /// and parameters, any world size and sub-group size). Hyper-parameters, step count and loss
   /// scaler come from the checkpoint. Commits a generation. A missing, truncated, corrupt or
   /// mismatched checkpoint throws std::runtime_error naming the file and the problem, and the
-  /// state already stored is untouched.
+  /// state already stored is untouched (with shadow slots: a corrupt piece found mid-copy
+  /// discards the partial generation; in-place mode cannot).
   void load(const std::filesystem::path& dir);
 
  private:

@@ -27,10 +27,10 @@ struct ModelParam {
 };
 
 inline const std::vector<ModelParam>& model_params() {
-  static const std::vector<ModelParam> p = {
-      {"w1", {97, 131}, 0, true}, {"b1", {131}, 1, true},     {"w2", {64, 150}, 0, true},
-      {"emb", {16}, 0, false},    {"b2", {150}, 1, true},     {"w3", {7001}, 0, true},
-      {"b3", {3}, 1, true}};
+  static const std::vector<ModelParam> p = {{"w1", {97, 131}, 0, true}, {"b1", {131}, 1, true},
+                                            {"w2", {64, 150}, 0, true}, {"emb", {16}, 0, false},
+                                            {"b2", {150}, 1, true},     {"w3", {7001}, 0, true},
+                                            {"b3", {3}, 1, true}};
   return p;
 }
 
@@ -104,6 +104,13 @@ inline void init_model(ShardedOptimizer& opt, const ModelOptimizer& m) {
     while (m.ids[p] != id) ++p;
     for (std::uint64_t i = 0; i < n; ++i) out[i] = init_value(p, off + i);
   });
+}
+
+/// build_model() and init_model(): a model ready for step 1.
+inline ModelOptimizer start_model(ShardedOptimizer& opt) {
+  ModelOptimizer m = build_model(opt);
+  init_model(opt, m);
+  return m;
 }
 
 /// Runs steps [first, last] (1-based) of the gradient sequence on this rank's samples.

@@ -26,11 +26,16 @@ int main(int argc, char** argv) {
   bool coalesce = true;
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
-    if (a == "--out" && i + 1 < argc) out = argv[++i];
-    else if (a == "--save-at" && i + 2 < argc) save_at = std::stoi(argv[++i]), save_dir = argv[++i];
-    else if (a == "--load" && i + 1 < argc) load_dir = argv[++i];
-    else if (a == "--fixture" && i + 1 < argc) fixture = argv[++i];
-    else if (a == "--no-coalesce") coalesce = false;
+    if (a == "--out" && i + 1 < argc)
+      out = argv[++i];
+    else if (a == "--save-at" && i + 2 < argc)
+      save_at = std::stoi(argv[++i]), save_dir = argv[++i];
+    else if (a == "--load" && i + 1 < argc)
+      load_dir = argv[++i];
+    else if (a == "--fixture" && i + 1 < argc)
+      fixture = argv[++i];
+    else if (a == "--no-coalesce")
+      coalesce = false;
     else {
       std::cerr << "usage: optimizer_mpi --out FILE [--save-at N DIR] [--load DIR] [--fixture F]\n";
       return 2;
@@ -112,7 +117,9 @@ int main(int argc, char** argv) {
       }
       std::printf("optimizer_mpi: %d rank(s), steps %d..20, %zu values written to %s%s\n", world,
                   first, dump.size(), out.c_str(),
-                  fixture.empty() ? "" : bad ? ", DIFFERS from torch" : ", matches torch");
+                  fixture.empty() ? ""
+                  : bad           ? ", DIFFERS from torch"
+                                  : ", matches torch");
     }
     return bad ? 1 : 0;
   } catch (const std::exception& e) {

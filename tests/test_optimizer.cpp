@@ -67,7 +67,8 @@ struct Rig {
 
 std::vector<float> full(ShardedOptimizer& opt, ParamId id, BlockClass cls = BlockClass::master) {
   std::vector<float> out(opt.param(id).numel(), NAN);
-  for (auto& [off, vals] : opt.shard(id, cls)) std::copy(vals.begin(), vals.end(), out.begin() + off);
+  for (auto& [off, vals] : opt.shard(id, cls))
+    std::copy(vals.begin(), vals.end(), out.begin() + off);
   return out;
 }
 
@@ -75,10 +76,15 @@ bool same_bits(const std::vector<float>& a, const std::vector<float>& b) {
   return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * 4) == 0;
 }
 
-std::uint32_t bits(float f) {
-  std::uint32_t u;
-  std::memcpy(&u, &f, 4);
-  return u;
+// Master weights and both moments of every trainable parameter, bit for bit.
+void expect_same_state(ShardedOptimizer& a, const test::ModelOptimizer& ma, ShardedOptimizer& b,
+                       const test::ModelOptimizer& mb) {
+  for (std::size_t p = 0; p < ma.ids.size(); ++p) {
+    if (!test::model_params()[p].trainable) continue;
+    for (auto cls : {BlockClass::master, BlockClass::exp_avg, BlockClass::exp_avg_sq})
+      EXPECT_TRUE(same_bits(full(a, ma.ids[p], cls), full(b, mb.ids[p], cls)))
+          << test::model_params()[p].name << " " << to_string(cls);
+  }
 }
 
 }  // namespace
@@ -88,8 +94,7 @@ TEST(ShardedOptimizer, MatchesTorchAdamWWithGroupsAccumulationClippingAndLossSca
   ASSERT_TRUE(in) << "fixture missing: run tests/gen_torch_optimizer_reference.py";
   const auto ref = nlohmann::json::parse(in);
   Rig r;
-  auto m = test::build_model(*r.opt);
-  test::init_model(*r.opt, m);
+  auto m = test::start_model(*r.opt);
   const auto results = test::train(*r.opt, m, 1, 20, 0, 1);
   std::vector<int> skipped, clipped;
   for (std::size_t i = 0; i < results.size(); ++i) {
@@ -172,8 +177,7 @@ TEST(ShardedOptimizer, NvmeTrafficIs12BytesReadAnd12WrittenPerParameterAndNoFp32
 
 TEST(ShardedOptimizer, StateTierAndThreadCountDoNotChangeResults) {
   Rig a;
-  auto ma = test::build_model(*a.opt);
-  test::init_model(*a.opt, ma);
+  auto ma = test::start_model(*a.opt);
   test::train(*a.opt, ma, 1, 8, 0, 1);
   OptimizerConfig oc = test::model_config();
   oc.state_tier = OptimizerConfig::StateTier::host;
@@ -182,15 +186,9 @@ TEST(ShardedOptimizer, StateTierAndThreadCountDoNotChangeResults) {
   TempDir d2;
   Rig b(tier_config(8 * kMiB, 256 * kKiB), oc);
   b.opt = std::make_unique<ShardedOptimizer>(*b.tiers, *b.comm, oc, &pool);
-  auto mb = test::build_model(*b.opt);
-  test::init_model(*b.opt, mb);
+  auto mb = test::start_model(*b.opt);
   test::train(*b.opt, mb, 1, 8, 0, 1);
-  for (std::size_t p = 0; p < ma.ids.size(); ++p) {
-    if (!test::model_params()[p].trainable) continue;
-    for (auto cls : {BlockClass::master, BlockClass::exp_avg, BlockClass::exp_avg_sq})
-      EXPECT_TRUE(same_bits(full(*a.opt, ma.ids[p], cls), full(*b.opt, mb.ids[p], cls)))
-          << test::model_params()[p].name << " " << to_string(cls);
-  }
+  expect_same_state(*a.opt, ma, *b.opt, mb);
 }
 
 TEST(ShardedOptimizer, LionAndSgdGroupsStepLikeTheirKernels) {
@@ -247,8 +245,7 @@ TEST(ShardedOptimizer, LionAndSgdGroupsStepLikeTheirKernels) {
 
 TEST(ShardedOptimizer, CheckpointResumesBitIdenticallyAtAnotherSubgroupSize) {
   Rig a;
-  auto ma = test::build_model(*a.opt);
-  test::init_model(*a.opt, ma);
+  auto ma = test::start_model(*a.opt);
   test::train(*a.opt, ma, 1, 10, 0, 1);
   TempDir ck;
   a.opt->save(ck.path());
@@ -266,11 +263,9 @@ TEST(ShardedOptimizer, CheckpointResumesBitIdenticallyAtAnotherSubgroupSize) {
   EXPECT_EQ(b.opt->step_count(), 9u);  // step 6 was skipped
   test::train(*b.opt, mb, 11, 20, 0, 1);
   EXPECT_EQ(a.opt->loss_scale(), b.opt->loss_scale());
+  expect_same_state(*a.opt, ma, *b.opt, mb);
   for (std::size_t p = 0; p < ma.ids.size(); ++p) {
     if (!test::model_params()[p].trainable) continue;
-    for (auto cls : {BlockClass::master, BlockClass::exp_avg, BlockClass::exp_avg_sq})
-      EXPECT_TRUE(same_bits(full(*a.opt, ma.ids[p], cls), full(*b.opt, mb.ids[p], cls)))
-          << test::model_params()[p].name << " " << to_string(cls);
     const auto x = a.opt->param16(ma.ids[p]);
     const auto y = b.opt->param16(mb.ids[p]);
     EXPECT_TRUE(std::equal(x.begin(), x.end(), y.begin(), y.end()));
@@ -279,15 +274,13 @@ TEST(ShardedOptimizer, CheckpointResumesBitIdenticallyAtAnotherSubgroupSize) {
 
 TEST(ShardedOptimizer, BadCheckpointsGiveClearErrorsAndLeaveTheStateAlone) {
   Rig a;
-  auto ma = test::build_model(*a.opt);
-  test::init_model(*a.opt, ma);
+  auto ma = test::start_model(*a.opt);
   test::train(*a.opt, ma, 1, 3, 0, 1);
   TempDir ck;
   a.opt->save(ck.path());
 
   Rig b;
-  auto mb = test::build_model(*b.opt);
-  test::init_model(*b.opt, mb);
+  auto mb = test::start_model(*b.opt);
   test::train(*b.opt, mb, 1, 1, 0, 1);
   const auto before = full(*b.opt, mb.ids[0]);
   auto expect_error = [&](const std::filesystem::path& dir, const std::string& what) {
@@ -347,13 +340,12 @@ TEST(ShardedOptimizer, AFailedStepLeavesThePreviousStateIntact) {
           return fail.load() && q.op == IoOp::write ? detail::Fault{detail::Fault::Kind::error, EIO}
                                                     : detail::Fault{};
         });
-  auto m = test::build_model(*r.opt);
-  test::init_model(*r.opt, m);
+  auto m = test::start_model(*r.opt);
   test::train(*r.opt, m, 1, 2, 0, 1);
   const auto master = full(*r.opt, m.ids[0]);
   const auto avg = full(*r.opt, m.ids[0], BlockClass::exp_avg);
-  const auto p16 = std::vector<std::uint16_t>(r.opt->param16(m.ids[0]).begin(),
-                                              r.opt->param16(m.ids[0]).end());
+  const auto p16 =
+      std::vector<std::uint16_t>(r.opt->param16(m.ids[0]).begin(), r.opt->param16(m.ids[0]).end());
   fail = true;
   EXPECT_THROW(test::train(*r.opt, m, 3, 3, 0, 1), std::system_error);
   fail = false;
@@ -410,7 +402,6 @@ TEST(ShardedOptimizer, MisuseIsRejectedWithClearErrors) {
   twin.add_group(GroupConfig{});
   twin.add_param(0, {"x", {4}, Dtype::bf16, true});
   EXPECT_THROW(twin.finalize(), std::runtime_error);
-  (void)bits;
 }
 
 TEST(ShardedOptimizer, ConfigFromJsonAndEnvironment) {
@@ -450,26 +441,23 @@ TEST(ShardedOptimizer, ConfigFromJsonAndEnvironment) {
 // and stay close.
 TEST(ShardedOptimizer, Fp32AccumulationAndBf16MomentsPaths) {
   Rig a;
-  auto ma = test::build_model(*a.opt);
-  test::init_model(*a.opt, ma);
+  auto ma = test::start_model(*a.opt);
   test::train(*a.opt, ma, 1, 8, 0, 1);
   OptimizerConfig oc = test::model_config();
   oc.accumulate_fp32 = true;
   Rig b(tier_config(2 * kMiB, 128 * kKiB), oc);
-  auto mb = test::build_model(*b.opt);
-  test::init_model(*b.opt, mb);
+  auto mb = test::start_model(*b.opt);
   test::train(*b.opt, mb, 1, 8, 0, 1);
   oc = test::model_config();
   oc.bf16_moments = true;
   Rig c(tier_config(2 * kMiB, 128 * kKiB), oc);
-  auto mc = test::build_model(*c.opt);
-  test::init_model(*c.opt, mc);
+  auto mc = test::start_model(*c.opt);
   test::train(*c.opt, mc, 1, 8, 0, 1);
   EXPECT_EQ(c.opt->state_bytes() * 3, a.opt->state_bytes() * 2);  // 4 + 2 + 2 vs 4 + 4 + 4
+  expect_same_state(*a.opt, ma, *b.opt, mb);
   for (std::size_t p = 0; p < ma.ids.size(); ++p) {
     if (!test::model_params()[p].trainable) continue;
     const auto x = full(*a.opt, ma.ids[p]);
-    EXPECT_TRUE(same_bits(x, full(*b.opt, mb.ids[p]))) << test::model_params()[p].name;
     const auto z = full(*c.opt, mc.ids[p]);
     for (std::size_t i = 0; i < x.size(); ++i)
       ASSERT_NEAR(z[i], x[i], 1e-4) << test::model_params()[p].name << "[" << i << "]";
@@ -481,8 +469,7 @@ TEST(ShardedOptimizer, FixedLossScaleNeverChangesAndStillSkipsOverflow) {
   oc.loss_scaler.mode = LossScaling::fixed;
   oc.loss_scaler.init_scale = 512;
   Rig r(tier_config(2 * kMiB, 128 * kKiB), oc);
-  auto m = test::build_model(*r.opt);
-  test::init_model(*r.opt, m);
+  auto m = test::start_model(*r.opt);
   const auto res = test::train(*r.opt, m, 1, 8, 0, 1);
   for (std::size_t i = 0; i < res.size(); ++i) {
     EXPECT_EQ(res[i].loss_scale, 512.0);

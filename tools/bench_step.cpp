@@ -7,8 +7,8 @@
 //   (c) zero-infinity: the same pipeline with ZeRO-Infinity's traffic: the fp32 gradient is
 //       written to NVMe at the accumulation boundary and read back in the step (timed together).
 // (a) uses as much buffer memory as the step has for state (the host budget less the host-resident
-// gradients). Each run does (a), (b), (c) in a rotating order after one untimed warm-up step; times are
-// medians over --runs. Gradient ingest (backward's work) is not timed.
+// gradients). Each run does (a), (b), (c) in a rotating order after one untimed warm-up step; times
+// are medians over --runs. Gradient ingest (backward's work) is not timed.
 #include <fmt/format.h>
 #include <unistd.h>
 
@@ -37,9 +37,7 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 
-constexpr BlockId kNoBlockForBench() {
-  return ~BlockId{0};
-}
+constexpr BlockId kNone = ~BlockId{0};  // a ZeRO-Infinity sub-group without exp_avg_sq (Lion)
 
 double since(Clock::time_point t0) {
   return std::chrono::duration<double>(Clock::now() - t0).count();
@@ -81,9 +79,9 @@ SwapSpace make_space(const std::vector<std::filesystem::path>& dirs, const char*
   for (const auto& d : dirs) {
     sc.dirs.push_back(d / sub);
     if (std::filesystem::exists(sc.dirs.back()))
-      throw std::invalid_argument(fmt::format(
-          "--dir {}: {} exists (a kept run?); remove it or use another directory", d.string(),
-          sc.dirs.back().string()));
+      throw std::invalid_argument(
+          fmt::format("--dir {}: {} exists (a kept run?); remove it or use another directory",
+                      d.string(), sc.dirs.back().string()));
     std::filesystem::create_directories(sc.dirs.back());
     created.dirs.push_back(sc.dirs.back());
   }
@@ -144,9 +142,10 @@ void run_step_bench(const StepOptions& o) {
   std::vector<ParamId> ids;
   const std::uint64_t per = 64ull << 20;
   for (std::uint64_t off = 0; off < n; off += per)
-    ids.push_back(opt.add_param(
-        0, {fmt::format("layer{}", ids.size()),
-            {static_cast<std::int64_t>(std::min(per, n - off))}, Dtype::bf16, true}));
+    ids.push_back(opt.add_param(0, {fmt::format("layer{}", ids.size()),
+                                    {static_cast<std::int64_t>(std::min(per, n - off))},
+                                    Dtype::bf16,
+                                    true}));
   opt.finalize();
   opt.initialize([](ParamId, std::uint64_t off, float* out, std::uint64_t k) {
     for (std::uint64_t i = 0; i < k; ++i) out[i] = 0.01f * static_cast<float>((off + i) % 101);
@@ -183,9 +182,12 @@ void run_step_bench(const StepOptions& o) {
       d.numel = k;
       return ztiers.create(d);
     };
-    ZSub z{mk("master", BlockClass::master), mk("exp_avg", BlockClass::exp_avg),
-           moments == 2 ? mk("exp_avg_sq", BlockClass::exp_avg_sq) : kNoBlockForBench(),
-           mk("grad32", BlockClass::other), off, k};
+    ZSub z{mk("master", BlockClass::master),
+           mk("exp_avg", BlockClass::exp_avg),
+           moments == 2 ? mk("exp_avg_sq", BlockClass::exp_avg_sq) : kNone,
+           mk("grad32", BlockClass::other),
+           off,
+           k};
     zsubs.push_back(z);
     BlockView v = ztiers.acquire(z.p, Tier::host, Access::overwrite);
     auto* f = reinterpret_cast<float*>(v.data());
@@ -201,7 +203,8 @@ void run_step_bench(const StepOptions& o) {
     // The accumulation boundary: the fp32 gradient goes to NVMe.
     for (const ZSub& z : zsubs) {
       BlockView v = ztiers.acquire(z.g, Tier::host, Access::overwrite);
-      cast(grad.data() + (z.off % per), Dtype::bf16, v.data(), Dtype::f32, z.n, {default_cpu_isa(), &pool});
+      cast(grad.data() + (z.off % per), Dtype::bf16, v.data(), Dtype::f32, z.n,
+           {default_cpu_isa(), &pool});
       ztiers.release(v, true);
       ztiers.write_back(z.g);
     }
@@ -210,7 +213,7 @@ void run_step_bench(const StepOptions& o) {
     auto pre = [&](std::size_t k) {
       if (k >= zsubs.size()) return;
       for (BlockId b : {zsubs[k].p, zsubs[k].m, zsubs[k].v, zsubs[k].g})
-        if (b != kNoBlockForBench()) ztiers.prefetch(b, Tier::host);
+        if (b != kNone) ztiers.prefetch(b, Tier::host);
     };
     for (std::size_t k = 0; k <= oc.prefetch_depth; ++k) pre(k);
     for (std::size_t k = 0; k < zsubs.size(); ++k) {
@@ -220,7 +223,7 @@ void run_step_bench(const StepOptions& o) {
         BlockView p = ztiers.acquire(z.p, Tier::host, Access::write);
         BlockView m = ztiers.acquire(z.m, Tier::host, Access::write);
         BlockView v;
-        if (z.v != kNoBlockForBench()) v = ztiers.acquire(z.v, Tier::host, Access::write);
+        if (z.v != kNone) v = ztiers.acquire(z.v, Tier::host, Access::write);
         BlockView g = ztiers.acquire(z.g, Tier::host);
         const GradView gv{g.data(), Dtype::f32, 1.0f};
         const Param16View pv{p16.data(), Dtype::bf16};
@@ -238,7 +241,7 @@ void run_step_bench(const StepOptions& o) {
       }
       ztiers.trim(z.g);  // consumed (ZeRO-Infinity overwrites it at the next boundary)
       for (BlockId b : {z.p, z.m, z.v})
-        if (b != kNoBlockForBench()) ztiers.write_back(b);
+        if (b != kNone) ztiers.write_back(b);
     }
     ztiers.commit();
     return since(t0);
@@ -252,8 +255,8 @@ void run_step_bench(const StepOptions& o) {
   // Its buffers: the pinned memory the step has for state, the host budget less the gradients
   // waiting in it (both passes run under the same budget), at least two sub-groups' worth.
   const std::uint64_t grad_host = grad_tier == Tier::host ? n * 2 : 0;
-  const std::size_t slots = std::max<std::size_t>(
-      2 * (1 + moments), (budget > grad_host ? budget - grad_host : 0) / blk);
+  const std::size_t slots =
+      std::max<std::size_t>(2 * (1 + moments), (budget > grad_host ? budget - grad_host : 0) / blk);
   AlignedBuffer ring(slots * blk);
   iengine.register_buffer(ring.data(), ring.size());
   // Two regions, read from one and written to the other, alternating per pass; region 0 is
@@ -281,8 +284,7 @@ void run_step_bench(const StepOptions& o) {
       const std::size_t s = b % slots;
       rd[s]->wait();
       rd[s].reset();
-      wr[s] = iengine.write(to + b * blk, ring.data() + s * blk,
-                            zsubs[b / (1 + moments)].n * 4);
+      wr[s] = iengine.write(to + b * blk, ring.data() + s * blk, zsubs[b / (1 + moments)].n * 4);
     }
     for (auto& w : wr)
       if (w) w->wait();
@@ -334,8 +336,9 @@ void run_step_bench(const StepOptions& o) {
     r_step_io.push_back(t / i);
     r_zi_step.push_back(z / t);
     if (!o.json)
-      fmt::print("run {}: io-only {:.3f} s, tierswap step {:.3f} s, zero-infinity traffic {:.3f} s\n",
-                 r + 1, i, t, z);
+      fmt::print(
+          "run {}: io-only {:.3f} s, tierswap step {:.3f} s, zero-infinity traffic {:.3f} s\n",
+          r + 1, i, t, z);
   }
   const int nv = static_cast<int>(Tier::nvme);
   // Per parameter over a whole cycle (gradient ingest, which spills with --grad-tier nvme, and
@@ -377,16 +380,11 @@ void run_step_bench(const StepOptions& o) {
         "\nNVMe per parameter per step: {:.1f} B read, {:.1f} B written ({:.1f} B "
         "of it gradient, 0 fp32); peak pinned {} of a {} budget ({} of state)\n",
         io_s, step_s, step_s / io_s, zi_s, zi_s / step_s, median(r_step_io), median(r_zi_step), rd,
-        wr, grad_nvme,
-        format_bytes(c.peak_reserved_bytes[static_cast<int>(Tier::host)]), format_bytes(budget),
-        format_bytes(n * state_pp));
+        wr, grad_nvme, format_bytes(c.peak_reserved_bytes[static_cast<int>(Tier::host)]),
+        format_bytes(budget), format_bytes(n * state_pp));
   }
   if (o.keep) {
-    if (temp) {
-      const auto kept = temp->path;
-      temp->path.clear();  // not removed
-      fmt::print(stderr, "kept the swap directory {}\n", kept.string());
-    }
+    if (temp) fmt::print(stderr, "kept the swap directory {}\n", temp->keep().string());
     fmt::print(stderr, "inspect: tierswap residency --swap-dir {}\n",
                (dirs.front() / "tierswap").string());
   }
@@ -397,7 +395,8 @@ void run_step_bench(const StepOptions& o) {
 void add_bench_step(CLI::App& bench) {
   auto o = std::make_shared<StepOptions>();
   auto* b = bench.add_subcommand(
-      "step", "Optimizer step on NVMe-resident state vs an I/O-only pass and ZeRO-Infinity traffic");
+      "step",
+      "Optimizer step on NVMe-resident state vs an I/O-only pass and ZeRO-Infinity traffic");
   b->add_option("--dir", o->dirs, "Swap directory (repeat to stripe; default: a temporary one)");
   b->add_option("--params", o->params, "Parameters (suffixes K, M, G: powers of 1024)");
   b->add_option("--host-budget", o->host_budget, "Pinned host bytes");

@@ -86,11 +86,7 @@ void run_demo(const DemoOptions& o) {
   for (const auto& p : model) params += static_cast<std::uint64_t>(p.rows * p.cols);
   const std::uint64_t state = params * 12;
   std::unique_ptr<TempDir> temp;
-  std::filesystem::path dir = o.dir;
-  if (dir.empty()) {
-    temp = std::make_unique<TempDir>("tierswap-demo");
-    dir = temp->path;
-  }
+  const std::filesystem::path dir = dir_or_temp(o.dir, "tierswap-demo", temp);
   SwapSpaceConfig sc;
   sc.dirs = {dir};
   sc.capacity = round_up(2 * state + 2 * params * 2 + (256ull << 20), 1ull << 20);
@@ -186,10 +182,10 @@ void run_demo(const DemoOptions& o) {
   }
   const std::string snap = tiers.snapshot().to_json();
   if (o.json) {
-    fmt::print("{}\n", nlohmann::json{{"params", params},
-                                      {"steps", steps},
-                                      {"residency", nlohmann::json::parse(snap)}}
-                           .dump(2));
+    fmt::print("{}\n",
+               nlohmann::json{
+                   {"params", params}, {"steps", steps}, {"residency", nlohmann::json::parse(snap)}}
+                   .dump(2));
   } else {
     fmt::print("\n");
     print_residency(snap, stdout);
@@ -221,11 +217,7 @@ void run_tier_bench(const TierBenchOptions& o) {
     throw std::invalid_argument(
         "--blocks >= 4 and 3 <= --host-blocks < --blocks (the stream must not fit the budget)");
   std::unique_ptr<TempDir> temp;
-  std::filesystem::path dir = o.dir;
-  if (dir.empty()) {
-    temp = std::make_unique<TempDir>("tierswap-bench-tier");
-    dir = temp->path;
-  }
+  const std::filesystem::path dir = dir_or_temp(o.dir, "tierswap-bench-tier", temp);
   SwapSpaceConfig sc;
   sc.dirs = {dir};
   sc.capacity = bb * static_cast<std::uint64_t>(o.blocks) + (16ull << 20);

@@ -6,8 +6,10 @@
 #include <cerrno>
 #include <cstdlib>
 #include <filesystem>
+#include <memory>
 #include <string>
 #include <system_error>
+#include <utility>
 
 namespace tierswap::cli {
 
@@ -22,10 +24,20 @@ struct TempDir {
   }
   ~TempDir() {
     std::error_code ec;
-    std::filesystem::remove_all(path, ec);
+    if (!path.empty()) std::filesystem::remove_all(path, ec);
   }
+  /// Leaves the directory in place at exit; returns its path.
+  std::filesystem::path keep() { return std::exchange(path, {}); }
   TempDir(const TempDir&) = delete;
   TempDir& operator=(const TempDir&) = delete;
 };
+
+/// `dir` when given, else a new temporary directory owned by `temp` (removed with it).
+inline std::filesystem::path dir_or_temp(const std::string& dir, const char* prefix,
+                                         std::unique_ptr<TempDir>& temp) {
+  if (!dir.empty()) return dir;
+  temp = std::make_unique<TempDir>(prefix);
+  return temp->path;
+}
 
 }  // namespace tierswap::cli

@@ -136,9 +136,9 @@ struct OptimizerConfig {
 using ParamId = std::uint32_t;
 
 struct ParamSpec {
-  std::string name;                ///< unique, non-empty
-  std::vector<std::int64_t> shape; ///< numel = product (> 0)
-  Dtype dtype = Dtype::bf16;       ///< the 16-bit dtype of the model's copy (bf16 or f16)
+  std::string name;                 ///< unique, non-empty
+  std::vector<std::int64_t> shape;  ///< numel = product (> 0)
+  Dtype dtype = Dtype::bf16;        ///< the 16-bit dtype of the model's copy (bf16 or f16)
   bool requires_grad = true;
   std::uint64_t numel() const;
 };
@@ -146,20 +146,20 @@ struct ParamSpec {
 /// A sub-group of this rank: a contiguous range of its group's flat parameter space.
 struct SubgroupInfo {
   int group = 0;
-  int index = 0;               ///< within the group's partition of this rank
-  std::uint64_t begin = 0;     ///< element offset in the group's flat space
+  int index = 0;            ///< within the group's partition of this rank
+  std::uint64_t begin = 0;  ///< element offset in the group's flat space
   std::uint64_t numel = 0;
 };
 
 /// What step() did.
 struct StepResult {
-  bool skipped = false;          ///< a non-finite gradient: state unchanged, scale backed off
-  std::uint64_t step = 0;        ///< optimizer steps taken so far (skipped ones not counted)
-  double grad_norm = 0;          ///< global norm of the unscaled gradient (inf/nan when skipped)
-  double clip_factor = 1;        ///< <= 1
-  double loss_scale = 1;         ///< the scale the gradients of this step carried
-  double next_loss_scale = 1;    ///< the scale for the next step
-  std::uint64_t bytes_in[kTierCount] = {};   ///< moved into each tier during the step
+  bool skipped = false;        ///< a non-finite gradient: state unchanged, scale backed off
+  std::uint64_t step = 0;      ///< optimizer steps taken so far (skipped ones not counted)
+  double grad_norm = 0;        ///< global norm of the unscaled gradient (inf/nan when skipped)
+  double clip_factor = 1;      ///< <= 1
+  double loss_scale = 1;       ///< the scale the gradients of this step carried
+  double next_loss_scale = 1;  ///< the scale for the next step
+  std::uint64_t bytes_in[kTierCount] = {};  ///< moved into each tier during the step
   std::uint64_t bytes_out[kTierCount] = {};
   double io_wait_seconds = 0;    ///< time the step waited for transfers
   double seconds = 0;            ///< wall time of step()

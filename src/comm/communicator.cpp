@@ -1,4 +1,5 @@
-// The single-process communicator, the factory, and the stubs of transports this build lacks.
+// The single-process communicator, the factory, and, for a transport this build lacks, the
+// functions that refuse it with an error saying how to build it in.
 #include "tierswap/communicator.hpp"
 
 #include <fmt/format.h>
@@ -68,8 +69,8 @@ std::unique_ptr<Communicator> make_communicator(std::string_view kind) {
     }();
     return make_nccl_communicator(std::move(boot), local);
   }
-  throw std::invalid_argument(fmt::format(
-      "communicator '{}': expected single, mpi, nccl or auto", std::string(kind)));
+  throw std::invalid_argument(
+      fmt::format("communicator '{}': expected single, mpi, nccl or auto", std::string(kind)));
 }
 
 #ifndef TIERSWAP_HAVE_MPI

@@ -32,8 +32,8 @@ void sum16(void* in, void* inout, int* len, MPI_Datatype*) {
 }
 
 std::mutex g_mu;
-int g_users = 0;          // live communicators
-bool g_we_init = false;   // this library called MPI_Init_thread
+int g_users = 0;         // live communicators
+bool g_we_init = false;  // this library called MPI_Init_thread
 MPI_Op g_sum_bf16 = MPI_OP_NULL, g_sum_f16 = MPI_OP_NULL;
 
 int to_int(std::size_t n, const char* what) {

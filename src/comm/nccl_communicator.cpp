@@ -104,9 +104,10 @@ class NcclCommunicator final : public Communicator {
     std::byte* d = dev ? static_cast<std::byte*>(buf) : staging(end * es);
     const auto me = static_cast<std::size_t>(rank());
     if (!dev)
-      cuda_check(cudaMemcpyAsync(d + displs[me] * es, static_cast<std::byte*>(buf) + displs[me] * es,
-                                 counts[me] * es, cudaMemcpyHostToDevice, stream_),
-                 "cudaMemcpyAsync");
+      cuda_check(
+          cudaMemcpyAsync(d + displs[me] * es, static_cast<std::byte*>(buf) + displs[me] * es,
+                          counts[me] * es, cudaMemcpyHostToDevice, stream_),
+          "cudaMemcpyAsync");
     nccl_check(ncclGroupStart(), "group_start");
     for (std::size_t r = 0; r < counts.size(); ++r)
       nccl_check(ncclBroadcast(d + displs[r] * es, d + displs[r] * es, counts[r] * es, ncclUint8,
@@ -116,10 +117,10 @@ class NcclCommunicator final : public Communicator {
     if (!dev)
       for (std::size_t r = 0; r < counts.size(); ++r)
         if (r != me)
-          cuda_check(cudaMemcpyAsync(static_cast<std::byte*>(buf) + displs[r] * es,
-                                     d + displs[r] * es, counts[r] * es, cudaMemcpyDeviceToHost,
-                                     stream_),
-                     "cudaMemcpyAsync");
+          cuda_check(
+              cudaMemcpyAsync(static_cast<std::byte*>(buf) + displs[r] * es, d + displs[r] * es,
+                              counts[r] * es, cudaMemcpyDeviceToHost, stream_),
+              "cudaMemcpyAsync");
     cuda_check(cudaStreamSynchronize(stream_), "all_gather_v");
   }
   void all_reduce_sum(double* data, std::size_t n) override {

@@ -24,6 +24,7 @@
 #include "src/optim/optimizer_impl.hpp"
 #include "tierswap/checksum.hpp"
 #include "tierswap/detail/manifest.hpp"
+#include "tierswap/error.hpp"
 
 namespace tierswap {
 namespace {
@@ -32,15 +33,11 @@ constexpr std::uint32_t kCheckpointVersion = 1;
 constexpr std::uint64_t kPiece = 1ull << 20;  // elements per checksummed piece
 constexpr const char* kManifest = "tierswap.checkpoint";
 
-[[noreturn]] void sys_fail(int err, const std::string& what) {
-  throw std::system_error(err, std::system_category(), what);
-}
-
 class File {
  public:
   File(const std::filesystem::path& p, int flags) : path_(p.string()) {
     fd_ = ::open(path_.c_str(), flags | O_CLOEXEC | O_NOFOLLOW, 0600);
-    if (fd_ < 0) sys_fail(errno, "open " + path_);
+    if (fd_ < 0) throw_errno(errno, "open " + path_);
   }
   ~File() {
     if (fd_ >= 0) ::close(fd_);
@@ -52,7 +49,7 @@ class File {
     while (n > 0) {
       const ssize_t w = ::pwrite(fd_, p, n, static_cast<off_t>(off));
       if (w < 0 && errno == EINTR) continue;
-      if (w <= 0) sys_fail(w < 0 ? errno : EIO, fmt::format("write {} @{}+{}", path_, off, n));
+      if (w <= 0) throw_errno(w < 0 ? errno : EIO, fmt::format("write {} @{}+{}", path_, off, n));
       p += w;
       n -= static_cast<std::size_t>(w);
       off += static_cast<std::uint64_t>(w);
@@ -63,32 +60,28 @@ class File {
     while (n > 0) {
       const ssize_t r = ::pread(fd_, p, n, static_cast<off_t>(off));
       if (r < 0 && errno == EINTR) continue;
-      if (r < 0) sys_fail(errno, fmt::format("read {} @{}+{}", path_, off, n));
+      if (r < 0) throw_errno(errno, fmt::format("read {} @{}+{}", path_, off, n));
       if (r == 0)
-        throw std::runtime_error(fmt::format("checkpoint file {} is truncated (reading @{}+{})",
-                                             path_, off, n));
+        throw std::runtime_error(
+            fmt::format("checkpoint file {} is truncated (reading @{}+{})", path_, off, n));
       p += r;
       n -= static_cast<std::size_t>(r);
       off += static_cast<std::uint64_t>(r);
     }
   }
   std::uint64_t size() const {
-    struct stat st{};
-    if (::fstat(fd_, &st) != 0) sys_fail(errno, "stat " + path_);
+    struct stat st {};
+    if (::fstat(fd_, &st) != 0) throw_errno(errno, "stat " + path_);
     return static_cast<std::uint64_t>(st.st_size);
   }
   void sync() {
-    if (::fsync(fd_) != 0) sys_fail(errno, "fsync " + path_);
+    if (::fsync(fd_) != 0) throw_errno(errno, "fsync " + path_);
   }
 
  private:
   std::string path_;
   int fd_ = -1;
 };
-
-std::string hex64(std::uint64_t v) {
-  return fmt::format("{:016x}", v);
-}
 
 std::string slot_name(int slot) {
   return std::string(to_string(state_class(slot)));
@@ -124,15 +117,6 @@ GroupConfig group_from_json(const nlohmann::json& j) {
   return c;
 }
 
-void fsync_dir(const std::filesystem::path& dir) {
-  const int fd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-  if (fd < 0) sys_fail(errno, "open directory " + dir.string());
-  const int rc = ::fsync(fd);
-  const int err = errno;
-  ::close(fd);
-  if (rc != 0) sys_fail(err, "fsync directory " + dir.string());
-}
-
 struct Section {
   int group = 0, slot = 0;
   std::uint64_t begin = 0, end = 0, offset = 0;
@@ -159,7 +143,7 @@ void ShardedOptimizer::save(const std::filesystem::path& dir) {
   if (m.in_backward) throw std::logic_error("save: a backward pass is in progress");
   std::error_code ec;
   std::filesystem::create_directories(dir, ec);
-  if (ec) sys_fail(ec.value(), "create checkpoint directory " + dir.string());
+  if (ec) throw_errno(ec.value(), "create checkpoint directory " + dir.string());
   std::uint64_t id = 0;
   if (m.rank == 0) id = std::random_device{}() * 0x100000001ull ^ std::random_device{}();
   m.comm.broadcast(&id, sizeof id, 0);
@@ -184,7 +168,7 @@ void ShardedOptimizer::save(const std::filesystem::path& dir) {
         piece.resize(kPiece * es);
         auto flush_piece = [&] {
           if (fill == 0) return;
-          sums.push_back(hex64(checksum64(piece.data(), fill)));
+          sums.push_back(checksum_hex(checksum64(piece.data(), fill)));
           f.pwrite_all(piece.data(), fill, offset);
           offset += fill;
           fill = 0;
@@ -258,7 +242,7 @@ void ShardedOptimizer::save(const std::filesystem::path& dir) {
     nlohmann::json ranks = nlohmann::json::array();
     for (int r = 0; r < m.world; ++r)
       ranks.push_back({{"index", fmt::format("rank-{:05}-{:016x}.json", r, id)},
-                       {"checksum", hex64(sums[r])}});
+                       {"checksum", checksum_hex(sums[r])}});
     nlohmann::json man = {{"format", "tierswap-checkpoint"},
                           {"version", kCheckpointVersion},
                           {"world_size", m.world},
@@ -269,7 +253,7 @@ void ShardedOptimizer::save(const std::filesystem::path& dir) {
                           {"groups", std::move(groups)},
                           {"ranks", std::move(ranks)}};
     detail::write_manifest_file(dir / kManifest, man.dump(), true);
-    fsync_dir(dir);
+    detail::fsync_directory(dir);
   }
   m.comm.barrier();
   // Files of earlier saves are unreferenced now.
@@ -332,9 +316,10 @@ void ShardedOptimizer::load(const std::filesystem::path& dir) {
       probe.cfg = c;
       for (int slot = 0; slot < kStateSlots; ++slot)
         if (probe.has_slot(slot) != g.has_slot(slot) || c.kind != g.cfg.kind)
-          throw bad(man_path, fmt::format("group {} is {}{}, this optimizer's is {}{}", gi,
-                                          to_string(c.kind), c.amsgrad ? " (amsgrad)" : "",
-                                          to_string(g.cfg.kind), g.cfg.amsgrad ? " (amsgrad)" : ""));
+          throw bad(man_path,
+                    fmt::format("group {} is {}{}, this optimizer's is {}{}", gi, to_string(c.kind),
+                                c.amsgrad ? " (amsgrad)" : "", to_string(g.cfg.kind),
+                                g.cfg.amsgrad ? " (amsgrad)" : ""));
       cfgs.push_back(c);
       const auto& ps = jg.at("params");
       if (ps.size() != g.params.size())
@@ -363,9 +348,10 @@ void ShardedOptimizer::load(const std::filesystem::path& dir) {
       throw bad(man_path, "rank table does not match the world size");
     for (int r = 0; r < old_world; ++r) {
       const auto ip = dir / ranks[r].at("index").get<std::string>();
-      if (!std::filesystem::exists(ip)) throw bad(ip, "missing (written by rank " + std::to_string(r) + ")");
+      if (!std::filesystem::exists(ip))
+        throw bad(ip, "missing (written by rank " + std::to_string(r) + ")");
       const std::string payload = detail::read_manifest_file(ip);
-      if (hex64(checksum64(payload.data(), payload.size())) != ranks[r].at("checksum"))
+      if (checksum_hex(checksum64(payload.data(), payload.size())) != ranks[r].at("checksum"))
         throw bad(ip, "does not belong to this checkpoint's manifest (checksum mismatch)");
       const auto j = nlohmann::json::parse(payload);
       RankIndex ri;
@@ -375,8 +361,8 @@ void ShardedOptimizer::load(const std::filesystem::path& dir) {
       if (!std::filesystem::exists(ri.data)) throw bad(ri.data, "missing");
       File f(ri.data, O_RDONLY);
       if (f.size() != ri.data_bytes)
-        throw bad(ri.data, fmt::format("{} bytes, the index says {} (truncated?)", f.size(),
-                                       ri.data_bytes));
+        throw bad(ri.data,
+                  fmt::format("{} bytes, the index says {} (truncated?)", f.size(), ri.data_bytes));
       for (const auto& js : j.at("sections")) {
         Section s;
         s.group = js.at("group").get<int>();
@@ -420,11 +406,12 @@ void ShardedOptimizer::load(const std::filesystem::path& dir) {
           std::uint64_t x = s.begin;
           const std::uint64_t end = s.begin + s.numel;
           while (x < end) {
-            const int q = static_cast<int>(std::min<std::uint64_t>(x / old_part[gi], old_world - 1));
+            const int q =
+                static_cast<int>(std::min<std::uint64_t>(x / old_part[gi], old_world - 1));
             const Section* sec = olds[q].find(static_cast<int>(gi), slot);
             if (sec == nullptr || x < sec->begin || x >= sec->end || sec->dtype != dt)
-              throw bad(olds[q].data, fmt::format("no {} data for group {} element {}",
-                                                  slot_name(slot), gi, x));
+              throw bad(olds[q].data,
+                        fmt::format("no {} data for group {} element {}", slot_name(slot), gi, x));
             const std::uint64_t pi = (x - sec->begin) / kPiece;
             const std::uint64_t pb = sec->begin + pi * kPiece;
             const std::uint64_t pn = std::min(kPiece, sec->end - pb);
@@ -456,7 +443,6 @@ void ShardedOptimizer::load(const std::filesystem::path& dir) {
   for (auto& s : m.subs) {
     m.tiers.trim(s.grad);
     s.sums.clear();
-    s.final = false;
   }
   m.refresh_param16();
   m.tiers.commit();

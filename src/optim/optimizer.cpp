@@ -146,8 +146,7 @@ std::uint64_t ParamSpec::numel() const {
   std::uint64_t n = 1;
   for (auto d : shape) {
     if (d <= 0)
-      throw std::invalid_argument(
-          fmt::format("parameter '{}': dimension {} must be > 0", name, d));
+      throw std::invalid_argument(fmt::format("parameter '{}': dimension {} must be > 0", name, d));
     n *= static_cast<std::uint64_t>(d);
   }
   return n;
@@ -210,8 +209,7 @@ std::pair<std::uint64_t, std::uint64_t> ShardedOptimizer::Impl::piece(const OptG
 }
 
 void ShardedOptimizer::Impl::require_finalized(const char* what) const {
-  if (!finalized)
-    throw std::logic_error(fmt::format("{}: call finalize() first", what));
+  if (!finalized) throw std::logic_error(fmt::format("{}: call finalize() first", what));
 }
 
 void ShardedOptimizer::Impl::layout() {
@@ -282,7 +280,8 @@ void ShardedOptimizer::Impl::create_blocks() {
     for (const auto& s : subs) {
       std::uint64_t b = 0;
       for (int slot = 0; slot < kStateSlots; ++slot)
-        if (groups[s.group].has_slot(slot)) b += round_up_u64(s.numel * dtype_size(slot_dtype(slot)), 4096);
+        if (groups[s.group].has_slot(slot))
+          b += round_up_u64(s.numel * dtype_size(slot_dtype(slot)), 4096);
       per = std::max(per, b);
     }
     const std::uint64_t budget = tiers.config().host_budget;
@@ -359,7 +358,6 @@ void ShardedOptimizer::Impl::refresh_param16() {
 
 void ShardedOptimizer::Impl::gradient_done(OptSub& s, const BlockView& grad) {
   if (final_backward) {
-    s.final = true;
     s.sums.assign((s.numel + kGradStatsChunk - 1) / kGradStatsChunk, 0.0);
     grad_chunk_sums(grad.data(), acc_dtype(groups[s.group]), s.numel, s.sums.data(), ctx());
   }
@@ -425,13 +423,12 @@ ParamId ShardedOptimizer::add_param(int group, const ParamSpec& spec) {
     throw std::invalid_argument(fmt::format("add_param '{}': no group {}", spec.name, group));
   if (spec.name.empty()) throw std::invalid_argument("add_param: empty parameter name");
   if (spec.dtype == Dtype::f32)
-    throw std::invalid_argument(
-        fmt::format("add_param '{}': dtype must be bf16 or f16 (the model's 16-bit copy)",
-                    spec.name));
+    throw std::invalid_argument(fmt::format(
+        "add_param '{}': dtype must be bf16 or f16 (the model's 16-bit copy)", spec.name));
   for (const auto& p : m.params)
     if (p.spec.name == spec.name)
-      throw std::invalid_argument(fmt::format("add_param '{}': a parameter of that name exists",
-                                              spec.name));
+      throw std::invalid_argument(
+          fmt::format("add_param '{}': a parameter of that name exists", spec.name));
   OptGroup& g = m.groups[group];
   if (spec.requires_grad) {
     if (g.has_dtype && g.dtype16 != spec.dtype)
@@ -527,8 +524,7 @@ void ShardedOptimizer::set_group_config(int group, const GroupConfig& cfg) {
     for (int slot = 0; slot < kStateSlots; ++slot)
       if (probe.has_slot(slot) != g.has_slot(slot) || cfg.kind != g.cfg.kind)
         throw std::invalid_argument(fmt::format(
-            "group '{}': kind, amsgrad and SGD momentum (on/off) are fixed at finalize()",
-            g.name));
+            "group '{}': kind, amsgrad and SGD momentum (on/off) are fixed at finalize()", g.name));
   }
   g.cfg = cfg;
 }
@@ -552,7 +548,8 @@ void ShardedOptimizer::add_grad(ParamId id, const void* grad, Dtype dtype) {
   Impl& m = *impl_;
   m.require_finalized("add_grad");
   if (!m.in_backward) throw std::logic_error("add_grad: call begin_backward() first");
-  if (id >= m.params.size()) throw std::invalid_argument(fmt::format("add_grad: no parameter {}", id));
+  if (id >= m.params.size())
+    throw std::invalid_argument(fmt::format("add_grad: no parameter {}", id));
   const OptParam& p = m.params[id];
   if (!p.spec.requires_grad)
     throw std::invalid_argument(
@@ -602,8 +599,8 @@ void ShardedOptimizer::add_grad_bucket(ParamId first, std::size_t count, const v
                                        Dtype dtype) {
   Impl& m = *impl_;
   if (first + count > m.params.size() || count == 0)
-    throw std::invalid_argument(fmt::format(
-        "add_grad_bucket: parameters {}..{} do not exist", first, first + count));
+    throw std::invalid_argument(
+        fmt::format("add_grad_bucket: parameters {}..{} do not exist", first, first + count));
   const int group = m.params[first].group;
   std::uint64_t off = 0;
   for (std::size_t i = 0; i < count; ++i) {
@@ -630,7 +627,7 @@ void ShardedOptimizer::end_backward() {
 bool ShardedOptimizer::gradient_final(std::size_t k) const {
   if (k >= impl_->subs.size())
     throw std::invalid_argument(fmt::format("gradient_final: no sub-group {}", k));
-  return impl_->subs[k].final;
+  return !impl_->subs[k].sums.empty();  // taken when its final gradient was complete
 }
 
 double ShardedOptimizer::loss_scale() const {
@@ -679,7 +676,6 @@ StepResult ShardedOptimizer::step() {
   auto finish = [&] {
     for (auto& s : m.subs) {
       m.tiers.trim(s.grad);
-      s.final = false;
       s.sums.clear();
     }
     const TierCounters c1 = m.tiers.counters();
@@ -718,8 +714,7 @@ StepResult ShardedOptimizer::step() {
       for (BlockId b : m.subs[k].state)
         if (b != kNoBlock) m.tiers.prefetch(b, Tier::host);
     };
-    for (std::size_t k = 0; k < std::min<std::size_t>(n, m.depth + 1); ++k)
-      prefetch(k);
+    for (std::size_t k = 0; k < std::min<std::size_t>(n, m.depth + 1); ++k) prefetch(k);
     for (std::size_t k = 0; k < n; ++k) {
       prefetch(k + m.depth + 1);
       OptSub& s = m.subs[k];
@@ -754,8 +749,8 @@ StepResult ShardedOptimizer::step() {
                       m.ctx());
             break;
           case OptimizerKind::sgd:
-            sgd_step(sgd_config(g.cfg), t == 1, p, static_cast<float*>(ptr[kMomentum]), gview,
-                     p16, s.numel, m.ctx());
+            sgd_step(sgd_config(g.cfg), t == 1, p, static_cast<float*>(ptr[kMomentum]), gview, p16,
+                     s.numel, m.ctx());
             break;
         }
         for (auto& h : st)
@@ -775,7 +770,8 @@ StepResult ShardedOptimizer::step() {
       m.tiers.discard();
       if (done > 0) m.refresh_param16();
     } catch (const std::exception& e) {
-      log(LogLevel::error, fmt::format("step: rolling back after an error failed too: {}", e.what()));
+      log(LogLevel::error,
+          fmt::format("step: rolling back after an error failed too: {}", e.what()));
     }
     throw;
   }
@@ -791,14 +787,15 @@ StepResult ShardedOptimizer::step() {
 std::span<const std::uint16_t> ShardedOptimizer::param16(ParamId id) const {
   const Impl& m = *impl_;
   m.require_finalized("param16");
-  if (id >= m.params.size()) throw std::invalid_argument(fmt::format("param16: no parameter {}", id));
+  if (id >= m.params.size())
+    throw std::invalid_argument(fmt::format("param16: no parameter {}", id));
   const OptParam& p = m.params[id];
   if (!p.spec.requires_grad) return {p.frozen16.data(), p.frozen16.size()};
   return {m.groups[p.group].p16.data() + p.offset, p.numel};
 }
 
-std::vector<std::pair<std::uint64_t, std::vector<float>>> ShardedOptimizer::shard(
-    ParamId id, BlockClass cls) {
+std::vector<std::pair<std::uint64_t, std::vector<float>>> ShardedOptimizer::shard(ParamId id,
+                                                                                  BlockClass cls) {
   Impl& m = *impl_;
   m.require_finalized("shard");
   if (id >= m.params.size()) throw std::invalid_argument(fmt::format("shard: no parameter {}", id));

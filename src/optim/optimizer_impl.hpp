@@ -33,9 +33,9 @@ struct OptSub {
   BlockId grad = kNoBlock;
   std::uint32_t nparams = 0;  // trainable parameters overlapping it
   std::uint32_t seen = 0;     // of them, ingested in this backward
-  bool final = false;
   // Statistics chunk sums of the final gradient, taken while it was in memory at ingest (so a
-  // gradient spilled to NVMe is not read back for them); empty when not taken.
+  // gradient spilled to NVMe is not read back for them). Non-empty exactly when the sub-group's
+  // gradient is final for this step (gradient_final); any later ingest clears them.
   std::vector<double> sums;
 };
 
@@ -44,15 +44,15 @@ struct OptGroup {
   std::string name;
   Dtype dtype16 = Dtype::bf16;
   bool has_dtype = false;
-  std::vector<ParamId> params;  // all, registration order
-  std::uint64_t numel = 0;      // trainable elements
-  std::uint64_t part = 0;       // elements per rank partition (multiple of kGradStatsChunk)
-  std::uint64_t lo = 0, hi = 0; // this rank's partition
-  std::uint64_t slots = 0;      // sub-group slots per partition: ceil(part / subgroup size)
-  std::vector<std::uint16_t> p16;      // the whole group's 16-bit parameters (flat)
-  std::vector<std::byte> local_grad;   // world size > 1: unreduced local gradient (flat)
+  std::vector<ParamId> params;        // all, registration order
+  std::uint64_t numel = 0;            // trainable elements
+  std::uint64_t part = 0;             // elements per rank partition (multiple of kGradStatsChunk)
+  std::uint64_t lo = 0, hi = 0;       // this rank's partition
+  std::uint64_t slots = 0;            // sub-group slots per partition: ceil(part / subgroup size)
+  std::vector<std::uint16_t> p16;     // the whole group's 16-bit parameters (flat)
+  std::vector<std::byte> local_grad;  // world size > 1: unreduced local gradient (flat)
   bool local_dirty = false;
-  std::size_t chunk_base = 0;          // first statistics chunk in the optimizer's chunk vector
+  std::size_t chunk_base = 0;            // first statistics chunk in the optimizer's chunk vector
   std::size_t first_sub = 0, nsubs = 0;  // this rank's sub-groups in Impl::subs
   bool has_slot(int slot) const;
 };
@@ -65,7 +65,7 @@ struct ShardedOptimizer::Impl {
   int rank = 0, world = 1;
   std::uint64_t sub_size = 0;
   bool finalized = false;
-  bool streaming = true;  // state written behind after each sub-group (state tier nvme)
+  bool streaming = true;    // state written behind after each sub-group (state tier nvme)
   std::uint32_t depth = 0;  // sub-groups read ahead: prefetch_depth, or fewer where the budget
                             // cannot hold them beside the gradients and a write-behind
   std::vector<OptGroup> groups;
@@ -99,8 +99,8 @@ struct ShardedOptimizer::Impl {
   void refresh_param16();
   void gather_param16();
   void reduce_local(OptGroup& g);
-  /// At the end of a sub-group's final ingest: its statistics (view: its gradient), then the
-  /// spill to NVMe when gradients live there.
+  /// At the end of a sub-group's ingest in a final backward: its statistics (view: its
+  /// gradient), which also mark the gradient final.
   void gradient_done(OptSub& s, const BlockView& grad);
 };
 

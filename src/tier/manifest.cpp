@@ -10,6 +10,7 @@
 
 #include "tierswap/checksum.hpp"
 #include "tierswap/detail/manifest.hpp"
+#include "tierswap/error.hpp"
 
 #include <fmt/format.h>
 
@@ -27,10 +28,6 @@ T get(const unsigned char* p) {
   T v;
   std::memcpy(&v, p, sizeof v);
   return v;
-}
-
-[[noreturn]] void throw_errno(int err, const std::string& what) {
-  throw std::system_error(err, std::system_category(), what);
 }
 
 void write_all(int fd, const void* data, std::size_t n, const std::string& path) {
@@ -72,15 +69,16 @@ void write_manifest_file(const std::filesystem::path& path, const std::string& p
     ::unlink(tmp.c_str());
     throw_errno(err, fmt::format("rename {} -> {}", tmp, path.string()));
   }
-  if (durable) {
-    const std::string dir = path.parent_path().empty() ? "." : path.parent_path().string();
-    const int dfd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-    if (dfd < 0) throw_errno(errno, "open directory " + dir);
-    const int rc = ::fsync(dfd);
-    const int err = errno;
-    ::close(dfd);
-    if (rc != 0) throw_errno(err, "fsync directory " + dir);
-  }
+  if (durable) fsync_directory(path.parent_path().empty() ? "." : path.parent_path());
+}
+
+void fsync_directory(const std::filesystem::path& dir) {
+  const int dfd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  if (dfd < 0) throw_errno(errno, "open directory " + dir.string());
+  const int rc = ::fsync(dfd);
+  const int err = errno;
+  ::close(dfd);
+  if (rc != 0) throw_errno(err, "fsync directory " + dir.string());
 }
 
 std::string read_manifest_file(const std::filesystem::path& path) {

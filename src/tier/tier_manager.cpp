@@ -78,8 +78,8 @@ struct Block {
   bool written = false;  // the write slot holds data newer than the committed one
   bool trimmed = false;  // trim()med since the last commit: reads as zeros
   std::uint64_t written_checksum = 0;
-  bool prefetched = false;
-  bool landed = false;  // a read landed and its acquirer has not pinned it yet
+  bool prefetched = false;  // landed by a prefetch (counts a hit when acquired)
+  bool landed = false;      // a read landed and its acquirer has not pinned it yet
   bool queued = false;
   std::shared_ptr<Op> op;  // in-flight transfer of the host copy
   std::uint64_t last_use = 0;
@@ -102,10 +102,6 @@ void validate_name(const std::string& n) {
   for (unsigned char c : n)
     if (c < 0x20 || c == 0x7f)
       throw std::invalid_argument(fmt::format("block name '{}': control characters", n));
-}
-
-std::string hex64(std::uint64_t v) {
-  return fmt::format("{:016x}", v);
 }
 
 }  // namespace
@@ -390,8 +386,7 @@ struct TierManager::Impl {
   // (clean_only) never waits for a write-back and never drops another prefetched copy.
   Block* victim(int s, BlockId exclude, bool clean_only) {
     return lru(s, [&](const Block& b) {
-      return b.id != exclude &&
-             !(clean_only && (b.st[s] == CopyState::dirty || b.prefetched || b.landed));
+      return b.id != exclude && !(clean_only && (b.st[s] == CopyState::dirty || b.landed));
     });
   }
 
@@ -463,7 +458,7 @@ struct TierManager::Impl {
       // write-back in flight (write-behind) lands; only then does anything else go (a dirty copy
       // written back here, or a prefetched one).
       if (Block* v = lru(s, [&](const Block& c) {
-            return c.id != id && c.st[s] == CopyState::valid && !c.prefetched && !c.landed;
+            return c.id != id && c.st[s] == CopyState::valid && !c.landed;
           })) {
         evict_copy(lk, v->id, s, false);
         continue;
@@ -484,9 +479,8 @@ struct TierManager::Impl {
         }
       }
       // A clean prefetched copy (read again later) before a dirty one (written, then read).
-      if (Block* v = lru(s, [&](const Block& c) {
-            return c.id != id && c.st[s] == CopyState::valid;
-          })) {
+      if (Block* v =
+              lru(s, [&](const Block& c) { return c.id != id && c.st[s] == CopyState::valid; })) {
         evict_copy(lk, v->id, s, false);
         continue;
       }
@@ -735,7 +729,7 @@ struct TierManager::Impl {
       e["has_data"] = data;
       if (b.desc.transient) e["transient"] = true;
       e["generation"] = w ? committed_gen + 1 : b.data_gen;
-      e["checksum"] = hex64(w ? b.written_checksum : b.checksum);
+      e["checksum"] = checksum_hex(w ? b.written_checksum : b.checksum);
       arr.push_back(std::move(e));
     }
     j["blocks"] = std::move(arr);
@@ -794,8 +788,8 @@ struct TierManager::Impl {
         throw std::runtime_error(fmt::format(
             "manifest {}: block '{}' (generation {}): data checksum {} does not match the "
             "manifest's {} (extent @{}+{}): the swap file is corrupt",
-            manifest_path().string(), b.desc.name, b.data_gen, hex64(got), hex64(b.checksum),
-            b.slot[b.committed].offset, b.alloc_bytes));
+            manifest_path().string(), b.desc.name, b.data_gen, checksum_hex(got),
+            checksum_hex(b.checksum), b.slot[b.committed].offset, b.alloc_bytes));
     }
     checksums_verified = true;
   }

@@ -44,8 +44,8 @@ class SlabPool {
   /// Returns a piece from try_allocate().
   void free(std::byte* p) noexcept;
   std::uint64_t budget() const noexcept { return budget_; }
-  std::uint64_t reserved() const noexcept { return reserved_; }  ///< slab bytes
-  std::uint64_t used() const noexcept { return used_; }          ///< bytes handed out
+  std::uint64_t reserved() const noexcept { return reserved_; }   ///< slab bytes
+  std::uint64_t used() const noexcept { return used_; }           ///< bytes handed out
   std::uint64_t peak_reserved() const noexcept { return peak_; }  ///< most slab bytes ever
   /// Whether a piece of `bytes` could ever fit (a slab of that size fits the budget).
   bool could_fit(std::uint64_t bytes) const noexcept;

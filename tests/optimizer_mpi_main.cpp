@@ -4,6 +4,7 @@
 // 3 and 4 ranks and compares the files byte for byte, resumes a 3-rank checkpoint at 2 ranks,
 // and checks 3 ranks against torch.optim.AdamW (--fixture).
 //   optimizer_mpi --out FILE [--save-at N DIR] [--load DIR] [--fixture FILE] [--no-coalesce]
+//                 [--overlap]
 #include <cmath>
 #include <cstdio>
 #include <cstring>
@@ -23,7 +24,7 @@ using namespace tierswap;
 int main(int argc, char** argv) {
   std::string out, save_dir, load_dir, fixture;
   int save_at = 0;
-  bool coalesce = true;
+  bool coalesce = true, overlap = false;
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
     if (a == "--out" && i + 1 < argc)
@@ -36,8 +37,11 @@ int main(int argc, char** argv) {
       fixture = argv[++i];
     else if (a == "--no-coalesce")
       coalesce = false;
+    else if (a == "--overlap")
+      overlap = true;
     else {
-      std::cerr << "usage: optimizer_mpi --out FILE [--save-at N DIR] [--load DIR] [--fixture F]\n";
+      std::cerr << "usage: optimizer_mpi --out FILE [--save-at N DIR] [--load DIR] [--fixture F] "
+                   "[--no-coalesce] [--overlap]\n";
       return 2;
     }
   }
@@ -59,6 +63,7 @@ int main(int argc, char** argv) {
     TierManager tiers(space, engine, tc);
     OptimizerConfig oc = test::model_config();
     oc.coalesce = coalesce;  // off: one reduce-scatter per backward pass instead of per step
+    oc.overlap = overlap;    // sub-groups step speculatively as their reduced gradient arrives
     ShardedOptimizer opt(tiers, *comm, oc);
     auto m = test::build_model(opt);
     int first = 1;

@@ -5,6 +5,8 @@
 // intact; misuse errors. (Multi-rank runs: test_optimizer_mpi under mpirun.)
 #include <gtest/gtest.h>
 
+#include <fmt/format.h>
+
 #include <atomic>
 #include <cstring>
 #include <fstream>
@@ -334,29 +336,171 @@ TEST(ShardedOptimizer, BadCheckpointsGiveClearErrorsAndLeaveTheStateAlone) {
 }
 
 TEST(ShardedOptimizer, AFailedStepLeavesThePreviousStateIntact) {
-  std::atomic<bool> fail{false};
-  Rig r(tier_config(2 * kMiB, 128 * kKiB), test::model_config(), 64 * kMiB,
-        [&](const detail::IoRequest& q, std::uint64_t) {
-          return fail.load() && q.op == IoOp::write ? detail::Fault{detail::Fault::Kind::error, EIO}
-                                                    : detail::Fault{};
-        });
-  auto m = test::start_model(*r.opt);
-  test::train(*r.opt, m, 1, 2, 0, 1);
-  const auto master = full(*r.opt, m.ids[0]);
-  const auto avg = full(*r.opt, m.ids[0], BlockClass::exp_avg);
-  const auto p16 =
-      std::vector<std::uint16_t>(r.opt->param16(m.ids[0]).begin(), r.opt->param16(m.ids[0]).end());
-  fail = true;
-  EXPECT_THROW(test::train(*r.opt, m, 3, 3, 0, 1), std::system_error);
-  fail = false;
-  EXPECT_EQ(r.opt->step_count(), 2u);
-  EXPECT_TRUE(same_bits(full(*r.opt, m.ids[0]), master));
-  EXPECT_TRUE(same_bits(full(*r.opt, m.ids[0], BlockClass::exp_avg), avg));
-  const auto now = r.opt->param16(m.ids[0]);
-  EXPECT_TRUE(std::equal(now.begin(), now.end(), p16.begin(), p16.end()));
-  // And training goes on from there.
-  const auto res = test::train(*r.opt, m, 3, 3, 0, 1);
-  EXPECT_EQ(res.back().step, 3u);
+  // A clean run to compare with: a failed step drops its gradients, so redoing step 3 must give
+  // the same bits as a run that never failed.
+  Rig clean;
+  auto mc = test::start_model(*clean.opt);
+  test::train(*clean.opt, mc, 1, 3, 0, 1);
+  for (const bool overlap : {false, true}) {
+    for (const IoOp op : {IoOp::write, IoOp::read}) {
+      SCOPED_TRACE(
+          fmt::format("overlap {}, failing {}s", overlap, op == IoOp::write ? "write" : "read"));
+      std::atomic<bool> fail{false};
+      OptimizerConfig oc = test::model_config();
+      oc.overlap = overlap;
+      // A budget below the state (~470 KiB with gradients), so that a step reads state.
+      Rig r(tier_config(256 * kKiB, 64 * kKiB), oc, 64 * kMiB,
+            [&](const detail::IoRequest& q, std::uint64_t) {
+              return fail.load() && q.op == op ? detail::Fault{detail::Fault::Kind::error, EIO}
+                                               : detail::Fault{};
+            });
+      auto m = test::start_model(*r.opt);
+      test::train(*r.opt, m, 1, 2, 0, 1);
+      const auto master = full(*r.opt, m.ids[0]);
+      const auto avg = full(*r.opt, m.ids[0], BlockClass::exp_avg);
+      const auto p16 = std::vector<std::uint16_t>(r.opt->param16(m.ids[0]).begin(),
+                                                  r.opt->param16(m.ids[0]).end());
+      fail = true;
+      EXPECT_THROW(test::train(*r.opt, m, 3, 3, 0, 1), std::system_error);
+      fail = false;
+      EXPECT_EQ(r.opt->step_count(), 2u);
+      EXPECT_TRUE(same_bits(full(*r.opt, m.ids[0]), master));
+      EXPECT_TRUE(same_bits(full(*r.opt, m.ids[0], BlockClass::exp_avg), avg));
+      const auto now = r.opt->param16(m.ids[0]);
+      EXPECT_TRUE(std::equal(now.begin(), now.end(), p16.begin(), p16.end()));
+      // And training goes on from there, as if the failure had not happened.
+      const auto res = test::train(*r.opt, m, 3, 3, 0, 1);
+      EXPECT_EQ(res.back().step, 3u);
+      expect_same_state(*clean.opt, mc, *r.opt, m);
+    }
+  }
+}
+
+// The overlapped step against the ordinary one over 20 steps with accumulation, clipping on some
+// steps (discard and redo), an overflow at step 6 (discard) and unclipped steps (kept), for
+// NVMe- and host-resident state and gradients spilled to NVMe.
+TEST(ShardedOptimizer, OverlappedStepIsBitIdenticalToTheOrdinaryStep) {
+  Rig a;
+  auto ma = test::start_model(*a.opt);
+  const auto ra = test::train(*a.opt, ma, 1, 20, 0, 1);
+  struct Case {
+    OptimizerConfig::StateTier state;
+    Tier grad;
+    unsigned threads;
+  };
+  for (const Case c : {Case{OptimizerConfig::StateTier::nvme, Tier::host, 1},
+                       Case{OptimizerConfig::StateTier::nvme, Tier::nvme, 2},
+                       Case{OptimizerConfig::StateTier::host, Tier::host, 2}}) {
+    SCOPED_TRACE(fmt::format("state {}, gradients {}, {} threads",
+                             c.state == OptimizerConfig::StateTier::nvme ? "nvme" : "host",
+                             to_string(c.grad), c.threads));
+    OptimizerConfig oc = test::model_config();
+    oc.overlap = true;
+    oc.state_tier = c.state;
+    oc.grad_tier = c.grad;
+    ThreadPool pool(c.threads);
+    Rig b(tier_config(4 * kMiB, 128 * kKiB), oc);
+    b.opt = std::make_unique<ShardedOptimizer>(*b.tiers, *b.comm, oc, &pool);
+    auto mb = test::start_model(*b.opt);
+    const auto rb = test::train(*b.opt, mb, 1, 20, 0, 1);
+    ASSERT_EQ(ra.size(), rb.size());
+    int kept = 0, redone = 0, skipped = 0;
+    for (std::size_t i = 0; i < ra.size(); ++i) {
+      EXPECT_EQ(ra[i].skipped, rb[i].skipped) << "step " << i + 1;
+      EXPECT_EQ(ra[i].clip_factor, rb[i].clip_factor) << "step " << i + 1;
+      EXPECT_EQ(ra[i].loss_scale, rb[i].loss_scale) << "step " << i + 1;
+      EXPECT_EQ(ra[i].overlapped_subgroups, 0u);
+      EXPECT_FALSE(ra[i].redone);
+      if (rb[i].skipped) {
+        ++skipped;
+        EXPECT_EQ(rb[i].overlapped_subgroups, 0u);
+      } else if (rb[i].clip_factor < 1) {
+        ++redone;
+        EXPECT_TRUE(rb[i].redone) << "step " << i + 1;
+        EXPECT_EQ(rb[i].overlapped_subgroups, 0u);
+      } else {
+        ++kept;
+        EXPECT_FALSE(rb[i].redone) << "step " << i + 1;
+        EXPECT_EQ(rb[i].overlapped_subgroups, b.opt->subgroup_count()) << "step " << i + 1;
+      }
+    }
+    EXPECT_EQ(skipped, 1);
+    EXPECT_GT(redone, 0);
+    EXPECT_GT(kept, 0);
+    expect_same_state(*a.opt, ma, *b.opt, mb);
+    for (std::size_t p = 0; p < ma.ids.size(); ++p) {
+      if (!test::model_params()[p].trainable) continue;
+      const auto x = a.opt->param16(ma.ids[p]), y = b.opt->param16(mb.ids[p]);
+      EXPECT_TRUE(std::equal(x.begin(), x.end(), y.begin(), y.end()))
+          << test::model_params()[p].name;
+    }
+  }
+}
+
+// Speculative results that can no longer be kept: a learning rate changed between the final
+// backward and step(), and a gradient added to a sub-group after it was stepped.
+TEST(ShardedOptimizer, OverlappedStepRedoesWhatChangedAfterTheSpeculativeStep) {
+  OptimizerConfig oc = test::model_config();
+  oc.max_grad_norm = 0;  // no clipping: only the changes force a redo
+  Rig a(tier_config(2 * kMiB, 128 * kKiB), oc);
+  oc.overlap = true;
+  Rig b(tier_config(2 * kMiB, 128 * kKiB), oc);
+  auto ma = test::start_model(*a.opt);
+  auto mb = test::start_model(*b.opt);
+  const auto r1 = test::train(*b.opt, mb, 1, 1, 0, 1);
+  test::train(*a.opt, ma, 1, 1, 0, 1);
+  EXPECT_FALSE(r1.back().redone);
+  EXPECT_EQ(r1.back().overlapped_subgroups, b.opt->subgroup_count());
+  // Step 2 of both with a learning rate set after the backward.
+  auto backward = [&](ShardedOptimizer& opt, const test::ModelOptimizer& m, int twice) {
+    opt.begin_backward(true);
+    for (std::size_t p = 0; p < m.ids.size(); ++p) {
+      if (!test::model_params()[p].trainable) continue;
+      std::vector<std::uint16_t> gp(opt.param(m.ids[p]).numel(), float_to_f16(0.001f * (p + 1)));
+      opt.add_grad(m.ids[p], gp.data(), Dtype::f16);
+      if (p == static_cast<std::size_t>(twice)) opt.add_grad(m.ids[p], gp.data(), Dtype::f16);
+    }
+    opt.end_backward();
+  };
+  backward(*a.opt, ma, -1);
+  backward(*b.opt, mb, -1);
+  a.opt->set_lr(0, 5e-4);
+  b.opt->set_lr(0, 5e-4);
+  EXPECT_FALSE(a.opt->step().redone);
+  EXPECT_TRUE(b.opt->step().redone);
+  expect_same_state(*a.opt, ma, *b.opt, mb);
+  // Step 3: parameter 5 ("w3") gets its gradient twice, the second time after its sub-groups may
+  // already have been stepped.
+  backward(*a.opt, ma, 5);
+  backward(*b.opt, mb, 5);
+  EXPECT_FALSE(a.opt->step().redone);
+  EXPECT_TRUE(b.opt->step().redone);
+  expect_same_state(*a.opt, ma, *b.opt, mb);
+  // Misuse: toggling during a backward; a checkpoint while speculative results wait.
+  b.opt->begin_backward(true);
+  EXPECT_THROW(b.opt->set_overlap(false), std::logic_error);
+  for (std::size_t p = 0; p < mb.ids.size(); ++p) {
+    if (!test::model_params()[p].trainable) continue;
+    std::vector<std::uint16_t> gp(b.opt->param(mb.ids[p]).numel(), float_to_f16(0.001f));
+    b.opt->add_grad(mb.ids[p], gp.data(), Dtype::f16);
+  }
+  b.opt->end_backward();
+  TempDir ck;
+  EXPECT_THROW(b.opt->save(ck.path()), std::logic_error);
+  EXPECT_THROW(b.opt->set_overlap(false), std::logic_error);
+  b.opt->step();
+  b.opt->set_overlap(false);
+  EXPECT_FALSE(b.opt->overlap());
+  b.opt->save(ck.path());
+  // In-place mode cannot discard: refused at finalize and by set_overlap.
+  TierConfig inplace = tier_config(2 * kMiB, 128 * kKiB);
+  inplace.shadow_slots = false;
+  Rig c(inplace, oc);
+  EXPECT_THROW(test::build_model(*c.opt), std::invalid_argument);
+  oc.overlap = false;
+  Rig d(inplace, oc);
+  test::build_model(*d.opt);
+  EXPECT_THROW(d.opt->set_overlap(true), std::logic_error);
 }
 
 TEST(ShardedOptimizer, MisuseIsRejectedWithClearErrors) {
@@ -407,17 +551,20 @@ TEST(ShardedOptimizer, MisuseIsRejectedWithClearErrors) {
 TEST(ShardedOptimizer, ConfigFromJsonAndEnvironment) {
   const auto c = OptimizerConfig::from_json(
       R"({"subgroup_size": "4M", "prefetch_depth": 3, "state_tier": "host", "grad_tier": "nvme",
-          "max_grad_norm": 1.5, "loss_scaler": {"mode": "dynamic", "growth_interval": 10}})");
+          "max_grad_norm": 1.5, "overlap": true,
+          "loss_scaler": {"mode": "dynamic", "growth_interval": 10}})");
   EXPECT_EQ(c.subgroup_size, 4u << 20);
+  EXPECT_TRUE(c.overlap);
   EXPECT_EQ(c.prefetch_depth, 3u);
   EXPECT_EQ(c.state_tier, OptimizerConfig::StateTier::host);
   EXPECT_EQ(c.grad_tier, Tier::nvme);
   EXPECT_EQ(c.max_grad_norm, 1.5);
   EXPECT_EQ(c.loss_scaler.mode, LossScaling::dynamic);
   EXPECT_EQ(c.loss_scaler.growth_interval, 10u);
-  for (const char* bad : {R"({"subgroup": 1})", R"({"grad_tier": "gpu"})",
-                          R"({"loss_scaler": {"mode": "sometimes"}})", R"({"max_grad_norm": -1})",
-                          R"({"loss_scaler": {"backoff": 0.5}})", "[1]", "{"}) {
+  for (const char* bad :
+       {R"({"subgroup": 1})", R"({"grad_tier": "gpu"})",
+        R"({"loss_scaler": {"mode": "sometimes"}})", R"({"max_grad_norm": -1})",
+        R"({"loss_scaler": {"backoff": 0.5}})", R"({"overlap": "yes"})", "[1]", "{"}) {
     try {
       OptimizerConfig::from_json(bad);
       ADD_FAILURE() << "accepted: " << bad;
@@ -427,7 +574,10 @@ TEST(ShardedOptimizer, ConfigFromJsonAndEnvironment) {
   }
   ::setenv("TIERSWAP_STATE_TIER", "nvme", 1);
   ::setenv("TIERSWAP_SUBGROUP_SIZE", "1M", 1);
+  ::setenv("TIERSWAP_OVERLAP", "1", 1);
   const auto e = OptimizerConfig::from_env();
+  ::unsetenv("TIERSWAP_OVERLAP");
+  EXPECT_TRUE(e.overlap);
   EXPECT_EQ(e.state_tier, OptimizerConfig::StateTier::nvme);
   EXPECT_EQ(e.subgroup_size, 1u << 20);
   ::setenv("TIERSWAP_STATE_TIER", "ssd", 1);

@@ -31,7 +31,16 @@
 // sub-groups is read ahead while the fused kernel runs on the current one, and the previous one
 // is written behind, so pinned memory stays within the host budget whatever the model size. The
 // new state is written as a new generation and committed at the end of the step: an error
-// mid-step leaves the previous step's state intact (discarded).
+// mid-step leaves the previous step's state intact (discarded) and drops the step's gradients
+// (the trainer redoes the backward).
+//
+// Overlapped step (OptimizerConfig::overlap). A sub-group whose gradient becomes final during the
+// final backward is stepped at once, on a background thread, with the loss-scale inverse as its
+// multiplier, into the open (uncommitted) generation; its 16-bit parameters are held aside. The
+// verdict in step() then commits those results (stepping only the rest), or discards them (the
+// committed state is untouched, bit for bit) when a gradient is non-finite, or discards them and
+// steps everything again when clipping applies or a hyper-parameter, the loss scale or a
+// gradient changed after the speculative step. Results are bit-identical to the ordinary step.
 //
 // 16-bit parameters. The kernel writes this rank's share of the 16-bit parameters; step()
 // all-gathers them, so param16(id) on every rank holds the whole model's updated 16-bit weights.
@@ -120,14 +129,21 @@ struct OptimizerConfig {
   /// Clip the global gradient norm to this (0: off), folded into the kernel's multiplier.
   double max_grad_norm = 0.0;
   LossScalerConfig loss_scaler;
+  /// Overlapped step: a sub-group steps speculatively, on a background thread, as soon as its
+  /// gradient is final (during the final backward), writing a new generation; step() then
+  /// commits it, discards it on a non-finite gradient, or discards it and steps again with the
+  /// clip factor (or a hyper-parameter changed in between). The result is bit-identical to the
+  /// ordinary step. Needs shadow slots (TierConfig::shadow_slots). Costs 2 bytes per parameter
+  /// of (unpinned) host memory for the speculative 16-bit parameters.
+  bool overlap = false;
   void validate() const;
   /// Overrides from TIERSWAP_SUBGROUP_SIZE, TIERSWAP_PREFETCH_DEPTH, TIERSWAP_ACCUMULATE_FP32,
   /// TIERSWAP_BF16_MOMENTS, TIERSWAP_STATE_TIER (auto|host|nvme), TIERSWAP_GRAD_TIER
-  /// (host|nvme), TIERSWAP_COALESCE, TIERSWAP_MAX_GRAD_NORM.
+  /// (host|nvme), TIERSWAP_COALESCE, TIERSWAP_MAX_GRAD_NORM, TIERSWAP_OVERLAP.
   static OptimizerConfig from_env();
   static OptimizerConfig from_env(OptimizerConfig base);
   /// Loads {"subgroup_size", "prefetch_depth", "accumulate_fp32", "bf16_moments", "state_tier",
-  /// "grad_tier", "coalesce", "max_grad_norm", "loss_scaler": {"mode", "init_scale",
+  /// "grad_tier", "coalesce", "max_grad_norm", "overlap", "loss_scaler": {"mode", "init_scale",
   /// "growth_factor", "backoff_factor", "growth_interval"}}; unknown keys or bad values throw
   /// std::invalid_argument naming the key.
   static OptimizerConfig from_json(std::string_view json);
@@ -164,6 +180,11 @@ struct StepResult {
   double io_wait_seconds = 0;    ///< time the step waited for transfers
   double seconds = 0;            ///< wall time of step()
   std::uint64_t generation = 0;  ///< the committed generation holding the new state
+  /// Overlapped mode: sub-groups stepped during the backward whose result was kept.
+  std::uint32_t overlapped_subgroups = 0;
+  /// Overlapped mode: speculative results were discarded and stepped again (clipping was needed,
+  /// or a hyper-parameter or a gradient changed after its sub-group was stepped).
+  bool redone = false;
 };
 
 /// Fills `count` fp32 values of parameter `param` starting at element `offset`.
@@ -224,6 +245,10 @@ class ShardedOptimizer {
   double loss_scale() const;
   StepResult step();
   std::uint64_t step_count() const;
+  /// Switches the overlapped step on or off (between steps: not during a backward, nor while
+  /// speculative results wait for step()). std::logic_error otherwise, or in in-place mode.
+  void set_overlap(bool on);
+  bool overlap() const noexcept;
 
   // ---- parameters and layout --------------------------------------------------------------
   /// The model's 16-bit copy of a parameter (every rank holds all of it after a step); for a

@@ -141,6 +141,8 @@ void ShardedOptimizer::save(const std::filesystem::path& dir) {
   Impl& m = *impl_;
   m.require_finalized("save");
   if (m.in_backward) throw std::logic_error("save: a backward pass is in progress");
+  if (m.spec_pending())
+    throw std::logic_error("save: speculative steps of an overlapped backward wait for step()");
   std::error_code ec;
   std::filesystem::create_directories(dir, ec);
   if (ec) throw_errno(ec.value(), "create checkpoint directory " + dir.string());
@@ -269,6 +271,8 @@ void ShardedOptimizer::load(const std::filesystem::path& dir) {
   Impl& m = *impl_;
   m.require_finalized("load");
   if (m.in_backward) throw std::logic_error("load: a backward pass is in progress");
+  if (m.spec_pending())
+    throw std::logic_error("load: speculative steps of an overlapped backward wait for step()");
   const auto man_path = dir / kManifest;
   if (!std::filesystem::exists(man_path))
     throw std::runtime_error(

@@ -356,11 +356,147 @@ void ShardedOptimizer::Impl::refresh_param16() {
   gather_param16();
 }
 
-void ShardedOptimizer::Impl::gradient_done(OptSub& s, const BlockView& grad) {
-  if (final_backward) {
-    s.sums.assign((s.numel + kGradStatsChunk - 1) / kGradStatsChunk, 0.0);
-    grad_chunk_sums(grad.data(), acc_dtype(groups[s.group]), s.numel, s.sums.data(), ctx());
+bool ShardedOptimizer::Impl::gradient_done(OptSub& s, const BlockView& grad) {
+  if (!final_backward) return false;
+  s.sums.assign((s.numel + kGradStatsChunk - 1) / kGradStatsChunk, 0.0);
+  grad_chunk_sums(grad.data(), acc_dtype(groups[s.group]), s.numel, s.sums.data(), ctx());
+  return std::all_of(s.sums.begin(), s.sums.end(), [](double v) { return std::isfinite(v); });
+}
+
+void ShardedOptimizer::Impl::after_ingest(OptSub& s, bool final) {
+  if (final && cfg.overlap) {
+    std::unique_lock lk(spec_mu);
+    if (!spec_invalid && !spec_error) {
+      s.spec16.resize(s.numel);
+      s.spec = OptSub::Spec::queued;
+      spec_queue.push_back(static_cast<std::size_t>(&s - subs.data()));
+      const bool soon = spec_queue.size() <= depth + 1;
+      lk.unlock();
+      spec_cv.notify_one();
+      if (soon && streaming)  // read its state while the queue ahead of it is stepped
+        for (BlockId b : s.state)
+          if (b != kNoBlock) tiers.prefetch(b, Tier::host);
+      return;  // the speculative step spills the gradient when grad_tier is nvme
+    }
   }
+  if (cfg.grad_tier == Tier::nvme) tiers.evict(s.grad, Tier::host);
+}
+
+void ShardedOptimizer::Impl::step_sub(OptSub& s, const GroupConfig& gc, float multiplier,
+                                      std::uint64_t t, std::uint16_t* p16) {
+  const OptGroup& g = groups[s.group];
+  {
+    std::optional<Held> st[kStateSlots];
+    void* ptr[kStateSlots] = {};
+    for (int slot = 0; slot < kStateSlots; ++slot) {
+      if (s.state[slot] == kNoBlock) continue;
+      st[slot].emplace(tiers, tiers.acquire(s.state[slot], Tier::host, Access::write));
+      ptr[slot] = st[slot]->v.data();
+    }
+    Held gv(tiers, tiers.acquire(s.grad, Tier::host));
+    const GradView gview{gv.v.data(), acc_dtype(g), multiplier};
+    const Param16View out{p16, g.dtype16};
+    auto* p = static_cast<float*>(ptr[kMaster]);
+    switch (gc.kind) {
+      case OptimizerKind::adamw:
+      case OptimizerKind::adam: {
+        AdamState a;
+        a.param = p;
+        a.exp_avg = ptr[kExpAvg];
+        a.exp_avg_sq = ptr[kExpAvgSq];
+        a.max_exp_avg_sq = ptr[kMaxExpAvgSq];
+        a.moment_dtype = moment_dtype();
+        adam_step(adam_config(gc), static_cast<std::int64_t>(t), a, gview, out, s.numel, ctx());
+        break;
+      }
+      case OptimizerKind::lion:
+        lion_step(lion_config(gc), p, ptr[kExpAvg], moment_dtype(), gview, out, s.numel, ctx());
+        break;
+      case OptimizerKind::sgd:
+        sgd_step(sgd_config(gc), t == 1, p, static_cast<float*>(ptr[kMomentum]), gview, out,
+                 s.numel, ctx());
+        break;
+    }
+    for (auto& h : st)
+      if (h) h->dirty = true;
+  }
+  if (streaming)
+    for (BlockId b : s.state)
+      if (b != kNoBlock) tiers.write_back(b);
+}
+
+ShardedOptimizer::Impl::~Impl() {
+  if (!spec_thread.joinable()) return;
+  {
+    std::lock_guard lk(spec_mu);
+    spec_stop = true;
+  }
+  spec_cv.notify_all();
+  spec_thread.join();
+}
+
+void ShardedOptimizer::Impl::spec_loop() {
+  std::unique_lock lk(spec_mu);
+  for (;;) {
+    spec_cv.wait(lk, [&] { return spec_stop || !spec_queue.empty(); });
+    if (spec_stop) return;
+    const std::size_t k = spec_queue.front();
+    spec_queue.pop_front();
+    spec_busy = true;
+    const bool skip = spec_error != nullptr || spec_invalid;
+    // Read ahead for the sub-groups queued behind this one.
+    std::vector<std::size_t> next(
+        spec_queue.begin(), spec_queue.begin() + std::min<std::size_t>(spec_queue.size(), depth));
+    lk.unlock();
+    std::exception_ptr err;
+    OptSub& s = subs[k];
+    if (!skip) {
+      try {
+        if (streaming)
+          for (std::size_t j : next)
+            for (BlockId b : subs[j].state)
+              if (b != kNoBlock) tiers.prefetch(b, Tier::host);
+        step_sub(s, spec_cfgs[s.group], spec_mult, spec_t, s.spec16.data());
+        if (cfg.grad_tier == Tier::nvme) tiers.evict(s.grad, Tier::host);
+      } catch (...) {
+        err = std::current_exception();
+      }
+    }
+    lk.lock();
+    s.spec = skip || err ? OptSub::Spec::none : OptSub::Spec::stepped;
+    if (err && !spec_error) spec_error = err;
+    spec_busy = false;
+    if (spec_queue.empty()) spec_idle_cv.notify_all();
+  }
+}
+
+void ShardedOptimizer::Impl::spec_drain() {
+  std::unique_lock lk(spec_mu);
+  spec_idle_cv.wait(lk, [&] { return spec_queue.empty() && !spec_busy; });
+}
+
+void ShardedOptimizer::Impl::spec_touch(OptSub& s) {
+  if (!cfg.overlap) return;
+  {
+    std::lock_guard lk(spec_mu);
+    if (s.spec == OptSub::Spec::none) return;
+  }
+  spec_drain();  // the worker must be done with its gradient before it changes
+  std::lock_guard lk(spec_mu);
+  spec_invalid = true;
+}
+
+bool ShardedOptimizer::Impl::spec_pending() {
+  std::lock_guard lk(spec_mu);
+  return std::any_of(subs.begin(), subs.end(),
+                     [](const OptSub& s) { return s.spec != OptSub::Spec::none; });
+}
+
+void ShardedOptimizer::Impl::spec_reset() {
+  std::lock_guard lk(spec_mu);
+  for (auto& s : subs) s.spec = OptSub::Spec::none;
+  spec_invalid = false;
+  spec_error = nullptr;
 }
 
 // Reduce-scatters group g's local gradient, slot by slot, into this rank's gradient blocks.
@@ -385,14 +521,16 @@ void ShardedOptimizer::Impl::reduce_local(OptGroup& g) {
     comm.reduce_scatter(send.data(), recv.data(), counts, dt);
     if (counts[rank] == 0) continue;
     OptSub& s = subs[g.first_sub + k];
+    spec_touch(s);
+    bool final = false;
     {
       Held v(tiers, tiers.acquire(s.grad, Tier::host, Access::write));
       accumulate(v.v.data(), dt, recv.data(), dt, s.numel, ctx());
       v.dirty = true;
       s.sums.clear();
-      gradient_done(s, v.v);
+      final = gradient_done(s, v.v);
     }
-    if (cfg.grad_tier == Tier::nvme) tiers.evict(s.grad, Tier::host);
+    after_ingest(s, final);
   }
   std::memset(g.local_grad.data(), 0, g.local_grad.size());
   g.local_dirty = false;
@@ -452,6 +590,10 @@ ParamId ShardedOptimizer::add_param(int group, const ParamSpec& spec) {
 void ShardedOptimizer::finalize() {
   Impl& m = *impl_;
   if (m.finalized) throw std::logic_error("finalize: already finalized");
+  if (m.cfg.overlap && !m.tiers.config().shadow_slots)
+    throw std::invalid_argument(
+        "overlap: the overlapped step needs shadow slots to discard a speculative step "
+        "(TierConfig::shadow_slots is off)");
   m.layout();
   m.create_blocks();
   m.finalized = true;
@@ -542,6 +684,24 @@ void ShardedOptimizer::begin_backward(bool final) {
   m.in_backward = true;
   m.final_backward = final;
   for (auto& s : m.subs) s.seen = 0;
+  if (!m.cfg.overlap || !final) return;
+  // What a speculative step uses; if results from an earlier final backward are pending, they
+  // stay valid only while all of it is unchanged.
+  std::vector<GroupConfig> cfgs;
+  for (const auto& g : m.groups) cfgs.push_back(g.cfg);
+  const auto mult = static_cast<float>(1.0 / m.scale);
+  const std::uint64_t t = m.step_count + 1;
+  if (m.spec_pending()) {
+    if (cfgs != m.spec_cfgs || mult != m.spec_mult || t != m.spec_t) {
+      std::lock_guard lk(m.spec_mu);
+      m.spec_invalid = true;
+    }
+    return;
+  }
+  m.spec_cfgs = std::move(cfgs);
+  m.spec_mult = mult;
+  m.spec_t = t;
+  if (!m.spec_thread.joinable()) m.spec_thread = std::thread([&m] { m.spec_loop(); });
 }
 
 void ShardedOptimizer::add_grad(ParamId id, const void* grad, Dtype dtype) {
@@ -569,6 +729,8 @@ void ShardedOptimizer::add_grad(ParamId id, const void* grad, Dtype dtype) {
     const std::uint64_t b = std::max(p.offset, s.begin);
     const std::uint64_t e = std::min(p.offset + p.numel, s.begin + s.numel);
     if (b >= e) continue;
+    m.spec_touch(s);
+    bool final = false;
     {
       Held v(m.tiers, m.tiers.acquire(s.grad, Tier::host, Access::write));
       accumulate(v.v.data() + (b - s.begin) * acc_es, acc,
@@ -576,9 +738,9 @@ void ShardedOptimizer::add_grad(ParamId id, const void* grad, Dtype dtype) {
                  m.ctx());
       v.dirty = true;
       s.sums.clear();
-      if (++s.seen == s.nparams) m.gradient_done(s, v.v);
+      if (++s.seen == s.nparams) final = m.gradient_done(s, v.v);
     }
-    if (s.seen == s.nparams && m.cfg.grad_tier == Tier::nvme) m.tiers.evict(s.grad, Tier::host);
+    if (s.seen == s.nparams) m.after_ingest(s, final);
   }
 }
 
@@ -647,6 +809,30 @@ StepResult ShardedOptimizer::step() {
   if (m.world > 1)
     for (auto& g : m.groups) m.reduce_local(g);  // whatever was not reduced yet
 
+  // Overlapped mode: the speculative steps finish first (they overlap the statistics below).
+  std::exception_ptr spec_error;
+  bool spec_any = false, spec_keep = false;
+  if (m.cfg.overlap) {
+    m.spec_drain();
+    std::lock_guard lk(m.spec_mu);
+    spec_error = m.spec_error;
+    for (const auto& s : m.subs) spec_any |= s.spec == OptSub::Spec::stepped;
+    spec_keep = spec_any && !m.spec_invalid && !spec_error;
+  }
+  // A failed step leaves the state as it was before the backward and drops the gradients.
+  auto drop_gradients = [&] {
+    for (auto& s : m.subs) {
+      m.tiers.trim(s.grad);
+      s.sums.clear();
+    }
+  };
+  if (spec_error) {
+    m.tiers.discard();
+    m.spec_reset();
+    drop_gradients();
+    std::rethrow_exception(spec_error);
+  }
+
   // Validation: chunk sums of the 16-bit gradient, gathered so every rank adds the same numbers
   // in the same order (the norm is the same for every world size and thread count).
   std::vector<double> chunk(m.chunks, 0.0);
@@ -674,10 +860,7 @@ StepResult ShardedOptimizer::step() {
   r.grad_norm = std::sqrt(sum_sq) * inv;
   const auto& ls = m.cfg.loss_scaler;
   auto finish = [&] {
-    for (auto& s : m.subs) {
-      m.tiers.trim(s.grad);
-      s.sums.clear();
-    }
+    drop_gradients();
     const TierCounters c1 = m.tiers.counters();
     for (int t = 0; t < kTierCount; ++t) {
       r.bytes_in[t] = c1.bytes_in[t] - c0.bytes_in[t];
@@ -691,6 +874,10 @@ StepResult ShardedOptimizer::step() {
   };
   if (nonfinite) {
     r.skipped = true;
+    if (spec_any) {  // the speculative generation goes; the committed one is bit for bit intact
+      m.tiers.discard();
+      m.spec_reset();
+    }
     if (ls.mode == LossScaling::dynamic) {
       m.scale *= ls.backoff_factor;
       m.growth_tracker = 0;
@@ -704,63 +891,37 @@ StepResult ShardedOptimizer::step() {
   }
   const auto multiplier = static_cast<float>(inv * r.clip_factor);
   const std::uint64_t t = m.step_count + 1;
+  if (spec_keep) {
+    std::vector<GroupConfig> cfgs;
+    for (const auto& g : m.groups) cfgs.push_back(g.cfg);
+    spec_keep = multiplier == m.spec_mult && t == m.spec_t && cfgs == m.spec_cfgs;
+  }
+  if (spec_any && !spec_keep) {  // clipping (or a change) discovered late: discard and redo
+    m.tiers.discard();
+    m.spec_reset();
+    r.redone = true;
+  }
+  // The sub-groups still to step (all of them, except those kept from the overlapped backward).
+  std::vector<std::size_t> todo;
+  for (std::size_t k = 0; k < m.subs.size(); ++k)
+    if (!spec_keep || m.subs[k].spec != OptSub::Spec::stepped) todo.push_back(k);
 
   // The pipeline: prefetch ahead, step, write behind. Errors roll the generation back.
   std::size_t done = 0;
   try {
-    const std::size_t n = m.subs.size();
-    auto prefetch = [&](std::size_t k) {
-      if (k >= n || !m.streaming) return;
-      for (BlockId b : m.subs[k].state)
+    auto prefetch = [&](std::size_t i) {
+      if (i >= todo.size() || !m.streaming) return;
+      for (BlockId b : m.subs[todo[i]].state)
         if (b != kNoBlock) m.tiers.prefetch(b, Tier::host);
     };
-    for (std::size_t k = 0; k < std::min<std::size_t>(n, m.depth + 1); ++k) prefetch(k);
-    for (std::size_t k = 0; k < n; ++k) {
-      prefetch(k + m.depth + 1);
-      OptSub& s = m.subs[k];
+    for (std::size_t i = 0; i < std::min<std::size_t>(todo.size(), m.depth + 1); ++i) prefetch(i);
+    for (std::size_t i = 0; i < todo.size(); ++i) {
+      prefetch(i + m.depth + 1);
+      OptSub& s = m.subs[todo[i]];
       OptGroup& g = m.groups[s.group];
-      {
-        std::optional<Held> st[kStateSlots];
-        void* ptr[kStateSlots] = {};
-        for (int slot = 0; slot < kStateSlots; ++slot) {
-          if (s.state[slot] == kNoBlock) continue;
-          st[slot].emplace(m.tiers, m.tiers.acquire(s.state[slot], Tier::host, Access::write));
-          ptr[slot] = st[slot]->v.data();
-        }
-        Held gv(m.tiers, m.tiers.acquire(s.grad, Tier::host));
-        const GradView gview{gv.v.data(), m.acc_dtype(g), multiplier};
-        const Param16View p16{g.p16.data() + s.begin, g.dtype16};
-        auto* p = static_cast<float*>(ptr[kMaster]);
-        switch (g.cfg.kind) {
-          case OptimizerKind::adamw:
-          case OptimizerKind::adam: {
-            AdamState a;
-            a.param = p;
-            a.exp_avg = ptr[kExpAvg];
-            a.exp_avg_sq = ptr[kExpAvgSq];
-            a.max_exp_avg_sq = ptr[kMaxExpAvgSq];
-            a.moment_dtype = m.moment_dtype();
-            adam_step(adam_config(g.cfg), static_cast<std::int64_t>(t), a, gview, p16, s.numel,
-                      m.ctx());
-            break;
-          }
-          case OptimizerKind::lion:
-            lion_step(lion_config(g.cfg), p, ptr[kExpAvg], m.moment_dtype(), gview, p16, s.numel,
-                      m.ctx());
-            break;
-          case OptimizerKind::sgd:
-            sgd_step(sgd_config(g.cfg), t == 1, p, static_cast<float*>(ptr[kMomentum]), gview, p16,
-                     s.numel, m.ctx());
-            break;
-        }
-        for (auto& h : st)
-          if (h) h->dirty = true;
-      }
+      m.step_sub(s, g.cfg, multiplier, t, g.p16.data() + s.begin);
       ++done;
       m.tiers.trim(s.grad);
-      if (m.streaming)
-        for (BlockId b : s.state)
-          if (b != kNoBlock) m.tiers.write_back(b);
     }
     m.step_count = t;
     m.tiers.commit();
@@ -768,12 +929,23 @@ StepResult ShardedOptimizer::step() {
     m.step_count = t - 1;
     try {
       m.tiers.discard();
+      m.spec_reset();
+      drop_gradients();
       if (done > 0) m.refresh_param16();
     } catch (const std::exception& e) {
       log(LogLevel::error,
           fmt::format("step: rolling back after an error failed too: {}", e.what()));
     }
     throw;
+  }
+  if (spec_keep) {
+    for (auto& s : m.subs) {
+      if (s.spec != OptSub::Spec::stepped) continue;
+      OptGroup& g = m.groups[s.group];
+      std::copy(s.spec16.begin(), s.spec16.end(), g.p16.begin() + s.begin);
+      ++r.overlapped_subgroups;
+    }
+    m.spec_reset();
   }
   m.gather_param16();
   if (ls.mode == LossScaling::dynamic && ++m.growth_tracker >= ls.growth_interval) {
@@ -782,6 +954,21 @@ StepResult ShardedOptimizer::step() {
   }
   finish();
   return r;
+}
+
+void ShardedOptimizer::set_overlap(bool on) {
+  Impl& m = *impl_;
+  if (m.in_backward || m.spec_pending())
+    throw std::logic_error(
+        "set_overlap: between steps only (a backward or its speculative steps are pending)");
+  if (on && !m.tiers.config().shadow_slots)
+    throw std::logic_error(
+        "set_overlap: the overlapped step needs shadow slots (TierConfig::shadow_slots is off)");
+  m.cfg.overlap = on;
+}
+
+bool ShardedOptimizer::overlap() const noexcept {
+  return impl_->cfg.overlap;
 }
 
 std::span<const std::uint16_t> ShardedOptimizer::param16(ParamId id) const {

@@ -52,6 +52,7 @@ OptimizerConfig OptimizerConfig::from_env(OptimizerConfig c) {
   if (const char* v = std::getenv("TIERSWAP_GRAD_TIER"))
     c.grad_tier = parse_grad_tier(v, "TIERSWAP_GRAD_TIER");
   c.coalesce = env_bool("TIERSWAP_COALESCE", c.coalesce);
+  c.overlap = env_bool("TIERSWAP_OVERLAP", c.overlap);
   c.max_grad_norm = env_double("TIERSWAP_MAX_GRAD_NORM", c.max_grad_norm);
   c.validate();
   return c;
@@ -100,6 +101,8 @@ OptimizerConfig OptimizerConfig::from_json(std::string_view text) {
       c.grad_tier = parse_grad_tier(str_of(v, key), key);
     } else if (key == "coalesce") {
       c.coalesce = bool_of(v, key);
+    } else if (key == "overlap") {
+      c.overlap = bool_of(v, key);
     } else if (key == "max_grad_norm") {
       c.max_grad_norm = num_of(v, key);
     } else if (key == "loss_scaler") {
@@ -125,7 +128,7 @@ OptimizerConfig OptimizerConfig::from_json(std::string_view text) {
     } else {
       throw_invalid(key, v.dump(),
                     "unknown optimizer config key (known: subgroup_size, prefetch_depth, "
-                    "accumulate_fp32, bf16_moments, state_tier, grad_tier, coalesce, "
+                    "accumulate_fp32, bf16_moments, state_tier, grad_tier, coalesce, overlap, "
                     "max_grad_norm, loss_scaler)");
     }
   }

@@ -1,8 +1,13 @@
 // ShardedOptimizer internals shared by optimizer.cpp (layout, ingest, step) and checkpoint.cpp.
 #pragma once
 
+#include <condition_variable>
 #include <cstdint>
+#include <deque>
+#include <exception>
+#include <mutex>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "tierswap/communicator.hpp"
@@ -37,6 +42,10 @@ struct OptSub {
   // gradient spilled to NVMe is not read back for them). Non-empty exactly when the sub-group's
   // gradient is final for this step (gradient_final); any later ingest clears them.
   std::vector<double> sums;
+  // Overlapped mode (guarded by Impl::spec_mu): none, queued for (or in) a speculative step, or
+  // stepped speculatively (new state in the open generation, its 16-bit parameters in spec16).
+  enum class Spec : std::uint8_t { none, queued, stepped } spec = Spec::none;
+  std::vector<std::uint16_t> spec16;
 };
 
 struct OptGroup {
@@ -77,7 +86,24 @@ struct ShardedOptimizer::Impl {
   std::uint32_t growth_tracker = 0;
   bool in_backward = false, final_backward = false;
 
+  // ---- overlapped step (cfg.overlap) ----------------------------------------------------------
+  // One background thread steps the sub-groups whose gradient became final during the final
+  // backward, with the hyper-parameters, step number and multiplier (1 / loss scale: no clip
+  // factor yet) snapshotted when that backward began. step() drains it and decides.
+  std::thread spec_thread;
+  std::mutex spec_mu;
+  std::condition_variable spec_cv;       // work queued, or stop
+  std::condition_variable spec_idle_cv;  // queue empty and nothing running
+  std::deque<std::size_t> spec_queue;
+  bool spec_busy = false, spec_stop = false;
+  std::exception_ptr spec_error;  // the first failure of a speculative step
+  bool spec_invalid = false;      // a result can no longer be kept (a gradient or config changed)
+  std::vector<GroupConfig> spec_cfgs;
+  float spec_mult = 1.0f;
+  std::uint64_t spec_t = 0;
+
   Impl(TierManager& t, Communicator& c, OptimizerConfig o, ThreadPool* p);
+  ~Impl();
 
   Dtype acc_dtype(const OptGroup& g) const { return cfg.accumulate_fp32 ? Dtype::f32 : g.dtype16; }
   Dtype moment_dtype() const { return cfg.bf16_moments ? Dtype::bf16 : Dtype::f32; }
@@ -101,7 +127,24 @@ struct ShardedOptimizer::Impl {
   void reduce_local(OptGroup& g);
   /// At the end of a sub-group's ingest in a final backward: its statistics (view: its
   /// gradient), which also mark the gradient final.
-  void gradient_done(OptSub& s, const BlockView& grad);
+  /// Returns whether the gradient is final (and finite) and so may be stepped speculatively.
+  bool gradient_done(OptSub& s, const BlockView& grad);
+  /// After a sub-group's ingest: queues the speculative step (overlap, `final`), else spills the
+  /// gradient to NVMe when grad_tier is nvme.
+  void after_ingest(OptSub& s, bool final);
+  /// The fused kernel on one sub-group: state acquired for write, 16-bit output to `p16`; the
+  /// state is written behind when streaming.
+  void step_sub(OptSub& s, const GroupConfig& cfg, float multiplier, std::uint64_t t,
+                std::uint16_t* p16);
+  void spec_loop();
+  /// Waits until no speculative step is queued or running.
+  void spec_drain();
+  /// Before more gradient goes into `s`: a speculative result for it can no longer be kept.
+  void spec_touch(OptSub& s);
+  /// Whether any sub-group is queued or stepped speculatively.
+  bool spec_pending();
+  /// Forgets every speculative result (after the tier manager discarded them, or committed).
+  void spec_reset();
 };
 
 }  // namespace tierswap

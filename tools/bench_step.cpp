@@ -9,6 +9,11 @@
 // (a) uses as much buffer memory as the step has for state (the host budget less the host-resident
 // gradients). Each run does (a), (b), (c) in a rotating order after one untimed warm-up step; times
 // are medians over --runs. Gradient ingest (backward's work) is not timed.
+//
+// With --overlap: the tierswap step only, after a simulated backward of --backward-ms that
+// delivers the gradient one sub-group at a time, evenly spread; each run does the ordinary step
+// and the overlapped step (alternating order) and reports how much of the step the overlapped
+// mode hid behind the backward: 1 - (overlapped step() time) / (ordinary step() time).
 #include <fmt/format.h>
 #include <unistd.h>
 
@@ -18,6 +23,8 @@
 #include <nlohmann/json.hpp>
 #include <optional>
 #include <string>
+#include <thread>
+#include <tuple>
 #include <vector>
 
 #include "tierswap/aligned_buffer.hpp"
@@ -58,6 +65,8 @@ struct StepOptions {
   int runs = 3;
   std::uint32_t prefetch_depth = 2;
   unsigned threads = 2;
+  bool overlap = false;
+  double backward_ms = 2000;
   bool keep = false;
   bool json = false;
 };
@@ -87,6 +96,90 @@ SwapSpace make_space(const std::vector<std::filesystem::path>& dirs, const char*
   }
   sc.capacity = round_up(capacity, 1ull << 20);
   return SwapSpace::create(sc);
+}
+
+// --overlap: ordinary vs overlapped step after the same simulated backward.
+void run_overlap_bench(const StepOptions& o, ShardedOptimizer& opt, const std::vector<ParamId>& ids,
+                       const std::vector<std::uint16_t>& grad, std::uint64_t n) {
+  if (!(o.backward_ms >= 0)) throw std::invalid_argument("--backward-ms: must be >= 0");
+  // The backward: parameter i's gradient arrives at (i + 1) / P of its length.
+  auto backward = [&] {
+    const auto t0 = Clock::now();
+    const auto len = std::chrono::duration<double, std::milli>(o.backward_ms);
+    opt.begin_backward();
+    for (std::size_t i = 0; i < ids.size(); ++i) {
+      std::this_thread::sleep_until(
+          t0 + std::chrono::duration_cast<Clock::duration>(len * static_cast<double>(i + 1) /
+                                                           static_cast<double>(ids.size())));
+      opt.add_grad(ids[i], grad.data(), Dtype::bf16);
+    }
+    opt.end_backward();
+    return since(t0);
+  };
+  auto cycle = [&](bool overlap) {
+    opt.set_overlap(overlap);
+    const double b = backward();
+    const StepResult r = opt.step();
+    return std::tuple{b, r};
+  };
+  if (!o.json)
+    fmt::print(
+        "tierswap bench step --overlap: {} params ({}), sub-group {} params ({} sub-groups), "
+        "simulated backward {:.0f} ms, host budget {}\n",
+        n, o.optimizer, round_up(parse_size(o.sub_group, "--sub-group"), kGradStatsChunk),
+        opt.subgroup_count(), o.backward_ms, o.host_budget);
+  cycle(false);  // warm-up: every block has data on NVMe
+  cycle(true);
+  std::vector<double> ord, ovl, hidden, bwd;
+  nlohmann::json runs = nlohmann::json::array();
+  for (int r = 0; r < o.runs; ++r) {
+    double t_ord = 0, t_ovl = 0, b_ovl = 0;
+    std::uint32_t kept = 0;
+    for (int k = 0; k < 2; ++k) {
+      const bool overlap = (r + k) % 2 == 1;
+      const auto [b, res] = cycle(overlap);
+      if (res.redone || res.skipped)
+        throw std::runtime_error("bench step --overlap: a step was redone or skipped");
+      if (overlap) {
+        t_ovl = res.seconds;
+        b_ovl = b;
+        kept = res.overlapped_subgroups;
+      } else {
+        t_ord = res.seconds;
+      }
+    }
+    ord.push_back(t_ord);
+    ovl.push_back(t_ovl);
+    bwd.push_back(b_ovl);
+    hidden.push_back(1.0 - t_ovl / t_ord);
+    runs.push_back({{"backward_s", b_ovl},
+                    {"ordinary_step_s", t_ord},
+                    {"overlapped_step_s", t_ovl},
+                    {"overlapped_subgroups", kept},
+                    {"hidden_fraction", hidden.back()}});
+    if (!o.json)
+      fmt::print(
+          "run {}: ordinary step {:.3f} s; overlapped: backward {:.3f} s, then step {:.3f} s "
+          "({} of {} sub-groups stepped during the backward): {:.0f}% of the step hidden\n",
+          r + 1, t_ord, b_ovl, t_ovl, kept, opt.subgroup_count(), 100 * hidden.back());
+  }
+  nlohmann::json j{{"params", n},
+                   {"optimizer", o.optimizer},
+                   {"sub_group", round_up(parse_size(o.sub_group, "--sub-group"), kGradStatsChunk)},
+                   {"subgroups", opt.subgroup_count()},
+                   {"backward_ms", o.backward_ms},
+                   {"runs", runs},
+                   {"backward_s", median(bwd)},
+                   {"ordinary_step_s", median(ord)},
+                   {"overlapped_step_s", median(ovl)},
+                   {"hidden_fraction", median(hidden)}};
+  if (o.json)
+    fmt::print("{}\n", j.dump(2));
+  else
+    fmt::print(
+        "median: ordinary step {:.3f} s, overlapped step after the backward {:.3f} s: {:.0f}% of "
+        "the step hidden behind a {:.0f} ms backward (median of per-run ratios)\n",
+        median(ord), median(ovl), 100 * median(hidden), o.backward_ms);
 }
 
 void run_step_bench(const StepOptions& o) {
@@ -140,7 +233,10 @@ void run_step_bench(const StepOptions& o) {
   if (kind == OptimizerKind::lion) gc.beta2 = 0.99;
   opt.add_group(gc, "all");
   std::vector<ParamId> ids;
-  const std::uint64_t per = 64ull << 20;
+  // Parameters of at most 64M elements; for --overlap one sub-group each, so that the simulated
+  // backward finishes sub-groups one by one.
+  const std::uint64_t per =
+      o.overlap ? round_up(sg, kGradStatsChunk) : std::uint64_t{64} << 20;
   for (std::uint64_t off = 0; off < n; off += per)
     ids.push_back(opt.add_param(0, {fmt::format("layer{}", ids.size()),
                                     {static_cast<std::int64_t>(std::min(per, n - off))},
@@ -158,6 +254,10 @@ void run_step_bench(const StepOptions& o) {
     for (ParamId id : ids) opt.add_grad(id, grad.data(), Dtype::bf16);
     opt.end_backward();
   };
+  if (o.overlap) {
+    run_overlap_bench(o, opt, ids, grad, n);
+    return;
+  }
 
   // (c) ZeRO-Infinity's traffic: state blocks plus an fp32 gradient block per sub-group.
   SwapSpace zspace =
@@ -406,6 +506,10 @@ void add_bench_step(CLI::App& bench) {
   b->add_option("--runs", o->runs, "Repetitions (medians reported)");
   b->add_option("--prefetch-depth", o->prefetch_depth, "Sub-groups whose state is read ahead");
   b->add_option("--threads", o->threads, "Kernel threads");
+  b->add_flag("--overlap", o->overlap,
+              "Ordinary vs overlapped step after a simulated backward (how much of the step hides)");
+  b->add_option("--backward-ms", o->backward_ms,
+                "--overlap: length of the simulated backward in milliseconds");
   b->add_flag("--keep", o->keep,
               "Durable mode (fsync'd manifest every step); keep the swap directory");
   b->add_flag("--json", o->json, "Print JSON on stdout instead of text");

@@ -64,7 +64,9 @@ file(REMOVE_RECURSE "${dir}")
 
 foreach(bad "residency;99999999" "residency" "residency;--swap-dir;/nonexistent/x"
             "demo;--params;10" "bench;tier;--blocks;2" "bench;step;--optimizer;sgd"
-            "bench;step;--grad-tier;gpu" "bench;step;--overlap;--backward-ms;-1")
+            "bench;step;--grad-tier;gpu" "bench;step;--overlap;--backward-ms;-1"
+            "plan;--params;20B;--profile;no-such-profile" "plan;--params;20X;--profile;gh200"
+            "plan;--params;2T;--profile;pcie4-workstation" "plan;--params;1B;--profile;gh200;--gpus;4")
   execute_process(COMMAND ${CLI} ${bad} RESULT_VARIABLE rc ERROR_VARIABLE err OUTPUT_QUIET)
   if(rc EQUAL 0 OR err STREQUAL "")
     message(FATAL_ERROR "'${bad}' was accepted or gave no error: ${err}")
@@ -148,3 +150,19 @@ if(NOT rc EQUAL 0 OR e OR e2 OR e3 OR NOT kept EQUAL nsub OR NOT nsub EQUAL 8 OR
   message(FATAL_ERROR "bench step --overlap: ${rc} ${kept} of ${nsub} sub-groups, left: ${left} ${out} ${err}")
 endif()
 file(REMOVE_RECURSE "${sdir}")
+
+# plan: the issue's JSON schema on a shipped profile, and the text form.
+execute_process(COMMAND ${CLI} plan --params 20B --profile gh200 --json
+                RESULT_VARIABLE rc OUTPUT_VARIABLE out ERROR_VARIABLE err)
+string(JSON t ERROR_VARIABLE e GET "${out}" predicted_step_s)
+string(JSON nv ERROR_VARIABLE e2 GET "${out}" bytes nvme)
+string(JSON st ERROR_VARIABLE e3 GET "${out}" subgroups 0 state_tier)
+string(JSON cast ERROR_VARIABLE e4 GET "${out}" subgroups 0 cast_on)
+if(NOT rc EQUAL 0 OR e OR e2 OR e3 OR e4 OR NOT nv EQUAL 0 OR NOT st STREQUAL "gpu")
+  message(FATAL_ERROR "plan --json: ${rc} ${err} ${out}")
+endif()
+execute_process(COMMAND ${CLI} plan --params 120B --profile pcie4-workstation
+                RESULT_VARIABLE rc OUTPUT_VARIABLE out ERROR_VARIABLE err)
+if(NOT rc EQUAL 0 OR NOT out MATCHES "state nvme step cpu" OR NOT out MATCHES "predicted step")
+  message(FATAL_ERROR "plan (text): ${rc} ${err} ${out}")
+endif()

@@ -235,8 +235,7 @@ void run_step_bench(const StepOptions& o) {
   std::vector<ParamId> ids;
   // Parameters of at most 64M elements; for --overlap one sub-group each, so that the simulated
   // backward finishes sub-groups one by one.
-  const std::uint64_t per =
-      o.overlap ? round_up(sg, kGradStatsChunk) : std::uint64_t{64} << 20;
+  const std::uint64_t per = o.overlap ? round_up(sg, kGradStatsChunk) : std::uint64_t{64} << 20;
   for (std::uint64_t off = 0; off < n; off += per)
     ids.push_back(opt.add_param(0, {fmt::format("layer{}", ids.size()),
                                     {static_cast<std::int64_t>(std::min(per, n - off))},
@@ -506,8 +505,9 @@ void add_bench_step(CLI::App& bench) {
   b->add_option("--runs", o->runs, "Repetitions (medians reported)");
   b->add_option("--prefetch-depth", o->prefetch_depth, "Sub-groups whose state is read ahead");
   b->add_option("--threads", o->threads, "Kernel threads");
-  b->add_flag("--overlap", o->overlap,
-              "Ordinary vs overlapped step after a simulated backward (how much of the step hides)");
+  b->add_flag(
+      "--overlap", o->overlap,
+      "Ordinary vs overlapped step after a simulated backward (how much of the step hides)");
   b->add_option("--backward-ms", o->backward_ms,
                 "--overlap: length of the simulated backward in milliseconds");
   b->add_flag("--keep", o->keep,

@@ -20,6 +20,9 @@ void add_ps(CLI::App& app);
 void add_residency(CLI::App& app);
 /// `tierswap demo ...` (the embedded default main job)
 void add_demo(CLI::App& app);
+/// `tierswap plan ...` and `tierswap probe ...` (placement)
+void add_plan(CLI::App& app);
+void add_probe(CLI::App& app);
 /// Prints a residency snapshot (the telemetry JSON) as tables.
 void print_residency(const std::string& json, std::FILE* out);
 

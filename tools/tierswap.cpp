@@ -44,6 +44,8 @@ int main(int argc, char** argv) {
   tierswap::cli::add_demo(app);
   tierswap::cli::add_ps(app);
   tierswap::cli::add_residency(app);
+  tierswap::cli::add_plan(app);
+  tierswap::cli::add_probe(app);
 
   try {
     app.parse(argc, argv);

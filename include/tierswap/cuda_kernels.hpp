@@ -8,6 +8,8 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <string>
+#include <vector>
 
 #include "tierswap/kernels.hpp"
 
@@ -46,5 +48,21 @@ void event_synchronize(void* event);
 /// never throws. host_unregister undoes a successful host_register.
 bool host_register(void* p, std::size_t bytes) noexcept;
 void host_unregister(void* p) noexcept;
+
+/// What the placement probe reads of each device (empty without a usable GPU).
+struct GpuAttributes {
+  std::string name;
+  std::uint64_t memory_bytes = 0;
+  double peak_memory_gbps = 0;  ///< 2 x memory clock x bus width
+  std::string pci_bus_id;       ///< "dddd:bb:dd.f"
+  /// Pageable host memory is accessed through the host's page tables, and the link carries
+  /// native atomics: a hardware-coherent link (NVLink-C2C on a Grace-Hopper superchip).
+  bool pageable_via_host_page_tables = false;
+  bool host_native_atomics = false;
+};
+std::vector<GpuAttributes> gpu_attributes();
+/// Pinned-memory copy bandwidth of device `device` in GB/s (best of `reps` copies of `bytes`),
+/// host->device or device->host. Throws std::runtime_error without a usable GPU.
+double measure_copy_gbps(int device, bool to_device, std::size_t bytes, int reps);
 
 }  // namespace tierswap::cuda

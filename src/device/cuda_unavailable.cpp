@@ -57,5 +57,11 @@ bool host_register(void*, std::size_t) noexcept {
   return false;
 }
 void host_unregister(void*) noexcept {}
+std::vector<GpuAttributes> gpu_attributes() {
+  return {};
+}
+double measure_copy_gbps(int, bool, std::size_t, int) {
+  no_cuda();
+}
 
 }  // namespace tierswap::cuda

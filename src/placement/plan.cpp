@@ -1,0 +1,589 @@
+// The placement cost model (see placement.hpp): a pipeline simulation per candidate plan, and a
+// search over the candidates' shape (how many tail sub-groups keep their state on the GPU, how
+// many more step on the GPU over the link, how many stream from NVMe).
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <array>
+#include <cmath>
+#include <fstream>
+#include <limits>
+#include <nlohmann/json.hpp>
+#include <sstream>
+#include <stdexcept>
+
+#include "tierswap/placement.hpp"
+#include "tierswap/units.hpp"
+
+namespace tierswap {
+namespace {
+
+using nlohmann::json;
+
+enum Resource : int { kGpu, kCpu, kHostMem, kH2D, kD2H, kNvmeRead, kNvmeWrite, kResources };
+
+// What a sub-group does, by option.
+enum class Option : std::uint8_t { gpu_gpu, host_cpu, host_gpu, nvme_cpu };
+
+struct Rates {  // bytes per second available to one GPU rank
+  double r[kResources] = {};
+  double host_read = 0, host_write = 0;  // in-place GPU access to host memory
+};
+
+struct Shape {
+  std::size_t gpu = 0;   // tail sub-groups (lowest ids) with state and step on the GPU
+  std::size_t link = 0;  // the next ones: host state stepped by the GPU over the link
+  std::size_t nvme = 0;  // head sub-groups (highest ids) streamed from NVMe
+  bool grad_nvme = false;
+};
+
+struct Model {
+  const HardwareProfile& hw;
+  PlanOptions opt;
+  int gpus = 1;
+  std::uint64_t per_rank = 0;        // parameters per rank
+  std::uint64_t sub = 0;             // sub-group size
+  std::vector<std::uint64_t> numel;  // per sub-group
+  double state_b = 12;               // state bytes per parameter
+  double kernel_b = 28;              // fused kernel bytes per parameter
+  Rates rates;
+  double backward = 0;
+  std::uint64_t budget[kTierCount] = {};
+};
+
+struct Sim {
+  double makespan = 0;
+  std::vector<double> ready, done;
+};
+
+// One stage: resources it occupies for `secs[r]` (all start together; it ends when the longest
+// is done), not before `ready`.
+struct Stage {
+  std::array<double, kResources> secs{};
+  double run(std::array<double, kResources>& free, double ready) const {
+    double start = ready;
+    for (int r = 0; r < kResources; ++r)
+      if (secs[r] > 0) start = std::max(start, free[r]);
+    double len = 0;
+    for (double s : secs) len = std::max(len, s);
+    const double end = start + len;
+    for (int r = 0; r < kResources; ++r)
+      if (secs[r] > 0) free[r] = end;
+    return end;
+  }
+};
+
+Option option_of(const Model& m, const Shape& s, std::size_t id) {
+  const std::size_t n = m.numel.size();
+  if (id < s.gpu) return Option::gpu_gpu;
+  if (id < s.gpu + s.link) return Option::host_gpu;
+  if (id >= n - s.nvme) return Option::nvme_cpu;
+  return Option::host_cpu;
+}
+
+// The step as a pipeline. `backward`: gradients become final during it (highest id first) and
+// the GPU is busy until it ends; 0 for the step alone.
+Sim simulate(const Model& m, const Shape& s, double backward) {
+  const std::size_t n = m.numel.size();
+  Sim out;
+  out.ready.assign(n, 0);
+  out.done.assign(n, 0);
+  std::array<double, kResources> free{};
+  free[kGpu] = backward;
+  const auto& r = m.rates.r;
+  std::vector<double> cpu_end_nvme;  // CPU-stage ends of NVMe sub-groups, in processing order
+  for (std::size_t k = 0; k < n; ++k) {
+    const std::size_t id = n - 1 - k;  // processing order: the order gradients become final
+    const double x = static_cast<double>(m.numel[id]);
+    const double ready = backward * static_cast<double>(k + 1) / static_cast<double>(n);
+    out.ready[id] = ready;
+    double end = ready;
+    switch (option_of(m, s, id)) {
+      case Option::gpu_gpu: {
+        Stage g;
+        g.secs[kGpu] = m.kernel_b * x / r[kGpu];
+        end = g.run(free, ready);
+        break;
+      }
+      case Option::host_gpu: {
+        Stage g;  // the kernel streams the state over the link, both ways at once
+        g.secs[kH2D] = m.state_b * x / m.rates.host_read;
+        g.secs[kD2H] = m.state_b * x / m.rates.host_write;
+        g.secs[kHostMem] = 2 * m.state_b * x / r[kHostMem];
+        g.secs[kGpu] = std::max({g.secs[kH2D], g.secs[kD2H], (4 + 2) * x / r[kGpu]});
+        end = g.run(free, ready);
+        break;
+      }
+      case Option::host_cpu:
+      case Option::nvme_cpu: {
+        const bool nvme = option_of(m, s, id) == Option::nvme_cpu;
+        Stage down;  // the 16-bit gradient to the host
+        down.secs[kD2H] = 2 * x / r[kD2H];
+        double grad_at = down.run(free, ready);
+        if (nvme && s.grad_nvme) {  // spilled on arrival, read back for the step
+          Stage w;
+          w.secs[kNvmeWrite] = 2 * x / r[kNvmeWrite];
+          grad_at = w.run(free, grad_at);
+        }
+        double state_at = 0;
+        if (nvme) {
+          Stage rd;
+          rd.secs[kNvmeRead] = (m.state_b + (s.grad_nvme ? 2 : 0)) * x / r[kNvmeRead];
+          const std::size_t j = cpu_end_nvme.size();
+          const double slot_free =
+              j > m.opt.prefetch_depth ? cpu_end_nvme[j - m.opt.prefetch_depth - 1] : 0.0;
+          state_at = rd.run(free, std::max(slot_free, s.grad_nvme ? grad_at : 0.0));
+        }
+        Stage cpu;
+        cpu.secs[kCpu] = m.kernel_b * x / r[kCpu];
+        cpu.secs[kHostMem] = m.kernel_b * x / r[kHostMem];
+        const double cpu_end = cpu.run(free, std::max(grad_at, state_at));
+        if (nvme) cpu_end_nvme.push_back(cpu_end);
+        Stage up;  // the 16-bit parameters back to the GPU
+        up.secs[kH2D] = 2 * x / r[kH2D];
+        end = up.run(free, cpu_end);
+        if (nvme) {
+          Stage w;
+          w.secs[kNvmeWrite] = m.state_b * x / r[kNvmeWrite];
+          end = std::max(end, w.run(free, cpu_end));
+        }
+        break;
+      }
+    }
+    out.done[id] = end;
+    out.makespan = std::max(out.makespan, end);
+  }
+  return out;
+}
+
+struct Usage {
+  std::uint64_t bytes[kTierCount] = {};
+};
+
+// Bytes each tier holds for a shape; `grad_nvme` moves the NVMe sub-groups' gradients there.
+Usage usage(const Model& m, const Shape& s) {
+  Usage u;
+  const auto dev = static_cast<int>(Tier::device), host = static_cast<int>(Tier::host),
+             nv = static_cast<int>(Tier::nvme);
+  const std::size_t n = m.numel.size();
+  bool any_nvme = false;
+  for (std::size_t id = 0; id < n; ++id) {
+    const auto x = m.numel[id];
+    const auto state = static_cast<std::uint64_t>(m.state_b) * x;
+    switch (option_of(m, s, id)) {
+      case Option::gpu_gpu:
+        u.bytes[dev] += state;
+        break;
+      case Option::host_gpu:
+        u.bytes[host] += state;
+        break;
+      case Option::host_cpu:
+        u.bytes[host] += state + 2 * x;
+        break;
+      case Option::nvme_cpu:
+        any_nvme = true;
+        u.bytes[nv] += 2 * state;  // two shadow slots
+        if (s.grad_nvme)
+          u.bytes[nv] += 2 * x;
+        else
+          u.bytes[host] += 2 * x;
+        break;
+    }
+  }
+  // Staging for streamed state: the sub-group stepped, one written behind, the read-ahead.
+  if (any_nvme)
+    u.bytes[host] += (m.opt.prefetch_depth + 2) * static_cast<std::uint64_t>(m.state_b) * m.sub;
+  return u;
+}
+
+bool fits(const Model& m, const Usage& u) {
+  for (int t = 0; t < kTierCount; ++t)
+    if (u.bytes[t] > m.budget[t]) return false;
+  return true;
+}
+
+double state_bytes_per_param(OptimizerKind k) {
+  switch (k) {
+    case OptimizerKind::adamw:
+    case OptimizerKind::adam:
+      return 12;
+    case OptimizerKind::lion:
+    case OptimizerKind::sgd:  // with momentum
+      return 8;
+  }
+  return 12;
+}
+
+std::string tier_name(Tier t) {
+  return t == Tier::device ? "gpu" : std::string(to_string(t));
+}
+
+Tier parse_plan_tier(std::string_view origin, const std::string& key, const std::string& v) {
+  if (v == "gpu") return Tier::device;
+  if (v == "host") return Tier::host;
+  if (v == "nvme") return Tier::nvme;
+  throw std::invalid_argument(
+      fmt::format("{}: {}: '{}': expected gpu, host or nvme", origin, key, v));
+}
+
+StepDevice parse_device(std::string_view origin, const std::string& key, const std::string& v) {
+  if (v == "gpu") return StepDevice::gpu;
+  if (v == "cpu") return StepDevice::cpu;
+  throw std::invalid_argument(fmt::format("{}: {}: '{}': expected gpu or cpu", origin, key, v));
+}
+
+std::string_view device_name(StepDevice d) {
+  return d == StepDevice::gpu ? "gpu" : "cpu";
+}
+
+}  // namespace
+
+std::uint64_t parse_param_count(std::string_view text, std::string_view key) {
+  const std::string t(text);
+  std::size_t used = 0;
+  double v = 0;
+  try {
+    v = std::stod(t, &used);
+  } catch (const std::exception&) {
+    used = 0;
+  }
+  double mult = 1;
+  const std::string rest = t.substr(used);
+  if (rest == "K" || rest == "k")
+    mult = 1e3;
+  else if (rest == "M")
+    mult = 1e6;
+  else if (rest == "B" || rest == "G")
+    mult = 1e9;
+  else if (rest == "T")
+    mult = 1e12;
+  else if (!rest.empty())
+    used = 0;
+  if (used == 0 || !(v > 0) || v * mult > 1e15)
+    throw std::invalid_argument(fmt::format(
+        "{} '{}': expected a parameter count such as 20B, 7.5B, 350M or 1000000", key, t));
+  return static_cast<std::uint64_t>(std::llround(v * mult));
+}
+
+void PlanOptions::validate() const {
+  if (params == 0) throw std::invalid_argument("plan: params must be > 0");
+  if (gpus < 0) throw std::invalid_argument("plan: gpus must be >= 0");
+  if (!(host_reserve_fraction >= 0 && host_reserve_fraction < 1))
+    throw std::invalid_argument("plan: host_reserve_fraction must be in [0, 1)");
+  if (!(mfu > 0 && mfu <= 1)) throw std::invalid_argument("plan: mfu must be in (0, 1]");
+  if (prefetch_depth > 64) throw std::invalid_argument("plan: prefetch_depth must be <= 64");
+}
+
+Plan make_plan(const HardwareProfile& hw, const PlanOptions& o) {
+  o.validate();
+  hw.validate();
+  Model m{hw, o};
+  if (hw.gpus.empty())
+    throw std::invalid_argument(fmt::format("plan: profile '{}' has no GPU", hw.name));
+  m.gpus = o.gpus == 0 ? static_cast<int>(hw.gpus.size()) : o.gpus;
+  if (m.gpus > static_cast<int>(hw.gpus.size()))
+    throw std::invalid_argument(fmt::format("plan: --gpus {}: profile '{}' has {} GPU(s)", m.gpus,
+                                            hw.name, hw.gpus.size()));
+  const GpuProfile& g = hw.gpus.front();  // ranks are alike: plan for the first GPU's kind
+  const auto G = static_cast<double>(m.gpus);
+  m.per_rank = (o.params + m.gpus - 1) / m.gpus;
+  m.state_b = state_bytes_per_param(o.optimizer);
+  m.kernel_b = 2 * m.state_b + 4;
+  // Sub-groups: the optimizer's default size, larger so a rank has at most 4096 of them.
+  m.sub = o.subgroup_size ? o.subgroup_size : OptimizerConfig{}.subgroup_size;
+  m.sub = std::max<std::uint64_t>(m.sub, (m.per_rank + 4095) / 4096);
+  m.sub = (m.sub + kGradStatsChunk - 1) / kGradStatsChunk * kGradStatsChunk;
+  for (std::uint64_t off = 0; off < m.per_rank; off += m.sub)
+    m.numel.push_back(std::min(m.sub, m.per_rank - off));
+
+  double nvme_rd = 0, nvme_wr = 0;
+  std::uint64_t nvme_cap = 0;
+  for (const auto& d : hw.nvme) {
+    nvme_rd += d.read_gbps;
+    nvme_wr += d.write_gbps;
+    nvme_cap += d.capacity_bytes;
+  }
+  auto& r = m.rates.r;
+  r[kGpu] = g.memory_gbps * 1e9;
+  r[kCpu] = hw.cpu_adam_gbps * 1e9 / G;
+  r[kHostMem] = (hw.host_memory_gbps > 0 ? hw.host_memory_gbps : hw.cpu_adam_gbps) * 1e9 / G;
+  r[kH2D] = g.h2d_gbps * 1e9;
+  r[kD2H] = g.d2h_gbps * 1e9;
+  r[kNvmeRead] = nvme_rd * 1e9 / G;
+  r[kNvmeWrite] = nvme_wr * 1e9 / G;
+  m.rates.host_read = g.host_read_gbps * 1e9;
+  m.rates.host_write = g.host_write_gbps * 1e9;
+
+  const std::uint64_t gpu_reserve =
+      o.gpu_reserve_bytes != ~std::uint64_t{0}
+          ? o.gpu_reserve_bytes
+          : 2 * o.params + static_cast<std::uint64_t>(0.2 * static_cast<double>(g.memory_bytes));
+  m.budget[static_cast<int>(Tier::device)] =
+      g.memory_bytes > gpu_reserve ? g.memory_bytes - gpu_reserve : 0;
+  const auto host_avail = static_cast<std::uint64_t>(static_cast<double>(hw.host_memory_bytes) *
+                                                     (1 - o.host_reserve_fraction));
+  m.budget[static_cast<int>(Tier::host)] = std::min(host_avail, hw.memlock_bytes) / m.gpus;
+  m.budget[static_cast<int>(Tier::nvme)] = nvme_cap / m.gpus;
+  m.backward = o.backward_s >= 0 ? o.backward_s
+                                 : (g.bf16_tflops > 0 ? 4.0 * static_cast<double>(o.params) *
+                                                            static_cast<double>(o.tokens_per_gpu) /
+                                                            (g.bf16_tflops * 1e12 * o.mfu)
+                                                      : 0.0);
+
+  // The search. For each number of GPU-resident tail sub-groups (as many as the GPU budget
+  // allows, or fewer), and each number of link-stepped ones after them, the head streams from
+  // NVMe only as far as host memory requires.
+  const std::size_t n = m.numel.size();
+  const bool link_ok = m.rates.host_read > 0;
+  const std::size_t step = std::max<std::size_t>(1, n / 48);
+  auto candidates = [&](std::size_t hi) {
+    std::vector<std::size_t> v;
+    for (std::size_t x = 0; x <= hi; x += step) v.push_back(x);
+    if (v.back() != hi) v.push_back(hi);
+    return v;
+  };
+  struct Best {
+    bool found = false;
+    Shape shape;
+    double objective = 0, alone = 0;
+  } best;
+  auto consider = [&](Shape s) {
+    // The fewest NVMe sub-groups that fit (with gradients in host memory, else on NVMe).
+    for (const bool gn : {false, true}) {
+      s.grad_nvme = gn;
+      std::size_t lo = 0, hi = n - s.gpu - s.link;
+      Shape t = s;
+      t.nvme = hi;
+      if (!fits(m, usage(m, t))) continue;
+      while (lo < hi) {  // host bytes fall as nvme grows: binary search for the fewest
+        const std::size_t mid = (lo + hi) / 2;
+        t.nvme = mid;
+        if (fits(m, usage(m, t)))
+          hi = mid;
+        else
+          lo = mid + 1;
+      }
+      t.nvme = lo;
+      const double alone = simulate(m, t, 0).makespan;
+      const double obj =
+          o.overlap ? std::max(0.0, simulate(m, t, m.backward).makespan - m.backward) : alone;
+      if (!best.found || obj < best.objective - 1e-12 ||
+          (obj <= best.objective + 1e-12 && alone < best.alone)) {
+        best = {true, t, obj, alone};
+      }
+      return;  // gradients go to NVMe only when they must
+    }
+  };
+  const std::uint64_t gpu_budget = m.budget[static_cast<int>(Tier::device)];
+  std::size_t gmax = 0;
+  for (std::uint64_t used = 0; gmax < n; ++gmax) {
+    used += static_cast<std::uint64_t>(m.state_b) * m.numel[gmax];
+    if (used > gpu_budget) break;
+  }
+  for (std::size_t gc : candidates(gmax)) {
+    const std::size_t lmax = link_ok ? n - gc : 0;
+    for (std::size_t lc : candidates(lmax)) consider({gc, lc, 0, false});
+  }
+  if (!best.found) {
+    Shape all;
+    all.nvme = n;
+    all.grad_nvme = true;
+    const Usage u = usage(m, all);
+    throw std::invalid_argument(fmt::format(
+        "plan: {} parameters do not fit profile '{}' on {} GPU(s): with everything on NVMe a "
+        "rank needs {} of host memory (budget {}) and {} of NVMe (budget {})",
+        o.params, hw.name, m.gpus, format_bytes(u.bytes[static_cast<int>(Tier::host)]),
+        format_bytes(m.budget[static_cast<int>(Tier::host)]),
+        format_bytes(u.bytes[static_cast<int>(Tier::nvme)]),
+        format_bytes(m.budget[static_cast<int>(Tier::nvme)])));
+  }
+  // Refine around the best coarse shape.
+  for (std::size_t span = step; span > 1;) {
+    const Shape c = best.shape;
+    const std::size_t fine = std::max<std::size_t>(1, span / 8);
+    for (std::size_t gc = c.gpu > span ? c.gpu - span : 0; gc <= std::min(gmax, c.gpu + span);
+         gc += fine) {
+      const std::size_t lmax = link_ok ? n - gc : 0;
+      const std::size_t l0 = c.link > span ? c.link - span : 0;
+      for (std::size_t lc = std::min(l0, lmax); lc <= std::min(lmax, c.link + span); lc += fine)
+        consider({gc, lc, 0, false});
+    }
+    span = fine;
+  }
+
+  Plan p;
+  p.profile = hw.name;
+  p.params = o.params;
+  p.gpus = m.gpus;
+  p.subgroup_numel = m.sub;
+  p.optimizer = o.optimizer;
+  p.overlap = o.overlap;
+  p.backward_s = m.backward;
+  p.predicted_step_s = best.alone;
+  p.exposed_step_s = best.objective;
+  for (int t = 0; t < kTierCount; ++t) p.budget[t] = m.budget[t];
+  const Usage u = usage(m, best.shape);
+  for (int t = 0; t < kTierCount; ++t) p.bytes[t] = u.bytes[t];
+  const Sim sim = simulate(m, best.shape, o.overlap ? m.backward : 0);
+  for (std::size_t id = 0; id < n; ++id) {
+    PlanSubgroup s;
+    s.id = static_cast<std::uint32_t>(id);
+    s.numel = m.numel[id];
+    s.ready_s = sim.ready[id];
+    s.done_s = sim.done[id];
+    const std::uint64_t x = s.numel;
+    const auto st = static_cast<std::uint64_t>(m.state_b) * x;
+    switch (option_of(m, best.shape, id)) {
+      case Option::gpu_gpu:
+        s.state_tier = Tier::device;
+        s.step_device = s.cast_on = StepDevice::gpu;
+        s.grad_tier = Tier::device;
+        p.links.gpu_memory += static_cast<std::uint64_t>(m.kernel_b) * x;
+        break;
+      case Option::host_gpu:
+        s.state_tier = Tier::host;
+        s.step_device = s.cast_on = StepDevice::gpu;
+        s.grad_tier = Tier::device;
+        p.links.h2d += st;
+        p.links.d2h += st;
+        p.links.host_memory += 2 * st;
+        p.links.gpu_memory += 6 * x;
+        break;
+      case Option::host_cpu:
+      case Option::nvme_cpu: {
+        const bool nv = option_of(m, best.shape, id) == Option::nvme_cpu;
+        s.state_tier = nv ? Tier::nvme : Tier::host;
+        s.step_device = s.cast_on = StepDevice::cpu;
+        s.grad_tier = nv && best.shape.grad_nvme ? Tier::nvme : Tier::host;
+        p.links.d2h += 2 * x;
+        p.links.h2d += 2 * x;
+        p.links.host_memory += static_cast<std::uint64_t>(m.kernel_b) * x;
+        if (nv) {
+          p.links.nvme_read += st + (best.shape.grad_nvme ? 2 * x : 0);
+          p.links.nvme_write += st + (best.shape.grad_nvme ? 2 * x : 0);
+        }
+        break;
+      }
+    }
+    p.subgroups.push_back(s);
+  }
+  return p;
+}
+
+std::string Plan::to_json() const {
+  auto tiers = [&](const std::uint64_t* v) {
+    return json{{"gpu", v[static_cast<int>(Tier::device)]},
+                {"host", v[static_cast<int>(Tier::host)]},
+                {"nvme", v[static_cast<int>(Tier::nvme)]}};
+  };
+  json j{{"format", "tierswap.plan"},
+         {"version", 1},
+         {"profile", profile},
+         {"params", params},
+         {"gpus", gpus},
+         {"optimizer", to_string(optimizer)},
+         {"subgroup_numel", subgroup_numel},
+         {"overlap", overlap},
+         {"predicted_step_s", predicted_step_s},
+         {"backward_s", backward_s},
+         {"exposed_step_s", exposed_step_s},
+         {"bytes", tiers(bytes)},
+         {"budget", tiers(budget)},
+         {"link_bytes_per_step",
+          {{"h2d", links.h2d},
+           {"d2h", links.d2h},
+           {"nvme_read", links.nvme_read},
+           {"nvme_write", links.nvme_write},
+           {"host_memory", links.host_memory},
+           {"gpu_memory", links.gpu_memory}}},
+         {"subgroups", json::array()}};
+  for (const auto& s : subgroups)
+    j["subgroups"].push_back({{"id", s.id},
+                              {"numel", s.numel},
+                              {"state_tier", tier_name(s.state_tier)},
+                              {"step_device", device_name(s.step_device)},
+                              {"cast_on", device_name(s.cast_on)},
+                              {"grad_tier", tier_name(s.grad_tier)},
+                              {"ready_s", s.ready_s},
+                              {"done_s", s.done_s}});
+  return j.dump(2);
+}
+
+Plan Plan::from_json(std::string_view text, std::string_view origin) {
+  json j;
+  try {
+    j = json::parse(text, nullptr, true, /*ignore_comments=*/true);
+  } catch (const json::parse_error& e) {
+    throw std::invalid_argument(fmt::format("{}: not valid JSON: {}", origin, e.what()));
+  }
+  auto fail = [&](const std::string& key, const std::string& why) {
+    throw std::invalid_argument(fmt::format("{}: {}: {}", origin, key, why));
+  };
+  if (!j.is_object()) fail("(top level)", "expected an object");
+  if (j.value("format", "") != "tierswap.plan") fail("format", "expected \"tierswap.plan\"");
+  if (j.value("version", 0) != 1) fail("version", "this build reads plan version 1");
+  if (!j.contains("subgroups") || !j["subgroups"].is_array() || j["subgroups"].empty())
+    fail("subgroups", "expected a non-empty array");
+  Plan p;
+  p.profile = j.value("profile", "");
+  p.params = j.value("params", std::uint64_t{0});
+  p.gpus = j.value("gpus", 1);
+  p.overlap = j.value("overlap", true);
+  p.predicted_step_s = j.value("predicted_step_s", 0.0);
+  p.backward_s = j.value("backward_s", 0.0);
+  p.exposed_step_s = j.value("exposed_step_s", 0.0);
+  p.subgroup_numel = j.value("subgroup_numel", std::uint64_t{0});
+  const auto& subs = j["subgroups"];
+  for (std::size_t i = 0; i < subs.size(); ++i) {
+    const auto& e = subs[i];
+    const std::string k = fmt::format("subgroups[{}]", i);
+    if (!e.is_object()) fail(k, "expected an object");
+    for (const char* f : {"numel", "state_tier", "step_device"})
+      if (!e.contains(f)) fail(k + "." + f, "missing");
+    if (!e["numel"].is_number_unsigned() || e["numel"].get<std::uint64_t>() == 0)
+      fail(k + ".numel", "expected an element count > 0");
+    if (!e["state_tier"].is_string() || !e["step_device"].is_string())
+      fail(k, "state_tier and step_device are strings");
+    PlanSubgroup s;
+    s.id = static_cast<std::uint32_t>(i);
+    s.numel = e["numel"].get<std::uint64_t>();
+    s.state_tier = parse_plan_tier(origin, k + ".state_tier", e["state_tier"].get<std::string>());
+    s.step_device = parse_device(origin, k + ".step_device", e["step_device"].get<std::string>());
+    s.cast_on = parse_device(origin, k + ".cast_on",
+                             e.value("cast_on", std::string(device_name(s.step_device))));
+    s.grad_tier =
+        parse_plan_tier(origin, k + ".grad_tier",
+                        e.value("grad_tier", s.step_device == StepDevice::gpu ? "gpu" : "host"));
+    if (s.state_tier == Tier::device && s.step_device == StepDevice::cpu)
+      fail(k, "state on the GPU is stepped on the GPU (step_device gpu)");
+    if (s.state_tier == Tier::nvme && s.step_device == StepDevice::gpu)
+      fail(k, "state on NVMe is stepped by the CPU (step_device cpu)");
+    if (s.grad_tier == Tier::device && s.step_device == StepDevice::cpu)
+      fail(k, "a CPU step needs its gradient on the host or NVMe");
+    p.subgroups.push_back(s);
+  }
+  return p;
+}
+
+Plan Plan::load(const std::filesystem::path& file) {
+  std::ifstream in(file);
+  if (!in) throw std::invalid_argument(fmt::format("plan file {}: cannot be read", file.string()));
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return from_json(ss.str(), file.string());
+}
+
+const PlanSubgroup& Plan::at_fraction(double f) const {
+  if (subgroups.empty()) throw std::logic_error("plan: no sub-groups");
+  std::uint64_t total = 0;
+  for (const auto& s : subgroups) total += s.numel;
+  const double target = std::clamp(f, 0.0, 1.0) * static_cast<double>(total);
+  std::uint64_t acc = 0;
+  for (const auto& s : subgroups) {
+    acc += s.numel;
+    if (static_cast<double>(acc) > target) return s;
+  }
+  return subgroups.back();
+}
+
+}  // namespace tierswap

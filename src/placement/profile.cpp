@@ -1,0 +1,258 @@
+// HardwareProfile: JSON in and out, validation, the shipped profiles.
+#include <fmt/format.h>
+
+#include <fmt/ranges.h>
+
+#include <algorithm>
+#include <fstream>
+#include <limits>
+#include <nlohmann/json.hpp>
+#include <sstream>
+#include <stdexcept>
+
+#include "tierswap/placement.hpp"
+
+namespace tierswap {
+namespace detail {
+const std::vector<std::pair<std::string_view, std::string_view>>& builtin_profile_texts();
+}
+
+namespace {
+
+using nlohmann::json;
+constexpr std::uint64_t kUnlimited = std::numeric_limits<std::uint64_t>::max();
+
+[[noreturn]] void bad(std::string_view origin, const std::string& key, const std::string& why) {
+  throw std::invalid_argument(fmt::format("{}: {}: {}", origin, key, why));
+}
+
+// Reads the keys of `obj` through `fields`; any other key is an error.
+struct Reader {
+  std::string_view origin;
+  std::string path;
+  const json& obj;
+  std::vector<std::string> seen;
+
+  Reader(std::string_view o, std::string p, const json& j) : origin(o), path(std::move(p)), obj(j) {
+    if (!obj.is_object()) bad(origin, path.empty() ? "(top level)" : path, "expected an object");
+  }
+  std::string key(const char* k) const { return path.empty() ? k : path + "." + k; }
+  const json* get(const char* k, bool required) {
+    seen.emplace_back(k);
+    auto it = obj.find(k);
+    if (it == obj.end()) {
+      if (required) bad(origin, key(k), "missing");
+      return nullptr;
+    }
+    return &*it;
+  }
+  double num(const char* k, double def, bool required = false) {
+    const json* v = get(k, required);
+    if (!v) return def;
+    if (!v->is_number()) bad(origin, key(k), fmt::format("expected a number, got {}", v->dump()));
+    const double d = v->get<double>();
+    if (!(d >= 0)) bad(origin, key(k), fmt::format("must be >= 0, got {}", v->dump()));
+    return d;
+  }
+  std::uint64_t bytes(const char* k, std::uint64_t def, bool required = false) {
+    const json* v = get(k, required);
+    if (!v) return def;
+    if (v->is_string() && v->get<std::string>() == "unlimited") return kUnlimited;
+    if (!v->is_number_unsigned())
+      bad(origin, key(k),
+          fmt::format("expected a byte count (or \"unlimited\"), got {}", v->dump()));
+    return v->get<std::uint64_t>();
+  }
+  int integer(const char* k, int def, bool required = false) {
+    const json* v = get(k, required);
+    if (!v) return def;
+    if (!v->is_number_integer())
+      bad(origin, key(k), fmt::format("expected an integer, got {}", v->dump()));
+    return v->get<int>();
+  }
+  std::string str(const char* k, std::string def, bool required = false) {
+    const json* v = get(k, required);
+    if (!v) return def;
+    if (!v->is_string()) bad(origin, key(k), fmt::format("expected a string, got {}", v->dump()));
+    return v->get<std::string>();
+  }
+  const json& array(const char* k) {
+    const json* v = get(k, false);
+    static const json empty = json::array();
+    if (!v) return empty;
+    if (!v->is_array()) bad(origin, key(k), "expected an array");
+    return *v;
+  }
+  void finish() const {
+    for (auto it = obj.begin(); it != obj.end(); ++it)
+      if (std::find(seen.begin(), seen.end(), it.key()) == seen.end())
+        bad(origin, key(it.key().c_str()), "unknown key");
+  }
+};
+
+HostLink parse_link(std::string_view origin, const std::string& key, const std::string& v) {
+  if (v == "pcie") return HostLink::pcie;
+  if (v == "nvlink-c2c") return HostLink::nvlink_c2c;
+  bad(origin, key, fmt::format("'{}': expected pcie or nvlink-c2c", v));
+}
+
+json bytes_json(std::uint64_t b) {
+  return b == kUnlimited ? json("unlimited") : json(b);
+}
+
+}  // namespace
+
+std::string_view to_string(HostLink l) noexcept {
+  return l == HostLink::nvlink_c2c ? "nvlink-c2c" : "pcie";
+}
+
+void HardwareProfile::validate() const {
+  auto need = [&](bool ok, const std::string& key, const std::string& why) {
+    if (!ok) bad(name.empty() ? "profile" : name, key, why);
+  };
+  need(!name.empty(), "name", "empty");
+  need(host_memory_bytes > 0, "host_memory_bytes", "must be > 0");
+  need(cpu_cores > 0, "cpu_cores", "must be > 0");
+  need(cpu_adam_gbps > 0, "cpu_adam_gbps", "must be > 0 (the CPU step's throughput)");
+  for (std::size_t i = 0; i < gpus.size(); ++i) {
+    const auto& g = gpus[i];
+    const std::string k = fmt::format("gpus[{}]", i);
+    need(g.memory_bytes > 0, k + ".memory_bytes", "must be > 0");
+    need(g.memory_gbps > 0, k + ".memory_gbps", "must be > 0");
+    need(g.h2d_gbps > 0 && g.d2h_gbps > 0, k + ".h2d_gbps/d2h_gbps", "must be > 0");
+    need((g.host_read_gbps > 0) == (g.host_write_gbps > 0), k + ".host_read_gbps/host_write_gbps",
+         "both 0 (no in-place access) or both > 0");
+  }
+  for (std::size_t i = 0; i < nvme.size(); ++i) {
+    const auto& d = nvme[i];
+    const std::string k = fmt::format("nvme[{}]", i);
+    need(d.read_gbps > 0 && d.write_gbps > 0, k + ".read_gbps/write_gbps", "must be > 0");
+    need(d.capacity_bytes > 0, k + ".capacity_bytes", "must be > 0");
+  }
+}
+
+HardwareProfile HardwareProfile::from_json(std::string_view text, std::string_view origin) {
+  json j;
+  try {
+    j = json::parse(text, nullptr, true, /*ignore_comments=*/true);
+  } catch (const json::parse_error& e) {
+    throw std::invalid_argument(fmt::format("{}: not valid JSON: {}", origin, e.what()));
+  }
+  HardwareProfile p;
+  Reader r(origin, "", j);
+  p.name = r.str("name", "", true);
+  p.description = r.str("description", "");
+  if (const json* m = r.get("measured", false)) {
+    if (!m->is_boolean())
+      bad(origin, "measured", fmt::format("expected true or false, got {}", m->dump()));
+    p.measured = m->get<bool>();
+  }
+  p.host_memory_bytes = r.bytes("host_memory_bytes", 0, true);
+  p.memlock_bytes = r.bytes("memlock_bytes", kUnlimited);
+  p.cpu_cores = r.integer("cpu_cores", 0, true);
+  p.host_memory_gbps = r.num("host_memory_gbps", 0);
+  p.cpu_adam_gbps = r.num("cpu_adam_gbps", 0, true);
+  const json& numa = r.array("numa");
+  for (std::size_t i = 0; i < numa.size(); ++i) {
+    Reader n(origin, fmt::format("numa[{}]", i), numa[i]);
+    NumaProfile x;
+    x.node = n.integer("node", 0, true);
+    x.memory_bytes = n.bytes("memory_bytes", 0);
+    x.cores = n.integer("cores", 0);
+    n.finish();
+    p.numa.push_back(x);
+  }
+  const json& gpus = r.array("gpus");
+  for (std::size_t i = 0; i < gpus.size(); ++i) {
+    Reader g(origin, fmt::format("gpus[{}]", i), gpus[i]);
+    GpuProfile x;
+    x.model = g.str("model", "");
+    x.memory_bytes = g.bytes("memory_bytes", 0, true);
+    x.memory_gbps = g.num("memory_gbps", 0, true);
+    x.bf16_tflops = g.num("bf16_tflops", 0);
+    x.link = parse_link(origin, g.key("link"), g.str("link", "pcie"));
+    x.pcie_gen = g.integer("pcie_gen", 0);
+    x.pcie_width = g.integer("pcie_width", 0);
+    x.h2d_gbps = g.num("h2d_gbps", 0, true);
+    x.d2h_gbps = g.num("d2h_gbps", 0, true);
+    x.host_read_gbps = g.num("host_read_gbps", 0);
+    x.host_write_gbps = g.num("host_write_gbps", 0);
+    x.numa_node = g.integer("numa_node", -1);
+    x.pci_bus_id = g.str("pci_bus_id", "");
+    g.finish();
+    p.gpus.push_back(x);
+  }
+  const json& nvme = r.array("nvme");
+  for (std::size_t i = 0; i < nvme.size(); ++i) {
+    Reader d(origin, fmt::format("nvme[{}]", i), nvme[i]);
+    NvmeProfile x;
+    x.name = d.str("name", "");
+    x.read_gbps = d.num("read_gbps", 0, true);
+    x.write_gbps = d.num("write_gbps", 0, true);
+    x.capacity_bytes = d.bytes("capacity_bytes", 0, true);
+    x.numa_node = d.integer("numa_node", -1);
+    d.finish();
+    p.nvme.push_back(x);
+  }
+  r.finish();
+  p.validate();
+  return p;
+}
+
+std::string HardwareProfile::to_json() const {
+  json j{{"name", name},
+         {"description", description},
+         {"measured", measured},
+         {"host_memory_bytes", host_memory_bytes},
+         {"memlock_bytes", bytes_json(memlock_bytes)},
+         {"cpu_cores", cpu_cores},
+         {"host_memory_gbps", host_memory_gbps},
+         {"cpu_adam_gbps", cpu_adam_gbps},
+         {"numa", json::array()},
+         {"gpus", json::array()},
+         {"nvme", json::array()}};
+  for (const auto& n : numa)
+    j["numa"].push_back({{"node", n.node}, {"memory_bytes", n.memory_bytes}, {"cores", n.cores}});
+  for (const auto& g : gpus)
+    j["gpus"].push_back({{"model", g.model},
+                         {"memory_bytes", g.memory_bytes},
+                         {"memory_gbps", g.memory_gbps},
+                         {"bf16_tflops", g.bf16_tflops},
+                         {"link", to_string(g.link)},
+                         {"pcie_gen", g.pcie_gen},
+                         {"pcie_width", g.pcie_width},
+                         {"h2d_gbps", g.h2d_gbps},
+                         {"d2h_gbps", g.d2h_gbps},
+                         {"host_read_gbps", g.host_read_gbps},
+                         {"host_write_gbps", g.host_write_gbps},
+                         {"numa_node", g.numa_node},
+                         {"pci_bus_id", g.pci_bus_id}});
+  for (const auto& d : nvme)
+    j["nvme"].push_back({{"name", d.name},
+                         {"read_gbps", d.read_gbps},
+                         {"write_gbps", d.write_gbps},
+                         {"capacity_bytes", d.capacity_bytes},
+                         {"numa_node", d.numa_node}});
+  return j.dump(2);
+}
+
+std::vector<std::string> builtin_profiles() {
+  std::vector<std::string> out;
+  for (const auto& [name, text] : detail::builtin_profile_texts()) out.emplace_back(name);
+  return out;
+}
+
+HardwareProfile HardwareProfile::load(std::string_view what) {
+  for (const auto& [name, text] : detail::builtin_profile_texts())
+    if (name == what) return from_json(text, fmt::format("profile '{}'", name));
+  std::ifstream in{std::string(what)};
+  if (!in)
+    throw std::invalid_argument(
+        fmt::format("profile '{}': neither a shipped profile ({}) nor a readable file", what,
+                    fmt::join(builtin_profiles(), ", ")));
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return from_json(ss.str(), what);
+}
+
+}  // namespace tierswap

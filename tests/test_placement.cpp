@@ -1,0 +1,289 @@
+// Placement: the shipped hardware profiles, the cost model's plans on them (GH200 keeps the tail
+// on the GPU and the rest on the Grace CPU without NVMe; the PCIe workstation with a model 10x its
+// host memory streams from NVMe and never steps host-resident state on the GPU over PCIe; every
+// plan within its budgets; predicted times monotone in model size), plan files, bad input, and
+// the probe of this machine.
+#include <fmt/format.h>
+#include <gtest/gtest.h>
+
+#include <fstream>
+#include <nlohmann/json.hpp>
+
+#include "test_util.hpp"
+#include "tierswap/device.hpp"
+#include "tierswap/placement.hpp"
+
+using namespace tierswap;
+
+namespace {
+
+constexpr int kGpu = static_cast<int>(Tier::device), kHost = static_cast<int>(Tier::host),
+              kNvme = static_cast<int>(Tier::nvme);
+
+Plan plan_for(std::string_view profile, std::uint64_t params, int gpus = 0, double backward = -1) {
+  PlanOptions o;
+  o.params = params;
+  o.gpus = gpus;
+  o.backward_s = backward;
+  return make_plan(HardwareProfile::load(profile), o);
+}
+
+void expect_within_budgets(const Plan& p) {
+  for (int t = 0; t < kTierCount; ++t)
+    EXPECT_LE(p.bytes[t], p.budget[t]) << p.profile << " " << p.params << " tier " << t;
+  std::uint64_t total = 0, by_tier[kTierCount] = {};
+  for (const auto& s : p.subgroups) {
+    total += s.numel;
+    by_tier[static_cast<int>(s.state_tier)] += s.numel;
+    // Consistency of each decision.
+    if (s.state_tier == Tier::device) EXPECT_EQ(s.step_device, StepDevice::gpu);
+    if (s.state_tier == Tier::nvme) EXPECT_EQ(s.step_device, StepDevice::cpu);
+    if (s.step_device == StepDevice::cpu) EXPECT_NE(s.grad_tier, Tier::device);
+    EXPECT_LE(s.ready_s, s.done_s + 1e-12);
+  }
+  EXPECT_EQ(total, (p.params + p.gpus - 1) / p.gpus);
+  // The state bytes of the plan's tiers account for each sub-group's state (12 B/param, AdamW).
+  EXPECT_GE(p.bytes[kGpu], 12 * by_tier[kGpu]);
+  EXPECT_GE(p.bytes[kNvme], 2 * 12 * by_tier[kNvme]);  // two shadow slots
+  EXPECT_GE(p.bytes[kHost], 12 * by_tier[kHost]);
+}
+
+}  // namespace
+
+TEST(Placement, ShippedProfilesParseAndDescribeTheirMachines) {
+  const auto names = builtin_profiles();
+  ASSERT_EQ(names, (std::vector<std::string>{"gh200", "h100-pcie-8x", "pcie4-workstation"}));
+  const HardwareProfile gh = HardwareProfile::load("gh200");
+  ASSERT_EQ(gh.gpus.size(), 1u);
+  EXPECT_EQ(gh.gpus[0].link, HostLink::nvlink_c2c);
+  EXPECT_EQ(gh.gpus[0].memory_bytes, 96'000'000'000u);
+  EXPECT_EQ(gh.host_memory_bytes, 480'000'000'000u);
+  EXPECT_GT(gh.gpus[0].host_read_gbps, 0);
+  const HardwareProfile srv = HardwareProfile::load("h100-pcie-8x");
+  EXPECT_EQ(srv.gpus.size(), 8u);
+  EXPECT_GE(srv.nvme.size(), 2u);
+  EXPECT_EQ(srv.numa.size(), 2u);
+  for (const auto& g : srv.gpus) {
+    EXPECT_EQ(g.link, HostLink::pcie);
+    EXPECT_EQ(g.pcie_gen, 5);
+    EXPECT_EQ(g.host_read_gbps, 0);
+  }
+  const HardwareProfile ws = HardwareProfile::load("pcie4-workstation");
+  EXPECT_EQ(ws.gpus.size(), 1u);
+  EXPECT_EQ(ws.nvme.size(), 1u);
+  EXPECT_EQ(ws.gpus[0].pcie_gen, 4);
+  // Round trip through to_json (comments dropped, values kept).
+  for (const auto& n : names) {
+    const HardwareProfile a = HardwareProfile::load(n);
+    const HardwareProfile b = HardwareProfile::from_json(a.to_json());
+    EXPECT_EQ(a.to_json(), b.to_json()) << n;
+  }
+}
+
+TEST(Placement, Gh200KeepsTheTailOnTheGpuAndTheRestOnGraceWithoutNvme) {
+  // With the backward estimated for 16K tokens per GPU, and a 2 s one. (With little or no backward
+  // to hide behind, the model moves most of the step to the GPU over NVLink-C2C instead: it moves
+  // 24 B/param through LPDDR5X where the CPU step moves 28; checked below.)
+  for (const double backward : {-1.0, 2.0, 0.5, 0.0}) {
+    SCOPED_TRACE(backward);
+    const bool hides = backward < 0 || backward >= 2.0;
+    const Plan p = plan_for("gh200", parse_param_count("20B"), 0, backward);
+    expect_within_budgets(p);
+    EXPECT_EQ(p.bytes[kNvme], 0u);
+    EXPECT_EQ(p.links.nvme_read + p.links.nvme_write, 0u);
+    // The tail of the backward (the lowest ids, final last): state and step on the GPU.
+    ASSERT_FALSE(p.subgroups.empty());
+    EXPECT_EQ(p.subgroups.front().state_tier, Tier::device);
+    EXPECT_EQ(p.subgroups.front().step_device, StepDevice::gpu);
+    std::size_t gpu = 0, cpu = 0;
+    for (const auto& s : p.subgroups) {
+      EXPECT_NE(s.state_tier, Tier::nvme);
+      if (s.state_tier == Tier::device) {
+        ++gpu;
+        EXPECT_EQ(cpu, 0u) << "GPU-resident sub-groups form the tail";
+      }
+      if (s.step_device == StepDevice::cpu) ++cpu;
+    }
+    EXPECT_GT(gpu, 0u);
+    EXPECT_EQ(p.subgroups.back().state_tier, Tier::host);
+    if (!hides) continue;
+    // The head (final first during the backward) runs on the Grace CPU, hidden by the backward.
+    EXPECT_EQ(p.subgroups.back().step_device, StepDevice::cpu);
+    EXPECT_GT(cpu, p.subgroups.size() / 2);
+    EXPECT_LT(p.exposed_step_s, p.predicted_step_s);
+  }
+  // Without a backward to hide behind, more of the step moves to the GPU than with one.
+  auto on_gpu = [](const Plan& p) {
+    std::size_t n = 0;
+    for (const auto& s : p.subgroups) n += s.step_device == StepDevice::gpu;
+    return n;
+  };
+  EXPECT_GE(on_gpu(plan_for("gh200", 20'000'000'000, 0, 0.0)),
+            on_gpu(plan_for("gh200", 20'000'000'000, 0, 10.0)));
+}
+
+TEST(Placement, PcieWorkstationStreamsTenTimesItsMemoryFromNvmeAndNeverStepsOverPcie) {
+  const HardwareProfile ws = HardwareProfile::load("pcie4-workstation");
+  // A model whose AdamW state (12 B/param) is 10x host memory.
+  const std::uint64_t params = 10 * ws.host_memory_bytes / 12;
+  const Plan p = plan_for("pcie4-workstation", params);
+  expect_within_budgets(p);
+  EXPECT_GT(p.bytes[kNvme], 10 * ws.host_memory_bytes);
+  std::size_t nvme = 0;
+  for (const auto& s : p.subgroups) {
+    EXPECT_FALSE(s.state_tier == Tier::host && s.step_device == StepDevice::gpu)
+        << "sub-group " << s.id << " steps host memory on the GPU over PCIe";
+    nvme += s.state_tier == Tier::nvme;
+  }
+  EXPECT_GT(nvme, p.subgroups.size() / 2);
+  EXPECT_GT(p.links.nvme_read, 0u);
+  EXPECT_GT(p.predicted_step_s, 0);
+}
+
+TEST(Placement, EveryPlanRespectsItsBudgetsAndTimeGrowsWithModelSize) {
+  for (const auto& name : builtin_profiles()) {
+    const HardwareProfile hw = HardwareProfile::load(name);
+    for (const int gpus : {1, static_cast<int>(hw.gpus.size())}) {
+      double last = 0;
+      for (const double billions : {0.1, 1.0, 3.0, 7.0, 13.0, 20.0, 34.0, 70.0, 120.0, 175.0}) {
+        SCOPED_TRACE(fmt::format("{} gpus={} {}B", name, gpus, billions));
+        PlanOptions o;
+        o.params = static_cast<std::uint64_t>(billions * 1e9);
+        o.gpus = gpus;
+        Plan p;
+        try {
+          p = make_plan(hw, o);
+        } catch (const std::invalid_argument& e) {
+          EXPECT_NE(std::string(e.what()).find("do not fit"), std::string::npos) << e.what();
+          break;  // larger models do not fit either
+        }
+        expect_within_budgets(p);
+        EXPECT_GT(p.predicted_step_s, last);
+        last = p.predicted_step_s;
+        EXPECT_GE(p.exposed_step_s, 0);
+        if (!p.overlap) EXPECT_EQ(p.exposed_step_s, p.predicted_step_s);
+      }
+    }
+  }
+}
+
+TEST(Placement, PlanFilesRoundTripAndBadOnesAreRefused) {
+  const Plan p = plan_for("gh200", 2'000'000'000);
+  const Plan q = Plan::from_json(p.to_json());
+  ASSERT_EQ(p.subgroups.size(), q.subgroups.size());
+  for (std::size_t i = 0; i < p.subgroups.size(); ++i) {
+    EXPECT_EQ(p.subgroups[i].numel, q.subgroups[i].numel);
+    EXPECT_EQ(p.subgroups[i].state_tier, q.subgroups[i].state_tier);
+    EXPECT_EQ(p.subgroups[i].step_device, q.subgroups[i].step_device);
+  }
+  // The issue's schema keys.
+  const auto j = nlohmann::json::parse(p.to_json());
+  for (const char* k : {"profile", "params", "predicted_step_s", "bytes", "subgroups"})
+    EXPECT_TRUE(j.contains(k)) << k;
+  for (const char* k : {"gpu", "host", "nvme"}) EXPECT_TRUE(j["bytes"].contains(k)) << k;
+  for (const char* k : {"id", "numel", "state_tier", "step_device", "cast_on"})
+    EXPECT_TRUE(j["subgroups"][0].contains(k)) << k;
+  // at_fraction: the first element maps to sub-group 0, the last to the last.
+  EXPECT_EQ(q.at_fraction(0.0).id, 0u);
+  EXPECT_EQ(q.at_fraction(0.999999).id, q.subgroups.back().id);
+  // Edited plans with mistakes.
+  const std::string head = R"({"format": "tierswap.plan", "version": 1, "subgroups": [)";
+  for (const std::string bad :
+       {std::string("{"), std::string(R"({"format": "x", "version": 1, "subgroups": []})"),
+        std::string(R"({"format": "tierswap.plan", "version": 2, "subgroups": [{}]})"), head + "]}",
+        head + R"({"numel": 0, "state_tier": "host", "step_device": "cpu"}]})",
+        head + R"({"numel": 5, "state_tier": "disk", "step_device": "cpu"}]})",
+        head + R"({"numel": 5, "state_tier": "nvme", "step_device": "gpu"}]})",
+        head + R"({"numel": 5, "state_tier": "gpu", "step_device": "cpu"}]})",
+        head + R"({"numel": 5, "state_tier": "host"}]})"}) {
+    try {
+      Plan::from_json(bad, "edited.json");
+      ADD_FAILURE() << "accepted: " << bad;
+    } catch (const std::invalid_argument& e) {
+      EXPECT_NE(std::string(e.what()).find("edited.json"), std::string::npos) << e.what();
+    }
+  }
+  EXPECT_THROW(Plan::load("/nonexistent/plan.json"), std::invalid_argument);
+}
+
+TEST(Placement, BadProfilesAndOptionsGiveClearErrors) {
+  const std::string good = HardwareProfile::load("pcie4-workstation").to_json();
+  auto with = [&](const std::string& key, const nlohmann::json& v) {
+    auto j = nlohmann::json::parse(good);
+    j[key] = v;
+    return j.dump();
+  };
+  auto gpu_with = [&](const std::string& key, const nlohmann::json& v) {
+    auto j = nlohmann::json::parse(good);
+    j["gpus"][0][key] = v;
+    return j.dump();
+  };
+  const std::vector<std::pair<std::string, std::string>> bad = {
+      {"not json", "not valid JSON"},
+      {with("colour", "blue"), "colour"},
+      {with("cpu_adam_gbps", -3), "cpu_adam_gbps"},
+      {with("host_memory_bytes", "lots"), "host_memory_bytes"},
+      {gpu_with("link", "usb"), "link"},
+      {gpu_with("h2d_gbps", 0), "h2d_gbps"},
+      {gpu_with("host_read_gbps", 5), "host_read_gbps"},  // write left at 0
+      {gpu_with("speed", 1), "gpus[0].speed"},
+  };
+  for (const auto& [text, needle] : bad) {
+    try {
+      HardwareProfile::from_json(text, "mine.json");
+      ADD_FAILURE() << "accepted: " << text.substr(0, 80);
+    } catch (const std::invalid_argument& e) {
+      EXPECT_NE(std::string(e.what()).find(needle), std::string::npos) << e.what();
+    }
+  }
+  EXPECT_THROW(HardwareProfile::load("no-such-profile"), std::invalid_argument);
+  // A profile file.
+  test::TempDir d;
+  const auto f = d.path() / "p.json";
+  std::ofstream(f) << "// a comment\n" << good;
+  EXPECT_EQ(HardwareProfile::load(f.string()).name, "pcie4-workstation");
+  // Options.
+  EXPECT_EQ(parse_param_count("20B"), 20'000'000'000u);
+  EXPECT_EQ(parse_param_count("1.5T"), 1'500'000'000'000u);
+  EXPECT_EQ(parse_param_count("350M"), 350'000'000u);
+  EXPECT_EQ(parse_param_count("12345"), 12345u);
+  for (const char* b : {"", "B", "-5B", "20X", "20BB", "abc"})
+    EXPECT_THROW(parse_param_count(b), std::invalid_argument) << b;
+  EXPECT_THROW(plan_for("gh200", 0), std::invalid_argument);
+  EXPECT_THROW(plan_for("gh200", 1'000'000'000, 2), std::invalid_argument);  // one GPU
+  try {
+    plan_for("pcie4-workstation", parse_param_count("2T"));
+    ADD_FAILURE() << "2T parameters fit a workstation";
+  } catch (const std::invalid_argument& e) {
+    EXPECT_NE(std::string(e.what()).find("do not fit"), std::string::npos) << e.what();
+  }
+}
+
+TEST(Placement, ProbeDescribesThisMachine) {
+  ProbeOptions o;
+  o.measure = false;
+  const HardwareProfile p = probe_hardware(o);
+  EXPECT_GT(p.cpu_cores, 0);
+  EXPECT_GT(p.host_memory_bytes, 0u);
+  EXPECT_FALSE(p.numa.empty());
+  EXPECT_EQ(p.gpus.size(),
+            device_info().available ? static_cast<std::size_t>(device_info().device_count) : 0u);
+  // Measured, with a small NVMe figure in a scratch directory (removed afterwards).
+  test::TempDir d;
+  o.measure = true;
+  o.nvme_dir = d.path();
+  o.io_bytes = 32ull << 20;
+  o.kernel_params = 1u << 20;
+  o.threads = 1;
+  const HardwareProfile m = probe_hardware(o);
+  EXPECT_TRUE(m.measured);
+  EXPECT_GT(m.host_memory_gbps, 0);
+  EXPECT_GT(m.cpu_adam_gbps, 0);
+  ASSERT_EQ(m.nvme.size(), 1u);
+  EXPECT_GT(m.nvme[0].read_gbps, 0);
+  EXPECT_GT(m.nvme[0].write_gbps, 0);
+  EXPECT_TRUE(std::filesystem::is_empty(d.path()));
+  if (m.gpus.empty()) {  // a CPU-only profile cannot be planned for
+    EXPECT_THROW(make_plan(m, PlanOptions{1'000'000'000}), std::invalid_argument);
+  }
+}

@@ -16,8 +16,10 @@
 #include "test_util.hpp"
 #include "tierswap/communicator.hpp"
 #include "tierswap/detail/io_backend.hpp"
+#include "tierswap/device.hpp"
 #include "tierswap/io_engine.hpp"
 #include "tierswap/optimizer.hpp"
+#include "tierswap/placement.hpp"
 #include "tierswap/swap_space.hpp"
 #include "tierswap/thread_pool.hpp"
 
@@ -627,4 +629,58 @@ TEST(ShardedOptimizer, FixedLossScaleNeverChangesAndStillSkipsOverflow) {
     EXPECT_EQ(res[i].skipped, static_cast<int>(i + 1) == test::kOverflowStep);
   }
   EXPECT_EQ(r.opt->step_count(), 7u);
+}
+
+// A placement plan (an edited plan file): host-resident state for the first half of the rank's
+// parameters, NVMe for the rest. Same bits as the ordinary run; each sub-group where the plan
+// says; a plan that steps on the GPU is refused on a machine without one.
+TEST(ShardedOptimizer, FinalizePlacesSubgroupsByAPlanFile) {
+  Rig a;
+  auto ma = test::start_model(*a.opt);
+  test::train(*a.opt, ma, 1, 6, 0, 1);
+  TempDir d;
+  const auto file = d.path() / "plan.json";
+  std::ofstream(file) << R"({"format": "tierswap.plan", "version": 1, "subgroups": [
+      {"numel": 500, "state_tier": "host", "step_device": "cpu"},
+      {"numel": 500, "state_tier": "nvme", "step_device": "cpu"}]})";
+  OptimizerConfig oc = test::model_config();
+  oc.plan_file = file.string();
+  Rig b(tier_config(2 * kMiB, 128 * kKiB), oc);
+  auto mb = test::start_model(*b.opt);
+  std::size_t host = 0, nvme = 0;
+  for (std::size_t k = 0; k < b.opt->subgroup_count(); ++k) {
+    const auto [tier, gpu] = b.opt->placement(k);
+    EXPECT_FALSE(gpu);
+    host += tier == Tier::host;
+    nvme += tier == Tier::nvme;
+  }
+  EXPECT_GT(host, 0u);
+  EXPECT_GT(nvme, 0u);
+  EXPECT_EQ(b.opt->placement(0).first, Tier::host);
+  EXPECT_EQ(b.opt->placement(b.opt->subgroup_count() - 1).first, Tier::nvme);
+  test::train(*b.opt, mb, 1, 6, 0, 1);
+  expect_same_state(*a.opt, ma, *b.opt, mb);
+
+  // set_plan() with GPU sub-groups: refused at finalize() without a usable GPU.
+  if (!device_info().available) {
+    Plan gpu = Plan::from_json(R"({"format": "tierswap.plan", "version": 1, "subgroups": [
+        {"numel": 1, "state_tier": "gpu", "step_device": "gpu"}]})");
+    Rig c;
+    c.opt->set_plan(gpu);
+    try {
+      test::build_model(*c.opt);
+      ADD_FAILURE() << "a GPU plan was accepted without a GPU";
+    } catch (const std::invalid_argument& e) {
+      EXPECT_NE(std::string(e.what()).find("no GPU is usable"), std::string::npos) << e.what();
+    }
+  }
+  // A missing plan file names itself.
+  oc.plan_file = (d.path() / "missing.json").string();
+  Rig e(tier_config(2 * kMiB, 128 * kKiB), oc);
+  try {
+    test::build_model(*e.opt);
+    ADD_FAILURE() << "a missing plan file was accepted";
+  } catch (const std::invalid_argument& err) {
+    EXPECT_NE(std::string(err.what()).find("missing.json"), std::string::npos) << err.what();
+  }
 }

@@ -65,6 +65,7 @@ namespace tierswap {
 
 class Communicator;
 class ThreadPool;
+struct Plan;
 
 enum class OptimizerKind : std::uint8_t { adamw, adam, lion, sgd };
 std::string_view to_string(OptimizerKind k) noexcept;
@@ -136,16 +137,21 @@ struct OptimizerConfig {
   /// ordinary step. Needs shadow slots (TierConfig::shadow_slots). Costs 2 bytes per parameter
   /// of (unpinned) host memory for the speculative 16-bit parameters.
   bool overlap = false;
+  /// A placement plan file (`tierswap plan --out`, possibly edited): finalize() takes each
+  /// sub-group's state tier (gpu | host | nvme) and step device from it, by the sub-group's
+  /// position in the rank's parameters. Empty: state_tier decides for all.
+  std::string plan_file;
   void validate() const;
   /// Overrides from TIERSWAP_SUBGROUP_SIZE, TIERSWAP_PREFETCH_DEPTH, TIERSWAP_ACCUMULATE_FP32,
   /// TIERSWAP_BF16_MOMENTS, TIERSWAP_STATE_TIER (auto|host|nvme), TIERSWAP_GRAD_TIER
-  /// (host|nvme), TIERSWAP_COALESCE, TIERSWAP_MAX_GRAD_NORM, TIERSWAP_OVERLAP.
+  /// (host|nvme), TIERSWAP_COALESCE, TIERSWAP_MAX_GRAD_NORM, TIERSWAP_OVERLAP, TIERSWAP_PLAN (a
+  /// plan file).
   static OptimizerConfig from_env();
   static OptimizerConfig from_env(OptimizerConfig base);
   /// Loads {"subgroup_size", "prefetch_depth", "accumulate_fp32", "bf16_moments", "state_tier",
-  /// "grad_tier", "coalesce", "max_grad_norm", "overlap", "loss_scaler": {"mode", "init_scale",
-  /// "growth_factor", "backoff_factor", "growth_interval"}}; unknown keys or bad values throw
-  /// std::invalid_argument naming the key.
+  /// "grad_tier", "coalesce", "max_grad_norm", "overlap", "plan", "loss_scaler": {"mode",
+  /// "init_scale", "growth_factor", "backoff_factor", "growth_interval"}}; unknown keys or bad
+  /// values throw std::invalid_argument naming the key.
   static OptimizerConfig from_json(std::string_view json);
 };
 
@@ -209,6 +215,11 @@ class ShardedOptimizer {
   /// hold this rank's blocks already (resume from a checkpoint with load()).
   void finalize();
   bool finalized() const noexcept;
+  /// Places sub-groups by `plan` (see OptimizerConfig::plan_file) at finalize(). Sub-groups the
+  /// plan steps on the GPU need a usable GPU (std::invalid_argument at finalize() otherwise).
+  void set_plan(const Plan& plan);
+  /// Where sub-group k's state lives (Tier::device, host or nvme) and whether a GPU steps it.
+  std::pair<Tier, bool> placement(std::size_t k) const;
   /// Writes every master weight (the caller's init), zeroes the state, computes the 16-bit
   /// copies and commits. Collective.
   void initialize(const ParamInit& init);

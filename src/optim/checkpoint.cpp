@@ -187,7 +187,7 @@ void ShardedOptimizer::save(const std::filesystem::path& dir) {
             if (fill == piece.size()) flush_piece();
           }
           m.tiers.release(v, false);
-          if (m.streaming) m.tiers.write_back(s.state[slot]);
+          if (s.streaming) m.tiers.write_back(s.state[slot]);
         }
         flush_piece();
         sections.push_back({{"group", gi},
@@ -432,7 +432,7 @@ void ShardedOptimizer::load(const std::filesystem::path& dir) {
             x += n;
           }
           m.tiers.release(v, true);
-          if (m.streaming) m.tiers.write_back(s.state[slot]);
+          if (s.streaming) m.tiers.write_back(s.state[slot]);
         }
       }
     }

@@ -11,6 +11,7 @@
 
 #include "src/optim/optimizer_impl.hpp"
 #include "tierswap/cuda_kernels.hpp"
+#include "tierswap/device.hpp"
 #include "tierswap/log.hpp"
 #include "tierswap/units.hpp"
 
@@ -271,11 +272,41 @@ void ShardedOptimizer::Impl::create_blocks() {
       streaming = state + grads > tiers.config().host_budget / 2;
       break;
   }
+  // A plan decides per sub-group, by the sub-group's middle element as a fraction of this rank's
+  // parameters (so a plan made for another sub-group size or model still applies).
+  if (!plan && !cfg.plan_file.empty()) plan = Plan::load(cfg.plan_file);
+  std::uint64_t rank_total = 0, pos = 0;
+  for (const auto& s : subs) rank_total += s.numel;
+  bool any_streaming = false;
+  for (auto& s : subs) {
+    s.streaming = streaming;
+    if (plan) {
+      const PlanSubgroup& d =
+          plan->at_fraction((static_cast<double>(pos) + static_cast<double>(s.numel) / 2) /
+                            static_cast<double>(std::max<std::uint64_t>(rank_total, 1)));
+      s.streaming = d.state_tier == Tier::nvme;
+      s.step_gpu = d.step_device == StepDevice::gpu;
+      s.on_gpu = d.state_tier == Tier::device;
+      if (s.step_gpu && !cuda::available())
+        throw std::invalid_argument(fmt::format(
+            "plan: sub-group {} of group {} is to step on the GPU (plan sub-group {}), but no GPU "
+            "is usable here ({}): make the plan for this machine (tierswap probe, then tierswap "
+            "plan --profile FILE) or edit it",
+            s.index, s.group, d.id, device_info().reason));
+      if (s.on_gpu && tiers.config().device_mode == DeviceTierMode::off)
+        throw std::invalid_argument(fmt::format(
+            "plan: sub-group {} of group {} keeps its state on the GPU, but the tier manager has "
+            "no device tier (TierConfig::device_mode is off)",
+            s.index, s.group));
+    }
+    any_streaming |= s.streaming;
+    pos += s.numel;
+  }
   // Read-ahead within the budget: host-resident gradients, the sub-group being stepped, one being
   // written behind, and `depth` read ahead must fit, or memory pressure would spill gradients and
   // drop prefetched state before its use.
   depth = cfg.prefetch_depth;
-  if (streaming) {
+  if (any_streaming) {
     std::uint64_t per = 0;
     for (const auto& s : subs) {
       std::uint64_t b = 0;
@@ -348,7 +379,7 @@ void ShardedOptimizer::Impl::refresh_param16() {
     OptGroup& g = groups[s.group];
     Held m(tiers, tiers.acquire(s.state[kMaster], Tier::host));
     cast(m.v.data(), Dtype::f32, g.p16.data() + s.begin, g.dtype16, s.numel, ctx());
-    if (streaming) {
+    if (s.streaming) {
       tiers.release(m.v, false);
       tiers.write_back(s.state[kMaster]);
     }
@@ -373,7 +404,7 @@ void ShardedOptimizer::Impl::after_ingest(OptSub& s, bool final) {
       const bool soon = spec_queue.size() <= depth + 1;
       lk.unlock();
       spec_cv.notify_one();
-      if (soon && streaming)  // read its state while the queue ahead of it is stepped
+      if (soon && s.streaming)  // read its state while the queue ahead of it is stepped
         for (BlockId b : s.state)
           if (b != kNoBlock) tiers.prefetch(b, Tier::host);
       return;  // the speculative step spills the gradient when grad_tier is nvme
@@ -382,19 +413,66 @@ void ShardedOptimizer::Impl::after_ingest(OptSub& s, bool final) {
   if (cfg.grad_tier == Tier::nvme) tiers.evict(s.grad, Tier::host);
 }
 
+void ShardedOptimizer::Impl::gpu_step(OptSub& s, const GroupConfig& gc, const GradView& grad,
+                                      void* const* ptr, std::uint64_t t, std::uint16_t* p16) {
+  const OptGroup& g = groups[s.group];
+  const std::size_t bytes16 = s.numel * sizeof(std::uint16_t);
+  if (gpu_p16_bytes < bytes16) {  // device scratch for the 16-bit output, grown on demand
+    cuda::device_free(gpu_p16);
+    gpu_p16 = nullptr;
+    gpu_p16 = cuda::device_alloc(bytes16);
+    gpu_p16_bytes = bytes16;
+  }
+  const Param16View out{gpu_p16, g.dtype16};
+  auto* p = static_cast<float*>(ptr[kMaster]);
+  switch (gc.kind) {
+    case OptimizerKind::adamw:
+    case OptimizerKind::adam: {
+      AdamState a;
+      a.param = p;
+      a.exp_avg = ptr[kExpAvg];
+      a.exp_avg_sq = ptr[kExpAvgSq];
+      a.max_exp_avg_sq = ptr[kMaxExpAvgSq];
+      a.moment_dtype = moment_dtype();
+      cuda::adam_step(adam_config(gc), static_cast<std::int64_t>(t), a, grad, out, s.numel,
+                      nullptr);
+      break;
+    }
+    case OptimizerKind::lion:
+      cuda::lion_step(lion_config(gc), p, ptr[kExpAvg], moment_dtype(), grad, out, s.numel,
+                      nullptr);
+      break;
+    case OptimizerKind::sgd:
+      cuda::sgd_step(sgd_config(gc), t == 1, p, static_cast<float*>(ptr[kMomentum]), grad, out,
+                     s.numel, nullptr);
+      break;
+  }
+  cuda::copy_to_host(p16, gpu_p16, bytes16, nullptr);  // stream-ordered after the kernel
+  cuda::synchronize(nullptr);
+}
+
 void ShardedOptimizer::Impl::step_sub(OptSub& s, const GroupConfig& gc, float multiplier,
                                       std::uint64_t t, std::uint16_t* p16) {
   const OptGroup& g = groups[s.group];
+  // Where the state is read and written: host memory, or GPU memory for GPU-resident state. A GPU
+  // step of host-resident state (a plan's choice on a coherent link) works on it in place.
+  const Tier tier = s.on_gpu ? Tier::device : Tier::host;
   {
     std::optional<Held> st[kStateSlots];
     void* ptr[kStateSlots] = {};
     for (int slot = 0; slot < kStateSlots; ++slot) {
       if (s.state[slot] == kNoBlock) continue;
-      st[slot].emplace(tiers, tiers.acquire(s.state[slot], Tier::host, Access::write));
+      st[slot].emplace(tiers, tiers.acquire(s.state[slot], tier, Access::write));
       ptr[slot] = st[slot]->v.data();
     }
-    Held gv(tiers, tiers.acquire(s.grad, Tier::host));
+    Held gv(tiers, tiers.acquire(s.grad, tier));
     const GradView gview{gv.v.data(), acc_dtype(g), multiplier};
+    if (s.step_gpu) {
+      gpu_step(s, gc, gview, ptr, t, p16);
+      for (auto& h : st)
+        if (h) h->dirty = true;
+      return;
+    }
     const Param16View out{p16, g.dtype16};
     auto* p = static_cast<float*>(ptr[kMaster]);
     switch (gc.kind) {
@@ -420,12 +498,13 @@ void ShardedOptimizer::Impl::step_sub(OptSub& s, const GroupConfig& gc, float mu
     for (auto& h : st)
       if (h) h->dirty = true;
   }
-  if (streaming)
+  if (s.streaming)
     for (BlockId b : s.state)
       if (b != kNoBlock) tiers.write_back(b);
 }
 
 ShardedOptimizer::Impl::~Impl() {
+  cuda::device_free(gpu_p16);
   if (!spec_thread.joinable()) return;
   {
     std::lock_guard lk(spec_mu);
@@ -452,8 +531,8 @@ void ShardedOptimizer::Impl::spec_loop() {
     OptSub& s = subs[k];
     if (!skip) {
       try {
-        if (streaming)
-          for (std::size_t j : next)
+        for (std::size_t j : next)
+          if (subs[j].streaming)
             for (BlockId b : subs[j].state)
               if (b != kNoBlock) tiers.prefetch(b, Tier::host);
         step_sub(s, spec_cfgs[s.group], spec_mult, spec_t, s.spec16.data());
@@ -599,6 +678,21 @@ void ShardedOptimizer::finalize() {
   m.finalized = true;
 }
 
+void ShardedOptimizer::set_plan(const Plan& plan) {
+  Impl& m = *impl_;
+  if (m.finalized) throw std::logic_error("set_plan: the optimizer is finalized");
+  if (plan.subgroups.empty()) throw std::invalid_argument("set_plan: the plan has no sub-groups");
+  m.plan = plan;
+}
+
+std::pair<Tier, bool> ShardedOptimizer::placement(std::size_t k) const {
+  const Impl& m = *impl_;
+  m.require_finalized("placement");
+  if (k >= m.subs.size()) throw std::invalid_argument(fmt::format("placement: no sub-group {}", k));
+  const OptSub& s = m.subs[k];
+  return {s.on_gpu ? Tier::device : s.streaming ? Tier::nvme : Tier::host, s.step_gpu};
+}
+
 bool ShardedOptimizer::finalized() const noexcept {
   return impl_->finalized;
 }
@@ -623,7 +717,7 @@ void ShardedOptimizer::initialize(const ParamInit& init) {
       cast(out, Dtype::f32, g.p16.data() + s.begin, g.dtype16, s.numel, m.ctx());
       v.dirty = true;
     }
-    if (m.streaming) m.tiers.write_back(s.state[kMaster]);
+    if (s.streaming) m.tiers.write_back(s.state[kMaster]);
     for (int slot = kExpAvg; slot < kStateSlots; ++slot) {
       if (s.state[slot] == kNoBlock) continue;
       if (!in_place) {
@@ -910,7 +1004,7 @@ StepResult ShardedOptimizer::step() {
   std::size_t done = 0;
   try {
     auto prefetch = [&](std::size_t i) {
-      if (i >= todo.size() || !m.streaming) return;
+      if (i >= todo.size() || !m.subs[todo[i]].streaming) return;
       for (BlockId b : m.subs[todo[i]].state)
         if (b != kNoBlock) m.tiers.prefetch(b, Tier::host);
     };

@@ -53,6 +53,7 @@ OptimizerConfig OptimizerConfig::from_env(OptimizerConfig c) {
     c.grad_tier = parse_grad_tier(v, "TIERSWAP_GRAD_TIER");
   c.coalesce = env_bool("TIERSWAP_COALESCE", c.coalesce);
   c.overlap = env_bool("TIERSWAP_OVERLAP", c.overlap);
+  if (const char* v = std::getenv("TIERSWAP_PLAN")) c.plan_file = v;
   c.max_grad_norm = env_double("TIERSWAP_MAX_GRAD_NORM", c.max_grad_norm);
   c.validate();
   return c;
@@ -103,6 +104,8 @@ OptimizerConfig OptimizerConfig::from_json(std::string_view text) {
       c.coalesce = bool_of(v, key);
     } else if (key == "overlap") {
       c.overlap = bool_of(v, key);
+    } else if (key == "plan") {
+      c.plan_file = str_of(v, key);
     } else if (key == "max_grad_norm") {
       c.max_grad_norm = num_of(v, key);
     } else if (key == "loss_scaler") {
@@ -126,10 +129,11 @@ OptimizerConfig OptimizerConfig::from_json(std::string_view text) {
                         "growth_interval)");
       }
     } else {
-      throw_invalid(key, v.dump(),
-                    "unknown optimizer config key (known: subgroup_size, prefetch_depth, "
-                    "accumulate_fp32, bf16_moments, state_tier, grad_tier, coalesce, overlap, "
-                    "max_grad_norm, loss_scaler)");
+      throw_invalid(
+          key, v.dump(),
+          "unknown optimizer config key (known: subgroup_size, prefetch_depth, "
+          "accumulate_fp32, bf16_moments, state_tier, grad_tier, coalesce, overlap, plan, "
+          "max_grad_norm, loss_scaler)");
     }
   }
   c.validate();

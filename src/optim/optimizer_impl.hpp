@@ -6,12 +6,14 @@
 #include <deque>
 #include <exception>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <thread>
 #include <vector>
 
 #include "tierswap/communicator.hpp"
 #include "tierswap/optimizer.hpp"
+#include "tierswap/placement.hpp"
 #include "tierswap/tier_manager.hpp"
 
 namespace tierswap {
@@ -36,6 +38,11 @@ struct OptSub {
   std::uint64_t begin = 0, numel = 0;  // group flat space
   BlockId state[kStateSlots] = {kNoBlock, kNoBlock, kNoBlock, kNoBlock, kNoBlock};
   BlockId grad = kNoBlock;
+  bool streaming =
+      true;             // state on NVMe: read ahead, written behind (else resident in host memory)
+  bool on_gpu = false;  // state in GPU memory (a plan's choice)
+  bool step_gpu = false;      // stepped by the CUDA kernels (state on the GPU, or in place in host
+                              // memory over a coherent link)
   std::uint32_t nparams = 0;  // trainable parameters overlapping it
   std::uint32_t seen = 0;     // of them, ingested in this backward
   // Statistics chunk sums of the final gradient, taken while it was in memory at ingest (so a
@@ -74,9 +81,10 @@ struct ShardedOptimizer::Impl {
   int rank = 0, world = 1;
   std::uint64_t sub_size = 0;
   bool finalized = false;
-  bool streaming = true;    // state written behind after each sub-group (state tier nvme)
-  std::uint32_t depth = 0;  // sub-groups read ahead: prefetch_depth, or fewer where the budget
-                            // cannot hold them beside the gradients and a write-behind
+  bool streaming = true;     // the default for sub-groups without a plan (state tier nvme)
+  std::optional<Plan> plan;  // set_plan() or OptimizerConfig::plan_file
+  std::uint32_t depth = 0;   // sub-groups read ahead: prefetch_depth, or fewer where the budget
+                             // cannot hold them beside the gradients and a write-behind
   std::vector<OptGroup> groups;
   std::vector<OptParam> params;
   std::vector<OptSub> subs;
@@ -136,6 +144,12 @@ struct ShardedOptimizer::Impl {
   /// state is written behind when streaming.
   void step_sub(OptSub& s, const GroupConfig& cfg, float multiplier, std::uint64_t t,
                 std::uint16_t* p16);
+  /// The CUDA kernels on one sub-group (pointers the device can address); 16-bit output copied
+  /// to `p16` in host memory.
+  void gpu_step(OptSub& s, const GroupConfig& cfg, const GradView& grad, void* const* ptr,
+                std::uint64_t t, std::uint16_t* p16);
+  void* gpu_p16 = nullptr;
+  std::size_t gpu_p16_bytes = 0;
   void spec_loop();
   /// Waits until no speculative step is queued or running.
   void spec_drain();

@@ -36,20 +36,23 @@ double seconds_since(Clock::time_point t0) {
   return std::chrono::duration<double>(Clock::now() - t0).count();
 }
 
-struct Topology {
-  hwloc_topology_t t = nullptr;
-  Topology() {
+// The machine's topology, loaded once per process and kept: it does not change while we run,
+// loading it costs milliseconds, and hwloc's PCI plugin (libpciaccess) keeps allocations that are
+// only released with the plugin, which a destroy-per-query pattern would unload and report as
+// leaked. A loaded topology is safe to query from several threads.
+hwloc_topology_t topology() {
+  static const hwloc_topology_t topo = [] {
+    hwloc_topology_t t = nullptr;
     if (hwloc_topology_init(&t) != 0) throw std::runtime_error("probe: hwloc_topology_init failed");
     hwloc_topology_set_io_types_filter(t, HWLOC_TYPE_FILTER_KEEP_IMPORTANT);
     if (hwloc_topology_load(t) != 0) {
       hwloc_topology_destroy(t);
       throw std::runtime_error("probe: hwloc_topology_load failed");
     }
-  }
-  ~Topology() { hwloc_topology_destroy(t); }
-  Topology(const Topology&) = delete;
-  Topology& operator=(const Topology&) = delete;
-};
+    return t;
+  }();
+  return topo;
+}
 
 // The first NUMA node of the object's nearest non-I/O ancestor (-1 when unknown).
 int numa_of(hwloc_topology_t t, hwloc_obj_t obj) {
@@ -176,8 +179,7 @@ HardwareProfile probe_hardware(const ProbeOptions& opt) {
   ::gethostname(host, sizeof host - 1);
   p.name = host[0] ? host : "this-machine";
   p.measured = opt.measure;
-  Topology topo;
-  hwloc_topology_t t = topo.t;
+  hwloc_topology_t t = topology();
   p.cpu_cores = std::max(1, hwloc_get_nbobjs_by_type(t, HWLOC_OBJ_CORE));
   const int nodes = hwloc_get_nbobjs_by_type(t, HWLOC_OBJ_NUMANODE);
   for (int i = 0; i < nodes; ++i) {

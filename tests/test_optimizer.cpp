@@ -4,6 +4,7 @@
 // checkpoints that resume bit-identically and refuse bad input; a failed step leaves the state
 // intact; misuse errors. (Multi-rank runs: test_optimizer_mpi under mpirun.)
 #include <gtest/gtest.h>
+#include <numa.h>
 
 #include <fmt/format.h>
 
@@ -389,19 +390,23 @@ TEST(ShardedOptimizer, OverlappedStepIsBitIdenticalToTheOrdinaryStep) {
     OptimizerConfig::StateTier state;
     Tier grad;
     unsigned threads;
+    bool numa;  // slabs and step workers bound to NUMA node 0
   };
-  for (const Case c : {Case{OptimizerConfig::StateTier::nvme, Tier::host, 1},
-                       Case{OptimizerConfig::StateTier::nvme, Tier::nvme, 2},
-                       Case{OptimizerConfig::StateTier::host, Tier::host, 2}}) {
-    SCOPED_TRACE(fmt::format("state {}, gradients {}, {} threads",
+  for (const Case c : {Case{OptimizerConfig::StateTier::nvme, Tier::host, 1, false},
+                       Case{OptimizerConfig::StateTier::nvme, Tier::nvme, 2, false},
+                       Case{OptimizerConfig::StateTier::host, Tier::host, 2, true}}) {
+    const int node = c.numa && numa_available() >= 0 ? 0 : -1;
+    SCOPED_TRACE(fmt::format("state {}, gradients {}, {} threads, NUMA node {}",
                              c.state == OptimizerConfig::StateTier::nvme ? "nvme" : "host",
-                             to_string(c.grad), c.threads));
+                             to_string(c.grad), c.threads, node));
     OptimizerConfig oc = test::model_config();
     oc.overlap = true;
     oc.state_tier = c.state;
     oc.grad_tier = c.grad;
-    ThreadPool pool(c.threads);
-    Rig b(tier_config(4 * kMiB, 128 * kKiB), oc);
+    ThreadPool pool(c.threads, node);
+    TierConfig tc = tier_config(4 * kMiB, 128 * kKiB);
+    tc.numa_node = node;
+    Rig b(tc, oc);
     b.opt = std::make_unique<ShardedOptimizer>(*b.tiers, *b.comm, oc, &pool);
     auto mb = test::start_model(*b.opt);
     const auto rb = test::train(*b.opt, mb, 1, 20, 0, 1);

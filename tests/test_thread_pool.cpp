@@ -1,7 +1,11 @@
 #include <gtest/gtest.h>
+#include <numa.h>
+#include <sched.h>
 
 #include <atomic>
 #include <stdexcept>
+#include <string>
+#include <thread>
 #include <vector>
 
 #include "tierswap/thread_pool.hpp"
@@ -37,4 +41,38 @@ TEST(ThreadPool, RethrowsAfterEveryRangeFinished) {
   std::atomic<std::size_t> sum{0};
   pool.parallel_for(1000, 1, [&](std::size_t b, std::size_t e) { sum += e - b; });
   EXPECT_EQ(sum.load(), 1000u);
+}
+
+TEST(ThreadPool, NumaBoundWorkersRunEveryRangeOnTheirNode) {
+  if (numa_available() < 0) GTEST_SKIP() << "no NUMA support on this system (numa_available < 0)";
+  for (unsigned t : {1u, 2u, 3u}) {
+    ThreadPool pool(t, 0);
+    EXPECT_EQ(pool.size(), t);
+    EXPECT_EQ(pool.numa_node(), 0);
+    const auto caller = std::this_thread::get_id();
+    for (std::size_t n : {1ul, 65ul, 100000ul}) {
+      std::vector<std::atomic<int>> hits(n);
+      std::atomic<int> on_caller{0}, off_node{0};
+      pool.parallel_for(n, 64, [&](std::size_t b, std::size_t e) {
+        if (std::this_thread::get_id() == caller) on_caller++;
+        const int cpu = sched_getcpu();
+        if (cpu >= 0 && numa_node_of_cpu(cpu) != 0) off_node++;
+        for (std::size_t i = b; i < e; ++i) hits[i]++;
+      });
+      for (std::size_t i = 0; i < n; ++i) ASSERT_EQ(hits[i].load(), 1) << i;
+      EXPECT_EQ(on_caller.load(), 0) << "a bound pool runs nothing on the calling thread";
+      EXPECT_EQ(off_node.load(), 0);
+    }
+  }
+}
+
+TEST(ThreadPool, BadNumaNodesAreRefusedByName) {
+  try {
+    ThreadPool pool(2, 4095);
+    FAIL() << "node 4095 accepted";
+  } catch (const std::invalid_argument& e) {
+    EXPECT_NE(std::string(e.what()).find("numa_node=4095"), std::string::npos) << e.what();
+  }
+  EXPECT_THROW(ThreadPool(2, -2), std::invalid_argument);
+  EXPECT_EQ(ThreadPool(2, -1).numa_node(), -1);
 }

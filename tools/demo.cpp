@@ -99,7 +99,7 @@ void run_demo(const DemoOptions& o) {
   tc.lookahead = 9;
   TierManager tiers(space, engine, tc);
   auto comm = make_single_communicator();
-  ThreadPool pool(o.threads);
+  ThreadPool pool(o.threads, tc.numa_node);  // step workers next to the pinned slabs
   OptimizerConfig oc;
   oc.subgroup_size = parse_size(o.sub_group, "--sub-group");
   oc.state_tier = OptimizerConfig::StateTier::nvme;

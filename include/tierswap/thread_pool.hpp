@@ -5,6 +5,10 @@
 // element (or each fixed-size reduction chunk) independently of the split, so results are
 // bit-identical for any thread count. Not reentrant: one parallel_for at a time per pool
 // (concurrent callers are serialized).
+//
+// NUMA: a pool made for a NUMA node runs every range on its own workers, each bound to that node's
+// CPUs and preferring its memory (libnuma), so the step's kernels run next to the pinned slabs
+// the tier manager binds to the same node (TierConfig::numa_node); the calling thread only waits.
 #pragma once
 
 #include <condition_variable>
@@ -21,11 +25,16 @@ class ThreadPool {
   /// `threads` >= 1 workers in all (the calling thread is one of them). 0 means
   /// std::thread::hardware_concurrency(). Throws std::invalid_argument above 1024.
   explicit ThreadPool(unsigned threads = 0);
+  /// `threads` workers bound to NUMA node `numa_node` (-1: unbound, as above). Throws
+  /// std::invalid_argument naming the node when the system has no NUMA support or no such node.
+  ThreadPool(unsigned threads, int numa_node);
   ~ThreadPool();
   ThreadPool(const ThreadPool&) = delete;
   ThreadPool& operator=(const ThreadPool&) = delete;
 
   unsigned size() const noexcept { return size_; }
+  /// The NUMA node the workers are bound to, -1 when unbound.
+  int numa_node() const noexcept { return numa_node_; }
 
   /// Calls fn(begin, end) on disjoint ranges covering [0, n). The first exception thrown by a
   /// range is rethrown here after every range finished.
@@ -36,6 +45,8 @@ class ThreadPool {
   void worker(unsigned index);
 
   unsigned size_;
+  int numa_node_ = -1;
+  unsigned first_worker_ = 1;  // 0 when the caller does not run a range (bound pools)
   std::vector<std::thread> threads_;
   std::mutex run_mu_;  // one parallel_for at a time
   std::mutex mu_;

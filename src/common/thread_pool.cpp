@@ -1,6 +1,12 @@
 #include "tierswap/thread_pool.hpp"
 
+#include <fmt/format.h>
+#include <numa.h>
+
+#include <cstring>
 #include <stdexcept>
+
+#include "tierswap/log.hpp"
 
 namespace tierswap {
 
@@ -14,11 +20,27 @@ std::pair<std::size_t, std::size_t> range_of(unsigned i, unsigned k, std::size_t
 }
 }  // namespace
 
-ThreadPool::ThreadPool(unsigned threads) {
+ThreadPool::ThreadPool(unsigned threads) : ThreadPool(threads, -1) {}
+
+ThreadPool::ThreadPool(unsigned threads, int numa_node) {
   if (threads == 0) threads = std::max(1u, std::thread::hardware_concurrency());
   if (threads > 1024) throw std::invalid_argument("ThreadPool: threads > 1024");
+  if (numa_node < -1)
+    throw std::invalid_argument(fmt::format("ThreadPool: numa_node={} (must be >= -1)", numa_node));
+  if (numa_node >= 0) {
+    if (numa_available() < 0)
+      throw std::invalid_argument(fmt::format(
+          "ThreadPool: numa_node={}: this system has no NUMA support (numa_available)", numa_node));
+    if (numa_node > numa_max_node() || !numa_bitmask_isbitset(numa_all_nodes_ptr, numa_node))
+      throw std::invalid_argument(
+          fmt::format("ThreadPool: numa_node={}: no such NUMA node on this machine (nodes 0..{})",
+                      numa_node, numa_max_node()));
+    first_worker_ = 0;
+  }
   size_ = threads;
-  for (unsigned i = 1; i < threads; ++i) threads_.emplace_back([this, i] { worker(i); });
+  numa_node_ = numa_node;
+  for (unsigned i = first_worker_; i < threads; ++i)
+    threads_.emplace_back([this, i] { worker(i); });
 }
 
 ThreadPool::~ThreadPool() {
@@ -34,7 +56,7 @@ void ThreadPool::parallel_for(std::size_t n, std::size_t grain,
                               const std::function<void(std::size_t, std::size_t)>& fn) {
   if (n == 0) return;
   if (grain == 0) grain = 1;
-  if (size_ == 1 || n <= grain) {
+  if (first_worker_ == 1 && (size_ == 1 || n <= grain)) {
     fn(0, n);
     return;
   }
@@ -44,17 +66,19 @@ void ThreadPool::parallel_for(std::size_t n, std::size_t grain,
     fn_ = &fn;
     n_ = n;
     grain_ = grain;
-    pending_ = size_ - 1;
+    pending_ = size_ - first_worker_;
     error_ = nullptr;
     ++generation_;
   }
   start_cv_.notify_all();
   std::exception_ptr mine;
-  try {
-    auto [b, e] = range_of(0, size_, n, grain);
-    if (b < e) fn(b, e);
-  } catch (...) {
-    mine = std::current_exception();
+  if (first_worker_ == 1) {
+    try {
+      auto [b, e] = range_of(0, size_, n, grain);
+      if (b < e) fn(b, e);
+    } catch (...) {
+      mine = std::current_exception();
+    }
   }
   std::unique_lock lock(mu_);
   done_cv_.wait(lock, [&] { return pending_ == 0; });
@@ -64,6 +88,14 @@ void ThreadPool::parallel_for(std::size_t n, std::size_t grain,
 }
 
 void ThreadPool::worker(unsigned index) {
+  if (numa_node_ >= 0) {
+    // Run on the node's CPUs and allocate from its memory first (a failure leaves the worker
+    // unbound: slower, still correct).
+    if (numa_run_on_node(numa_node_) != 0)
+      log(LogLevel::warn, fmt::format("ThreadPool: binding worker {} to NUMA node {} failed: {}",
+                                      index, numa_node_, std::strerror(errno)));
+    numa_set_preferred(numa_node_);
+  }
   std::size_t seen = 0;
   for (;;) {
     const std::function<void(std::size_t, std::size_t)>* fn;

@@ -13,6 +13,7 @@
 #include "tierswap/cuda_kernels.hpp"
 #include "tierswap/device.hpp"
 #include "tierswap/log.hpp"
+#include "tierswap/thread_pool.hpp"
 #include "tierswap/units.hpp"
 
 namespace tierswap {
@@ -673,6 +674,12 @@ void ShardedOptimizer::finalize() {
     throw std::invalid_argument(
         "overlap: the overlapped step needs shadow slots to discard a speculative step "
         "(TierConfig::shadow_slots is off)");
+  const int node = m.tiers.config().numa_node;
+  if (node >= 0 && (!m.pool || m.pool->numa_node() != node))
+    log(LogLevel::warn,
+        fmt::format("finalize: the host slabs are bound to NUMA node {} but the step's workers are "
+                    "not (pass a ThreadPool(threads, {}) to the optimizer)",
+                    node, node));
   m.layout();
   m.create_blocks();
   m.finalized = true;

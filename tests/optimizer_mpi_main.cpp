@@ -10,6 +10,7 @@
 #include <cstring>
 #include <fstream>
 #include <iostream>
+#include <map>
 #include <nlohmann/json.hpp>
 #include <string>
 
@@ -78,7 +79,28 @@ int main(int argc, char** argv) {
       opt.save(save_dir);
       first = save_at + 1;
     }
+    // The trainer's view of the 16-bit parameters: every parameter once per step that changed
+    // it (at world size > 1 after the all-gather), ending equal to param16().
+    std::size_t handed = 0;
+    std::map<ParamId, std::vector<std::uint16_t>> last16;
+    opt.on_param16_ready([&](ParamId id, std::span<const std::uint16_t> v) {
+      ++handed;
+      last16[id].assign(v.begin(), v.end());
+    });
     const auto res = test::train(opt, m, first, 20, rank, world);
+    std::size_t trainable = 0, stepped = 0;
+    for (const auto& mp : test::model_params()) trainable += mp.trainable;
+    for (const auto& r : res) stepped += !r.skipped;
+    if (handed != trainable * stepped)
+      throw std::runtime_error("on_param16_ready: " + std::to_string(handed) + " calls for " +
+                               std::to_string(stepped) + " steps of " + std::to_string(trainable) +
+                               " parameters");
+    for (const auto& [id, v] : last16) {
+      const auto now = opt.param16(id);
+      if (!std::equal(now.begin(), now.end(), v.begin(), v.end()))
+        throw std::runtime_error("on_param16_ready: the last values handed out for parameter " +
+                                 std::to_string(id) + " are not param16()");
+    }
     // Gather the whole state: each element has one owner, so a sum of zeros and it is exact.
     std::vector<float> dump;
     std::vector<double> master_all;

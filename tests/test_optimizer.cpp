@@ -11,6 +11,7 @@
 #include <atomic>
 #include <cstring>
 #include <fstream>
+#include <map>
 #include <nlohmann/json.hpp>
 
 #include "optim_model.hpp"
@@ -376,6 +377,85 @@ TEST(ShardedOptimizer, AFailedStepLeavesThePreviousStateIntact) {
       EXPECT_EQ(res.back().step, 3u);
       expect_same_state(*clean.opt, mc, *r.opt, m);
     }
+  }
+}
+
+// on_param16_ready: each trainable parameter once per step that changes it, before the commit
+// (world size 1), with the values param16() then holds; nothing on the overflow step; after a
+// failed step, once more for every parameter with the restored values.
+TEST(ShardedOptimizer, Param16ReadyHandsOutEachParameterOnceBeforeTheCommit) {
+  for (const bool overlap : {false, true}) {
+    SCOPED_TRACE(fmt::format("overlap {}", overlap));
+    OptimizerConfig oc = test::model_config();
+    oc.overlap = overlap;
+    oc.subgroup_size = 8192;  // parameters spanning several sub-groups, sub-groups several params
+    std::atomic<int> reads_left{-1};  // > 0: the read that takes it to 0 fails (once)
+    Rig r(tier_config(256 * kKiB, 64 * kKiB), oc, 64 * kMiB,
+          [&](const detail::IoRequest& q, std::uint64_t) {
+            int k = reads_left.load();
+            while (q.op == IoOp::read && k > 0 && !reads_left.compare_exchange_weak(k, k - 1)) {
+            }
+            return q.op == IoOp::read && k == 1 ? detail::Fault{detail::Fault::Kind::error, EIO}
+                                                : detail::Fault{};
+          });
+    auto m = test::start_model(*r.opt);
+    std::map<ParamId, int> calls;
+    std::map<ParamId, std::vector<std::uint16_t>> last;
+    std::uint64_t max_gen_seen = 0;
+    r.opt->on_param16_ready([&](ParamId id, std::span<const std::uint16_t> v) {
+      ++calls[id];
+      last[id].assign(v.begin(), v.end());
+      max_gen_seen = std::max(max_gen_seen, r.tiers->committed_generation());
+    });
+    std::size_t trainable = 0;
+    for (const auto& p : test::model_params()) trainable += p.trainable;
+    ASSERT_GT(r.opt->subgroup_count(), trainable / 2);
+    for (int t = 1; t <= 8; ++t) {
+      calls.clear();
+      const std::uint64_t before = r.tiers->committed_generation();
+      const StepResult res = test::train(*r.opt, m, t, t, 0, 1).back();
+      if (res.skipped) {
+        EXPECT_EQ(t, test::kOverflowStep);
+        EXPECT_TRUE(calls.empty()) << "step " << t;
+        continue;
+      }
+      EXPECT_EQ(max_gen_seen, before) << "called after the commit, step " << t;
+      EXPECT_EQ(calls.size(), trainable) << "step " << t;
+      for (std::size_t p = 0; p < m.ids.size(); ++p) {
+        if (!test::model_params()[p].trainable) {
+          EXPECT_EQ(calls.count(m.ids[p]), 0u);
+          continue;
+        }
+        EXPECT_EQ(calls[m.ids[p]], 1) << test::model_params()[p].name << " step " << t;
+        const auto now = r.opt->param16(m.ids[p]);
+        EXPECT_TRUE(
+            std::equal(now.begin(), now.end(), last[m.ids[p]].begin(), last[m.ids[p]].end()))
+            << test::model_params()[p].name << " step " << t;
+      }
+    }
+    // A step that fails part-way: the trainer is given the restored values of everything.
+    // A read well into the step fails, after some sub-groups were stepped and handed out.
+    calls.clear();
+    // (The overlapped mode reads less in step(): its failure comes in a speculative step, which
+    // hands nothing out, so nothing needs to be called again.)
+    reads_left = overlap ? 4 : 12;
+    EXPECT_THROW(test::train(*r.opt, m, 9, 9, 0, 1), std::system_error);
+    EXPECT_EQ(reads_left.load(), 0);
+    EXPECT_EQ(r.opt->step_count(), 7u);  // step 6 was skipped (overflow)
+    if (overlap)
+      EXPECT_TRUE(calls.empty() || calls.size() == trainable);
+    else
+      EXPECT_EQ(calls.size(), trainable);
+    for (std::size_t p = 0; p < m.ids.size(); ++p) {
+      if (!test::model_params()[p].trainable) continue;
+      const auto now = r.opt->param16(m.ids[p]);
+      EXPECT_TRUE(std::equal(now.begin(), now.end(), last[m.ids[p]].begin(), last[m.ids[p]].end()))
+          << test::model_params()[p].name;
+    }
+    r.opt->on_param16_ready({});
+    calls.clear();
+    test::train(*r.opt, m, 9, 9, 0, 1);
+    EXPECT_TRUE(calls.empty());
   }
 }
 

@@ -265,6 +265,21 @@ class ShardedOptimizer {
   /// The model's 16-bit copy of a parameter (every rank holds all of it after a step); for a
   /// frozen parameter, memory the trainer may fill (not stored by tierswap).
   std::span<const std::uint16_t> param16(ParamId param) const;
+  /// Called by step(), on its thread, with a trainable parameter's 16-bit values as soon as they
+  /// are final, so a trainer can start their copy to the GPU while the rest of the step runs. At
+  /// world size 1 that is right after the last sub-group holding a piece of the parameter was
+  /// stepped (or, in the overlapped mode, once the speculative result is kept), in step order and
+  /// before the generation is committed; at world size > 1, after the all-gather, for every
+  /// parameter. A skipped step (non-finite gradients) calls nothing: the values did not change.
+  /// If the step fails after it changed 16-bit values, it calls again, for every trainable
+  /// parameter, with the restored values before rethrowing; the last call for a parameter always
+  /// gives param16(). The span stays valid and unchanged until the next step(). An exception thrown
+  /// by the callback is an error of the step (rolled back at world size 1; at world size > 1 the
+  /// step is already committed when it propagates). An empty function removes the callback. On a
+  /// CUDA build with a usable GPU the 16-bit parameters live in page-locked memory
+  /// (cudaHostRegister), so asynchronous copies from them do not stage through a bounce buffer.
+  using Param16Ready = std::function<void(ParamId, std::span<const std::uint16_t>)>;
+  void on_param16_ready(Param16Ready fn);
   /// This rank's state of `param` (fp32 master weights, or a moment: exp_avg, exp_avg_sq,
   /// max_exp_avg_sq, momentum), the part that falls in its partition, as runs of (offset in the
   /// parameter, values). Reads through the tiers. std::invalid_argument for a state the

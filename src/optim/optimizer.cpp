@@ -244,7 +244,11 @@ void ShardedOptimizer::Impl::layout() {
       s.numel = n;
       for (ParamId id : g.params) {
         const OptParam& p = params[id];
-        if (p.spec.requires_grad && p.offset < b + n && p.offset + p.numel > b) ++s.nparams;
+        if (p.spec.requires_grad && p.offset < b + n && p.offset + p.numel > b) {
+          ++s.nparams;
+          s.pids.push_back(id);
+          ++params[id].nsubs;
+        }
       }
       subs.push_back(s);
     }
@@ -375,6 +379,28 @@ void ShardedOptimizer::Impl::gather_param16() {
   }
 }
 
+void ShardedOptimizer::Impl::p16_begin() {
+  for (auto& p : params) p.left = p.nsubs;
+}
+
+void ShardedOptimizer::Impl::p16_done(const OptSub& s) {
+  if (!p16_ready || world > 1) return;
+  for (ParamId id : s.pids) {
+    OptParam& p = params[id];
+    if (p.left > 0 && --p.left == 0)
+      p16_ready(id, {groups[p.group].p16.data() + p.offset, p.numel});
+  }
+}
+
+void ShardedOptimizer::Impl::p16_all() {
+  if (!p16_ready) return;
+  for (std::size_t id = 0; id < params.size(); ++id) {
+    const OptParam& p = params[id];
+    if (p.spec.requires_grad)
+      p16_ready(static_cast<ParamId>(id), {groups[p.group].p16.data() + p.offset, p.numel});
+  }
+}
+
 void ShardedOptimizer::Impl::refresh_param16() {
   for (auto& s : subs) {
     OptGroup& g = groups[s.group];
@@ -453,7 +479,7 @@ void ShardedOptimizer::Impl::gpu_step(OptSub& s, const GroupConfig& gc, const Gr
 }
 
 void ShardedOptimizer::Impl::step_sub(OptSub& s, const GroupConfig& gc, float multiplier,
-                                      std::uint64_t t, std::uint16_t* p16) {
+                                      std::uint64_t t, std::uint16_t* p16, bool* wrote16) {
   const OptGroup& g = groups[s.group];
   // Where the state is read and written: host memory, or GPU memory for GPU-resident state. A GPU
   // step of host-resident state (a plan's choice on a coherent link) works on it in place.
@@ -468,34 +494,32 @@ void ShardedOptimizer::Impl::step_sub(OptSub& s, const GroupConfig& gc, float mu
     }
     Held gv(tiers, tiers.acquire(s.grad, tier));
     const GradView gview{gv.v.data(), acc_dtype(g), multiplier};
-    if (s.step_gpu) {
-      gpu_step(s, gc, gview, ptr, t, p16);
-      for (auto& h : st)
-        if (h) h->dirty = true;
-      return;
-    }
     const Param16View out{p16, g.dtype16};
     auto* p = static_cast<float*>(ptr[kMaster]);
-    switch (gc.kind) {
-      case OptimizerKind::adamw:
-      case OptimizerKind::adam: {
-        AdamState a;
-        a.param = p;
-        a.exp_avg = ptr[kExpAvg];
-        a.exp_avg_sq = ptr[kExpAvgSq];
-        a.max_exp_avg_sq = ptr[kMaxExpAvgSq];
-        a.moment_dtype = moment_dtype();
-        adam_step(adam_config(gc), static_cast<std::int64_t>(t), a, gview, out, s.numel, ctx());
-        break;
+    if (wrote16) *wrote16 = true;
+    if (s.step_gpu)
+      gpu_step(s, gc, gview, ptr, t, p16);
+    else
+      switch (gc.kind) {
+        case OptimizerKind::adamw:
+        case OptimizerKind::adam: {
+          AdamState a;
+          a.param = p;
+          a.exp_avg = ptr[kExpAvg];
+          a.exp_avg_sq = ptr[kExpAvgSq];
+          a.max_exp_avg_sq = ptr[kMaxExpAvgSq];
+          a.moment_dtype = moment_dtype();
+          adam_step(adam_config(gc), static_cast<std::int64_t>(t), a, gview, out, s.numel, ctx());
+          break;
+        }
+        case OptimizerKind::lion:
+          lion_step(lion_config(gc), p, ptr[kExpAvg], moment_dtype(), gview, out, s.numel, ctx());
+          break;
+        case OptimizerKind::sgd:
+          sgd_step(sgd_config(gc), t == 1, p, static_cast<float*>(ptr[kMomentum]), gview, out,
+                   s.numel, ctx());
+          break;
       }
-      case OptimizerKind::lion:
-        lion_step(lion_config(gc), p, ptr[kExpAvg], moment_dtype(), gview, out, s.numel, ctx());
-        break;
-      case OptimizerKind::sgd:
-        sgd_step(sgd_config(gc), t == 1, p, static_cast<float*>(ptr[kMomentum]), gview, out,
-                 s.numel, ctx());
-        break;
-    }
     for (auto& h : st)
       if (h) h->dirty = true;
   }
@@ -506,6 +530,7 @@ void ShardedOptimizer::Impl::step_sub(OptSub& s, const GroupConfig& gc, float mu
 
 ShardedOptimizer::Impl::~Impl() {
   cuda::device_free(gpu_p16);
+  for (void* p : p16_registered) cuda::host_unregister(p);
   if (!spec_thread.joinable()) return;
   {
     std::lock_guard lk(spec_mu);
@@ -682,7 +707,21 @@ void ShardedOptimizer::finalize() {
                     node, node));
   m.layout();
   m.create_blocks();
+  if (cuda::available())  // copies of the 16-bit parameters to the GPU go straight from here
+    for (auto& g : m.groups) {
+      if (g.p16.empty()) continue;
+      if (cuda::host_register(g.p16.data(), g.p16.size() * sizeof(std::uint16_t)))
+        m.p16_registered.push_back(g.p16.data());
+      else
+        log(LogLevel::info, fmt::format("finalize: could not page-lock the 16-bit parameters of "
+                                        "group '{}'; copies to the GPU will be staged",
+                                        g.name));
+    }
   m.finalized = true;
+}
+
+void ShardedOptimizer::on_param16_ready(Param16Ready fn) {
+  impl_->p16_ready = std::move(fn);
 }
 
 void ShardedOptimizer::set_plan(const Plan& plan) {
@@ -1009,7 +1048,18 @@ StepResult ShardedOptimizer::step() {
 
   // The pipeline: prefetch ahead, step, write behind. Errors roll the generation back.
   std::size_t done = 0;
+  bool p16_changed = false;  // param16 no longer matches the committed master weights
   try {
+    m.p16_begin();
+    if (spec_keep)  // the speculative results kept: their 16-bit parameters are final now
+      for (auto& s : m.subs) {
+        if (s.spec != OptSub::Spec::stepped) continue;
+        OptGroup& g = m.groups[s.group];
+        std::copy(s.spec16.begin(), s.spec16.end(), g.p16.begin() + s.begin);
+        p16_changed = true;
+        ++r.overlapped_subgroups;
+        m.p16_done(s);
+      }
     auto prefetch = [&](std::size_t i) {
       if (i >= todo.size() || !m.subs[todo[i]].streaming) return;
       for (BlockId b : m.subs[todo[i]].state)
@@ -1020,9 +1070,10 @@ StepResult ShardedOptimizer::step() {
       prefetch(i + m.depth + 1);
       OptSub& s = m.subs[todo[i]];
       OptGroup& g = m.groups[s.group];
-      m.step_sub(s, g.cfg, multiplier, t, g.p16.data() + s.begin);
+      m.step_sub(s, g.cfg, multiplier, t, g.p16.data() + s.begin, &p16_changed);
       ++done;
       m.tiers.trim(s.grad);
+      m.p16_done(s);
     }
     m.step_count = t;
     m.tiers.commit();
@@ -1032,28 +1083,24 @@ StepResult ShardedOptimizer::step() {
       m.tiers.discard();
       m.spec_reset();
       drop_gradients();
-      if (done > 0) m.refresh_param16();
+      if (p16_changed) {
+        m.refresh_param16();
+        m.p16_all();  // the values the trainer was given are undone
+      }
     } catch (const std::exception& e) {
       log(LogLevel::error,
           fmt::format("step: rolling back after an error failed too: {}", e.what()));
     }
     throw;
   }
-  if (spec_keep) {
-    for (auto& s : m.subs) {
-      if (s.spec != OptSub::Spec::stepped) continue;
-      OptGroup& g = m.groups[s.group];
-      std::copy(s.spec16.begin(), s.spec16.end(), g.p16.begin() + s.begin);
-      ++r.overlapped_subgroups;
-    }
-    m.spec_reset();
-  }
+  if (spec_keep) m.spec_reset();
   m.gather_param16();
   if (ls.mode == LossScaling::dynamic && ++m.growth_tracker >= ls.growth_interval) {
     m.scale *= ls.growth_factor;
     m.growth_tracker = 0;
   }
   finish();
+  if (m.world > 1) m.p16_all();  // the step is complete: an exception here leaves it done
   return r;
 }
 

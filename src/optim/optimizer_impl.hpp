@@ -27,6 +27,8 @@ BlockClass state_class(int slot);
 struct OptParam {
   ParamSpec spec;
   int group = 0;
+  std::uint32_t nsubs = 0;  // this rank's sub-groups holding a piece of it
+  std::uint32_t left = 0;   // of them, not yet stepped in this step (on_param16_ready)
   std::uint64_t numel = 0;
   std::uint64_t offset = 0;             // in the group's flat space (trainable parameters)
   std::vector<std::uint16_t> frozen16;  // a frozen parameter's 16-bit memory
@@ -44,6 +46,7 @@ struct OptSub {
   bool step_gpu = false;      // stepped by the CUDA kernels (state on the GPU, or in place in host
                               // memory over a coherent link)
   std::uint32_t nparams = 0;  // trainable parameters overlapping it
+  std::vector<ParamId> pids;  // which (group order)
   std::uint32_t seen = 0;     // of them, ingested in this backward
   // Statistics chunk sums of the final gradient, taken while it was in memory at ingest (so a
   // gradient spilled to NVMe is not read back for them). Non-empty exactly when the sub-group's
@@ -110,6 +113,13 @@ struct ShardedOptimizer::Impl {
   float spec_mult = 1.0f;
   std::uint64_t spec_t = 0;
 
+  // ---- 16-bit parameters handed to the trainer as they become final (on_param16_ready) ---------
+  Param16Ready p16_ready;
+  std::vector<void*> p16_registered;  // page-locked for the GPU (cuda::host_register)
+  void p16_begin();                   // a step starts: every parameter waits for its sub-groups
+  void p16_done(const OptSub& s);     // s stepped (world size 1): call for what is now final
+  void p16_all();                     // call for every trainable parameter
+
   Impl(TierManager& t, Communicator& c, OptimizerConfig o, ThreadPool* p);
   ~Impl();
 
@@ -141,9 +151,9 @@ struct ShardedOptimizer::Impl {
   /// gradient to NVMe when grad_tier is nvme.
   void after_ingest(OptSub& s, bool final);
   /// The fused kernel on one sub-group: state acquired for write, 16-bit output to `p16`; the
-  /// state is written behind when streaming.
+  /// state is written behind when streaming. `*wrote16` becomes true once `p16` was written to.
   void step_sub(OptSub& s, const GroupConfig& cfg, float multiplier, std::uint64_t t,
-                std::uint16_t* p16);
+                std::uint16_t* p16, bool* wrote16 = nullptr);
   /// The CUDA kernels on one sub-group (pointers the device can address); 16-bit output copied
   /// to `p16` in host memory.
   void gpu_step(OptSub& s, const GroupConfig& cfg, const GradView& grad, void* const* ptr,

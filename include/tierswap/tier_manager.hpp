@@ -282,6 +282,9 @@ class TierManager {
   ResidencySnapshot snapshot() const;
   TierCounters counters() const;
   const TierConfig& config() const noexcept;
+  /// The device tier this manager runs: DeviceTierMode::gpu (GPU memory), ::simulated (host
+  /// memory standing in for it), or ::off when there is none (no budget, or switched off).
+  DeviceTierMode device_tier() const noexcept;
   /// Path of the manifest ("<first swap dir>/tierswap.manifest").
   std::filesystem::path manifest_path() const;
   /// The telemetry socket, or empty when telemetry is off or could not start.

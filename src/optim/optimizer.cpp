@@ -280,6 +280,7 @@ void ShardedOptimizer::Impl::create_blocks() {
   // A plan decides per sub-group, by the sub-group's middle element as a fraction of this rank's
   // parameters (so a plan made for another sub-group size or model still applies).
   if (!plan && !cfg.plan_file.empty()) plan = Plan::load(cfg.plan_file);
+  gpu_simulated = tiers.device_tier() == DeviceTierMode::simulated;
   std::uint64_t rank_total = 0, pos = 0;
   for (const auto& s : subs) rank_total += s.numel;
   bool any_streaming = false;
@@ -292,16 +293,18 @@ void ShardedOptimizer::Impl::create_blocks() {
       s.streaming = d.state_tier == Tier::nvme;
       s.step_gpu = d.step_device == StepDevice::gpu;
       s.on_gpu = d.state_tier == Tier::device;
-      if (s.step_gpu && !cuda::available())
+      // A simulated device tier stands in for the GPU: its sub-groups step with the CPU kernels
+      // (same bits), which exercises the placement without a GPU.
+      if (s.step_gpu && !gpu_simulated && !cuda::available())
         throw std::invalid_argument(fmt::format(
             "plan: sub-group {} of group {} is to step on the GPU (plan sub-group {}), but no GPU "
             "is usable here ({}): make the plan for this machine (tierswap probe, then tierswap "
             "plan --profile FILE) or edit it",
             s.index, s.group, d.id, device_info().reason));
-      if (s.on_gpu && tiers.config().device_mode == DeviceTierMode::off)
+      if (s.on_gpu && tiers.device_tier() == DeviceTierMode::off)
         throw std::invalid_argument(fmt::format(
             "plan: sub-group {} of group {} keeps its state on the GPU, but the tier manager has "
-            "no device tier (TierConfig::device_mode is off)",
+            "no device tier (TierConfig::device_budget is 0 or device_mode is off)",
             s.index, s.group));
     }
     any_streaming |= s.streaming;
@@ -497,7 +500,7 @@ void ShardedOptimizer::Impl::step_sub(OptSub& s, const GroupConfig& gc, float mu
     const Param16View out{p16, g.dtype16};
     auto* p = static_cast<float*>(ptr[kMaster]);
     if (wrote16) *wrote16 = true;
-    if (s.step_gpu)
+    if (s.step_gpu && !gpu_simulated)
       gpu_step(s, gc, gview, ptr, t, p16);
     else
       switch (gc.kind) {

@@ -84,10 +84,11 @@ struct ShardedOptimizer::Impl {
   int rank = 0, world = 1;
   std::uint64_t sub_size = 0;
   bool finalized = false;
-  bool streaming = true;     // the default for sub-groups without a plan (state tier nvme)
-  std::optional<Plan> plan;  // set_plan() or OptimizerConfig::plan_file
-  std::uint32_t depth = 0;   // sub-groups read ahead: prefetch_depth, or fewer where the budget
-                             // cannot hold them beside the gradients and a write-behind
+  bool streaming = true;       // the default for sub-groups without a plan (state tier nvme)
+  std::optional<Plan> plan;    // set_plan() or OptimizerConfig::plan_file
+  bool gpu_simulated = false;  // the device tier is simulated: "GPU" sub-groups use CPU kernels
+  std::uint32_t depth = 0;     // sub-groups read ahead: prefetch_depth, or fewer where the budget
+                               // cannot hold them beside the gradients and a write-behind
   std::vector<OptGroup> groups;
   std::vector<OptParam> params;
   std::vector<OptSub> subs;

@@ -1216,6 +1216,11 @@ std::uint64_t TierManager::committed_generation() const {
   return impl_->committed_gen;
 }
 
+DeviceTierMode TierManager::device_tier() const noexcept {
+  if (!impl_->device) return DeviceTierMode::off;
+  return impl_->device->simulated() ? DeviceTierMode::simulated : DeviceTierMode::gpu;
+}
+
 TierCounters TierManager::counters() const {
   std::lock_guard lk(impl_->mu);
   TierCounters c = impl_->ctr;

@@ -166,3 +166,31 @@ execute_process(COMMAND ${CLI} plan --params 120B --profile pcie4-workstation
 if(NOT rc EQUAL 0 OR NOT out MATCHES "state nvme step cpu" OR NOT out MATCHES "predicted step")
   message(FATAL_ERROR "plan (text): ${rc} ${err} ${out}")
 endif()
+
+# probe, then plan on what it found (this machine; a CPU-only plan where there is no GPU).
+set(pfile "${WORK}/probe.json")
+execute_process(COMMAND ${CLI} probe --topology-only --out "${pfile}"
+                RESULT_VARIABLE rc OUTPUT_VARIABLE out ERROR_VARIABLE err)
+if(NOT rc EQUAL 0 OR NOT EXISTS "${pfile}")
+  message(FATAL_ERROR "probe --out: ${rc} ${err} ${out}")
+endif()
+# A topology-only profile has no throughput figures: plan says which one is missing.
+execute_process(COMMAND ${CLI} plan --params 100M --profile "${pfile}"
+                RESULT_VARIABLE rc OUTPUT_VARIABLE out ERROR_VARIABLE err)
+if(rc EQUAL 0 OR NOT err MATCHES "cpu_adam_gbps")
+  message(FATAL_ERROR "plan on a topology-only profile: ${rc} ${err} ${out}")
+endif()
+file(MAKE_DIRECTORY "${WORK}/probe-nvme")
+execute_process(COMMAND ${CLI} probe --nvme-dir "${WORK}/probe-nvme" --io-bytes 16MiB --threads 1
+                        --out "${pfile}"
+                RESULT_VARIABLE rc OUTPUT_VARIABLE out ERROR_VARIABLE err)
+if(NOT rc EQUAL 0 OR NOT EXISTS "${pfile}")
+  message(FATAL_ERROR "probe --nvme-dir: ${rc} ${err} ${out}")
+endif()
+file(REMOVE_RECURSE "${WORK}/probe-nvme")
+execute_process(COMMAND ${CLI} plan --params 100M --profile "${pfile}" --backward-s 1
+                RESULT_VARIABLE rc OUTPUT_VARIABLE out ERROR_VARIABLE err)
+if(NOT rc EQUAL 0 OR NOT out MATCHES "predicted step")
+  message(FATAL_ERROR "plan on the probed profile: ${rc} ${err} ${out}")
+endif()
+file(REMOVE "${pfile}")

@@ -41,7 +41,8 @@ void expect_within_budgets(const Plan& p) {
     if (s.step_device == StepDevice::cpu) EXPECT_NE(s.grad_tier, Tier::device);
     EXPECT_LE(s.ready_s, s.done_s + 1e-12);
   }
-  EXPECT_EQ(total, (p.params + p.gpus - 1) / p.gpus);
+  const std::uint64_t ranks = std::max(1, p.gpus);  // 0: a CPU-only plan, one process
+  EXPECT_EQ(total, (p.params + ranks - 1) / ranks);
   // The state bytes of the plan's tiers account for each sub-group's state (12 B/param, AdamW).
   EXPECT_GE(p.bytes[kGpu], 12 * by_tier[kGpu]);
   EXPECT_GE(p.bytes[kNvme], 2 * 12 * by_tier[kNvme]);  // two shadow slots
@@ -138,6 +139,51 @@ TEST(Placement, PcieWorkstationStreamsTenTimesItsMemoryFromNvmeAndNeverStepsOver
   EXPECT_GT(nvme, p.subgroups.size() / 2);
   EXPECT_GT(p.links.nvme_read, 0u);
   EXPECT_GT(p.predicted_step_s, 0);
+}
+
+// A machine without a GPU (what `tierswap probe` reports here): one process, every sub-group
+// stepped by the CPU, nothing over a link; host memory first, NVMe for the rest; --gpus > 1
+// refused.
+TEST(Placement, ProfilesWithoutAGpuPlanACpuStepOnHostAndNvme) {
+  auto j = nlohmann::json::parse(HardwareProfile::load("pcie4-workstation").to_json());
+  j["name"] = "cpu-only";
+  j["gpus"] = nlohmann::json::array();
+  const HardwareProfile hw = HardwareProfile::from_json(j.dump(), "cpu-only");
+  PlanOptions o;
+  o.backward_s = 10;
+  std::uint64_t host_only_params = 0;
+  for (const std::uint64_t params : {1'000'000'000ull, 100'000'000'000ull}) {
+    o.params = params;
+    const Plan p = make_plan(hw, o);
+    expect_within_budgets(p);
+    EXPECT_EQ(p.gpus, 0);
+    EXPECT_EQ(p.links.h2d, 0u);
+    EXPECT_EQ(p.links.d2h, 0u);
+    EXPECT_EQ(p.bytes[kGpu], 0u);
+    std::size_t nvme = 0;
+    for (const auto& s : p.subgroups) {
+      EXPECT_EQ(s.step_device, StepDevice::cpu) << s.id;
+      EXPECT_NE(s.state_tier, Tier::device) << s.id;
+      nvme += s.state_tier == Tier::nvme;
+    }
+    if (params == 1'000'000'000ull) {
+      EXPECT_EQ(nvme, 0u) << "1B parameters (12 GB of state) fit 128 GiB of host memory";
+      host_only_params = params;
+    } else {
+      EXPECT_GT(nvme, 0u) << "100B parameters (1.2 TB of state) do not";
+      EXPECT_GT(p.links.nvme_read, 0u);
+    }
+    // The plan file says "gpus": 0 and reads back.
+    EXPECT_EQ(Plan::from_json(p.to_json()).gpus, 0);
+  }
+  EXPECT_GT(host_only_params, 0u);
+  o.gpus = 2;
+  try {
+    make_plan(hw, o);
+    ADD_FAILURE() << "--gpus 2 accepted on a profile without a GPU";
+  } catch (const std::invalid_argument& e) {
+    EXPECT_NE(std::string(e.what()).find("no GPU"), std::string::npos) << e.what();
+  }
 }
 
 TEST(Placement, EveryPlanRespectsItsBudgetsAndTimeGrowsWithModelSize) {
@@ -283,7 +329,12 @@ TEST(Placement, ProbeDescribesThisMachine) {
   EXPECT_GT(m.nvme[0].read_gbps, 0);
   EXPECT_GT(m.nvme[0].write_gbps, 0);
   EXPECT_TRUE(std::filesystem::is_empty(d.path()));
-  if (m.gpus.empty()) {  // a CPU-only profile cannot be planned for
-    EXPECT_THROW(make_plan(m, PlanOptions{1'000'000'000}), std::invalid_argument);
-  }
+  EXPECT_NE(m.description.find("probed"), std::string::npos) << m.description;
+  // The probed profile plans (a CPU-only one too), within its budgets, and reads back.
+  PlanOptions po;
+  po.params = 100'000'000;
+  po.backward_s = 1;
+  const Plan pl = make_plan(HardwareProfile::from_json(m.to_json()), po);
+  expect_within_budgets(pl);
+  EXPECT_EQ(pl.gpus, static_cast<int>(m.gpus.size()));
 }

@@ -62,8 +62,12 @@ void run_plan(const PlanArgs& a) {
   }
   const int dv = static_cast<int>(Tier::device), hs = static_cast<int>(Tier::host),
             nv = static_cast<int>(Tier::nvme);
-  fmt::print("plan for {} parameters ({}) on '{}' ({}), {} GPU rank(s), {} per rank\n", p.params,
-             a.optimizer, hw.name, hw.description, p.gpus, (p.params + p.gpus - 1) / p.gpus);
+  if (p.gpus == 0)
+    fmt::print("plan for {} parameters ({}) on '{}' ({}): no GPU, one process, CPU step\n",
+               p.params, a.optimizer, hw.name, hw.description);
+  else
+    fmt::print("plan for {} parameters ({}) on '{}' ({}), {} GPU rank(s), {} per rank\n", p.params,
+               a.optimizer, hw.name, hw.description, p.gpus, (p.params + p.gpus - 1) / p.gpus);
   fmt::print("per rank: {} sub-groups of {} parameters\n", p.subgroups.size(), p.subgroup_numel);
   fmt::print("  {:5} {:>12} {:>12}\n", "tier", "bytes", "budget");
   for (auto [name, t] : {std::pair{"gpu", dv}, {"host", hs}, {"nvme", nv}})

@@ -278,13 +278,19 @@ Plan make_plan(const HardwareProfile& hw, const PlanOptions& o) {
   o.validate();
   hw.validate();
   Model m{hw, o};
-  if (hw.gpus.empty())
-    throw std::invalid_argument(fmt::format("plan: profile '{}' has no GPU", hw.name));
-  m.gpus = o.gpus == 0 ? static_cast<int>(hw.gpus.size()) : o.gpus;
-  if (m.gpus > static_cast<int>(hw.gpus.size()))
+  // A profile without a GPU (a CPU-only machine, as `tierswap probe` reports one) plans for one
+  // process: state on the host or NVMe, stepped by the CPU, nothing over a link.
+  const bool cpu_only = hw.gpus.empty();
+  if (cpu_only && o.gpus > 1)
+    throw std::invalid_argument(
+        fmt::format("plan: --gpus {}: profile '{}' has no GPU (a CPU-only plan is for one process)",
+                    o.gpus, hw.name));
+  m.gpus = cpu_only ? 1 : o.gpus == 0 ? static_cast<int>(hw.gpus.size()) : o.gpus;
+  if (m.gpus > std::max<int>(1, static_cast<int>(hw.gpus.size())))
     throw std::invalid_argument(fmt::format("plan: --gpus {}: profile '{}' has {} GPU(s)", m.gpus,
                                             hw.name, hw.gpus.size()));
-  const GpuProfile& g = hw.gpus.front();  // ranks are alike: plan for the first GPU's kind
+  const GpuProfile none;
+  const GpuProfile& g = cpu_only ? none : hw.gpus.front();  // ranks are alike: the first's kind
   const auto G = static_cast<double>(m.gpus);
   m.per_rank = (o.params + m.gpus - 1) / m.gpus;
   m.state_b = state_bytes_per_param(o.optimizer);
@@ -307,8 +313,8 @@ Plan make_plan(const HardwareProfile& hw, const PlanOptions& o) {
   r[kGpu] = g.memory_gbps * 1e9;
   r[kCpu] = hw.cpu_adam_gbps * 1e9 / G;
   r[kHostMem] = (hw.host_memory_gbps > 0 ? hw.host_memory_gbps : hw.cpu_adam_gbps) * 1e9 / G;
-  r[kH2D] = g.h2d_gbps * 1e9;
-  r[kD2H] = g.d2h_gbps * 1e9;
+  r[kH2D] = cpu_only ? std::numeric_limits<double>::infinity() : g.h2d_gbps * 1e9;
+  r[kD2H] = cpu_only ? std::numeric_limits<double>::infinity() : g.d2h_gbps * 1e9;
   r[kNvmeRead] = nvme_rd * 1e9 / G;
   r[kNvmeWrite] = nvme_wr * 1e9 / G;
   m.rates.host_read = g.host_read_gbps * 1e9;
@@ -414,7 +420,7 @@ Plan make_plan(const HardwareProfile& hw, const PlanOptions& o) {
   Plan p;
   p.profile = hw.name;
   p.params = o.params;
-  p.gpus = m.gpus;
+  p.gpus = cpu_only ? 0 : m.gpus;
   p.subgroup_numel = m.sub;
   p.optimizer = o.optimizer;
   p.overlap = o.overlap;
@@ -455,8 +461,10 @@ Plan make_plan(const HardwareProfile& hw, const PlanOptions& o) {
         s.state_tier = nv ? Tier::nvme : Tier::host;
         s.step_device = s.cast_on = StepDevice::cpu;
         s.grad_tier = nv && best.shape.grad_nvme ? Tier::nvme : Tier::host;
-        p.links.d2h += 2 * x;
-        p.links.h2d += 2 * x;
+        if (!cpu_only) {  // the 16-bit gradient down, the 16-bit parameters up
+          p.links.d2h += 2 * x;
+          p.links.h2d += 2 * x;
+        }
         p.links.host_memory += static_cast<std::uint64_t>(m.kernel_b) * x;
         if (nv) {
           p.links.nvme_read += st + (best.shape.grad_nvme ? 2 * x : 0);

@@ -26,6 +26,7 @@
 #include "tierswap/placement.hpp"
 #include "tierswap/swap_space.hpp"
 #include "tierswap/thread_pool.hpp"
+#include "tierswap/units.hpp"
 
 namespace tierswap {
 namespace {
@@ -52,6 +53,21 @@ hwloc_topology_t topology() {
     return t;
   }();
   return topo;
+}
+
+// CAP_IPC_LOCK in the effective set (root, or granted): mlock is then not bound by RLIMIT_MEMLOCK.
+bool has_ipc_lock_capability() {
+  std::ifstream in("/proc/self/status");
+  std::string line;
+  while (std::getline(in, line)) {
+    if (line.rfind("CapEff:", 0) != 0) continue;
+    try {
+      return (std::stoull(line.substr(7), nullptr, 16) >> 14) & 1;  // CAP_IPC_LOCK = 14
+    } catch (const std::exception&) {
+      return false;
+    }
+  }
+  return false;
 }
 
 // The first NUMA node of the object's nearest non-I/O ancestor (-1 when unknown).
@@ -195,7 +211,8 @@ HardwareProfile probe_hardware(const ProbeOptions& opt) {
     p.host_memory_bytes = static_cast<std::uint64_t>(::sysconf(_SC_PHYS_PAGES)) *
                           static_cast<std::uint64_t>(::sysconf(_SC_PAGESIZE));
   rlimit rl{};
-  p.memlock_bytes = ::getrlimit(RLIMIT_MEMLOCK, &rl) == 0 && rl.rlim_cur != RLIM_INFINITY
+  p.memlock_bytes = ::getrlimit(RLIMIT_MEMLOCK, &rl) == 0 && rl.rlim_cur != RLIM_INFINITY &&
+                            !has_ipc_lock_capability()
                         ? static_cast<std::uint64_t>(rl.rlim_cur)
                         : ~std::uint64_t{0};
 
@@ -221,6 +238,10 @@ HardwareProfile probe_hardware(const ProbeOptions& opt) {
     }
     p.gpus.push_back(g);
   }
+  p.description =
+      fmt::format("probed: {} cores, {} NUMA node(s), {} of memory, {} GPU(s){}", p.cpu_cores,
+                  p.numa.size(), format_bytes(p.host_memory_bytes), p.gpus.size(),
+                  p.gpus.empty() ? "" : fmt::format(" ({})", p.gpus.front().model));
   if (!opt.measure) return p;
 
   ThreadPool pool(opt.threads);

@@ -194,3 +194,19 @@ if(NOT rc EQUAL 0 OR NOT out MATCHES "predicted step")
   message(FATAL_ERROR "plan on the probed profile: ${rc} ${err} ${out}")
 endif()
 file(REMOVE "${pfile}")
+
+# demo --plan --overlap: a plan file with host and NVMe sub-groups, followed by the optimizer;
+# every sub-group steps during the gradient ingest (no clipping to redo).
+set(pfile "${WORK}/demo-plan.json")
+file(WRITE "${pfile}" [=[{"format": "tierswap.plan", "version": 1, "subgroups": [
+  {"numel": 1, "state_tier": "nvme", "step_device": "cpu"},
+  {"numel": 1, "state_tier": "host", "step_device": "cpu"}]}]=])
+execute_process(COMMAND ${CLI} demo --params 2M --sub-group 256K --host-budget 16MiB --steps 2
+                        --plan "${pfile}" --overlap --max-grad-norm 0 --json
+                RESULT_VARIABLE rc OUTPUT_VARIABLE out ERROR_VARIABLE err)
+string(JSON n ERROR_VARIABLE e LENGTH "${out}" steps)
+string(JSON kept ERROR_VARIABLE e2 GET "${out}" steps 1 overlapped_subgroups)
+if(NOT rc EQUAL 0 OR e OR e2 OR NOT n EQUAL 2 OR kept LESS 1)
+  message(FATAL_ERROR "demo --plan --overlap: ${rc} ${err} ${out}")
+endif()
+file(REMOVE "${pfile}")

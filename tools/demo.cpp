@@ -52,6 +52,9 @@ struct DemoOptions {
   unsigned threads = 2;
   double hold = 0;
   bool json = false;
+  std::string plan;      // a plan file (tierswap plan --out): per-sub-group placement
+  bool overlap = false;  // sub-groups step during the (simulated) backward
+  double max_grad_norm = 1.0;
 };
 
 // The synthetic model: transformer-like layers of [h, 4h] and [4h, h] weights (the "decay"
@@ -103,7 +106,9 @@ void run_demo(const DemoOptions& o) {
   OptimizerConfig oc;
   oc.subgroup_size = parse_size(o.sub_group, "--sub-group");
   oc.state_tier = OptimizerConfig::StateTier::nvme;
-  oc.max_grad_norm = 1.0;
+  oc.max_grad_norm = o.max_grad_norm;
+  oc.plan_file = o.plan;
+  oc.overlap = o.overlap;
   ShardedOptimizer opt(tiers, *comm, oc, &pool);
   GroupConfig decay;
   decay.lr = 3e-4;
@@ -118,10 +123,11 @@ void run_demo(const DemoOptions& o) {
   opt.finalize();
   if (!o.json)
     fmt::print(
-        "tierswap demo: {} parameters ({} tensors, 2 groups), {} of AdamW state on NVMe at {}, "
+        "tierswap demo: {} parameters ({} tensors, 2 groups), {} of AdamW state {} {}, "
         "host budget {}, {} sub-groups; telemetry {}\n",
-        params, model.size(), format_bytes(state), dir.string(), format_bytes(tc.host_budget),
-        opt.subgroup_count(),
+        params, model.size(), format_bytes(state),
+        o.plan.empty() ? "on NVMe at" : "placed by the plan, swap space at", dir.string(),
+        format_bytes(tc.host_budget), opt.subgroup_count(),
         tiers.telemetry_socket().empty() ? std::string("off") : tiers.telemetry_socket().string());
   const auto t_init = Clock::now();
   opt.initialize([](ParamId id, std::uint64_t off, float* out, std::uint64_t n) {
@@ -139,7 +145,18 @@ void run_demo(const DemoOptions& o) {
   for (auto& v : noise) v = float_to_bf16(nd(rng));
   nlohmann::json steps = nlohmann::json::array();
   const int nv = static_cast<int>(Tier::nvme), hv = static_cast<int>(Tier::host);
+  if (!o.plan.empty() && !o.json) {
+    std::size_t where[kTierCount] = {};
+    for (std::size_t k = 0; k < opt.subgroup_count(); ++k)
+      ++where[static_cast<int>(opt.placement(k).first)];
+    fmt::print(
+        "plan {}: {} sub-groups with their state on the GPU, {} in host memory, {} on NVMe\n",
+        o.plan, where[static_cast<int>(Tier::device)], where[hv], where[nv]);
+  }
   for (int step = 1; step <= o.steps; ++step) {
+    // NVMe bytes over the whole cycle: the overlapped mode does part of the step's I/O during
+    // the gradient ingest.
+    const TierCounters c0 = tiers.counters();
     const auto tg = Clock::now();
     opt.begin_backward();
     for (std::size_t i = 0; i < ids.size(); ++i) {
@@ -157,8 +174,14 @@ void run_demo(const DemoOptions& o) {
     }
     opt.end_backward();
     const double ingest_s = since(tg);
-    const StepResult r = opt.step();
-    const double gbps = static_cast<double>(r.bytes_in[nv] + r.bytes_out[nv]) / r.seconds / 1e9;
+    StepResult r = opt.step();
+    const TierCounters c1 = tiers.counters();
+    for (int t = 0; t < kTierCount; ++t) {
+      r.bytes_in[t] = c1.bytes_in[t] - c0.bytes_in[t];
+      r.bytes_out[t] = c1.bytes_out[t] - c0.bytes_out[t];
+    }
+    const double gbps = static_cast<double>(r.bytes_in[nv] + r.bytes_out[nv]) /
+                        (o.overlap ? ingest_s + r.seconds : r.seconds) / 1e9;
     steps.push_back({{"step", step},
                      {"seconds", r.seconds},
                      {"grad_ingest_seconds", ingest_s},
@@ -169,16 +192,22 @@ void run_demo(const DemoOptions& o) {
                      {"nvme_written_bytes", r.bytes_in[nv]},
                      {"host_in_bytes", r.bytes_in[hv]},
                      {"nvme_gbps", gbps},
+                     {"overlapped_subgroups", r.overlapped_subgroups},
+                     {"redone", r.redone},
                      {"generation", r.generation}});
     if (!o.json)
       fmt::print(
           "step {}: {:.2f} s (waited {:.2f} s on I/O; gradient ingest {:.2f} s before it), NVMe "
           "read {} ({:.1f} B/param) written {} ({:.1f} B/param), {:.2f} GB/s; grad norm {:.4g}, "
-          "clip {:.3f}; generation {}\n",
+          "clip {:.3f}; generation {}{}\n",
           step, r.seconds, r.io_wait_seconds, ingest_s, format_bytes(r.bytes_out[nv]),
           static_cast<double>(r.bytes_out[nv]) / params, format_bytes(r.bytes_in[nv]),
           static_cast<double>(r.bytes_in[nv]) / params, gbps, r.grad_norm, r.clip_factor,
-          r.generation);
+          r.generation,
+          o.overlap ? fmt::format("; {} of {} sub-groups stepped during the ingest{}",
+                                  r.overlapped_subgroups, opt.subgroup_count(),
+                                  r.redone ? " (redone: clipped)" : "")
+                    : std::string());
   }
   const std::string snap = tiers.snapshot().to_json();
   if (o.json) {
@@ -337,6 +366,13 @@ void add_demo(CLI::App& app) {
   d->add_option("--threads", o->threads, "Kernel threads");
   d->add_option("--hold", o->hold, "Keep serving telemetry this many seconds at the end");
   d->add_flag("--json", o->json, "Print JSON on stdout instead of text");
+  d->add_option(
+      "--max-grad-norm", o->max_grad_norm,
+      "Clip the global gradient norm (0: off; the demo's gradients have a norm of ~16, so "
+      "1 clips every step, which the overlapped mode redoes)");
+  d->add_option("--plan", o->plan, "Place sub-groups by this plan file (tierswap plan --out)");
+  d->add_flag("--overlap", o->overlap,
+              "Overlapped step: sub-groups step during the gradient ingest, speculatively");
   d->callback([o] { run_demo(*o); });
 }
 

@@ -310,6 +310,20 @@ void ShardedOptimizer::Impl::create_blocks() {
     any_streaming |= s.streaming;
     pos += s.numel;
   }
+  if (plan) {  // a plan made for more host memory than this tier manager's budget
+    std::uint64_t resident = cfg.grad_tier == Tier::host ? grads : 0;
+    for (const auto& s : subs)
+      if (!s.streaming && !s.on_gpu)
+        for (int slot = 0; slot < kStateSlots; ++slot)
+          if (groups[s.group].has_slot(slot))
+            resident += round_up_u64(s.numel * dtype_size(slot_dtype(slot)), 4096);
+    if (resident > tiers.config().host_budget)
+      log(LogLevel::warn,
+          fmt::format("plan: it keeps {} of state and gradients in host memory but the host "
+                      "budget is {}: sub-groups will be evicted and read back every step (make "
+                      "the plan for this budget, or raise TierConfig::host_budget)",
+                      format_bytes(resident), format_bytes(tiers.config().host_budget)));
+  }
   // Read-ahead within the budget: host-resident gradients, the sub-group being stepped, one being
   // written behind, and `depth` read ahead must fit, or memory pressure would spill gradients and
   // drop prefetched state before its use.

@@ -799,6 +799,117 @@ TEST(ShardedOptimizer, PlanGpuSubgroupsRunOnASimulatedDeviceTier) {
   }
 }
 
+// persist_host_state = false: host-resident state in memory only. Bit-identical to the persisted
+// run over overflow and clipping steps, with and without overlap, alone and beside NVMe-streamed
+// sub-groups (a plan); no NVMe byte for it; a step failing on the NVMe side leaves it as it was;
+// checkpoints round-trip in both directions; a budget that cannot hold it is refused by name.
+TEST(ShardedOptimizer, MemoryOnlyHostStateGivesTheSameBitsWithoutNvmeIo) {
+  Rig a;
+  auto ma = test::start_model(*a.opt);
+  const auto ra = test::train(*a.opt, ma, 1, 12, 0, 1);
+  const Plan split = Plan::from_json(R"({"format": "tierswap.plan", "version": 1, "subgroups": [
+      {"numel": 1, "state_tier": "nvme", "step_device": "cpu"},
+      {"numel": 1, "state_tier": "host", "step_device": "cpu"}]})");
+  auto same16 = [&](ShardedOptimizer& b, const test::ModelOptimizer& mb) {
+    for (std::size_t p = 0; p < ma.ids.size(); ++p) {
+      if (!test::model_params()[p].trainable) continue;
+      const auto x = a.opt->param16(ma.ids[p]), y = b.param16(mb.ids[p]);
+      EXPECT_TRUE(std::equal(x.begin(), x.end(), y.begin(), y.end()))
+          << test::model_params()[p].name;
+    }
+  };
+  for (const bool overlap : {false, true}) {
+    for (const bool with_plan : {false, true}) {
+      SCOPED_TRACE(fmt::format("overlap {}, {}", overlap,
+                               with_plan ? "half on NVMe by a plan" : "all in host memory"));
+      OptimizerConfig oc = test::model_config();
+      oc.overlap = overlap;
+      oc.state_tier = OptimizerConfig::StateTier::host;
+      oc.persist_host_state = false;
+      Rig b(tier_config(4 * kMiB, 128 * kKiB), oc);
+      if (with_plan) b.opt->set_plan(split);
+      auto mb = test::start_model(*b.opt);
+      std::size_t host = 0;
+      for (std::size_t k = 0; k < b.opt->subgroup_count(); ++k)
+        host += b.opt->placement(k).first == Tier::host;
+      ASSERT_GT(host, 0u);
+      const auto w0 = b.tiers->counters().bytes_in[static_cast<int>(Tier::nvme)];
+      const auto rb = test::train(*b.opt, mb, 1, 12, 0, 1);
+      const auto written = b.tiers->counters().bytes_in[static_cast<int>(Tier::nvme)] - w0;
+      if (with_plan)
+        EXPECT_GT(written, 0u);
+      else
+        EXPECT_EQ(written, 0u) << "memory-only state written to NVMe";
+      for (std::size_t i = 0; i < ra.size(); ++i) {
+        EXPECT_EQ(ra[i].skipped, rb[i].skipped) << i;
+        EXPECT_EQ(ra[i].clip_factor, rb[i].clip_factor) << i;
+      }
+      expect_same_state(*a.opt, ma, *b.opt, mb);
+      same16(*b.opt, mb);
+    }
+  }
+
+  // A step that fails on the NVMe side (a write error) leaves the memory-only half as it was,
+  // and training goes on to the same bits.
+  {
+    std::atomic<bool> fail{false};
+    OptimizerConfig oc = test::model_config();
+    oc.persist_host_state = false;
+    Rig b(tier_config(4 * kMiB, 128 * kKiB), oc, 64 * kMiB,
+          [&](const detail::IoRequest& q, std::uint64_t) {
+            return fail.load() && q.op == IoOp::write
+                       ? detail::Fault{detail::Fault::Kind::error, EIO}
+                       : detail::Fault{};
+          });
+    b.opt->set_plan(split);
+    auto mb = test::start_model(*b.opt);
+    test::train(*b.opt, mb, 1, 6, 0, 1);
+    std::vector<std::vector<float>> before;
+    for (std::size_t p = 0; p < mb.ids.size(); ++p)
+      if (test::model_params()[p].trainable) before.push_back(full(*b.opt, mb.ids[p]));
+    fail = true;
+    EXPECT_THROW(test::train(*b.opt, mb, 7, 7, 0, 1), std::system_error);
+    fail = false;
+    EXPECT_EQ(b.opt->step_count(), 5u);
+    std::size_t i = 0;
+    for (std::size_t p = 0; p < mb.ids.size(); ++p)
+      if (test::model_params()[p].trainable)
+        EXPECT_TRUE(same_bits(full(*b.opt, mb.ids[p]), before[i++]))
+            << test::model_params()[p].name;
+    test::train(*b.opt, mb, 7, 12, 0, 1);
+    expect_same_state(*a.opt, ma, *b.opt, mb);
+    same16(*b.opt, mb);
+
+    // Checkpoints: memory-only -> persisted and persisted -> memory-only.
+    TempDir ck;
+    b.opt->save(ck.path());
+    Rig c;
+    auto mc = test::build_model(*c.opt);
+    c.opt->load(ck.path());
+    expect_same_state(*a.opt, ma, *c.opt, mc);
+    TempDir ck2;
+    a.opt->save(ck2.path());
+    Rig d(tier_config(4 * kMiB, 128 * kKiB), oc);
+    d.opt->set_plan(split);
+    auto md = test::build_model(*d.opt);
+    d.opt->load(ck2.path());
+    expect_same_state(*a.opt, ma, *d.opt, md);
+    same16(*d.opt, md);
+  }
+
+  // Memory-only state that the budget cannot hold.
+  OptimizerConfig oc = test::model_config();
+  oc.state_tier = OptimizerConfig::StateTier::host;
+  oc.persist_host_state = false;
+  Rig e(tier_config(256 * kKiB, 64 * kKiB), oc);
+  try {
+    test::build_model(*e.opt);
+    ADD_FAILURE() << "memory-only state larger than the budget accepted";
+  } catch (const std::invalid_argument& err) {
+    EXPECT_NE(std::string(err.what()).find("persist_host_state"), std::string::npos) << err.what();
+  }
+}
+
 TEST(ShardedOptimizer, FinalizePlacesSubgroupsByAPlanFile) {
   Rig a;
   auto ma = test::start_model(*a.opt);

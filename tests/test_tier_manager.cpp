@@ -709,6 +709,68 @@ TEST(TierManager, OverwriteViewsReadNothingAndKeepTheOldDataWhenReleasedClean) {
 
 // Transient blocks (gradients): never written behind or by commit(), untouched by discard(),
 // spilled only under memory pressure, gone after reopening; trim() empties a block.
+// Memory-only blocks: transient, and never spilled: under pressure the other blocks go, the
+// memory-only one is never written to NVMe nor read back, commit/discard leave it alone, an
+// explicit evict is refused, and a budget full of memory-only blocks is a clear error.
+TEST(TierManager, MemoryOnlyBlocksNeverLeaveHostMemory) {
+  const std::uint64_t n = 4096;  // 16 KiB blocks
+  TierConfig cfg = small_config(16 * kKiB, 3);
+  Rig r(cfg);
+  BlockDesc md = desc("state", n);
+  md.memory_only = true;
+  const BlockId s = r.mgr->create(md);
+  EXPECT_TRUE(r.mgr->desc(s).transient);
+  {
+    BlockView v = r.mgr->acquire(s, Tier::host, Access::overwrite);
+    fill(v, 7);
+    r.mgr->release(v, true);
+  }
+  r.mgr->commit();
+  std::vector<BlockId> others;
+  for (int round = 0; round < 3; ++round)
+    for (int i = 0; i < 4; ++i) {
+      if (round == 0) others.push_back(r.mgr->create(desc("o" + std::to_string(i), n)));
+      BlockView v = r.mgr->acquire(others[i], Tier::host, Access::write);
+      fill(v, 100 + i);
+      r.mgr->release(v, true);
+    }
+  const auto c = r.mgr->counters();
+  // Four persistent blocks through two free slots: they spill and come back; the memory-only
+  // block stays (nothing of it read or written), so NVMe traffic is whole persistent blocks.
+  EXPECT_GT(c.evictions, 0u);
+  EXPECT_EQ(c.bytes_in[static_cast<int>(Tier::nvme)] % (16 * kKiB), 0u);
+  expect_pattern(*r.mgr, s, 7);
+  for (int i = 0; i < 4; ++i) expect_pattern(*r.mgr, others[i], 100 + i);
+  const auto nvme_out = r.mgr->counters().bytes_out[static_cast<int>(Tier::nvme)];
+  expect_pattern(*r.mgr, s, 7);  // resident: no read
+  EXPECT_EQ(r.mgr->counters().bytes_out[static_cast<int>(Tier::nvme)], nvme_out);
+  EXPECT_THROW(r.mgr->evict(s, Tier::host), std::logic_error);
+  r.mgr->commit();
+  {
+    BlockView v = r.mgr->acquire(s, Tier::host, Access::write);
+    fill(v, 8);
+    r.mgr->release(v, true);
+  }
+  r.mgr->discard();  // not part of generations: the new contents stay
+  expect_pattern(*r.mgr, s, 8);
+  // Three memory-only blocks fill a three-block budget: a fourth block cannot come in.
+  std::vector<BlockId> mo;
+  for (int i = 0; i < 2; ++i) {
+    BlockDesc d = desc("m" + std::to_string(i), n);
+    d.memory_only = true;
+    mo.push_back(r.mgr->create(d));
+    BlockView v = r.mgr->acquire(mo.back(), Tier::host, Access::overwrite);
+    r.mgr->release(v, true);
+  }
+  EXPECT_THROW(r.mgr->acquire(others[0], Tier::host), std::runtime_error);
+  r.mgr->trim(mo[0]);  // trim frees it
+  expect_pattern(*r.mgr, others[0], 100);
+  r.mgr->commit();
+  const auto info = read_manifest(r.mgr->manifest_path());
+  for (const auto& b : info.blocks)
+    if (b.name == "state") EXPECT_TRUE(b.memory_only && b.transient && !b.has_data);
+}
+
 TEST(TierManager, TransientBlocksStayOutOfGenerations) {
   const std::uint64_t n = 4096;  // 16 KiB blocks
   TierConfig cfg = small_config(16 * kKiB, 3);

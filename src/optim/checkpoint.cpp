@@ -23,6 +23,7 @@
 
 #include "src/optim/optimizer_impl.hpp"
 #include "tierswap/checksum.hpp"
+#include "tierswap/log.hpp"
 #include "tierswap/detail/manifest.hpp"
 #include "tierswap/error.hpp"
 
@@ -396,8 +397,11 @@ void ShardedOptimizer::load(const std::filesystem::path& dir) {
   }
 
   // ---- copy: each sub-group of this rank from the old ranks' pieces ------------------------
-  try {
-    std::vector<std::byte> buf;
+  // Pass 0 copies the state that lives in generations (a failure discards it) and only reads and
+  // verifies what goes to memory-only state, which no discard can restore; pass 1 copies that
+  // after the commit, once every piece has been verified.
+  std::vector<std::byte> buf;
+  auto copy_pass = [&](int pass) {
     for (std::size_t gi = 0; gi < m.groups.size(); ++gi) {
       const OptGroup& g = m.groups[gi];
       for (int slot = 0; slot < kStateSlots; ++slot) {
@@ -406,7 +410,10 @@ void ShardedOptimizer::load(const std::filesystem::path& dir) {
         const std::size_t es = dtype_size(dt);
         for (std::size_t k = 0; k < g.nsubs; ++k) {
           const OptSub& s = m.subs[g.first_sub + k];
-          BlockView v = m.tiers.acquire(s.state[slot], Tier::host, Access::overwrite);
+          if (pass == 1 && !s.memory_only) continue;
+          const bool copy = pass == 1 || !s.memory_only;
+          BlockView v;
+          if (copy) v = m.tiers.acquire(s.state[slot], Tier::host, Access::overwrite);
           std::uint64_t x = s.begin;
           const std::uint64_t end = s.begin + s.numel;
           while (x < end) {
@@ -428,14 +435,19 @@ void ShardedOptimizer::load(const std::filesystem::path& dir) {
                                     "(corrupt data)",
                                     slot_name(slot), gi, pb, pb + pn));
             const std::uint64_t n = std::min(end, pb + pn) - x;
-            std::memcpy(v.data() + (x - s.begin) * es, buf.data() + (x - pb) * es, n * es);
+            if (copy)
+              std::memcpy(v.data() + (x - s.begin) * es, buf.data() + (x - pb) * es, n * es);
             x += n;
           }
+          if (!copy) continue;
           m.tiers.release(v, true);
           if (s.streaming) m.tiers.write_back(s.state[slot]);
         }
       }
     }
+  };
+  try {
+    copy_pass(0);
   } catch (...) {
     if (m.tiers.config().shadow_slots) m.tiers.discard();  // the stored state, untouched
     throw;
@@ -448,8 +460,21 @@ void ShardedOptimizer::load(const std::filesystem::path& dir) {
     m.tiers.trim(s.grad);
     s.sums.clear();
   }
-  m.refresh_param16();
   m.tiers.commit();
+  bool memory_only = false;
+  for (const auto& s : m.subs) memory_only |= s.memory_only;
+  if (memory_only) {
+    try {
+      copy_pass(1);
+    } catch (const std::exception& e) {
+      log(LogLevel::error,
+          fmt::format("load {}: reading memory-only state failed after it was verified ({}): "
+                      "that state is partly loaded; load again",
+                      dir.string(), e.what()));
+      throw;
+    }
+  }
+  m.refresh_param16();
 }
 
 }  // namespace tierswap

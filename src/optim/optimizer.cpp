@@ -307,8 +307,26 @@ void ShardedOptimizer::Impl::create_blocks() {
             "no device tier (TierConfig::device_budget is 0 or device_mode is off)",
             s.index, s.group));
     }
+    s.memory_only = !cfg.persist_host_state && !s.streaming && !s.on_gpu && !s.step_gpu;
     any_streaming |= s.streaming;
     pos += s.numel;
+  }
+  {  // memory-only state is never evicted: it must fit beside the host-resident gradients
+    std::uint64_t mem = 0, mem_grads = 0;  // the gradients of memory-only sub-groups are pinned
+    for (const auto& s : subs)
+      if (s.memory_only) {
+        for (int slot = 0; slot < kStateSlots; ++slot)
+          if (groups[s.group].has_slot(slot))
+            mem += round_up_u64(s.numel * dtype_size(slot_dtype(slot)), 4096);
+        mem_grads += round_up_u64(s.numel * dtype_size(acc_dtype(groups[s.group])), 4096);
+      }
+    const std::uint64_t need = mem + (cfg.grad_tier == Tier::host ? grads : mem_grads);
+    if (mem > 0 && need > tiers.config().host_budget)
+      throw std::invalid_argument(fmt::format(
+          "persist_host_state=false: {} of memory-only state and {} of host-resident gradients "
+          "do not fit the host budget {} (raise TierConfig::host_budget, keep host state "
+          "persisted, or move sub-groups to NVMe)",
+          format_bytes(mem), format_bytes(need - mem), format_bytes(tiers.config().host_budget)));
   }
   if (plan) {  // a plan made for more host memory than this tier manager's budget
     std::uint64_t resident = cfg.grad_tier == Tier::host ? grads : 0;
@@ -366,6 +384,7 @@ void ShardedOptimizer::Impl::create_blocks() {
       d.dtype = slot_dtype(slot);
       d.numel = s.numel;
       d.owner = {rank, s.group, s.index};
+      d.memory_only = s.memory_only;
       s.state[slot] = tiers.create(d);
     }
     BlockDesc gd;
@@ -439,7 +458,7 @@ bool ShardedOptimizer::Impl::gradient_done(OptSub& s, const BlockView& grad) {
 }
 
 void ShardedOptimizer::Impl::after_ingest(OptSub& s, bool final) {
-  if (final && cfg.overlap) {
+  if (final && cfg.overlap && !s.memory_only) {  // memory-only state steps after the verdict
     std::unique_lock lk(spec_mu);
     if (!spec_invalid && !spec_error) {
       s.spec16.resize(s.numel);
@@ -464,6 +483,7 @@ void ShardedOptimizer::Impl::gpu_step(OptSub& s, const GroupConfig& gc, const Gr
   if (gpu_p16_bytes < bytes16) {  // device scratch for the 16-bit output, grown on demand
     cuda::device_free(gpu_p16);
     gpu_p16 = nullptr;
+    gpu_p16_bytes = 0;  // stays so if the allocation throws
     gpu_p16 = cuda::device_alloc(bytes16);
     gpu_p16_bytes = bytes16;
   }
@@ -1059,9 +1079,16 @@ StepResult ShardedOptimizer::step() {
     r.redone = true;
   }
   // The sub-groups still to step (all of them, except those kept from the overlapped backward).
-  std::vector<std::size_t> todo;
+  // Memory-only sub-groups (`late`) step after the commit, from gradients pinned before it.
+  std::vector<std::size_t> todo, late;
   for (std::size_t k = 0; k < m.subs.size(); ++k)
-    if (!spec_keep || m.subs[k].spec != OptSub::Spec::stepped) todo.push_back(k);
+    if (m.subs[k].memory_only)
+      late.push_back(k);
+    else if (!spec_keep || m.subs[k].spec != OptSub::Spec::stepped)
+      todo.push_back(k);
+  // Read (if spilled) and pinned before the commit, so nothing after it does I/O; a view
+  // destroyed unreleased is released clean.
+  std::vector<BlockView> late_grads;
 
   // The pipeline: prefetch ahead, step, write behind. Errors roll the generation back.
   std::size_t done = 0;
@@ -1092,9 +1119,12 @@ StepResult ShardedOptimizer::step() {
       m.tiers.trim(s.grad);
       m.p16_done(s);
     }
+    late_grads.reserve(late.size());
+    for (std::size_t k : late) late_grads.push_back(m.tiers.acquire(m.subs[k].grad, Tier::host));
     m.step_count = t;
     m.tiers.commit();
   } catch (...) {
+    late_grads.clear();
     m.step_count = t - 1;
     try {
       m.tiers.discard();
@@ -1109,6 +1139,24 @@ StepResult ShardedOptimizer::step() {
           fmt::format("step: rolling back after an error failed too: {}", e.what()));
     }
     throw;
+  }
+  // The memory-only state: the committed generation is the new step for everything else, and
+  // this part cannot fail (resident state, pinned gradients, the CPU kernel).
+  for (std::size_t i = 0; i < late.size(); ++i) {
+    OptSub& s = m.subs[late[i]];
+    OptGroup& g = m.groups[s.group];
+    try {
+      m.step_sub(s, g.cfg, multiplier, t, g.p16.data() + s.begin);
+    } catch (const std::exception& e) {
+      log(LogLevel::error,
+          fmt::format("step {}: memory-only sub-group {} of group {} failed after the commit "
+                      "({}): the in-memory state is now inconsistent; load a checkpoint",
+                      t, s.index, s.group, e.what()));
+      throw;
+    }
+    late_grads[i] = BlockView{};
+    m.tiers.trim(s.grad);
+    m.p16_done(s);
   }
   if (spec_keep) m.spec_reset();
   m.gather_param16();

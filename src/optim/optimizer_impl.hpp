@@ -43,6 +43,9 @@ struct OptSub {
   bool streaming =
       true;             // state on NVMe: read ahead, written behind (else resident in host memory)
   bool on_gpu = false;  // state in GPU memory (a plan's choice)
+  // State in host memory only (persist_host_state off, host-resident, CPU-stepped): memory-only
+  // blocks, stepped after the commit, never speculatively.
+  bool memory_only = false;
   bool step_gpu = false;      // stepped by the CUDA kernels (state on the GPU, or in place in host
                               // memory over a coherent link)
   std::uint32_t nparams = 0;  // trainable parameters overlapping it

@@ -375,6 +375,7 @@ struct TierManager::Impl {
     for (auto& bp : blocks) {
       Block& b = *bp;
       if (b.busy || b.pins[s] > 0 || b.op || b.writer) continue;
+      if (s == kHost && b.desc.memory_only) continue;  // never leaves host memory
       if (b.st[s] != CopyState::valid && b.st[s] != CopyState::dirty) continue;
       if (!ok(b)) continue;
       if (best == nullptr || b.last_use < best->last_use) best = &b;
@@ -408,6 +409,11 @@ struct TierManager::Impl {
         if (!strict) return;
         throw std::logic_error(
             fmt::format("evict: block '{}' has a writable view; release it first", b.desc.name));
+      }
+      if (s == kHost && b.desc.memory_only && b.st[kHost] != CopyState::absent) {
+        if (!strict) return;
+        throw std::logic_error(fmt::format(
+            "evict: block '{}' is memory-only: its host copy is its only copy", b.desc.name));
       }
       if (b.pins[s] > 0) {
         if (!strict) return;
@@ -728,6 +734,7 @@ struct TierManager::Impl {
       e["committed_slot"] = w ? b.write_slot() : b.committed;
       e["has_data"] = data;
       if (b.desc.transient) e["transient"] = true;
+      if (b.desc.memory_only) e["memory_only"] = true;
       e["generation"] = w ? committed_gen + 1 : b.data_gen;
       e["checksum"] = checksum_hex(w ? b.written_checksum : b.checksum);
       arr.push_back(std::move(e));
@@ -751,7 +758,8 @@ struct TierManager::Impl {
     committed_gen = info.generation;
     for (const auto& m : info.blocks) {
       auto b = std::make_unique<Block>();
-      b->desc = {m.name, m.cls, m.dtype, m.numel, m.owner, m.transient};
+      b->desc = {m.name,       m.cls, m.dtype, m.numel, m.owner, m.transient || m.memory_only,
+                 m.memory_only};
       b->bytes = b->desc.bytes();
       b->alloc_bytes = round_up(b->bytes, align);
       b->nslots = static_cast<int>(m.slots.size());
@@ -902,6 +910,7 @@ BlockId TierManager::create(const BlockDesc& d) {
     throw std::invalid_argument(fmt::format("block '{}': a block of that name exists", d.name));
   auto b = std::make_unique<Block>();
   b->desc = d;
+  b->desc.transient |= d.memory_only;
   b->bytes = d.bytes();
   b->alloc_bytes = round_up(b->bytes, m.align);
   b->nslots = m.cfg.shadow_slots ? 2 : 1;
@@ -1412,6 +1421,7 @@ ManifestInfo read_manifest(const std::filesystem::path& path) {
       b.generation = e.at("generation").get<std::uint64_t>();
       b.checksum = std::stoull(e.at("checksum").get<std::string>(), nullptr, 16);
       b.transient = e.value("transient", false);
+      b.memory_only = e.value("memory_only", false);
       info.blocks.push_back(std::move(b));
     }
   } catch (const std::runtime_error&) {

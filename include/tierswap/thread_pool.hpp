@@ -46,7 +46,9 @@ class ThreadPool {
 
   unsigned size_;
   int numa_node_ = -1;
-  unsigned first_worker_ = 1;  // 0 when the caller does not run a range (bound pools)
+  unsigned first_worker_ = 1;
+  std::vector<int> node_cpus_;  // the CPUs of numa_node_  // 0 when the caller does not run a range
+                                // (bound pools)
   std::vector<std::thread> threads_;
   std::mutex run_mu_;  // one parallel_for at a time
   std::mutex mu_;

@@ -2,6 +2,8 @@
 
 #include <fmt/format.h>
 #include <numa.h>
+#include <numaif.h>
+#include <sched.h>
 
 #include <cstring>
 #include <stdexcept>
@@ -36,6 +38,21 @@ ThreadPool::ThreadPool(unsigned threads, int numa_node) {
           fmt::format("ThreadPool: numa_node={}: no such NUMA node on this machine (nodes 0..{})",
                       numa_node, numa_max_node()));
     first_worker_ = 0;
+    // The node's CPUs, read here once: libnuma's lazily built caches are not safe to fill from
+    // several workers at once.
+    bitmask* cpus = numa_allocate_cpumask();
+    if (numa_node_to_cpus(numa_node, cpus) != 0) {
+      numa_free_cpumask(cpus);
+      throw std::invalid_argument(
+          fmt::format("ThreadPool: numa_node={}: its CPUs could not be read: {}", numa_node,
+                      std::strerror(errno)));
+    }
+    for (unsigned c = 0; c < cpus->size; ++c)
+      if (numa_bitmask_isbitset(cpus, c)) node_cpus_.push_back(static_cast<int>(c));
+    numa_free_cpumask(cpus);
+    if (node_cpus_.empty())
+      throw std::invalid_argument(
+          fmt::format("ThreadPool: numa_node={}: the node has no CPUs to run on", numa_node));
   }
   size_ = threads;
   numa_node_ = numa_node;
@@ -91,10 +108,21 @@ void ThreadPool::worker(unsigned index) {
   if (numa_node_ >= 0) {
     // Run on the node's CPUs and allocate from its memory first (a failure leaves the worker
     // unbound: slower, still correct).
-    if (numa_run_on_node(numa_node_) != 0)
+    cpu_set_t set;
+    CPU_ZERO(&set);
+    for (int c : node_cpus_)
+      if (c < CPU_SETSIZE) CPU_SET(c, &set);
+    if (::sched_setaffinity(0, sizeof(set), &set) != 0)
       log(LogLevel::warn, fmt::format("ThreadPool: binding worker {} to NUMA node {} failed: {}",
                                       index, numa_node_, std::strerror(errno)));
-    numa_set_preferred(numa_node_);
+    unsigned long nodemask[16] = {};  // 1024 nodes
+    if (numa_node_ < 1024) {
+      nodemask[numa_node_ / 64] = 1ul << (numa_node_ % 64);
+      if (::set_mempolicy(MPOL_PREFERRED, nodemask, 1024) != 0)
+        log(LogLevel::warn, fmt::format("ThreadPool: preferring NUMA node {} for worker {}'s "
+                                        "memory failed: {}",
+                                        numa_node_, index, std::strerror(errno)));
+    }
   }
   std::size_t seen = 0;
   for (;;) {

@@ -799,11 +799,12 @@ TEST(ShardedOptimizer, PlanGpuSubgroupsRunOnASimulatedDeviceTier) {
   }
 }
 
-// persist_host_state = false: host-resident state in memory only. Bit-identical to the persisted
-// run over overflow and clipping steps, with and without overlap, alone and beside NVMe-streamed
-// sub-groups (a plan); no NVMe byte for it; a step failing on the NVMe side leaves it as it was;
-// checkpoints round-trip in both directions; a budget that cannot hold it is refused by name.
-TEST(ShardedOptimizer, MemoryOnlyHostStateGivesTheSameBitsWithoutNvmeIo) {
+// persist_resident_state = false: host-resident state in memory only. Bit-identical to the
+// persisted run over overflow and clipping steps, with and without overlap, alone and beside
+// NVMe-streamed sub-groups (a plan); no NVMe byte for it; a step failing on the NVMe side leaves it
+// as it was; checkpoints round-trip in both directions; a budget that cannot hold it is refused by
+// name.
+TEST(ShardedOptimizer, MemoryOnlyResidentStateGivesTheSameBitsWithoutNvmeIo) {
   Rig a;
   auto ma = test::start_model(*a.opt);
   const auto ra = test::train(*a.opt, ma, 1, 12, 0, 1);
@@ -825,7 +826,7 @@ TEST(ShardedOptimizer, MemoryOnlyHostStateGivesTheSameBitsWithoutNvmeIo) {
       OptimizerConfig oc = test::model_config();
       oc.overlap = overlap;
       oc.state_tier = OptimizerConfig::StateTier::host;
-      oc.persist_host_state = false;
+      oc.persist_resident_state = false;
       Rig b(tier_config(4 * kMiB, 128 * kKiB), oc);
       if (with_plan) b.opt->set_plan(split);
       auto mb = test::start_model(*b.opt);
@@ -854,7 +855,7 @@ TEST(ShardedOptimizer, MemoryOnlyHostStateGivesTheSameBitsWithoutNvmeIo) {
   {
     std::atomic<bool> fail{false};
     OptimizerConfig oc = test::model_config();
-    oc.persist_host_state = false;
+    oc.persist_resident_state = false;
     Rig b(tier_config(4 * kMiB, 128 * kKiB), oc, 64 * kMiB,
           [&](const detail::IoRequest& q, std::uint64_t) {
             return fail.load() && q.op == IoOp::write
@@ -897,16 +898,62 @@ TEST(ShardedOptimizer, MemoryOnlyHostStateGivesTheSameBitsWithoutNvmeIo) {
     same16(*d.opt, md);
   }
 
+  // GPU-resident state too (a simulated device tier): the same bits, and fewer NVMe bytes than
+  // the persisted run of the same plan, whose GPU and host state is committed at every step.
+  const Plan three = Plan::from_json(R"({"format": "tierswap.plan", "version": 1, "subgroups": [
+      {"numel": 300, "state_tier": "nvme", "step_device": "cpu"},
+      {"numel": 300, "state_tier": "host", "step_device": "cpu"},
+      {"numel": 400, "state_tier": "gpu", "step_device": "gpu"}]})");
+  for (const bool overlap : {false, true}) {
+    SCOPED_TRACE(fmt::format("GPU-resident, overlap {}", overlap));
+    std::uint64_t written[2] = {};
+    for (const bool persist : {true, false}) {
+      OptimizerConfig oc = test::model_config();
+      oc.overlap = overlap;
+      oc.persist_resident_state = persist;
+      TierConfig tc = tier_config(4 * kMiB, 128 * kKiB);
+      tc.device_mode = DeviceTierMode::simulated;
+      tc.device_budget = 4 * kMiB;
+      tc.simulated_device_gbps = 1000;
+      Rig g(tc, oc);
+      g.opt->set_plan(three);
+      auto mg = test::start_model(*g.opt);
+      const auto w0 = g.tiers->counters().bytes_in[static_cast<int>(Tier::nvme)];
+      test::train(*g.opt, mg, 1, 12, 0, 1);
+      written[persist ? 0 : 1] = g.tiers->counters().bytes_in[static_cast<int>(Tier::nvme)] - w0;
+      expect_same_state(*a.opt, ma, *g.opt, mg);
+      same16(*g.opt, mg);
+    }
+    EXPECT_GT(written[1], 0u);  // the NVMe sub-groups
+    EXPECT_LT(written[1], written[0] / 2) << written[1] << " of " << written[0];
+  }
+  {  // memory-only GPU state larger than the device budget
+    OptimizerConfig oc = test::model_config();
+    oc.persist_resident_state = false;
+    TierConfig tc = tier_config(4 * kMiB, 128 * kKiB);
+    tc.device_mode = DeviceTierMode::simulated;
+    tc.device_budget = 64 * kKiB;
+    Rig g(tc, oc);
+    g.opt->set_plan(three);
+    try {
+      test::build_model(*g.opt);
+      ADD_FAILURE() << "memory-only GPU state larger than the device budget accepted";
+    } catch (const std::invalid_argument& err) {
+      EXPECT_NE(std::string(err.what()).find("device budget"), std::string::npos) << err.what();
+    }
+  }
+
   // Memory-only state that the budget cannot hold.
   OptimizerConfig oc = test::model_config();
   oc.state_tier = OptimizerConfig::StateTier::host;
-  oc.persist_host_state = false;
+  oc.persist_resident_state = false;
   Rig e(tier_config(256 * kKiB, 64 * kKiB), oc);
   try {
     test::build_model(*e.opt);
     ADD_FAILURE() << "memory-only state larger than the budget accepted";
   } catch (const std::invalid_argument& err) {
-    EXPECT_NE(std::string(err.what()).find("persist_host_state"), std::string::npos) << err.what();
+    EXPECT_NE(std::string(err.what()).find("persist_resident_state"), std::string::npos)
+        << err.what();
   }
 }
 

@@ -141,23 +141,24 @@ struct OptimizerConfig {
   /// sub-group's state tier (gpu | host | nvme) and step device from it, by the sub-group's
   /// position in the rank's parameters. Empty: state_tier decides for all.
   std::string plan_file;
-  /// true: host-resident state is also committed to NVMe at every step (written behind), so a
-  /// failed or discarded step and a crash recover it exactly. false: it lives in host memory
-  /// only (memory-only blocks: no NVMe I/O for it at all) and must fit the host budget beside
-  /// the gradients; the ordinary step steps it after committing the rest (its CPU kernel cannot
-  /// fail), so a failed step still leaves the previous state bit for bit; the overlapped mode
+  /// true: host- and GPU-resident state is also committed to NVMe at every step (written
+  /// behind; GPU state through host memory), so a failed or discarded step and a crash recover
+  /// it exactly. false: it lives in memory only (memory-only blocks: no NVMe I/O for it at all)
+  /// and must fit its tier's budget (host state beside the host-resident gradients); the ordinary
+  /// step steps it after committing the rest (resident state, gradients pinned before the
+  /// commit), so a step failing before the commit leaves it bit for bit; the overlapped mode
   /// does not step it speculatively (it steps after the verdict); a crash loses it: save()
-  /// checkpoints are its durability. GPU- and NVMe-resident state are unaffected.
-  bool persist_host_state = true;
+  /// checkpoints are its durability. NVMe-resident state is unaffected.
+  bool persist_resident_state = true;
   void validate() const;
   /// Overrides from TIERSWAP_SUBGROUP_SIZE, TIERSWAP_PREFETCH_DEPTH, TIERSWAP_ACCUMULATE_FP32,
   /// TIERSWAP_BF16_MOMENTS, TIERSWAP_STATE_TIER (auto|host|nvme), TIERSWAP_GRAD_TIER
   /// (host|nvme), TIERSWAP_COALESCE, TIERSWAP_MAX_GRAD_NORM, TIERSWAP_OVERLAP, TIERSWAP_PLAN (a
-  /// plan file), TIERSWAP_PERSIST_HOST_STATE.
+  /// plan file), TIERSWAP_PERSIST_RESIDENT_STATE.
   static OptimizerConfig from_env();
   static OptimizerConfig from_env(OptimizerConfig base);
   /// Loads {"subgroup_size", "prefetch_depth", "accumulate_fp32", "bf16_moments", "state_tier",
-  /// "grad_tier", "coalesce", "max_grad_norm", "overlap", "plan", "persist_host_state",
+  /// "grad_tier", "coalesce", "max_grad_norm", "overlap", "plan", "persist_resident_state",
   /// "loss_scaler": {"mode", "init_scale", "growth_factor", "backoff_factor", "growth_interval"}};
   /// unknown keys or bad values throw std::invalid_argument naming the key.
   static OptimizerConfig from_json(std::string_view json);

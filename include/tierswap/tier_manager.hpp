@@ -82,10 +82,11 @@ struct BlockDesc {
   /// behind, flushed or committed; written to NVMe only when evicted under memory pressure
   /// (spilled), and untouched by commit() and discard(). After reopening it reads as zeros.
   bool transient = false;
-  /// Transient (everything above), and never evicted from host memory either: once the block
-  /// has a host copy it keeps it (no spill, no NVMe I/O ever) until trim(). For state that lives
-  /// in memory only; a host budget that cannot hold it is an error at acquire(), and evict() of
-  /// its host copy is a std::logic_error. Implies `transient`.
+  /// Transient (everything above), and never spilled either: a copy in the host or device tier
+  /// is evicted only while the other memory tier holds the same data, so the block never loses
+  /// its last in-memory copy (no NVMe I/O ever) until trim(). For state that lives in memory
+  /// only; a budget that cannot hold it is an error at acquire(), and evict() of its last copy is
+  /// a std::logic_error. Implies `transient`.
   bool memory_only = false;
   std::uint64_t bytes() const noexcept { return numel * dtype_size(dtype); }
 };

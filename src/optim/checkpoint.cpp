@@ -23,9 +23,9 @@
 
 #include "src/optim/optimizer_impl.hpp"
 #include "tierswap/checksum.hpp"
-#include "tierswap/log.hpp"
 #include "tierswap/detail/manifest.hpp"
 #include "tierswap/error.hpp"
+#include "tierswap/log.hpp"
 
 namespace tierswap {
 namespace {
@@ -442,6 +442,7 @@ void ShardedOptimizer::load(const std::filesystem::path& dir) {
           if (!copy) continue;
           m.tiers.release(v, true);
           if (s.streaming) m.tiers.write_back(s.state[slot]);
+          m.settle(s, s.state[slot]);
         }
       }
     }

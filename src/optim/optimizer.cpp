@@ -307,26 +307,36 @@ void ShardedOptimizer::Impl::create_blocks() {
             "no device tier (TierConfig::device_budget is 0 or device_mode is off)",
             s.index, s.group));
     }
-    s.memory_only = !cfg.persist_host_state && !s.streaming && !s.on_gpu && !s.step_gpu;
+    s.memory_only = !cfg.persist_resident_state && !s.streaming;
     any_streaming |= s.streaming;
     pos += s.numel;
   }
-  {  // memory-only state is never evicted: it must fit beside the host-resident gradients
-    std::uint64_t mem = 0, mem_grads = 0;  // the gradients of memory-only sub-groups are pinned
+  {  // memory-only state is never evicted: it must fit its tier beside the pinned gradients
+    std::uint64_t mem[kTierCount] = {}, mem_grads[kTierCount] = {};
     for (const auto& s : subs)
       if (s.memory_only) {
+        const int t = static_cast<int>(s.on_gpu ? Tier::device : Tier::host);
         for (int slot = 0; slot < kStateSlots; ++slot)
           if (groups[s.group].has_slot(slot))
-            mem += round_up_u64(s.numel * dtype_size(slot_dtype(slot)), 4096);
-        mem_grads += round_up_u64(s.numel * dtype_size(acc_dtype(groups[s.group])), 4096);
+            mem[t] += round_up_u64(s.numel * dtype_size(slot_dtype(slot)), 4096);
+        mem_grads[t] += round_up_u64(s.numel * dtype_size(acc_dtype(groups[s.group])), 4096);
       }
-    const std::uint64_t need = mem + (cfg.grad_tier == Tier::host ? grads : mem_grads);
-    if (mem > 0 && need > tiers.config().host_budget)
+    const int h = static_cast<int>(Tier::host), d = static_cast<int>(Tier::device);
+    const std::uint64_t need_host = mem[h] + (cfg.grad_tier == Tier::host ? grads : mem_grads[h]);
+    if (mem[h] > 0 && need_host > tiers.config().host_budget)
       throw std::invalid_argument(fmt::format(
-          "persist_host_state=false: {} of memory-only state and {} of host-resident gradients "
-          "do not fit the host budget {} (raise TierConfig::host_budget, keep host state "
-          "persisted, or move sub-groups to NVMe)",
-          format_bytes(mem), format_bytes(need - mem), format_bytes(tiers.config().host_budget)));
+          "persist_resident_state=false: {} of memory-only host state and {} of host-resident "
+          "gradients do not fit the host budget {} (raise TierConfig::host_budget, keep resident "
+          "state persisted, or move sub-groups to NVMe)",
+          format_bytes(mem[h]), format_bytes(need_host - mem[h]),
+          format_bytes(tiers.config().host_budget)));
+    if (mem[d] > 0 && mem[d] + mem_grads[d] > tiers.config().device_budget)
+      throw std::invalid_argument(fmt::format(
+          "persist_resident_state=false: {} of memory-only GPU state and its {} of gradients do "
+          "not fit the device budget {} (raise TierConfig::device_budget, keep resident state "
+          "persisted, or keep fewer sub-groups on the GPU)",
+          format_bytes(mem[d]), format_bytes(mem_grads[d]),
+          format_bytes(tiers.config().device_budget)));
   }
   if (plan) {  // a plan made for more host memory than this tier manager's budget
     std::uint64_t resident = cfg.grad_tier == Tier::host ? grads : 0;
@@ -413,6 +423,12 @@ void ShardedOptimizer::Impl::gather_param16() {
       if (any) comm.all_gather_v(g.p16.data(), counts, displs, g.dtype16);
     }
   }
+}
+
+void ShardedOptimizer::Impl::settle(const OptSub& s, BlockId b) {
+  if (!s.memory_only || !s.on_gpu) return;
+  BlockView v = tiers.acquire(b, Tier::device);
+  tiers.release(v, false);
 }
 
 void ShardedOptimizer::Impl::p16_begin() {
@@ -801,15 +817,19 @@ void ShardedOptimizer::initialize(const ParamInit& init) {
       v.dirty = true;
     }
     if (s.streaming) m.tiers.write_back(s.state[kMaster]);
+    m.settle(s, s.state[kMaster]);
     for (int slot = kExpAvg; slot < kStateSlots; ++slot) {
       if (s.state[slot] == kNoBlock) continue;
       if (!in_place) {
         m.tiers.trim(s.state[slot]);  // zeros, without writing them
         continue;
       }
-      Held v(m.tiers, m.tiers.acquire(s.state[slot], Tier::host, Access::overwrite));
-      std::memset(v.v.data(), 0, v.v.bytes());
-      v.dirty = true;
+      {
+        Held v(m.tiers, m.tiers.acquire(s.state[slot], Tier::host, Access::overwrite));
+        std::memset(v.v.data(), 0, v.v.bytes());
+        v.dirty = true;
+      }
+      m.settle(s, s.state[slot]);
     }
     m.tiers.trim(s.grad);
     s.sums.clear();
@@ -1120,7 +1140,9 @@ StepResult ShardedOptimizer::step() {
       m.p16_done(s);
     }
     late_grads.reserve(late.size());
-    for (std::size_t k : late) late_grads.push_back(m.tiers.acquire(m.subs[k].grad, Tier::host));
+    for (std::size_t k : late)  // where the step reads it
+      late_grads.push_back(
+          m.tiers.acquire(m.subs[k].grad, m.subs[k].on_gpu ? Tier::device : Tier::host));
     m.step_count = t;
     m.tiers.commit();
   } catch (...) {

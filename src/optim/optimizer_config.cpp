@@ -53,7 +53,7 @@ OptimizerConfig OptimizerConfig::from_env(OptimizerConfig c) {
     c.grad_tier = parse_grad_tier(v, "TIERSWAP_GRAD_TIER");
   c.coalesce = env_bool("TIERSWAP_COALESCE", c.coalesce);
   c.overlap = env_bool("TIERSWAP_OVERLAP", c.overlap);
-  c.persist_host_state = env_bool("TIERSWAP_PERSIST_HOST_STATE", c.persist_host_state);
+  c.persist_resident_state = env_bool("TIERSWAP_PERSIST_RESIDENT_STATE", c.persist_resident_state);
   if (const char* v = std::getenv("TIERSWAP_PLAN")) c.plan_file = v;
   c.max_grad_norm = env_double("TIERSWAP_MAX_GRAD_NORM", c.max_grad_norm);
   c.validate();
@@ -105,8 +105,8 @@ OptimizerConfig OptimizerConfig::from_json(std::string_view text) {
       c.coalesce = bool_of(v, key);
     } else if (key == "overlap") {
       c.overlap = bool_of(v, key);
-    } else if (key == "persist_host_state") {
-      c.persist_host_state = bool_of(v, key);
+    } else if (key == "persist_resident_state") {
+      c.persist_resident_state = bool_of(v, key);
     } else if (key == "plan") {
       c.plan_file = str_of(v, key);
     } else if (key == "max_grad_norm") {
@@ -136,7 +136,7 @@ OptimizerConfig OptimizerConfig::from_json(std::string_view text) {
           key, v.dump(),
           "unknown optimizer config key (known: subgroup_size, prefetch_depth, "
           "accumulate_fp32, bf16_moments, state_tier, grad_tier, coalesce, overlap, plan, "
-          "persist_host_state, max_grad_norm, loss_scaler)");
+          "persist_resident_state, max_grad_norm, loss_scaler)");
     }
   }
   c.validate();

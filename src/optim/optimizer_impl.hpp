@@ -43,7 +43,7 @@ struct OptSub {
   bool streaming =
       true;             // state on NVMe: read ahead, written behind (else resident in host memory)
   bool on_gpu = false;  // state in GPU memory (a plan's choice)
-  // State in host memory only (persist_host_state off, host-resident, CPU-stepped): memory-only
+  // State in host or GPU memory only (persist_resident_state off, not streamed): memory-only
   // blocks, stepped after the commit, never speculatively.
   bool memory_only = false;
   bool step_gpu = false;      // stepped by the CUDA kernels (state on the GPU, or in place in host
@@ -123,6 +123,9 @@ struct ShardedOptimizer::Impl {
   void p16_begin();                   // a step starts: every parameter waits for its sub-groups
   void p16_done(const OptSub& s);     // s stepped (world size 1): call for what is now final
   void p16_all();                     // call for every trainable parameter
+  /// After writing block b of s in host memory: memory-only GPU state moves up at once (its host
+  /// copy could not be evicted while it is the only one).
+  void settle(const OptSub& s, BlockId b);
 
   Impl(TierManager& t, Communicator& c, OptimizerConfig o, ThreadPool* p);
   ~Impl();

@@ -91,6 +91,11 @@ struct Block {
     return st[kDev] == CopyState::dirty || st[kHost] == CopyState::dirty ||
            st[kHost] == CopyState::writing;
   }
+  // The other memory tier holds a settled copy as new as this one (valid or dirty there).
+  bool copy_elsewhere(int s) const {
+    const CopyState o = st[1 - s];
+    return o == CopyState::dirty || (o == CopyState::valid && st[s] != CopyState::dirty);
+  }
   // Some copy differs from the committed data: dirty somewhere, or written back but not committed.
   bool changed() const { return written || trimmed || dirty_anywhere(); }
 };
@@ -375,7 +380,7 @@ struct TierManager::Impl {
     for (auto& bp : blocks) {
       Block& b = *bp;
       if (b.busy || b.pins[s] > 0 || b.op || b.writer) continue;
-      if (s == kHost && b.desc.memory_only) continue;  // never leaves host memory
+      if (b.desc.memory_only && !b.copy_elsewhere(s)) continue;  // its last copy stays
       if (b.st[s] != CopyState::valid && b.st[s] != CopyState::dirty) continue;
       if (!ok(b)) continue;
       if (best == nullptr || b.last_use < best->last_use) best = &b;
@@ -410,10 +415,11 @@ struct TierManager::Impl {
         throw std::logic_error(
             fmt::format("evict: block '{}' has a writable view; release it first", b.desc.name));
       }
-      if (s == kHost && b.desc.memory_only && b.st[kHost] != CopyState::absent) {
+      if (b.desc.memory_only && b.st[s] != CopyState::absent && !b.copy_elsewhere(s)) {
         if (!strict) return;
-        throw std::logic_error(fmt::format(
-            "evict: block '{}' is memory-only: its host copy is its only copy", b.desc.name));
+        throw std::logic_error(
+            fmt::format("evict: block '{}' is memory-only: its {} copy is its only copy",
+                        b.desc.name, s == kDev ? "gpu" : "host"));
       }
       if (b.pins[s] > 0) {
         if (!strict) return;

@@ -35,7 +35,7 @@ const std::size_t kSizes[] = {0, 1, 7, 15, 16, 17, 31, 33, 4097, (1u << 20) + 3}
 
 std::vector<CpuIsa> simd_isas() {
   std::vector<CpuIsa> v;
-  for (CpuIsa i : {CpuIsa::avx2, CpuIsa::avx512, CpuIsa::avx512bf16, CpuIsa::neon})
+  for (CpuIsa i : {CpuIsa::avx2, CpuIsa::avx512, CpuIsa::avx512bf16, CpuIsa::neon, CpuIsa::sve})
     if (cpu_isa_supported(i)) v.push_back(i);
   return v;
 }
@@ -406,9 +406,11 @@ TEST(KernelApi, RejectsMisuse) {
   EXPECT_THROW(sgd_step(s, true, &p, &m, {&g}, {}, 1), std::invalid_argument);
   EXPECT_THROW(parse_isa("sse9"), std::invalid_argument);
   EXPECT_THROW(parse_dtype("int8"), std::invalid_argument);
-  if (!cpu_isa_supported(CpuIsa::neon)) {
+  for (CpuIsa isa : {CpuIsa::neon, CpuIsa::sve}) {
+    EXPECT_EQ(parse_isa(to_string(isa)), isa);
+    if (cpu_isa_supported(isa)) continue;
     CpuKernelContext ctx;
-    ctx.isa = CpuIsa::neon;
+    ctx.isa = isa;
     EXPECT_THROW(cast(&p, Dtype::f32, &g, Dtype::bf16, 1, ctx), std::invalid_argument);
   }
 }

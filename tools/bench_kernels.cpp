@@ -241,7 +241,8 @@ void add_bench_kernels(CLI::App& bench) {
   k->add_option("--params", opts->params, "Parameters (suffixes K, M, B: powers of 1000)")
       ->capture_default_str();
   k->add_option("--threads", opts->threads, "Worker threads")->capture_default_str();
-  k->add_option("--isa", opts->isa, "scalar|avx2|avx512|neon (default: best supported)");
+  k->add_option("--isa", opts->isa,
+                "scalar|avx2|avx512|avx512bf16|neon|sve (default: best supported)");
   k->add_option("--reps", opts->reps, "Alternating repetitions (median reported)")
       ->capture_default_str();
   k->add_flag("--json", opts->json, "Print the figures as JSON on stdout");

@@ -14,7 +14,7 @@ cd "$(dirname "$0")/.."
 PACKAGES=(cmake ninja-build g++ pkg-config liburing-dev libaio-dev libfmt-dev libcli11-dev
           nlohmann-json3-dev libxxhash-dev libnuma-dev libgtest-dev libgmock-dev libbenchmark-dev
           libopenmpi-dev openmpi-bin libhwloc-dev)
-# The test command also checks the NEON kernels on an x86 machine: cross compiler + qemu.
+# The test command also checks the NEON and SVE kernels on an x86 machine: cross compiler + qemu.
 TEST_PACKAGES=(g++-aarch64-linux-gnu qemu-user)
 
 install_missing() {

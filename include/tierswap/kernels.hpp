@@ -40,9 +40,10 @@ constexpr std::size_t dtype_size(Dtype d) noexcept {
 }
 
 /// avx512bf16: the AVX-512 kernels, with the bf16 statistics pass on VDPBF16PS (same results).
-enum class CpuIsa : std::uint8_t { scalar, avx2, avx512, neon, avx512bf16 };
+/// sve: AArch64 SVE, the instance built for this CPU's vector length (128, 256 or 512 bits).
+enum class CpuIsa : std::uint8_t { scalar, avx2, avx512, neon, avx512bf16, sve };
 std::string_view to_string(CpuIsa isa) noexcept;
-/// "scalar" | "avx2" | "avx512" | "avx512bf16" | "neon"; std::invalid_argument otherwise.
+/// "scalar" | "avx2" | "avx512" | "avx512bf16" | "neon" | "sve"; std::invalid_argument otherwise.
 CpuIsa parse_isa(std::string_view text);
 /// Whether this build and this CPU (CPUID/HWCAP, OS state support) can run `isa`.
 bool cpu_isa_supported(CpuIsa isa) noexcept;

@@ -45,6 +45,8 @@ std::string_view to_string(CpuIsa isa) noexcept {
       return "avx512bf16";
     case CpuIsa::neon:
       return "neon";
+    case CpuIsa::sve:
+      return "sve";
   }
   return "?";
 }
@@ -55,7 +57,8 @@ CpuIsa parse_isa(std::string_view s) {
   if (s == "avx512") return CpuIsa::avx512;
   if (s == "avx512bf16") return CpuIsa::avx512bf16;
   if (s == "neon") return CpuIsa::neon;
-  throw_invalid("isa", s, "expected scalar, avx2, avx512, avx512bf16 or neon");
+  if (s == "sve") return CpuIsa::sve;
+  throw_invalid("isa", s, "expected scalar, avx2, avx512, avx512bf16, neon or sve");
 }
 
 namespace {
@@ -71,6 +74,8 @@ const KernelTable* table_of(CpuIsa isa) noexcept {
       return kernels::avx512bf16_table();
     case CpuIsa::neon:
       return kernels::neon_table();
+    case CpuIsa::sve:
+      return kernels::sve_table();
   }
   return nullptr;
 }
@@ -95,6 +100,8 @@ bool cpu_isa_supported(CpuIsa isa) noexcept {
 #if defined(__aarch64__)
     case CpuIsa::neon:
       return true;
+    case CpuIsa::sve:
+      return true;  // sve_table() is null unless HWCAP_SVE and an instance for the vector length
 #endif
     default:
       return false;
@@ -109,7 +116,7 @@ CpuIsa default_cpu_isa() {
         throw_invalid("TIERSWAP_CPU_ISA", v, "not supported by this CPU or this build");
       return want;
     }
-    for (CpuIsa c : {CpuIsa::avx512bf16, CpuIsa::avx512, CpuIsa::avx2, CpuIsa::neon})
+    for (CpuIsa c : {CpuIsa::avx512bf16, CpuIsa::avx512, CpuIsa::avx2, CpuIsa::sve, CpuIsa::neon})
       if (cpu_isa_supported(c)) return c;
     return CpuIsa::scalar;
   }();
@@ -443,4 +450,19 @@ const KernelTable* neon_table() {
   return nullptr;
 }
 #endif
+#if !defined(TIERSWAP_KERNELS_SVE)
+const KernelTable* sve128_table() {
+  return nullptr;
+}
+const KernelTable* sve256_table() {
+  return nullptr;
+}
+const KernelTable* sve512_table() {
+  return nullptr;
+}
+#endif
+const KernelTable* sve_table() {
+  static const KernelTable* const t = sve_table_for_bits(sve_vector_bits());
+  return t;
+}
 }  // namespace tierswap::kernels

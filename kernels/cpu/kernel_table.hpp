@@ -8,6 +8,11 @@
 
 #include "tierswap/kernels.hpp"
 
+#if defined(__aarch64__) && defined(__linux__)
+#include <sys/auxv.h>
+#include <sys/prctl.h>
+#endif
+
 namespace tierswap::kernels {
 
 // Per-step constants, computed once in double (as torch's Python scalars) and rounded to fp32.
@@ -97,6 +102,38 @@ const KernelTable* avx2_table();        // null when not compiled in
 const KernelTable* avx512_table();      // null when not compiled in
 const KernelTable* avx512bf16_table();  // null when not compiled in
 const KernelTable* neon_table();        // null when not compiled in
+// SVE instances, one per vector length (kernels_sve.cpp built with -msve-vector-bits=N); null
+// when not compiled in. sve_table(): the one for this CPU's vector length, or null.
+const KernelTable* sve128_table();
+const KernelTable* sve256_table();
+const KernelTable* sve512_table();
+const KernelTable* sve_table();
+
+namespace {  // internal linkage: also included by the SVE translation units (see simd.hpp)
+/// This thread's SVE vector length in bits (inherited by the threads it starts), 0 without SVE.
+inline unsigned sve_vector_bits() noexcept {
+#if defined(__aarch64__) && defined(__linux__)
+  if ((getauxval(AT_HWCAP) & HWCAP_SVE) == 0) return 0;
+  const int vl = prctl(PR_SVE_GET_VL);
+  return vl < 0 ? 0u : static_cast<unsigned>(vl & PR_SVE_VL_LEN_MASK) * 8u;
+#else
+  return 0;
+#endif
+}
+/// The SVE instance built for `bits`-bit vectors, null for other lengths or when not built.
+inline const KernelTable* sve_table_for_bits(unsigned bits) noexcept {
+  switch (bits) {
+    case 128:
+      return sve128_table();
+    case 256:
+      return sve256_table();
+    case 512:
+      return sve512_table();
+    default:
+      return nullptr;
+  }
+}
+}  // namespace
 
 // ---- runtime dtype -> compile-time dtype (CPU and CUDA launchers) ------------------------------
 template <Dtype D>

@@ -16,6 +16,10 @@
 #if defined(__aarch64__)
 #include <arm_neon.h>
 #endif
+#if defined(__ARM_FEATURE_SVE) && defined(__ARM_FEATURE_SVE_BITS) && __ARM_FEATURE_SVE_BITS > 0
+#include <arm_sve.h>
+#define TIERSWAP_SIMD_SVE 1
+#endif
 
 #include "kernels/cpu/convert.hpp"
 
@@ -367,6 +371,111 @@ struct Neon {
     vst1q_f64(lanes + 2, vaddq_f64(vld1q_f64(lanes + 2), vcvt_high_f64_f32(x)));
   }
   static void stream_store(float* p, F v) { vst1q_f32(p, v); }
+};
+#endif
+
+#if defined(TIERSWAP_SIMD_SVE)
+// SVE at one fixed vector length (-msve-vector-bits=N: 128 on Grace / Neoverse V2, 256 on
+// Neoverse V1, 512 on A64FX). The fixed length makes the vectors ordinary types that the kernels
+// keep in arrays; the dispatcher runs an instance only on a CPU whose vector length is N. All
+// predicates are all-true: tails go through Scalar as for every other instance. bf16 uses the
+// integer rounding of the others; fp16 uses FCVT, which with Linux's FPCR (no flush to zero, no
+// default NaN, round to nearest even) converts exactly as convert.hpp's recipe.
+struct Sve {
+  static constexpr std::size_t kBits = __ARM_FEATURE_SVE_BITS;
+  static constexpr std::size_t W = kBits / 32;
+  static constexpr int kRegs = 32;
+  using F = svfloat32_t __attribute__((arm_sve_vector_bits(__ARM_FEATURE_SVE_BITS)));
+  using U = svuint32_t __attribute__((arm_sve_vector_bits(__ARM_FEATURE_SVE_BITS)));
+  using D = svfloat64_t __attribute__((arm_sve_vector_bits(__ARM_FEATURE_SVE_BITS)));
+  static svbool_t all32() { return svptrue_b32(); }
+  static svbool_t all64() { return svptrue_b64(); }
+  static F load(const float* p) { return svld1_f32(all32(), p); }
+  static void store(float* p, F v) { svst1_f32(all32(), p, v); }
+  static F load_bf16(const std::uint16_t* p) {
+    return svreinterpret_f32_u32(svlsl_n_u32_x(all32(), svld1uh_u32(all32(), p), 16));
+  }
+  static void store_bf16(std::uint16_t* p, F v) {
+    const svbool_t pg = all32();
+    const U u = svreinterpret_u32_f32(v);
+    const U hi = svlsr_n_u32_x(pg, u, 16);
+    const U lsb = svand_n_u32_x(pg, hi, 1);
+    U r = svlsr_n_u32_x(pg, svadd_u32_x(pg, svadd_n_u32_x(pg, u, 0x7fff), lsb), 16);
+    r = svsel_u32(svcmpuo_f32(pg, v, v), svorr_n_u32_x(pg, hi, 0x40), r);
+    svst1h_u32(pg, p, r);  // the low 16 bits of each lane
+  }
+  static F load_f16(const std::uint16_t* p) {
+    // Each value in the low half of its 32-bit lane, which is the half FCVT reads.
+    const svfloat16_t h = svreinterpret_f16_u32(svld1uh_u32(all32(), p));
+    return svcvt_f32_f16_x(all32(), h);
+  }
+  static void store_f16(std::uint16_t* p, F v) {
+    const svfloat16_t h = svcvt_f16_f32_x(all32(), v);  // into the low half of each lane
+    svst1h_u32(all32(), p, svreinterpret_u32_f16(h));
+  }
+  static F set1(float x) { return svdup_n_f32(x); }
+  static F add(F a, F b) { return svadd_f32_x(all32(), a, b); }
+  static F sub(F a, F b) { return svsub_f32_x(all32(), a, b); }
+  static F mul(F a, F b) { return svmul_f32_x(all32(), a, b); }
+  static F div(F a, F b) { return svdiv_f32_x(all32(), a, b); }
+  static F sqrt(F a) { return svsqrt_f32_x(all32(), a); }
+  static F fma(F a, F b, F c) { return svmla_f32_x(all32(), c, a, b); }
+  static F max(F a, F b) { return svsel_f32(svcmpgt_f32(all32(), a, b), a, b); }
+  static F neg(F a) { return svneg_f32_x(all32(), a); }
+  static F sign(F a) {
+    const svbool_t pg = all32();
+    const F zero = svdup_n_f32(0.0f);
+    F r = svsel_f32(svcmpgt_f32(pg, a, zero), svdup_n_f32(1.0f), zero);
+    r = svsel_f32(svcmplt_f32(pg, a, zero), svdup_n_f32(-1.0f), r);
+    return svsel_f32(svcmpuo_f32(pg, a, a), a, r);
+  }
+  // Statistics: 64 values per block, W / 2 at a time (one per 64-bit lane, in its low half) and
+  // widened to fp64: 64 / (W / 2) accumulators.
+  static constexpr int kHalf = static_cast<int>(W / 2);
+  using H = F;  // values in the even 32-bit lanes
+  static H load_half(const float* p) {
+    return svreinterpret_f32_u64(svld1uw_u64(all64(), reinterpret_cast<const std::uint32_t*>(p)));
+  }
+  static H load_half_bf16(const std::uint16_t* p) {
+    const svuint64_t w = svlsl_n_u64_x(all64(), svld1uh_u64(all64(), p), 16);
+    return svreinterpret_f32_u64(w);
+  }
+  static H load_half_f16(const std::uint16_t* p) {
+    const svfloat16_t h = svreinterpret_f16_u64(svld1uh_u64(all64(), p));
+    return svcvt_f32_f16_x(all32(), h);  // odd lanes convert the zero upper halves: unused
+  }
+  struct Acc {
+    D lane[64 / kHalf];
+    Acc() {
+      for (auto& l : lane) l = svdup_n_f64(0.0);
+    }
+  };
+  static void acc_half(Acc& acc, int k, H x) {
+    const D d = svcvt_f64_f32_x(all64(), x);  // fma: see Avx2::acc_half
+    acc.lane[k] = svmla_f64_x(all64(), acc.lane[k], d, d);
+  }
+  static void acc_finish(const Acc& acc, Scalar::Acc& out) {
+    for (int k = 0; k < 64 / kHalf; ++k) svst1_f64(all64(), out.lane + kHalf * k, acc.lane[k]);
+  }
+  static void sq_pairs_bf16(const std::uint16_t* p, F& acc) {  // see Scalar::sq_pairs_bf16
+    const svbool_t pg = all32();
+    const U w = svreinterpret_u32_u16(svld1_u16(svptrue_b16(), p));
+    U e = svlsl_n_u32_x(pg, w, 16);
+    U o = svand_n_u32_x(pg, w, 0xffff0000u);
+    const U zero = svdup_n_u32(0);
+    e = svsel_u32(svcmpgt_n_u32(pg, svand_n_u32_x(pg, e, 0x7fffffffu), 0x1fffffffu), e, zero);
+    o = svsel_u32(svcmpgt_n_u32(pg, svand_n_u32_x(pg, o, 0x7fffffffu), 0x1fffffffu), o, zero);
+    const F ef = svreinterpret_f32_u32(e), of = svreinterpret_f32_u32(o);
+    acc = svmla_f32_x(pg, svmla_f32_x(pg, acc, of, of), ef, ef);
+  }
+  static void widen_add(F x, double* lanes) {
+    const svbool_t pg = all64();
+    // zip1 puts x[0 .. W/2) in the even 32-bit lanes, zip2 the rest; FCVT widens those.
+    const D lo = svcvt_f64_f32_x(pg, svzip1_f32(x, x)), hi = svcvt_f64_f32_x(pg, svzip2_f32(x, x));
+    svst1_f64(pg, lanes, svadd_f64_x(pg, svld1_f64(pg, lanes), lo));
+    svst1_f64(pg, lanes + W / 2, svadd_f64_x(pg, svld1_f64(pg, lanes + W / 2), hi));
+  }
+  static void stream_store(float* p, F v) { svstnt1_f32(all32(), p, v); }
 };
 #endif
 

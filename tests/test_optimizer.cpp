@@ -841,20 +841,68 @@ TEST(ShardedOptimizer, MemoryOnlyResidentStateGivesTheSameBitsWithoutNvmeIo) {
         EXPECT_GT(written, 0u);
       else
         EXPECT_EQ(written, 0u) << "memory-only state written to NVMe";
+      std::uint32_t overlapped = 0;
       for (std::size_t i = 0; i < ra.size(); ++i) {
         EXPECT_EQ(ra[i].skipped, rb[i].skipped) << i;
         EXPECT_EQ(ra[i].clip_factor, rb[i].clip_factor) << i;
+        overlapped += rb[i].overlapped_subgroups;
       }
+      // Overlapped: the memory-only host state has undo copies (the budget holds them), so it
+      // steps during the backward like the rest.
+      if (overlap)
+        EXPECT_GT(overlapped, 0u);
+      else
+        EXPECT_EQ(overlapped, 0u);
       expect_same_state(*a.opt, ma, *b.opt, mb);
       same16(*b.opt, mb);
     }
   }
 
-  // A step that fails on the NVMe side (a write error) leaves the memory-only half as it was,
-  // and training goes on to the same bits.
+  // A host budget that holds the memory-only state but undo copies for only some of it: those
+  // step during the backward, the rest after the verdict, the same bits.
   {
+    OptimizerConfig oc = test::model_config();
+    oc.overlap = true;
+    oc.state_tier = OptimizerConfig::StateTier::host;
+    oc.persist_resident_state = false;
+    std::uint64_t state = 0;
+    {
+      Rig probe(tier_config(4 * kMiB, 128 * kKiB), oc);
+      test::build_model(*probe.opt);
+      state = probe.opt->state_bytes();
+    }
+    bool partial = false;
+    for (std::uint64_t budget = state; budget < 3 * state; budget += state / 16) {
+      Rig b(tier_config(budget, 64 * kKiB), oc);
+      test::ModelOptimizer mb;
+      try {
+        mb = test::start_model(*b.opt);
+      } catch (const std::invalid_argument&) {
+        continue;  // the memory-only state and gradients do not fit yet
+      }
+      const auto rb = test::train(*b.opt, mb, 1, 12, 0, 1);
+      std::uint32_t most = 0;
+      for (const auto& r : rb) most = std::max(most, r.overlapped_subgroups);
+      if (most == 0 || most >= b.opt->subgroup_count()) continue;
+      partial = true;
+      SCOPED_TRACE(fmt::format("host budget {} B: {} of {} sub-groups overlapped", budget, most,
+                               b.opt->subgroup_count()));
+      for (std::size_t i = 0; i < ra.size(); ++i) EXPECT_EQ(ra[i].skipped, rb[i].skipped) << i;
+      expect_same_state(*a.opt, ma, *b.opt, mb);
+      same16(*b.opt, mb);
+      break;
+    }
+    EXPECT_TRUE(partial) << "no budget gave undo copies for only some sub-groups";
+  }
+
+  // A step that fails on the NVMe side (a write error) leaves the memory-only half as it was,
+  // and training goes on to the same bits; overlapped too, where the memory-only half was
+  // stepped speculatively and its undo copies bring it back.
+  for (const bool overlap : {false, true}) {
+    SCOPED_TRACE(fmt::format("write fault, overlap {}", overlap));
     std::atomic<bool> fail{false};
     OptimizerConfig oc = test::model_config();
+    oc.overlap = overlap;
     oc.persist_resident_state = false;
     Rig b(tier_config(4 * kMiB, 128 * kKiB), oc, 64 * kMiB,
           [&](const detail::IoRequest& q, std::uint64_t) {

@@ -323,13 +323,16 @@ void ShardedOptimizer::Impl::create_blocks() {
       }
     const int h = static_cast<int>(Tier::host), d = static_cast<int>(Tier::device);
     const std::uint64_t need_host = mem[h] + (cfg.grad_tier == Tier::host ? grads : mem_grads[h]);
-    if (mem[h] > 0 && need_host > tiers.config().host_budget)
+    // Slack for the pool's slab granularity and the holes transient blocks leave in slabs
+    // (memory-only blocks are never evicted to make room).
+    const std::uint64_t slack = 2 * tiers.config().host_slab_size + tiers.config().host_budget / 16;
+    if (mem[h] > 0 && need_host + slack > tiers.config().host_budget)
       throw std::invalid_argument(fmt::format(
           "persist_resident_state=false: {} of memory-only host state and {} of host-resident "
-          "gradients do not fit the host budget {} (raise TierConfig::host_budget, keep resident "
-          "state persisted, or move sub-groups to NVMe)",
+          "gradients do not fit the host budget {} with {} to spare for slab granularity (raise "
+          "TierConfig::host_budget, keep resident state persisted, or move sub-groups to NVMe)",
           format_bytes(mem[h]), format_bytes(need_host - mem[h]),
-          format_bytes(tiers.config().host_budget)));
+          format_bytes(tiers.config().host_budget), format_bytes(slack)));
     if (mem[d] > 0 && mem[d] + mem_grads[d] > tiers.config().device_budget)
       throw std::invalid_argument(fmt::format(
           "persist_resident_state=false: {} of memory-only GPU state and its {} of gradients do "
@@ -337,6 +340,45 @@ void ShardedOptimizer::Impl::create_blocks() {
           "persisted, or keep fewer sub-groups on the GPU)",
           format_bytes(mem[d]), format_bytes(mem_grads[d]),
           format_bytes(tiers.config().device_budget)));
+    // Overlapped mode: memory-only host state steps during the backward where the host budget
+    // also holds an undo copy of it, the sub-groups final first (the last ones) first; the rest
+    // steps after the verdict. The budget left: memory-only state and host-resident gradients,
+    // and the staging of streamed sub-groups (the one stepped, one written behind, the read-ahead).
+    if (cfg.overlap && mem[h] > 0) {
+      std::uint64_t per = 0;
+      for (const auto& s : subs)
+        if (s.streaming)
+          for (int slot = 0; slot < kStateSlots; ++slot)
+            if (groups[s.group].has_slot(slot))
+              per = std::max(per, round_up_u64(s.numel * dtype_size(slot_dtype(slot)), 4096));
+      // Slack for the pool's slab granularity and the holes transient blocks leave in slabs.
+      const std::uint64_t budget = tiers.config().host_budget;
+      const std::uint64_t reserve = per * (cfg.prefetch_depth + 2) + slack;
+      std::uint64_t left = budget > need_host + reserve ? budget - need_host - reserve : 0;
+      std::uint64_t undo_bytes = 0;
+      std::size_t n_undo = 0, n_mem = 0;
+      bool full = false;  // the undo copies go to the sub-groups final first, in that order
+      for (auto it = subs.rbegin(); it != subs.rend(); ++it) {
+        OptSub& s = *it;
+        if (!s.memory_only || s.on_gpu) continue;
+        ++n_mem;
+        std::uint64_t b = 0;
+        for (int slot = 0; slot < kStateSlots; ++slot)
+          if (groups[s.group].has_slot(slot))
+            b += round_up_u64(s.numel * dtype_size(slot_dtype(slot)), 4096);
+        full = full || b > left;
+        if (full) continue;
+        s.undo = true;
+        left -= b;
+        undo_bytes += b;
+        ++n_undo;
+      }
+      log(n_undo < n_mem ? LogLevel::info : LogLevel::debug,
+          fmt::format("overlapped step: {} of {} memory-only host sub-groups keep an undo copy "
+                      "({}) and step during the backward; the rest step after the verdict (the "
+                      "host budget {} holds no more copies)",
+                      n_undo, n_mem, format_bytes(undo_bytes), format_bytes(budget)));
+    }
   }
   if (plan) {  // a plan made for more host memory than this tier manager's budget
     std::uint64_t resident = cfg.grad_tier == Tier::host ? grads : 0;
@@ -396,6 +438,10 @@ void ShardedOptimizer::Impl::create_blocks() {
       d.owner = {rank, s.group, s.index};
       d.memory_only = s.memory_only;
       s.state[slot] = tiers.create(d);
+      if (s.undo) {
+        d.name += ".undo";
+        s.undo_block[slot] = tiers.create(d);
+      }
     }
     BlockDesc gd;
     gd.name = base + ".grad16";
@@ -474,7 +520,8 @@ bool ShardedOptimizer::Impl::gradient_done(OptSub& s, const BlockView& grad) {
 }
 
 void ShardedOptimizer::Impl::after_ingest(OptSub& s, bool final) {
-  if (final && cfg.overlap && !s.memory_only) {  // memory-only state steps after the verdict
+  // Memory-only state without an undo copy steps after the verdict.
+  if (final && cfg.overlap && (!s.memory_only || s.undo)) {
     std::unique_lock lk(spec_mu);
     if (!spec_invalid && !spec_error) {
       s.spec16.resize(s.numel);
@@ -614,6 +661,7 @@ void ShardedOptimizer::Impl::spec_loop() {
           if (subs[j].streaming)
             for (BlockId b : subs[j].state)
               if (b != kNoBlock) tiers.prefetch(b, Tier::host);
+        if (s.undo) undo_save(s);
         step_sub(s, spec_cfgs[s.group], spec_mult, spec_t, s.spec16.data());
         if (cfg.grad_tier == Tier::nvme) tiers.evict(s.grad, Tier::host);
       } catch (...) {
@@ -650,9 +698,37 @@ bool ShardedOptimizer::Impl::spec_pending() {
                      [](const OptSub& s) { return s.spec != OptSub::Spec::none; });
 }
 
+void ShardedOptimizer::Impl::undo_save(OptSub& s) {
+  for (int slot = 0; slot < kStateSlots; ++slot) {
+    if (s.state[slot] == kNoBlock) continue;
+    Held from(tiers, tiers.acquire(s.state[slot], Tier::host));
+    Held to(tiers, tiers.acquire(s.undo_block[slot], Tier::host, Access::write));
+    std::memcpy(to.v.data(), from.v.data(), from.v.bytes());
+    to.dirty = true;
+  }
+  s.undo_saved = true;
+}
+
+void ShardedOptimizer::Impl::undo_restore() {
+  for (auto& s : subs) {
+    if (!s.undo_saved) continue;
+    for (int slot = 0; slot < kStateSlots; ++slot) {
+      if (s.state[slot] == kNoBlock) continue;
+      Held from(tiers, tiers.acquire(s.undo_block[slot], Tier::host));
+      Held to(tiers, tiers.acquire(s.state[slot], Tier::host, Access::write));
+      std::memcpy(to.v.data(), from.v.data(), from.v.bytes());
+      to.dirty = true;
+    }
+    s.undo_saved = false;
+  }
+}
+
 void ShardedOptimizer::Impl::spec_reset() {
   std::lock_guard lk(spec_mu);
-  for (auto& s : subs) s.spec = OptSub::Spec::none;
+  for (auto& s : subs) {
+    s.spec = OptSub::Spec::none;
+    s.undo_saved = false;  // restored (undo_restore) or kept: either way no longer needed
+  }
   spec_invalid = false;
   spec_error = nullptr;
 }
@@ -1024,6 +1100,7 @@ StepResult ShardedOptimizer::step() {
     }
   };
   if (spec_error) {
+    m.undo_restore();
     m.tiers.discard();
     m.spec_reset();
     drop_gradients();
@@ -1072,6 +1149,7 @@ StepResult ShardedOptimizer::step() {
   if (nonfinite) {
     r.skipped = true;
     if (spec_any) {  // the speculative generation goes; the committed one is bit for bit intact
+      m.undo_restore();
       m.tiers.discard();
       m.spec_reset();
     }
@@ -1094,17 +1172,21 @@ StepResult ShardedOptimizer::step() {
     spec_keep = multiplier == m.spec_mult && t == m.spec_t && cfgs == m.spec_cfgs;
   }
   if (spec_any && !spec_keep) {  // clipping (or a change) discovered late: discard and redo
+    m.undo_restore();
     m.tiers.discard();
     m.spec_reset();
     r.redone = true;
   }
   // The sub-groups still to step (all of them, except those kept from the overlapped backward).
-  // Memory-only sub-groups (`late`) step after the commit, from gradients pinned before it.
+  // Memory-only sub-groups (`late`) step after the commit, from gradients pinned before it
+  // (except those kept from the overlapped backward: their undo copies restore them on failure).
   std::vector<std::size_t> todo, late;
   for (std::size_t k = 0; k < m.subs.size(); ++k)
-    if (m.subs[k].memory_only)
+    if (spec_keep && m.subs[k].spec == OptSub::Spec::stepped)
+      continue;
+    else if (m.subs[k].memory_only)
       late.push_back(k);
-    else if (!spec_keep || m.subs[k].spec != OptSub::Spec::stepped)
+    else
       todo.push_back(k);
   // Read (if spilled) and pinned before the commit, so nothing after it does I/O; a view
   // destroyed unreleased is released clean.
@@ -1149,6 +1231,7 @@ StepResult ShardedOptimizer::step() {
     late_grads.clear();
     m.step_count = t - 1;
     try {
+      m.undo_restore();
       m.tiers.discard();
       m.spec_reset();
       drop_gradients();

@@ -44,8 +44,14 @@ struct OptSub {
       true;             // state on NVMe: read ahead, written behind (else resident in host memory)
   bool on_gpu = false;  // state in GPU memory (a plan's choice)
   // State in host or GPU memory only (persist_resident_state off, not streamed): memory-only
-  // blocks, stepped after the commit, never speculatively.
+  // blocks, stepped after the commit, unless `undo`.
   bool memory_only = false;
+  // Overlapped mode, memory-only host state the host budget can double: a speculative step first
+  // copies the state into these memory-only blocks (undo_saved), and a discarded step copies it
+  // back, so it steps during the backward and still rolls back bit for bit.
+  bool undo = false;
+  bool undo_saved = false;  // the undo blocks hold the state from before this step's speculation
+  BlockId undo_block[kStateSlots] = {kNoBlock, kNoBlock, kNoBlock, kNoBlock, kNoBlock};
   bool step_gpu = false;      // stepped by the CUDA kernels (state on the GPU, or in place in host
                               // memory over a coherent link)
   std::uint32_t nparams = 0;  // trainable parameters overlapping it
@@ -176,6 +182,10 @@ struct ShardedOptimizer::Impl {
   bool spec_pending();
   /// Forgets every speculative result (after the tier manager discarded them, or committed).
   void spec_reset();
+  // Undo copies (memory-only state stepped speculatively): save before the step; restore every
+  // saved one (a discarded speculative generation).
+  void undo_save(OptSub& s);
+  void undo_restore();
 };
 
 }  // namespace tierswap

@@ -85,6 +85,10 @@ TEST(Placement, Gh200KeepsTheTailOnTheGpuAndTheRestOnGraceWithoutNvme) {
   // With the backward estimated for 16K tokens per GPU, and a 2 s one. (With little or no backward
   // to hide behind, the model moves most of the step to the GPU over NVLink-C2C instead: it moves
   // 24 B/param through LPDDR5X where the CPU step moves 28; checked below.)
+  // (Plans are for memory-only resident state, PlanOptions' default. With a short backward, 0.5
+  // s, most of that state cannot get an undo copy, steps after the verdict wherever it lives, and
+  // the model steps it over the link rather than keep a GPU tail: only budgets and the absence of
+  // NVMe are checked there.)
   for (const double backward : {-1.0, 2.0, 0.5, 0.0}) {
     SCOPED_TRACE(backward);
     const bool hides = backward < 0 || backward >= 2.0;
@@ -92,6 +96,7 @@ TEST(Placement, Gh200KeepsTheTailOnTheGpuAndTheRestOnGraceWithoutNvme) {
     expect_within_budgets(p);
     EXPECT_EQ(p.bytes[kNvme], 0u);
     EXPECT_EQ(p.links.nvme_read + p.links.nvme_write, 0u);
+    if (backward == 0.5) continue;
     // The tail of the backward (the lowest ids, final last): state and step on the GPU.
     ASSERT_FALSE(p.subgroups.empty());
     EXPECT_EQ(p.subgroups.front().state_tier, Tier::device);
@@ -121,6 +126,62 @@ TEST(Placement, Gh200KeepsTheTailOnTheGpuAndTheRestOnGraceWithoutNvme) {
   };
   EXPECT_GE(on_gpu(plan_for("gh200", 20'000'000'000, 0, 0.0)),
             on_gpu(plan_for("gh200", 20'000'000'000, 0, 10.0)));
+}
+
+// The two modes of resident state the optimizer has (OptimizerConfig::persist_resident_state),
+// as the model accounts for them on GH200 (20B parameters, a 2 s backward).
+TEST(Placement, PlansFollowTheOptimizersResidentStateMode) {
+  const HardwareProfile hw = HardwareProfile::load("gh200");
+  PlanOptions o;
+  o.params = parse_param_count("20B");
+  o.backward_s = 2.0;
+  // Memory-only: no NVMe; with overlap, the resident sub-groups that step during the backward
+  // are those with undo copies, the ones final first (highest ids) of each tier.
+  const Plan mem = make_plan(hw, o);
+  ASSERT_TRUE(mem.persist_resident_state.has_value());
+  EXPECT_FALSE(*mem.persist_resident_state);
+  EXPECT_EQ(mem.links.nvme_write, 0u);
+  bool seen_late[2] = {};
+  std::size_t speculative = 0;
+  for (auto it = mem.subgroups.rbegin(); it != mem.subgroups.rend(); ++it) {
+    const int t = it->state_tier == Tier::device ? 1 : 0;
+    if (it->speculative) {
+      ++speculative;
+      EXPECT_FALSE(seen_late[t]) << "sub-group " << it->id << " speculates after a later one";
+    } else {
+      seen_late[t] = true;
+    }
+  }
+  EXPECT_GT(speculative, 0u);
+  EXPECT_LT(speculative, mem.subgroups.size()) << "host memory holds undo copies for all";
+  // Without overlap nothing speculates.
+  PlanOptions plain = o;
+  plain.overlap = false;
+  for (const auto& s : make_plan(hw, plain).subgroups) EXPECT_FALSE(s.speculative) << s.id;
+  // Persisted: every sub-group speculates; resident state is written to NVMe at every step (12
+  // B/param for AdamW, GPU state down the link first) and takes two slots there.
+  PlanOptions po = o;
+  po.persist_resident_state = true;
+  const Plan per = make_plan(hw, po);
+  expect_within_budgets(per);
+  EXPECT_TRUE(*per.persist_resident_state);
+  std::uint64_t gpu_state = 0;
+  for (const auto& s : per.subgroups) {
+    EXPECT_TRUE(s.speculative) << s.id;
+    if (s.state_tier == Tier::device) gpu_state += 12 * s.numel;
+  }
+  EXPECT_EQ(per.links.nvme_write, 12 * o.params);
+  EXPECT_EQ(per.bytes[kNvme], 2 * 12 * o.params);
+  EXPECT_GE(per.links.d2h, gpu_state);
+  // 240 GB written per step is slower than the memory-only step on this machine.
+  EXPECT_GT(per.predicted_step_s, mem.predicted_step_s);
+  // The mode and the flags read back from the plan file.
+  const Plan back = Plan::from_json(per.to_json());
+  ASSERT_TRUE(back.persist_resident_state.has_value());
+  EXPECT_TRUE(*back.persist_resident_state);
+  const Plan back2 = Plan::from_json(mem.to_json());
+  for (std::size_t i = 0; i < mem.subgroups.size(); ++i)
+    ASSERT_EQ(back2.subgroups[i].speculative, mem.subgroups[i].speculative) << i;
 }
 
 TEST(Placement, PcieWorkstationStreamsTenTimesItsMemoryFromNvmeAndNeverStepsOverPcie) {

@@ -22,6 +22,7 @@ struct PlanArgs {
   std::uint64_t tokens = 16384;
   std::string gpu_reserve;
   bool no_overlap = false;
+  bool persist = false;
   bool json = false;
   std::string out;
 };
@@ -48,6 +49,7 @@ void run_plan(const PlanArgs& a) {
   o.backward_s = a.backward_s;
   o.tokens_per_gpu = a.tokens;
   o.overlap = !a.no_overlap;
+  o.persist_resident_state = a.persist;
   if (!a.gpu_reserve.empty()) o.gpu_reserve_bytes = parse_size(a.gpu_reserve, "--gpu-reserve");
   const Plan p = make_plan(hw, o);
   const std::string text = p.to_json();
@@ -86,6 +88,16 @@ void run_plan(const PlanArgs& a) {
       "bytes per step per rank: link h2d {}, d2h {}; NVMe read {}, write {}; host memory {}\n",
       format_bytes(p.links.h2d), format_bytes(p.links.d2h), format_bytes(p.links.nvme_read),
       format_bytes(p.links.nvme_write), format_bytes(p.links.host_memory));
+  std::size_t spec = 0;
+  for (const auto& s : p.subgroups) spec += s.speculative;
+  fmt::print(
+      "resident state: {}; {} of {} sub-groups step during the backward{}\n",
+      a.persist ? "persisted (written to NVMe every step)" : "memory-only (never written to NVMe)",
+      spec, p.subgroups.size(),
+      !a.persist && p.overlap && spec < p.subgroups.size()
+          ? " (the other resident ones have no room for an undo copy and step after the "
+            "verdict)"
+          : "");
   fmt::print(
       "predicted step {:.3f} s alone; backward {:.3f} s; step time left after the backward "
       "{:.3f} s{}\n",
@@ -116,6 +128,9 @@ void add_plan(CLI::App& app) {
   c->add_option("--gpu-reserve", a->gpu_reserve,
                 "GPU memory kept for weights and activations (default: 2 B/param + 20%)");
   c->add_flag("--no-overlap", a->no_overlap, "Plan for the ordinary (not overlapped) step");
+  c->add_flag("--persist-resident-state", a->persist,
+              "Plan for persist_resident_state=true (resident state also written to NVMe every "
+              "step); default: memory-only resident state");
   c->add_option("--out", a->out, "Also write the plan (JSON) to this file");
   c->add_flag("--json", a->json, "Print JSON on stdout instead of text");
   c->callback([a] { run_plan(*a); });

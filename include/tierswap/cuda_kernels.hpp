@@ -41,6 +41,7 @@ void* device_alloc(std::size_t bytes);
 void device_free(void* p) noexcept;
 void copy_to_device(void* dst, const void* src, std::size_t bytes, void* stream);
 void copy_to_host(void* dst, const void* src, std::size_t bytes, void* stream);
+void copy_on_device(void* dst, const void* src, std::size_t bytes, void* stream);
 void synchronize(void* stream);
 /// Blocks until `event` (a cudaEvent_t as void*) has completed.
 void event_synchronize(void* event);

@@ -32,6 +32,7 @@
 
 #include <cstdint>
 #include <filesystem>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -127,6 +128,12 @@ struct PlanOptions {
   OptimizerKind optimizer = OptimizerKind::adamw;
   std::uint32_t prefetch_depth = 2;
   bool overlap = true;  ///< host-side work may start during the backward
+  /// The optimizer's OptimizerConfig::persist_resident_state the plan is for. false (memory-only
+  /// resident state): no NVMe bytes for it; it steps after the commit of the rest, except, with
+  /// overlap, host-resident sub-groups the host budget can also hold an undo copy of (the ones
+  /// final first), which step during the backward. true: every sub-group steps during the
+  /// backward, and resident state is written to NVMe at every step (GPU state through the link).
+  bool persist_resident_state = false;
   /// GPU memory kept for the model's 16-bit weights, activations and workspace, per GPU
   /// (~0: 2 B per parameter + 20% of the GPU's memory).
   std::uint64_t gpu_reserve_bytes = ~std::uint64_t{0};
@@ -146,8 +153,10 @@ struct PlanSubgroup {
   StepDevice step_device = StepDevice::cpu;
   StepDevice cast_on = StepDevice::cpu;
   Tier grad_tier = Tier::host;  ///< where its 16-bit gradient waits (device, host or nvme)
-  double ready_s = 0;           ///< gradient final (from the start of the backward)
-  double done_s = 0;            ///< state written (same clock)
+  /// With overlap: it steps during the backward (speculatively); false: after the verdict.
+  bool speculative = false;
+  double ready_s = 0;  ///< gradient final (from the start of the backward)
+  double done_s = 0;   ///< state written (same clock)
 };
 
 struct PlanLinks {                 ///< bytes per step per GPU rank
@@ -164,6 +173,8 @@ struct Plan {
   std::uint64_t subgroup_numel = 0;
   OptimizerKind optimizer = OptimizerKind::adamw;
   bool overlap = true;
+  /// The mode it was made for (PlanOptions); unset in a plan file that does not say.
+  std::optional<bool> persist_resident_state;
   double predicted_step_s = 0;  ///< the step alone (no overlap)
   double backward_s = 0;
   double exposed_step_s = 0;  ///< step time left after the backward (overlap), else the step

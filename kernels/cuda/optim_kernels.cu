@@ -460,6 +460,10 @@ void copy_to_host(void* dst, const void* src, std::size_t bytes, void* stream) {
   check(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToHost, as_stream(stream)),
         "copy_to_host");
 }
+void copy_on_device(void* dst, const void* src, std::size_t bytes, void* stream) {
+  check(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, as_stream(stream)),
+        "copy_on_device");
+}
 void synchronize(void* stream) {
   check(cudaStreamSynchronize(as_stream(stream)), "synchronize");
 }

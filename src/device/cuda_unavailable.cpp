@@ -47,6 +47,9 @@ void copy_to_device(void*, const void*, std::size_t, void*) {
 void copy_to_host(void*, const void*, std::size_t, void*) {
   no_cuda();
 }
+void copy_on_device(void*, const void*, std::size_t, void*) {
+  no_cuda();
+}
 void synchronize(void*) {
   no_cuda();
 }

@@ -325,7 +325,9 @@ void ShardedOptimizer::Impl::create_blocks() {
     const std::uint64_t need_host = mem[h] + (cfg.grad_tier == Tier::host ? grads : mem_grads[h]);
     // Slack for the pool's slab granularity and the holes transient blocks leave in slabs
     // (memory-only blocks are never evicted to make room).
-    const std::uint64_t slack = 2 * tiers.config().host_slab_size + tiers.config().host_budget / 16;
+    const std::uint64_t slack =
+        std::min(2 * tiers.config().host_slab_size, tiers.config().host_budget / 4) +
+        tiers.config().host_budget / 16;
     if (mem[h] > 0 && need_host + slack > tiers.config().host_budget)
       throw std::invalid_argument(fmt::format(
           "persist_resident_state=false: {} of memory-only host state and {} of host-resident "
@@ -344,42 +346,60 @@ void ShardedOptimizer::Impl::create_blocks() {
     // also holds an undo copy of it, the sub-groups final first (the last ones) first; the rest
     // steps after the verdict. The budget left: memory-only state and host-resident gradients,
     // and the staging of streamed sub-groups (the one stepped, one written behind, the read-ahead).
-    if (cfg.overlap && mem[h] > 0) {
+    if (cfg.overlap && mem[h] + mem[d] > 0) {
       std::uint64_t per = 0;
       for (const auto& s : subs)
         if (s.streaming)
           for (int slot = 0; slot < kStateSlots; ++slot)
             if (groups[s.group].has_slot(slot))
               per = std::max(per, round_up_u64(s.numel * dtype_size(slot_dtype(slot)), 4096));
-      // Slack for the pool's slab granularity and the holes transient blocks leave in slabs.
-      const std::uint64_t budget = tiers.config().host_budget;
-      const std::uint64_t reserve = per * (cfg.prefetch_depth + 2) + slack;
-      std::uint64_t left = budget > need_host + reserve ? budget - need_host - reserve : 0;
-      std::uint64_t undo_bytes = 0;
-      std::size_t n_undo = 0, n_mem = 0;
-      bool full = false;  // the undo copies go to the sub-groups final first, in that order
+      // What each memory tier has left for undo copies: the host keeps the staging of streamed
+      // sub-groups (the one stepped, one written behind, the read-ahead); both keep the slack.
+      const TierConfig& tc = tiers.config();
+      const std::uint64_t budget[2] = {tc.host_budget, tc.device_budget};
+      const std::uint64_t held[2] = {
+          need_host + per * (cfg.prefetch_depth + 2) + slack,
+          mem[d] + mem_grads[d] + std::min<std::uint64_t>(2 * (64ull << 20), tc.device_budget / 4) +
+              tc.device_budget / 16};
+      std::uint64_t left[2], undo_bytes[2] = {}, n_undo[2] = {}, n_mem[2] = {};
+      bool full[2] = {};  // the undo copies go to the sub-groups final first, in that order
+      for (int t = 0; t < 2; ++t) left[t] = budget[t] > held[t] ? budget[t] - held[t] : 0;
       for (auto it = subs.rbegin(); it != subs.rend(); ++it) {
         OptSub& s = *it;
-        if (!s.memory_only || s.on_gpu) continue;
-        ++n_mem;
+        if (!s.memory_only) continue;
+        const int t = s.on_gpu ? 1 : 0;
+        ++n_mem[t];
         std::uint64_t b = 0;
         for (int slot = 0; slot < kStateSlots; ++slot)
           if (groups[s.group].has_slot(slot))
             b += round_up_u64(s.numel * dtype_size(slot_dtype(slot)), 4096);
-        full = full || b > left;
-        if (full) continue;
+        full[t] = full[t] || b > left[t];
+        if (full[t]) continue;
         s.undo = true;
-        left -= b;
-        undo_bytes += b;
-        ++n_undo;
+        left[t] -= b;
+        undo_bytes[t] += b;
+        ++n_undo[t];
       }
-      log(n_undo < n_mem ? LogLevel::info : LogLevel::debug,
-          fmt::format("overlapped step: {} of {} memory-only host sub-groups keep an undo copy "
-                      "({}) and step during the backward; the rest step after the verdict (the "
-                      "host budget {} holds no more copies)",
-                      n_undo, n_mem, format_bytes(undo_bytes), format_bytes(budget)));
+      for (int t = 0; t < 2; ++t)
+        if (n_mem[t] > 0)
+          log(n_undo[t] < n_mem[t] ? LogLevel::info : LogLevel::debug,
+              fmt::format("overlapped step: {} of {} memory-only {} sub-groups keep an undo copy "
+                          "({}) and step during the backward; the rest step after the verdict "
+                          "(the {} budget {} holds no more copies)",
+                          n_undo[t], n_mem[t], t ? "GPU" : "host", format_bytes(undo_bytes[t]),
+                          t ? "device" : "host", format_bytes(budget[t])));
     }
   }
+  if (plan && plan->persist_resident_state &&
+      *plan->persist_resident_state != cfg.persist_resident_state)
+    log(LogLevel::warn,
+        fmt::format("plan: it was made for persist_resident_state={} but the optimizer runs with "
+                    "{}: its predicted times and NVMe bytes do not apply (set "
+                    "persist_resident_state / TIERSWAP_PERSIST_RESIDENT_STATE={}, or make the "
+                    "plan {} --persist-resident-state)",
+                    *plan->persist_resident_state, cfg.persist_resident_state,
+                    *plan->persist_resident_state ? 1 : 0,
+                    cfg.persist_resident_state ? "with" : "without"));
   if (plan) {  // a plan made for more host memory than this tier manager's budget
     std::uint64_t resident = cfg.grad_tier == Tier::host ? grads : 0;
     for (const auto& s : subs)
@@ -698,27 +718,32 @@ bool ShardedOptimizer::Impl::spec_pending() {
                      [](const OptSub& s) { return s.spec != OptSub::Spec::none; });
 }
 
-void ShardedOptimizer::Impl::undo_save(OptSub& s) {
-  for (int slot = 0; slot < kStateSlots; ++slot) {
-    if (s.state[slot] == kNoBlock) continue;
-    Held from(tiers, tiers.acquire(s.state[slot], Tier::host));
-    Held to(tiers, tiers.acquire(s.undo_block[slot], Tier::host, Access::write));
-    std::memcpy(to.v.data(), from.v.data(), from.v.bytes());
-    to.dirty = true;
+// Copies block `from` into block `to` (same size) in the sub-group's memory tier: host memory,
+// or GPU memory (a device-to-device copy; host memory standing in on a simulated device tier).
+void ShardedOptimizer::Impl::undo_copy(const OptSub& s, BlockId from, BlockId to) {
+  const Tier tier = s.on_gpu ? Tier::device : Tier::host;
+  Held src(tiers, tiers.acquire(from, tier));
+  Held dst(tiers, tiers.acquire(to, tier, Access::write));
+  if (tier == Tier::device && !gpu_simulated) {
+    cuda::copy_on_device(dst.v.data(), src.v.data(), src.v.bytes(), nullptr);
+    cuda::synchronize(nullptr);
+  } else {
+    std::memcpy(dst.v.data(), src.v.data(), src.v.bytes());
   }
+  dst.dirty = true;
+}
+
+void ShardedOptimizer::Impl::undo_save(OptSub& s) {
+  for (int slot = 0; slot < kStateSlots; ++slot)
+    if (s.state[slot] != kNoBlock) undo_copy(s, s.state[slot], s.undo_block[slot]);
   s.undo_saved = true;
 }
 
 void ShardedOptimizer::Impl::undo_restore() {
   for (auto& s : subs) {
     if (!s.undo_saved) continue;
-    for (int slot = 0; slot < kStateSlots; ++slot) {
-      if (s.state[slot] == kNoBlock) continue;
-      Held from(tiers, tiers.acquire(s.undo_block[slot], Tier::host));
-      Held to(tiers, tiers.acquire(s.state[slot], Tier::host, Access::write));
-      std::memcpy(to.v.data(), from.v.data(), from.v.bytes());
-      to.dirty = true;
-    }
+    for (int slot = 0; slot < kStateSlots; ++slot)
+      if (s.state[slot] != kNoBlock) undo_copy(s, s.undo_block[slot], s.state[slot]);
     s.undo_saved = false;
   }
 }

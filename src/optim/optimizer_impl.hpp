@@ -46,7 +46,7 @@ struct OptSub {
   // State in host or GPU memory only (persist_resident_state off, not streamed): memory-only
   // blocks, stepped after the commit, unless `undo`.
   bool memory_only = false;
-  // Overlapped mode, memory-only host state the host budget can double: a speculative step first
+  // Overlapped mode, memory-only state its tier's budget can double: a speculative step first
   // copies the state into these memory-only blocks (undo_saved), and a discarded step copies it
   // back, so it steps during the backward and still rolls back bit for bit.
   bool undo = false;
@@ -185,6 +185,7 @@ struct ShardedOptimizer::Impl {
   // Undo copies (memory-only state stepped speculatively): save before the step; restore every
   // saved one (a discarded speculative generation).
   void undo_save(OptSub& s);
+  void undo_copy(const OptSub& s, BlockId from, BlockId to);
   void undo_restore();
 };
 

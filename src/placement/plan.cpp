@@ -49,6 +49,8 @@ struct Model {
   Rates rates;
   double backward = 0;
   std::uint64_t budget[kTierCount] = {};
+  bool persist = false;                  // resident state committed to NVMe at every step
+  std::uint64_t slack[kTierCount] = {};  // bytes undo copies leave free (slab granularity)
 };
 
 struct Sim {
@@ -81,9 +83,17 @@ Option option_of(const Model& m, const Shape& s, std::size_t id) {
   return Option::host_cpu;
 }
 
+bool resident(Option o) {
+  return o != Option::nvme_cpu;
+}
+
 // The step as a pipeline. `backward`: gradients become final during it (highest id first) and
-// the GPU is busy until it ends; 0 for the step alone.
-Sim simulate(const Model& m, const Shape& s, double backward) {
+// the GPU is busy until it ends; 0 for the step alone. `undo` (memory-only resident state, with
+// overlap): the host-resident sub-groups that speculate with an undo copy. Memory-only resident
+// state without one steps after the commit of everything else (as the optimizer does), from a
+// gradient moved to where it steps before that; persisted resident state is also written to
+// NVMe (GPU state through the link) and speculates like the rest.
+Sim simulate(const Model& m, const Shape& s, double backward, const std::vector<char>& undo) {
   const std::size_t n = m.numel.size();
   Sim out;
   out.ready.assign(n, 0);
@@ -91,18 +101,27 @@ Sim simulate(const Model& m, const Shape& s, double backward) {
   std::array<double, kResources> free{};
   free[kGpu] = backward;
   const auto& r = m.rates.r;
-  std::vector<double> cpu_end_nvme;  // CPU-stage ends of NVMe sub-groups, in processing order
-  for (std::size_t k = 0; k < n; ++k) {
-    const std::size_t id = n - 1 - k;  // processing order: the order gradients become final
+  const bool overlap = backward > 0;
+  auto late = [&](std::size_t id) {
+    return !m.persist && resident(option_of(m, s, id)) && !(overlap && undo[id]);
+  };
+  std::vector<double> grad_at(n, 0);
+  // The step of sub-group `id` from `ready` (its gradient where it steps by then).
+  auto step = [&](std::size_t id, double ready) {
     const double x = static_cast<double>(m.numel[id]);
-    const double ready = backward * static_cast<double>(k + 1) / static_cast<double>(n);
-    out.ready[id] = ready;
     double end = ready;
     switch (option_of(m, s, id)) {
       case Option::gpu_gpu: {
         Stage g;
         g.secs[kGpu] = m.kernel_b * x / r[kGpu];
         end = g.run(free, ready);
+        if (m.persist) {  // the new state down the link and onto NVMe
+          Stage d;
+          d.secs[kD2H] = m.state_b * x / r[kD2H];
+          Stage w;
+          w.secs[kNvmeWrite] = m.state_b * x / r[kNvmeWrite];
+          end = w.run(free, d.run(free, end));
+        }
         break;
       }
       case Option::host_gpu: {
@@ -114,45 +133,85 @@ Sim simulate(const Model& m, const Shape& s, double backward) {
         end = g.run(free, ready);
         break;
       }
-      case Option::host_cpu:
-      case Option::nvme_cpu: {
-        const bool nvme = option_of(m, s, id) == Option::nvme_cpu;
-        Stage down;  // the 16-bit gradient to the host
-        down.secs[kD2H] = 2 * x / r[kD2H];
-        double grad_at = down.run(free, ready);
-        if (nvme && s.grad_nvme) {  // spilled on arrival, read back for the step
-          Stage w;
-          w.secs[kNvmeWrite] = 2 * x / r[kNvmeWrite];
-          grad_at = w.run(free, grad_at);
-        }
-        double state_at = 0;
-        if (nvme) {
-          Stage rd;
-          rd.secs[kNvmeRead] = (m.state_b + (s.grad_nvme ? 2 : 0)) * x / r[kNvmeRead];
-          const std::size_t j = cpu_end_nvme.size();
-          const double slot_free =
-              j > m.opt.prefetch_depth ? cpu_end_nvme[j - m.opt.prefetch_depth - 1] : 0.0;
-          state_at = rd.run(free, std::max(slot_free, s.grad_nvme ? grad_at : 0.0));
-        }
+      case Option::host_cpu: {
         Stage cpu;
         cpu.secs[kCpu] = m.kernel_b * x / r[kCpu];
         cpu.secs[kHostMem] = m.kernel_b * x / r[kHostMem];
-        const double cpu_end = cpu.run(free, std::max(grad_at, state_at));
-        if (nvme) cpu_end_nvme.push_back(cpu_end);
         Stage up;  // the 16-bit parameters back to the GPU
         up.secs[kH2D] = 2 * x / r[kH2D];
-        end = up.run(free, cpu_end);
-        if (nvme) {
-          Stage w;
-          w.secs[kNvmeWrite] = m.state_b * x / r[kNvmeWrite];
-          end = std::max(end, w.run(free, cpu_end));
-        }
+        end = up.run(free, cpu.run(free, ready));
         break;
       }
+      case Option::nvme_cpu:
+        break;  // below: its reads run ahead of the step
+    }
+    if (m.persist && option_of(m, s, id) != Option::gpu_gpu) {
+      Stage w;  // host-resident state written behind
+      w.secs[kNvmeWrite] = m.state_b * x / r[kNvmeWrite];
+      end = std::max(end, w.run(free, end));
+    }
+    return end;
+  };
+  std::vector<double> cpu_end_nvme;  // CPU-stage ends of NVMe sub-groups, in processing order
+  double commit = backward;
+  for (std::size_t k = 0; k < n; ++k) {
+    const std::size_t id = n - 1 - k;  // processing order: the order gradients become final
+    const double x = static_cast<double>(m.numel[id]);
+    const double ready = backward * static_cast<double>(k + 1) / static_cast<double>(n);
+    out.ready[id] = ready;
+    const Option o = option_of(m, s, id);
+    double at = ready;
+    if (o == Option::host_cpu || o == Option::nvme_cpu) {
+      Stage down;  // the 16-bit gradient to the host
+      down.secs[kD2H] = 2 * x / r[kD2H];
+      at = down.run(free, ready);
+    }
+    grad_at[id] = at;
+    if (late(id)) continue;
+    double end = at;
+    if (o == Option::nvme_cpu) {
+      if (s.grad_nvme) {  // spilled on arrival, read back for the step
+        Stage w;
+        w.secs[kNvmeWrite] = 2 * x / r[kNvmeWrite];
+        at = w.run(free, at);
+      }
+      Stage rd;
+      rd.secs[kNvmeRead] = (m.state_b + (s.grad_nvme ? 2 : 0)) * x / r[kNvmeRead];
+      const std::size_t j = cpu_end_nvme.size();
+      const double slot_free =
+          j > m.opt.prefetch_depth ? cpu_end_nvme[j - m.opt.prefetch_depth - 1] : 0.0;
+      const double state_at = rd.run(free, std::max(slot_free, s.grad_nvme ? at : 0.0));
+      Stage cpu;
+      cpu.secs[kCpu] = m.kernel_b * x / r[kCpu];
+      cpu.secs[kHostMem] = m.kernel_b * x / r[kHostMem];
+      const double cpu_end = cpu.run(free, std::max(at, state_at));
+      cpu_end_nvme.push_back(cpu_end);
+      Stage up;
+      up.secs[kH2D] = 2 * x / r[kH2D];
+      end = up.run(free, cpu_end);
+      Stage w;
+      w.secs[kNvmeWrite] = m.state_b * x / r[kNvmeWrite];
+      end = std::max(end, w.run(free, cpu_end));
+    } else {
+      if (overlap && undo[id]) {  // the undo copy first: read and write the state once
+        Stage c;
+        if (o == Option::gpu_gpu)
+          c.secs[kGpu] = 2 * m.state_b * x / r[kGpu];
+        else
+          c.secs[kCpu] = c.secs[kHostMem] = 2 * m.state_b * x / r[kHostMem];
+        at = c.run(free, at);
+      }
+      end = step(id, at);
     }
     out.done[id] = end;
-    out.makespan = std::max(out.makespan, end);
+    commit = std::max(commit, end);
   }
+  for (std::size_t k = 0; k < n; ++k) {  // memory-only state after the commit
+    const std::size_t id = n - 1 - k;
+    if (!late(id)) continue;
+    out.done[id] = step(id, std::max(commit, grad_at[id]));
+  }
+  for (double d : out.done) out.makespan = std::max(out.makespan, d);
   return out;
 }
 
@@ -193,7 +252,40 @@ Usage usage(const Model& m, const Shape& s) {
   // Staging for streamed state: the sub-group stepped, one written behind, the read-ahead.
   if (any_nvme)
     u.bytes[host] += (m.opt.prefetch_depth + 2) * static_cast<std::uint64_t>(m.state_b) * m.sub;
+  if (m.persist)  // resident state committed to NVMe too, in two shadow slots
+    for (std::size_t id = 0; id < n; ++id)
+      if (resident(option_of(m, s, id)))
+        u.bytes[nv] += 2 * static_cast<std::uint64_t>(m.state_b) * m.numel[id];
   return u;
+}
+
+// Memory-only resident state with overlap: undo copies for resident sub-groups, the ones final
+// first (highest ids) first, while the memory of their tier beyond `u` (less the slack) holds
+// them, as the optimizer's finalize() chooses. Adds their bytes to `u`.
+std::vector<char> undo_copies(const Model& m, const Shape& s, Usage& u) {
+  const std::size_t n = m.numel.size();
+  std::vector<char> undo(n, 0);
+  if (m.persist || !m.opt.overlap) return undo;
+  std::uint64_t left[kTierCount] = {};
+  bool full[kTierCount] = {};
+  for (const Tier t : {Tier::host, Tier::device}) {
+    const int i = static_cast<int>(t);
+    const std::uint64_t used = u.bytes[i] + m.slack[i];
+    left[i] = m.budget[i] > used ? m.budget[i] - used : 0;
+  }
+  for (std::size_t k = 0; k < n; ++k) {
+    const std::size_t id = n - 1 - k;
+    const Option o = option_of(m, s, id);
+    if (!resident(o)) continue;
+    const int t = static_cast<int>(o == Option::gpu_gpu ? Tier::device : Tier::host);
+    const auto b = static_cast<std::uint64_t>(m.state_b) * m.numel[id];
+    full[t] = full[t] || b > left[t];
+    if (full[t]) continue;
+    undo[id] = 1;
+    left[t] -= b;
+    u.bytes[t] += b;
+  }
+  return undo;
 }
 
 bool fits(const Model& m, const Usage& u) {
@@ -330,6 +422,11 @@ Plan make_plan(const HardwareProfile& hw, const PlanOptions& o) {
                                                      (1 - o.host_reserve_fraction));
   m.budget[static_cast<int>(Tier::host)] = std::min(host_avail, hw.memlock_bytes) / m.gpus;
   m.budget[static_cast<int>(Tier::nvme)] = nvme_cap / m.gpus;
+  m.persist = o.persist_resident_state;
+  for (const Tier t : {Tier::host, Tier::device}) {  // as the optimizer keeps (64 MiB slabs)
+    const std::uint64_t b = m.budget[static_cast<int>(t)];
+    m.slack[static_cast<int>(t)] = std::min<std::uint64_t>(2 * (64ull << 20), b / 4) + b / 16;
+  }
   m.backward = o.backward_s >= 0 ? o.backward_s
                                  : (g.bf16_tflops > 0 ? 4.0 * static_cast<double>(o.params) *
                                                             static_cast<double>(o.tokens_per_gpu) /
@@ -370,9 +467,11 @@ Plan make_plan(const HardwareProfile& hw, const PlanOptions& o) {
           lo = mid + 1;
       }
       t.nvme = lo;
-      const double alone = simulate(m, t, 0).makespan;
+      Usage u = usage(m, t);
+      const std::vector<char> undo = undo_copies(m, t, u);
+      const double alone = simulate(m, t, 0, undo).makespan;
       const double obj =
-          o.overlap ? std::max(0.0, simulate(m, t, m.backward).makespan - m.backward) : alone;
+          o.overlap ? std::max(0.0, simulate(m, t, m.backward, undo).makespan - m.backward) : alone;
       if (!best.found || obj < best.objective - 1e-12 ||
           (obj <= best.objective + 1e-12 && alone < best.alone)) {
         best = {true, t, obj, alone};
@@ -427,10 +526,12 @@ Plan make_plan(const HardwareProfile& hw, const PlanOptions& o) {
   p.backward_s = m.backward;
   p.predicted_step_s = best.alone;
   p.exposed_step_s = best.objective;
+  p.persist_resident_state = o.persist_resident_state;
   for (int t = 0; t < kTierCount; ++t) p.budget[t] = m.budget[t];
-  const Usage u = usage(m, best.shape);
+  Usage u = usage(m, best.shape);
+  const std::vector<char> undo = undo_copies(m, best.shape, u);
   for (int t = 0; t < kTierCount; ++t) p.bytes[t] = u.bytes[t];
-  const Sim sim = simulate(m, best.shape, o.overlap ? m.backward : 0);
+  const Sim sim = simulate(m, best.shape, o.overlap ? m.backward : 0, undo);
   for (std::size_t id = 0; id < n; ++id) {
     PlanSubgroup s;
     s.id = static_cast<std::uint32_t>(id);
@@ -439,6 +540,18 @@ Plan make_plan(const HardwareProfile& hw, const PlanOptions& o) {
     s.done_s = sim.done[id];
     const std::uint64_t x = s.numel;
     const auto st = static_cast<std::uint64_t>(m.state_b) * x;
+    const Option opt_id = option_of(m, best.shape, id);
+    s.speculative = o.overlap && (m.persist || !resident(opt_id) || undo[id]);
+    if (resident(opt_id) && m.persist) {  // committed to NVMe (GPU state down the link first)
+      p.links.nvme_write += st;
+      if (opt_id == Option::gpu_gpu) p.links.d2h += st;
+    }
+    if (undo[id] && o.overlap) {  // the undo copy
+      if (opt_id == Option::gpu_gpu)
+        p.links.gpu_memory += 2 * st;
+      else
+        p.links.host_memory += 2 * st;
+    }
     switch (option_of(m, best.shape, id)) {
       case Option::gpu_gpu:
         s.state_tier = Tier::device;
@@ -492,6 +605,8 @@ std::string Plan::to_json() const {
          {"optimizer", to_string(optimizer)},
          {"subgroup_numel", subgroup_numel},
          {"overlap", overlap},
+         {"persist_resident_state",
+          persist_resident_state ? json(*persist_resident_state) : json(nullptr)},
          {"predicted_step_s", predicted_step_s},
          {"backward_s", backward_s},
          {"exposed_step_s", exposed_step_s},
@@ -512,6 +627,7 @@ std::string Plan::to_json() const {
                               {"step_device", device_name(s.step_device)},
                               {"cast_on", device_name(s.cast_on)},
                               {"grad_tier", tier_name(s.grad_tier)},
+                              {"speculative", s.speculative},
                               {"ready_s", s.ready_s},
                               {"done_s", s.done_s}});
   return j.dump(2);
@@ -537,6 +653,11 @@ Plan Plan::from_json(std::string_view text, std::string_view origin) {
   p.params = j.value("params", std::uint64_t{0});
   p.gpus = j.value("gpus", 1);
   p.overlap = j.value("overlap", true);
+  if (j.contains("persist_resident_state") && !j["persist_resident_state"].is_null()) {
+    if (!j["persist_resident_state"].is_boolean())
+      fail("persist_resident_state", "expected true, false or null");
+    p.persist_resident_state = j["persist_resident_state"].get<bool>();
+  }
   p.predicted_step_s = j.value("predicted_step_s", 0.0);
   p.backward_s = j.value("backward_s", 0.0);
   p.exposed_step_s = j.value("exposed_step_s", 0.0);
@@ -559,6 +680,9 @@ Plan Plan::from_json(std::string_view text, std::string_view origin) {
     s.step_device = parse_device(origin, k + ".step_device", e["step_device"].get<std::string>());
     s.cast_on = parse_device(origin, k + ".cast_on",
                              e.value("cast_on", std::string(device_name(s.step_device))));
+    if (e.contains("speculative") && !e["speculative"].is_boolean())
+      fail(k + ".speculative", "expected true or false");
+    s.speculative = e.value("speculative", false);
     s.grad_tier =
         parse_plan_tier(origin, k + ".grad_tier",
                         e.value("grad_tier", s.step_device == StepDevice::gpu ? "gpu" : "host"));

@@ -771,6 +771,56 @@ TEST(TierManager, MemoryOnlyBlocksNeverLeaveHostMemory) {
     if (b.name == "state") EXPECT_TRUE(b.memory_only && b.transient && !b.has_data);
 }
 
+// Memory-only blocks take no NVMe extents: a swap space with room for two ordinary 16 KiB blocks
+// (two shadow slots each) holds them beside any number of memory-only ones, and the manifest
+// lists none for them, reopens, and reads them as zeros (a crash loses memory-only data).
+TEST(TierManager, MemoryOnlyBlocksTakeNoNvmeSpace) {
+  const std::uint64_t n = 4096;  // 16 KiB blocks
+  TierConfig cfg = small_config(16 * kKiB, 8);
+  Rig r(cfg, 1 << 20);  // 1 MiB: 32 ordinary blocks (two 16 KiB shadow slots each)
+  std::vector<BlockId> mo;
+  for (int i = 0; i < 200; ++i) {  // 6.25 MiB of slots, had they any
+    BlockDesc d = desc("m" + std::to_string(i), n);
+    d.memory_only = true;
+    mo.push_back(r.mgr->create(d));
+  }
+  for (int i = 0; i < 6; ++i) {
+    BlockView v = r.mgr->acquire(mo[i], Tier::host, Access::overwrite);
+    fill(v, 10 + i);
+    r.mgr->release(v, true);
+  }
+  std::vector<BlockId> ord;
+  try {
+    for (int i = 0; i < 64; ++i) ord.push_back(r.mgr->create(desc("o" + std::to_string(i), n)));
+    ADD_FAILURE() << "64 ordinary blocks fit a 1 MiB space";
+  } catch (const std::runtime_error&) {
+  }
+  EXPECT_GE(ord.size(), 30u);  // the space is the ordinary blocks', whole
+  {
+    BlockView v = r.mgr->acquire(ord[0], Tier::host, Access::overwrite);
+    fill(v, 50);
+    r.mgr->release(v, true);
+  }
+  r.mgr->commit();
+  for (int i = 0; i < 6; ++i) expect_pattern(*r.mgr, mo[i], 10 + i);
+  const auto info = read_manifest(r.mgr->manifest_path());
+  std::size_t listed = 0;
+  for (const auto& blk : info.blocks)
+    if (blk.memory_only) {
+      ++listed;
+      EXPECT_TRUE(blk.slots.empty()) << blk.name;
+    }
+  EXPECT_EQ(listed, mo.size());
+  r.reopen(cfg);
+  expect_pattern(*r.mgr, ord[0], 50);
+  const auto id = r.mgr->find("m0");
+  ASSERT_TRUE(id.has_value());
+  BlockView v = r.mgr->acquire(*id, Tier::host);
+  EXPECT_TRUE(
+      std::all_of(v.data(), v.data() + v.bytes(), [](std::byte x) { return x == std::byte{0}; }));
+  r.mgr->release(v, false);
+}
+
 TEST(TierManager, TransientBlocksStayOutOfGenerations) {
   const std::uint64_t n = 4096;  // 16 KiB blocks
   TierConfig cfg = small_config(16 * kKiB, 3);

@@ -66,6 +66,8 @@ struct StepOptions {
   std::uint32_t prefetch_depth = 2;
   unsigned threads = 2;
   bool overlap = false;
+  std::string state = "nvme";  // --overlap: where the state lives (nvme | host)
+  bool memory_only = false;    // --overlap --state host: persist_resident_state = false
   double backward_ms = 2000;
   bool keep = false;
   bool json = false;
@@ -99,8 +101,9 @@ SwapSpace make_space(const std::vector<std::filesystem::path>& dirs, const char*
 }
 
 // --overlap: ordinary vs overlapped step after the same simulated backward.
-void run_overlap_bench(const StepOptions& o, ShardedOptimizer& opt, const std::vector<ParamId>& ids,
-                       const std::vector<std::uint16_t>& grad, std::uint64_t n) {
+void run_overlap_bench(const StepOptions& o, TierManager& tiers, ShardedOptimizer& opt,
+                       const std::vector<ParamId>& ids, const std::vector<std::uint16_t>& grad,
+                       std::uint64_t n) {
   if (!(o.backward_ms >= 0)) throw std::invalid_argument("--backward-ms: must be >= 0");
   // The backward: parameter i's gradient arrives at (i + 1) / P of its length.
   auto backward = [&] {
@@ -116,18 +119,23 @@ void run_overlap_bench(const StepOptions& o, ShardedOptimizer& opt, const std::v
     opt.end_backward();
     return since(t0);
   };
+  std::uint64_t nvme_in_cycle = 0;  // NVMe bytes written over the last backward + step
   auto cycle = [&](bool overlap) {
     opt.set_overlap(overlap);
+    const std::uint64_t w0 = tiers.counters().bytes_in[static_cast<int>(Tier::nvme)];
     const double b = backward();
     const StepResult r = opt.step();
+    nvme_in_cycle = tiers.counters().bytes_in[static_cast<int>(Tier::nvme)] - w0;
     return std::tuple{b, r};
   };
   if (!o.json)
     fmt::print(
         "tierswap bench step --overlap: {} params ({}), sub-group {} params ({} sub-groups), "
-        "simulated backward {:.0f} ms, host budget {}\n",
+        "simulated backward {:.0f} ms, host budget {}, state on {}{}\n",
         n, o.optimizer, round_up(parse_size(o.sub_group, "--sub-group"), kGradStatsChunk),
-        opt.subgroup_count(), o.backward_ms, o.host_budget);
+        opt.subgroup_count(), o.backward_ms, o.host_budget, o.state,
+        o.state == "host" ? (o.memory_only ? " (memory-only)" : " (persisted to NVMe each step)")
+                          : "");
   cycle(false);  // warm-up: every block has data on NVMe
   cycle(true);
   std::vector<double> ord, ovl, hidden, bwd;
@@ -135,6 +143,7 @@ void run_overlap_bench(const StepOptions& o, ShardedOptimizer& opt, const std::v
   for (int r = 0; r < o.runs; ++r) {
     double t_ord = 0, t_ovl = 0, b_ovl = 0;
     std::uint32_t kept = 0;
+    std::uint64_t nvme_written = 0;  // by the overlapped step (its speculation included)
     for (int k = 0; k < 2; ++k) {
       const bool overlap = (r + k) % 2 == 1;
       const auto [b, res] = cycle(overlap);
@@ -144,6 +153,7 @@ void run_overlap_bench(const StepOptions& o, ShardedOptimizer& opt, const std::v
         t_ovl = res.seconds;
         b_ovl = b;
         kept = res.overlapped_subgroups;
+        nvme_written = nvme_in_cycle;
       } else {
         t_ord = res.seconds;
       }
@@ -156,18 +166,23 @@ void run_overlap_bench(const StepOptions& o, ShardedOptimizer& opt, const std::v
                     {"ordinary_step_s", t_ord},
                     {"overlapped_step_s", t_ovl},
                     {"overlapped_subgroups", kept},
+                    {"nvme_write_bytes", nvme_written},
                     {"hidden_fraction", hidden.back()}});
     if (!o.json)
       fmt::print(
           "run {}: ordinary step {:.3f} s; overlapped: backward {:.3f} s, then step {:.3f} s "
-          "({} of {} sub-groups stepped during the backward): {:.0f}% of the step hidden\n",
-          r + 1, t_ord, b_ovl, t_ovl, kept, opt.subgroup_count(), 100 * hidden.back());
+          "({} of {} sub-groups stepped during the backward, {} written to NVMe): {:.0f}% of "
+          "the step hidden\n",
+          r + 1, t_ord, b_ovl, t_ovl, kept, opt.subgroup_count(), format_bytes(nvme_written),
+          100 * hidden.back());
   }
   nlohmann::json j{{"params", n},
                    {"optimizer", o.optimizer},
                    {"sub_group", round_up(parse_size(o.sub_group, "--sub-group"), kGradStatsChunk)},
                    {"subgroups", opt.subgroup_count()},
                    {"backward_ms", o.backward_ms},
+                   {"state", o.state},
+                   {"memory_only", o.memory_only},
                    {"runs", runs},
                    {"backward_s", median(bwd)},
                    {"ordinary_step_s", median(ord)},
@@ -224,6 +239,16 @@ void run_step_bench(const StepOptions& o) {
   OptimizerConfig oc;
   oc.subgroup_size = sg;
   oc.state_tier = OptimizerConfig::StateTier::nvme;
+  if (o.state != "nvme" && o.state != "host")
+    throw std::invalid_argument("--state: expected nvme or host");
+  if ((o.state == "host" || o.memory_only) && !o.overlap)
+    throw std::invalid_argument("--state host and --memory-only go with --overlap");
+  if (o.memory_only && o.state != "host")
+    throw std::invalid_argument(
+        "--memory-only needs --state host (NVMe state is never memory-only)");
+  if (o.state == "host") oc.state_tier = OptimizerConfig::StateTier::host;
+  oc.persist_resident_state = !o.memory_only;
+  oc.overlap = o.overlap;  // at finalize: memory-only sub-groups get undo copies where they fit
   oc.grad_tier = grad_tier;
   oc.prefetch_depth = o.prefetch_depth;
   ShardedOptimizer opt(tiers, *comm, oc, &pool);
@@ -254,7 +279,7 @@ void run_step_bench(const StepOptions& o) {
     opt.end_backward();
   };
   if (o.overlap) {
-    run_overlap_bench(o, opt, ids, grad, n);
+    run_overlap_bench(o, tiers, opt, ids, grad, n);
     return;
   }
 
@@ -508,6 +533,11 @@ void add_bench_step(CLI::App& bench) {
   b->add_flag(
       "--overlap", o->overlap,
       "Ordinary vs overlapped step after a simulated backward (how much of the step hides)");
+  b->add_option("--state", o->state,
+                "--overlap: where the optimizer state lives: nvme (default) | host");
+  b->add_flag("--memory-only", o->memory_only,
+              "--overlap --state host: memory-only resident state (undo copies where the host "
+              "budget holds them)");
   b->add_option("--backward-ms", o->backward_ms,
                 "--overlap: length of the simulated backward in milliseconds");
   b->add_flag("--keep", o->keep,

@@ -178,7 +178,12 @@ struct TierManager::Impl {
     return host;
   }
 
-  std::uint64_t offset_of(const Block& b, int slot) const { return b.slot[slot].offset; }
+  std::uint64_t offset_of(const Block& b, int slot) const {
+    if (slot < 0 || slot >= b.nslots)  // a memory-only block has none: a bug if it gets here
+      throw std::logic_error(fmt::format(
+          "block '{}': no NVMe slot {} (memory-only blocks have no NVMe copy)", b.desc.name, slot));
+    return b.slot[slot].offset;
+  }
 
   // ---- transfers ---------------------------------------------------------------------------
   void count(Tier from, Tier to, std::uint64_t bytes, double secs) {
@@ -919,8 +924,9 @@ BlockId TierManager::create(const BlockDesc& d) {
   b->desc.transient |= d.memory_only;
   b->bytes = d.bytes();
   b->alloc_bytes = round_up(b->bytes, m.align);
-  b->nslots = m.cfg.shadow_slots ? 2 : 1;
-  b->slot[0] = m.alloc.allocate(b->alloc_bytes);
+  // A memory-only block never has an NVMe copy: no extents for it.
+  b->nslots = d.memory_only ? 0 : m.cfg.shadow_slots ? 2 : 1;
+  if (b->nslots >= 1) b->slot[0] = m.alloc.allocate(b->alloc_bytes);
   if (b->nslots == 2) {
     try {
       b->slot[1] = m.alloc.allocate(b->alloc_bytes);
@@ -1418,16 +1424,20 @@ ManifestInfo read_manifest(const std::filesystem::path& path) {
       b.owner = {o.at(0).get<int>(), o.at(1).get<int>(), o.at(2).get<int>()};
       for (auto& x : e.at("slots"))
         b.slots.push_back({x.at(0).get<std::uint64_t>(), x.at(1).get<std::uint64_t>()});
-      if (b.slots.size() != (info.shadow_slots ? 2u : 1u))
+      b.memory_only = e.value("memory_only", false);
+      // Memory-only blocks have no NVMe extents (earlier manifests listed unused ones).
+      if (b.slots.size() != (info.shadow_slots ? 2u : 1u) && !(b.memory_only && b.slots.empty()))
         throw bad(fmt::format("block '{}': {} slots", b.name, b.slots.size()));
       b.committed_slot = e.at("committed_slot").get<int>();
-      if (b.committed_slot < 0 || b.committed_slot >= static_cast<int>(b.slots.size()))
+      if (!b.slots.empty() &&
+          (b.committed_slot < 0 || b.committed_slot >= static_cast<int>(b.slots.size())))
         throw bad(fmt::format("block '{}': committed slot {}", b.name, b.committed_slot));
       b.has_data = e.at("has_data").get<bool>();
+      if (b.has_data && b.slots.empty())
+        throw bad(fmt::format("block '{}': committed data but no NVMe slot", b.name));
       b.generation = e.at("generation").get<std::uint64_t>();
       b.checksum = std::stoull(e.at("checksum").get<std::string>(), nullptr, 16);
       b.transient = e.value("transient", false);
-      b.memory_only = e.value("memory_only", false);
       info.blocks.push_back(std::move(b));
     }
   } catch (const std::runtime_error&) {

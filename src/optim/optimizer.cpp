@@ -1226,7 +1226,14 @@ StepResult ShardedOptimizer::step() {
       for (auto& s : m.subs) {
         if (s.spec != OptSub::Spec::stepped) continue;
         OptGroup& g = m.groups[s.group];
-        std::copy(s.spec16.begin(), s.spec16.end(), g.p16.begin() + s.begin);
+        std::uint16_t* dst = g.p16.data() + s.begin;
+        const std::uint16_t* src = s.spec16.data();
+        if (m.pool != nullptr && m.pool->size() > 1 && s.numel >= (1u << 20))
+          m.pool->parallel_for(s.numel, 2048, [&](std::size_t b, std::size_t e) {
+            std::memcpy(dst + b, src + b, (e - b) * sizeof(std::uint16_t));
+          });
+        else
+          std::copy(s.spec16.begin(), s.spec16.end(), dst);
         p16_changed = true;
         ++r.overlapped_subgroups;
         m.p16_done(s);

@@ -66,7 +66,9 @@ foreach(bad "residency;99999999" "residency" "residency;--swap-dir;/nonexistent/
             "demo;--params;10" "bench;tier;--blocks;2" "bench;step;--optimizer;sgd"
             "bench;step;--grad-tier;gpu" "bench;step;--overlap;--backward-ms;-1"
             "plan;--params;20B;--profile;no-such-profile" "plan;--params;20X;--profile;gh200"
-            "plan;--params;2T;--profile;pcie4-workstation" "plan;--params;1B;--profile;gh200;--gpus;4")
+            "plan;--params;2T;--profile;pcie4-workstation" "plan;--params;1B;--profile;gh200;--gpus;4"
+            "bench;step;--memory-only" "bench;step;--overlap;--state;gpu"
+            "bench;step;--overlap;--memory-only" "bench;step;--state;host")
   execute_process(COMMAND ${CLI} ${bad} RESULT_VARIABLE rc ERROR_VARIABLE err OUTPUT_QUIET)
   if(rc EQUAL 0 OR err STREQUAL "")
     message(FATAL_ERROR "'${bad}' was accepted or gave no error: ${err}")
@@ -151,6 +153,21 @@ if(NOT rc EQUAL 0 OR e OR e2 OR e3 OR NOT kept EQUAL nsub OR NOT nsub EQUAL 8 OR
 endif()
 file(REMOVE_RECURSE "${sdir}")
 
+# bench step --overlap --state host --memory-only: memory-only host state with undo copies (the
+# budget holds them): every sub-group steps during the backward and nothing is written to NVMe.
+file(MAKE_DIRECTORY "${sdir}")
+execute_process(COMMAND ${CLI} bench step --params 2M --sub-group 256K --host-budget 256MiB
+                        --runs 1 --dir ${sdir} --overlap --backward-ms 300 --state host
+                        --memory-only --json
+                RESULT_VARIABLE rc OUTPUT_VARIABLE out ERROR_VARIABLE err)
+string(JSON kept ERROR_VARIABLE e GET "${out}" runs 0 overlapped_subgroups)
+string(JSON nsub ERROR_VARIABLE e2 GET "${out}" subgroups)
+string(JSON wr ERROR_VARIABLE e3 GET "${out}" runs 0 nvme_write_bytes)
+if(NOT rc EQUAL 0 OR e OR e2 OR e3 OR NOT kept EQUAL nsub OR NOT wr EQUAL 0)
+  message(FATAL_ERROR "bench step --state host --memory-only: ${rc} ${kept} of ${nsub}, ${wr} B written ${out} ${err}")
+endif()
+file(REMOVE_RECURSE "${sdir}")
+
 # plan: the issue's JSON schema on a shipped profile, and the text form.
 execute_process(COMMAND ${CLI} plan --params 20B --profile gh200 --json
                 RESULT_VARIABLE rc OUTPUT_VARIABLE out ERROR_VARIABLE err)
@@ -158,8 +175,19 @@ string(JSON t ERROR_VARIABLE e GET "${out}" predicted_step_s)
 string(JSON nv ERROR_VARIABLE e2 GET "${out}" bytes nvme)
 string(JSON st ERROR_VARIABLE e3 GET "${out}" subgroups 0 state_tier)
 string(JSON cast ERROR_VARIABLE e4 GET "${out}" subgroups 0 cast_on)
-if(NOT rc EQUAL 0 OR e OR e2 OR e3 OR e4 OR NOT nv EQUAL 0 OR NOT st STREQUAL "gpu")
+string(JSON mode ERROR_VARIABLE e5 GET "${out}" persist_resident_state)
+string(JSON spec ERROR_VARIABLE e6 GET "${out}" subgroups 0 speculative)
+if(NOT rc EQUAL 0 OR e OR e2 OR e3 OR e4 OR e5 OR e6 OR NOT nv EQUAL 0 OR NOT st STREQUAL "gpu"
+   OR mode)
   message(FATAL_ERROR "plan --json: ${rc} ${err} ${out}")
+endif()
+# The persisted mode: resident state written to NVMe every step, two slots of it there.
+execute_process(COMMAND ${CLI} plan --params 20B --profile gh200 --json --persist-resident-state
+                RESULT_VARIABLE rc OUTPUT_VARIABLE out ERROR_VARIABLE err)
+string(JSON mode ERROR_VARIABLE e GET "${out}" persist_resident_state)
+string(JSON w ERROR_VARIABLE e2 GET "${out}" link_bytes_per_step nvme_write)
+if(NOT rc EQUAL 0 OR e OR e2 OR NOT mode OR NOT w EQUAL 240000000000)
+  message(FATAL_ERROR "plan --persist-resident-state: ${rc} ${err} ${mode} ${w}")
 endif()
 execute_process(COMMAND ${CLI} plan --params 120B --profile pcie4-workstation
                 RESULT_VARIABLE rc OUTPUT_VARIABLE out ERROR_VARIABLE err)

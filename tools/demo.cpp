@@ -15,6 +15,7 @@
 #include <chrono>
 #include <cstring>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <random>
 #include <string>
 #include <thread>
@@ -25,6 +26,7 @@
 #include "tierswap/io_engine.hpp"
 #include "tierswap/kernels.hpp"
 #include "tierswap/optimizer.hpp"
+#include "tierswap/placement.hpp"
 #include "tierswap/swap_space.hpp"
 #include "tierswap/thread_pool.hpp"
 #include "tierswap/tier_manager.hpp"
@@ -107,9 +109,14 @@ void run_demo(const DemoOptions& o) {
   oc.subgroup_size = parse_size(o.sub_group, "--sub-group");
   oc.state_tier = OptimizerConfig::StateTier::nvme;
   oc.max_grad_norm = o.max_grad_norm;
-  oc.plan_file = o.plan;
   oc.overlap = o.overlap;
+  std::optional<Plan> plan;
+  if (!o.plan.empty()) {  // the plan's placement, and the resident-state mode it was made for
+    plan = Plan::load(o.plan);
+    if (plan->persist_resident_state) oc.persist_resident_state = *plan->persist_resident_state;
+  }
   ShardedOptimizer opt(tiers, *comm, oc, &pool);
+  if (plan) opt.set_plan(*plan);
   GroupConfig decay;
   decay.lr = 3e-4;
   decay.weight_decay = 0.1;
@@ -150,8 +157,10 @@ void run_demo(const DemoOptions& o) {
     for (std::size_t k = 0; k < opt.subgroup_count(); ++k)
       ++where[static_cast<int>(opt.placement(k).first)];
     fmt::print(
-        "plan {}: {} sub-groups with their state on the GPU, {} in host memory, {} on NVMe\n",
-        o.plan, where[static_cast<int>(Tier::device)], where[hv], where[nv]);
+        "plan {}: {} sub-groups with their state on the GPU, {} in host memory, {} on NVMe; "
+        "resident state {}\n",
+        o.plan, where[static_cast<int>(Tier::device)], where[hv], where[nv],
+        oc.persist_resident_state ? "persisted to NVMe every step" : "in memory only");
   }
   for (int step = 1; step <= o.steps; ++step) {
     // NVMe bytes over the whole cycle: the overlapped mode does part of the step's I/O during
@@ -211,10 +220,11 @@ void run_demo(const DemoOptions& o) {
   }
   const std::string snap = tiers.snapshot().to_json();
   if (o.json) {
-    fmt::print("{}\n",
-               nlohmann::json{
-                   {"params", params}, {"steps", steps}, {"residency", nlohmann::json::parse(snap)}}
-                   .dump(2));
+    fmt::print("{}\n", nlohmann::json{{"params", params},
+                                      {"persist_resident_state", oc.persist_resident_state},
+                                      {"steps", steps},
+                                      {"residency", nlohmann::json::parse(snap)}}
+                           .dump(2));
   } else {
     fmt::print("\n");
     print_residency(snap, stdout);

@@ -302,7 +302,10 @@ TEST(Placement, PlanFilesRoundTripAndBadOnesAreRefused) {
         head + R"({"numel": 5, "state_tier": "disk", "step_device": "cpu"}]})",
         head + R"({"numel": 5, "state_tier": "nvme", "step_device": "gpu"}]})",
         head + R"({"numel": 5, "state_tier": "gpu", "step_device": "cpu"}]})",
-        head + R"({"numel": 5, "state_tier": "host"}]})"}) {
+        head + R"({"numel": 5, "state_tier": "host"}]})",
+        head + R"({"numel": 5, "state_tier": "host", "step_device": "cpu", "speculative": 1}]})",
+        std::string(R"({"format": "tierswap.plan", "version": 1, "persist_resident_state": "yes",
+            "subgroups": [{"numel": 5, "state_tier": "host", "step_device": "cpu"}]})")}) {
     try {
       Plan::from_json(bad, "edited.json");
       ADD_FAILURE() << "accepted: " << bad;
@@ -310,6 +313,10 @@ TEST(Placement, PlanFilesRoundTripAndBadOnesAreRefused) {
       EXPECT_NE(std::string(e.what()).find("edited.json"), std::string::npos) << e.what();
     }
   }
+  // A plan file without the mode (written before it was recorded) reads as "unknown".
+  EXPECT_FALSE(
+      Plan::from_json(head + R"({"numel": 5, "state_tier": "host", "step_device": "cpu"}]})")
+          .persist_resident_state.has_value());
   EXPECT_THROW(Plan::load("/nonexistent/plan.json"), std::invalid_argument);
 }
 

@@ -251,24 +251,27 @@ TEST(Placement, EveryPlanRespectsItsBudgetsAndTimeGrowsWithModelSize) {
   for (const auto& name : builtin_profiles()) {
     const HardwareProfile hw = HardwareProfile::load(name);
     for (const int gpus : {1, static_cast<int>(hw.gpus.size())}) {
-      double last = 0;
-      for (const double billions : {0.1, 1.0, 3.0, 7.0, 13.0, 20.0, 34.0, 70.0, 120.0, 175.0}) {
-        SCOPED_TRACE(fmt::format("{} gpus={} {}B", name, gpus, billions));
-        PlanOptions o;
-        o.params = static_cast<std::uint64_t>(billions * 1e9);
-        o.gpus = gpus;
-        Plan p;
-        try {
-          p = make_plan(hw, o);
-        } catch (const std::invalid_argument& e) {
-          EXPECT_NE(std::string(e.what()).find("do not fit"), std::string::npos) << e.what();
-          break;  // larger models do not fit either
+      for (const bool persist : {false, true}) {  // both resident-state modes
+        double last = 0;
+        for (const double billions : {0.1, 1.0, 3.0, 7.0, 13.0, 20.0, 34.0, 70.0, 120.0, 175.0}) {
+          SCOPED_TRACE(fmt::format("{} gpus={} persist={} {}B", name, gpus, persist, billions));
+          PlanOptions o;
+          o.params = static_cast<std::uint64_t>(billions * 1e9);
+          o.gpus = gpus;
+          o.persist_resident_state = persist;
+          Plan p;
+          try {
+            p = make_plan(hw, o);
+          } catch (const std::invalid_argument& e) {
+            EXPECT_NE(std::string(e.what()).find("do not fit"), std::string::npos) << e.what();
+            break;  // larger models do not fit either
+          }
+          expect_within_budgets(p);
+          EXPECT_GT(p.predicted_step_s, last);
+          last = p.predicted_step_s;
+          EXPECT_GE(p.exposed_step_s, 0);
+          if (!p.overlap) EXPECT_EQ(p.exposed_step_s, p.predicted_step_s);
         }
-        expect_within_budgets(p);
-        EXPECT_GT(p.predicted_step_s, last);
-        last = p.predicted_step_s;
-        EXPECT_GE(p.exposed_step_s, 0);
-        if (!p.overlap) EXPECT_EQ(p.exposed_step_s, p.predicted_step_s);
       }
     }
   }

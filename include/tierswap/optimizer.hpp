@@ -144,13 +144,13 @@ struct OptimizerConfig {
   /// true: host- and GPU-resident state is also committed to NVMe at every step (written
   /// behind; GPU state through host memory), so a failed or discarded step and a crash recover
   /// it exactly. false: it lives in memory only (memory-only blocks: no NVMe I/O for it at all)
-  /// and must fit its tier's budget (host state beside the host-resident gradients, with 2 slabs
-  /// + 1/16 of the budget to spare); the ordinary step steps it after committing the rest
+  /// and must fit its tier's budget (host state beside the host-resident gradients, with
+  /// TierConfig::slab_slack() to spare); the ordinary step steps it after committing the rest
   /// (resident state, gradients pinned before the commit), so a step failing before the commit
-  /// leaves it bit for bit. The overlapped mode (overlap at finalize) gives host-resident
-  /// sub-groups an undo copy where the host budget holds one (the sub-groups final first get
+  /// leaves it bit for bit. The overlapped mode (overlap at finalize) gives resident
+  /// sub-groups an undo copy where their tier's budget holds one (the sub-groups final first get
   /// them first): those step speculatively during the backward (the copy is taken first and put
-  /// back if the step is discarded); the others and GPU-resident state step after the verdict.
+  /// back if the step is discarded); the others step after the verdict.
   /// A crash loses it: save() checkpoints are its durability. NVMe-resident state is unaffected.
   bool persist_resident_state = true;
   void validate() const;

@@ -100,6 +100,9 @@ enum class DeviceTierMode : std::uint8_t {
   off         ///< no device tier
 };
 
+/// Slab granularity of the device pool.
+inline constexpr std::uint64_t kDeviceSlabSize = 64ull << 20;
+
 struct TierConfig {
   std::uint64_t host_budget = std::uint64_t{1} << 30;  ///< pinned host bytes, never exceeded
   std::uint64_t host_slab_size = 64ull << 20;          ///< slab granularity of the host pool
@@ -128,6 +131,10 @@ struct TierConfig {
   /// or bad values throw std::invalid_argument naming the key.
   static TierConfig from_json(std::string_view json);
   void validate() const;
+  /// Bytes of the host or device budget to leave free when planning blocks that are never
+  /// evicted (memory-only): the pool hands out whole slabs (up to two partly used) and
+  /// transient blocks leave holes in them: min(2 slabs, budget / 4) + budget / 16.
+  std::uint64_t slab_slack(Tier tier) const;
 };
 
 /// Counters since the manager was created. Bytes and operations per tier and direction

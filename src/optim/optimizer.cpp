@@ -258,6 +258,14 @@ void ShardedOptimizer::Impl::layout() {
   if (trainable == 0) throw std::logic_error("finalize: no parameter requires a gradient");
 }
 
+std::uint64_t ShardedOptimizer::Impl::state_block_bytes(const OptSub& s) const {
+  std::uint64_t b = 0;
+  for (int slot = 0; slot < kStateSlots; ++slot)
+    if (groups[s.group].has_slot(slot))
+      b += round_up_u64(s.numel * dtype_size(slot_dtype(slot)), 4096);
+  return b;
+}
+
 void ShardedOptimizer::Impl::create_blocks() {
   std::uint64_t state = 0, grads = 0;
   for (const auto& s : subs) {
@@ -311,68 +319,59 @@ void ShardedOptimizer::Impl::create_blocks() {
     any_streaming |= s.streaming;
     pos += s.numel;
   }
+  auto tier_of = [](const OptSub& s) {
+    return static_cast<int>(s.on_gpu ? Tier::device : Tier::host);
+  };
+  std::uint64_t per_sub = 0;  // the largest sub-group's state
+  for (const auto& s : subs) per_sub = std::max(per_sub, state_block_bytes(s));
   {  // memory-only state is never evicted: it must fit its tier beside the pinned gradients
     std::uint64_t mem[kTierCount] = {}, mem_grads[kTierCount] = {};
     for (const auto& s : subs)
       if (s.memory_only) {
-        const int t = static_cast<int>(s.on_gpu ? Tier::device : Tier::host);
-        for (int slot = 0; slot < kStateSlots; ++slot)
-          if (groups[s.group].has_slot(slot))
-            mem[t] += round_up_u64(s.numel * dtype_size(slot_dtype(slot)), 4096);
-        mem_grads[t] += round_up_u64(s.numel * dtype_size(acc_dtype(groups[s.group])), 4096);
+        mem[tier_of(s)] += state_block_bytes(s);
+        mem_grads[tier_of(s)] +=
+            round_up_u64(s.numel * dtype_size(acc_dtype(groups[s.group])), 4096);
       }
+    const TierConfig& tc = tiers.config();
     const int h = static_cast<int>(Tier::host), d = static_cast<int>(Tier::device);
-    const std::uint64_t need_host = mem[h] + (cfg.grad_tier == Tier::host ? grads : mem_grads[h]);
-    // Slack for the pool's slab granularity and the holes transient blocks leave in slabs
-    // (memory-only blocks are never evicted to make room).
-    const std::uint64_t slack =
-        std::min(2 * tiers.config().host_slab_size, tiers.config().host_budget / 4) +
-        tiers.config().host_budget / 16;
-    if (mem[h] > 0 && need_host + slack > tiers.config().host_budget)
+    // What stays in each memory tier: memory-only state, its pinned gradients (all host-resident
+    // gradients on the host), and the slack for slab granularity (TierConfig::slab_slack).
+    std::uint64_t held[kTierCount] = {};
+    held[h] =
+        mem[h] + (cfg.grad_tier == Tier::host ? grads : mem_grads[h]) + tc.slab_slack(Tier::host);
+    held[d] = mem[d] + mem_grads[d] + tc.slab_slack(Tier::device);
+    if (mem[h] > 0 && held[h] > tc.host_budget)
       throw std::invalid_argument(fmt::format(
           "persist_resident_state=false: {} of memory-only host state and {} of host-resident "
           "gradients do not fit the host budget {} with {} to spare for slab granularity (raise "
           "TierConfig::host_budget, keep resident state persisted, or move sub-groups to NVMe)",
-          format_bytes(mem[h]), format_bytes(need_host - mem[h]),
-          format_bytes(tiers.config().host_budget), format_bytes(slack)));
-    if (mem[d] > 0 && mem[d] + mem_grads[d] > tiers.config().device_budget)
+          format_bytes(mem[h]), format_bytes(held[h] - mem[h] - tc.slab_slack(Tier::host)),
+          format_bytes(tc.host_budget), format_bytes(tc.slab_slack(Tier::host))));
+    if (mem[d] > 0 && held[d] > tc.device_budget)
       throw std::invalid_argument(fmt::format(
           "persist_resident_state=false: {} of memory-only GPU state and its {} of gradients do "
-          "not fit the device budget {} (raise TierConfig::device_budget, keep resident state "
-          "persisted, or keep fewer sub-groups on the GPU)",
-          format_bytes(mem[d]), format_bytes(mem_grads[d]),
-          format_bytes(tiers.config().device_budget)));
-    // Overlapped mode: memory-only host state steps during the backward where the host budget
-    // also holds an undo copy of it, the sub-groups final first (the last ones) first; the rest
-    // steps after the verdict. The budget left: memory-only state and host-resident gradients,
-    // and the staging of streamed sub-groups (the one stepped, one written behind, the read-ahead).
+          "not fit the device budget {} with {} to spare for slab granularity (raise "
+          "TierConfig::device_budget, keep resident state persisted, or keep fewer sub-groups on "
+          "the GPU)",
+          format_bytes(mem[d]), format_bytes(mem_grads[d]), format_bytes(tc.device_budget),
+          format_bytes(tc.slab_slack(Tier::device))));
+    // Overlapped mode: memory-only state steps during the backward where its tier also holds an
+    // undo copy of it, the sub-groups final first (the last ones) first; the rest steps after
+    // the verdict. The host also keeps the staging of streamed sub-groups (the one stepped, one
+    // written behind, the read-ahead).
     if (cfg.overlap && mem[h] + mem[d] > 0) {
-      std::uint64_t per = 0;
-      for (const auto& s : subs)
-        if (s.streaming)
-          for (int slot = 0; slot < kStateSlots; ++slot)
-            if (groups[s.group].has_slot(slot))
-              per = std::max(per, round_up_u64(s.numel * dtype_size(slot_dtype(slot)), 4096));
-      // What each memory tier has left for undo copies: the host keeps the staging of streamed
-      // sub-groups (the one stepped, one written behind, the read-ahead); both keep the slack.
-      const TierConfig& tc = tiers.config();
-      const std::uint64_t budget[2] = {tc.host_budget, tc.device_budget};
-      const std::uint64_t held[2] = {
-          need_host + per * (cfg.prefetch_depth + 2) + slack,
-          mem[d] + mem_grads[d] + std::min<std::uint64_t>(2 * (64ull << 20), tc.device_budget / 4) +
-              tc.device_budget / 16};
-      std::uint64_t left[2], undo_bytes[2] = {}, n_undo[2] = {}, n_mem[2] = {};
-      bool full[2] = {};  // the undo copies go to the sub-groups final first, in that order
-      for (int t = 0; t < 2; ++t) left[t] = budget[t] > held[t] ? budget[t] - held[t] : 0;
+      if (any_streaming) held[h] += per_sub * (cfg.prefetch_depth + 2);
+      const std::uint64_t budget[kTierCount] = {tc.device_budget, tc.host_budget, 0};
+      std::uint64_t left[kTierCount] = {}, undo_bytes[kTierCount] = {};
+      std::size_t n_undo[kTierCount] = {}, n_mem[kTierCount] = {};
+      bool full[kTierCount] = {};
+      for (const int t : {h, d}) left[t] = budget[t] > held[t] ? budget[t] - held[t] : 0;
       for (auto it = subs.rbegin(); it != subs.rend(); ++it) {
         OptSub& s = *it;
         if (!s.memory_only) continue;
-        const int t = s.on_gpu ? 1 : 0;
+        const int t = tier_of(s);
+        const std::uint64_t b = state_block_bytes(s);
         ++n_mem[t];
-        std::uint64_t b = 0;
-        for (int slot = 0; slot < kStateSlots; ++slot)
-          if (groups[s.group].has_slot(slot))
-            b += round_up_u64(s.numel * dtype_size(slot_dtype(slot)), 4096);
         full[t] = full[t] || b > left[t];
         if (full[t]) continue;
         s.undo = true;
@@ -380,14 +379,14 @@ void ShardedOptimizer::Impl::create_blocks() {
         undo_bytes[t] += b;
         ++n_undo[t];
       }
-      for (int t = 0; t < 2; ++t)
+      for (const int t : {h, d})
         if (n_mem[t] > 0)
           log(n_undo[t] < n_mem[t] ? LogLevel::info : LogLevel::debug,
               fmt::format("overlapped step: {} of {} memory-only {} sub-groups keep an undo copy "
                           "({}) and step during the backward; the rest step after the verdict "
                           "(the {} budget {} holds no more copies)",
-                          n_undo[t], n_mem[t], t ? "GPU" : "host", format_bytes(undo_bytes[t]),
-                          t ? "device" : "host", format_bytes(budget[t])));
+                          n_undo[t], n_mem[t], t == d ? "GPU" : "host", format_bytes(undo_bytes[t]),
+                          t == d ? "device" : "host", format_bytes(budget[t])));
     }
   }
   if (plan && plan->persist_resident_state &&
@@ -403,10 +402,7 @@ void ShardedOptimizer::Impl::create_blocks() {
   if (plan) {  // a plan made for more host memory than this tier manager's budget
     std::uint64_t resident = cfg.grad_tier == Tier::host ? grads : 0;
     for (const auto& s : subs)
-      if (!s.streaming && !s.on_gpu)
-        for (int slot = 0; slot < kStateSlots; ++slot)
-          if (groups[s.group].has_slot(slot))
-            resident += round_up_u64(s.numel * dtype_size(slot_dtype(slot)), 4096);
+      if (!s.streaming && !s.on_gpu) resident += state_block_bytes(s);
     if (resident > tiers.config().host_budget)
       log(LogLevel::warn,
           fmt::format("plan: it keeps {} of state and gradients in host memory but the host "
@@ -419,14 +415,7 @@ void ShardedOptimizer::Impl::create_blocks() {
   // drop prefetched state before its use.
   depth = cfg.prefetch_depth;
   if (any_streaming) {
-    std::uint64_t per = 0;
-    for (const auto& s : subs) {
-      std::uint64_t b = 0;
-      for (int slot = 0; slot < kStateSlots; ++slot)
-        if (groups[s.group].has_slot(slot))
-          b += round_up_u64(s.numel * dtype_size(slot_dtype(slot)), 4096);
-      per = std::max(per, b);
-    }
+    const std::uint64_t per = per_sub;
     const std::uint64_t budget = tiers.config().host_budget;
     const std::uint64_t held = (cfg.grad_tier == Tier::host ? grads : 0) + 2 * per;
     const std::uint64_t fit = budget > held ? (budget - held) / std::max<std::uint64_t>(per, 1) : 0;
@@ -1207,12 +1196,8 @@ StepResult ShardedOptimizer::step() {
   // (except those kept from the overlapped backward: their undo copies restore them on failure).
   std::vector<std::size_t> todo, late;
   for (std::size_t k = 0; k < m.subs.size(); ++k)
-    if (spec_keep && m.subs[k].spec == OptSub::Spec::stepped)
-      continue;
-    else if (m.subs[k].memory_only)
-      late.push_back(k);
-    else
-      todo.push_back(k);
+    if (!spec_keep || m.subs[k].spec != OptSub::Spec::stepped)
+      (m.subs[k].memory_only ? late : todo).push_back(k);
   // Read (if spilled) and pinned before the commit, so nothing after it does I/O; a view
   // destroyed unreleased is released clean.
   std::vector<BlockView> late_grads;

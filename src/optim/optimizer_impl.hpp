@@ -141,6 +141,8 @@ struct ShardedOptimizer::Impl {
   Dtype slot_dtype(int slot) const {
     return slot == kMaster || slot == kMomentum ? Dtype::f32 : moment_dtype();
   }
+  /// Bytes of a sub-group's state blocks (each rounded to 4 KiB, as the pools allocate).
+  std::uint64_t state_block_bytes(const OptSub& s) const;
   CpuKernelContext ctx() const {
     CpuKernelContext c;
     c.pool = pool;

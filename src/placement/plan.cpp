@@ -423,9 +423,11 @@ Plan make_plan(const HardwareProfile& hw, const PlanOptions& o) {
   m.budget[static_cast<int>(Tier::host)] = std::min(host_avail, hw.memlock_bytes) / m.gpus;
   m.budget[static_cast<int>(Tier::nvme)] = nvme_cap / m.gpus;
   m.persist = o.persist_resident_state;
-  for (const Tier t : {Tier::host, Tier::device}) {  // as the optimizer keeps (64 MiB slabs)
-    const std::uint64_t b = m.budget[static_cast<int>(t)];
-    m.slack[static_cast<int>(t)] = std::min<std::uint64_t>(2 * (64ull << 20), b / 4) + b / 16;
+  {  // what the optimizer leaves free beside memory-only state (default slab sizes)
+    TierConfig tc;
+    tc.host_budget = m.budget[static_cast<int>(Tier::host)];
+    tc.device_budget = m.budget[static_cast<int>(Tier::device)];
+    for (const Tier t : {Tier::host, Tier::device}) m.slack[static_cast<int>(t)] = tc.slab_slack(t);
   }
   m.backward = o.backward_s >= 0 ? o.backward_s
                                  : (g.bf16_tflops > 0 ? 4.0 * static_cast<double>(o.params) *
@@ -552,7 +554,7 @@ Plan make_plan(const HardwareProfile& hw, const PlanOptions& o) {
       else
         p.links.host_memory += 2 * st;
     }
-    switch (option_of(m, best.shape, id)) {
+    switch (opt_id) {
       case Option::gpu_gpu:
         s.state_tier = Tier::device;
         s.step_device = s.cast_on = StepDevice::gpu;
@@ -570,7 +572,7 @@ Plan make_plan(const HardwareProfile& hw, const PlanOptions& o) {
         break;
       case Option::host_cpu:
       case Option::nvme_cpu: {
-        const bool nv = option_of(m, best.shape, id) == Option::nvme_cpu;
+        const bool nv = opt_id == Option::nvme_cpu;
         s.state_tier = nv ? Tier::nvme : Tier::host;
         s.step_device = s.cast_on = StepDevice::cpu;
         s.grad_tier = nv && best.shape.grad_nvme ? Tier::nvme : Tier::host;

@@ -1,3 +1,4 @@
+#include <algorithm>
 #include <cstdlib>
 #include <nlohmann/json.hpp>
 #include <string>
@@ -88,6 +89,13 @@ void TierConfig::validate() const {
     throw_invalid("device_budget", "0", "the simulated device tier needs a capacity");
   if (lookahead < 1 || lookahead > 4096)
     throw_invalid("lookahead", std::to_string(lookahead), "must be in 1..4096");
+}
+
+std::uint64_t TierConfig::slab_slack(Tier tier) const {
+  const bool dev = tier == Tier::device;
+  const std::uint64_t budget = dev ? device_budget : host_budget;
+  const std::uint64_t slab = dev ? kDeviceSlabSize : host_slab_size;
+  return std::min(2 * slab, budget / 4) + budget / 16;
 }
 
 TierConfig TierConfig::from_env() {

@@ -164,7 +164,7 @@ struct TierManager::Impl {
         break;
     }
     if (want)
-      device = std::make_unique<detail::DevicePool>(c.device_budget, 64ull << 20, simulated);
+      device = std::make_unique<detail::DevicePool>(c.device_budget, kDeviceSlabSize, simulated);
   }
 
   Block& blk(BlockId id) {

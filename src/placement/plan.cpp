@@ -87,6 +87,12 @@ bool resident(Option o) {
   return o != Option::nvme_cpu;
 }
 
+// Whether a sub-group steps only after the commit of the rest, as the optimizer orders it:
+// memory-only resident state without an undo copy (persisted and streamed state speculate).
+bool waits_for_commit(const Model& m, Option o, bool undo_copy) {
+  return !m.persist && resident(o) && !undo_copy;
+}
+
 // The step as a pipeline. `backward`: gradients become final during it (highest id first) and
 // the GPU is busy until it ends; 0 for the step alone. `undo` (memory-only resident state, with
 // overlap): the host-resident sub-groups that speculate with an undo copy. Memory-only resident
@@ -103,7 +109,7 @@ Sim simulate(const Model& m, const Shape& s, double backward, const std::vector<
   const auto& r = m.rates.r;
   const bool overlap = backward > 0;
   auto late = [&](std::size_t id) {
-    return !m.persist && resident(option_of(m, s, id)) && !(overlap && undo[id]);
+    return waits_for_commit(m, option_of(m, s, id), overlap && undo[id]);
   };
   std::vector<double> grad_at(n, 0);
   // The step of sub-group `id` from `ready` (its gradient where it steps by then).
@@ -543,7 +549,7 @@ Plan make_plan(const HardwareProfile& hw, const PlanOptions& o) {
     const std::uint64_t x = s.numel;
     const auto st = static_cast<std::uint64_t>(m.state_b) * x;
     const Option opt_id = option_of(m, best.shape, id);
-    s.speculative = o.overlap && (m.persist || !resident(opt_id) || undo[id]);
+    s.speculative = o.overlap && !waits_for_commit(m, opt_id, undo[id]);
     if (resident(opt_id) && m.persist) {  // committed to NVMe (GPU state down the link first)
       p.links.nvme_write += st;
       if (opt_id == Option::gpu_gpu) p.links.d2h += st;

@@ -114,8 +114,9 @@ inline ModelOptimizer start_model(ShardedOptimizer& opt) {
 }
 
 /// Runs steps [first, last] (1-based) of the gradient sequence on this rank's samples.
+/// `device_grads`: through add_grad_device (host memory standing in for a simulated device's).
 inline std::vector<StepResult> train(ShardedOptimizer& opt, const ModelOptimizer& m, int first,
-                                     int last, int rank, int world) {
+                                     int last, int rank, int world, bool device_grads = false) {
   std::vector<StepResult> out;
   std::vector<std::uint16_t> g16;
   for (int t = first; t <= last; ++t) {
@@ -130,7 +131,10 @@ inline std::vector<StepResult> train(ShardedOptimizer& opt, const ModelOptimizer
           for (int s = rank; s < kSamples; s += world) sum += sample_grad(t, u, s, p, i);
           g16[i] = float_to_f16(sum);
         }
-        opt.add_grad(m.ids[p], g16.data(), Dtype::f16);
+        if (device_grads)
+          opt.add_grad_device(m.ids[p], g16.data(), Dtype::f16, {});
+        else
+          opt.add_grad(m.ids[p], g16.data(), Dtype::f16);
       }
       opt.end_backward();
     }

@@ -2,6 +2,7 @@
 // reason when no GPU is usable (always on the CI machine); runs on a GPU machine.
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <cstring>
 #include <random>
 #include <vector>
@@ -109,6 +110,22 @@ TEST(CudaKernels, StatsFallbacksMatchTheScalarReference) {
         DeviceVec<char> ws{std::vector<char>(cuda::grad_stats_workspace_bytes(n))};
         cuda::grad_stats(dg.d, d, n, dsum.d, dflag.d, ws.d, nullptr);
         const double got = dsum.get()[0];
+        // The chunk sums the optimizer takes of a device-resident gradient: the CPU's bit for bit
+        // (a NaN chunk compared as non-finite).
+        const std::size_t chunks = (n + kGradStatsChunk - 1) / kGradStatsChunk;
+        std::vector<double> want(chunks);
+        grad_chunk_sums(h.data(), d, n, want.data(), {CpuIsa::scalar});
+        DeviceVec<double> dsums{std::vector<double>(chunks)};
+        cuda::grad_chunk_sums(dg.d, d, n, dsums.d, nullptr);
+        const auto sums = dsums.get();
+        for (std::size_t c = 0; c < chunks; ++c) {
+          if (std::isnan(want[c])) {
+            EXPECT_TRUE(std::isnan(sums[c])) << "chunk " << c;
+          } else {
+            EXPECT_EQ(std::memcmp(&sums[c], &want[c], sizeof(double)), 0)
+                << to_string(d) << " scale " << scale << " chunk " << c;
+          }
+        }
         if (poison) {
           EXPECT_TRUE(dflag.get()[0] != 0);
           EXPECT_TRUE(ref.nonfinite);

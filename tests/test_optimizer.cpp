@@ -799,6 +799,104 @@ TEST(ShardedOptimizer, PlanGpuSubgroupsRunOnASimulatedDeviceTier) {
   }
 }
 
+// Gradients from device memory (add_grad_device) for the sub-groups a GPU steps are accumulated
+// in the device tier and stepped there: on a simulated device tier (host memory standing in for
+// the GPU's), with the GPU sub-groups' state memory-only there, no byte crosses between host and
+// device after the first step, while gradients from host memory (add_grad) go up every step (and
+// nothing comes down: a device view of a block's device copy copies nothing); the
+// same bits as an all-host run, with and without overlap, with gradients spilled to NVMe for the
+// CPU sub-groups. Misuse is refused by name.
+TEST(ShardedOptimizer, DeviceGradientsStayInTheDeviceTier) {
+  Rig a;
+  auto ma = test::start_model(*a.opt);
+  test::train(*a.opt, ma, 1, 12, 0, 1);
+  const Plan plan = Plan::from_json(R"({"format": "tierswap.plan", "version": 1, "subgroups": [
+      {"numel": 300, "state_tier": "nvme", "step_device": "cpu"},
+      {"numel": 300, "state_tier": "host", "step_device": "cpu"},
+      {"numel": 400, "state_tier": "gpu", "step_device": "gpu"}]})");
+  const int d = static_cast<int>(Tier::device);
+  for (const bool overlap : {false, true}) {
+    for (const Tier grad_tier : {Tier::host, Tier::nvme}) {
+      // Bytes into and out of the device tier over steps 2..12: add_grad, add_grad_device.
+      std::uint64_t up[2] = {}, down[2] = {};
+      for (const bool device_grads : {false, true}) {
+        SCOPED_TRACE(fmt::format("overlap {}, grad_tier {}, add_grad{}", overlap,
+                                 to_string(grad_tier), device_grads ? "_device" : ""));
+        OptimizerConfig oc = test::model_config();
+        oc.overlap = overlap;
+        oc.persist_resident_state = false;
+        oc.grad_tier = grad_tier;
+        TierConfig tc = tier_config(4 * kMiB, 128 * kKiB);
+        tc.device_mode = DeviceTierMode::simulated;
+        tc.device_budget = 4 * kMiB;
+        tc.simulated_device_gbps = 1000;
+        Rig b(tc, oc);
+        b.opt->set_plan(plan);
+        auto mb = test::start_model(*b.opt);
+        test::train(*b.opt, mb, 1, 1, 0, 1, device_grads);
+        const auto c0 = b.tiers->counters();
+        const auto rb = test::train(*b.opt, mb, 2, 12, 0, 1, device_grads);
+        const auto c1 = b.tiers->counters();
+        EXPECT_TRUE(rb[test::kOverflowStep - 2].skipped);
+        up[device_grads ? 1 : 0] = c1.bytes_in[d] - c0.bytes_in[d];
+        down[device_grads ? 1 : 0] = c1.bytes_out[d] - c0.bytes_out[d];
+        expect_same_state(*a.opt, ma, *b.opt, mb);
+        for (std::size_t p = 0; p < ma.ids.size(); ++p) {
+          if (!test::model_params()[p].trainable) continue;
+          const auto x = a.opt->param16(ma.ids[p]), y = b.opt->param16(mb.ids[p]);
+          EXPECT_TRUE(std::equal(x.begin(), x.end(), y.begin(), y.end()))
+              << test::model_params()[p].name;
+        }
+      }
+      EXPECT_GT(up[0], 0u) << "host gradients go up to the GPU sub-groups every step";
+      EXPECT_EQ(down[0], 0u) << "the GPU-resident state never comes down";
+      EXPECT_EQ(up[1] + down[1], 0u) << "device gradients never leave the device tier";
+    }
+  }
+
+  {  // misuse
+    OptimizerConfig oc = test::model_config();
+    TierConfig tc = tier_config(4 * kMiB, 128 * kKiB);
+    tc.device_mode = DeviceTierMode::simulated;
+    tc.device_budget = 4 * kMiB;
+    Rig b(tc, oc);
+    b.opt->set_plan(plan);
+    auto mb = test::start_model(*b.opt);
+    std::vector<std::uint16_t> g(b.opt->param(mb.ids[0]).numel(), 0);
+    EXPECT_THROW(b.opt->add_grad_device(mb.ids[0], g.data(), Dtype::f16, {}), std::logic_error);
+    b.opt->begin_backward();
+    void* event = g.data();  // no GPU here: any event is refused before it is used
+    if (!device_info().available) {
+      try {
+        b.opt->add_grad_device(mb.ids[0], g.data(), Dtype::f16, std::span<void* const>(&event, 1));
+        ADD_FAILURE() << "an event accepted without a GPU";
+      } catch (const std::invalid_argument& e) {
+        EXPECT_NE(std::string(e.what()).find("no GPU is usable"), std::string::npos) << e.what();
+      }
+    }
+    EXPECT_THROW(b.opt->add_grad_device(mb.ids[0], nullptr, Dtype::f16, {}), std::invalid_argument);
+    EXPECT_THROW(b.opt->add_grad_device(999, g.data(), Dtype::f16, {}), std::invalid_argument);
+    for (std::size_t p = 0; p < mb.ids.size(); ++p)
+      if (!test::model_params()[p].trainable)
+        EXPECT_THROW(b.opt->add_grad_device(mb.ids[p], g.data(), Dtype::f16, {}),
+                     std::invalid_argument);
+    b.opt->end_backward();
+  }
+  if (!device_info().available) {  // neither a GPU nor a simulated device tier
+    Rig c;
+    auto mc = test::start_model(*c.opt);
+    std::vector<std::uint16_t> g(c.opt->param(mc.ids[0]).numel(), 0);
+    c.opt->begin_backward();
+    try {
+      c.opt->add_grad_device(mc.ids[0], g.data(), Dtype::f16, {});
+      ADD_FAILURE() << "add_grad_device accepted without a GPU";
+    } catch (const std::runtime_error& e) {
+      EXPECT_NE(std::string(e.what()).find("no usable GPU"), std::string::npos) << e.what();
+    }
+    c.opt->end_backward();
+  }
+}
+
 // persist_resident_state = false: host-resident state in memory only. Bit-identical to the
 // persisted run over overflow and clipping steps, with and without overlap, alone and beside
 // NVMe-streamed sub-groups (a plan); no NVMe byte for it; a step failing on the NVMe side leaves it

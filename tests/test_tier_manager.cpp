@@ -175,6 +175,70 @@ TEST(TierManager, SimulatedDeviceTierIsLabelledAndHoldsTheNewestCopy) {
   expect_pattern(*r.mgr, a, 11, Tier::device);  // NVMe -> host -> device
 }
 
+// A device view of a block whose device copy is current moves nothing (GPU-resident state and
+// gradients stay on the GPU step after step); a block with no data anywhere gets its zeros in
+// device memory; only a newer host copy goes up, and only a host view brings data down.
+TEST(TierManager, DeviceViewsOfDeviceCopiesCopyNothing) {
+  const std::uint64_t bytes = 64 * kKiB;
+  Rig r(small_config(bytes, 4, 4));
+  const int d = static_cast<int>(Tier::device);
+  const BlockId a = r.mgr->create(desc("state", bytes / 4));
+  BlockDesc gd = desc("grad", bytes / 2, Dtype::bf16, BlockClass::grad16);
+  gd.memory_only = true;
+  const BlockId g = r.mgr->create(gd);
+  auto moved = [&] {
+    const auto c = r.mgr->counters();
+    return std::pair{c.bytes_in[d], c.bytes_out[d]};
+  };
+  auto host_state = [&](BlockId id) { return r.mgr->snapshot().blocks[id].state[1]; };
+  {
+    BlockView v = r.mgr->acquire(a, Tier::device);
+    EXPECT_TRUE(all_zero(v));
+  }
+  EXPECT_EQ(moved(), (std::pair<std::uint64_t, std::uint64_t>{0, 0}));
+  EXPECT_EQ(host_state(a), CopyState::absent);
+  for (int i = 0; i < 4; ++i) {  // steps: written in place on the device, read again
+    BlockView v = r.mgr->acquire(a, Tier::device, Access::write);
+    fill(v, 20 + i);
+    r.mgr->release(v, true);
+    expect_pattern(*r.mgr, a, 20 + i, Tier::device);
+    BlockView w = r.mgr->acquire(g, Tier::device, Access::write);
+    if (i == 0) EXPECT_TRUE(all_zero(w));
+    fill(w, 40 + i);
+    r.mgr->release(w, true);
+    r.mgr->commit();  // nothing of the device copies goes down for a commit: flush excepted
+  }
+  // The commit flushed the state (not memory-only): down once per commit, never up.
+  const auto [in1, out1] = moved();
+  EXPECT_EQ(in1, 0u);
+  EXPECT_EQ(out1, 4 * (bytes / 4 * 4));
+  EXPECT_EQ(host_state(g), CopyState::absent) << "a memory-only gradient never came down";
+  r.mgr->evict(a, Tier::host);
+  const auto before = moved();
+  expect_pattern(*r.mgr, a, 23, Tier::device);
+  expect_pattern(*r.mgr, g, 43, Tier::device);
+  EXPECT_EQ(moved(), before);
+  // A host view brings it down; a newer host copy goes up, once.
+  expect_pattern(*r.mgr, a, 23, Tier::host);
+  EXPECT_EQ(moved().second, before.second + bytes / 4 * 4);
+  {
+    BlockView v = r.mgr->acquire(a, Tier::host, Access::write);
+    fill(v, 30);
+    r.mgr->release(v, true);
+  }
+  expect_pattern(*r.mgr, a, 30, Tier::device);
+  expect_pattern(*r.mgr, a, 30, Tier::device);
+  EXPECT_EQ(moved().first, bytes / 4 * 4);
+  // Trimmed: zeros again, made on the device.
+  r.mgr->trim(g);
+  {
+    BlockView w = r.mgr->acquire(g, Tier::device);
+    EXPECT_TRUE(all_zero(w));
+  }
+  EXPECT_EQ(moved().first, bytes / 4 * 4);
+  EXPECT_EQ(host_state(g), CopyState::absent);
+}
+
 TEST(TierManager, BudgetsAreNeverExceededAndEvictionWritesDirtyDataBack) {
   const std::uint64_t bytes = 64 * kKiB;
   Rig r(small_config(bytes, 3, 2));

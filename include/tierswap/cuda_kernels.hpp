@@ -1,7 +1,9 @@
 // The fused optimizer kernels on a CUDA device, with the same semantics and the same fp32
 // operations as the CPU kernels (kernels.hpp), so results are bit-identical to the scalar
 // reference. All data pointers are device pointers (or host memory the device can address);
-// `stream` is a cudaStream_t passed as void* (null: the default stream). Launches are
+// `stream` is a cudaStream_t passed as void*; null means the calling thread's default stream
+// (cudaStreamPerThread), so work issued by different threads (the tier manager's copies, the
+// optimizer's step) does not serialize on the legacy default stream. Launches are
 // stream-ordered and never synchronize; errors from the launch are thrown as std::runtime_error.
 // In a build without CUDA every function throws std::runtime_error saying so.
 #pragma once
@@ -31,6 +33,9 @@ std::size_t grad_stats_workspace_bytes(std::size_t n) noexcept;
 /// non-finite flag (0/1) to *d_nonfinite, both device memory.
 void grad_stats(const void* grad, Dtype dtype, std::size_t n, double* d_sum_sq, int* d_nonfinite,
                 void* d_workspace, void* stream);
+/// The per-chunk sums grad_stats() adds up, as kernels.hpp's grad_chunk_sums (bit for bit):
+/// d_sums[c] for chunk c < ceil(n / kGradStatsChunk), device memory. No workspace needed.
+void grad_chunk_sums(const void* grad, Dtype dtype, std::size_t n, double* d_sums, void* stream);
 void cast(const void* src, Dtype src_dtype, void* dst, Dtype dst_dtype, std::size_t n,
           void* stream);
 void accumulate(void* acc, Dtype acc_dtype, const void* grad, Dtype grad_dtype, std::size_t n,
@@ -42,9 +47,13 @@ void device_free(void* p) noexcept;
 void copy_to_device(void* dst, const void* src, std::size_t bytes, void* stream);
 void copy_to_host(void* dst, const void* src, std::size_t bytes, void* stream);
 void copy_on_device(void* dst, const void* src, std::size_t bytes, void* stream);
+/// Sets `bytes` of device memory at `dst` to zero (cudaMemsetAsync).
+void zero_on_device(void* dst, std::size_t bytes, void* stream);
 void synchronize(void* stream);
 /// Blocks until `event` (a cudaEvent_t as void*) has completed.
 void event_synchronize(void* event);
+/// Makes later work on `stream` wait for `event` (cudaStreamWaitEvent) without blocking the host.
+void stream_wait_event(void* stream, void* event);
 /// Page-locks host memory for the GPU (cudaHostRegister). False when it fails or no GPU is usable;
 /// never throws. host_unregister undoes a successful host_register.
 bool host_register(void* p, std::size_t bytes) noexcept;

@@ -290,7 +290,7 @@ __global__ void stats_lanes_kernel(const void* g, std::size_t n, std::size_t chu
     partial[c] = total;
     // As on the CPU: exact squares cannot overflow an fp64 chunk sum, so a non-finite sum means
     // a non-finite value in the chunk.
-    nonfinite[c] = !isfinite(total);
+    if (nonfinite != nullptr) nonfinite[c] = !isfinite(total);
   }
 }
 
@@ -314,8 +314,10 @@ unsigned grid_for(std::size_t n) {
   return static_cast<unsigned>(blocks < 65535 * 32 ? blocks : 65535 * 32);
 }
 
+// Null: the calling thread's default stream, never the legacy one (which would serialize the
+// tier manager's copy threads with the step).
 cudaStream_t as_stream(void* s) {
-  return static_cast<cudaStream_t>(s);
+  return s == nullptr ? cudaStreamPerThread : static_cast<cudaStream_t>(s);
 }
 
 void check_launch(const char* what) {
@@ -416,6 +418,21 @@ void grad_stats(const void* grad, Dtype dtype, std::size_t n, double* d_sum_sq, 
   check_launch("grad_stats (final)");
 }
 
+void grad_chunk_sums(const void* grad, Dtype dtype, std::size_t n, double* d_sums,
+                     void* stream) {
+  const std::size_t chunks = (n + kernels::kStatsChunk - 1) / kernels::kStatsChunk;
+  if (chunks == 0) return;
+  kernels::need(grad, "grad");
+  kernels::need(d_sums, "d_sums");
+  const std::size_t threads = chunks * kernels::kStatsLanes;
+  const unsigned blocks = static_cast<unsigned>((threads + kBlock - 1) / kBlock);
+  kernels::visit_dtype(dtype, [&](auto gd) {
+    stats_lanes_kernel<decltype(gd)::value>
+        <<<blocks, kBlock, 0, as_stream(stream)>>>(grad, n, chunks, d_sums, nullptr);
+  });
+  check_launch("grad_chunk_sums");
+}
+
 void cast(const void* src, Dtype sd, void* dst, Dtype dd, std::size_t n, void* stream) {
   if (n == 0) return;
   kernels::need(src, "src");
@@ -464,11 +481,18 @@ void copy_on_device(void* dst, const void* src, std::size_t bytes, void* stream)
   check(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, as_stream(stream)),
         "copy_on_device");
 }
+void zero_on_device(void* dst, std::size_t bytes, void* stream) {
+  check(cudaMemsetAsync(dst, 0, bytes, as_stream(stream)), "zero_on_device");
+}
 void synchronize(void* stream) {
   check(cudaStreamSynchronize(as_stream(stream)), "synchronize");
 }
 void event_synchronize(void* event) {
   check(cudaEventSynchronize(static_cast<cudaEvent_t>(event)), "event_synchronize");
+}
+void stream_wait_event(void* stream, void* event) {
+  check(cudaStreamWaitEvent(as_stream(stream), static_cast<cudaEvent_t>(event), 0),
+        "stream_wait_event");
 }
 bool host_register(void* p, std::size_t bytes) noexcept {
   if (!available()) return false;

@@ -31,6 +31,9 @@ std::size_t grad_stats_workspace_bytes(std::size_t) noexcept {
 void grad_stats(const void*, Dtype, std::size_t, double*, int*, void*, void*) {
   no_cuda();
 }
+void grad_chunk_sums(const void*, Dtype, std::size_t, double*, void*) {
+  no_cuda();
+}
 void cast(const void*, Dtype, void*, Dtype, std::size_t, void*) {
   no_cuda();
 }
@@ -50,10 +53,16 @@ void copy_to_host(void*, const void*, std::size_t, void*) {
 void copy_on_device(void*, const void*, std::size_t, void*) {
   no_cuda();
 }
+void zero_on_device(void*, std::size_t, void*) {
+  no_cuda();
+}
 void synchronize(void*) {
   no_cuda();
 }
 void event_synchronize(void*) {
+  no_cuda();
+}
+void stream_wait_event(void*, void*) {
   no_cuda();
 }
 bool host_register(void*, std::size_t) noexcept {

@@ -301,6 +301,7 @@ void ShardedOptimizer::Impl::create_blocks() {
       s.streaming = d.state_tier == Tier::nvme;
       s.step_gpu = d.step_device == StepDevice::gpu;
       s.on_gpu = d.state_tier == Tier::device;
+      s.grad_gpu = s.step_gpu && tiers.device_tier() != DeviceTierMode::off;
       // A simulated device tier stands in for the GPU: its sub-groups step with the CPU kernels
       // (same bits), which exercises the placement without a GPU.
       if (s.step_gpu && !gpu_simulated && !cuda::available())
@@ -521,11 +522,54 @@ void ShardedOptimizer::Impl::refresh_param16() {
   gather_param16();
 }
 
-bool ShardedOptimizer::Impl::gradient_done(OptSub& s, const BlockView& grad) {
+bool ShardedOptimizer::Impl::gradient_done(OptSub& s, const BlockView& grad, Tier tier) {
   if (!final_backward) return false;
   s.sums.assign((s.numel + kGradStatsChunk - 1) / kGradStatsChunk, 0.0);
-  grad_chunk_sums(grad.data(), acc_dtype(groups[s.group]), s.numel, s.sums.data(), ctx());
+  chunk_sums(s, grad, tier, s.sums.data());
   return std::all_of(s.sums.begin(), s.sums.end(), [](double v) { return std::isfinite(v); });
+}
+
+void ShardedOptimizer::Impl::chunk_sums(const OptSub& s, const BlockView& grad, Tier tier,
+                                        double* out) {
+  const Dtype dt = acc_dtype(groups[s.group]);
+  if (tier != Tier::device || gpu_simulated) {
+    grad_chunk_sums(grad.data(), dt, s.numel, out, ctx());
+    return;
+  }
+  const std::size_t bytes = (s.numel + kGradStatsChunk - 1) / kGradStatsChunk * sizeof(double);
+  auto* d = static_cast<double*>(gpu_sums.get(bytes));
+  cuda::grad_chunk_sums(grad.data(), dt, s.numel, d, nullptr);
+  cuda::copy_to_host(out, d, bytes, nullptr);
+  cuda::synchronize(nullptr);
+}
+
+template <class Add>
+void ShardedOptimizer::Impl::ingest(OptSub& s, Tier tier, Add&& add) {
+  spec_touch(s);
+  bool final = false;
+  {
+    Held v(tiers, tiers.acquire(s.grad, tier, Access::write));
+    add(v.v.data());
+    v.dirty = true;
+    s.sums.clear();
+    if (++s.seen == s.nparams) final = gradient_done(s, v.v, tier);
+  }
+  if (s.seen == s.nparams) after_ingest(s, final);
+}
+
+const OptParam& ShardedOptimizer::Impl::grad_param(const char* what, ParamId id,
+                                                   const void* grad) const {
+  require_finalized(what);
+  if (!in_backward) throw std::logic_error(fmt::format("{}: call begin_backward() first", what));
+  if (id >= params.size())
+    throw std::invalid_argument(fmt::format("{}: no parameter {}", what, id));
+  const OptParam& p = params[id];
+  if (!p.spec.requires_grad)
+    throw std::invalid_argument(
+        fmt::format("{}: parameter '{}' is frozen (requires_grad=false)", what, p.spec.name));
+  if (grad == nullptr)
+    throw std::invalid_argument(fmt::format("{} '{}': null gradient", what, p.spec.name));
+  return p;
 }
 
 void ShardedOptimizer::Impl::after_ingest(OptSub& s, bool final) {
@@ -545,21 +589,15 @@ void ShardedOptimizer::Impl::after_ingest(OptSub& s, bool final) {
       return;  // the speculative step spills the gradient when grad_tier is nvme
     }
   }
-  if (cfg.grad_tier == Tier::nvme) tiers.evict(s.grad, Tier::host);
+  if (cfg.grad_tier == Tier::nvme && !s.grad_gpu) tiers.evict(s.grad, Tier::host);
 }
 
 void ShardedOptimizer::Impl::gpu_step(OptSub& s, const GroupConfig& gc, const GradView& grad,
                                       void* const* ptr, std::uint64_t t, std::uint16_t* p16) {
   const OptGroup& g = groups[s.group];
   const std::size_t bytes16 = s.numel * sizeof(std::uint16_t);
-  if (gpu_p16_bytes < bytes16) {  // device scratch for the 16-bit output, grown on demand
-    cuda::device_free(gpu_p16);
-    gpu_p16 = nullptr;
-    gpu_p16_bytes = 0;  // stays so if the allocation throws
-    gpu_p16 = cuda::device_alloc(bytes16);
-    gpu_p16_bytes = bytes16;
-  }
-  const Param16View out{gpu_p16, g.dtype16};
+  void* const d16 = gpu_p16.get(bytes16);
+  const Param16View out{d16, g.dtype16};
   auto* p = static_cast<float*>(ptr[kMaster]);
   switch (gc.kind) {
     case OptimizerKind::adamw:
@@ -583,8 +621,23 @@ void ShardedOptimizer::Impl::gpu_step(OptSub& s, const GroupConfig& gc, const Gr
                      s.numel, nullptr);
       break;
   }
-  cuda::copy_to_host(p16, gpu_p16, bytes16, nullptr);  // stream-ordered after the kernel
+  cuda::copy_to_host(p16, d16, bytes16, nullptr);  // stream-ordered after the kernel
   cuda::synchronize(nullptr);
+}
+
+void* ShardedOptimizer::Impl::DeviceScratch::get(std::size_t n) {
+  if (bytes < n) {
+    cuda::device_free(p);
+    p = nullptr;
+    bytes = 0;  // stays so if the allocation throws
+    p = cuda::device_alloc(n);
+    bytes = n;
+  }
+  return p;
+}
+
+ShardedOptimizer::Impl::DeviceScratch::~DeviceScratch() {
+  cuda::device_free(p);
 }
 
 void ShardedOptimizer::Impl::step_sub(OptSub& s, const GroupConfig& gc, float multiplier,
@@ -601,7 +654,7 @@ void ShardedOptimizer::Impl::step_sub(OptSub& s, const GroupConfig& gc, float mu
       st[slot].emplace(tiers, tiers.acquire(s.state[slot], tier, Access::write));
       ptr[slot] = st[slot]->v.data();
     }
-    Held gv(tiers, tiers.acquire(s.grad, tier));
+    Held gv(tiers, tiers.acquire(s.grad, grad_tier_of(s)));
     const GradView gview{gv.v.data(), acc_dtype(g), multiplier};
     const Param16View out{p16, g.dtype16};
     auto* p = static_cast<float*>(ptr[kMaster]);
@@ -638,7 +691,6 @@ void ShardedOptimizer::Impl::step_sub(OptSub& s, const GroupConfig& gc, float mu
 }
 
 ShardedOptimizer::Impl::~Impl() {
-  cuda::device_free(gpu_p16);
   for (void* p : p16_registered) cuda::host_unregister(p);
   if (!spec_thread.joinable()) return;
   {
@@ -672,7 +724,7 @@ void ShardedOptimizer::Impl::spec_loop() {
               if (b != kNoBlock) tiers.prefetch(b, Tier::host);
         if (s.undo) undo_save(s);
         step_sub(s, spec_cfgs[s.group], spec_mult, spec_t, s.spec16.data());
-        if (cfg.grad_tier == Tier::nvme) tiers.evict(s.grad, Tier::host);
+        if (cfg.grad_tier == Tier::nvme && !s.grad_gpu) tiers.evict(s.grad, Tier::host);
       } catch (...) {
         err = std::current_exception();
       }
@@ -993,16 +1045,7 @@ void ShardedOptimizer::begin_backward(bool final) {
 
 void ShardedOptimizer::add_grad(ParamId id, const void* grad, Dtype dtype) {
   Impl& m = *impl_;
-  m.require_finalized("add_grad");
-  if (!m.in_backward) throw std::logic_error("add_grad: call begin_backward() first");
-  if (id >= m.params.size())
-    throw std::invalid_argument(fmt::format("add_grad: no parameter {}", id));
-  const OptParam& p = m.params[id];
-  if (!p.spec.requires_grad)
-    throw std::invalid_argument(
-        fmt::format("add_grad: parameter '{}' is frozen (requires_grad=false)", p.spec.name));
-  if (grad == nullptr)
-    throw std::invalid_argument(fmt::format("add_grad '{}': null gradient", p.spec.name));
+  const OptParam& p = m.grad_param("add_grad", id, grad);
   OptGroup& g = m.groups[p.group];
   const Dtype acc = m.acc_dtype(g);
   const std::size_t in_es = dtype_size(dtype), acc_es = dtype_size(acc);
@@ -1016,32 +1059,71 @@ void ShardedOptimizer::add_grad(ParamId id, const void* grad, Dtype dtype) {
     const std::uint64_t b = std::max(p.offset, s.begin);
     const std::uint64_t e = std::min(p.offset + p.numel, s.begin + s.numel);
     if (b >= e) continue;
-    m.spec_touch(s);
-    bool final = false;
-    {
-      Held v(m.tiers, m.tiers.acquire(s.grad, Tier::host, Access::write));
-      accumulate(v.v.data() + (b - s.begin) * acc_es, acc,
+    // Host memory goes to the gradient's host copy (the tier manager moves it up for a GPU step).
+    m.ingest(s, Tier::host, [&](std::byte* v) {
+      accumulate(v + (b - s.begin) * acc_es, acc,
                  static_cast<const std::byte*>(grad) + (b - p.offset) * in_es, dtype, e - b,
                  m.ctx());
-      v.dirty = true;
-      s.sums.clear();
-      if (++s.seen == s.nparams) final = m.gradient_done(s, v.v);
-    }
-    if (s.seen == s.nparams) m.after_ingest(s, final);
+    });
   }
 }
 
 void ShardedOptimizer::add_grad_device(ParamId id, const void* d_grad, Dtype dtype,
                                        std::span<void* const> events) {
   Impl& m = *impl_;
-  m.require_finalized("add_grad_device");
-  if (id >= m.params.size())
-    throw std::invalid_argument(fmt::format("add_grad_device: no parameter {}", id));
-  for (void* e : events) cuda::event_synchronize(e);  // every producing stream, not one
-  std::vector<std::byte> host(m.params[id].numel * dtype_size(dtype));
-  cuda::copy_to_host(host.data(), d_grad, host.size(), nullptr);
-  cuda::synchronize(nullptr);
-  add_grad(id, host.data(), dtype);
+  const OptParam& p = m.grad_param("add_grad_device", id, d_grad);
+  const bool gpu = cuda::available();
+  if (!gpu && !m.gpu_simulated)
+    throw std::runtime_error(fmt::format(
+        "add_grad_device '{}': no usable GPU ({}); add_grad takes gradients in host memory",
+        p.spec.name, device_info().reason));
+  if (!gpu && !events.empty())
+    throw std::invalid_argument(fmt::format(
+        "add_grad_device '{}': {} event(s) given but no GPU is usable (on a simulated device "
+        "tier d_grad is host memory standing in for the GPU's, and there are no events)",
+        p.spec.name, events.size()));
+  for (void* e : events) {
+    if (e == nullptr)
+      throw std::invalid_argument(fmt::format("add_grad_device '{}': a null event", p.spec.name));
+    cuda::stream_wait_event(nullptr, e);  // every producing stream, without blocking the host
+  }
+  const auto* src = static_cast<const std::byte*>(d_grad);
+  const std::size_t in_es = dtype_size(dtype);
+  std::vector<std::byte> staging;  // device memory's slice in host memory (a real GPU)
+  auto to_host = [&](std::uint64_t off, std::uint64_t n) -> const std::byte* {
+    if (!gpu) return src + off * in_es;  // the simulated device's memory is host memory
+    staging.resize(n * in_es);
+    cuda::copy_to_host(staging.data(), src + off * in_es, staging.size(), nullptr);
+    cuda::synchronize(nullptr);
+    return staging.data();
+  };
+  OptGroup& g = m.groups[p.group];
+  if (m.world > 1) {  // the reduction runs in host memory
+    add_grad(id, to_host(0, p.numel), dtype);
+    return;
+  }
+  const Dtype acc = m.acc_dtype(g);
+  const std::size_t acc_es = dtype_size(acc);
+  for (std::size_t k = 0; k < g.nsubs; ++k) {
+    OptSub& s = m.subs[g.first_sub + k];
+    const std::uint64_t b = std::max(p.offset, s.begin);
+    const std::uint64_t e = std::min(p.offset + p.numel, s.begin + s.numel);
+    if (b >= e) continue;
+    const std::size_t at = (b - s.begin) * acc_es;
+    const Tier tier = m.grad_tier_of(s);
+    if (tier == Tier::device && gpu && !m.gpu_simulated) {
+      // A sub-group the GPU steps: its gradient is accumulated where it is stepped (never
+      // down to the host and back up).
+      m.ingest(s, Tier::device, [&](std::byte* v) {
+        cuda::accumulate(v + at, acc, src + (b - p.offset) * in_es, dtype, e - b, nullptr);
+        cuda::synchronize(nullptr);  // before the view goes: the tier manager may copy it
+      });
+    } else {
+      const std::byte* host = to_host(b - p.offset, e - b);
+      m.ingest(s, tier,
+               [&](std::byte* v) { accumulate(v + at, acc, host, dtype, e - b, m.ctx()); });
+    }
+  }
 }
 
 void ShardedOptimizer::add_grad_bucket(ParamId first, std::size_t count, const void* grad,
@@ -1131,8 +1213,9 @@ StepResult ShardedOptimizer::step() {
       std::copy(s.sums.begin(), s.sums.end(), out);
       continue;
     }
-    Held v(m.tiers, m.tiers.acquire(s.grad, Tier::host));
-    grad_chunk_sums(v.v.data(), m.acc_dtype(g), s.numel, out, m.ctx());
+    const Tier tier = m.grad_tier_of(s);
+    Held v(m.tiers, m.tiers.acquire(s.grad, tier));
+    m.chunk_sums(s, v.v, tier, out);
   }
   if (m.world > 1) m.comm.all_reduce_sum(chunk.data(), chunk.size());
   double sum_sq = 0;
@@ -1240,8 +1323,7 @@ StepResult ShardedOptimizer::step() {
     }
     late_grads.reserve(late.size());
     for (std::size_t k : late)  // where the step reads it
-      late_grads.push_back(
-          m.tiers.acquire(m.subs[k].grad, m.subs[k].on_gpu ? Tier::device : Tier::host));
+      late_grads.push_back(m.tiers.acquire(m.subs[k].grad, m.grad_tier_of(m.subs[k])));
     m.step_count = t;
     m.tiers.commit();
   } catch (...) {

@@ -52,8 +52,11 @@ struct OptSub {
   bool undo = false;
   bool undo_saved = false;  // the undo blocks hold the state from before this step's speculation
   BlockId undo_block[kStateSlots] = {kNoBlock, kNoBlock, kNoBlock, kNoBlock, kNoBlock};
-  bool step_gpu = false;      // stepped by the CUDA kernels (state on the GPU, or in place in host
-                              // memory over a coherent link)
+  bool step_gpu = false;  // stepped by the CUDA kernels (state on the GPU, or in place in host
+                          // memory over a coherent link)
+  // Its gradient is accumulated (add_grad_device) and stepped in the device tier: a sub-group the
+  // GPU steps, when there is a device tier. Gradients from host memory still go to the host copy.
+  bool grad_gpu = false;
   std::uint32_t nparams = 0;  // trainable parameters overlapping it
   std::vector<ParamId> pids;  // which (group order)
   std::uint32_t seen = 0;     // of them, ingested in this backward
@@ -159,9 +162,23 @@ struct ShardedOptimizer::Impl {
   void gather_param16();
   void reduce_local(OptGroup& g);
   /// At the end of a sub-group's ingest in a final backward: its statistics (view: its
-  /// gradient), which also mark the gradient final.
+  /// gradient, in `tier`), which also mark the gradient final.
   /// Returns whether the gradient is final (and finite) and so may be stepped speculatively.
-  bool gradient_done(OptSub& s, const BlockView& grad);
+  bool gradient_done(OptSub& s, const BlockView& grad, Tier tier = Tier::host);
+  /// The statistics chunk sums of s's gradient (a view in `tier`: the CUDA pass on a GPU's
+  /// memory, the CPU one elsewhere; the same bits) into out[0, ceil(numel / kGradStatsChunk)).
+  void chunk_sums(const OptSub& s, const BlockView& grad, Tier tier, double* out);
+  /// Where s's gradient is accumulated from device memory and read by the step.
+  Tier grad_tier_of(const OptSub& s) const {
+    return s.grad_gpu || s.on_gpu ? Tier::device : Tier::host;
+  }
+  /// A trainable parameter's slice of gradient into s: `add(view bytes)` accumulates into its
+  /// gradient acquired for write in `tier`; the last slice of the backward marks it done.
+  template <class Add>
+  void ingest(OptSub& s, Tier tier, Add&& add);
+  /// The checks add_grad and add_grad_device share (finalized, in a backward, a trainable
+  /// parameter, a non-null gradient); returns the parameter.
+  const OptParam& grad_param(const char* what, ParamId id, const void* grad) const;
   /// After a sub-group's ingest: queues the speculative step (overlap, `final`), else spills the
   /// gradient to NVMe when grad_tier is nvme.
   void after_ingest(OptSub& s, bool final);
@@ -173,8 +190,18 @@ struct ShardedOptimizer::Impl {
   /// to `p16` in host memory.
   void gpu_step(OptSub& s, const GroupConfig& cfg, const GradView& grad, void* const* ptr,
                 std::uint64_t t, std::uint16_t* p16);
-  void* gpu_p16 = nullptr;
-  std::size_t gpu_p16_bytes = 0;
+  /// Device memory grown on demand (GPU steps and statistics; empty without a GPU).
+  struct DeviceScratch {
+    void* p = nullptr;
+    std::size_t bytes = 0;
+    void* get(std::size_t n);
+    DeviceScratch() = default;
+    DeviceScratch(const DeviceScratch&) = delete;
+    DeviceScratch& operator=(const DeviceScratch&) = delete;
+    ~DeviceScratch();
+  };
+  DeviceScratch gpu_p16;   // the 16-bit output of a GPU step (the step's thread)
+  DeviceScratch gpu_sums;  // statistics chunk sums of a device-resident gradient (ingest)
   void spec_loop();
   /// Waits until no speculative step is queued or running.
   void spec_drain();

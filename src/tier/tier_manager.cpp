@@ -351,6 +351,43 @@ struct TierManager::Impl {
           secs);
   }
 
+  // A device copy of zeros for block id, which has no data anywhere (a trimmed gradient, a new
+  // block): made in device memory with the lock released (the block busy meanwhile). Returns
+  // having done nothing when the block changed while memory was found (the caller looks again).
+  void zero_device(std::unique_lock<std::mutex>& lk, BlockId id) {
+    std::byte* p = alloc_slot(lk, kDev, id);
+    Block& b = *blocks[id];
+    if (b.busy || b.st[kDev] != CopyState::absent || b.st[kHost] != CopyState::absent ||
+        b.nvme_has_data()) {
+      device->free(p);
+      return;
+    }
+    b.busy = true;
+    const std::uint64_t n = b.alloc_bytes;
+    const bool simulated = device->simulated();
+    lk.unlock();
+    std::exception_ptr err;
+    try {
+      if (simulated) {
+        std::memset(p, 0, n);
+      } else {
+        cuda::zero_on_device(p, n, nullptr);
+        cuda::synchronize(nullptr);
+      }
+    } catch (...) {
+      err = std::current_exception();
+    }
+    lk.lock();
+    b.busy = false;
+    cv.notify_all();
+    if (err) {
+      device->free(p);
+      std::rethrow_exception(err);
+    }
+    b.data[kDev] = p;
+    b.st[kDev] = CopyState::valid;
+  }
+
   // ---- memory ------------------------------------------------------------------------------
   void drop(Block& b, int s) {
     pool(s).free(b.data[s]);
@@ -1021,7 +1058,18 @@ BlockView TierManager::acquire(BlockId id, Tier tier, Access access) {
         continue;
       }
     }
-    if (!m.blocks[id]->fresh[s]) m.ensure_host(lk, id, &waited);
+    if (!m.blocks[id]->fresh[s]) {
+      m.wait_not_busy(lk, id);
+      const Block& c = *m.blocks[id];
+      const bool dev_copy = c.st[kDev] == CopyState::valid || c.st[kDev] == CopyState::dirty;
+      if (s == kDev && !dev_copy && c.st[kHost] == CopyState::absent && !c.nvme_has_data()) {
+        m.zero_device(lk, id);  // no data anywhere: zeros made in device memory, nothing copied
+        continue;
+      }
+      // A device view of a device copy needs nothing from the host (a device copy, when there is
+      // one, is never older than the host's: see release()).
+      if (s != kDev || !dev_copy) m.ensure_host(lk, id, &waited);
+    }
     Block& b = *m.blocks[id];
     conflict(b);
     if (writes && b.st[kHost] == CopyState::writing) {

@@ -251,7 +251,13 @@ class ShardedOptimizer {
   /// Adds this rank's local gradient of a trainable parameter (param.numel() values of `dtype`,
   /// host memory) to the accumulated gradient.
   void add_grad(ParamId param, const void* grad, Dtype dtype);
-  /// The same from device memory once every event in `events` (cudaEvent_t as void*) completed.
+  /// The same from device memory, ordered after every event in `events` (cudaEvent_t as void*:
+  /// one per producing stream) with cudaStreamWaitEvent, so the host does not block on them. At
+  /// world size 1 the slices for sub-groups a GPU steps are accumulated in the device tier, where
+  /// the step reads them (nothing goes down to the host and back); the rest comes down to the
+  /// host. On a simulated device tier (no GPU) `d_grad` is host memory standing in for the GPU's
+  /// and `events` must be empty (std::invalid_argument otherwise); with neither a GPU nor a
+  /// simulated device tier it throws std::runtime_error.
   void add_grad_device(ParamId param, const void* d_grad, Dtype dtype,
                        std::span<void* const> events);
   /// A bucket: consecutive trainable parameters of one group, starting at `first`, their

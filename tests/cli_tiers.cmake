@@ -238,3 +238,37 @@ if(NOT rc EQUAL 0 OR e OR e2 OR NOT n EQUAL 2 OR kept LESS 1)
   message(FATAL_ERROR "demo --plan --overlap: ${rc} ${err} ${out}")
 endif()
 file(REMOVE "${pfile}")
+
+# demo --plan with GPU sub-groups: a device tier sized for the plan (GPU memory, or a simulated
+# tier standing in without a GPU), gradients handed over from device memory; with memory-only
+# resident state nothing crosses between host and device after the first step.
+file(WRITE "${pfile}" [=[{"format": "tierswap.plan", "version": 1,
+  "persist_resident_state": false, "subgroups": [
+  {"numel": 1, "state_tier": "host", "step_device": "cpu"},
+  {"numel": 1, "state_tier": "gpu", "step_device": "gpu"}]}]=])
+foreach(overlap "" "--overlap")
+  execute_process(COMMAND ${CLI} demo --params 2M --sub-group 256K --host-budget 64MiB --steps 3
+                          --plan "${pfile}" ${overlap} --max-grad-norm 0 --json
+                  RESULT_VARIABLE rc OUTPUT_VARIABLE out ERROR_VARIABLE err)
+  if(NOT rc EQUAL 0)
+    message(FATAL_ERROR "demo --plan (GPU sub-groups) ${overlap}: ${rc} ${err} ${out}")
+  endif()
+  string(JSON dev GET "${out}" device_tier)
+  string(JSON dgrads GET "${out}" device_gradients)
+  if(dev STREQUAL "off" OR NOT dgrads)
+    message(FATAL_ERROR "demo --plan (GPU sub-groups): device tier ${dev}, device gradients ${dgrads}")
+  endif()
+  foreach(i 1 2)
+    string(JSON up GET "${out}" steps ${i} device_in_bytes)
+    string(JSON down GET "${out}" steps ${i} device_out_bytes)
+    if(NOT up EQUAL 0 OR NOT down EQUAL 0)
+      message(FATAL_ERROR "demo --plan (GPU sub-groups) ${overlap} step ${i}: ${up} B up, ${down} B down; expected none")
+    endif()
+  endforeach()
+endforeach()
+execute_process(COMMAND ${CLI} demo --params 2M --plan "${pfile}" --device-budget banana
+                RESULT_VARIABLE rc OUTPUT_VARIABLE out ERROR_VARIABLE err)
+if(rc EQUAL 0 OR NOT err MATCHES "--device-budget")
+  message(FATAL_ERROR "demo --device-budget banana: ${rc} ${err}")
+endif()
+file(REMOVE "${pfile}")

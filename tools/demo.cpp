@@ -23,6 +23,7 @@
 
 #include "tierswap/aligned_buffer.hpp"
 #include "tierswap/communicator.hpp"
+#include "tierswap/cuda_kernels.hpp"
 #include "tierswap/io_engine.hpp"
 #include "tierswap/kernels.hpp"
 #include "tierswap/optimizer.hpp"
@@ -57,7 +58,35 @@ struct DemoOptions {
   std::string plan;      // a plan file (tierswap plan --out): per-sub-group placement
   bool overlap = false;  // sub-groups step during the (simulated) backward
   double max_grad_norm = 1.0;
+  std::string device_budget;  // empty: TIERSWAP_DEVICE_BUDGET, else sized for the plan's GPU state
 };
+
+// Device memory for the demo's gradients on a GPU (freed at scope exit).
+struct DeviceBuffer {
+  void* p = nullptr;
+  explicit DeviceBuffer(std::size_t bytes) : p(cuda::device_alloc(bytes)) {}
+  DeviceBuffer(const DeviceBuffer&) = delete;
+  DeviceBuffer& operator=(const DeviceBuffer&) = delete;
+  ~DeviceBuffer() { cuda::device_free(p); }
+};
+
+// The device tier a plan with GPU sub-groups needs for the demo's model: their state (twice with
+// overlap: undo copies) and gradients, one sub-group more for granularity, and the slab slack.
+std::uint64_t device_budget_for(const Plan& plan, std::uint64_t params, std::uint64_t sub_group,
+                                bool overlap) {
+  std::uint64_t total = 0, gpu = 0;
+  for (const auto& s : plan.subgroups) {
+    total += s.numel;
+    if (s.state_tier == Tier::device) gpu += s.numel;
+  }
+  if (gpu == 0 || total == 0) return 0;
+  const auto on_gpu =
+      static_cast<std::uint64_t>(static_cast<double>(params) * static_cast<double>(gpu) /
+                                 static_cast<double>(total)) +
+      sub_group;
+  const std::uint64_t bytes = on_gpu * ((overlap ? 2 : 1) * 12 + 2);  // AdamW fp32 state, bf16 grad
+  return round_up(bytes + bytes / 8 + 2 * kDeviceSlabSize, kDeviceSlabSize);
+}
 
 // The synthetic model: transformer-like layers of [h, 4h] and [4h, h] weights (the "decay"
 // group) plus per-layer biases and norm scales ("no_decay"), h = 1024, as many layers as fit.
@@ -97,14 +126,6 @@ void run_demo(const DemoOptions& o) {
   sc.capacity = round_up(2 * state + 2 * params * 2 + (256ull << 20), 1ull << 20);
   SwapSpace space = SwapSpace::create(sc);
   IoEngine engine(space, IoEngineConfig::from_env());
-  TierConfig tc = TierConfig::from_env();
-  tc.host_budget = parse_size(o.host_budget, "--host-budget");
-  tc.host_slab_size = 64ull << 20;
-  tc.device_mode = DeviceTierMode::off;
-  tc.lookahead = 9;
-  TierManager tiers(space, engine, tc);
-  auto comm = make_single_communicator();
-  ThreadPool pool(o.threads, tc.numa_node);  // step workers next to the pinned slabs
   OptimizerConfig oc;
   oc.subgroup_size = parse_size(o.sub_group, "--sub-group");
   oc.state_tier = OptimizerConfig::StateTier::nvme;
@@ -115,6 +136,20 @@ void run_demo(const DemoOptions& o) {
     plan = Plan::load(o.plan);
     if (plan->persist_resident_state) oc.persist_resident_state = *plan->persist_resident_state;
   }
+  TierConfig tc = TierConfig::from_env();
+  tc.host_budget = parse_size(o.host_budget, "--host-budget");
+  tc.host_slab_size = 64ull << 20;
+  tc.lookahead = 9;
+  // A device tier when the plan keeps state on the GPU (or one is asked for): GPU memory when a
+  // GPU is usable, else a simulated one standing in (device_mode auto).
+  if (!o.device_budget.empty())
+    tc.device_budget = parse_size(o.device_budget, "--device-budget");
+  else if (tc.device_budget == 0 && plan)
+    tc.device_budget = device_budget_for(*plan, params, oc.subgroup_size, o.overlap);
+  if (tc.device_budget == 0) tc.device_mode = DeviceTierMode::off;
+  TierManager tiers(space, engine, tc);
+  auto comm = make_single_communicator();
+  ThreadPool pool(o.threads, tc.numa_node);  // step workers next to the pinned slabs
   ShardedOptimizer opt(tiers, *comm, oc, &pool);
   if (plan) opt.set_plan(*plan);
   GroupConfig decay;
@@ -151,7 +186,44 @@ void run_demo(const DemoOptions& o) {
   std::normal_distribution<float> nd(0.0f, 1e-3f);
   for (auto& v : noise) v = float_to_bf16(nd(rng));
   nlohmann::json steps = nlohmann::json::array();
-  const int nv = static_cast<int>(Tier::nvme), hv = static_cast<int>(Tier::host);
+  const int nv = static_cast<int>(Tier::nvme), hv = static_cast<int>(Tier::host),
+            dv = static_cast<int>(Tier::device);
+  // With GPU sub-groups the gradients come from the GPU, as a trainer's backward hands them over
+  // (add_grad_device): from GPU memory, or on a simulated device tier from host memory standing
+  // in for it.
+  const DeviceTierMode device = tiers.device_tier();
+  bool gpu_steps = false;
+  for (std::size_t k = 0; k < opt.subgroup_count(); ++k) gpu_steps |= opt.placement(k).second;
+  const bool device_grads = device != DeviceTierMode::off && gpu_steps;
+  std::optional<DeviceBuffer> d_noise, d_big;
+  if (device_grads && device == DeviceTierMode::gpu) {
+    d_noise.emplace(noise.size() * 2);
+    cuda::copy_to_device(d_noise->p, noise.data(), noise.size() * 2, nullptr);
+    cuda::synchronize(nullptr);
+  }
+  auto hand_over = [&](ParamId id, const std::uint16_t* host, std::uint64_t n) {
+    if (!device_grads) {
+      opt.add_grad(id, host, Dtype::bf16);
+    } else if (device == DeviceTierMode::simulated) {
+      opt.add_grad_device(id, host, Dtype::bf16, {});
+    } else {  // the same values from GPU memory
+      const void* d = nullptr;
+      if (host >= noise.data() && host + n <= noise.data() + noise.size()) {
+        d = static_cast<const std::uint16_t*>(d_noise->p) + (host - noise.data());
+      } else {
+        d_big.emplace(n * 2);
+        cuda::copy_to_device(d_big->p, host, n * 2, nullptr);
+        cuda::synchronize(nullptr);
+        d = d_big->p;
+      }
+      opt.add_grad_device(id, d, Dtype::bf16, {});
+    }
+  };
+  if (device != DeviceTierMode::off && !o.json)
+    fmt::print("device tier: {} ({}), gradients handed over from {}\n",
+               device == DeviceTierMode::gpu ? "GPU memory" : "simulated: host memory standing in",
+               format_bytes(tc.device_budget),
+               device_grads ? "device memory (add_grad_device)" : "host memory (add_grad)");
   if (!o.plan.empty() && !o.json) {
     std::size_t where[kTierCount] = {};
     for (std::size_t k = 0; k < opt.subgroup_count(); ++k)
@@ -172,13 +244,13 @@ void run_demo(const DemoOptions& o) {
       const std::uint64_t n = opt.param(ids[i]).numel();
       const std::uint64_t shift = (i * 977 + step * 131) % 4096;
       if (n <= noise.size() - shift) {
-        opt.add_grad(ids[i], noise.data() + shift, Dtype::bf16);
+        hand_over(ids[i], noise.data() + shift, n);
       } else {
         std::vector<std::uint16_t> g(n);
         for (std::uint64_t off = 0; off < n; off += 16u << 20)
           std::memcpy(g.data() + off, noise.data() + shift,
                       std::min<std::uint64_t>(16u << 20, n - off) * 2);
-        opt.add_grad(ids[i], g.data(), Dtype::bf16);
+        hand_over(ids[i], g.data(), n);
       }
     }
     opt.end_backward();
@@ -200,6 +272,8 @@ void run_demo(const DemoOptions& o) {
                      {"nvme_read_bytes", r.bytes_out[nv]},
                      {"nvme_written_bytes", r.bytes_in[nv]},
                      {"host_in_bytes", r.bytes_in[hv]},
+                     {"device_in_bytes", r.bytes_in[dv]},
+                     {"device_out_bytes", r.bytes_out[dv]},
                      {"nvme_gbps", gbps},
                      {"overlapped_subgroups", r.overlapped_subgroups},
                      {"redone", r.redone},
@@ -208,11 +282,15 @@ void run_demo(const DemoOptions& o) {
       fmt::print(
           "step {}: {:.2f} s (waited {:.2f} s on I/O; gradient ingest {:.2f} s before it), NVMe "
           "read {} ({:.1f} B/param) written {} ({:.1f} B/param), {:.2f} GB/s; grad norm {:.4g}, "
-          "clip {:.3f}; generation {}{}\n",
+          "clip {:.3f}; generation {}{}{}\n",
           step, r.seconds, r.io_wait_seconds, ingest_s, format_bytes(r.bytes_out[nv]),
           static_cast<double>(r.bytes_out[nv]) / params, format_bytes(r.bytes_in[nv]),
           static_cast<double>(r.bytes_in[nv]) / params, gbps, r.grad_norm, r.clip_factor,
           r.generation,
+          device != DeviceTierMode::off
+              ? fmt::format("; host->device {}, device->host {}", format_bytes(r.bytes_in[dv]),
+                            format_bytes(r.bytes_out[dv]))
+              : std::string(),
           o.overlap ? fmt::format("; {} of {} sub-groups stepped during the ingest{}",
                                   r.overlapped_subgroups, opt.subgroup_count(),
                                   r.redone ? " (redone: clipped)" : "")
@@ -220,11 +298,16 @@ void run_demo(const DemoOptions& o) {
   }
   const std::string snap = tiers.snapshot().to_json();
   if (o.json) {
-    fmt::print("{}\n", nlohmann::json{{"params", params},
-                                      {"persist_resident_state", oc.persist_resident_state},
-                                      {"steps", steps},
-                                      {"residency", nlohmann::json::parse(snap)}}
-                           .dump(2));
+    fmt::print("{}\n",
+               nlohmann::json{{"params", params},
+                              {"persist_resident_state", oc.persist_resident_state},
+                              {"device_tier", device == DeviceTierMode::off   ? "off"
+                                              : device == DeviceTierMode::gpu ? "gpu"
+                                                                              : "simulated"},
+                              {"device_gradients", device_grads},
+                              {"steps", steps},
+                              {"residency", nlohmann::json::parse(snap)}}
+                   .dump(2));
   } else {
     fmt::print("\n");
     print_residency(snap, stdout);
@@ -383,6 +466,9 @@ void add_demo(CLI::App& app) {
   d->add_option("--plan", o->plan, "Place sub-groups by this plan file (tierswap plan --out)");
   d->add_flag("--overlap", o->overlap,
               "Overlapped step: sub-groups step during the gradient ingest, speculatively");
+  d->add_option("--device-budget", o->device_budget,
+                "Device tier bytes (default: TIERSWAP_DEVICE_BUDGET, else what the plan's "
+                "GPU-resident state needs; a simulated tier stands in without a GPU)");
   d->callback([o] { run_demo(*o); });
 }
 

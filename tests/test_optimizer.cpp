@@ -43,6 +43,25 @@ TierConfig tier_config(std::uint64_t budget, std::uint64_t slab) {
   return c;
 }
 
+// The host tier above beside a simulated device tier of `device_budget` bytes (host memory
+// standing in for a GPU's) with a fast simulated link.
+TierConfig simulated_gpu_config(std::uint64_t budget, std::uint64_t slab,
+                                std::uint64_t device_budget) {
+  TierConfig c = tier_config(budget, slab);
+  c.device_mode = DeviceTierMode::simulated;
+  c.device_budget = device_budget;
+  c.simulated_device_gbps = 1000;
+  return c;
+}
+
+// A plan with every kind of sub-group: NVMe state, host state, GPU state stepped on the GPU.
+Plan three_tier_plan() {
+  return Plan::from_json(R"({"format": "tierswap.plan", "version": 1, "subgroups": [
+      {"numel": 300, "state_tier": "nvme", "step_device": "cpu"},
+      {"numel": 300, "state_tier": "host", "step_device": "cpu"},
+      {"numel": 400, "state_tier": "gpu", "step_device": "gpu"}]})");
+}
+
 struct Rig {
   TempDir dir;
   std::unique_ptr<SwapSpace> space;
@@ -90,6 +109,16 @@ void expect_same_state(ShardedOptimizer& a, const test::ModelOptimizer& ma, Shar
     for (auto cls : {BlockClass::master, BlockClass::exp_avg, BlockClass::exp_avg_sq})
       EXPECT_TRUE(same_bits(full(a, ma.ids[p], cls), full(b, mb.ids[p], cls)))
           << test::model_params()[p].name << " " << to_string(cls);
+  }
+}
+
+// Every trainable parameter's 16-bit values equal in both runs.
+void expect_same_param16(ShardedOptimizer& a, const test::ModelOptimizer& ma, ShardedOptimizer& b,
+                         const test::ModelOptimizer& mb) {
+  for (std::size_t p = 0; p < ma.ids.size(); ++p) {
+    if (!test::model_params()[p].trainable) continue;
+    const auto x = a.param16(ma.ids[p]), y = b.param16(mb.ids[p]);
+    EXPECT_TRUE(std::equal(x.begin(), x.end(), y.begin(), y.end())) << test::model_params()[p].name;
   }
 }
 
@@ -529,12 +558,7 @@ TEST(ShardedOptimizer, OverlappedStepIsBitIdenticalToTheOrdinaryStep) {
     EXPECT_GT(redone, 0);
     EXPECT_GT(kept, 0);
     expect_same_state(*a.opt, ma, *b.opt, mb);
-    for (std::size_t p = 0; p < ma.ids.size(); ++p) {
-      if (!test::model_params()[p].trainable) continue;
-      const auto x = a.opt->param16(ma.ids[p]), y = b.opt->param16(mb.ids[p]);
-      EXPECT_TRUE(std::equal(x.begin(), x.end(), y.begin(), y.end()))
-          << test::model_params()[p].name;
-    }
+    expect_same_param16(*a.opt, ma, *b.opt, mb);
   }
 }
 
@@ -741,19 +765,13 @@ TEST(ShardedOptimizer, PlanGpuSubgroupsRunOnASimulatedDeviceTier) {
   Rig a;
   auto ma = test::start_model(*a.opt);
   test::train(*a.opt, ma, 1, 12, 0, 1);
-  const Plan plan = Plan::from_json(R"({"format": "tierswap.plan", "version": 1, "subgroups": [
-      {"numel": 300, "state_tier": "nvme", "step_device": "cpu"},
-      {"numel": 300, "state_tier": "host", "step_device": "cpu"},
-      {"numel": 400, "state_tier": "gpu", "step_device": "gpu"}]})");
+  const Plan plan = three_tier_plan();
   for (const bool overlap : {false, true}) {
     for (const std::uint64_t device_budget : {4 * kMiB, 128 * kKiB}) {
       SCOPED_TRACE(fmt::format("overlap {}, device budget {}", overlap, device_budget));
       OptimizerConfig oc = test::model_config();
       oc.overlap = overlap;
-      TierConfig tc = tier_config(2 * kMiB, 128 * kKiB);
-      tc.device_mode = DeviceTierMode::simulated;
-      tc.device_budget = device_budget;
-      tc.simulated_device_gbps = 1000;
+      TierConfig tc = simulated_gpu_config(2 * kMiB, 128 * kKiB, device_budget);
       Rig b(tc, oc);
       ASSERT_EQ(b.tiers->device_tier(), DeviceTierMode::simulated);
       b.opt->set_plan(plan);
@@ -771,12 +789,7 @@ TEST(ShardedOptimizer, PlanGpuSubgroupsRunOnASimulatedDeviceTier) {
       const auto rb = test::train(*b.opt, mb, 1, 12, 0, 1);
       EXPECT_TRUE(rb[test::kOverflowStep - 1].skipped);
       expect_same_state(*a.opt, ma, *b.opt, mb);
-      for (std::size_t p = 0; p < ma.ids.size(); ++p) {
-        if (!test::model_params()[p].trainable) continue;
-        const auto x = a.opt->param16(ma.ids[p]), y = b.opt->param16(mb.ids[p]);
-        EXPECT_TRUE(std::equal(x.begin(), x.end(), y.begin(), y.end()))
-            << test::model_params()[p].name;
-      }
+      expect_same_param16(*a.opt, ma, *b.opt, mb);
       const auto c = b.tiers->counters();
       EXPECT_GT(c.bytes_in[static_cast<int>(Tier::device)], 0u);
       EXPECT_LE(c.peak_reserved_bytes[static_cast<int>(Tier::device)], device_budget);
@@ -810,10 +823,7 @@ TEST(ShardedOptimizer, DeviceGradientsStayInTheDeviceTier) {
   Rig a;
   auto ma = test::start_model(*a.opt);
   test::train(*a.opt, ma, 1, 12, 0, 1);
-  const Plan plan = Plan::from_json(R"({"format": "tierswap.plan", "version": 1, "subgroups": [
-      {"numel": 300, "state_tier": "nvme", "step_device": "cpu"},
-      {"numel": 300, "state_tier": "host", "step_device": "cpu"},
-      {"numel": 400, "state_tier": "gpu", "step_device": "gpu"}]})");
+  const Plan plan = three_tier_plan();
   const int d = static_cast<int>(Tier::device);
   for (const bool overlap : {false, true}) {
     for (const Tier grad_tier : {Tier::host, Tier::nvme}) {
@@ -826,10 +836,7 @@ TEST(ShardedOptimizer, DeviceGradientsStayInTheDeviceTier) {
         oc.overlap = overlap;
         oc.persist_resident_state = false;
         oc.grad_tier = grad_tier;
-        TierConfig tc = tier_config(4 * kMiB, 128 * kKiB);
-        tc.device_mode = DeviceTierMode::simulated;
-        tc.device_budget = 4 * kMiB;
-        tc.simulated_device_gbps = 1000;
+        TierConfig tc = simulated_gpu_config(4 * kMiB, 128 * kKiB, 4 * kMiB);
         Rig b(tc, oc);
         b.opt->set_plan(plan);
         auto mb = test::start_model(*b.opt);
@@ -841,12 +848,7 @@ TEST(ShardedOptimizer, DeviceGradientsStayInTheDeviceTier) {
         up[device_grads ? 1 : 0] = c1.bytes_in[d] - c0.bytes_in[d];
         down[device_grads ? 1 : 0] = c1.bytes_out[d] - c0.bytes_out[d];
         expect_same_state(*a.opt, ma, *b.opt, mb);
-        for (std::size_t p = 0; p < ma.ids.size(); ++p) {
-          if (!test::model_params()[p].trainable) continue;
-          const auto x = a.opt->param16(ma.ids[p]), y = b.opt->param16(mb.ids[p]);
-          EXPECT_TRUE(std::equal(x.begin(), x.end(), y.begin(), y.end()))
-              << test::model_params()[p].name;
-        }
+        expect_same_param16(*a.opt, ma, *b.opt, mb);
       }
       EXPECT_GT(up[0], 0u) << "host gradients go up to the GPU sub-groups every step";
       EXPECT_EQ(down[0], 0u) << "the GPU-resident state never comes down";
@@ -856,10 +858,7 @@ TEST(ShardedOptimizer, DeviceGradientsStayInTheDeviceTier) {
 
   {  // misuse
     OptimizerConfig oc = test::model_config();
-    TierConfig tc = tier_config(4 * kMiB, 128 * kKiB);
-    tc.device_mode = DeviceTierMode::simulated;
-    tc.device_budget = 4 * kMiB;
-    Rig b(tc, oc);
+    Rig b(simulated_gpu_config(4 * kMiB, 128 * kKiB, 4 * kMiB), oc);
     b.opt->set_plan(plan);
     auto mb = test::start_model(*b.opt);
     std::vector<std::uint16_t> g(b.opt->param(mb.ids[0]).numel(), 0);
@@ -910,12 +909,7 @@ TEST(ShardedOptimizer, MemoryOnlyResidentStateGivesTheSameBitsWithoutNvmeIo) {
       {"numel": 1, "state_tier": "nvme", "step_device": "cpu"},
       {"numel": 1, "state_tier": "host", "step_device": "cpu"}]})");
   auto same16 = [&](ShardedOptimizer& b, const test::ModelOptimizer& mb) {
-    for (std::size_t p = 0; p < ma.ids.size(); ++p) {
-      if (!test::model_params()[p].trainable) continue;
-      const auto x = a.opt->param16(ma.ids[p]), y = b.param16(mb.ids[p]);
-      EXPECT_TRUE(std::equal(x.begin(), x.end(), y.begin(), y.end()))
-          << test::model_params()[p].name;
-    }
+    expect_same_param16(*a.opt, ma, b, mb);
   };
   for (const bool overlap : {false, true}) {
     for (const bool with_plan : {false, true}) {
@@ -1046,10 +1040,7 @@ TEST(ShardedOptimizer, MemoryOnlyResidentStateGivesTheSameBitsWithoutNvmeIo) {
 
   // GPU-resident state too (a simulated device tier): the same bits, and fewer NVMe bytes than
   // the persisted run of the same plan, whose GPU and host state is committed at every step.
-  const Plan three = Plan::from_json(R"({"format": "tierswap.plan", "version": 1, "subgroups": [
-      {"numel": 300, "state_tier": "nvme", "step_device": "cpu"},
-      {"numel": 300, "state_tier": "host", "step_device": "cpu"},
-      {"numel": 400, "state_tier": "gpu", "step_device": "gpu"}]})");
+  const Plan three = three_tier_plan();
   for (const bool overlap : {false, true}) {
     SCOPED_TRACE(fmt::format("GPU-resident, overlap {}", overlap));
     std::uint64_t written[2] = {};
@@ -1057,10 +1048,7 @@ TEST(ShardedOptimizer, MemoryOnlyResidentStateGivesTheSameBitsWithoutNvmeIo) {
       OptimizerConfig oc = test::model_config();
       oc.overlap = overlap;
       oc.persist_resident_state = persist;
-      TierConfig tc = tier_config(4 * kMiB, 128 * kKiB);
-      tc.device_mode = DeviceTierMode::simulated;
-      tc.device_budget = 4 * kMiB;
-      tc.simulated_device_gbps = 1000;
+      TierConfig tc = simulated_gpu_config(4 * kMiB, 128 * kKiB, 4 * kMiB);
       Rig g(tc, oc);
       g.opt->set_plan(three);
       auto mg = test::start_model(*g.opt);
@@ -1081,10 +1069,7 @@ TEST(ShardedOptimizer, MemoryOnlyResidentStateGivesTheSameBitsWithoutNvmeIo) {
   {  // memory-only GPU state larger than the device budget
     OptimizerConfig oc = test::model_config();
     oc.persist_resident_state = false;
-    TierConfig tc = tier_config(4 * kMiB, 128 * kKiB);
-    tc.device_mode = DeviceTierMode::simulated;
-    tc.device_budget = 64 * kKiB;
-    Rig g(tc, oc);
+    Rig g(simulated_gpu_config(4 * kMiB, 128 * kKiB, 64 * kKiB), oc);
     g.opt->set_plan(three);
     try {
       test::build_model(*g.opt);

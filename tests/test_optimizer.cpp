@@ -896,6 +896,105 @@ TEST(ShardedOptimizer, DeviceGradientsStayInTheDeviceTier) {
   }
 }
 
+// bind_param16_device: the trainer's device copies of the 16-bit parameters (host memory standing
+// in on a simulated device tier) equal param16() after binding, after every step (ordinary and
+// overlapped, through an overflow and clipping steps, with GPU, host and NVMe sub-groups), already
+// when on_param16_ready is called for a parameter, and after a step that failed and was rolled
+// back; an unbound copy is left alone; misuse is refused by name.
+TEST(ShardedOptimizer, BoundDeviceCopiesOfTheParam16FollowEveryStep) {
+  Rig a;
+  auto ma = test::start_model(*a.opt);
+  test::train(*a.opt, ma, 1, 12, 0, 1);
+  for (const bool overlap : {false, true}) {
+    SCOPED_TRACE(fmt::format("overlap {}", overlap));
+    std::atomic<bool> fail{false};
+    OptimizerConfig oc = test::model_config();
+    oc.overlap = overlap;
+    oc.persist_resident_state = false;
+    Rig b(simulated_gpu_config(4 * kMiB, 128 * kKiB, 4 * kMiB), oc, 64 * kMiB,
+          [&](const detail::IoRequest& q, std::uint64_t) {
+            return fail.load() && q.op == IoOp::write
+                       ? detail::Fault{detail::Fault::Kind::error, EIO}
+                       : detail::Fault{};
+          });
+    b.opt->set_plan(three_tier_plan());
+    auto mb = test::start_model(*b.opt);
+    std::map<ParamId, std::vector<std::uint16_t>> bound;
+    for (std::size_t p = 0; p < mb.ids.size(); ++p) {
+      if (!test::model_params()[p].trainable) continue;
+      auto& v = bound[mb.ids[p]];
+      v.assign(b.opt->param(mb.ids[p]).numel(), 0xdead);
+      b.opt->bind_param16_device(mb.ids[p], v.data());
+    }
+    auto expect_bound = [&](const char* when) {
+      for (const auto& [id, v] : bound) {
+        const auto x = b.opt->param16(id);
+        EXPECT_TRUE(std::equal(x.begin(), x.end(), v.begin(), v.end()))
+            << when << ": " << b.opt->param(id).name;
+      }
+    };
+    expect_bound("bound");
+    std::size_t calls = 0, stale = 0;
+    b.opt->on_param16_ready([&](ParamId id, std::span<const std::uint16_t> v) {
+      ++calls;
+      const auto& d = bound.at(id);
+      stale += !std::equal(v.begin(), v.end(), d.begin(), d.end());
+    });
+    for (int t = 1; t <= 6; ++t) {
+      test::train(*b.opt, mb, t, t, 0, 1);
+      expect_bound(fmt::format("step {}", t).c_str());
+    }
+    EXPECT_GT(calls, 0u);
+    EXPECT_EQ(stale, 0u) << "on_param16_ready before the device copy was written";
+    fail = true;  // a write error on the NVMe sub-groups: the step rolls back
+    EXPECT_THROW(test::train(*b.opt, mb, 7, 7, 0, 1), std::system_error);
+    fail = false;
+    EXPECT_EQ(b.opt->step_count(), 5u);  // step 6 overflowed (skipped)
+    expect_bound("rolled back");
+    for (int t = 7; t <= 12; ++t) {
+      test::train(*b.opt, mb, t, t, 0, 1);
+      expect_bound(fmt::format("step {}", t).c_str());
+    }
+    EXPECT_EQ(stale, 0u);
+    expect_same_state(*a.opt, ma, *b.opt, mb);
+    expect_same_param16(*a.opt, ma, *b.opt, mb);
+    // Unbound: left alone.
+    const ParamId first = bound.begin()->first;
+    b.opt->bind_param16_device(first, nullptr);
+    std::fill(bound[first].begin(), bound[first].end(), 0xdead);
+    test::train(*b.opt, mb, 13, 13, 0, 1);
+    EXPECT_TRUE(std::all_of(bound[first].begin(), bound[first].end(),
+                            [](std::uint16_t x) { return x == 0xdead; }));
+  }
+  {  // misuse
+    Rig b(simulated_gpu_config(4 * kMiB, 128 * kKiB, 4 * kMiB));
+    std::vector<std::uint16_t> v(1 << 16);
+    EXPECT_THROW(b.opt->bind_param16_device(0, v.data()), std::logic_error);  // not finalized
+    auto mb = test::start_model(*b.opt);
+    EXPECT_THROW(b.opt->bind_param16_device(999, v.data()), std::invalid_argument);
+    for (std::size_t p = 0; p < mb.ids.size(); ++p)
+      if (!test::model_params()[p].trainable) {
+        try {
+          b.opt->bind_param16_device(mb.ids[p], v.data());
+          ADD_FAILURE() << "a frozen parameter bound";
+        } catch (const std::invalid_argument& e) {
+          EXPECT_NE(std::string(e.what()).find("frozen"), std::string::npos) << e.what();
+        }
+      }
+  }
+  if (!device_info().available) {  // no GPU, no simulated device tier
+    Rig c;
+    auto mc = test::start_model(*c.opt);
+    std::vector<std::uint16_t> v(c.opt->param(mc.ids[0]).numel());
+    try {
+      c.opt->bind_param16_device(mc.ids[0], v.data());
+      ADD_FAILURE() << "bound without a GPU or a simulated device tier";
+    } catch (const std::runtime_error& e) {
+      EXPECT_NE(std::string(e.what()).find("no usable GPU"), std::string::npos) << e.what();
+    }
+  }
+}
+
 // persist_resident_state = false: host-resident state in memory only. Bit-identical to the
 // persisted run over overflow and clipping steps, with and without overlap, alone and beside
 // NVMe-streamed sub-groups (a plan); no NVMe byte for it; a step failing on the NVMe side leaves it

@@ -476,6 +476,8 @@ void ShardedOptimizer::load(const std::filesystem::path& dir) {
     }
   }
   m.refresh_param16();
+  m.upload16_all();
+  m.p16_sync();
 }
 
 }  // namespace tierswap

@@ -289,6 +289,7 @@ void ShardedOptimizer::Impl::create_blocks() {
   // parameters (so a plan made for another sub-group size or model still applies).
   if (!plan && !cfg.plan_file.empty()) plan = Plan::load(cfg.plan_file);
   gpu_simulated = tiers.device_tier() == DeviceTierMode::simulated;
+  device_ptrs = cuda::available();
   std::uint64_t rank_total = 0, pos = 0;
   for (const auto& s : subs) rank_total += s.numel;
   bool any_streaming = false;
@@ -489,10 +490,51 @@ void ShardedOptimizer::Impl::settle(const OptSub& s, BlockId b) {
 
 void ShardedOptimizer::Impl::p16_begin() {
   for (auto& p : params) p.left = p.nsubs;
+  for (auto& s : subs) s.d16_done = false;
+}
+
+void ShardedOptimizer::Impl::upload16(const OptSub& s) {
+  if (!any_d16) return;
+  for (ParamId id : s.pids) {
+    const OptParam& q = params[id];
+    if (q.d16 == nullptr || s.d16_done) continue;
+    const std::uint64_t b = std::max(q.offset, s.begin);
+    const std::uint64_t e = std::min(q.offset + q.numel, s.begin + s.numel);
+    auto* dst = static_cast<std::uint16_t*>(q.d16) + (b - q.offset);
+    const std::uint16_t* src = groups[q.group].p16.data() + b;
+    if (device_ptrs) {
+      cuda::copy_to_device(dst, src, (e - b) * sizeof(std::uint16_t), nullptr);
+      p16_pending = true;
+    } else {
+      std::memcpy(dst, src, (e - b) * sizeof(std::uint16_t));
+    }
+  }
+}
+
+void ShardedOptimizer::Impl::upload16_all() {
+  if (!any_d16) return;
+  for (const OptParam& q : params) {
+    if (q.d16 == nullptr) continue;
+    const std::uint16_t* src = groups[q.group].p16.data() + q.offset;
+    if (device_ptrs) {
+      cuda::copy_to_device(q.d16, src, q.numel * sizeof(std::uint16_t), nullptr);
+      p16_pending = true;
+    } else {
+      std::memcpy(q.d16, src, q.numel * sizeof(std::uint16_t));
+    }
+  }
+}
+
+void ShardedOptimizer::Impl::p16_sync() {
+  if (!p16_pending) return;
+  p16_pending = false;
+  cuda::synchronize(nullptr);
 }
 
 void ShardedOptimizer::Impl::p16_done(const OptSub& s) {
-  if (!p16_ready || world > 1) return;
+  if (world > 1) return;
+  upload16(s);
+  if (!p16_ready) return;
   for (ParamId id : s.pids) {
     OptParam& p = params[id];
     if (p.left > 0 && --p.left == 0)
@@ -501,6 +543,7 @@ void ShardedOptimizer::Impl::p16_done(const OptSub& s) {
 }
 
 void ShardedOptimizer::Impl::p16_all() {
+  upload16_all();
   if (!p16_ready) return;
   for (std::size_t id = 0; id < params.size(); ++id) {
     const OptParam& p = params[id];
@@ -622,6 +665,20 @@ void ShardedOptimizer::Impl::gpu_step(OptSub& s, const GroupConfig& gc, const Gr
       break;
   }
   cuda::copy_to_host(p16, d16, bytes16, nullptr);  // stream-ordered after the kernel
+  // The final output (not a speculative one) at world size 1: bound device copies take it from
+  // the kernel's output, device to device (at world size > 1 they follow the all-gather).
+  if (any_d16 && world == 1 && p16 == g.p16.data() + s.begin) {
+    for (ParamId id : s.pids) {
+      const OptParam& q = params[id];
+      if (q.d16 == nullptr) continue;
+      const std::uint64_t b = std::max(q.offset, s.begin);
+      const std::uint64_t e = std::min(q.offset + q.numel, s.begin + s.numel);
+      cuda::copy_on_device(static_cast<std::uint16_t*>(q.d16) + (b - q.offset),
+                           static_cast<const std::uint16_t*>(d16) + (b - s.begin),
+                           (e - b) * sizeof(std::uint16_t), nullptr);
+    }
+    s.d16_done = true;
+  }
   cuda::synchronize(nullptr);
 }
 
@@ -919,6 +976,33 @@ void ShardedOptimizer::on_param16_ready(Param16Ready fn) {
   impl_->p16_ready = std::move(fn);
 }
 
+void ShardedOptimizer::bind_param16_device(ParamId id, void* d_param16) {
+  Impl& m = *impl_;
+  m.require_finalized("bind_param16_device");
+  if (id >= m.params.size())
+    throw std::invalid_argument(fmt::format("bind_param16_device: no parameter {}", id));
+  OptParam& p = m.params[id];
+  if (!p.spec.requires_grad)
+    throw std::invalid_argument(fmt::format(
+        "bind_param16_device: parameter '{}' is frozen (its 16-bit values are the trainer's)",
+        p.spec.name));
+  if (d_param16 != nullptr && !m.device_ptrs && !m.gpu_simulated)
+    throw std::runtime_error(
+        fmt::format("bind_param16_device '{}': no usable GPU ({}) and no simulated device tier",
+                    p.spec.name, device_info().reason));
+  p.d16 = d_param16;
+  m.any_d16 = std::any_of(m.params.begin(), m.params.end(),
+                          [](const OptParam& q) { return q.d16 != nullptr; });
+  if (d_param16 == nullptr) return;
+  const std::uint16_t* src = m.groups[p.group].p16.data() + p.offset;
+  if (m.device_ptrs) {
+    cuda::copy_to_device(d_param16, src, p.numel * sizeof(std::uint16_t), nullptr);
+    cuda::synchronize(nullptr);
+  } else {
+    std::memcpy(d_param16, src, p.numel * sizeof(std::uint16_t));
+  }
+}
+
 void ShardedOptimizer::set_plan(const Plan& plan) {
   Impl& m = *impl_;
   if (m.finalized) throw std::logic_error("set_plan: the optimizer is finalized");
@@ -977,6 +1061,8 @@ void ShardedOptimizer::initialize(const ParamInit& init) {
     s.sums.clear();
   }
   m.gather_param16();
+  m.upload16_all();
+  m.p16_sync();
   m.step_count = 0;
   m.scale = m.cfg.loss_scaler.mode != LossScaling::none ? m.cfg.loss_scaler.init_scale : 1.0;
   m.growth_tracker = 0;
@@ -1072,7 +1158,7 @@ void ShardedOptimizer::add_grad_device(ParamId id, const void* d_grad, Dtype dty
                                        std::span<void* const> events) {
   Impl& m = *impl_;
   const OptParam& p = m.grad_param("add_grad_device", id, d_grad);
-  const bool gpu = cuda::available();
+  const bool gpu = m.device_ptrs;
   if (!gpu && !m.gpu_simulated)
     throw std::runtime_error(fmt::format(
         "add_grad_device '{}': no usable GPU ({}); add_grad takes gradients in host memory",
@@ -1338,6 +1424,7 @@ StepResult ShardedOptimizer::step() {
         m.refresh_param16();
         m.p16_all();  // the values the trainer was given are undone
       }
+      m.p16_sync();
     } catch (const std::exception& e) {
       log(LogLevel::error,
           fmt::format("step: rolling back after an error failed too: {}", e.what()));
@@ -1370,6 +1457,7 @@ StepResult ShardedOptimizer::step() {
   }
   finish();
   if (m.world > 1) m.p16_all();  // the step is complete: an exception here leaves it done
+  m.p16_sync();
   return r;
 }
 

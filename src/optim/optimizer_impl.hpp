@@ -32,6 +32,9 @@ struct OptParam {
   std::uint64_t numel = 0;
   std::uint64_t offset = 0;             // in the group's flat space (trainable parameters)
   std::vector<std::uint16_t> frozen16;  // a frozen parameter's 16-bit memory
+  // bind_param16_device(): the trainer's device copy of the 16-bit values (host memory standing
+  // in on a simulated device tier), kept equal to param16() by step().
+  void* d16 = nullptr;
 };
 
 struct OptSub {
@@ -57,6 +60,9 @@ struct OptSub {
   // Its gradient is accumulated (add_grad_device) and stepped in the device tier: a sub-group the
   // GPU steps, when there is a device tier. Gradients from host memory still go to the host copy.
   bool grad_gpu = false;
+  // Its 16-bit values of this step went from the GPU step's output straight to the bound device
+  // copies (device to device): upload16() skips it.
+  bool d16_done = false;
   std::uint32_t nparams = 0;  // trainable parameters overlapping it
   std::vector<ParamId> pids;  // which (group order)
   std::uint32_t seen = 0;     // of them, ingested in this backward
@@ -132,6 +138,18 @@ struct ShardedOptimizer::Impl {
   void p16_begin();                   // a step starts: every parameter waits for its sub-groups
   void p16_done(const OptSub& s);     // s stepped (world size 1): call for what is now final
   void p16_all();                     // call for every trainable parameter
+  // Bound device copies (bind_param16_device): s's slices of them from its new 16-bit values in
+  // host memory (those a GPU step already wrote there from its kernel output are skipped), or
+  // every bound parameter whole. Copies to GPU memory are stream-ordered on the calling thread's
+  // stream; p16_sync() waits for them (step() does before it returns).
+  void upload16(const OptSub& s);
+  void upload16_all();
+  void p16_sync();
+  bool p16_pending = false;  // copies to bound GPU memory issued and not yet waited for
+  bool any_d16 = false;      // some parameter is bound
+  // Pointers the trainer hands over as device memory are GPU memory (a usable GPU), else host
+  // memory standing in for it (a simulated device tier without a GPU). Set at finalize().
+  bool device_ptrs = false;
   /// After writing block b of s in host memory: memory-only GPU state moves up at once (its host
   /// copy could not be evicted while it is the only one).
   void settle(const OptSub& s, BlockId b);

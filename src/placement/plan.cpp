@@ -120,7 +120,9 @@ Sim simulate(const Model& m, const Shape& s, double backward, const std::vector<
       case Option::gpu_gpu: {
         Stage g;
         g.secs[kGpu] = m.kernel_b * x / r[kGpu];
-        end = g.run(free, ready);
+        Stage d16;  // the 16-bit output down into param16() (the GPU's copy is written in place)
+        d16.secs[kD2H] = 2 * x / r[kD2H];
+        end = d16.run(free, g.run(free, ready));
         if (m.persist) {  // the new state down the link and onto NVMe
           Stage d;
           d.secs[kD2H] = m.state_b * x / r[kD2H];
@@ -133,7 +135,7 @@ Sim simulate(const Model& m, const Shape& s, double backward, const std::vector<
       case Option::host_gpu: {
         Stage g;  // the kernel streams the state over the link, both ways at once
         g.secs[kH2D] = m.state_b * x / m.rates.host_read;
-        g.secs[kD2H] = m.state_b * x / m.rates.host_write;
+        g.secs[kD2H] = (m.state_b + 2) * x / m.rates.host_write;  // and the 16-bit output
         g.secs[kHostMem] = 2 * m.state_b * x / r[kHostMem];
         g.secs[kGpu] = std::max({g.secs[kH2D], g.secs[kD2H], (4 + 2) * x / r[kGpu]});
         end = g.run(free, ready);
@@ -566,13 +568,14 @@ Plan make_plan(const HardwareProfile& hw, const PlanOptions& o) {
         s.step_device = s.cast_on = StepDevice::gpu;
         s.grad_tier = Tier::device;
         p.links.gpu_memory += static_cast<std::uint64_t>(m.kernel_b) * x;
+        p.links.d2h += 2 * x;  // the 16-bit output into param16()
         break;
       case Option::host_gpu:
         s.state_tier = Tier::host;
         s.step_device = s.cast_on = StepDevice::gpu;
         s.grad_tier = Tier::device;
         p.links.h2d += st;
-        p.links.d2h += st;
+        p.links.d2h += st + 2 * x;  // and the 16-bit output into param16()
         p.links.host_memory += 2 * st;
         p.links.gpu_memory += 6 * x;
         break;

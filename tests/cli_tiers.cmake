@@ -240,7 +240,8 @@ endif()
 file(REMOVE "${pfile}")
 
 # demo --plan with GPU sub-groups: a device tier sized for the plan (GPU memory, or a simulated
-# tier standing in without a GPU), gradients handed over from device memory; with memory-only
+# tier standing in without a GPU), gradients handed over from device memory, the 16-bit
+# parameters kept in a bound device copy that ends equal to param16(); with memory-only
 # resident state nothing crosses between host and device after the first step.
 file(WRITE "${pfile}" [=[{"format": "tierswap.plan", "version": 1,
   "persist_resident_state": false, "subgroups": [
@@ -255,8 +256,9 @@ foreach(overlap "" "--overlap")
   endif()
   string(JSON dev GET "${out}" device_tier)
   string(JSON dgrads GET "${out}" device_gradients)
-  if(dev STREQUAL "off" OR NOT dgrads)
-    message(FATAL_ERROR "demo --plan (GPU sub-groups): device tier ${dev}, device gradients ${dgrads}")
+  string(JSON d16 GET "${out}" param16_device_copy_matches)
+  if(dev STREQUAL "off" OR NOT dgrads OR NOT d16)
+    message(FATAL_ERROR "demo --plan (GPU sub-groups): device tier ${dev}, device gradients ${dgrads}, device copy of param16 matches ${d16}")
   endif()
   foreach(i 1 2)
     string(JSON up GET "${out}" steps ${i} device_in_bytes)

@@ -195,8 +195,11 @@ void run_demo(const DemoOptions& o) {
   bool gpu_steps = false;
   for (std::size_t k = 0; k < opt.subgroup_count(); ++k) gpu_steps |= opt.placement(k).second;
   const bool device_grads = device != DeviceTierMode::off && gpu_steps;
+  // What the optimizer takes for device memory: GPU memory when a GPU is usable, else host memory
+  // standing in for it (a simulated device tier).
+  const bool gpu_ptrs = cuda::available();
   std::optional<DeviceBuffer> d_noise, d_big;
-  if (device_grads && device == DeviceTierMode::gpu) {
+  if (device_grads && gpu_ptrs) {
     d_noise.emplace(noise.size() * 2);
     cuda::copy_to_device(d_noise->p, noise.data(), noise.size() * 2, nullptr);
     cuda::synchronize(nullptr);
@@ -204,7 +207,7 @@ void run_demo(const DemoOptions& o) {
   auto hand_over = [&](ParamId id, const std::uint16_t* host, std::uint64_t n) {
     if (!device_grads) {
       opt.add_grad(id, host, Dtype::bf16);
-    } else if (device == DeviceTierMode::simulated) {
+    } else if (!gpu_ptrs) {
       opt.add_grad_device(id, host, Dtype::bf16, {});
     } else {  // the same values from GPU memory
       const void* d = nullptr;
@@ -219,11 +222,34 @@ void run_demo(const DemoOptions& o) {
       opt.add_grad_device(id, d, Dtype::bf16, {});
     }
   };
+  // And the trainer's device copy of the 16-bit parameters, kept by the optimizer
+  // (bind_param16_device): one buffer, each parameter at its place in it.
+  std::uint64_t n16 = 0;
+  std::vector<std::uint64_t> at16;
+  for (const ParamId id : ids) {
+    at16.push_back(n16);
+    n16 += opt.param(id).numel();
+  }
+  std::optional<DeviceBuffer> d16_gpu;
+  std::vector<std::uint16_t> d16_host;  // standing in for GPU memory
+  std::uint16_t* d16 = nullptr;
+  if (device_grads) {
+    if (gpu_ptrs) {
+      d16_gpu.emplace(n16 * 2);
+      d16 = static_cast<std::uint16_t*>(d16_gpu->p);
+    } else {
+      d16_host.assign(n16, 0);
+      d16 = d16_host.data();
+    }
+    for (std::size_t i = 0; i < ids.size(); ++i) opt.bind_param16_device(ids[i], d16 + at16[i]);
+  }
   if (device != DeviceTierMode::off && !o.json)
     fmt::print("device tier: {} ({}), gradients handed over from {}\n",
                device == DeviceTierMode::gpu ? "GPU memory" : "simulated: host memory standing in",
                format_bytes(tc.device_budget),
-               device_grads ? "device memory (add_grad_device)" : "host memory (add_grad)");
+               device_grads ? "device memory (add_grad_device), 16-bit parameters kept in a device "
+                              "copy (bind_param16_device)"
+                            : "host memory (add_grad)");
   if (!o.plan.empty() && !o.json) {
     std::size_t where[kTierCount] = {};
     for (std::size_t k = 0; k < opt.subgroup_count(); ++k)
@@ -296,6 +322,27 @@ void run_demo(const DemoOptions& o) {
                                   r.redone ? " (redone: clipped)" : "")
                     : std::string());
   }
+  // The device copy of the 16-bit parameters must equal param16().
+  std::optional<bool> d16_match;
+  if (d16 != nullptr) {
+    std::vector<std::uint16_t> got(n16);
+    if (gpu_ptrs) {
+      cuda::copy_to_host(got.data(), d16, n16 * 2, nullptr);
+      cuda::synchronize(nullptr);
+    } else {
+      got = d16_host;
+    }
+    bool same = true;
+    for (std::size_t i = 0; i < ids.size(); ++i) {
+      const auto v = opt.param16(ids[i]);
+      same = same && std::equal(v.begin(), v.end(), got.begin() + at16[i]);
+    }
+    d16_match = same;
+    if (!o.json)
+      fmt::print("device copy of the 16-bit parameters {} param16()\n",
+                 same ? "equals" : "DIFFERS FROM");
+    if (!same) throw std::runtime_error("demo: the bound device copy differs from param16()");
+  }
   const std::string snap = tiers.snapshot().to_json();
   if (o.json) {
     fmt::print("{}\n",
@@ -305,6 +352,8 @@ void run_demo(const DemoOptions& o) {
                                               : device == DeviceTierMode::gpu ? "gpu"
                                                                               : "simulated"},
                               {"device_gradients", device_grads},
+                              {"param16_device_copy_matches",
+                               d16_match ? nlohmann::json(*d16_match) : nlohmann::json()},
                               {"steps", steps},
                               {"residency", nlohmann::json::parse(snap)}}
                    .dump(2));

@@ -1,7 +1,9 @@
 # Multi-rank runs of the optimizer (tests/optimizer_mpi_main.cpp) under mpirun:
 #  - 1, 2, 3 and 4 ranks give bit-identical master weights and moments after 20 steps, and so
 #    do 3 ranks reducing after every backward pass instead of once per step (no coalescing),
-#    and 2 and 3 ranks with the overlapped step (with and without coalescing);
+#    and 2 and 3 ranks with the overlapped step (with and without coalescing), and 3 ranks
+#    taking gradients through add_grad_device with bound device copies of the 16-bit parameters
+#    (a simulated device tier);
 #  - a checkpoint saved at 3 ranks after step 10 resumes at 2 ranks to the same bits;
 #  - 3 ranks agree with torch.optim.AdamW (the fixture).
 # Inputs: -DPROG= -DMPIEXEC= -DWORK= -DFIXTURE=
@@ -28,13 +30,14 @@ run(4 --out ${WORK}/np4.bin)
 run(3 --out ${WORK}/np3nc.bin --no-coalesce)
 run(2 --out ${WORK}/np2ov.bin --overlap)
 run(3 --out ${WORK}/np3ncov.bin --no-coalesce --overlap)
+run(3 --out ${WORK}/np3dev.bin --device-grads)
 run(2 --out ${WORK}/resume.bin --save-at 10 ${WORK}/ckpt3 --load ${WORK}/ckpt3)
-foreach(f np2 np3 np4 np3nc np2ov np3ncov resume)
+foreach(f np2 np3 np4 np3nc np2ov np3ncov np3dev resume)
   execute_process(COMMAND ${CMAKE_COMMAND} -E compare_files ${WORK}/np1.bin ${WORK}/${f}.bin
                   RESULT_VARIABLE same)
   if(NOT same EQUAL 0)
     message(FATAL_ERROR "${f}.bin differs from np1.bin: results depend on the world size")
   endif()
 endforeach()
-message(STATUS "1, 2, 3, 4 ranks, 3 ranks without coalescing, overlapped steps at 2 and 3 ranks "
-               "and a 3->2 rank resume: bit-identical")
+message(STATUS "1, 2, 3, 4 ranks, 3 ranks without coalescing, overlapped steps at 2 and 3 ranks, "
+               "3 ranks with device gradients and a 3->2 rank resume: bit-identical")

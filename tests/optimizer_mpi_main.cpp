@@ -4,7 +4,10 @@
 // 3 and 4 ranks and compares the files byte for byte, resumes a 3-rank checkpoint at 2 ranks,
 // and checks 3 ranks against torch.optim.AdamW (--fixture).
 //   optimizer_mpi --out FILE [--save-at N DIR] [--load DIR] [--fixture FILE] [--no-coalesce]
-//                 [--overlap]
+//                 [--overlap] [--device-grads]
+// --device-grads: a simulated device tier; gradients through add_grad_device (host memory standing
+// in for the GPU's) and the 16-bit parameters kept in bound device copies (bind_param16_device),
+// checked against param16() at the end.
 #include <cmath>
 #include <cstdio>
 #include <cstring>
@@ -25,7 +28,7 @@ using namespace tierswap;
 int main(int argc, char** argv) {
   std::string out, save_dir, load_dir, fixture;
   int save_at = 0;
-  bool coalesce = true, overlap = false;
+  bool coalesce = true, overlap = false, device_grads = false;
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
     if (a == "--out" && i + 1 < argc)
@@ -40,9 +43,11 @@ int main(int argc, char** argv) {
       coalesce = false;
     else if (a == "--overlap")
       overlap = true;
+    else if (a == "--device-grads")
+      device_grads = true;
     else {
       std::cerr << "usage: optimizer_mpi --out FILE [--save-at N DIR] [--load DIR] [--fixture F] "
-                   "[--no-coalesce] [--overlap]\n";
+                   "[--no-coalesce] [--overlap] [--device-grads]\n";
       return 2;
     }
   }
@@ -58,7 +63,8 @@ int main(int argc, char** argv) {
     TierConfig tc;
     tc.host_budget = 1 << 20;  // far below the state: everything streams through NVMe
     tc.host_slab_size = 128 << 10;
-    tc.device_mode = DeviceTierMode::off;
+    tc.device_mode = device_grads ? DeviceTierMode::simulated : DeviceTierMode::off;
+    tc.device_budget = device_grads ? 4 << 20 : 0;
     tc.durable = false;
     tc.telemetry = false;
     TierManager tiers(space, engine, tc);
@@ -87,7 +93,21 @@ int main(int argc, char** argv) {
       ++handed;
       last16[id].assign(v.begin(), v.end());
     });
-    const auto res = test::train(opt, m, first, 20, rank, world);
+    std::map<ParamId, std::vector<std::uint16_t>> bound;
+    if (device_grads)
+      for (std::size_t p = 0; p < m.ids.size(); ++p) {
+        if (!test::model_params()[p].trainable) continue;
+        auto& v = bound[m.ids[p]];
+        v.assign(opt.param(m.ids[p]).numel(), 0);
+        opt.bind_param16_device(m.ids[p], v.data());
+      }
+    const auto res = test::train(opt, m, first, 20, rank, world, device_grads);
+    for (const auto& [id, v] : bound) {
+      const auto now = opt.param16(id);
+      if (!std::equal(now.begin(), now.end(), v.begin(), v.end()))
+        throw std::runtime_error("bind_param16_device: the device copy of parameter " +
+                                 std::to_string(id) + " is not param16()");
+    }
     std::size_t trainable = 0, stepped = 0;
     for (const auto& mp : test::model_params()) trainable += mp.trainable;
     for (const auto& r : res) stepped += !r.skipped;

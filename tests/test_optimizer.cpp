@@ -504,26 +504,47 @@ TEST(ShardedOptimizer, Param16ReadyHandsOutEachParameterOnceBeforeTheCommit) {
 
 // The overlapped step against the ordinary one over 20 steps with accumulation, clipping on some
 // steps (discard and redo), an overflow at step 6 (discard) and unclipped steps (kept), for
-// NVMe- and host-resident state and gradients spilled to NVMe.
+// NVMe- and host-resident state and gradients spilled to NVMe, with the speculative 16-bit output
+// in a scratch copy or in param16() itself (overlap_param16_in_place: recomputed on discard).
 TEST(ShardedOptimizer, OverlappedStepIsBitIdenticalToTheOrdinaryStep) {
+  // Every step's 16-bit parameters too: a discarded speculation must not leave its values.
+  auto p16_of = [](ShardedOptimizer& opt, const test::ModelOptimizer& m) {
+    std::vector<std::uint16_t> all;
+    for (std::size_t p = 0; p < m.ids.size(); ++p)
+      if (test::model_params()[p].trainable) {
+        const auto v = opt.param16(m.ids[p]);
+        all.insert(all.end(), v.begin(), v.end());
+      }
+    return all;
+  };
   Rig a;
   auto ma = test::start_model(*a.opt);
-  const auto ra = test::train(*a.opt, ma, 1, 20, 0, 1);
+  std::vector<StepResult> ra;
+  std::vector<std::vector<std::uint16_t>> a16;
+  for (int t = 1; t <= 20; ++t) {
+    ra.push_back(test::train(*a.opt, ma, t, t, 0, 1).back());
+    a16.push_back(p16_of(*a.opt, ma));
+  }
   struct Case {
     OptimizerConfig::StateTier state;
     Tier grad;
     unsigned threads;
     bool numa;  // slabs and step workers bound to NUMA node 0
+    bool in_place16 = false;
   };
   for (const Case c : {Case{OptimizerConfig::StateTier::nvme, Tier::host, 1, false},
                        Case{OptimizerConfig::StateTier::nvme, Tier::nvme, 2, false},
-                       Case{OptimizerConfig::StateTier::host, Tier::host, 2, true}}) {
+                       Case{OptimizerConfig::StateTier::host, Tier::host, 2, true},
+                       Case{OptimizerConfig::StateTier::nvme, Tier::host, 2, false, true},
+                       Case{OptimizerConfig::StateTier::host, Tier::nvme, 1, false, true}}) {
     const int node = c.numa && numa_available() >= 0 ? 0 : -1;
-    SCOPED_TRACE(fmt::format("state {}, gradients {}, {} threads, NUMA node {}",
+    SCOPED_TRACE(fmt::format("state {}, gradients {}, {} threads, NUMA node {}, param16 {}",
                              c.state == OptimizerConfig::StateTier::nvme ? "nvme" : "host",
-                             to_string(c.grad), c.threads, node));
+                             to_string(c.grad), c.threads, node,
+                             c.in_place16 ? "in place" : "scratch"));
     OptimizerConfig oc = test::model_config();
     oc.overlap = true;
+    oc.overlap_param16_in_place = c.in_place16;
     oc.state_tier = c.state;
     oc.grad_tier = c.grad;
     ThreadPool pool(c.threads, node);
@@ -532,7 +553,11 @@ TEST(ShardedOptimizer, OverlappedStepIsBitIdenticalToTheOrdinaryStep) {
     Rig b(tc, oc);
     b.opt = std::make_unique<ShardedOptimizer>(*b.tiers, *b.comm, oc, &pool);
     auto mb = test::start_model(*b.opt);
-    const auto rb = test::train(*b.opt, mb, 1, 20, 0, 1);
+    std::vector<StepResult> rb;
+    for (int t = 1; t <= 20; ++t) {
+      rb.push_back(test::train(*b.opt, mb, t, t, 0, 1).back());
+      EXPECT_TRUE(p16_of(*b.opt, mb) == a16[t - 1]) << "param16 after step " << t;
+    }
     ASSERT_EQ(ra.size(), rb.size());
     int kept = 0, redone = 0, skipped = 0;
     for (std::size_t i = 0; i < ra.size(); ++i) {
@@ -676,20 +701,21 @@ TEST(ShardedOptimizer, MisuseIsRejectedWithClearErrors) {
 TEST(ShardedOptimizer, ConfigFromJsonAndEnvironment) {
   const auto c = OptimizerConfig::from_json(
       R"({"subgroup_size": "4M", "prefetch_depth": 3, "state_tier": "host", "grad_tier": "nvme",
-          "max_grad_norm": 1.5, "overlap": true,
+          "max_grad_norm": 1.5, "overlap": true, "overlap_param16_in_place": true,
           "loss_scaler": {"mode": "dynamic", "growth_interval": 10}})");
   EXPECT_EQ(c.subgroup_size, 4u << 20);
   EXPECT_TRUE(c.overlap);
+  EXPECT_TRUE(c.overlap_param16_in_place);
   EXPECT_EQ(c.prefetch_depth, 3u);
   EXPECT_EQ(c.state_tier, OptimizerConfig::StateTier::host);
   EXPECT_EQ(c.grad_tier, Tier::nvme);
   EXPECT_EQ(c.max_grad_norm, 1.5);
   EXPECT_EQ(c.loss_scaler.mode, LossScaling::dynamic);
   EXPECT_EQ(c.loss_scaler.growth_interval, 10u);
-  for (const char* bad :
-       {R"({"subgroup": 1})", R"({"grad_tier": "gpu"})",
-        R"({"loss_scaler": {"mode": "sometimes"}})", R"({"max_grad_norm": -1})",
-        R"({"loss_scaler": {"backoff": 0.5}})", R"({"overlap": "yes"})", "[1]", "{"}) {
+  for (const char* bad : {R"({"subgroup": 1})", R"({"grad_tier": "gpu"})",
+                          R"({"loss_scaler": {"mode": "sometimes"}})", R"({"max_grad_norm": -1})",
+                          R"({"loss_scaler": {"backoff": 0.5}})", R"({"overlap": "yes"})",
+                          R"({"overlap_param16_in_place": 1})", "[1]", "{"}) {
     try {
       OptimizerConfig::from_json(bad);
       ADD_FAILURE() << "accepted: " << bad;
@@ -700,9 +726,12 @@ TEST(ShardedOptimizer, ConfigFromJsonAndEnvironment) {
   ::setenv("TIERSWAP_STATE_TIER", "nvme", 1);
   ::setenv("TIERSWAP_SUBGROUP_SIZE", "1M", 1);
   ::setenv("TIERSWAP_OVERLAP", "1", 1);
+  ::setenv("TIERSWAP_OVERLAP_PARAM16_IN_PLACE", "1", 1);
   const auto e = OptimizerConfig::from_env();
   ::unsetenv("TIERSWAP_OVERLAP");
+  ::unsetenv("TIERSWAP_OVERLAP_PARAM16_IN_PLACE");
   EXPECT_TRUE(e.overlap);
+  EXPECT_TRUE(e.overlap_param16_in_place);
   EXPECT_EQ(e.state_tier, OptimizerConfig::StateTier::nvme);
   EXPECT_EQ(e.subgroup_size, 1u << 20);
   ::setenv("TIERSWAP_STATE_TIER", "ssd", 1);
@@ -903,18 +932,21 @@ TEST(ShardedOptimizer, DeviceGradientsStayInTheDeviceTier) {
 
 // bind_param16_device: the trainer's device copies of the 16-bit parameters (host memory standing
 // in on a simulated device tier) equal param16() after binding, after every step (ordinary and
-// overlapped, through an overflow and clipping steps, with GPU, host and NVMe sub-groups), already
+// overlapped, speculative 16-bit output in a scratch copy or in place, through an overflow and
+// clipping steps, with GPU, host and NVMe sub-groups), already
 // when on_param16_ready is called for a parameter, and after a step that failed and was rolled
 // back; an unbound copy is left alone; misuse is refused by name.
 TEST(ShardedOptimizer, BoundDeviceCopiesOfTheParam16FollowEveryStep) {
   Rig a;
   auto ma = test::start_model(*a.opt);
   test::train(*a.opt, ma, 1, 12, 0, 1);
-  for (const bool overlap : {false, true}) {
-    SCOPED_TRACE(fmt::format("overlap {}", overlap));
+  for (const int mode : {0, 1, 2}) {  // ordinary, overlapped, overlapped with param16 in place
+    const bool overlap = mode > 0;
+    SCOPED_TRACE(fmt::format("overlap {}, param16 in place {}", overlap, mode == 2));
     std::atomic<bool> fail{false};
     OptimizerConfig oc = test::model_config();
     oc.overlap = overlap;
+    oc.overlap_param16_in_place = mode == 2;
     oc.persist_resident_state = false;
     Rig b(simulated_gpu_config(4 * kMiB, 128 * kKiB, 4 * kMiB), oc, 64 * kMiB,
           [&](const detail::IoRequest& q, std::uint64_t) {

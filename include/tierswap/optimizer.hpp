@@ -153,17 +153,27 @@ struct OptimizerConfig {
   /// back if the step is discarded); the others step after the verdict.
   /// A crash loses it: save() checkpoints are its durability. NVMe-resident state is unaffected.
   bool persist_resident_state = true;
+  /// Overlapped mode: a speculative step writes its 16-bit output straight into param16()
+  /// instead of a scratch copy that step() copies into place after the verdict (2 B/param read
+  /// and written after the backward, the largest part of what is left of a fully speculated
+  /// step). The price: param16() may show speculative values between the moment a sub-group's
+  /// gradient is final and step(), and a discarded speculation (overflow, clipping redo, a
+  /// failure) recomputes them from the restored master weights (the same bits). Safe for a
+  /// trainer that does not read param16() during the backward for parameters whose gradients
+  /// are already final; on_param16_ready still fires only for kept values. Default off.
+  bool overlap_param16_in_place = false;
   void validate() const;
   /// Overrides from TIERSWAP_SUBGROUP_SIZE, TIERSWAP_PREFETCH_DEPTH, TIERSWAP_ACCUMULATE_FP32,
   /// TIERSWAP_BF16_MOMENTS, TIERSWAP_STATE_TIER (auto|host|nvme), TIERSWAP_GRAD_TIER
   /// (host|nvme), TIERSWAP_COALESCE, TIERSWAP_MAX_GRAD_NORM, TIERSWAP_OVERLAP, TIERSWAP_PLAN (a
-  /// plan file), TIERSWAP_PERSIST_RESIDENT_STATE.
+  /// plan file), TIERSWAP_PERSIST_RESIDENT_STATE, TIERSWAP_OVERLAP_PARAM16_IN_PLACE.
   static OptimizerConfig from_env();
   static OptimizerConfig from_env(OptimizerConfig base);
   /// Loads {"subgroup_size", "prefetch_depth", "accumulate_fp32", "bf16_moments", "state_tier",
   /// "grad_tier", "coalesce", "max_grad_norm", "overlap", "plan", "persist_resident_state",
-  /// "loss_scaler": {"mode", "init_scale", "growth_factor", "backoff_factor", "growth_interval"}};
-  /// unknown keys or bad values throw std::invalid_argument naming the key.
+  /// "overlap_param16_in_place", "loss_scaler": {"mode", "init_scale", "growth_factor",
+  /// "backoff_factor", "growth_interval"}}; unknown keys or bad values throw std::invalid_argument
+  /// naming the key.
   static OptimizerConfig from_json(std::string_view json);
 };
 
@@ -307,8 +317,8 @@ class ShardedOptimizer {
   /// and after the all-gather at world size > 1; also after a rolled-back step, initialize() and
   /// load(). Copies to GPU memory are stream-ordered on the step thread's default stream
   /// (cudaStreamPerThread), so work the trainer queues there after the callback sees them;
-  /// step() returns after they completed. nullptr unbinds. std::invalid_argument for a frozen or unknown parameter;
-  /// std::runtime_error with neither a usable GPU nor a simulated device tier.
+  /// step() returns after they completed. nullptr unbinds. std::invalid_argument for a frozen or
+  /// unknown parameter; std::runtime_error with neither a usable GPU nor a simulated device tier.
   void bind_param16_device(ParamId param, void* d_param16);
   /// This rank's state of `param` (fp32 master weights, or a moment: exp_avg, exp_avg_sq,
   /// max_exp_avg_sq, momentum), the part that falls in its partition, as runs of (offset in the

@@ -620,7 +620,7 @@ void ShardedOptimizer::Impl::after_ingest(OptSub& s, bool final) {
   if (final && cfg.overlap && (!s.memory_only || s.undo)) {
     std::unique_lock lk(spec_mu);
     if (!spec_invalid && !spec_error) {
-      s.spec16.resize(s.numel);
+      if (!cfg.overlap_param16_in_place) s.spec16.resize(s.numel);
       s.spec = OptSub::Spec::queued;
       spec_queue.push_back(static_cast<std::size_t>(&s - subs.data()));
       const bool soon = spec_queue.size() <= depth + 1;
@@ -636,7 +636,8 @@ void ShardedOptimizer::Impl::after_ingest(OptSub& s, bool final) {
 }
 
 void ShardedOptimizer::Impl::gpu_step(OptSub& s, const GroupConfig& gc, const GradView& grad,
-                                      void* const* ptr, std::uint64_t t, std::uint16_t* p16) {
+                                      void* const* ptr, std::uint64_t t, std::uint16_t* p16,
+                                      bool speculative) {
   const OptGroup& g = groups[s.group];
   const std::size_t bytes16 = s.numel * sizeof(std::uint16_t);
   void* const d16 = gpu_p16.get(bytes16);
@@ -667,7 +668,7 @@ void ShardedOptimizer::Impl::gpu_step(OptSub& s, const GroupConfig& gc, const Gr
   cuda::copy_to_host(p16, d16, bytes16, nullptr);  // stream-ordered after the kernel
   // The final output (not a speculative one) at world size 1: bound device copies take it from
   // the kernel's output, device to device (at world size > 1 they follow the all-gather).
-  if (any_d16 && world == 1 && p16 == g.p16.data() + s.begin) {
+  if (any_d16 && world == 1 && !speculative) {
     for (ParamId id : s.pids) {
       const OptParam& q = params[id];
       if (q.d16 == nullptr) continue;
@@ -698,7 +699,8 @@ ShardedOptimizer::Impl::DeviceScratch::~DeviceScratch() {
 }
 
 void ShardedOptimizer::Impl::step_sub(OptSub& s, const GroupConfig& gc, float multiplier,
-                                      std::uint64_t t, std::uint16_t* p16, bool* wrote16) {
+                                      std::uint64_t t, std::uint16_t* p16, bool* wrote16,
+                                      bool speculative) {
   const OptGroup& g = groups[s.group];
   // Where the state is read and written: host memory, or GPU memory for GPU-resident state. A GPU
   // step of host-resident state (a plan's choice on a coherent link) works on it in place.
@@ -717,7 +719,7 @@ void ShardedOptimizer::Impl::step_sub(OptSub& s, const GroupConfig& gc, float mu
     auto* p = static_cast<float*>(ptr[kMaster]);
     if (wrote16) *wrote16 = true;
     if (s.step_gpu && !gpu_simulated)
-      gpu_step(s, gc, gview, ptr, t, p16);
+      gpu_step(s, gc, gview, ptr, t, p16, speculative);
     else
       switch (gc.kind) {
         case OptimizerKind::adamw:
@@ -780,7 +782,7 @@ void ShardedOptimizer::Impl::spec_loop() {
             for (BlockId b : subs[j].state)
               if (b != kNoBlock) tiers.prefetch(b, Tier::host);
         if (s.undo) undo_save(s);
-        step_sub(s, spec_cfgs[s.group], spec_mult, spec_t, s.spec16.data());
+        step_sub(s, spec_cfgs[s.group], spec_mult, spec_t, spec_out16(s), nullptr, true);
         if (cfg.grad_tier == Tier::nvme && !s.grad_gpu) tiers.evict(s.grad, Tier::host);
       } catch (...) {
         err = std::current_exception();
@@ -844,6 +846,34 @@ void ShardedOptimizer::Impl::undo_restore() {
       if (s.state[slot] != kNoBlock) undo_copy(s, s.undo_block[slot], s.state[slot]);
     s.undo_saved = false;
   }
+}
+
+std::uint16_t* ShardedOptimizer::Impl::spec_out16(OptSub& s) {
+  return cfg.overlap_param16_in_place ? groups[s.group].p16.data() + s.begin : s.spec16.data();
+}
+
+void ShardedOptimizer::Impl::refresh_sub16(const OptSub& s) {
+  OptGroup& g = groups[s.group];
+  {
+    Held m(tiers, tiers.acquire(s.state[kMaster], Tier::host));
+    cast(m.v.data(), Dtype::f32, g.p16.data() + s.begin, g.dtype16, s.numel, ctx());
+  }
+  if (s.streaming) tiers.write_back(s.state[kMaster]);  // the first copy to go
+}
+
+void ShardedOptimizer::Impl::spec_discard() {
+  undo_restore();
+  tiers.discard();
+  if (cfg.overlap_param16_in_place) {
+    std::vector<const OptSub*> stepped;
+    {
+      std::lock_guard lk(spec_mu);
+      for (const auto& s : subs)
+        if (s.spec == OptSub::Spec::stepped) stepped.push_back(&s);
+    }
+    for (const OptSub* s : stepped) refresh_sub16(*s);
+  }
+  spec_reset();
 }
 
 void ShardedOptimizer::Impl::spec_reset() {
@@ -1282,9 +1312,7 @@ StepResult ShardedOptimizer::step() {
     }
   };
   if (spec_error) {
-    m.undo_restore();
-    m.tiers.discard();
-    m.spec_reset();
+    m.spec_discard();
     drop_gradients();
     std::rethrow_exception(spec_error);
   }
@@ -1332,9 +1360,7 @@ StepResult ShardedOptimizer::step() {
   if (nonfinite) {
     r.skipped = true;
     if (spec_any) {  // the speculative generation goes; the committed one is bit for bit intact
-      m.undo_restore();
-      m.tiers.discard();
-      m.spec_reset();
+      m.spec_discard();
     }
     if (ls.mode == LossScaling::dynamic) {
       m.scale *= ls.backoff_factor;
@@ -1355,9 +1381,7 @@ StepResult ShardedOptimizer::step() {
     spec_keep = multiplier == m.spec_mult && t == m.spec_t && cfgs == m.spec_cfgs;
   }
   if (spec_any && !spec_keep) {  // clipping (or a change) discovered late: discard and redo
-    m.undo_restore();
-    m.tiers.discard();
-    m.spec_reset();
+    m.spec_discard();
     r.redone = true;
   }
   // The sub-groups still to step (all of them, except those kept from the overlapped backward).
@@ -1382,11 +1406,12 @@ StepResult ShardedOptimizer::step() {
         OptGroup& g = m.groups[s.group];
         std::uint16_t* dst = g.p16.data() + s.begin;
         const std::uint16_t* src = s.spec16.data();
-        if (m.pool != nullptr && m.pool->size() > 1 && s.numel >= (1u << 20))
+        const bool in_place = m.cfg.overlap_param16_in_place;  // already there
+        if (!in_place && m.pool != nullptr && m.pool->size() > 1 && s.numel >= (1u << 20))
           m.pool->parallel_for(s.numel, 2048, [&](std::size_t b, std::size_t e) {
             std::memcpy(dst + b, src + b, (e - b) * sizeof(std::uint16_t));
           });
-        else
+        else if (!in_place)
           std::copy(s.spec16.begin(), s.spec16.end(), dst);
         p16_changed = true;
         ++r.overlapped_subgroups;
@@ -1416,9 +1441,7 @@ StepResult ShardedOptimizer::step() {
     late_grads.clear();
     m.step_count = t - 1;
     try {
-      m.undo_restore();
-      m.tiers.discard();
-      m.spec_reset();
+      m.spec_discard();
       drop_gradients();
       if (p16_changed) {
         m.refresh_param16();

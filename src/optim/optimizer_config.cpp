@@ -54,6 +54,8 @@ OptimizerConfig OptimizerConfig::from_env(OptimizerConfig c) {
   c.coalesce = env_bool("TIERSWAP_COALESCE", c.coalesce);
   c.overlap = env_bool("TIERSWAP_OVERLAP", c.overlap);
   c.persist_resident_state = env_bool("TIERSWAP_PERSIST_RESIDENT_STATE", c.persist_resident_state);
+  c.overlap_param16_in_place =
+      env_bool("TIERSWAP_OVERLAP_PARAM16_IN_PLACE", c.overlap_param16_in_place);
   if (const char* v = std::getenv("TIERSWAP_PLAN")) c.plan_file = v;
   c.max_grad_norm = env_double("TIERSWAP_MAX_GRAD_NORM", c.max_grad_norm);
   c.validate();
@@ -107,6 +109,8 @@ OptimizerConfig OptimizerConfig::from_json(std::string_view text) {
       c.overlap = bool_of(v, key);
     } else if (key == "persist_resident_state") {
       c.persist_resident_state = bool_of(v, key);
+    } else if (key == "overlap_param16_in_place") {
+      c.overlap_param16_in_place = bool_of(v, key);
     } else if (key == "plan") {
       c.plan_file = str_of(v, key);
     } else if (key == "max_grad_norm") {
@@ -136,7 +140,7 @@ OptimizerConfig OptimizerConfig::from_json(std::string_view text) {
           key, v.dump(),
           "unknown optimizer config key (known: subgroup_size, prefetch_depth, "
           "accumulate_fp32, bf16_moments, state_tier, grad_tier, coalesce, overlap, plan, "
-          "persist_resident_state, max_grad_norm, loss_scaler)");
+          "persist_resident_state, overlap_param16_in_place, max_grad_norm, loss_scaler)");
     }
   }
   c.validate();

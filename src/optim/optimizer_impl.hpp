@@ -203,11 +203,20 @@ struct ShardedOptimizer::Impl {
   /// The fused kernel on one sub-group: state acquired for write, 16-bit output to `p16`; the
   /// state is written behind when streaming. `*wrote16` becomes true once `p16` was written to.
   void step_sub(OptSub& s, const GroupConfig& cfg, float multiplier, std::uint64_t t,
-                std::uint16_t* p16, bool* wrote16 = nullptr);
+                std::uint16_t* p16, bool* wrote16 = nullptr, bool speculative = false);
+  /// Where a speculative step of s writes its 16-bit output: param16() itself
+  /// (overlap_param16_in_place) or s.spec16.
+  std::uint16_t* spec_out16(OptSub& s);
+  /// Drops the speculative generation: undo copies back, the tier manager's discard, the 16-bit
+  /// values a speculation wrote in place recomputed from the restored master weights, and the
+  /// speculative bookkeeping reset.
+  void spec_discard();
+  /// Recomputes s's 16-bit parameters from its master weights (this rank's part of param16()).
+  void refresh_sub16(const OptSub& s);
   /// The CUDA kernels on one sub-group (pointers the device can address); 16-bit output copied
   /// to `p16` in host memory.
   void gpu_step(OptSub& s, const GroupConfig& cfg, const GradView& grad, void* const* ptr,
-                std::uint64_t t, std::uint16_t* p16);
+                std::uint64_t t, std::uint16_t* p16, bool speculative);
   /// Device memory grown on demand (GPU steps and statistics; empty without a GPU).
   struct DeviceScratch {
     void* p = nullptr;

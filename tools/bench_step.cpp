@@ -66,8 +66,9 @@ struct StepOptions {
   std::uint32_t prefetch_depth = 2;
   unsigned threads = 2;
   bool overlap = false;
-  std::string state = "nvme";  // --overlap: where the state lives (nvme | host)
-  bool memory_only = false;    // --overlap --state host: persist_resident_state = false
+  std::string state = "nvme";     // --overlap: where the state lives (nvme | host)
+  bool memory_only = false;       // --overlap --state host: persist_resident_state = false
+  bool param16_in_place = false;  // --overlap: overlap_param16_in_place
   double backward_ms = 2000;
   bool keep = false;
   bool json = false;
@@ -131,11 +132,12 @@ void run_overlap_bench(const StepOptions& o, TierManager& tiers, ShardedOptimize
   if (!o.json)
     fmt::print(
         "tierswap bench step --overlap: {} params ({}), sub-group {} params ({} sub-groups), "
-        "simulated backward {:.0f} ms, host budget {}, state on {}{}\n",
+        "simulated backward {:.0f} ms, host budget {}, state on {}{}{}\n",
         n, o.optimizer, round_up(parse_size(o.sub_group, "--sub-group"), kGradStatsChunk),
         opt.subgroup_count(), o.backward_ms, o.host_budget, o.state,
         o.state == "host" ? (o.memory_only ? " (memory-only)" : " (persisted to NVMe each step)")
-                          : "");
+                          : "",
+        o.param16_in_place ? ", speculative 16-bit output in place" : "");
   cycle(false);  // warm-up: every block has data on NVMe
   cycle(true);
   std::vector<double> ord, ovl, hidden, bwd;
@@ -183,6 +185,7 @@ void run_overlap_bench(const StepOptions& o, TierManager& tiers, ShardedOptimize
                    {"backward_ms", o.backward_ms},
                    {"state", o.state},
                    {"memory_only", o.memory_only},
+                   {"param16_in_place", o.param16_in_place},
                    {"runs", runs},
                    {"backward_s", median(bwd)},
                    {"ordinary_step_s", median(ord)},
@@ -245,6 +248,7 @@ void run_step_bench(const StepOptions& o) {
   if (o.state == "host") oc.state_tier = OptimizerConfig::StateTier::host;
   oc.persist_resident_state = !o.memory_only;
   oc.overlap = o.overlap;  // at finalize: memory-only sub-groups get undo copies where they fit
+  oc.overlap_param16_in_place = o.param16_in_place;
   oc.grad_tier = grad_tier;
   oc.prefetch_depth = o.prefetch_depth;
   ShardedOptimizer opt(tiers, *comm, oc, &pool);
@@ -536,6 +540,10 @@ void add_bench_step(CLI::App& bench) {
   b->add_flag("--memory-only", o->memory_only,
               "--overlap --state host: memory-only resident state (undo copies where the host "
               "budget holds them)")
+      ->needs(overlap);
+  b->add_flag("--param16-in-place", o->param16_in_place,
+              "--overlap: speculative steps write the 16-bit parameters in place "
+              "(OptimizerConfig::overlap_param16_in_place; no copy after the verdict)")
       ->needs(overlap);
   b->add_option("--backward-ms", o->backward_ms,
                 "--overlap: length of the simulated backward in milliseconds");

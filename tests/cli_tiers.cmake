@@ -68,7 +68,8 @@ foreach(bad "residency;99999999" "residency" "residency;--swap-dir;/nonexistent/
             "plan;--params;20B;--profile;no-such-profile" "plan;--params;20X;--profile;gh200"
             "plan;--params;2T;--profile;pcie4-workstation" "plan;--params;1B;--profile;gh200;--gpus;4"
             "bench;step;--memory-only" "bench;step;--overlap;--state;gpu"
-            "bench;step;--overlap;--memory-only" "bench;step;--state;host")
+            "bench;step;--overlap;--memory-only" "bench;step;--state;host"
+            "bench;step;--param16-in-place")
   execute_process(COMMAND ${CLI} ${bad} RESULT_VARIABLE rc ERROR_VARIABLE err OUTPUT_QUIET)
   if(rc EQUAL 0 OR err STREQUAL "")
     message(FATAL_ERROR "'${bad}' was accepted or gave no error: ${err}")
@@ -154,19 +155,29 @@ endif()
 file(REMOVE_RECURSE "${sdir}")
 
 # bench step --overlap --state host --memory-only: memory-only host state with undo copies (the
-# budget holds them): every sub-group steps during the backward and nothing is written to NVMe.
-file(MAKE_DIRECTORY "${sdir}")
-execute_process(COMMAND ${CLI} bench step --params 2M --sub-group 256K --host-budget 256MiB
-                        --runs 1 --dir ${sdir} --overlap --backward-ms 300 --state host
-                        --memory-only --json
-                RESULT_VARIABLE rc OUTPUT_VARIABLE out ERROR_VARIABLE err)
-string(JSON kept ERROR_VARIABLE e GET "${out}" runs 0 overlapped_subgroups)
-string(JSON nsub ERROR_VARIABLE e2 GET "${out}" subgroups)
-string(JSON wr ERROR_VARIABLE e3 GET "${out}" runs 0 nvme_write_bytes)
-if(NOT rc EQUAL 0 OR e OR e2 OR e3 OR NOT kept EQUAL nsub OR NOT wr EQUAL 0)
-  message(FATAL_ERROR "bench step --state host --memory-only: ${rc} ${kept} of ${nsub}, ${wr} B written ${out} ${err}")
-endif()
-file(REMOVE_RECURSE "${sdir}")
+# budget holds them): every sub-group steps during the backward and nothing is written to NVMe;
+# the same with the speculative 16-bit output in place.
+foreach(inplace "" "--param16-in-place")
+  file(MAKE_DIRECTORY "${sdir}")
+  execute_process(COMMAND ${CLI} bench step --params 2M --sub-group 256K --host-budget 256MiB
+                          --runs 1 --dir ${sdir} --overlap --backward-ms 300 --state host
+                          --memory-only ${inplace} --json
+                  RESULT_VARIABLE rc OUTPUT_VARIABLE out ERROR_VARIABLE err)
+  string(JSON kept ERROR_VARIABLE e GET "${out}" runs 0 overlapped_subgroups)
+  string(JSON nsub ERROR_VARIABLE e2 GET "${out}" subgroups)
+  string(JSON wr ERROR_VARIABLE e3 GET "${out}" runs 0 nvme_write_bytes)
+  string(JSON ip ERROR_VARIABLE e4 GET "${out}" param16_in_place)
+  if(inplace)
+    set(want_ip ON)
+  else()
+    set(want_ip OFF)
+  endif()
+  if(NOT rc EQUAL 0 OR e OR e2 OR e3 OR e4 OR NOT kept EQUAL nsub OR NOT wr EQUAL 0
+     OR NOT ip STREQUAL want_ip)
+    message(FATAL_ERROR "bench step --state host --memory-only ${inplace}: ${rc} ${kept} of ${nsub}, ${wr} B written, in place ${ip} ${out} ${err}")
+  endif()
+  file(REMOVE_RECURSE "${sdir}")
+endforeach()
 
 # plan: the issue's JSON schema on a shipped profile, and the text form.
 execute_process(COMMAND ${CLI} plan --params 20B --profile gh200 --json

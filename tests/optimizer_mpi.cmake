@@ -1,7 +1,8 @@
 # Multi-rank runs of the optimizer (tests/optimizer_mpi_main.cpp) under mpirun:
 #  - 1, 2, 3 and 4 ranks give bit-identical master weights and moments after 20 steps, and so
 #    do 3 ranks reducing after every backward pass instead of once per step (no coalescing),
-#    and 2 and 3 ranks with the overlapped step (with and without coalescing), and 3 ranks
+#    and 2 and 3 ranks with the overlapped step (with and without coalescing; 3 ranks also with
+#    the speculative 16-bit output in place), and 3 ranks
 #    taking gradients through add_grad_device with bound device copies of the 16-bit parameters
 #    (a simulated device tier);
 #  - a checkpoint saved at 3 ranks after step 10 resumes at 2 ranks to the same bits;
@@ -31,8 +32,9 @@ run(3 --out ${WORK}/np3nc.bin --no-coalesce)
 run(2 --out ${WORK}/np2ov.bin --overlap)
 run(3 --out ${WORK}/np3ncov.bin --no-coalesce --overlap)
 run(3 --out ${WORK}/np3dev.bin --device-grads)
+run(3 --out ${WORK}/np3ovip.bin --overlap --param16-in-place)
 run(2 --out ${WORK}/resume.bin --save-at 10 ${WORK}/ckpt3 --load ${WORK}/ckpt3)
-foreach(f np2 np3 np4 np3nc np2ov np3ncov np3dev resume)
+foreach(f np2 np3 np4 np3nc np2ov np3ncov np3dev np3ovip resume)
   execute_process(COMMAND ${CMAKE_COMMAND} -E compare_files ${WORK}/np1.bin ${WORK}/${f}.bin
                   RESULT_VARIABLE same)
   if(NOT same EQUAL 0)

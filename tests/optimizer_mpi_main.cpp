@@ -4,7 +4,7 @@
 // 3 and 4 ranks and compares the files byte for byte, resumes a 3-rank checkpoint at 2 ranks,
 // and checks 3 ranks against torch.optim.AdamW (--fixture).
 //   optimizer_mpi --out FILE [--save-at N DIR] [--load DIR] [--fixture FILE] [--no-coalesce]
-//                 [--overlap] [--device-grads]
+//                 [--overlap [--param16-in-place]] [--device-grads]
 // --device-grads: a simulated device tier; gradients through add_grad_device (host memory standing
 // in for the GPU's) and the 16-bit parameters kept in bound device copies (bind_param16_device),
 // checked against param16() at the end.
@@ -28,7 +28,7 @@ using namespace tierswap;
 int main(int argc, char** argv) {
   std::string out, save_dir, load_dir, fixture;
   int save_at = 0;
-  bool coalesce = true, overlap = false, device_grads = false;
+  bool coalesce = true, overlap = false, device_grads = false, in_place16 = false;
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
     if (a == "--out" && i + 1 < argc)
@@ -45,9 +45,11 @@ int main(int argc, char** argv) {
       overlap = true;
     else if (a == "--device-grads")
       device_grads = true;
+    else if (a == "--param16-in-place")
+      in_place16 = true;
     else {
       std::cerr << "usage: optimizer_mpi --out FILE [--save-at N DIR] [--load DIR] [--fixture F] "
-                   "[--no-coalesce] [--overlap] [--device-grads]\n";
+                   "[--no-coalesce] [--overlap [--param16-in-place]] [--device-grads]\n";
       return 2;
     }
   }
@@ -71,6 +73,7 @@ int main(int argc, char** argv) {
     OptimizerConfig oc = test::model_config();
     oc.coalesce = coalesce;  // off: one reduce-scatter per backward pass instead of per step
     oc.overlap = overlap;    // sub-groups step speculatively as their reduced gradient arrives
+    oc.overlap_param16_in_place = in_place16;
     ShardedOptimizer opt(tiers, *comm, oc);
     auto m = test::build_model(opt);
     int first = 1;

@@ -301,7 +301,8 @@ class ShardedOptimizer {
   /// parameter. A skipped step (non-finite gradients) calls nothing: the values did not change.
   /// If the step fails after it changed 16-bit values, it calls again, for every trainable
   /// parameter, with the restored values before rethrowing; the last call for a parameter always
-  /// gives param16(). The span stays valid and unchanged until the next step(). An exception thrown
+  /// gives param16(). The span stays valid and unchanged until the next step() (with
+  /// overlap_param16_in_place, until the next final backward's speculation). An exception thrown
   /// by the callback is an error of the step (rolled back at world size 1; at world size > 1 the
   /// step is already committed when it propagates). An empty function removes the callback. On a
   /// CUDA build with a usable GPU the 16-bit parameters live in page-locked memory
@@ -309,13 +310,13 @@ class ShardedOptimizer {
   using Param16Ready = std::function<void(ParamId, std::span<const std::uint16_t>)>;
   void on_param16_ready(Param16Ready fn);
   /// Binds the trainer's device copy of a trainable parameter's 16-bit values (param.numel()
-  /// values of the group's 16-bit dtype in GPU memory; on a simulated device tier, host memory
-  /// standing in for it), which the optimizer then keeps equal to param16(): filled now, and
-  /// at every step each sub-group's new values start going there as soon as the sub-group is
-  /// done, before on_param16_ready is called for the parameter — from its GPU step's output
-  /// device to device (nothing crosses the link), or from host memory for the CPU's sub-groups —
-  /// and after the all-gather at world size > 1; also after a rolled-back step, initialize() and
-  /// load(). Copies to GPU memory are stream-ordered on the step thread's default stream
+  /// values of the group's 16-bit dtype in GPU memory; on a simulated device tier without a GPU,
+  /// host memory standing in for it), which the optimizer then keeps equal to param16(): filled
+  /// now, and at every step each sub-group's new values start going there as soon as the
+  /// sub-group is done, before on_param16_ready is called for the parameter — from its GPU step's
+  /// output device to device (nothing crosses the link), or from host memory for the CPU's
+  /// sub-groups — and after the all-gather at world size > 1; also after a rolled-back step,
+  /// initialize() and load(). Copies to GPU memory are stream-ordered on the step thread's default stream
   /// (cudaStreamPerThread), so work the trainer queues there after the callback sees them;
   /// step() returns after they completed. nullptr unbinds. std::invalid_argument for a frozen or
   /// unknown parameter; std::runtime_error with neither a usable GPU nor a simulated device tier.

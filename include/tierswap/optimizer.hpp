@@ -318,8 +318,9 @@ class ShardedOptimizer {
   /// sub-groups — and after the all-gather at world size > 1; also after a rolled-back step,
   /// initialize() and load(). Copies to GPU memory are stream-ordered on the step thread's
   /// default stream (cudaStreamPerThread), so work the trainer queues there after the callback
-  /// sees them; step() returns after they completed. nullptr unbinds. std::invalid_argument for a frozen or
-  /// unknown parameter; std::runtime_error with neither a usable GPU nor a simulated device tier.
+  /// sees them; step() returns after they completed. nullptr unbinds. std::invalid_argument for
+  /// a frozen or unknown parameter; std::runtime_error with neither a usable GPU nor a simulated
+  /// device tier.
   void bind_param16_device(ParamId param, void* d_param16);
   /// This rank's state of `param` (fp32 master weights, or a moment: exp_avg, exp_avg_sq,
   /// max_exp_avg_sq, momentum), the part that falls in its partition, as runs of (offset in the

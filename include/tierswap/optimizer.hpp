@@ -242,6 +242,9 @@ class ShardedOptimizer {
   void set_plan(const Plan& plan);
   /// Where sub-group k's state lives (Tier::device, host or nvme) and whether a GPU steps it.
   std::pair<Tier, bool> placement(std::size_t k) const;
+  /// Whether sub-group k's gradients from add_grad_device are accumulated in the device tier (a
+  /// GPU-stepped sub-group, when that tier can hold them beside a step's views; see finalize()).
+  bool gradient_on_device(std::size_t k) const;
   /// Writes every master weight (the caller's init), zeroes the state, computes the 16-bit
   /// copies and commits. Collective.
   void initialize(const ParamInit& init);

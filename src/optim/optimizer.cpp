@@ -391,6 +391,35 @@ void ShardedOptimizer::Impl::create_blocks() {
                           t == d ? "device" : "host", format_bytes(budget[t])));
     }
   }
+  // Gradients from device memory are accumulated in the device tier for GPU-stepped sub-groups
+  // only where that tier holds, beside what stays there (memory-only state, its gradients and
+  // undo copies, the slab slack), the views a step pins (a sub-group's state and gradient) and,
+  // in the overlapped mode, an ingest's gradient at the same time; else they go through host
+  // memory (the same bits), rather than a step failing on the device budget.
+  if (std::any_of(subs.begin(), subs.end(), [](const OptSub& s) { return s.grad_gpu; })) {
+    const TierConfig& tc = tiers.config();
+    std::uint64_t need = tc.slab_slack(Tier::device), step_pins = 0, grad_max = 0;
+    for (const auto& s : subs) {
+      if (!s.grad_gpu && !s.on_gpu) continue;
+      const std::uint64_t g = round_up_u64(s.numel * dtype_size(acc_dtype(groups[s.group])), 4096);
+      const std::uint64_t st = s.on_gpu ? state_block_bytes(s) : 0;
+      if (s.memory_only && s.on_gpu) {
+        need += st * (s.undo ? 2 : 1) + g;
+      } else {
+        step_pins = std::max(step_pins, st + g);
+      }
+      grad_max = std::max(grad_max, g);
+    }
+    need += step_pins + (cfg.overlap ? grad_max : 0);
+    if (need > tc.device_budget) {
+      for (auto& s : subs) s.grad_gpu = false;
+      log(LogLevel::info,
+          fmt::format("add_grad_device: the device budget {} cannot hold a step's views beside an "
+                      "ingest's gradient and the resident GPU state ({} needed): gradients from "
+                      "device memory go through host memory",
+                      format_bytes(tc.device_budget), format_bytes(need)));
+    }
+  }
   if (plan && plan->persist_resident_state &&
       *plan->persist_resident_state != cfg.persist_resident_state)
     log(LogLevel::warn,
@@ -1040,6 +1069,14 @@ void ShardedOptimizer::set_plan(const Plan& plan) {
   m.plan = plan;
 }
 
+bool ShardedOptimizer::gradient_on_device(std::size_t k) const {
+  const Impl& m = *impl_;
+  m.require_finalized("gradient_on_device");
+  if (k >= m.subs.size())
+    throw std::invalid_argument(fmt::format("gradient_on_device: no sub-group {}", k));
+  return m.subs[k].grad_gpu;
+}
+
 std::pair<Tier, bool> ShardedOptimizer::placement(std::size_t k) const {
   const Impl& m = *impl_;
   m.require_finalized("placement");
@@ -1226,7 +1263,7 @@ void ShardedOptimizer::add_grad_device(ParamId id, const void* d_grad, Dtype dty
     const std::uint64_t e = std::min(p.offset + p.numel, s.begin + s.numel);
     if (b >= e) continue;
     const std::size_t at = (b - s.begin) * acc_es;
-    const Tier tier = m.grad_tier_of(s);
+    const Tier tier = s.grad_gpu ? Tier::device : Tier::host;  // where it accumulates
     if (tier == Tier::device && gpu && !m.gpu_simulated) {
       // A sub-group the GPU steps: its gradient is accumulated where it is stepped (never
       // down to the host and back up).

@@ -58,7 +58,8 @@ struct OptSub {
   bool step_gpu = false;  // stepped by the CUDA kernels (state on the GPU, or in place in host
                           // memory over a coherent link)
   // Its gradient is accumulated (add_grad_device) and stepped in the device tier: a sub-group the
-  // GPU steps, when there is a device tier. Gradients from host memory still go to the host copy.
+  // GPU steps, when there is a device tier with room for it (finalize()). Gradients from host
+  // memory still go to the host copy.
   bool grad_gpu = false;
   // Its 16-bit values of this step went from the GPU step's output straight to the bound device
   // copies (device to device): upload16() skips it.
@@ -186,7 +187,8 @@ struct ShardedOptimizer::Impl {
   /// The statistics chunk sums of s's gradient (a view in `tier`: the CUDA pass on a GPU's
   /// memory, the CPU one elsewhere; the same bits) into out[0, ceil(numel / kGradStatsChunk)).
   void chunk_sums(const OptSub& s, const BlockView& grad, Tier tier, double* out);
-  /// Where s's gradient is accumulated from device memory and read by the step.
+  /// Where the step reads s's gradient (add_grad_device accumulates it in the device tier only
+  /// when s.grad_gpu).
   Tier grad_tier_of(const OptSub& s) const {
     return s.grad_gpu || s.on_gpu ? Tier::device : Tier::host;
   }

@@ -392,6 +392,20 @@ std::size_t grad_stats_workspace_bytes(std::size_t n) noexcept {
   return chunks * (sizeof(double) + sizeof(int)) + 16;
 }
 
+namespace {
+// The per-chunk sums (and, when `flags` is set, per-chunk non-finite flags) of `chunks` chunks.
+void launch_chunk_sums(const void* grad, Dtype dtype, std::size_t n, std::size_t chunks,
+                       double* sums, int* flags, cudaStream_t st, const char* what) {
+  const std::size_t threads = chunks * kernels::kStatsLanes;
+  const unsigned blocks = static_cast<unsigned>((threads + kBlock - 1) / kBlock);
+  kernels::visit_dtype(dtype, [&](auto gd) {
+    stats_lanes_kernel<decltype(gd)::value>
+        <<<blocks, kBlock, 0, st>>>(grad, n, chunks, sums, flags);
+  });
+  check_launch(what);
+}
+}  // namespace
+
 void grad_stats(const void* grad, Dtype dtype, std::size_t n, double* d_sum_sq, int* d_nonfinite,
                 void* d_workspace, void* stream) {
   kernels::need(d_sum_sq, "d_sum_sq");
@@ -407,30 +421,17 @@ void grad_stats(const void* grad, Dtype dtype, std::size_t n, double* d_sum_sq, 
   kernels::need(d_workspace, "d_workspace");
   auto* partial = static_cast<double*>(d_workspace);
   auto* flags = reinterpret_cast<int*>(partial + chunks);
-  const std::size_t threads = chunks * kernels::kStatsLanes;
-  const unsigned blocks = static_cast<unsigned>((threads + kBlock - 1) / kBlock);
-  kernels::visit_dtype(dtype, [&](auto gd) {
-    stats_lanes_kernel<decltype(gd)::value>
-        <<<blocks, kBlock, 0, st>>>(grad, n, chunks, partial, flags);
-  });
-  check_launch("grad_stats (lanes)");
+  launch_chunk_sums(grad, dtype, n, chunks, partial, flags, st, "grad_stats (lanes)");
   stats_final_kernel<<<1, 1, 0, st>>>(partial, flags, chunks, d_sum_sq, d_nonfinite);
   check_launch("grad_stats (final)");
 }
 
-void grad_chunk_sums(const void* grad, Dtype dtype, std::size_t n, double* d_sums,
-                     void* stream) {
+void grad_chunk_sums(const void* grad, Dtype dtype, std::size_t n, double* d_sums, void* stream) {
   const std::size_t chunks = (n + kernels::kStatsChunk - 1) / kernels::kStatsChunk;
   if (chunks == 0) return;
   kernels::need(grad, "grad");
   kernels::need(d_sums, "d_sums");
-  const std::size_t threads = chunks * kernels::kStatsLanes;
-  const unsigned blocks = static_cast<unsigned>((threads + kBlock - 1) / kBlock);
-  kernels::visit_dtype(dtype, [&](auto gd) {
-    stats_lanes_kernel<decltype(gd)::value>
-        <<<blocks, kBlock, 0, as_stream(stream)>>>(grad, n, chunks, d_sums, nullptr);
-  });
-  check_launch("grad_chunk_sums");
+  launch_chunk_sums(grad, dtype, n, chunks, d_sums, nullptr, as_stream(stream), "grad_chunk_sums");
 }
 
 void cast(const void* src, Dtype sd, void* dst, Dtype dd, std::size_t n, void* stream) {

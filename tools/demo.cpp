@@ -61,15 +61,6 @@ struct DemoOptions {
   std::string device_budget;  // empty: TIERSWAP_DEVICE_BUDGET, else sized for the plan's GPU state
 };
 
-// Device memory for the demo's gradients on a GPU (freed at scope exit).
-struct DeviceBuffer {
-  void* p = nullptr;
-  explicit DeviceBuffer(std::size_t bytes) : p(cuda::device_alloc(bytes)) {}
-  DeviceBuffer(const DeviceBuffer&) = delete;
-  DeviceBuffer& operator=(const DeviceBuffer&) = delete;
-  ~DeviceBuffer() { cuda::device_free(p); }
-};
-
 // The device tier a plan with GPU sub-groups needs for the demo's model: their state (twice with
 // overlap: undo copies) and gradients, one sub-group more for granularity, and the slab slack.
 std::uint64_t device_budget_for(const Plan& plan, std::uint64_t params, std::uint64_t sub_group,
@@ -198,28 +189,16 @@ void run_demo(const DemoOptions& o) {
   // What the optimizer takes for device memory: GPU memory when a GPU is usable, else host memory
   // standing in for it (a simulated device tier).
   const bool gpu_ptrs = cuda::available();
-  std::optional<DeviceBuffer> d_noise, d_big;
-  if (device_grads && gpu_ptrs) {
-    d_noise.emplace(noise.size() * 2);
-    cuda::copy_to_device(d_noise->p, noise.data(), noise.size() * 2, nullptr);
-    cuda::synchronize(nullptr);
-  }
+  cuda::DeviceBuffer d_grad;  // on a GPU: the gradient handed over, in GPU memory
   auto hand_over = [&](ParamId id, const std::uint16_t* host, std::uint64_t n) {
     if (!device_grads) {
       opt.add_grad(id, host, Dtype::bf16);
     } else if (!gpu_ptrs) {
       opt.add_grad_device(id, host, Dtype::bf16, {});
     } else {  // the same values from GPU memory
-      const void* d = nullptr;
-      if (host >= noise.data() && host + n <= noise.data() + noise.size()) {
-        d = static_cast<const std::uint16_t*>(d_noise->p) + (host - noise.data());
-      } else {
-        d_big.emplace(n * 2);
-        cuda::copy_to_device(d_big->p, host, n * 2, nullptr);
-        cuda::synchronize(nullptr);
-        d = d_big->p;
-      }
-      opt.add_grad_device(id, d, Dtype::bf16, {});
+      cuda::copy_to_device(d_grad.reserve(n * 2), host, n * 2, nullptr);
+      cuda::synchronize(nullptr);
+      opt.add_grad_device(id, d_grad.data(), Dtype::bf16, {});
     }
   };
   // And the trainer's device copy of the 16-bit parameters, kept by the optimizer
@@ -230,13 +209,12 @@ void run_demo(const DemoOptions& o) {
     at16.push_back(n16);
     n16 += opt.param(id).numel();
   }
-  std::optional<DeviceBuffer> d16_gpu;
+  cuda::DeviceBuffer d16_gpu;
   std::vector<std::uint16_t> d16_host;  // standing in for GPU memory
   std::uint16_t* d16 = nullptr;
   if (device_grads) {
     if (gpu_ptrs) {
-      d16_gpu.emplace(n16 * 2);
-      d16 = static_cast<std::uint16_t*>(d16_gpu->p);
+      d16 = static_cast<std::uint16_t*>(d16_gpu.reserve(n16 * 2));
     } else {
       d16_host.assign(n16, 0);
       d16 = d16_host.data();

@@ -11,6 +11,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "tierswap/kernels.hpp"
@@ -54,6 +55,37 @@ void synchronize(void* stream);
 void event_synchronize(void* event);
 /// Makes later work on `stream` wait for `event` (cudaStreamWaitEvent) without blocking the host.
 void stream_wait_event(void* stream, void* event);
+/// Device memory owned by one object (device_alloc / device_free), move-only; empty until sized.
+/// reserve(n) makes it at least n bytes (growing drops the contents) and returns it.
+class DeviceBuffer {
+ public:
+  DeviceBuffer() = default;
+  explicit DeviceBuffer(std::size_t bytes) { reserve(bytes); }
+  DeviceBuffer(DeviceBuffer&& o) noexcept
+      : p_(std::exchange(o.p_, nullptr)), bytes_(std::exchange(o.bytes_, 0)) {}
+  DeviceBuffer& operator=(DeviceBuffer&& o) noexcept {
+    std::swap(p_, o.p_);
+    std::swap(bytes_, o.bytes_);
+    return *this;
+  }
+  ~DeviceBuffer() { device_free(p_); }
+  void* reserve(std::size_t bytes) {
+    if (p_ != nullptr && bytes_ >= bytes) return p_;
+    device_free(p_);
+    p_ = nullptr;
+    bytes_ = 0;  // stays so if the allocation throws
+    p_ = device_alloc(bytes);
+    bytes_ = bytes;
+    return p_;
+  }
+  void* data() const noexcept { return p_; }
+  std::size_t size() const noexcept { return bytes_; }
+
+ private:
+  void* p_ = nullptr;
+  std::size_t bytes_ = 0;
+};
+
 /// Page-locks host memory for the GPU (cudaHostRegister). False when it fails or no GPU is usable;
 /// never throws. host_unregister undoes a successful host_register.
 bool host_register(void* p, std::size_t bytes) noexcept;

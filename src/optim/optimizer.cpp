@@ -609,7 +609,7 @@ void ShardedOptimizer::Impl::chunk_sums(const OptSub& s, const BlockView& grad, 
     return;
   }
   const std::size_t bytes = (s.numel + kGradStatsChunk - 1) / kGradStatsChunk * sizeof(double);
-  auto* d = static_cast<double*>(gpu_sums.get(bytes));
+  auto* d = static_cast<double*>(gpu_sums.reserve(bytes));
   cuda::grad_chunk_sums(grad.data(), dt, s.numel, d, nullptr);
   cuda::copy_to_host(out, d, bytes, nullptr);
   cuda::synchronize(nullptr);
@@ -669,7 +669,7 @@ void ShardedOptimizer::Impl::gpu_step(OptSub& s, const GroupConfig& gc, const Gr
                                       bool speculative) {
   const OptGroup& g = groups[s.group];
   const std::size_t bytes16 = s.numel * sizeof(std::uint16_t);
-  void* const d16 = gpu_p16.get(bytes16);
+  void* const d16 = gpu_p16.reserve(bytes16);
   const Param16View out{d16, g.dtype16};
   auto* p = static_cast<float*>(ptr[kMaster]);
   switch (gc.kind) {
@@ -710,21 +710,6 @@ void ShardedOptimizer::Impl::gpu_step(OptSub& s, const GroupConfig& gc, const Gr
     s.d16_done = true;
   }
   cuda::synchronize(nullptr);
-}
-
-void* ShardedOptimizer::Impl::DeviceScratch::get(std::size_t n) {
-  if (bytes < n) {
-    cuda::device_free(p);
-    p = nullptr;
-    bytes = 0;  // stays so if the allocation throws
-    p = cuda::device_alloc(n);
-    bytes = n;
-  }
-  return p;
-}
-
-ShardedOptimizer::Impl::DeviceScratch::~DeviceScratch() {
-  cuda::device_free(p);
 }
 
 void ShardedOptimizer::Impl::step_sub(OptSub& s, const GroupConfig& gc, float multiplier,

@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "tierswap/communicator.hpp"
+#include "tierswap/cuda_kernels.hpp"
 #include "tierswap/optimizer.hpp"
 #include "tierswap/placement.hpp"
 #include "tierswap/tier_manager.hpp"
@@ -219,18 +220,9 @@ struct ShardedOptimizer::Impl {
   /// to `p16` in host memory.
   void gpu_step(OptSub& s, const GroupConfig& cfg, const GradView& grad, void* const* ptr,
                 std::uint64_t t, std::uint16_t* p16, bool speculative);
-  /// Device memory grown on demand (GPU steps and statistics; empty without a GPU).
-  struct DeviceScratch {
-    void* p = nullptr;
-    std::size_t bytes = 0;
-    void* get(std::size_t n);
-    DeviceScratch() = default;
-    DeviceScratch(const DeviceScratch&) = delete;
-    DeviceScratch& operator=(const DeviceScratch&) = delete;
-    ~DeviceScratch();
-  };
-  DeviceScratch gpu_p16;   // the 16-bit output of a GPU step (the step's thread)
-  DeviceScratch gpu_sums;  // statistics chunk sums of a device-resident gradient (ingest)
+  // Device memory grown on demand (GPU steps and statistics; empty without a GPU).
+  cuda::DeviceBuffer gpu_p16;   // the 16-bit output of a GPU step (the step's thread)
+  cuda::DeviceBuffer gpu_sums;  // statistics chunk sums of a device-resident gradient (ingest)
   void spec_loop();
   /// Waits until no speculative step is queued or running.
   void spec_drain();

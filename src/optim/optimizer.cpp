@@ -266,6 +266,10 @@ std::uint64_t ShardedOptimizer::Impl::state_block_bytes(const OptSub& s) const {
   return b;
 }
 
+std::uint64_t ShardedOptimizer::Impl::grad_block_bytes(const OptSub& s) const {
+  return round_up_u64(s.numel * dtype_size(acc_dtype(groups[s.group])), 4096);
+}
+
 void ShardedOptimizer::Impl::create_blocks() {
   std::uint64_t state = 0, grads = 0;
   for (const auto& s : subs) {
@@ -331,8 +335,7 @@ void ShardedOptimizer::Impl::create_blocks() {
     for (const auto& s : subs)
       if (s.memory_only) {
         mem[tier_of(s)] += state_block_bytes(s);
-        mem_grads[tier_of(s)] +=
-            round_up_u64(s.numel * dtype_size(acc_dtype(groups[s.group])), 4096);
+        mem_grads[tier_of(s)] += grad_block_bytes(s);
       }
     const TierConfig& tc = tiers.config();
     const int h = static_cast<int>(Tier::host), d = static_cast<int>(Tier::device);
@@ -401,7 +404,7 @@ void ShardedOptimizer::Impl::create_blocks() {
     std::uint64_t need = tc.slab_slack(Tier::device), step_pins = 0, grad_max = 0;
     for (const auto& s : subs) {
       if (!s.grad_gpu && !s.on_gpu) continue;
-      const std::uint64_t g = round_up_u64(s.numel * dtype_size(acc_dtype(groups[s.group])), 4096);
+      const std::uint64_t g = grad_block_bytes(s);
       const std::uint64_t st = s.on_gpu ? state_block_bytes(s) : 0;
       if (s.memory_only && s.on_gpu) {
         need += st * (s.undo ? 2 : 1) + g;
@@ -522,36 +525,31 @@ void ShardedOptimizer::Impl::p16_begin() {
   for (auto& s : subs) s.d16_done = false;
 }
 
+void ShardedOptimizer::Impl::put16(const OptParam& q, std::uint64_t b, std::uint64_t e) {
+  auto* dst = static_cast<std::uint16_t*>(q.d16) + (b - q.offset);
+  const std::uint16_t* src = groups[q.group].p16.data() + b;
+  if (device_ptrs) {
+    cuda::copy_to_device(dst, src, (e - b) * sizeof(std::uint16_t), nullptr);
+    p16_pending = true;
+  } else {
+    std::memcpy(dst, src, (e - b) * sizeof(std::uint16_t));
+  }
+}
+
 void ShardedOptimizer::Impl::upload16(const OptSub& s) {
-  if (!any_d16) return;
+  if (!any_d16 || s.d16_done) return;
   for (ParamId id : s.pids) {
     const OptParam& q = params[id];
-    if (q.d16 == nullptr || s.d16_done) continue;
-    const std::uint64_t b = std::max(q.offset, s.begin);
-    const std::uint64_t e = std::min(q.offset + q.numel, s.begin + s.numel);
-    auto* dst = static_cast<std::uint16_t*>(q.d16) + (b - q.offset);
-    const std::uint16_t* src = groups[q.group].p16.data() + b;
-    if (device_ptrs) {
-      cuda::copy_to_device(dst, src, (e - b) * sizeof(std::uint16_t), nullptr);
-      p16_pending = true;
-    } else {
-      std::memcpy(dst, src, (e - b) * sizeof(std::uint16_t));
-    }
+    if (q.d16 == nullptr) continue;
+    const auto [b, e] = Impl::slice(q, s);
+    put16(q, b, e);
   }
 }
 
 void ShardedOptimizer::Impl::upload16_all() {
   if (!any_d16) return;
-  for (const OptParam& q : params) {
-    if (q.d16 == nullptr) continue;
-    const std::uint16_t* src = groups[q.group].p16.data() + q.offset;
-    if (device_ptrs) {
-      cuda::copy_to_device(q.d16, src, q.numel * sizeof(std::uint16_t), nullptr);
-      p16_pending = true;
-    } else {
-      std::memcpy(q.d16, src, q.numel * sizeof(std::uint16_t));
-    }
-  }
+  for (const OptParam& q : params)
+    if (q.d16 != nullptr) put16(q, q.offset, q.offset + q.numel);
 }
 
 void ShardedOptimizer::Impl::p16_sync() {
@@ -582,15 +580,7 @@ void ShardedOptimizer::Impl::p16_all() {
 }
 
 void ShardedOptimizer::Impl::refresh_param16() {
-  for (auto& s : subs) {
-    OptGroup& g = groups[s.group];
-    Held m(tiers, tiers.acquire(s.state[kMaster], Tier::host));
-    cast(m.v.data(), Dtype::f32, g.p16.data() + s.begin, g.dtype16, s.numel, ctx());
-    if (s.streaming) {
-      tiers.release(m.v, false);
-      tiers.write_back(s.state[kMaster]);
-    }
-  }
+  for (const auto& s : subs) refresh_sub16(s);
   gather_param16();
 }
 
@@ -701,8 +691,7 @@ void ShardedOptimizer::Impl::gpu_step(OptSub& s, const GroupConfig& gc, const Gr
     for (ParamId id : s.pids) {
       const OptParam& q = params[id];
       if (q.d16 == nullptr) continue;
-      const std::uint64_t b = std::max(q.offset, s.begin);
-      const std::uint64_t e = std::min(q.offset + q.numel, s.begin + s.numel);
+      const auto [b, e] = Impl::slice(q, s);
       cuda::copy_on_device(static_cast<std::uint16_t*>(q.d16) + (b - q.offset),
                            static_cast<const std::uint16_t*>(d16) + (b - s.begin),
                            (e - b) * sizeof(std::uint16_t), nullptr);
@@ -1038,13 +1027,8 @@ void ShardedOptimizer::bind_param16_device(ParamId id, void* d_param16) {
   m.any_d16 = std::any_of(m.params.begin(), m.params.end(),
                           [](const OptParam& q) { return q.d16 != nullptr; });
   if (d_param16 == nullptr) return;
-  const std::uint16_t* src = m.groups[p.group].p16.data() + p.offset;
-  if (m.device_ptrs) {
-    cuda::copy_to_device(d_param16, src, p.numel * sizeof(std::uint16_t), nullptr);
-    cuda::synchronize(nullptr);
-  } else {
-    std::memcpy(d_param16, src, p.numel * sizeof(std::uint16_t));
-  }
+  m.put16(p, p.offset, p.offset + p.numel);
+  m.p16_sync();
 }
 
 void ShardedOptimizer::set_plan(const Plan& plan) {
@@ -1087,8 +1071,7 @@ void ShardedOptimizer::initialize(const ParamInit& init) {
       for (ParamId id : g.params) {
         const OptParam& p = m.params[id];
         if (!p.spec.requires_grad) continue;
-        const std::uint64_t b = std::max(p.offset, s.begin);
-        const std::uint64_t e = std::min(p.offset + p.numel, s.begin + s.numel);
+        const auto [b, e] = Impl::slice(p, s);
         if (b < e) init(id, b - p.offset, out + (b - s.begin), e - b);
       }
       cast(out, Dtype::f32, g.p16.data() + s.begin, g.dtype16, s.numel, m.ctx());
@@ -1194,8 +1177,7 @@ void ShardedOptimizer::add_grad(ParamId id, const void* grad, Dtype dtype) {
   }
   for (std::size_t k = 0; k < g.nsubs; ++k) {
     OptSub& s = m.subs[g.first_sub + k];
-    const std::uint64_t b = std::max(p.offset, s.begin);
-    const std::uint64_t e = std::min(p.offset + p.numel, s.begin + s.numel);
+    const auto [b, e] = Impl::slice(p, s);
     if (b >= e) continue;
     // Host memory goes to the gradient's host copy (the tier manager moves it up for a GPU step).
     m.ingest(s, Tier::host, [&](std::byte* v) {
@@ -1244,8 +1226,7 @@ void ShardedOptimizer::add_grad_device(ParamId id, const void* d_grad, Dtype dty
   const std::size_t acc_es = dtype_size(acc);
   for (std::size_t k = 0; k < g.nsubs; ++k) {
     OptSub& s = m.subs[g.first_sub + k];
-    const std::uint64_t b = std::max(p.offset, s.begin);
-    const std::uint64_t e = std::min(p.offset + p.numel, s.begin + s.numel);
+    const auto [b, e] = Impl::slice(p, s);
     if (b >= e) continue;
     const std::size_t at = (b - s.begin) * acc_es;
     const Tier tier = s.grad_gpu ? Tier::device : Tier::host;  // where it accumulates
@@ -1428,13 +1409,15 @@ StepResult ShardedOptimizer::step() {
         OptGroup& g = m.groups[s.group];
         std::uint16_t* dst = g.p16.data() + s.begin;
         const std::uint16_t* src = s.spec16.data();
-        const bool in_place = m.cfg.overlap_param16_in_place;  // already there
-        if (!in_place && m.pool != nullptr && m.pool->size() > 1 && s.numel >= (1u << 20))
+        if (m.cfg.overlap_param16_in_place) {
+          // already there: the speculative step wrote param16() itself
+        } else if (m.pool != nullptr && m.pool->size() > 1 && s.numel >= (1u << 20)) {
           m.pool->parallel_for(s.numel, 2048, [&](std::size_t b, std::size_t e) {
             std::memcpy(dst + b, src + b, (e - b) * sizeof(std::uint16_t));
           });
-        else if (!in_place)
+        } else {
           std::copy(s.spec16.begin(), s.spec16.end(), dst);
+        }
         p16_changed = true;
         ++r.overlapped_subgroups;
         m.p16_done(s);
@@ -1549,8 +1532,7 @@ std::vector<std::pair<std::uint64_t, std::vector<float>>> ShardedOptimizer::shar
   const Dtype dt = m.slot_dtype(slot);
   for (std::size_t k = 0; k < g.nsubs; ++k) {
     const OptSub& s = m.subs[g.first_sub + k];
-    const std::uint64_t b = std::max(p.offset, s.begin);
-    const std::uint64_t e = std::min(p.offset + p.numel, s.begin + s.numel);
+    const auto [b, e] = Impl::slice(p, s);
     if (b >= e) continue;
     Held v(m.tiers, m.tiers.acquire(s.state[slot], Tier::host));
     std::vector<float> vals(e - b);

@@ -146,6 +146,8 @@ struct ShardedOptimizer::Impl {
   // stream; p16_sync() waits for them (step() does before it returns).
   void upload16(const OptSub& s);
   void upload16_all();
+  /// Copies param16()'s [b, e) (group flat space) of parameter q into its bound copy.
+  void put16(const OptParam& q, std::uint64_t b, std::uint64_t e);
   void p16_sync();
   bool p16_pending = false;  // copies to bound GPU memory issued and not yet waited for
   bool any_d16 = false;      // some parameter is bound
@@ -166,6 +168,12 @@ struct ShardedOptimizer::Impl {
   }
   /// Bytes of a sub-group's state blocks (each rounded to 4 KiB, as the pools allocate).
   std::uint64_t state_block_bytes(const OptSub& s) const;
+  /// Bytes of a sub-group's gradient block (rounded as above).
+  std::uint64_t grad_block_bytes(const OptSub& s) const;
+  /// The part of parameter p in sub-group s: [b, e) in the group's flat space (b >= e: none).
+  static std::pair<std::uint64_t, std::uint64_t> slice(const OptParam& p, const OptSub& s) {
+    return {std::max(p.offset, s.begin), std::min(p.offset + p.numel, s.begin + s.numel)};
+  }
   CpuKernelContext ctx() const {
     CpuKernelContext c;
     c.pool = pool;

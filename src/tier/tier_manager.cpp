@@ -314,19 +314,36 @@ struct TierManager::Impl {
     return op;
   }
 
+  // Runs fn() with the lock released and block id marked busy (nobody else touches its copies
+  // meanwhile); an exception from fn() is rethrown once the block is settled again.
+  template <class Fn>
+  void while_busy(std::unique_lock<std::mutex>& lk, BlockId id, Fn&& fn) {
+    Block& b = *blocks[id];
+    b.busy = true;
+    lk.unlock();
+    std::exception_ptr err;
+    try {
+      fn();
+    } catch (...) {
+      err = std::current_exception();
+    }
+    lk.lock();
+    b.busy = false;
+    cv.notify_all();
+    if (err) std::rethrow_exception(err);
+  }
+
   // Copies a block between its host and device copies with the lock released (the block is
   // marked busy: nobody else touches its copies meanwhile).
   void copy_copy(std::unique_lock<std::mutex>& lk, BlockId id, int from, int to) {
-    Block& b = *blocks[id];
-    b.busy = true;
+    const Block& b = *blocks[id];
     std::byte* src = b.data[from];
     std::byte* dst = b.data[to];
     const std::uint64_t n = b.bytes;
     const bool simulated = device && device->simulated();
-    lk.unlock();
-    const auto t0 = Clock::now();
-    std::exception_ptr err;
-    try {
+    double secs = 0;
+    while_busy(lk, id, [&] {
+      const auto t0 = Clock::now();
       if (simulated) {
         std::memcpy(dst, src, n);
         const double want = static_cast<double>(n) / (cfg.simulated_device_gbps * 1e9);
@@ -339,14 +356,8 @@ struct TierManager::Impl {
         cuda::copy_to_host(dst, src, n, nullptr);
         cuda::synchronize(nullptr);
       }
-    } catch (...) {
-      err = std::current_exception();
-    }
-    const double secs = seconds_since(t0);
-    lk.lock();
-    b.busy = false;
-    cv.notify_all();
-    if (err) std::rethrow_exception(err);
+      secs = seconds_since(t0);
+    });
     count(from == kDev ? Tier::device : Tier::host, to == kDev ? Tier::device : Tier::host, n,
           secs);
   }
@@ -362,27 +373,20 @@ struct TierManager::Impl {
       device->free(p);
       return;
     }
-    b.busy = true;
     const std::uint64_t n = b.alloc_bytes;
     const bool simulated = device->simulated();
-    lk.unlock();
-    std::exception_ptr err;
     try {
-      if (simulated) {
-        std::memset(p, 0, n);
-      } else {
-        cuda::zero_on_device(p, n, nullptr);
-        cuda::synchronize(nullptr);
-      }
+      while_busy(lk, id, [&] {
+        if (simulated) {
+          std::memset(p, 0, n);
+        } else {
+          cuda::zero_on_device(p, n, nullptr);
+          cuda::synchronize(nullptr);
+        }
+      });
     } catch (...) {
-      err = std::current_exception();
-    }
-    lk.lock();
-    b.busy = false;
-    cv.notify_all();
-    if (err) {
       device->free(p);
-      std::rethrow_exception(err);
+      throw;
     }
     b.data[kDev] = p;
     b.st[kDev] = CopyState::valid;

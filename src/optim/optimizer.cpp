@@ -537,7 +537,7 @@ void ShardedOptimizer::Impl::put16(const OptParam& q, std::uint64_t b, std::uint
 }
 
 void ShardedOptimizer::Impl::upload16(const OptSub& s) {
-  if (!any_d16 || s.d16_done) return;
+  if (s.d16_done) return;
   for (ParamId id : s.pids) {
     const OptParam& q = params[id];
     if (q.d16 == nullptr) continue;
@@ -547,7 +547,6 @@ void ShardedOptimizer::Impl::upload16(const OptSub& s) {
 }
 
 void ShardedOptimizer::Impl::upload16_all() {
-  if (!any_d16) return;
   for (const OptParam& q : params)
     if (q.d16 != nullptr) put16(q, q.offset, q.offset + q.numel);
 }
@@ -687,7 +686,7 @@ void ShardedOptimizer::Impl::gpu_step(OptSub& s, const GroupConfig& gc, const Gr
   cuda::copy_to_host(p16, d16, bytes16, nullptr);  // stream-ordered after the kernel
   // The final output (not a speculative one) at world size 1: bound device copies take it from
   // the kernel's output, device to device (at world size > 1 they follow the all-gather).
-  if (any_d16 && world == 1 && !speculative) {
+  if (world == 1 && !speculative) {
     for (ParamId id : s.pids) {
       const OptParam& q = params[id];
       if (q.d16 == nullptr) continue;
@@ -1024,8 +1023,6 @@ void ShardedOptimizer::bind_param16_device(ParamId id, void* d_param16) {
         fmt::format("bind_param16_device '{}': no usable GPU ({}) and no simulated device tier",
                     p.spec.name, device_info().reason));
   p.d16 = d_param16;
-  m.any_d16 = std::any_of(m.params.begin(), m.params.end(),
-                          [](const OptParam& q) { return q.d16 != nullptr; });
   if (d_param16 == nullptr) return;
   m.put16(p, p.offset, p.offset + p.numel);
   m.p16_sync();

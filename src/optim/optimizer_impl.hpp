@@ -150,7 +150,6 @@ struct ShardedOptimizer::Impl {
   void put16(const OptParam& q, std::uint64_t b, std::uint64_t e);
   void p16_sync();
   bool p16_pending = false;  // copies to bound GPU memory issued and not yet waited for
-  bool any_d16 = false;      // some parameter is bound
   // Pointers the trainer hands over as device memory are GPU memory (a usable GPU), else host
   // memory standing in for it (a simulated device tier without a GPU). Set at finalize().
   bool device_ptrs = false;

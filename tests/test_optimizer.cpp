@@ -702,20 +702,23 @@ TEST(ShardedOptimizer, ConfigFromJsonAndEnvironment) {
   const auto c = OptimizerConfig::from_json(
       R"({"subgroup_size": "4M", "prefetch_depth": 3, "state_tier": "host", "grad_tier": "nvme",
           "max_grad_norm": 1.5, "overlap": true, "overlap_param16_in_place": true,
-          "loss_scaler": {"mode": "dynamic", "growth_interval": 10}})");
+          "concurrent_gpu_step": false, "loss_scaler": {"mode": "dynamic", "growth_interval": 10}})");
   EXPECT_EQ(c.subgroup_size, 4u << 20);
   EXPECT_TRUE(c.overlap);
   EXPECT_TRUE(c.overlap_param16_in_place);
+  EXPECT_FALSE(c.concurrent_gpu_step);
+  EXPECT_TRUE(OptimizerConfig{}.concurrent_gpu_step);
   EXPECT_EQ(c.prefetch_depth, 3u);
   EXPECT_EQ(c.state_tier, OptimizerConfig::StateTier::host);
   EXPECT_EQ(c.grad_tier, Tier::nvme);
   EXPECT_EQ(c.max_grad_norm, 1.5);
   EXPECT_EQ(c.loss_scaler.mode, LossScaling::dynamic);
   EXPECT_EQ(c.loss_scaler.growth_interval, 10u);
-  for (const char* bad : {R"({"subgroup": 1})", R"({"grad_tier": "gpu"})",
-                          R"({"loss_scaler": {"mode": "sometimes"}})", R"({"max_grad_norm": -1})",
-                          R"({"loss_scaler": {"backoff": 0.5}})", R"({"overlap": "yes"})",
-                          R"({"overlap_param16_in_place": 1})", "[1]", "{"}) {
+  for (const char* bad :
+       {R"({"subgroup": 1})", R"({"grad_tier": "gpu"})",
+        R"({"loss_scaler": {"mode": "sometimes"}})", R"({"max_grad_norm": -1})",
+        R"({"loss_scaler": {"backoff": 0.5}})", R"({"overlap": "yes"})",
+        R"({"overlap_param16_in_place": 1})", R"({"concurrent_gpu_step": "no"})", "[1]", "{"}) {
     try {
       OptimizerConfig::from_json(bad);
       ADD_FAILURE() << "accepted: " << bad;
@@ -727,9 +730,12 @@ TEST(ShardedOptimizer, ConfigFromJsonAndEnvironment) {
   ::setenv("TIERSWAP_SUBGROUP_SIZE", "1M", 1);
   ::setenv("TIERSWAP_OVERLAP", "1", 1);
   ::setenv("TIERSWAP_OVERLAP_PARAM16_IN_PLACE", "1", 1);
+  ::setenv("TIERSWAP_CONCURRENT_GPU_STEP", "0", 1);
   const auto e = OptimizerConfig::from_env();
   ::unsetenv("TIERSWAP_OVERLAP");
   ::unsetenv("TIERSWAP_OVERLAP_PARAM16_IN_PLACE");
+  ::unsetenv("TIERSWAP_CONCURRENT_GPU_STEP");
+  EXPECT_FALSE(e.concurrent_gpu_step);
   EXPECT_TRUE(e.overlap);
   EXPECT_TRUE(e.overlap_param16_in_place);
   EXPECT_EQ(e.state_tier, OptimizerConfig::StateTier::nvme);
@@ -1037,6 +1043,107 @@ TEST(ShardedOptimizer, BoundDeviceCopiesOfTheParam16FollowEveryStep) {
       ADD_FAILURE() << "bound without a GPU or a simulated device tier";
     } catch (const std::runtime_error& e) {
       EXPECT_NE(std::string(e.what()).find("no usable GPU"), std::string::npos) << e.what();
+    }
+  }
+}
+
+// A split plan (the first sub-groups' state and step on the GPU, the rest in host memory stepped
+// by the CPU): with concurrent_gpu_step the GPU's part runs on its own thread beside the CPU's.
+// The same bits as an all-host run and as the serial split, ordinary and overlapped, persisted
+// and memory-only; a failure in the GPU's part rolls the step back and training goes on; the
+// CPU's part does not wait for the GPU's (the order in which parameters become ready shows it).
+TEST(ShardedOptimizer, SplitStepRunsTheGpuPartBesideTheCpuPart) {
+  const Plan split = Plan::from_json(R"({"format": "tierswap.plan", "version": 1, "subgroups": [
+      {"numel": 500, "state_tier": "gpu", "step_device": "gpu"},
+      {"numel": 500, "state_tier": "host", "step_device": "cpu"}]})");
+  Rig a;
+  auto ma = test::start_model(*a.opt);
+  test::train(*a.opt, ma, 1, 12, 0, 1);
+  for (const bool concurrent : {true, false})
+    for (const int mode : {0, 1, 2}) {  // persisted, memory-only, memory-only overlapped
+      SCOPED_TRACE(fmt::format("concurrent {}, mode {}", concurrent, mode));
+      OptimizerConfig oc = test::model_config();
+      oc.concurrent_gpu_step = concurrent;
+      oc.persist_resident_state = mode == 0;
+      oc.overlap = mode == 2;
+      Rig b(simulated_gpu_config(2 * kMiB, 128 * kKiB, 4 * kMiB), oc);
+      b.opt->set_plan(split);
+      auto mb = test::start_model(*b.opt);
+      std::size_t gpu = 0;
+      for (std::size_t k = 0; k < b.opt->subgroup_count(); ++k) gpu += b.opt->placement(k).second;
+      ASSERT_EQ(gpu, 2u);
+      ASSERT_FALSE(b.opt->placement(b.opt->subgroup_count() - 1).second);
+      const auto rb = test::train(*b.opt, mb, 1, 12, 0, 1, mode == 1);
+      for (std::size_t i = 0; i < rb.size(); ++i) {
+        if (rb[i].skipped) continue;
+        if (mode < 2) EXPECT_EQ(rb[i].gpu_subgroups, 2u) << "step " << i + 1;
+        if (rb[i].gpu_subgroups > 0) EXPECT_GT(rb[i].gpu_seconds, 0.0) << "step " << i + 1;
+      }
+      expect_same_state(*a.opt, ma, *b.opt, mb);
+      expect_same_param16(*a.opt, ma, *b.opt, mb);
+    }
+
+  // A read error in the GPU's part: after step 4 the GPU sub-groups' persisted state is dropped
+  // from GPU and host memory, so step 5's GPU part reads it back from NVMe, and fails (the CPU's
+  // part reads nothing: host state resident, gradients in host memory).
+  for (const bool concurrent : {true, false}) {
+    SCOPED_TRACE(fmt::format("read fault, concurrent {}", concurrent));
+    std::atomic<bool> fail{false};
+    std::atomic<std::uint64_t> failed{0};
+    OptimizerConfig oc = test::model_config();
+    oc.concurrent_gpu_step = concurrent;
+    Rig b(simulated_gpu_config(4 * kMiB, 128 * kKiB, 4 * kMiB), oc, 64 * kMiB,
+          [&](const detail::IoRequest& q, std::uint64_t) {
+            if (q.op != IoOp::read || !fail.load()) return detail::Fault{};
+            ++failed;
+            return detail::Fault{detail::Fault::Kind::error, EIO};
+          });
+    b.opt->set_plan(split);
+    auto mb = test::start_model(*b.opt);
+    test::train(*b.opt, mb, 1, 4, 0, 1);
+    for (int sg = 0; sg < 2; ++sg)
+      for (const char* cls : {"master", "exp_avg", "exp_avg_sq"}) {
+        const auto id = b.tiers->find(fmt::format("g0.r0.s{}.{}", sg, cls));
+        ASSERT_TRUE(id) << sg << " " << cls;
+        b.tiers->evict(*id, Tier::device);
+        b.tiers->evict(*id, Tier::host);
+      }
+    fail = true;
+    EXPECT_THROW(test::train(*b.opt, mb, 5, 5, 0, 1), std::system_error);
+    fail = false;
+    EXPECT_GT(failed.load(), 0u);
+    EXPECT_EQ(b.opt->step_count(), 4u);
+    test::train(*b.opt, mb, 5, 12, 0, 1);
+    expect_same_state(*a.opt, ma, *b.opt, mb);
+    expect_same_param16(*a.opt, ma, *b.opt, mb);
+  }
+
+  // Order: the GPU's sub-groups come first, and each takes ~50 ms for its gradient to cross a slow
+  // simulated link (16 KiB at 0.33 MB/s) while the CPU's sub-groups take microseconds. w1 lies
+  // in the GPU's sub-groups only; b1, b2 and w3 in the CPU's only. Serial: w1 is ready first.
+  // Concurrent: the CPU's parameters are ready before it.
+  for (const bool concurrent : {true, false}) {
+    SCOPED_TRACE(fmt::format("order, concurrent {}", concurrent));
+    OptimizerConfig oc = test::model_config();
+    oc.concurrent_gpu_step = concurrent;
+    TierConfig tc = simulated_gpu_config(2 * kMiB, 128 * kKiB, 4 * kMiB);
+    tc.simulated_device_gbps = 0.00033;
+    Rig b(tc, oc);
+    b.opt->set_plan(split);
+    auto mb = test::start_model(*b.opt);
+    std::vector<std::string> order;
+    b.opt->on_param16_ready([&](ParamId id, std::span<const std::uint16_t>) {
+      order.push_back(b.opt->param(id).name);
+    });
+    test::train(*b.opt, mb, 1, 1, 0, 1);
+    ASSERT_FALSE(order.empty());
+    auto at = [&](const std::string& name) {
+      return std::find(order.begin(), order.end(), name) - order.begin();
+    };
+    if (concurrent) {
+      for (const char* cpu : {"b1", "b2", "w3"}) EXPECT_LT(at(cpu), at("w1")) << cpu;
+    } else {
+      EXPECT_EQ(order.front(), "w1");
     }
   }
 }

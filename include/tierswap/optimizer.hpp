@@ -162,18 +162,25 @@ struct OptimizerConfig {
   /// trainer that does not read param16() during the backward for parameters whose gradients
   /// are already final; on_param16_ready still fires only for kept values. Default off.
   bool overlap_param16_in_place = false;
+  /// A step whose placement has sub-groups stepped by the GPU and others by the CPU (a plan's
+  /// split): the GPU's sub-groups step on a thread of their own, in order, while step()'s thread
+  /// steps the CPU's, so the two parts overlap as the plan's cost model assumes (its predicted
+  /// time takes the longer part, not their sum). on_param16_ready still runs on step()'s thread.
+  /// false: one after the other on step()'s thread (the same bits either way). Default on.
+  bool concurrent_gpu_step = true;
   void validate() const;
   /// Overrides from TIERSWAP_SUBGROUP_SIZE, TIERSWAP_PREFETCH_DEPTH, TIERSWAP_ACCUMULATE_FP32,
   /// TIERSWAP_BF16_MOMENTS, TIERSWAP_STATE_TIER (auto|host|nvme), TIERSWAP_GRAD_TIER
   /// (host|nvme), TIERSWAP_COALESCE, TIERSWAP_MAX_GRAD_NORM, TIERSWAP_OVERLAP, TIERSWAP_PLAN (a
-  /// plan file), TIERSWAP_PERSIST_RESIDENT_STATE, TIERSWAP_OVERLAP_PARAM16_IN_PLACE.
+  /// plan file), TIERSWAP_PERSIST_RESIDENT_STATE, TIERSWAP_OVERLAP_PARAM16_IN_PLACE,
+  /// TIERSWAP_CONCURRENT_GPU_STEP.
   static OptimizerConfig from_env();
   static OptimizerConfig from_env(OptimizerConfig base);
   /// Loads {"subgroup_size", "prefetch_depth", "accumulate_fp32", "bf16_moments", "state_tier",
   /// "grad_tier", "coalesce", "max_grad_norm", "overlap", "plan", "persist_resident_state",
-  /// "overlap_param16_in_place", "loss_scaler": {"mode", "init_scale", "growth_factor",
-  /// "backoff_factor", "growth_interval"}}; unknown keys or bad values throw std::invalid_argument
-  /// naming the key.
+  /// "overlap_param16_in_place", "concurrent_gpu_step", "loss_scaler": {"mode", "init_scale",
+  /// "growth_factor", "backoff_factor", "growth_interval"}}; unknown keys or bad values throw
+  /// std::invalid_argument naming the key.
   static OptimizerConfig from_json(std::string_view json);
 };
 
@@ -213,6 +220,10 @@ struct StepResult {
   /// Overlapped mode: speculative results were discarded and stepped again (clipping was needed,
   /// or a hyper-parameter or a gradient changed after its sub-group was stepped).
   bool redone = false;
+  /// Sub-groups the GPU stepped in this step (a plan's GPU part), and the time its part took
+  /// from the first to the last of them; with concurrent_gpu_step it overlapped the CPU's part.
+  std::uint32_t gpu_subgroups = 0;
+  double gpu_seconds = 0;
 };
 
 /// Fills `count` fp32 values of parameter `param` starting at element `offset`.

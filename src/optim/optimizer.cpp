@@ -6,8 +6,10 @@
 #include <cmath>
 #include <cstdio>
 #include <cstring>
+#include <functional>
 #include <limits>
 #include <stdexcept>
+#include <utility>
 
 #include "src/optim/optimizer_impl.hpp"
 #include "tierswap/cuda_kernels.hpp"
@@ -56,6 +58,82 @@ SgdConfig sgd_config(const GroupConfig& c) {
   s.maximize = c.maximize;
   return s;
 }
+
+// The GPU's part of a split step (concurrent_gpu_step): the sub-groups the GPU steps, in order,
+// on a thread of their own while step()'s thread steps the CPU's part. Finished sub-groups go
+// back to step()'s thread (take), which does their bookkeeping. The lane stops at its first
+// failure (finish() rethrows it); the destructor stops it after the sub-group in progress and
+// joins, so nothing runs on the lane once an error unwinds step().
+class GpuLane {
+ public:
+  GpuLane(std::vector<std::size_t> ks, std::function<void(std::size_t)> step)
+      : ks_(std::move(ks)), step_(std::move(step)), thread_([this] { run(); }) {}
+  ~GpuLane() {
+    {
+      std::lock_guard lk(mu_);
+      stop_ = true;
+    }
+    if (thread_.joinable()) thread_.join();
+  }
+  GpuLane(const GpuLane&) = delete;
+  GpuLane& operator=(const GpuLane&) = delete;
+
+  /// The sub-groups finished since the last call, in order. `wait`: blocks until there is one
+  /// or the lane has ended (then none means it is over).
+  std::vector<std::size_t> take(bool wait) {
+    std::unique_lock lk(mu_);
+    if (wait) cv_.wait(lk, [&] { return !done_.empty() || ended_; });
+    return std::exchange(done_, {});
+  }
+  bool failed() {
+    std::lock_guard lk(mu_);
+    return err_ != nullptr;
+  }
+  /// Joins the lane and rethrows its failure; else returns the time from its start to the end
+  /// of its last sub-group.
+  double finish() {
+    thread_.join();
+    if (err_) std::rethrow_exception(err_);
+    return seconds_;
+  }
+
+ private:
+  void run() {
+    const auto t0 = Clock::now();
+    for (std::size_t k : ks_) {
+      {
+        std::lock_guard lk(mu_);
+        if (stop_ || err_) break;
+      }
+      std::exception_ptr err;
+      try {
+        step_(k);
+      } catch (...) {
+        err = std::current_exception();
+      }
+      std::lock_guard lk(mu_);
+      if (err)
+        err_ = err;
+      else
+        done_.push_back(k);
+      cv_.notify_all();
+    }
+    std::lock_guard lk(mu_);
+    seconds_ = std::chrono::duration<double>(Clock::now() - t0).count();
+    ended_ = true;
+    cv_.notify_all();
+  }
+
+  const std::vector<std::size_t> ks_;
+  const std::function<void(std::size_t)> step_;
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::vector<std::size_t> done_;
+  std::exception_ptr err_;
+  bool stop_ = false, ended_ = false;
+  double seconds_ = 0;
+  std::thread thread_;  // last: starts once everything above is constructed
+};
 
 std::uint64_t round_up_u64(std::uint64_t v, std::uint64_t m) {
   return (v + m - 1) / m * m;
@@ -445,13 +523,17 @@ void ShardedOptimizer::Impl::create_blocks() {
                       format_bytes(resident), format_bytes(tiers.config().host_budget)));
   }
   // Read-ahead within the budget: host-resident gradients, the sub-group being stepped, one being
-  // written behind, and `depth` read ahead must fit, or memory pressure would spill gradients and
-  // drop prefetched state before its use.
+  // written behind, the one the GPU steps meanwhile (a concurrent split step), and `depth` read
+  // ahead must fit, or memory pressure would spill gradients and drop prefetched state before
+  // its use.
   depth = cfg.prefetch_depth;
   if (any_streaming) {
+    const bool split =
+        cfg.concurrent_gpu_step &&
+        std::any_of(subs.begin(), subs.end(), [](const OptSub& s) { return s.step_gpu; });
     const std::uint64_t per = per_sub;
     const std::uint64_t budget = tiers.config().host_budget;
-    const std::uint64_t held = (cfg.grad_tier == Tier::host ? grads : 0) + 2 * per;
+    const std::uint64_t held = (cfg.grad_tier == Tier::host ? grads : 0) + (split ? 3 : 2) * per;
     const std::uint64_t fit = budget > held ? (budget - held) / std::max<std::uint64_t>(per, 1) : 0;
     if (fit < depth) {
       log(LogLevel::info,
@@ -720,6 +802,10 @@ void ShardedOptimizer::Impl::step_sub(OptSub& s, const GroupConfig& gc, float mu
     const Param16View out{p16, g.dtype16};
     auto* p = static_cast<float*>(ptr[kMaster]);
     if (wrote16) *wrote16 = true;
+    // A simulated GPU is a processor of its own: one thread, not the CPU's workers (the same
+    // bits for any thread count), so a split step's two parts do not share them.
+    CpuKernelContext kc = ctx();
+    if (s.step_gpu) kc.pool = nullptr;
     if (s.step_gpu && !gpu_simulated)
       gpu_step(s, gc, gview, ptr, t, p16, speculative);
     else
@@ -732,15 +818,15 @@ void ShardedOptimizer::Impl::step_sub(OptSub& s, const GroupConfig& gc, float mu
           a.exp_avg_sq = ptr[kExpAvgSq];
           a.max_exp_avg_sq = ptr[kMaxExpAvgSq];
           a.moment_dtype = moment_dtype();
-          adam_step(adam_config(gc), static_cast<std::int64_t>(t), a, gview, out, s.numel, ctx());
+          adam_step(adam_config(gc), static_cast<std::int64_t>(t), a, gview, out, s.numel, kc);
           break;
         }
         case OptimizerKind::lion:
-          lion_step(lion_config(gc), p, ptr[kExpAvg], moment_dtype(), gview, out, s.numel, ctx());
+          lion_step(lion_config(gc), p, ptr[kExpAvg], moment_dtype(), gview, out, s.numel, kc);
           break;
         case OptimizerKind::sgd:
           sgd_step(sgd_config(gc), t == 1, p, static_cast<float*>(ptr[kMomentum]), gview, out,
-                   s.numel, ctx());
+                   s.numel, kc);
           break;
       }
     for (auto& h : st)
@@ -1285,6 +1371,48 @@ std::uint64_t ShardedOptimizer::step_count() const {
   return impl_->step_count;
 }
 
+template <class Step, class After>
+void ShardedOptimizer::Impl::run_steps(const std::vector<std::size_t>& ks, Step&& step,
+                                       After&& after, bool* wrote16, StepResult& r) {
+  std::vector<std::size_t> gpu, cpu;
+  for (std::size_t k : ks) (subs[k].step_gpu ? gpu : cpu).push_back(k);
+  r.gpu_subgroups += static_cast<std::uint32_t>(gpu.size());
+  std::optional<GpuLane> lane;
+  if (cfg.concurrent_gpu_step && !gpu.empty() && !cpu.empty()) {
+    if (wrote16 != nullptr) *wrote16 = true;  // the lane's writes are not tracked one by one
+    lane.emplace(gpu, [&](std::size_t k) { step(k, nullptr); });
+  } else {
+    cpu = ks;  // one after the other, in order
+  }
+  auto prefetch = [&](std::size_t i) {  // streamed state, read ahead of its step
+    if (i >= cpu.size() || !subs[cpu[i]].streaming) return;
+    for (BlockId b : subs[cpu[i]].state)
+      if (b != kNoBlock) tiers.prefetch(b, Tier::host);
+  };
+  for (std::size_t i = 0; i < std::min<std::size_t>(cpu.size(), depth + 1); ++i) prefetch(i);
+  auto drain = [&](bool wait) {
+    const auto ks_done = lane->take(wait);
+    for (std::size_t k : ks_done) after(k);
+    return !ks_done.empty();
+  };
+  for (std::size_t i = 0; i < cpu.size(); ++i) {
+    prefetch(i + depth + 1);
+    const std::size_t k = cpu[i];
+    const auto t0 = Clock::now();
+    step(k, wrote16);
+    if (subs[k].step_gpu) r.gpu_seconds += std::chrono::duration<double>(Clock::now() - t0).count();
+    after(k);
+    if (lane) {
+      drain(false);
+      if (lane->failed()) break;  // finish() below rethrows it
+    }
+  }
+  if (!lane) return;
+  while (drain(true)) {
+  }
+  r.gpu_seconds += lane->finish();
+}
+
 StepResult ShardedOptimizer::step() {
   Impl& m = *impl_;
   m.require_finalized("step");
@@ -1395,8 +1523,8 @@ StepResult ShardedOptimizer::step() {
   // destroyed unreleased is released clean.
   std::vector<BlockView> late_grads;
 
-  // The pipeline: prefetch ahead, step, write behind. Errors roll the generation back.
-  std::size_t done = 0;
+  // The pipeline: prefetch ahead, step, write behind (the GPU's sub-groups meanwhile, on their
+  // lane). Errors roll the generation back.
   bool p16_changed = false;  // param16 no longer matches the committed master weights
   try {
     m.p16_begin();
@@ -1419,24 +1547,21 @@ StepResult ShardedOptimizer::step() {
         ++r.overlapped_subgroups;
         m.p16_done(s);
       }
-    auto prefetch = [&](std::size_t i) {
-      if (i >= todo.size() || !m.subs[todo[i]].streaming) return;
-      for (BlockId b : m.subs[todo[i]].state)
-        if (b != kNoBlock) m.tiers.prefetch(b, Tier::host);
-    };
-    for (std::size_t i = 0; i < std::min<std::size_t>(todo.size(), m.depth + 1); ++i) prefetch(i);
-    for (std::size_t i = 0; i < todo.size(); ++i) {
-      prefetch(i + m.depth + 1);
-      OptSub& s = m.subs[todo[i]];
-      OptGroup& g = m.groups[s.group];
-      m.step_sub(s, g.cfg, multiplier, t, g.p16.data() + s.begin, &p16_changed);
-      ++done;
-      m.tiers.trim(s.grad);
-      m.p16_done(s);
-    }
-    late_grads.reserve(late.size());
+    m.run_steps(
+        todo,
+        [&](std::size_t k, bool* wrote16) {
+          OptSub& s = m.subs[k];
+          OptGroup& g = m.groups[s.group];
+          m.step_sub(s, g.cfg, multiplier, t, g.p16.data() + s.begin, wrote16);
+        },
+        [&](std::size_t k) {
+          m.tiers.trim(m.subs[k].grad);
+          m.p16_done(m.subs[k]);
+        },
+        &p16_changed, r);
+    late_grads.resize(m.subs.size());
     for (std::size_t k : late)  // where the step reads it
-      late_grads.push_back(m.tiers.acquire(m.subs[k].grad, m.grad_tier_of(m.subs[k])));
+      late_grads[k] = m.tiers.acquire(m.subs[k].grad, m.grad_tier_of(m.subs[k]));
     m.step_count = t;
     m.tiers.commit();
   } catch (...) {
@@ -1458,22 +1583,27 @@ StepResult ShardedOptimizer::step() {
   }
   // The memory-only state: the committed generation is the new step for everything else, and
   // this part cannot fail (resident state, pinned gradients, the CPU kernel).
-  for (std::size_t i = 0; i < late.size(); ++i) {
-    OptSub& s = m.subs[late[i]];
-    OptGroup& g = m.groups[s.group];
-    try {
-      m.step_sub(s, g.cfg, multiplier, t, g.p16.data() + s.begin);
-    } catch (const std::exception& e) {
-      log(LogLevel::error,
-          fmt::format("step {}: memory-only sub-group {} of group {} failed after the commit "
-                      "({}): the in-memory state is now inconsistent; load a checkpoint",
-                      t, s.index, s.group, e.what()));
-      throw;
-    }
-    late_grads[i] = BlockView{};
-    m.tiers.trim(s.grad);
-    m.p16_done(s);
-  }
+  m.run_steps(
+      late,
+      [&](std::size_t k, bool*) {
+        OptSub& s = m.subs[k];
+        OptGroup& g = m.groups[s.group];
+        try {
+          m.step_sub(s, g.cfg, multiplier, t, g.p16.data() + s.begin);
+        } catch (const std::exception& e) {
+          log(LogLevel::error,
+              fmt::format("step {}: memory-only sub-group {} of group {} failed after the commit "
+                          "({}): the in-memory state is now inconsistent; load a checkpoint",
+                          t, s.index, s.group, e.what()));
+          throw;
+        }
+      },
+      [&](std::size_t k) {
+        late_grads[k] = BlockView{};
+        m.tiers.trim(m.subs[k].grad);
+        m.p16_done(m.subs[k]);
+      },
+      nullptr, r);
   if (spec_keep) m.spec_reset();
   m.gather_param16();
   if (ls.mode == LossScaling::dynamic && ++m.growth_tracker >= ls.growth_interval) {

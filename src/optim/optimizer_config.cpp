@@ -56,6 +56,7 @@ OptimizerConfig OptimizerConfig::from_env(OptimizerConfig c) {
   c.persist_resident_state = env_bool("TIERSWAP_PERSIST_RESIDENT_STATE", c.persist_resident_state);
   c.overlap_param16_in_place =
       env_bool("TIERSWAP_OVERLAP_PARAM16_IN_PLACE", c.overlap_param16_in_place);
+  c.concurrent_gpu_step = env_bool("TIERSWAP_CONCURRENT_GPU_STEP", c.concurrent_gpu_step);
   if (const char* v = std::getenv("TIERSWAP_PLAN")) c.plan_file = v;
   c.max_grad_norm = env_double("TIERSWAP_MAX_GRAD_NORM", c.max_grad_norm);
   c.validate();
@@ -111,6 +112,8 @@ OptimizerConfig OptimizerConfig::from_json(std::string_view text) {
       c.persist_resident_state = bool_of(v, key);
     } else if (key == "overlap_param16_in_place") {
       c.overlap_param16_in_place = bool_of(v, key);
+    } else if (key == "concurrent_gpu_step") {
+      c.concurrent_gpu_step = bool_of(v, key);
     } else if (key == "plan") {
       c.plan_file = str_of(v, key);
     } else if (key == "max_grad_norm") {
@@ -140,7 +143,8 @@ OptimizerConfig OptimizerConfig::from_json(std::string_view text) {
           key, v.dump(),
           "unknown optimizer config key (known: subgroup_size, prefetch_depth, "
           "accumulate_fp32, bf16_moments, state_tier, grad_tier, coalesce, overlap, plan, "
-          "persist_resident_state, overlap_param16_in_place, max_grad_norm, loss_scaler)");
+          "persist_resident_state, overlap_param16_in_place, concurrent_gpu_step, max_grad_norm, "
+          "loss_scaler)");
     }
   }
   c.validate();

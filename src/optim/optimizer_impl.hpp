@@ -214,6 +214,14 @@ struct ShardedOptimizer::Impl {
   /// state is written behind when streaming. `*wrote16` becomes true once `p16` was written to.
   void step_sub(OptSub& s, const GroupConfig& cfg, float multiplier, std::uint64_t t,
                 std::uint16_t* p16, bool* wrote16 = nullptr, bool speculative = false);
+  /// Steps sub-groups `ks` in order: `step(k, wrote16)` steps one, `after(k)` does its
+  /// bookkeeping on this thread once it is done. With concurrent_gpu_step and both kinds in
+  /// `ks`, the GPU's sub-groups step on a GpuLane meanwhile (their `after` runs here as they
+  /// finish; `*wrote16` is set up front) and streamed state is read ahead of the CPU's. The
+  /// first failure is rethrown once the lane stopped; r.gpu_subgroups / gpu_seconds add up.
+  template <class Step, class After>
+  void run_steps(const std::vector<std::size_t>& ks, Step&& step, After&& after, bool* wrote16,
+                 StepResult& r);
   /// Where a speculative step of s writes its 16-bit output: param16() itself
   /// (overlap_param16_in_place) or s.spec16.
   std::uint16_t* spec_out16(OptSub& s);

@@ -55,8 +55,9 @@ struct DemoOptions {
   unsigned threads = 2;
   double hold = 0;
   bool json = false;
-  std::string plan;      // a plan file (tierswap plan --out): per-sub-group placement
-  bool overlap = false;  // sub-groups step during the (simulated) backward
+  std::string plan;              // a plan file (tierswap plan --out): per-sub-group placement
+  bool overlap = false;          // sub-groups step during the (simulated) backward
+  bool serial_gpu_step = false;  // a split plan's GPU part after the CPU's, not beside it
   double max_grad_norm = 1.0;
   std::string device_budget;  // empty: TIERSWAP_DEVICE_BUDGET, else sized for the plan's GPU state
 };
@@ -122,6 +123,7 @@ void run_demo(const DemoOptions& o) {
   oc.state_tier = OptimizerConfig::StateTier::nvme;
   oc.max_grad_norm = o.max_grad_norm;
   oc.overlap = o.overlap;
+  oc.concurrent_gpu_step = !o.serial_gpu_step;
   std::optional<Plan> plan;
   if (!o.plan.empty()) {  // the plan's placement, and the resident-state mode it was made for
     plan = Plan::load(o.plan);
@@ -280,13 +282,15 @@ void run_demo(const DemoOptions& o) {
                      {"device_out_bytes", r.bytes_out[dv]},
                      {"nvme_gbps", gbps},
                      {"overlapped_subgroups", r.overlapped_subgroups},
+                     {"gpu_subgroups", r.gpu_subgroups},
+                     {"gpu_seconds", r.gpu_seconds},
                      {"redone", r.redone},
                      {"generation", r.generation}});
     if (!o.json)
       fmt::print(
           "step {}: {:.2f} s (waited {:.2f} s on I/O; gradient ingest {:.2f} s before it), NVMe "
           "read {} ({:.1f} B/param) written {} ({:.1f} B/param), {:.2f} GB/s; grad norm {:.4g}, "
-          "clip {:.3f}; generation {}{}{}\n",
+          "clip {:.3f}; generation {}{}{}{}\n",
           step, r.seconds, r.io_wait_seconds, ingest_s, format_bytes(r.bytes_out[nv]),
           static_cast<double>(r.bytes_out[nv]) / params, format_bytes(r.bytes_in[nv]),
           static_cast<double>(r.bytes_in[nv]) / params, gbps, r.grad_norm, r.clip_factor,
@@ -294,6 +298,11 @@ void run_demo(const DemoOptions& o) {
           device != DeviceTierMode::off
               ? fmt::format("; host->device {}, device->host {}", format_bytes(r.bytes_in[dv]),
                             format_bytes(r.bytes_out[dv]))
+              : std::string(),
+          r.gpu_subgroups > 0
+              ? fmt::format("; {} sub-groups on the GPU{} in {:.2f} s", r.gpu_subgroups,
+                            oc.concurrent_gpu_step ? " beside the CPU's" : " in turn with the CPU's",
+                            r.gpu_seconds)
               : std::string(),
           o.overlap ? fmt::format("; {} of {} sub-groups stepped during the ingest{}",
                                   r.overlapped_subgroups, opt.subgroup_count(),
@@ -496,6 +505,9 @@ void add_demo(CLI::App& app) {
   d->add_option("--device-budget", o->device_budget,
                 "Device tier bytes (default: TIERSWAP_DEVICE_BUDGET, else what the plan's "
                 "GPU-resident state needs; a simulated tier stands in without a GPU)");
+  d->add_flag("--serial-gpu-step", o->serial_gpu_step,
+              "A plan's GPU sub-groups step after the CPU's instead of beside them "
+              "(OptimizerConfig::concurrent_gpu_step off; the same bits)");
   d->callback([o] { run_demo(*o); });
 }
 

@@ -138,3 +138,29 @@ TEST(CudaKernels, StatsFallbacksMatchTheScalarReference) {
     }
   }
 }
+
+// The staging buffer: grows (at least doubling), keeps its memory when large enough, and is
+// page-locked exactly when a GPU is usable (plain host memory here without one); a round trip
+// through device memory on a GPU.
+TEST(CudaKernels, PinnedBufferGrowsAndIsPageLockedWithAGpu) {
+  cuda::PinnedBuffer b;
+  EXPECT_EQ(b.size(), 0u);
+  std::byte* p = b.reserve(10000);
+  ASSERT_NE(p, nullptr);
+  EXPECT_GE(b.size(), 10000u);
+  EXPECT_EQ(reinterpret_cast<std::uintptr_t>(p) % 4096, 0u);
+  std::memset(p, 0x5a, 10000);
+  EXPECT_EQ(b.reserve(5000), p) << "large enough: the same memory";
+  EXPECT_EQ(b.reserve(b.size()), p);
+  const std::size_t before = b.size();
+  b.reserve(before + 1);
+  EXPECT_GE(b.size(), 2 * before) << "grows by at least doubling";
+  EXPECT_EQ(b.registered(), cuda::available());
+  if (!cuda::available()) return;
+  std::vector<std::uint8_t> h(b.size());
+  for (std::size_t i = 0; i < h.size(); ++i) h[i] = static_cast<std::uint8_t>(i * 7);
+  DeviceVec<std::uint8_t> d(h);
+  cuda::copy_to_host(b.data(), d.d, h.size(), nullptr);
+  cuda::synchronize(nullptr);
+  EXPECT_EQ(std::memcmp(b.data(), h.data(), h.size()), 0);
+}

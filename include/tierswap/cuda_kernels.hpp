@@ -8,12 +8,14 @@
 // In a build without CUDA every function throws std::runtime_error saying so.
 #pragma once
 
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
 #include <string>
 #include <utility>
 #include <vector>
 
+#include "tierswap/aligned_buffer.hpp"
 #include "tierswap/kernels.hpp"
 
 namespace tierswap::cuda {
@@ -90,6 +92,41 @@ class DeviceBuffer {
 /// never throws. host_unregister undoes a successful host_register.
 bool host_register(void* p, std::size_t bytes) noexcept;
 void host_unregister(void* p) noexcept;
+
+/// Host memory grown on demand (page-aligned, at least doubling, so a growing use registers
+/// rarely) and page-locked for the GPU while held when a GPU is usable: the staging of copies
+/// between device memory and host memory the caller does not own. Copies from or to pageable
+/// memory go through the driver's bounce buffer at a fraction of the link's bandwidth and block
+/// the host. Without a GPU it is plain host memory (registered() false).
+class PinnedBuffer {
+ public:
+  PinnedBuffer() = default;
+  ~PinnedBuffer() { release(); }
+  PinnedBuffer(const PinnedBuffer&) = delete;
+  PinnedBuffer& operator=(const PinnedBuffer&) = delete;
+  /// At least `bytes` (contents not kept when it grows).
+  std::byte* reserve(std::size_t bytes) {
+    if (buf_.size() >= bytes && buf_) return buf_.data();
+    release();
+    buf_ = AlignedBuffer(std::max(bytes, 2 * size_), 4096);
+    size_ = buf_.size();
+    registered_ = host_register(buf_.data(), buf_.size());
+    return buf_.data();
+  }
+  std::byte* data() const noexcept { return buf_.data(); }
+  std::size_t size() const noexcept { return buf_.size(); }
+  bool registered() const noexcept { return registered_; }
+
+ private:
+  void release() noexcept {
+    if (registered_) host_unregister(buf_.data());
+    registered_ = false;
+    buf_ = AlignedBuffer();
+  }
+  AlignedBuffer buf_;
+  std::size_t size_ = 0;  // the last size, kept across release() for the doubling
+  bool registered_ = false;
+};
 
 /// What the placement probe reads of each device (empty without a usable GPU).
 struct GpuAttributes {

@@ -1292,13 +1292,13 @@ void ShardedOptimizer::add_grad_device(ParamId id, const void* d_grad, Dtype dty
   }
   const auto* src = static_cast<const std::byte*>(d_grad);
   const std::size_t in_es = dtype_size(dtype);
-  std::vector<std::byte> staging;  // device memory's slice in host memory (a real GPU)
+  // A slice of device memory in host memory (a real GPU): copied into page-locked staging.
   auto to_host = [&](std::uint64_t off, std::uint64_t n) -> const std::byte* {
     if (!gpu) return src + off * in_es;  // the simulated device's memory is host memory
-    staging.resize(n * in_es);
-    cuda::copy_to_host(staging.data(), src + off * in_es, staging.size(), nullptr);
+    std::byte* dst = m.grad_staging.reserve(n * in_es);
+    cuda::copy_to_host(dst, src + off * in_es, n * in_es, nullptr);
     cuda::synchronize(nullptr);
-    return staging.data();
+    return dst;
   };
   OptGroup& g = m.groups[p.group];
   if (m.world > 1) {  // the reduction runs in host memory

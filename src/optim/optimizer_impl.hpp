@@ -238,6 +238,8 @@ struct ShardedOptimizer::Impl {
   // Device memory grown on demand (GPU steps and statistics; empty without a GPU).
   cuda::DeviceBuffer gpu_p16;   // the 16-bit output of a GPU step (the step's thread)
   cuda::DeviceBuffer gpu_sums;  // statistics chunk sums of a device-resident gradient (ingest)
+  // add_grad_device's slices of device memory for host-side accumulation (the caller's thread).
+  cuda::PinnedBuffer grad_staging;
   void spec_loop();
   /// Waits until no speculative step is queued or running.
   void spec_drain();

@@ -300,9 +300,10 @@ void run_demo(const DemoOptions& o) {
                             format_bytes(r.bytes_out[dv]))
               : std::string(),
           r.gpu_subgroups > 0
-              ? fmt::format("; {} sub-groups on the GPU{} in {:.2f} s", r.gpu_subgroups,
-                            oc.concurrent_gpu_step ? " beside the CPU's" : " in turn with the CPU's",
-                            r.gpu_seconds)
+              ? fmt::format(
+                    "; {} sub-groups on the GPU{} in {:.2f} s", r.gpu_subgroups,
+                    oc.concurrent_gpu_step ? " beside the CPU's" : " in turn with the CPU's",
+                    r.gpu_seconds)
               : std::string(),
           o.overlap ? fmt::format("; {} of {} sub-groups stepped during the ingest{}",
                                   r.overlapped_subgroups, opt.subgroup_count(),

@@ -1374,33 +1374,35 @@ std::uint64_t ShardedOptimizer::step_count() const {
 template <class Step, class After>
 void ShardedOptimizer::Impl::run_steps(const std::vector<std::size_t>& ks, Step&& step,
                                        After&& after, bool* wrote16, StepResult& r) {
-  std::vector<std::size_t> gpu, cpu;
-  for (std::size_t k : ks) (subs[k].step_gpu ? gpu : cpu).push_back(k);
-  r.gpu_subgroups += static_cast<std::uint32_t>(gpu.size());
+  auto on_gpu = [&](std::size_t k) { return subs[k].step_gpu; };
+  const auto n_gpu = static_cast<std::size_t>(std::count_if(ks.begin(), ks.end(), on_gpu));
+  r.gpu_subgroups += static_cast<std::uint32_t>(n_gpu);
+  // A split (both kinds): the GPU's on the lane, the rest here; else all here, in order.
+  const bool split = cfg.concurrent_gpu_step && n_gpu > 0 && n_gpu < ks.size();
+  std::vector<std::size_t> lane_ks, here;
+  for (std::size_t k : ks) (split && on_gpu(k) ? lane_ks : here).push_back(k);
   std::optional<GpuLane> lane;
-  if (cfg.concurrent_gpu_step && !gpu.empty() && !cpu.empty()) {
+  if (split) {
     if (wrote16 != nullptr) *wrote16 = true;  // the lane's writes are not tracked one by one
-    lane.emplace(gpu, [&](std::size_t k) { step(k, nullptr); });
-  } else {
-    cpu = ks;  // one after the other, in order
+    lane.emplace(std::move(lane_ks), [&](std::size_t k) { step(k, nullptr); });
   }
   auto prefetch = [&](std::size_t i) {  // streamed state, read ahead of its step
-    if (i >= cpu.size() || !subs[cpu[i]].streaming) return;
-    for (BlockId b : subs[cpu[i]].state)
+    if (i >= here.size() || !subs[here[i]].streaming) return;
+    for (BlockId b : subs[here[i]].state)
       if (b != kNoBlock) tiers.prefetch(b, Tier::host);
   };
-  for (std::size_t i = 0; i < std::min<std::size_t>(cpu.size(), depth + 1); ++i) prefetch(i);
+  for (std::size_t i = 0; i < std::min<std::size_t>(here.size(), depth + 1); ++i) prefetch(i);
   auto drain = [&](bool wait) {
     const auto ks_done = lane->take(wait);
     for (std::size_t k : ks_done) after(k);
     return !ks_done.empty();
   };
-  for (std::size_t i = 0; i < cpu.size(); ++i) {
+  for (std::size_t i = 0; i < here.size(); ++i) {
     prefetch(i + depth + 1);
-    const std::size_t k = cpu[i];
+    const std::size_t k = here[i];
     const auto t0 = Clock::now();
     step(k, wrote16);
-    if (subs[k].step_gpu) r.gpu_seconds += std::chrono::duration<double>(Clock::now() - t0).count();
+    if (on_gpu(k)) r.gpu_seconds += std::chrono::duration<double>(Clock::now() - t0).count();
     after(k);
     if (lane) {
       drain(false);

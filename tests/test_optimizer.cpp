@@ -467,6 +467,7 @@ TEST(ShardedOptimizer, Param16ReadyHandsOutEachParameterOnceBeforeTheCommit) {
     // A step that fails part-way: the trainer is given the restored values of everything.
     std::vector<std::vector<std::uint16_t>> before(m.ids.size());
     for (std::size_t p = 0; p < m.ids.size(); ++p) {
+      if (!test::model_params()[p].trainable) continue;  // frozen: no 16-bit copy kept
       const auto v = r.opt->param16(m.ids[p]);
       before[p].assign(v.begin(), v.end());
     }
@@ -676,6 +677,7 @@ TEST(ShardedOptimizer, MisuseIsRejectedWithClearErrors) {
   EXPECT_THROW(r.opt->begin_backward(), std::logic_error);
   EXPECT_THROW(r.opt->add_grad(f, grad, Dtype::bf16), std::invalid_argument);
   EXPECT_THROW(r.opt->add_grad(99, grad, Dtype::bf16), std::invalid_argument);
+  EXPECT_THROW(r.opt->param16(f), std::invalid_argument);  // frozen: the trainer keeps its values
   EXPECT_THROW(r.opt->step(), std::logic_error);  // backward not ended
   r.opt->end_backward();
   GroupConfig other;

@@ -252,10 +252,7 @@ void run_step_bench(const StepOptions& o) {
   oc.grad_tier = grad_tier;
   oc.prefetch_depth = o.prefetch_depth;
   ShardedOptimizer opt(tiers, *comm, oc, &pool);
-  GroupConfig gc;
-  gc.kind = kind;
-  gc.lr = kind == OptimizerKind::lion ? 1e-4 : 1e-3;
-  if (kind == OptimizerKind::lion) gc.beta2 = 0.99;
+  GroupConfig gc = GroupConfig::defaults(kind);
   opt.add_group(gc, "all");
   std::vector<ParamId> ids;
   // Parameters of at most 64M elements; for --overlap one sub-group each, so that the simulated

@@ -53,6 +53,7 @@
 #include <filesystem>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <span>
 #include <string>
 #include <string_view>
@@ -72,7 +73,8 @@ std::string_view to_string(OptimizerKind k) noexcept;
 /// "adamw" | "adam" | "lion" | "sgd"; std::invalid_argument otherwise.
 OptimizerKind parse_optimizer_kind(std::string_view text);
 
-/// One parameter group's hyper-parameters (torch.optim names and defaults). Changeable between
+/// One parameter group's hyper-parameters (torch.optim names). The member defaults are
+/// torch.optim.AdamW's; defaults(kind) gives each kind its own torch defaults. Changeable between
 /// steps (schedulers) except `kind`, `amsgrad`, and whether SGD has momentum, which fix the set
 /// of state blocks at finalize().
 struct GroupConfig {
@@ -89,6 +91,10 @@ struct GroupConfig {
   bool nesterov = false;
   /// Throws std::invalid_argument naming the field for values torch also rejects.
   void validate() const;
+  /// The defaults of torch.optim for `kind`: AdamW lr 1e-3, betas (0.9, 0.999), eps 1e-8,
+  /// weight_decay 1e-2; Adam the same with weight_decay 0; SGD lr 1e-3 (torch >= 2.0), no
+  /// momentum, weight_decay 0; Lion (lion-pytorch) lr 1e-4, betas (0.9, 0.99), weight_decay 0.
+  static GroupConfig defaults(OptimizerKind kind);
   friend bool operator==(const GroupConfig&, const GroupConfig&) = default;
 };
 
@@ -304,8 +310,9 @@ class ShardedOptimizer {
   bool overlap() const noexcept;
 
   // ---- parameters and layout --------------------------------------------------------------
-  /// The model's 16-bit copy of a parameter (every rank holds all of it after a step); for a
-  /// frozen parameter, memory the trainer may fill (not stored by tierswap).
+  /// The model's 16-bit copy of a trainable parameter (every rank holds all of it after a step).
+  /// A frozen parameter has none (the trainer keeps its values; tierswap stores nothing for it):
+  /// std::invalid_argument naming it.
   std::span<const std::uint16_t> param16(ParamId param) const;
   /// Called by step(), on its thread, with a trainable parameter's 16-bit values as soon as they
   /// are final, so a trainer can start their copy to the GPU while the rest of the step runs. At
@@ -342,6 +349,26 @@ class ShardedOptimizer {
   /// parameter's group does not keep.
   std::vector<std::pair<std::uint64_t, std::vector<float>>> shard(
       ParamId param, BlockClass cls = BlockClass::master);
+  /// The whole of a trainable parameter's `cls` state (fp32 master weights or a moment) on every
+  /// rank: each rank's shard(), all-gathered (values exact; bf16 moments widened to fp32).
+  /// Collective: every rank calls it with the same arguments. std::invalid_argument for a frozen
+  /// or unknown parameter, or a state the parameter's group does not keep.
+  std::vector<float> gather(ParamId param, BlockClass cls = BlockClass::master);
+  /// One whole parameter's state for import_state(): `values` holds param.numel() fp32 values.
+  struct StateTensor {
+    ParamId param = 0;
+    BlockClass cls = BlockClass::master;
+    std::span<const float> values;
+  };
+  /// Replaces state with whole-parameter values (every rank passes the same; each keeps its
+  /// part, rounded to the stored dtype), sets the step count when `step` is given, recomputes the
+  /// 16-bit parameters where master weights changed and commits a generation: how a
+  /// torch.optim state dict comes in. Between steps only (std::logic_error during a backward or
+  /// with speculative results pending). Every entry is checked before anything is written
+  /// (std::invalid_argument naming the parameter: unknown, frozen, a state its group does not
+  /// keep, a wrong length, or given twice); an I/O error while writing discards the partial
+  /// generation (shadow slots), so the committed state stays as it was. Collective.
+  void import_state(std::span<const StateTensor> tensors, std::optional<std::uint64_t> step);
   const ParamSpec& param(ParamId id) const;
   std::size_t param_count() const;
   std::size_t subgroup_count() const;  ///< this rank's

@@ -197,6 +197,27 @@ void GroupConfig::validate() const {
   }
 }
 
+GroupConfig GroupConfig::defaults(OptimizerKind kind) {
+  GroupConfig c;
+  c.kind = kind;
+  switch (kind) {
+    case OptimizerKind::adamw:
+      break;
+    case OptimizerKind::adam:
+      c.weight_decay = 0.0;
+      break;
+    case OptimizerKind::lion:
+      c.lr = 1e-4;
+      c.beta2 = 0.99;
+      c.weight_decay = 0.0;
+      break;
+    case OptimizerKind::sgd:
+      c.weight_decay = 0.0;
+      break;
+  }
+  return c;
+}
+
 void LossScalerConfig::validate() const {
   if (mode == LossScaling::none) return;
   if (!(init_scale > 0) || !std::isfinite(init_scale))
@@ -1055,7 +1076,6 @@ ParamId ShardedOptimizer::add_param(int group, const ParamSpec& spec) {
   p.spec = spec;
   p.group = group;
   p.numel = spec.numel();
-  if (!spec.requires_grad) p.frozen16.assign(p.numel, 0);
   m.params.push_back(std::move(p));
   const auto id = static_cast<ParamId>(m.params.size() - 1);
   g.params.push_back(id);
@@ -1639,7 +1659,9 @@ std::span<const std::uint16_t> ShardedOptimizer::param16(ParamId id) const {
   if (id >= m.params.size())
     throw std::invalid_argument(fmt::format("param16: no parameter {}", id));
   const OptParam& p = m.params[id];
-  if (!p.spec.requires_grad) return {p.frozen16.data(), p.frozen16.size()};
+  if (!p.spec.requires_grad)
+    throw std::invalid_argument(fmt::format(
+        "param16: parameter '{}' is frozen: tierswap keeps no 16-bit copy of it", p.spec.name));
   return {m.groups[p.group].p16.data() + p.offset, p.numel};
 }
 

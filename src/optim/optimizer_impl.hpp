@@ -31,8 +31,7 @@ struct OptParam {
   std::uint32_t nsubs = 0;  // this rank's sub-groups holding a piece of it
   std::uint32_t left = 0;   // of them, not yet stepped in this step (on_param16_ready)
   std::uint64_t numel = 0;
-  std::uint64_t offset = 0;             // in the group's flat space (trainable parameters)
-  std::vector<std::uint16_t> frozen16;  // a frozen parameter's 16-bit memory
+  std::uint64_t offset = 0;  // in the group's flat space (trainable parameters)
   // bind_param16_device(): the trainer's device copy of the 16-bit values (host memory standing
   // in on a simulated device tier), kept equal to param16() by step().
   void* d16 = nullptr;

@@ -1,0 +1,104 @@
+// TieredOptimizer: the one-object setup. It takes what a trainer knows (swap directories, a host
+// budget, the optimizer's groups and parameters, which communicator, how many threads) and builds
+// the rest in order at finalize(): the swap space, sized from the registered parameters and
+// checked against the filesystems' free space; the I/O engine; the tier manager; the thread
+// pool; the ShardedOptimizer. Every part stays reachable for experts (optimizer(), tiers(), ...).
+//
+//   tierswap::TieredOptions o;
+//   o.swap_dirs = {"/nvme0/ts", "/nvme1/ts"};   // striped
+//   o.host_budget = 8ull << 30;
+//   tierswap::TieredOptimizer t(o);
+//   int g = t.add_group(tierswap::GroupConfig::defaults(tierswap::OptimizerKind::adamw));
+//   auto w = t.add_param(g, {"w", {4096, 4096}, tierswap::Dtype::bf16});
+//   t.finalize();
+//   t.optimizer().initialize(init);            // then the ShardedOptimizer's step loop
+//
+// Swap files. Each rank's swap space lives in `<swap_dir>/tierswap-rank<R>/` (created 0700) of
+// every swap directory. A directory that already holds one (a run that did not end cleanly) is
+// refused with an error naming it; nothing in it is touched. The files are removed when the
+// TieredOptimizer is destroyed unless `keep_swap_files`; checkpoints (save()) are what lasts.
+//
+// Thread-safety: as ShardedOptimizer (one thread drives it).
+#pragma once
+
+#include <cstdint>
+#include <filesystem>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "tierswap/optimizer.hpp"
+#include "tierswap/tier_manager.hpp"
+
+namespace tierswap {
+
+class Communicator;
+class IoEngine;
+class SwapSpace;
+class ThreadPool;
+
+struct TieredOptions {
+  /// One directory per drive (each gets a file; the space is striped across them). Required.
+  std::vector<std::filesystem::path> swap_dirs;
+  /// Pinned host bytes (0: tiers.host_budget, which TIERSWAP_HOST_BUDGET may set; 1 GiB).
+  std::uint64_t host_budget = 0;
+  /// "auto" | "single" | "mpi" | "nccl" (see make_communicator); ignored when `comm` is given.
+  std::string communicator = "auto";
+  /// A communicator the trainer made (e.g. over torch.distributed); shared with the trainer.
+  std::shared_ptr<Communicator> comm;
+  /// Threads for the CPU kernels (0: the machine's hardware threads).
+  unsigned threads = 0;
+  /// The optimizer's settings. subgroup_size 0 (the default here): chosen from the host budget so
+  /// that the read-ahead fits (at most 8M elements).
+  OptimizerConfig optimizer = automatic_optimizer_config();
+  /// The tier manager's settings (host_budget above wins when non-zero). A host slab larger than
+  /// an eighth of the budget is reduced to fit.
+  TierConfig tiers = TierConfig::from_env();
+  /// Logical swap capacity per rank (0: sized from the parameters at finalize()).
+  std::uint64_t swap_capacity = 0;
+  /// Keep the swap files when the TieredOptimizer is destroyed.
+  bool keep_swap_files = false;
+
+  /// OptimizerConfig::from_env(), with subgroup_size 0 unless TIERSWAP_SUBGROUP_SIZE sets it.
+  static OptimizerConfig automatic_optimizer_config();
+};
+
+/// Swap bytes a rank needs for `numel` trainable elements per group (kinds as given), at world
+/// size `world` with `cfg` (two extent slots per block with shadow slots; gradient blocks too),
+/// with headroom for the extent rounding: what finalize() sizes the swap space to.
+std::uint64_t swap_bytes_needed(const std::vector<std::pair<GroupConfig, std::uint64_t>>& groups,
+                                int world, const OptimizerConfig& cfg, bool shadow_slots);
+
+class TieredOptimizer {
+ public:
+  /// Checks the options (std::invalid_argument naming the field) and makes the communicator.
+  explicit TieredOptimizer(TieredOptions options);
+  ~TieredOptimizer();
+  TieredOptimizer(const TieredOptimizer&) = delete;
+  TieredOptimizer& operator=(const TieredOptimizer&) = delete;
+
+  // ---- building (before finalize), as ShardedOptimizer's; checked at once ---------------------
+  int add_group(const GroupConfig& cfg, std::string name = {});
+  ParamId add_param(int group, const ParamSpec& spec);
+  /// Sizes and creates the swap space (std::runtime_error naming each directory and the bytes
+  /// needed when a filesystem lacks the room, or when a directory holds an earlier run's space),
+  /// builds engine, tier manager, pool and optimizer, and finalizes the optimizer.
+  void finalize();
+  bool finalized() const noexcept;
+
+  // ---- the parts (std::logic_error before finalize) --------------------------------------------
+  ShardedOptimizer& optimizer();
+  TierManager& tiers();
+  IoEngine& engine();
+  SwapSpace& swap_space();
+  Communicator& communicator();
+  const TieredOptions& options() const noexcept;
+  /// Each swap directory's rank subdirectory (where the files are).
+  const std::vector<std::filesystem::path>& rank_dirs() const noexcept;
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace tierswap

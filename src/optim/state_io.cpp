@@ -1,0 +1,130 @@
+// Whole-parameter state in and out of the sharded layout: gather() all-gathers one parameter's
+// master weights or a moment from every rank's shard; import_state() writes whole tensors back
+// (each rank its part) and commits. This is how a torch.optim state dict leaves and enters the
+// tiers (src/python/) and how a trainer reads a whole fp32 parameter at any world size.
+#include <fmt/format.h>
+
+#include <cstring>
+#include <set>
+#include <stdexcept>
+
+#include "src/optim/optimizer_impl.hpp"
+
+namespace tierswap {
+namespace {
+
+// The state slot of `cls` in group g, or -1 when the group keeps no such state.
+int slot_of(const OptGroup& g, BlockClass cls) {
+  for (int s = 0; s < kStateSlots; ++s)
+    if (state_class(s) == cls && g.has_slot(s)) return s;
+  return -1;
+}
+
+const OptParam& trainable(const std::vector<OptParam>& params, const char* what, ParamId id) {
+  if (id >= params.size()) throw std::invalid_argument(fmt::format("{}: no parameter {}", what, id));
+  const OptParam& p = params[id];
+  if (!p.spec.requires_grad)
+    throw std::invalid_argument(
+        fmt::format("{}: parameter '{}' is frozen: tierswap keeps no state for it", what,
+                    p.spec.name));
+  return p;
+}
+
+int checked_slot(const std::vector<OptGroup>& groups, const char* what, const OptParam& p,
+                 BlockClass cls) {
+  const OptGroup& g = groups[p.group];
+  const int slot = slot_of(g, cls);
+  if (slot < 0)
+    throw std::invalid_argument(fmt::format("{}: parameter '{}': group '{}' ({}) keeps no {} state",
+                                            what, p.spec.name, g.name, to_string(g.cfg.kind),
+                                            to_string(cls)));
+  return slot;
+}
+
+}  // namespace
+
+std::vector<float> ShardedOptimizer::gather(ParamId id, BlockClass cls) {
+  Impl& m = *impl_;
+  m.require_finalized("gather");
+  const OptParam& p = trainable(m.params, "gather", id);
+  checked_slot(m.groups, "gather", p, cls);
+  std::vector<float> out(p.numel, 0.0f);
+  for (auto& [off, vals] : shard(id, cls)) std::copy(vals.begin(), vals.end(), out.begin() + off);
+  if (m.world == 1) return out;
+  const OptGroup& g = m.groups[p.group];
+  std::vector<std::size_t> counts(m.world, 0), displs(m.world, 0);
+  for (int r = 0; r < m.world; ++r) {
+    const auto [rb, re] = m.rank_range(g, r);
+    const std::uint64_t b = std::max(p.offset, rb), e = std::min(p.offset + p.numel, re);
+    if (b >= e) continue;
+    if (e - b >= (std::uint64_t{1} << 31))
+      throw std::invalid_argument(fmt::format(
+          "gather: parameter '{}': a rank's piece of {} elements is over 2^31", p.spec.name, e - b));
+    counts[r] = e - b;
+    displs[r] = b - p.offset;
+  }
+  m.comm.all_gather_v(out.data(), counts, displs, Dtype::f32);
+  return out;
+}
+
+void ShardedOptimizer::import_state(std::span<const StateTensor> tensors,
+                                    std::optional<std::uint64_t> step) {
+  Impl& m = *impl_;
+  m.require_finalized("import_state");
+  if (m.in_backward || m.spec_pending())
+    throw std::logic_error(
+        "import_state: between steps only (not during a backward, nor with speculative results "
+        "waiting for step())");
+  std::set<std::pair<ParamId, BlockClass>> seen;
+  for (const auto& t : tensors) {
+    const OptParam& p = trainable(m.params, "import_state", t.param);
+    checked_slot(m.groups, "import_state", p, t.cls);
+    if (t.values.size() != p.numel)
+      throw std::invalid_argument(fmt::format("import_state: parameter '{}' {}: {} values for {} "
+                                              "elements",
+                                              p.spec.name, to_string(t.cls), t.values.size(),
+                                              p.numel));
+    if (!seen.emplace(t.param, t.cls).second)
+      throw std::invalid_argument(fmt::format("import_state: parameter '{}' {} given twice",
+                                              p.spec.name, to_string(t.cls)));
+  }
+  bool master = false;
+  try {
+    for (const auto& t : tensors) {
+      const OptParam& p = m.params[t.param];
+      const OptGroup& g = m.groups[p.group];
+      const int slot = checked_slot(m.groups, "import_state", p, t.cls);
+      const Dtype dt = m.slot_dtype(slot);
+      master |= slot == kMaster;
+      for (std::size_t k = 0; k < g.nsubs; ++k) {
+        const OptSub& s = m.subs[g.first_sub + k];
+        const auto [b, e] = Impl::slice(p, s);
+        if (b >= e) continue;
+        const Access access = b == s.begin && e == s.begin + s.numel ? Access::overwrite
+                                                                    : Access::write;
+        BlockView v = m.tiers.acquire(s.state[slot], Tier::host, access);
+        try {
+          cast(t.values.data() + (b - p.offset), Dtype::f32,
+               v.data() + (b - s.begin) * dtype_size(dt), dt, e - b);
+        } catch (...) {
+          m.tiers.release(v, false);
+          throw;
+        }
+        m.tiers.release(v, true);
+        if (s.streaming) m.tiers.write_back(s.state[slot]);
+        m.settle(s, s.state[slot]);
+      }
+    }
+  } catch (...) {
+    if (m.tiers.config().shadow_slots) m.tiers.discard();
+    throw;
+  }
+  if (step) m.step_count = *step;
+  m.tiers.commit();
+  if (!master) return;
+  m.refresh_param16();
+  m.upload16_all();
+  m.p16_sync();
+}
+
+}  // namespace tierswap

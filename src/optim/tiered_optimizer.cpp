@@ -1,0 +1,300 @@
+// TieredOptimizer: the one-object setup (see the header). The parts are built at finalize(),
+// when the parameters say how large the swap space must be.
+#include "tierswap/tiered_optimizer.hpp"
+
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <sys/statvfs.h>
+#include <unistd.h>
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <bit>
+#include <cstdlib>
+#include <set>
+#include <stdexcept>
+#include <thread>
+
+#include "tierswap/communicator.hpp"
+#include "tierswap/detail/manifest.hpp"
+#include "tierswap/io_engine.hpp"
+#include "tierswap/swap_space.hpp"
+#include "tierswap/thread_pool.hpp"
+#include "tierswap/units.hpp"
+
+namespace tierswap {
+namespace {
+
+constexpr std::uint64_t kMiB = 1ull << 20;
+// Extent rounding headroom per block: the swap alignment is at most this (queried at creation).
+constexpr std::uint64_t kBlockRounding = 64 * 1024;
+
+// fp32 state slots (master + moments) and their bytes per element for a group's kind.
+std::uint64_t state_bytes_per_element(const GroupConfig& g, const OptimizerConfig& c,
+                                      std::uint64_t* blocks) {
+  const std::uint64_t moment = c.bf16_moments ? 2 : 4;
+  std::uint64_t bytes = 4, n = 1;  // master
+  switch (g.kind) {
+    case OptimizerKind::adamw:
+    case OptimizerKind::adam:
+      n += g.amsgrad ? 3 : 2;
+      bytes += (g.amsgrad ? 3 : 2) * moment;
+      break;
+    case OptimizerKind::lion:
+      n += 1;
+      bytes += moment;
+      break;
+    case OptimizerKind::sgd:
+      if (g.momentum != 0) {
+        n += 1;
+        bytes += 4;
+      }
+      break;
+  }
+  *blocks = n + 1;  // + the gradient block
+  return bytes;
+}
+
+// The sub-group size for a host budget: (read-ahead + 2) sub-groups of state fit in a third of
+// it, at most 8M elements, at least one statistics chunk.
+std::uint64_t automatic_subgroup(std::uint64_t budget, const OptimizerConfig& c,
+                                 std::uint64_t state_bpe) {
+  const std::uint64_t per = 3 * (c.prefetch_depth + 2ull) * std::max<std::uint64_t>(state_bpe, 4);
+  const std::uint64_t sg = std::clamp<std::uint64_t>(budget / per, kGradStatsChunk, 8ull << 20);
+  return sg / kGradStatsChunk * kGradStatsChunk;
+}
+
+void check_free_space(const std::vector<std::filesystem::path>& dirs, std::uint64_t capacity) {
+  const std::uint64_t per_dir = (capacity + dirs.size() - 1) / dirs.size() + kMiB;
+  for (const auto& d : dirs) {
+    struct statvfs st {};
+    if (::statvfs(d.c_str(), &st) != 0)
+      throw std::system_error(errno, std::system_category(), "statvfs " + d.string());
+    const std::uint64_t free = std::uint64_t{st.f_bavail} * st.f_frsize;
+    if (free < per_dir)
+      throw std::runtime_error(fmt::format(
+          "swap directory {}: needs {} ({} B) for this rank's share of {} of swap space "
+          "(parameters' state x 2 generation slots + gradients + headroom), but its filesystem "
+          "has {} free; free space, add swap directories (striping), or lower the state "
+          "(bf16_moments)",
+          d.string(), format_bytes(per_dir), per_dir, format_bytes(capacity), format_bytes(free)));
+  }
+}
+
+// `<dir>/tierswap-rank<R>`, created 0700 if missing; refused when it holds an earlier space.
+std::filesystem::path rank_dir(const std::filesystem::path& dir, int rank) {
+  std::error_code ec;
+  const auto st = std::filesystem::symlink_status(dir, ec);
+  if (ec || !std::filesystem::is_directory(st))
+    throw std::invalid_argument(fmt::format(
+        "swap_dirs: {} is {}", dir.string(),
+        ec ? "missing" : std::filesystem::is_symlink(st) ? "a symbolic link (refused)" : "not a directory"));
+  if (::access(dir.c_str(), W_OK | X_OK) != 0)
+    throw std::invalid_argument(fmt::format("swap_dirs: {} is not writable", dir.string()));
+  auto sub = dir / fmt::format("tierswap-rank{}", rank);
+  if (::mkdir(sub.c_str(), 0700) != 0 && errno != EEXIST)
+    throw std::system_error(errno, std::system_category(), "mkdir " + sub.string());
+  for (auto name : {SwapSpace::kFileName, detail::kManifestName})
+    if (std::filesystem::exists(sub / name, ec))
+      throw std::runtime_error(fmt::format(
+          "swap directory {} holds the swap space of an earlier run that did not end cleanly ({}); "
+          "tierswap will not overwrite it: remove the directory to start afresh, or restore a "
+          "save() checkpoint with load() after starting in an empty one",
+          sub.string(), (sub / name).string()));
+  return sub;
+}
+
+}  // namespace
+
+OptimizerConfig TieredOptions::automatic_optimizer_config() {
+  OptimizerConfig c = OptimizerConfig::from_env();
+  if (std::getenv("TIERSWAP_SUBGROUP_SIZE") == nullptr) c.subgroup_size = 0;
+  return c;
+}
+
+std::uint64_t swap_bytes_needed(const std::vector<std::pair<GroupConfig, std::uint64_t>>& groups,
+                                int world, const OptimizerConfig& cfg, bool shadow_slots) {
+  const std::uint64_t slots = shadow_slots ? 2 : 1;
+  const std::uint64_t grad = cfg.accumulate_fp32 ? 4 : 2;
+  const std::uint64_t sg = std::max<std::uint64_t>(cfg.subgroup_size, kGradStatsChunk);
+  std::uint64_t total = 0;
+  for (const auto& [g, numel] : groups) {
+    if (numel == 0) continue;
+    std::uint64_t blocks = 0;
+    const std::uint64_t bpe = state_bytes_per_element(g, cfg, &blocks) + grad;
+    const std::uint64_t per_rank = (numel + world - 1) / world;
+    const std::uint64_t part = (per_rank + kGradStatsChunk - 1) / kGradStatsChunk * kGradStatsChunk;
+    const std::uint64_t subs = (part + sg - 1) / sg;
+    total += slots * (part * bpe + subs * blocks * kBlockRounding);
+  }
+  return total + total / 64 + 16 * kMiB;
+}
+
+struct TieredOptimizer::Impl {
+  TieredOptions o;
+  std::shared_ptr<Communicator> comm;
+  std::vector<std::pair<GroupConfig, std::string>> groups;
+  std::vector<std::pair<int, ParamSpec>> params;
+  std::vector<std::uint64_t> group_numel;
+  std::set<std::string> names;
+  std::vector<std::filesystem::path> dirs;
+  // Built at finalize(), destroyed in reverse order.
+  std::unique_ptr<SwapSpace> space;
+  std::unique_ptr<IoEngine> engine;
+  std::unique_ptr<TierManager> tiers;
+  std::unique_ptr<ThreadPool> pool;
+  std::unique_ptr<ShardedOptimizer> opt;
+
+  void require(const char* what) const {
+    if (!opt) throw std::logic_error(fmt::format("TieredOptimizer::{}: call finalize() first", what));
+  }
+  void remove_files() noexcept;
+  void build();
+};
+
+void TieredOptimizer::Impl::remove_files() noexcept {
+  if (space) space->remove_files();
+  std::error_code ec;
+  for (const auto& d : dirs) {
+    std::filesystem::remove(d / detail::kManifestName, ec);
+    std::filesystem::remove(d, ec);  // only when empty
+  }
+}
+
+void TieredOptimizer::Impl::build() {
+  TierConfig tc = o.tiers;
+  if (o.host_budget != 0) tc.host_budget = o.host_budget;
+  if (tc.host_slab_size > tc.host_budget / 8)
+    tc.host_slab_size = std::max<std::uint64_t>(4096, std::bit_floor(tc.host_budget / 8));
+  OptimizerConfig oc = o.optimizer;
+  std::vector<std::pair<GroupConfig, std::uint64_t>> sizes;
+  std::uint64_t bpe = 0;
+  for (std::size_t g = 0; g < groups.size(); ++g) {
+    sizes.emplace_back(groups[g].first, group_numel[g]);
+    std::uint64_t blocks = 0;
+    bpe = std::max(bpe, state_bytes_per_element(groups[g].first, oc, &blocks));
+  }
+  if (oc.subgroup_size == 0) oc.subgroup_size = automatic_subgroup(tc.host_budget, oc, bpe);
+  for (const auto& d : o.swap_dirs) dirs.push_back(rank_dir(d, comm->rank()));
+  SwapSpaceConfig sc;
+  sc.dirs = dirs;
+  sc.capacity = o.swap_capacity != 0 ? o.swap_capacity
+                                     : swap_bytes_needed(sizes, comm->size(), oc, tc.shadow_slots);
+  check_free_space(dirs, sc.capacity);
+  space = std::make_unique<SwapSpace>(SwapSpace::create(sc));
+  engine = std::make_unique<IoEngine>(*space, IoEngineConfig::from_env());
+  tiers = std::make_unique<TierManager>(*space, *engine, tc);
+  const unsigned threads = o.threads != 0 ? o.threads : std::max(1u, std::thread::hardware_concurrency());
+  pool = std::make_unique<ThreadPool>(threads, tc.numa_node);
+  opt = std::make_unique<ShardedOptimizer>(*tiers, *comm, oc, pool.get());
+  for (const auto& [cfg, name] : groups) opt->add_group(cfg, name);
+  for (const auto& [g, spec] : params) opt->add_param(g, spec);
+  opt->finalize();
+}
+
+TieredOptimizer::TieredOptimizer(TieredOptions options) : impl_(std::make_unique<Impl>()) {
+  Impl& m = *impl_;
+  m.o = std::move(options);
+  if (m.o.swap_dirs.empty())
+    throw std::invalid_argument("swap_dirs: at least one swap directory is needed");
+  std::set<std::filesystem::path> uniq;
+  for (const auto& d : m.o.swap_dirs)
+    if (!uniq.insert(std::filesystem::weakly_canonical(d)).second)
+      throw std::invalid_argument(fmt::format("swap_dirs: {} is given twice", d.string()));
+  m.o.tiers.validate();
+  m.comm = m.o.comm ? m.o.comm : std::shared_ptr<Communicator>(make_communicator(m.o.communicator));
+}
+
+TieredOptimizer::~TieredOptimizer() {
+  Impl& m = *impl_;
+  m.opt.reset();
+  m.pool.reset();
+  m.tiers.reset();
+  m.engine.reset();
+  if (!m.o.keep_swap_files) m.remove_files();
+  m.space.reset();
+}
+
+int TieredOptimizer::add_group(const GroupConfig& cfg, std::string name) {
+  Impl& m = *impl_;
+  if (m.opt) throw std::logic_error("add_group: after finalize()");
+  cfg.validate();
+  m.groups.emplace_back(cfg, std::move(name));
+  m.group_numel.push_back(0);
+  return static_cast<int>(m.groups.size() - 1);
+}
+
+ParamId TieredOptimizer::add_param(int group, const ParamSpec& spec) {
+  Impl& m = *impl_;
+  if (m.opt) throw std::logic_error("add_param: after finalize()");
+  if (group < 0 || group >= static_cast<int>(m.groups.size()))
+    throw std::invalid_argument(fmt::format("add_param '{}': no group {}", spec.name, group));
+  if (spec.name.empty()) throw std::invalid_argument("add_param: a parameter needs a name");
+  if (spec.dtype != Dtype::bf16 && spec.dtype != Dtype::f16)
+    throw std::invalid_argument(fmt::format("add_param '{}': dtype {} is not a 16-bit dtype (bf16 "
+                                            "or f16)",
+                                            spec.name, to_string(spec.dtype)));
+  const std::uint64_t n = spec.numel();  // throws for an empty or negative shape
+  if (!m.names.insert(spec.name).second)
+    throw std::invalid_argument(fmt::format("add_param '{}': a parameter of that name exists",
+                                            spec.name));
+  if (spec.requires_grad) m.group_numel[group] += n;
+  m.params.emplace_back(group, spec);
+  return static_cast<ParamId>(m.params.size() - 1);
+}
+
+void TieredOptimizer::finalize() {
+  Impl& m = *impl_;
+  if (m.opt) throw std::logic_error("finalize: called twice");
+  try {
+    m.build();
+  } catch (...) {
+    m.opt.reset();
+    m.pool.reset();
+    m.tiers.reset();
+    m.engine.reset();
+    m.remove_files();
+    m.space.reset();
+    m.dirs.clear();
+    throw;
+  }
+}
+
+bool TieredOptimizer::finalized() const noexcept {
+  return impl_->opt != nullptr;
+}
+
+ShardedOptimizer& TieredOptimizer::optimizer() {
+  impl_->require("optimizer");
+  return *impl_->opt;
+}
+
+TierManager& TieredOptimizer::tiers() {
+  impl_->require("tiers");
+  return *impl_->tiers;
+}
+
+IoEngine& TieredOptimizer::engine() {
+  impl_->require("engine");
+  return *impl_->engine;
+}
+
+SwapSpace& TieredOptimizer::swap_space() {
+  impl_->require("swap_space");
+  return *impl_->space;
+}
+
+Communicator& TieredOptimizer::communicator() {
+  return *impl_->comm;
+}
+
+const TieredOptions& TieredOptimizer::options() const noexcept {
+  return impl_->o;
+}
+
+const std::vector<std::filesystem::path>& TieredOptimizer::rank_dirs() const noexcept {
+  return impl_->dirs;
+}
+
+}  // namespace tierswap

@@ -1,0 +1,269 @@
+// _tierswap: the Python binding of the one-object setup (TieredOptimizer). It does not link
+// libtorch: tensors cross as (data pointer, dtype name, element count), which the Python layer
+// (tierswap/torch.py) takes from checked, contiguous CPU tensors and this layer checks against the
+// registered parameter. The GIL is released wherever tierswap works (ingest, step, copies, I/O).
+// C++ exceptions become Python ones by pybind11's mapping: std::invalid_argument -> ValueError,
+// every other std::exception (std::logic_error, std::runtime_error, std::system_error) ->
+// RuntimeError, with the message.
+#include <pybind11/pybind11.h>
+#include <pybind11/stl.h>
+
+#include <fmt/format.h>
+
+#include <cstring>
+#include <optional>
+#include <string>
+#include <tuple>
+#include <unordered_map>
+#include <vector>
+
+#include "tierswap/communicator.hpp"
+#include "tierswap/kernels.hpp"
+#include "tierswap/tier_manager.hpp"
+#include "tierswap/tiered_optimizer.hpp"
+#include "tierswap/units.hpp"
+
+namespace py = pybind11;
+using namespace tierswap;
+
+namespace {
+
+using Release = py::call_guard<py::gil_scoped_release>;
+// (parameter id, data pointer, dtype name, element count)
+using TensorRef = std::tuple<ParamId, std::uintptr_t, std::string, std::uint64_t>;
+
+Dtype parse_dtype(const std::string& s) {
+  if (s == "bfloat16" || s == "bf16") return Dtype::bf16;
+  if (s == "float16" || s == "f16") return Dtype::f16;
+  if (s == "float32" || s == "f32") return Dtype::f32;
+  throw std::invalid_argument(fmt::format("dtype '{}': tierswap takes bfloat16, float16 or float32",
+                                          s));
+}
+
+GroupConfig group_config(const std::string& kind, const py::dict& h) {
+  GroupConfig c = GroupConfig::defaults(parse_optimizer_kind(kind));
+  for (auto [k, v] : h) {
+    const auto key = k.cast<std::string>();
+    if (key == "lr") c.lr = v.cast<double>();
+    else if (key == "beta1") c.beta1 = v.cast<double>();
+    else if (key == "beta2") c.beta2 = v.cast<double>();
+    else if (key == "eps") c.eps = v.cast<double>();
+    else if (key == "weight_decay") c.weight_decay = v.cast<double>();
+    else if (key == "amsgrad") c.amsgrad = v.cast<bool>();
+    else if (key == "maximize") c.maximize = v.cast<bool>();
+    else if (key == "momentum") c.momentum = v.cast<double>();
+    else if (key == "dampening") c.dampening = v.cast<double>();
+    else if (key == "nesterov") c.nesterov = v.cast<bool>();
+    else throw std::invalid_argument(fmt::format("group option '{}': unknown", key));
+  }
+  c.validate();
+  return c;
+}
+
+py::dict group_dict(const GroupConfig& c) {
+  py::dict d;
+  d["kind"] = std::string(to_string(c.kind));
+  d["lr"] = c.lr;
+  d["beta1"] = c.beta1;
+  d["beta2"] = c.beta2;
+  d["eps"] = c.eps;
+  d["weight_decay"] = c.weight_decay;
+  d["amsgrad"] = c.amsgrad;
+  d["maximize"] = c.maximize;
+  d["momentum"] = c.momentum;
+  d["dampening"] = c.dampening;
+  d["nesterov"] = c.nesterov;
+  return d;
+}
+
+py::dict step_dict(const StepResult& r) {
+  py::dict d;
+  d["skipped"] = r.skipped;
+  d["step"] = r.step;
+  d["grad_norm"] = r.grad_norm;
+  d["clip_factor"] = r.clip_factor;
+  d["loss_scale"] = r.loss_scale;
+  d["next_loss_scale"] = r.next_loss_scale;
+  constexpr int nvme = static_cast<int>(Tier::nvme);
+  d["nvme_bytes_read"] = r.bytes_out[nvme];  // out of the NVMe tier
+  d["nvme_bytes_written"] = r.bytes_in[nvme];
+  d["io_wait_seconds"] = r.io_wait_seconds;
+  d["seconds"] = r.seconds;
+  d["generation"] = r.generation;
+  d["overlapped_subgroups"] = r.overlapped_subgroups;
+  d["redone"] = r.redone;
+  return d;
+}
+
+class PyOptimizer {
+ public:
+  PyOptimizer(std::vector<std::string> swap_dirs, std::uint64_t host_budget,
+              std::string communicator, unsigned threads, const std::string& optimizer_json,
+              const std::string& tiers_json, bool keep_swap_files, std::uint64_t swap_capacity,
+              std::uint64_t subgroup_size)
+      : t_(options(std::move(swap_dirs), host_budget, std::move(communicator), threads,
+                   optimizer_json, tiers_json, keep_swap_files, swap_capacity, subgroup_size)) {}
+
+  TieredOptimizer& t() {
+    if (closed_) throw std::logic_error("the tierswap optimizer was closed");
+    return *t_;
+  }
+  ShardedOptimizer& opt() { return t().optimizer(); }
+
+  const ParamSpec& checked(ParamId id, std::uint64_t numel, const char* what) {
+    const ParamSpec& p = opt().param(id);
+    if (p.numel() != numel)
+      throw std::invalid_argument(fmt::format("{} '{}': {} elements given for {}", what, p.name,
+                                              numel, p.numel()));
+    return p;
+  }
+
+  void initialize(const std::vector<TensorRef>& values) {
+    std::unordered_map<ParamId, std::pair<const std::byte*, Dtype>> src;
+    for (const auto& [id, ptr, dt, n] : values) {
+      checked(id, n, "initialize");
+      src[id] = {reinterpret_cast<const std::byte*>(ptr), parse_dtype(dt)};
+    }
+    opt().initialize([&](ParamId id, std::uint64_t off, float* out, std::uint64_t n) {
+      auto it = src.find(id);
+      if (it == src.end())
+        throw std::invalid_argument(fmt::format("initialize: no values for '{}'", opt().param(id).name));
+      const auto [p, dt] = it->second;
+      cast(p + off * dtype_size(dt), dt, out, Dtype::f32, n);
+    });
+  }
+
+  void add_grad(ParamId id, std::uintptr_t ptr, const std::string& dt, std::uint64_t n) {
+    checked(id, n, "gradient of");
+    opt().add_grad(id, reinterpret_cast<const void*>(ptr), parse_dtype(dt));
+  }
+
+  // param16() of each trainable parameter into the trainer's tensor memory.
+  void write_param16(const std::vector<TensorRef>& out) {
+    for (const auto& [id, ptr, dt, n] : out) {
+      const ParamSpec& p = checked(id, n, "write_param16");
+      if (parse_dtype(dt) != p.dtype)
+        throw std::invalid_argument(fmt::format("write_param16 '{}': dtype {} for a {} parameter",
+                                                p.name, dt, to_string(p.dtype)));
+      const auto v = opt().param16(id);
+      std::memcpy(reinterpret_cast<void*>(ptr), v.data(), v.size_bytes());
+    }
+  }
+
+  void gather(ParamId id, const std::string& cls, std::uintptr_t ptr, std::uint64_t n) {
+    checked(id, n, "gather");
+    const auto v = opt().gather(id, parse_block_class(cls));
+    std::memcpy(reinterpret_cast<void*>(ptr), v.data(), v.size() * sizeof(float));
+  }
+
+  void import_state(const std::vector<std::tuple<ParamId, std::string, std::uintptr_t,
+                                                 std::uint64_t>>& items,
+                    std::optional<std::uint64_t> step) {
+    std::vector<ShardedOptimizer::StateTensor> in;
+    for (const auto& [id, cls, ptr, n] : items)
+      in.push_back({id, parse_block_class(cls),
+                    std::span<const float>(reinterpret_cast<const float*>(ptr), n)});
+    opt().import_state(in, step);
+  }
+
+  void close() {
+    closed_ = true;
+    t_.reset();
+  }
+
+ private:
+  static TieredOptions options(std::vector<std::string> dirs, std::uint64_t budget,
+                               std::string comm, unsigned threads, const std::string& oj,
+                               const std::string& tj, bool keep, std::uint64_t capacity,
+                               std::uint64_t subgroup) {
+    TieredOptions o;
+    for (auto& d : dirs) o.swap_dirs.emplace_back(std::move(d));
+    o.host_budget = budget;
+    o.communicator = std::move(comm);
+    o.threads = threads;
+    o.optimizer = OptimizerConfig::from_json(oj);
+    o.optimizer.subgroup_size = subgroup;  // 0: chosen from the host budget
+    o.tiers = TierConfig::from_json(tj);
+    o.keep_swap_files = keep;
+    o.swap_capacity = capacity;
+    return o;
+  }
+
+  std::optional<TieredOptimizer> t_;
+  bool closed_ = false;
+};
+
+}  // namespace
+
+PYBIND11_MODULE(_tierswap, m) {
+  m.doc() = "tierswap's native layer (use tierswap.torch)";
+  py::class_<PyOptimizer>(m, "Optimizer")
+      .def(py::init<std::vector<std::string>, std::uint64_t, std::string, unsigned,
+                    const std::string&, const std::string&, bool, std::uint64_t,
+                    std::uint64_t>(),
+           py::arg("swap_dirs"), py::arg("host_budget"), py::arg("communicator"),
+           py::arg("threads"), py::arg("optimizer_json"), py::arg("tiers_json"),
+           py::arg("keep_swap_files"), py::arg("swap_capacity"), py::arg("subgroup_size"))
+      .def("add_group",
+           [](PyOptimizer& s, const std::string& kind, const py::dict& h, std::string name) {
+             return s.t().add_group(group_config(kind, h), std::move(name));
+           })
+      .def("set_group",
+           [](PyOptimizer& s, int g, const std::string& kind, const py::dict& h) {
+             s.opt().set_group_config(g, group_config(kind, h));
+           })
+      .def("group", [](PyOptimizer& s, int g) { return group_dict(s.opt().group_config(g)); })
+      .def("add_param",
+           [](PyOptimizer& s, int g, std::string name, std::vector<std::int64_t> shape,
+              const std::string& dt, bool requires_grad) {
+             return s.t().add_param(g, {std::move(name), std::move(shape), parse_dtype(dt),
+                                        requires_grad});
+           })
+      .def("finalize", [](PyOptimizer& s) { s.t().finalize(); }, Release())
+      .def("initialize", &PyOptimizer::initialize, Release())
+      .def("begin_backward", [](PyOptimizer& s, bool final) { s.opt().begin_backward(final); },
+           Release())
+      .def("add_grad", &PyOptimizer::add_grad, Release())
+      .def("end_backward", [](PyOptimizer& s) { s.opt().end_backward(); }, Release())
+      .def("step",
+           [](PyOptimizer& s) {
+             StepResult r;
+             {
+               py::gil_scoped_release nogil;
+               r = s.opt().step();
+             }
+             return step_dict(r);
+           })
+      .def("write_param16", &PyOptimizer::write_param16, Release())
+      .def("gather", &PyOptimizer::gather, Release())
+      .def("import_state", &PyOptimizer::import_state, Release())
+      .def("save", [](PyOptimizer& s, const std::string& d) { s.opt().save(d); }, Release())
+      .def("load", [](PyOptimizer& s, const std::string& d) { s.opt().load(d); }, Release())
+      .def("loss_scale", [](PyOptimizer& s) { return s.opt().loss_scale(); })
+      .def("step_count", [](PyOptimizer& s) { return s.opt().step_count(); })
+      .def("set_overlap", [](PyOptimizer& s, bool on) { s.opt().set_overlap(on); })
+      .def("subgroup_count", [](PyOptimizer& s) { return s.opt().subgroup_count(); })
+      .def("subgroup_size", [](PyOptimizer& s) { return s.opt().config().subgroup_size; })
+      .def("state_bytes", [](PyOptimizer& s) { return s.opt().state_bytes(); })
+      .def("world", [](PyOptimizer& s) { return s.t().communicator().size(); })
+      .def("rank", [](PyOptimizer& s) { return s.t().communicator().rank(); })
+      .def("residency_json",
+           [](PyOptimizer& s) {
+             ResidencySnapshot snap;
+             {
+               py::gil_scoped_release nogil;
+               snap = s.t().tiers().snapshot();
+             }
+             return snap.to_json();
+           })
+      .def("telemetry_socket",
+           [](PyOptimizer& s) { return s.t().tiers().telemetry_socket().string(); })
+      .def("rank_dirs",
+           [](PyOptimizer& s) {
+             std::vector<std::string> out;
+             for (const auto& d : s.t().rank_dirs()) out.push_back(d.string());
+             return out;
+           })
+      .def("close", &PyOptimizer::close, Release());
+  m.def("parse_size", [](const std::string& s) { return parse_size(s, "size"); });
+}

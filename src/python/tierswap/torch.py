@@ -1,0 +1,573 @@
+"""torch.optim optimizers whose state lives on tierswap's tiers (pinned host memory and NVMe).
+
+``tierswap.torch.AdamW`` (and ``Adam``, ``SGD``, ``Lion``) subclass :class:`torch.optim.Optimizer`:
+torch's constructor arguments and defaults, plus the tier keywords below. The model keeps its
+parameters in bfloat16 or float16; tierswap keeps the fp32 master weights and the moments on the
+tiers, takes each ``p.grad`` (bf16, fp16 or fp32; ``None`` counts as zero), steps with its fused
+kernels and writes the new 16-bit values back into ``p`` in place::
+
+    model = model.to(torch.bfloat16)
+    opt = tierswap.torch.AdamW(model.parameters(), lr=3e-4, weight_decay=0.1,
+                               swap_dir="/nvme/ts", host_budget="8GiB", max_grad_norm=1.0)
+    for batch in data:
+        loss = model(batch).mean()
+        loss.backward()
+        opt.step()
+        opt.zero_grad()
+
+Tier keywords (all optional; the defaults work untuned):
+  swap_dir        a directory or a list (one per drive: striped); default TIERSWAP_SWAP_DIRS, else
+                  a private temporary directory under $TMPDIR or /var/tmp, removed at close()
+  host_budget     pinned host bytes, "8GiB" or an int (default 1 GiB, or TIERSWAP_HOST_BUDGET)
+  state_tier      "auto" (host memory when everything fits in half the budget), "host", "nvme"
+  subgroup_size   elements per sub-group (default: from the budget, at most 8M)
+  overlap         sub-groups step during the backward (hooks=True): the bit-exact overlapped step
+  plan            a placement plan file (``tierswap plan --out``)
+  max_grad_norm   clip the global gradient norm inside the step (0: off)
+  loss_scale      None (bf16), "dynamic" (fp16, GradScaler's rules) or a number (fixed)
+  init_scale, growth_factor, backoff_factor, growth_interval   the dynamic scaler's settings
+  bf16_moments    moments stored in bf16 (fewer bytes; changes results)
+  accumulate_fp32 gradient accumulation in fp32 (else in the parameters' 16-bit dtype)
+  telemetry       serve `tierswap ps` / `tierswap residency PID` (default on)
+  hooks           hand each gradient over as soon as the backward accumulated it (frees p.grad)
+  threads         CPU kernel threads (default: all); communicator: "auto" | "single" | "mpi"
+  keep_swap_files keep the swap files at close() (default: removed)
+
+Errors: bad input raises TypeError / ValueError naming the parameter or option; a native error is
+a RuntimeError (or ValueError) with its message.
+"""
+
+import contextlib
+import json
+import os
+import shutil
+import tempfile
+import weakref
+
+import torch
+from torch.optim import Optimizer
+
+from . import _tierswap, parse_size
+
+__all__ = ["AdamW", "Adam", "SGD", "Lion", "from_deepspeed_config"]
+
+_DTYPE_NAMES = {torch.bfloat16: "bfloat16", torch.float16: "float16", torch.float32: "float32"}
+_TORCH_VERSION = tuple(int(x) for x in torch.__version__.split("+")[0].split(".")[:2])
+
+
+def _close_native(native, tmpdir):
+    native.close()
+    if tmpdir is not None:
+        shutil.rmtree(tmpdir, ignore_errors=True)
+
+
+class _TieredOptimizer(Optimizer):
+    """The common part; subclasses set _kind, _state_keys and _hyper()."""
+
+    _kind = None
+    _state_keys = ()
+
+    def __init__(self, params, defaults, *, swap_dir=None, host_budget=None, state_tier="auto",
+                 subgroup_size=None, overlap=False, plan=None, max_grad_norm=0.0,
+                 loss_scale=None, init_scale=65536.0, growth_factor=2.0, backoff_factor=0.5,
+                 growth_interval=2000, bf16_moments=False, accumulate_fp32=False, telemetry=True,
+                 hooks=False, threads=None, communicator="auto", keep_swap_files=False,
+                 swap_capacity=None):
+        self._native = None
+        if overlap and not hooks:
+            raise ValueError("overlap=True steps sub-groups during the backward: it needs hooks=True")
+        super().__init__(params, defaults)
+        self._check_params()
+        opt_cfg = {
+            "state_tier": _choice("state_tier", state_tier, ("auto", "host", "nvme")),
+            "overlap": bool(overlap),
+            "max_grad_norm": _nonneg("max_grad_norm", max_grad_norm),
+            "bf16_moments": bool(bf16_moments),
+            "accumulate_fp32": bool(accumulate_fp32),
+            "loss_scaler": _scaler(loss_scale, init_scale, growth_factor, backoff_factor,
+                                   growth_interval),
+        }
+        if plan is not None:
+            opt_cfg["plan"] = os.fspath(plan)
+        dirs, self._tmpdir = _swap_dirs(swap_dir)
+        tier_cfg = {"telemetry": bool(telemetry), "device_mode": "off"}
+        self._native = _tierswap.Optimizer(
+            dirs, 0 if host_budget is None else parse_size(host_budget), str(communicator),
+            0 if threads is None else int(threads), json.dumps(opt_cfg), json.dumps(tier_cfg),
+            bool(keep_swap_files), 0 if swap_capacity is None else parse_size(swap_capacity),
+            0 if subgroup_size is None else parse_size(subgroup_size))
+        self._closer = weakref.finalize(self, _close_native, self._native, self._tmpdir)
+        self._register()
+        self._hooks = bool(hooks)
+        self._handles = []
+        self._in_backward = False
+        self._final = True
+        self.last_step = None
+        if self._hooks:
+            self._install_hooks()
+
+    # ---- construction -----------------------------------------------------------------------
+    def add_param_group(self, param_group):
+        if getattr(self, "_native", None) is not None:
+            raise RuntimeError("tierswap optimizers lay out their parameters once: add every param "
+                               "group to the constructor")
+        params = param_group["params"]
+        params = [params] if isinstance(params, torch.Tensor) else list(params)
+        if len({id(p) for p in params}) != len(params):
+            raise ValueError(f"param group {len(self.param_groups)} holds a parameter twice")
+        super().add_param_group(param_group)
+
+    def _check_params(self):
+        for gi, group in enumerate(self.param_groups):
+            for pi, p in enumerate(group["params"]):
+                where = f"param_groups[{gi}]['params'][{pi}] (shape {tuple(p.shape)})"
+                if p.is_sparse:
+                    raise TypeError(f"{where} is sparse: tierswap takes dense parameters")
+                if p.dtype not in (torch.bfloat16, torch.float16):
+                    raise TypeError(
+                        f"{where} is {p.dtype}: tierswap keeps the fp32 master weights itself and "
+                        "takes the model in bfloat16 or float16 (model.to(torch.bfloat16))")
+                if p.device.type != "cpu":
+                    raise ValueError(f"{where} is on {p.device}: tierswap.torch takes CPU "
+                                     "parameters (GPU tensors are not supported yet)")
+                if not p.is_contiguous():
+                    raise ValueError(f"{where} is not contiguous")
+                if p.numel() == 0:
+                    raise ValueError(f"{where} is empty")
+
+    def _register(self):
+        n = self._native
+        self._ids = []  # (param, native id) of trainable parameters, in order
+        self._group_ids = []
+        self._hyper_sent = []
+        for gi, group in enumerate(self.param_groups):
+            h = self._hyper(group)
+            n.add_group(self._kind, h, f"group{gi}")
+            self._hyper_sent.append(h)
+            self._group_ids.append([id(p) for p in group["params"]])
+            for pi, p in enumerate(group["params"]):
+                nid = n.add_param(gi, f"group{gi}.param{pi}", list(p.shape),
+                                  _DTYPE_NAMES[p.dtype], bool(p.requires_grad))
+                if p.requires_grad:
+                    self._ids.append((p, nid))
+        n.finalize()
+        n.initialize(self._refs())
+
+    def _refs(self):
+        return [(nid, p.data_ptr(), _DTYPE_NAMES[p.dtype], p.numel()) for p, nid in self._ids]
+
+    # ---- hyper-parameters ---------------------------------------------------------------------
+    def _sync_groups(self):
+        if len(self.param_groups) != len(self._group_ids):
+            raise RuntimeError("param_groups changed length after construction")
+        for gi, group in enumerate(self.param_groups):
+            if [id(p) for p in group["params"]] != self._group_ids[gi]:
+                raise RuntimeError(f"param_groups[{gi}]['params'] changed after construction: "
+                                   "tierswap lays out its parameters once")
+            h = self._hyper(group)
+            if h != self._hyper_sent[gi]:
+                self._native.set_group(gi, self._kind, h)
+                self._hyper_sent[gi] = h
+
+    # ---- gradients ----------------------------------------------------------------------------
+    def _add_grad(self, p, nid):
+        g = p.grad
+        if g is None:
+            return
+        if g.is_sparse:
+            raise TypeError(f"the gradient of parameter {nid} (shape {tuple(p.shape)}) is sparse")
+        if g.dtype not in _DTYPE_NAMES:
+            raise TypeError(f"the gradient of parameter {nid} is {g.dtype}: tierswap takes "
+                            "bfloat16, float16 or float32 gradients")
+        if g.device.type != "cpu" or g.shape != p.shape:
+            raise ValueError(f"the gradient of parameter {nid} is {tuple(g.shape)} on {g.device} "
+                             f"for a {tuple(p.shape)} CPU parameter")
+        if not g.is_contiguous():
+            g = g.contiguous()
+        self._native.add_grad(nid, g.data_ptr(), _DTYPE_NAMES[g.dtype], g.numel())
+
+    def _begin(self, final):
+        self._sync_groups()
+        self._native.begin_backward(final)
+        self._in_backward = True
+
+    def _end(self):
+        if self._in_backward:
+            self._in_backward = False
+            self._native.end_backward()
+
+    @contextlib.contextmanager
+    def micro_batch(self, final=True):
+        """With hooks=True, wrap each backward of a step: ``final=False`` for all but the last
+        micro-batch (gradient accumulation), so the overlapped step knows when gradients are final.
+        Without hooks it does nothing (torch accumulates p.grad and step() hands it over)."""
+        if not self._hooks:
+            yield
+            return
+        self._end()
+        self._final = bool(final)
+        self._begin(self._final)
+        try:
+            yield
+        finally:
+            self._end()
+            self._final = True
+
+    def _install_hooks(self):
+        for p, nid in self._ids:
+            def hook(*_, p=p, nid=nid):
+                if not self._in_backward:
+                    self._begin(self._final)
+                self._add_grad(p, nid)
+                p.grad = None
+            if hasattr(p, "register_post_accumulate_grad_hook"):  # torch >= 2.1
+                self._handles.append(p.register_post_accumulate_grad_hook(lambda _p, h=hook: h()))
+            else:  # torch 1.13: the AccumulateGrad node's post-hook runs once p.grad is updated
+                node = p.expand_as(p).grad_fn.next_functions[0][0]
+                self._handles.append((node, node.register_hook(hook)))
+
+    # ---- the step ------------------------------------------------------------------------------
+    @torch.no_grad()
+    def step(self, closure=None):
+        loss = None
+        if closure is not None:
+            with torch.enable_grad():
+                loss = closure()
+        if self._hooks:
+            self._end()
+        else:
+            self._begin(True)
+            try:
+                for p, nid in self._ids:
+                    self._add_grad(p, nid)
+            finally:
+                self._end()
+        self.last_step = self._native.step()
+        self._native.write_param16(self._refs())
+        return loss
+
+    def zero_grad(self, set_to_none=True):
+        super().zero_grad(set_to_none=set_to_none)
+
+    @property
+    def grad_norm(self):
+        """The global norm of the last step's unscaled gradients, as clip_grad_norm_ returns it."""
+        return None if self.last_step is None else self.last_step["grad_norm"]
+
+    @property
+    def loss_scale(self):
+        """Multiply the loss by this before backward (1.0 without loss scaling)."""
+        return self._native.loss_scale()
+
+    def scale_loss(self, loss):
+        return loss * self._native.loss_scale()
+
+    @property
+    def step_count(self):
+        return self._native.step_count()
+
+    # ---- state ---------------------------------------------------------------------------------
+    def _index(self):
+        """torch's state-dict index of each parameter (all groups, in order)."""
+        out, i = {}, 0
+        for group in self.param_groups:
+            for p in group["params"]:
+                out[id(p)] = i
+                i += 1
+        return out
+
+    def _gather(self, p, nid, cls):
+        t = torch.empty(p.shape, dtype=torch.float32)
+        self._native.gather(nid, cls, t.data_ptr(), t.numel())
+        return t
+
+    def state_dict(self):
+        """torch's format, the state materialized from the tiers: {'state': {index: {'step',
+        moments}}, 'param_groups': [...]}, plus 'master_params': {index: fp32 master weights}
+        (a key torch.optim's load_state_dict ignores)."""
+        index = self._index()
+        step = torch.tensor(float(self._native.step_count()))
+        state, masters = {}, {}
+        for p, nid in self._ids:
+            i = index[id(p)]
+            entry = {"step": step.clone()}
+            for key, cls in self._state_keys_for(p):
+                entry[key] = self._gather(p, nid, cls)
+            state[i] = entry
+            masters[i] = self._gather(p, nid, "master")
+        groups = []
+        for group in self.param_groups:
+            g = {k: v for k, v in group.items() if k != "params"}
+            g["params"] = [index[id(p)] for p in group["params"]]
+            groups.append(g)
+        return {"state": state, "param_groups": groups, "master_params": masters}
+
+    def _state_keys_for(self, p):
+        return self._state_keys
+
+    def load_state_dict(self, state_dict):
+        """Takes torch's format (from this class or from the matching torch.optim optimizer):
+        hyper-parameters, step and moments; master weights from 'master_params' when present,
+        else the current ones are kept. Bit-exact on fp32 state."""
+        groups = state_dict["param_groups"]
+        if len(groups) != len(self.param_groups):
+            raise ValueError(f"state dict has {len(groups)} param groups, this optimizer "
+                             f"{len(self.param_groups)}")
+        for gi, (mine, theirs) in enumerate(zip(self.param_groups, groups)):
+            if len(mine["params"]) != len(theirs["params"]):
+                raise ValueError(f"param group {gi}: {len(theirs['params'])} parameters in the "
+                                 f"state dict, {len(mine['params'])} here")
+        by_saved = {}
+        for mine, theirs in zip(self.param_groups, groups):
+            by_saved.update(zip(theirs["params"], mine["params"]))
+        ids = {id(p): nid for p, nid in self._ids}
+        items, keep, steps = [], [], set()
+        masters = state_dict.get("master_params", {})
+        for saved, st in state_dict["state"].items():
+            p = by_saved.get(saved)
+            if p is None or id(p) not in ids:
+                raise ValueError(f"state dict holds state for parameter {saved}, which is not a "
+                                 "trainable parameter here")
+            if "step" in st:
+                steps.add(int(float(st["step"])))
+            for key, cls in self._state_keys_for(p):
+                if st.get(key) is not None:
+                    items.append(self._state_item(p, ids[id(p)], key, cls, st[key], keep))
+            if saved in masters:
+                items.append(self._state_item(p, ids[id(p)], "master", "master", masters[saved],
+                                              keep))
+        if len(steps) > 1:
+            raise ValueError(f"parameters are at different steps {sorted(steps)}: tierswap keeps "
+                             "one step count")
+        for mine, theirs in zip(self.param_groups, groups):
+            mine.update({k: v for k, v in theirs.items() if k != "params"})
+        self._sync_groups()
+        self._native.import_state(items, steps.pop() if steps else None)
+        self._native.write_param16(self._refs())
+
+    @staticmethod
+    def _state_item(p, nid, key, cls, value, keep):
+        if not isinstance(value, torch.Tensor) or tuple(value.shape) != tuple(p.shape):
+            shape = tuple(value.shape) if isinstance(value, torch.Tensor) else type(value).__name__
+            raise ValueError(f"state '{key}' of parameter {nid}: {shape} for a "
+                             f"{tuple(p.shape)} parameter")
+        t = value.detach().to(device="cpu", dtype=torch.float32).contiguous()
+        keep.append(t)
+        return (nid, cls, t.data_ptr(), t.numel())
+
+    def save(self, path):
+        """tierswap's native checkpoint (the state stays on the tiers: nothing is materialized);
+        loads at any world size with load()."""
+        os.makedirs(path, exist_ok=True)
+        self._native.save(os.fspath(path))
+
+    def load(self, path):
+        """Restores a save() checkpoint: state, step, loss scaler and hyper-parameters."""
+        self._native.load(os.fspath(path))
+        for gi, group in enumerate(self.param_groups):
+            native = self._native.group(gi)
+            self._hyper_sent[gi] = self._apply_native(group, native)
+        self._native.write_param16(self._refs())
+
+    def residency(self):
+        """What `tierswap residency --json` shows for this process: tiers, classes, blocks."""
+        return json.loads(self._native.residency_json())
+
+    def close(self):
+        """Frees the tiers and removes the swap files (also done when the optimizer is collected)."""
+        for h in self._handles:
+            (h[1] if isinstance(h, tuple) else h).remove()
+        self._handles = []
+        self._closer()
+
+    def __getstate__(self):
+        raise TypeError("a tierswap optimizer cannot be pickled: use state_dict() or save()")
+
+
+class AdamW(_TieredOptimizer):
+    """torch.optim.AdamW on the tiers (decoupled weight decay)."""
+
+    _kind = "adamw"
+
+    def __init__(self, params, lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=1e-2,
+                 amsgrad=False, *, maximize=False, **tier):
+        _reject_torch_only(tier)
+        defaults = dict(lr=lr, betas=betas, eps=eps, weight_decay=weight_decay, amsgrad=amsgrad,
+                        maximize=maximize)
+        super().__init__(params, defaults, **tier)
+
+    @staticmethod
+    def _hyper(group):
+        b1, b2 = group["betas"]
+        return {"lr": float(group["lr"]), "beta1": float(b1), "beta2": float(b2),
+                "eps": float(group["eps"]), "weight_decay": float(group["weight_decay"]),
+                "amsgrad": bool(group["amsgrad"]), "maximize": bool(group.get("maximize", False))}
+
+    @staticmethod
+    def _apply_native(group, n):
+        group.update(lr=n["lr"], betas=(n["beta1"], n["beta2"]), eps=n["eps"],
+                     weight_decay=n["weight_decay"], amsgrad=n["amsgrad"], maximize=n["maximize"])
+        return AdamW._hyper(group)
+
+    def _state_keys_for(self, p):
+        keys = [("exp_avg", "exp_avg"), ("exp_avg_sq", "exp_avg_sq")]
+        if self._group_of(p)["amsgrad"]:
+            keys.append(("max_exp_avg_sq", "max_exp_avg_sq"))
+        return keys
+
+    def _group_of(self, p):
+        for group in self.param_groups:
+            if any(q is p for q in group["params"]):
+                return group
+        raise KeyError("parameter not in this optimizer")
+
+
+class Adam(AdamW):
+    """torch.optim.Adam on the tiers (L2 weight decay added to the gradient)."""
+
+    _kind = "adam"
+
+    def __init__(self, params, lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.0,
+                 amsgrad=False, *, maximize=False, **tier):
+        super().__init__(params, lr, betas, eps, weight_decay, amsgrad, maximize=maximize, **tier)
+
+
+class SGD(_TieredOptimizer):
+    """torch.optim.SGD on the tiers (momentum, dampening, nesterov, L2 weight decay)."""
+
+    _kind = "sgd"
+
+    def __init__(self, params, lr=1e-3, momentum=0.0, dampening=0.0, weight_decay=0.0,
+                 nesterov=False, *, maximize=False, **tier):
+        _reject_torch_only(tier)
+        if nesterov and (momentum <= 0 or dampening != 0):
+            raise ValueError("Nesterov momentum requires a momentum and zero dampening")
+        defaults = dict(lr=lr, momentum=momentum, dampening=dampening, weight_decay=weight_decay,
+                        nesterov=nesterov, maximize=maximize)
+        super().__init__(params, defaults, **tier)
+
+    @staticmethod
+    def _hyper(group):
+        return {"lr": float(group["lr"]), "momentum": float(group["momentum"]),
+                "dampening": float(group["dampening"]),
+                "weight_decay": float(group["weight_decay"]), "nesterov": bool(group["nesterov"]),
+                "maximize": bool(group.get("maximize", False))}
+
+    @staticmethod
+    def _apply_native(group, n):
+        group.update(lr=n["lr"], momentum=n["momentum"], dampening=n["dampening"],
+                     weight_decay=n["weight_decay"], nesterov=n["nesterov"], maximize=n["maximize"])
+        return SGD._hyper(group)
+
+    def _state_keys_for(self, p):
+        for group in self.param_groups:
+            if any(q is p for q in group["params"]):
+                return [("momentum_buffer", "momentum")] if group["momentum"] != 0 else []
+        return []
+
+
+class Lion(_TieredOptimizer):
+    """Lion (Chen et al. 2023; lion-pytorch's defaults) on the tiers."""
+
+    _kind = "lion"
+    _state_keys = (("exp_avg", "exp_avg"),)
+
+    def __init__(self, params, lr=1e-4, betas=(0.9, 0.99), weight_decay=0.0, *, maximize=False,
+                 **tier):
+        _reject_torch_only(tier)
+        defaults = dict(lr=lr, betas=betas, weight_decay=weight_decay, maximize=maximize)
+        super().__init__(params, defaults, **tier)
+
+    @staticmethod
+    def _hyper(group):
+        b1, b2 = group["betas"]
+        return {"lr": float(group["lr"]), "beta1": float(b1), "beta2": float(b2),
+                "weight_decay": float(group["weight_decay"]),
+                "maximize": bool(group.get("maximize", False))}
+
+    @staticmethod
+    def _apply_native(group, n):
+        group.update(lr=n["lr"], betas=(n["beta1"], n["beta2"]), weight_decay=n["weight_decay"],
+                     maximize=n["maximize"])
+        return Lion._hyper(group)
+
+
+# ---- keyword checks -------------------------------------------------------------------------------
+_TIER_KEYWORDS = {"swap_dir", "host_budget", "state_tier", "subgroup_size", "overlap", "plan",
+                  "max_grad_norm", "loss_scale", "init_scale", "growth_factor", "backoff_factor",
+                  "growth_interval", "bf16_moments", "accumulate_fp32", "telemetry", "hooks",
+                  "threads", "communicator", "keep_swap_files", "swap_capacity"}
+# torch.optim implementation switches: accepted and ignored (tierswap has one implementation).
+_TORCH_SWITCHES = {"foreach", "fused", "capturable", "differentiable"}
+
+
+def _reject_torch_only(tier):
+    for k in list(tier):
+        if k in _TORCH_SWITCHES:
+            tier.pop(k)
+        elif k not in _TIER_KEYWORDS:
+            raise TypeError(f"unknown keyword argument '{k}' (tier keywords: "
+                            f"{', '.join(sorted(_TIER_KEYWORDS))})")
+
+
+def _choice(name, value, allowed):
+    if value not in allowed:
+        raise ValueError(f"{name}={value!r}: one of {', '.join(allowed)}")
+    return value
+
+
+def _nonneg(name, value):
+    v = float(value)
+    if not v >= 0:
+        raise ValueError(f"{name}={value!r}: must be >= 0")
+    return v
+
+
+def _scaler(loss_scale, init_scale, growth_factor, backoff_factor, growth_interval):
+    if loss_scale is None:
+        return {"mode": "none"}
+    base = {"growth_factor": float(growth_factor), "backoff_factor": float(backoff_factor),
+            "growth_interval": int(growth_interval)}
+    if loss_scale == "dynamic":
+        return dict(base, mode="dynamic", init_scale=float(init_scale))
+    if isinstance(loss_scale, (int, float)) and not isinstance(loss_scale, bool):
+        return dict(base, mode="fixed", init_scale=float(loss_scale))
+    raise ValueError(f"loss_scale={loss_scale!r}: None, 'dynamic' or a number")
+
+
+def _swap_dirs(swap_dir):
+    """The swap directories, and a temporary one to remove at close() when none was given."""
+    if swap_dir is None:
+        env = os.environ.get("TIERSWAP_SWAP_DIRS")
+        if env:
+            return [d for d in env.split(":") if d], None
+        root = os.environ.get("TMPDIR") or "/var/tmp"
+        tmp = tempfile.mkdtemp(prefix="tierswap-", dir=root)
+        return [tmp], tmp
+    dirs = [swap_dir] if isinstance(swap_dir, (str, os.PathLike)) else list(swap_dir)
+    out = []
+    for d in dirs:
+        if not isinstance(d, (str, os.PathLike)):
+            raise TypeError(f"swap_dir: {d!r} is not a path")
+        d = os.fspath(d)
+        if os.path.exists(d) and not os.path.isdir(d):
+            raise ValueError(f"swap_dir: {d} is a file, not a directory")
+        if not os.path.exists(d):
+            raise ValueError(f"swap_dir: {d} does not exist")
+        if not os.access(d, os.W_OK | os.X_OK):
+            raise ValueError(f"swap_dir: {d} is not writable")
+        out.append(d)
+    if not out:
+        raise ValueError("swap_dir: an empty list")
+    return out, None
+
+
+def from_deepspeed_config(params, config, **overrides):
+    """A tierswap optimizer from a DeepSpeed config (a dict or a JSON file path). See
+    tierswap.deepspeed.map_config for what is mapped; keys without an equivalent are named in a
+    warning."""
+    from .deepspeed import map_config
+    kind, kwargs = map_config(config)
+    kwargs.update(overrides)
+    cls = {"adamw": AdamW, "adam": Adam, "sgd": SGD, "lion": Lion}[kind]
+    return cls(params, **kwargs)

@@ -1,0 +1,277 @@
+// TieredOptimizer (the one-object setup), GroupConfig::defaults, gather() and import_state():
+// the swap space sized from the parameters for every optimizer kind, the rank directory and its
+// removal, clear errors for bad swap directories, a filesystem without room and an earlier run's
+// files (left untouched); whole-parameter state out and back in, bit for bit, and its misuse.
+#include <gtest/gtest.h>
+
+#include <cstring>
+#include <fstream>
+
+#include "test_util.hpp"
+#include "tierswap/communicator.hpp"
+#include "tierswap/swap_space.hpp"
+#include "tierswap/tiered_optimizer.hpp"
+
+using namespace tierswap;
+using tierswap::test::TempDir;
+
+namespace {
+
+TieredOptions options(const std::filesystem::path& dir) {
+  TieredOptions o;
+  o.swap_dirs = {dir};
+  o.host_budget = 4ull << 20;
+  o.communicator = "single";
+  o.threads = 2;
+  o.tiers.telemetry = false;
+  o.tiers.durable = false;
+  o.tiers.device_mode = DeviceTierMode::off;
+  return o;
+}
+
+// Three parameters of ragged sizes in two groups, one frozen; initialized and stepped once.
+struct Model {
+  ParamId w, b, frozen;
+};
+
+Model build(TieredOptimizer& t, OptimizerKind kind = OptimizerKind::adamw) {
+  const int g0 = t.add_group(GroupConfig::defaults(kind), "decay");
+  GroupConfig nd = GroupConfig::defaults(kind);
+  nd.weight_decay = 0;
+  const int g1 = t.add_group(nd, "no_decay");
+  Model m;
+  m.w = t.add_param(g0, {"w", {301, 97}, Dtype::bf16, true});
+  m.frozen = t.add_param(g0, {"frozen", {17}, Dtype::bf16, false});
+  m.b = t.add_param(g1, {"b", {4097}, Dtype::bf16, true});
+  t.finalize();
+  t.optimizer().initialize([](ParamId id, std::uint64_t off, float* out, std::uint64_t n) {
+    for (std::uint64_t i = 0; i < n; ++i)
+      out[i] = 0.01f * static_cast<float>((id * 7919 + off + i) % 101) - 0.5f;
+  });
+  return m;
+}
+
+void step(ShardedOptimizer& opt, const Model& m, int seed) {
+  opt.begin_backward();
+  for (ParamId id : {m.w, m.b}) {
+    std::vector<std::uint16_t> g(opt.param(id).numel());
+    for (std::size_t i = 0; i < g.size(); ++i)
+      g[i] = float_to_bf16(1e-3f * static_cast<float>(static_cast<int>((i * 31 + seed) % 19) - 9));
+    opt.add_grad(id, g.data(), Dtype::bf16);
+  }
+  opt.end_backward();
+  opt.step();
+}
+
+bool same_bits(const std::vector<float>& a, const std::vector<float>& b) {
+  return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * 4) == 0;
+}
+
+}  // namespace
+
+TEST(GroupConfigDefaults, FollowTorchPerKind) {
+  const auto adamw = GroupConfig::defaults(OptimizerKind::adamw);
+  EXPECT_EQ(adamw, GroupConfig{});
+  EXPECT_EQ(adamw.weight_decay, 1e-2);
+  const auto adam = GroupConfig::defaults(OptimizerKind::adam);
+  EXPECT_EQ(adam.kind, OptimizerKind::adam);
+  EXPECT_EQ(adam.weight_decay, 0.0);
+  EXPECT_EQ(adam.lr, 1e-3);
+  const auto sgd = GroupConfig::defaults(OptimizerKind::sgd);
+  EXPECT_EQ(sgd.weight_decay, 0.0);
+  EXPECT_EQ(sgd.momentum, 0.0);
+  const auto lion = GroupConfig::defaults(OptimizerKind::lion);
+  EXPECT_EQ(lion.lr, 1e-4);
+  EXPECT_EQ(lion.beta2, 0.99);
+  EXPECT_EQ(lion.weight_decay, 0.0);
+  for (auto k : {OptimizerKind::adamw, OptimizerKind::adam, OptimizerKind::sgd, OptimizerKind::lion})
+    EXPECT_NO_THROW(GroupConfig::defaults(k).validate());
+}
+
+TEST(TieredOptimizer, BuildsEverythingFromOptionsAndRemovesItsFiles) {
+  TempDir dir;
+  std::filesystem::path sub;
+  {
+    TieredOptimizer t(options(dir.path()));
+    EXPECT_THROW(t.optimizer(), std::logic_error);
+    const Model m = build(t);
+    ASSERT_EQ(t.rank_dirs().size(), 1u);
+    sub = t.rank_dirs()[0];
+    EXPECT_EQ(sub, dir.path() / "tierswap-rank0");
+    EXPECT_TRUE(std::filesystem::exists(sub / SwapSpace::kFileName));
+    // sized from the parameters, no more than a few MiB over what they need
+    EXPECT_LT(t.swap_space().capacity(), 64ull << 20);
+    EXPECT_GT(t.optimizer().config().subgroup_size, 0u);
+    EXPECT_EQ(t.optimizer().config().subgroup_size % kGradStatsChunk, 0u);
+    step(t.optimizer(), m, 1);
+    EXPECT_EQ(t.optimizer().step_count(), 1u);
+    EXPECT_THROW(t.optimizer().param16(m.frozen), std::invalid_argument);
+    EXPECT_THROW(t.add_param(0, {"late", {4}, Dtype::bf16, true}), std::logic_error);
+    EXPECT_THROW(t.finalize(), std::logic_error);
+  }
+  EXPECT_FALSE(std::filesystem::exists(sub));
+}
+
+TEST(TieredOptimizer, SwapSizeSufficesForEveryKindAndSubgroupSize) {
+  for (auto kind : {OptimizerKind::adamw, OptimizerKind::adam, OptimizerKind::sgd,
+                    OptimizerKind::lion}) {
+    for (std::uint64_t sg : {std::uint64_t{8192}, std::uint64_t{0}}) {
+      TempDir dir;
+      TieredOptions o = options(dir.path());
+      o.optimizer.subgroup_size = sg;
+      o.optimizer.state_tier = OptimizerConfig::StateTier::nvme;
+      TieredOptimizer t(o);
+      GroupConfig g = GroupConfig::defaults(kind);
+      if (kind == OptimizerKind::sgd) g.momentum = 0.9;
+      if (kind == OptimizerKind::adam) g.amsgrad = true;
+      const int gi = t.add_group(g);
+      for (int i = 0; i < 9; ++i) t.add_param(gi, {"p" + std::to_string(i), {8191 + i}, Dtype::bf16});
+      ASSERT_NO_THROW(t.finalize()) << to_string(kind) << " sg " << sg;
+      EXPECT_NO_THROW(t.optimizer().initialize(
+          [](ParamId, std::uint64_t, float* out, std::uint64_t n) { std::fill_n(out, n, 0.5f); }));
+    }
+  }
+}
+
+TEST(TieredOptimizer, BadSwapDirectoriesAreRefusedByName) {
+  TempDir dir;
+  TieredOptions o = options(dir.path());
+  o.swap_dirs = {};
+  EXPECT_THROW(TieredOptimizer{o}, std::invalid_argument);
+  o.swap_dirs = {dir.path(), dir.path()};
+  EXPECT_THROW(TieredOptimizer{o}, std::invalid_argument);
+  auto finalize_error = [&](const std::filesystem::path& p) -> std::string {
+    TieredOptions oo = options(p);
+    TieredOptimizer t(oo);
+    t.add_param(t.add_group(GroupConfig{}), {"w", {64}, Dtype::bf16});
+    try {
+      t.finalize();
+    } catch (const std::exception& e) {
+      return e.what();
+    }
+    return "";
+  };
+  EXPECT_NE(finalize_error(dir.path() / "missing").find("missing"), std::string::npos);
+  std::ofstream(dir.path() / "file") << "x";
+  EXPECT_NE(finalize_error(dir.path() / "file").find("not a directory"), std::string::npos);
+  std::filesystem::create_directory(dir.path() / "real");
+  std::filesystem::create_directory_symlink(dir.path() / "real", dir.path() / "link");
+  EXPECT_NE(finalize_error(dir.path() / "link").find("symbolic link"), std::string::npos);
+}
+
+TEST(TieredOptimizer, NoRoomNamesTheTotalAndCreatesNothing) {
+  TempDir dir;
+  TieredOptions o = options(dir.path());
+  o.swap_capacity = 1ull << 60;
+  TieredOptimizer t(o);
+  t.add_param(t.add_group(GroupConfig{}), {"w", {64}, Dtype::bf16});
+  try {
+    t.finalize();
+    FAIL() << "finalize with 1 EiB of swap space succeeded";
+  } catch (const std::runtime_error& e) {
+    const std::string what = e.what();
+    EXPECT_NE(what.find("needs"), std::string::npos) << what;
+    EXPECT_NE(what.find(dir.path().string()), std::string::npos) << what;
+    EXPECT_NE(what.find("free"), std::string::npos) << what;
+  }
+  EXPECT_FALSE(std::filesystem::exists(dir.path() / "tierswap-rank0"));
+  EXPECT_FALSE(t.finalized());
+}
+
+TEST(TieredOptimizer, AnEarlierRunsSwapSpaceIsRefusedAndKept) {
+  TempDir dir;
+  const auto sub = dir.path() / "tierswap-rank0";
+  std::filesystem::create_directory(sub);
+  std::ofstream(sub / SwapSpace::kFileName) << "earlier state";
+  TieredOptimizer t(options(dir.path()));
+  t.add_param(t.add_group(GroupConfig{}), {"w", {64}, Dtype::bf16});
+  try {
+    t.finalize();
+    FAIL() << "an earlier run's swap space was overwritten";
+  } catch (const std::runtime_error& e) {
+    EXPECT_NE(std::string(e.what()).find("earlier run"), std::string::npos) << e.what();
+  }
+  std::ifstream in(sub / SwapSpace::kFileName);
+  std::string body;
+  std::getline(in, body);
+  EXPECT_EQ(body, "earlier state");
+}
+
+TEST(TieredOptimizer, AddParamChecksAtOnce) {
+  TempDir dir;
+  TieredOptimizer t(options(dir.path()));
+  const int g = t.add_group(GroupConfig{});
+  EXPECT_THROW(t.add_param(5, {"w", {4}, Dtype::bf16}), std::invalid_argument);
+  EXPECT_THROW(t.add_param(g, {"", {4}, Dtype::bf16}), std::invalid_argument);
+  EXPECT_THROW(t.add_param(g, {"w", {4}, Dtype::f32}), std::invalid_argument);
+  EXPECT_THROW(t.add_param(g, {"w", {4, 0}, Dtype::bf16}), std::invalid_argument);
+  t.add_param(g, {"w", {4}, Dtype::bf16});
+  EXPECT_THROW(t.add_param(g, {"w", {4}, Dtype::bf16}), std::invalid_argument);
+  GroupConfig bad;
+  bad.lr = -1;
+  EXPECT_THROW(t.add_group(bad), std::invalid_argument);
+}
+
+TEST(ShardedOptimizerState, GatherAndImportRoundTripBitForBit) {
+  TempDir da, db;
+  TieredOptimizer a(options(da.path())), b(options(db.path()));
+  const Model ma = build(a), mb = build(b);
+  for (int s = 0; s < 3; ++s) step(a.optimizer(), ma, s);
+  std::vector<std::vector<float>> keep;
+  std::vector<ShardedOptimizer::StateTensor> in;
+  for (ParamId id : {ma.w, ma.b})
+    for (auto cls : {BlockClass::master, BlockClass::exp_avg, BlockClass::exp_avg_sq}) {
+      keep.push_back(a.optimizer().gather(id, cls));
+      EXPECT_EQ(keep.back().size(), a.optimizer().param(id).numel());
+    }
+  std::size_t i = 0;
+  for (ParamId id : {mb.w, mb.b})
+    for (auto cls : {BlockClass::master, BlockClass::exp_avg, BlockClass::exp_avg_sq})
+      in.push_back({id, cls, keep[i++]});
+  b.optimizer().import_state(in, a.optimizer().step_count());
+  EXPECT_EQ(b.optimizer().step_count(), 3u);
+  i = 0;
+  for (ParamId id : {mb.w, mb.b})
+    for (auto cls : {BlockClass::master, BlockClass::exp_avg, BlockClass::exp_avg_sq})
+      EXPECT_TRUE(same_bits(b.optimizer().gather(id, cls), keep[i++]));
+  for (ParamId id : {ma.w, ma.b}) {
+    const auto x = a.optimizer().param16(id), y = b.optimizer().param16(id);
+    EXPECT_TRUE(std::equal(x.begin(), x.end(), y.begin()));
+  }
+  // The two continue identically.
+  step(a.optimizer(), ma, 7);
+  step(b.optimizer(), mb, 7);
+  EXPECT_TRUE(same_bits(a.optimizer().gather(ma.w), b.optimizer().gather(mb.w)));
+  EXPECT_TRUE(same_bits(a.optimizer().gather(ma.b, BlockClass::exp_avg_sq),
+                        b.optimizer().gather(mb.b, BlockClass::exp_avg_sq)));
+}
+
+TEST(ShardedOptimizerState, ImportChecksEverythingBeforeWriting) {
+  TempDir dir;
+  TieredOptimizer t(options(dir.path()));
+  const Model m = build(t);
+  ShardedOptimizer& opt = t.optimizer();
+  const auto before = opt.gather(m.w);
+  std::vector<float> ones(opt.param(m.w).numel(), 1.0f), shorter(5, 1.0f);
+  using ST = ShardedOptimizer::StateTensor;
+  auto expect_refused = [&](std::vector<ST> v, const char* what) {
+    try {
+      opt.import_state(v, std::nullopt);
+      ADD_FAILURE() << what << ": accepted";
+    } catch (const std::invalid_argument& e) {
+      EXPECT_NE(std::string(e.what()).find("import_state"), std::string::npos) << e.what();
+    }
+    EXPECT_TRUE(same_bits(opt.gather(m.w), before)) << what << ": state changed";
+  };
+  expect_refused({{m.w, BlockClass::master, ones}, {m.b, BlockClass::master, shorter}}, "short");
+  expect_refused({{m.w, BlockClass::master, ones}, {m.w, BlockClass::master, ones}}, "twice");
+  expect_refused({{m.w, BlockClass::master, ones}, {m.frozen, BlockClass::master, shorter}},
+                 "frozen");
+  expect_refused({{m.w, BlockClass::master, ones}, {m.w, BlockClass::momentum, ones}}, "momentum");
+  expect_refused({{m.w, BlockClass::master, ones}, {99, BlockClass::master, ones}}, "unknown");
+  EXPECT_THROW(opt.gather(m.frozen), std::invalid_argument);
+  EXPECT_THROW(opt.gather(m.w, BlockClass::momentum), std::invalid_argument);
+  opt.begin_backward();
+  EXPECT_THROW(opt.import_state(std::vector<ST>{{m.w, BlockClass::master, ones}}, std::nullopt),
+               std::logic_error);
+}

@@ -1,0 +1,229 @@
+"""A small decoder-only transformer language model, trained through tierswap.torch.
+
+The main job of the README (``tools/dev.sh run``) and the model of the Python tests: 4 layers,
+width 256, 4 heads, byte-level tokens, bf16 parameters, trained on a text every Debian machine
+has (/usr/share/common-licenses/GPL-3) with three parameter groups (decay, no-decay, embeddings
+with their own learning rate), a cosine schedule with warm-up, gradient accumulation over 2
+micro-batches and clipping at 1.0.
+
+    python3 -m tierswap.tinylm --steps 30 --state-tier nvme --host-budget 16MiB
+
+prints per step the loss, tokens/s and NVMe bytes, then the residency table.
+"""
+
+import argparse
+import math
+import os
+import sys
+import tempfile
+import time
+
+import torch
+from torch import nn
+
+TEXT = "/usr/share/common-licenses/GPL-3"
+
+
+class Block(nn.Module):
+    def __init__(self, width, heads):
+        super().__init__()
+        self.heads = heads
+        self.ln1 = nn.LayerNorm(width)
+        self.qkv = nn.Linear(width, 3 * width)
+        self.proj = nn.Linear(width, width)
+        self.ln2 = nn.LayerNorm(width)
+        self.up = nn.Linear(width, 4 * width)
+        self.down = nn.Linear(4 * width, width)
+
+    def forward(self, x):
+        b, t, c = x.shape
+        q, k, v = self.qkv(self.ln1(x)).split(c, dim=2)
+        q, k, v = (z.view(b, t, self.heads, c // self.heads).transpose(1, 2) for z in (q, k, v))
+        att = (q @ k.transpose(-2, -1)) * (1.0 / math.sqrt(c // self.heads))
+        mask = torch.ones(t, t, dtype=torch.bool).tril()
+        att = att.masked_fill(~mask, float("-inf")).softmax(dim=-1)
+        y = (att @ v).transpose(1, 2).reshape(b, t, c)
+        x = x + self.proj(y)
+        return x + self.down(torch.nn.functional.gelu(self.up(self.ln2(x))))
+
+
+class TinyLM(nn.Module):
+    def __init__(self, layers=4, width=256, heads=4, context=64, vocab=256):
+        super().__init__()
+        self.tok = nn.Embedding(vocab, width)
+        self.pos = nn.Embedding(context, width)
+        self.blocks = nn.ModuleList(Block(width, heads) for _ in range(layers))
+        self.ln = nn.LayerNorm(width)
+        self.head = nn.Linear(width, vocab, bias=False)
+
+    def forward(self, idx):
+        t = idx.shape[1]
+        x = self.tok(idx) + self.pos(torch.arange(t))
+        for blk in self.blocks:
+            x = blk(x)
+        return self.head(self.ln(x))
+
+
+def make_model(seed=0):
+    torch.manual_seed(seed)
+    return TinyLM().to(torch.bfloat16)
+
+
+def param_groups(model, lr=3e-3, emb_lr=1e-2):
+    """Three groups: 2-D weights with decay, biases and norms without, embeddings (own lr)."""
+    decay, no_decay, emb = [], [], []
+    for name, p in model.named_parameters():
+        if name.startswith(("tok.", "pos.")):
+            emb.append(p)
+        elif p.dim() >= 2:
+            decay.append(p)
+        else:
+            no_decay.append(p)
+    return [{"params": decay, "weight_decay": 0.1, "lr": lr},
+            {"params": no_decay, "weight_decay": 0.0, "lr": lr},
+            {"params": emb, "weight_decay": 0.0, "lr": emb_lr}]
+
+
+def schedule(warmup=5, total=30):
+    """Linear warm-up, then cosine decay to 10%: a LambdaLR factor."""
+    def f(step):
+        if step < warmup:
+            return (step + 1) / warmup
+        progress = min(1.0, (step - warmup) / max(1, total - warmup))
+        return 0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * progress))
+    return f
+
+
+def batches(step, micro=2, batch=4, context=64):
+    """The micro-batches of optimizer step `step`: deterministic windows of the text."""
+    data = torch.frombuffer(bytearray(open(TEXT, "rb").read()), dtype=torch.uint8).long()
+    g = torch.Generator().manual_seed(1000 + step)
+    out = []
+    for _ in range(micro):
+        starts = torch.randint(0, data.numel() - context - 1, (batch,), generator=g)
+        x = torch.stack([data[s:s + context] for s in starts])
+        y = torch.stack([data[s + 1:s + 1 + context] for s in starts])
+        out.append((x, y))
+    return out
+
+
+def loss_of(model, x, y):
+    logits = model(x)
+    return nn.functional.cross_entropy(logits.float().view(-1, logits.shape[-1]), y.view(-1))
+
+
+def train_tierswap(model, opt, steps, start=0, sched=None, log=None):
+    """Steps [start, steps) with tierswap's optimizer: accumulation over the micro-batches (the
+    loss divided by their number), clipping inside the step. `sched`: the schedule's LambdaLR
+    when resuming (made before load(), which restores the scheduled lr, and stepped `start`
+    times); made here otherwise. Returns the loss per step."""
+    if sched is None:
+        sched = torch.optim.lr_scheduler.LambdaLR(opt, schedule(total=steps))
+    losses = []
+    for step in range(start, steps):
+        t0 = time.perf_counter()
+        mbs = batches(step)
+        total = 0.0
+        for i, (x, y) in enumerate(mbs):
+            with opt.micro_batch(final=i == len(mbs) - 1):
+                loss = loss_of(model, x, y) / len(mbs)
+                loss.backward()
+            total += loss.item()
+        opt.step()
+        opt.zero_grad()
+        sched.step()
+        losses.append(total)
+        if log:
+            log(step, total, sum(x.numel() for x, _ in mbs) / (time.perf_counter() - t0),
+                opt.last_step)
+    return losses
+
+
+def clip_fp64(params, max_norm):
+    """torch.nn.utils.clip_grad_norm_ with the norm summed in fp64 (as tierswap sums it), the
+    same clip coefficient rule (max_norm / (norm + 1e-6), applied when < 1)."""
+    params = list(params)
+    total = math.sqrt(sum(float((p.grad.double() ** 2).sum()) for p in params))
+    coef = max_norm / (total + 1e-6)
+    if coef < 1:
+        for p in params:
+            p.grad.mul_(coef)
+    return total
+
+
+def train_reference(model, steps, max_norm=1.0, norm="fp32"):
+    """The standard mixed-precision recipe: torch.optim.AdamW on fp32 master copies of the bf16
+    model, gradients accumulated in bf16 by autograd, clipped on the fp32 masters, the masters
+    rounded back into the model after each step. `norm`: "fp32" (torch.nn.utils.clip_grad_norm_)
+    or "fp64" (clip_fp64). Returns (losses, masters in state-dict order, optimizer)."""
+    params = list(model.parameters())
+    masters = [p.detach().float().clone().requires_grad_(True) for p in params]
+    index = {id(p): i for i, p in enumerate(params)}
+    groups = [dict(g, params=[masters[index[id(p)]] for p in g["params"]])
+              for g in param_groups(model)]
+    opt = torch.optim.AdamW(groups, foreach=False)
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, schedule(total=steps))
+    losses = []
+    for step in range(steps):
+        mbs = batches(step)
+        total = 0.0
+        for x, y in mbs:
+            loss = loss_of(model, x, y) / len(mbs)
+            loss.backward()
+            total += loss.item()
+        for p, m in zip(params, masters):
+            m.grad = p.grad.float()
+            p.grad = None
+        (clip_fp64 if norm == "fp64" else torch.nn.utils.clip_grad_norm_)(masters, max_norm)
+        opt.step()
+        sched.step()
+        with torch.no_grad():
+            for p, m in zip(params, masters):
+                p.copy_(m)
+        losses.append(total)
+    # in the param groups' order: torch's (and tierswap's) state-dict index
+    return losses, [m for g in groups for m in g["params"]], opt
+
+
+def main(argv=None):
+    import tierswap.torch as tt
+    ap = argparse.ArgumentParser(prog="python3 -m tierswap.tinylm", description=__doc__.split("\n")[0])
+    ap.add_argument("--steps", type=int, default=30)
+    ap.add_argument("--state-tier", default="nvme", choices=("auto", "host", "nvme"))
+    ap.add_argument("--host-budget", default="16MiB")
+    ap.add_argument("--swap-dir", default=None, help="default: a temporary directory")
+    ap.add_argument("--hooks", action="store_true", help="hand gradients over during the backward")
+    ap.add_argument("--overlap", action="store_true", help="step sub-groups during the backward")
+    a = ap.parse_args(argv)
+    if not os.path.exists(TEXT):
+        sys.exit(f"tinylm: {TEXT} is missing (Debian's base-files ships it)")
+    model = make_model()
+    tmp = None if a.swap_dir else tempfile.TemporaryDirectory(prefix="tierswap-tinylm-",
+                                                               dir=os.environ.get("TMPDIR", "/var/tmp"))
+    opt = tt.AdamW(param_groups(model), swap_dir=a.swap_dir or tmp.name, host_budget=a.host_budget,
+                   state_tier=a.state_tier, max_grad_norm=1.0, hooks=a.hooks or a.overlap,
+                   overlap=a.overlap)
+    n = sum(p.numel() for p in model.parameters())
+    print(f"tinylm: {n} parameters (bf16), AdamW state {opt._native.state_bytes() / 2**20:.1f} MiB "
+          f"on the {a.state_tier} tier under a {a.host_budget} host budget, "
+          f"{opt._native.subgroup_count()} sub-groups; swap {opt._native.rank_dirs()[0]}")
+    print(f"{'step':>4} {'loss':>8} {'tokens/s':>9} {'nvme read':>10} {'nvme written':>12} {'norm':>7}")
+
+    def log(step, loss, tps, r):
+        print(f"{step:4d} {loss:8.4f} {tps:9.0f} {r['nvme_bytes_read']:10d} "
+              f"{r['nvme_bytes_written']:12d} {r['grad_norm']:7.3f}", flush=True)
+
+    train_tierswap(model, opt, a.steps, log=log)
+    res = opt.residency()
+    print("\nresidency (bytes):")
+    print(f"{'tier':>6} {'resident':>12} {'capacity':>12}")
+    for row in res["tiers"]:
+        print(f"{row['tier']:>6} {row.get('resident_bytes', 0):12d} {row.get('capacity_bytes', 0):12d}")
+    opt.close()
+    if tmp:
+        tmp.cleanup()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,394 @@
+"""tierswap.torch against torch.optim on real torch: the small LM of tierswap.tinylm trained 30
+steps with state on NVMe under a host budget below the state, against the standard mixed-precision
+recipe; hook and overlapped hand-over bit-identical to step-time hand-over; save/load across
+processes; torch state dicts both ways; Adam/SGD/Lion against torch's or the paper's update; loss
+scaling; bad input."""
+
+import os
+import subprocess
+import sys
+import warnings
+
+import pytest
+import torch
+
+import tierswap.torch as tt
+from tierswap import tinylm
+from tierswap.deepspeed import map_config
+
+STEPS = 30
+BUDGET = "16MiB"  # the LM's AdamW state is ~38 MiB: streamed from NVMe every step
+
+
+def masters(opt):
+    return opt.state_dict()["master_params"]
+
+
+def ts_adamw(model, tmp_path, **kw):
+    kw.setdefault("host_budget", BUDGET)
+    kw.setdefault("state_tier", "nvme")
+    return tt.AdamW(tinylm.param_groups(model), swap_dir=str(tmp_path), max_grad_norm=1.0,
+                    telemetry=False, **kw)
+
+
+@pytest.fixture(scope="module")
+def reference():
+    losses, ms, _ = tinylm.train_reference(tinylm.make_model(), STEPS)
+    return losses, [m.detach().clone() for m in ms]
+
+
+@pytest.fixture(scope="module")
+def tierswap_run(tmp_path_factory):
+    model = tinylm.make_model()
+    opt = ts_adamw(model, tmp_path_factory.mktemp("run"))
+    losses = tinylm.train_tierswap(model, opt, STEPS)
+    out = losses, masters(opt), opt.last_step
+    opt.close()
+    return out
+
+
+def rel(a, b):
+    return ((a - b).norm() / b.norm()).item()
+
+
+def test_one_step_is_torchs_step_bit_for_bit(tmp_path):
+    """Three groups, accumulation over 2 micro-batches, clipping at 1.0: one step equals torch's
+    recipe bit for bit when torch sums the clip norm in fp64 as tierswap does, and is within 1e-6
+    (normwise, per tensor) of the recipe with torch's fp32 norm."""
+    model = tinylm.make_model()
+    opt = ts_adamw(model, tmp_path)
+    losses = tinylm.train_tierswap(model, opt, 1)
+    ms = masters(opt)
+    opt.close()
+    ref64_losses, ref64, _ = tinylm.train_reference(tinylm.make_model(), 1, norm="fp64")
+    _, ref32, _ = tinylm.train_reference(tinylm.make_model(), 1)
+    assert losses == ref64_losses
+    for i, m in ms.items():
+        assert torch.equal(m, ref64[i].detach()), f"parameter {i}"
+        assert rel(m, ref32[i].detach()) <= 1e-6, f"parameter {i}"
+
+
+def test_thirty_steps_track_the_mixed_precision_recipe(reference, tierswap_run):
+    """Over 30 steps the bf16 forward amplifies any last-bit difference, torch's own included:
+    the control is torch's recipe against itself with only the clip norm summed in fp64. tierswap
+    (state on NVMe under a budget below it) stays within 1e-3 of the recipe's losses, and its
+    masters no further from the recipe than the control's (within a factor of 2, per tensor
+    group norm over all parameters)."""
+    ref_losses, ref_masters = reference
+    losses, ms, last = tierswap_run
+    assert last["nvme_bytes_read"] > 0 and last["nvme_bytes_written"] > 0  # state on NVMe
+    for step, (a, b) in enumerate(zip(losses, ref_losses)):
+        assert abs(a - b) <= 1e-3 * abs(b), f"step {step}: loss {a} vs {b}"
+    _, control, _ = tinylm.train_reference(tinylm.make_model(), STEPS, norm="fp64")
+    ours = torch.cat([(ms[i] - r).flatten() for i, r in enumerate(ref_masters)]).norm()
+    theirs = torch.cat([(c.detach() - r).flatten() for c, r in zip(control, ref_masters)]).norm()
+    scale = torch.cat([r.flatten() for r in ref_masters]).norm()
+    assert ours <= 2 * theirs, f"tierswap drift {ours / scale}, torch's own {theirs / scale}"
+    assert losses[-1] < losses[0] - 1.0  # it learns
+
+
+@pytest.mark.parametrize("mode", ["hooks", "overlap"])
+def test_hooks_and_overlap_are_bit_identical_to_step_time_hand_over(tmp_path, mode, tierswap_run):
+    model = tinylm.make_model()
+    opt = ts_adamw(model, tmp_path, hooks=True, overlap=mode == "overlap")
+    losses = tinylm.train_tierswap(model, opt, STEPS)
+    ms = masters(opt)
+    base_losses, base, _ = tierswap_run
+    assert losses == base_losses
+    for i in base:
+        assert torch.equal(ms[i], base[i]), f"parameter {i}"
+    for p in model.parameters():
+        assert p.grad is None  # handed over and freed during the backward
+    if mode == "overlap":
+        assert opt.last_step["overlapped_subgroups"] > 0
+    opt.close()
+
+
+RESUME = r"""
+import sys, torch, tierswap.torch as tt
+from tierswap import tinylm
+model = tinylm.make_model(seed=123)  # other values: load() must overwrite them
+opt = tt.AdamW(tinylm.param_groups(model), swap_dir=sys.argv[1], host_budget="16MiB",
+               state_tier="nvme", max_grad_norm=1.0, telemetry=False)
+sched = torch.optim.lr_scheduler.LambdaLR(opt, tinylm.schedule(total=30))  # the base lr
+opt.load(sys.argv[2])
+assert opt.step_count == 10, opt.step_count
+for _ in range(10):
+    sched.step()
+tinylm.train_tierswap(model, opt, 30, start=10, sched=sched)
+torch.save(opt.state_dict()["master_params"], sys.argv[3])
+"""
+
+
+def test_save_then_load_in_a_fresh_process_is_bit_identical(tmp_path, tierswap_run):
+    # The first 10 steps of the 30-step run (its schedule), saved; the rest in a fresh process.
+    (tmp_path / "b").mkdir()
+    model = tinylm.make_model()
+    opt = ts_adamw(model, tmp_path / "b")
+    sched_losses = _train_prefix(model, opt, 10, STEPS)
+    opt.save(str(tmp_path / "ckpt"))
+    opt.close()
+    (tmp_path / "c").mkdir()
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path))
+    subprocess.run([sys.executable, "-c", RESUME, str(tmp_path / "c"), str(tmp_path / "ckpt"),
+                    str(tmp_path / "m.pt")], check=True, env=env)
+    resumed = torch.load(tmp_path / "m.pt")
+    base_losses, base, _ = tierswap_run
+    assert sched_losses == base_losses[:10]
+    for i in base:
+        assert torch.equal(resumed[i], base[i]), f"parameter {i}"
+
+
+def _train_prefix(model, opt, n, total):
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, tinylm.schedule(total=total))
+    losses = []
+    for step in range(n):
+        tot = 0.0
+        for x, y in tinylm.batches(step):
+            loss = tinylm.loss_of(model, x, y) / 2
+            loss.backward()
+            tot += loss.item()
+        opt.step()
+        opt.zero_grad()
+        sched.step()
+        losses.append(tot)
+    return losses
+
+
+def test_torch_state_dict_round_trips_both_ways(tmp_path):
+    # torch -> tierswap: the reference's state (and fp32 masters) load bit for bit.
+    model = tinylm.make_model()
+    _, ref_masters, ref_opt = tinylm.train_reference(model, 5)
+    sd = ref_opt.state_dict()
+    sd["master_params"] = {i: m.detach() for i, m in enumerate(ref_masters)}
+    ts = ts_adamw(tinylm.make_model(), tmp_path)
+    ts.load_state_dict(sd)
+    back = ts.state_dict()
+    assert ts.step_count == 5
+    for i, st in sd["state"].items():
+        for key in ("exp_avg", "exp_avg_sq"):
+            assert torch.equal(back["state"][i][key], st[key]), (i, key)
+        assert float(back["state"][i]["step"]) == float(st["step"])
+        assert torch.equal(back["master_params"][i], ref_masters[i].detach())
+    for g_back, g_ref in zip(back["param_groups"], sd["param_groups"]):
+        assert g_back["lr"] == g_ref["lr"] and g_back["weight_decay"] == g_ref["weight_decay"]
+    # tierswap -> torch: into torch.optim.AdamW over the exported masters, and back out equal.
+    fresh = [back["master_params"][i].clone().requires_grad_(True) for i in range(len(ref_masters))]
+    groups = [dict(params=[fresh[j] for j in g["params"]]) for g in back["param_groups"]]
+    t2 = torch.optim.AdamW(groups)
+    t2.load_state_dict(back)
+    sd2 = t2.state_dict()
+    for i, st in back["state"].items():
+        for key in ("exp_avg", "exp_avg_sq"):
+            assert torch.equal(sd2["state"][i][key], st[key])
+    ts.close()
+
+
+def test_scheduler_edits_reach_the_native_groups_and_fixed_keys_are_refused(tmp_path):
+    model = torch.nn.Linear(8, 4).to(torch.bfloat16)
+    opt = tt.AdamW(model.parameters(), lr=0.1, swap_dir=str(tmp_path), telemetry=False)
+    sched = torch.optim.lr_scheduler.StepLR(opt, step_size=1, gamma=0.5)
+    for p in model.parameters():
+        p.grad = torch.ones_like(p)
+    opt.step()
+    sched.step()
+    opt.step()
+    assert opt._native.group(0)["lr"] == pytest.approx(0.05)
+    opt.param_groups[0]["betas"] = (0.8, 0.9)
+    opt.step()
+    assert opt._native.group(0)["beta1"] == pytest.approx(0.8)
+    opt.param_groups[0]["amsgrad"] = True
+    with pytest.raises(ValueError, match="amsgrad"):
+        opt.step()
+    opt.param_groups[0]["amsgrad"] = False
+    opt.param_groups[0]["params"] = opt.param_groups[0]["params"][:1]
+    with pytest.raises(RuntimeError, match="changed after construction"):
+        opt.step()
+    opt.close()
+
+
+def test_a_missing_gradient_counts_as_zero(tmp_path):
+    outs = []
+    for i, explicit in enumerate((False, True)):
+        torch.manual_seed(0)
+        model = torch.nn.Linear(16, 8).to(torch.bfloat16)
+        opt = tt.AdamW(model.parameters(), swap_dir=str(tmp_path), telemetry=False)
+        model.weight.grad = torch.full_like(model.weight, 0.5)
+        model.bias.grad = torch.zeros_like(model.bias) if explicit else None
+        opt.step()
+        outs.append(masters(opt))
+        opt.close()
+    for i in outs[0]:
+        assert torch.equal(outs[0][i], outs[1][i])
+
+
+def _compare_with_torch(tmp_path, ts_cls, torch_cls, steps=4, **hyper):
+    torch.manual_seed(0)
+    model = torch.nn.Linear(33, 17).to(torch.bfloat16)
+    ref = [p.detach().float().clone().requires_grad_(True) for p in model.parameters()]
+    opt = ts_cls(model.parameters(), swap_dir=str(tmp_path), telemetry=False, **hyper)
+    ropt = torch_cls(ref, **hyper) if torch_cls else None
+    grads = []
+    for _ in range(steps):
+        gs = [torch.randn(p.shape).to(torch.bfloat16) for p in model.parameters()]
+        grads.append(gs)
+        for p, g in zip(model.parameters(), gs):
+            p.grad = g.clone()
+        opt.step()
+        if ropt:
+            for r, g in zip(ref, gs):
+                r.grad = g.float()
+            ropt.step()
+    out = masters(opt)
+    opt.close()
+    return out, ref, grads
+
+
+@pytest.mark.parametrize("name,hyper", [
+    ("Adam", dict(lr=1e-2, weight_decay=0.1)),
+    ("Adam", dict(lr=1e-2, amsgrad=True)),
+    ("AdamW", dict(lr=1e-2, weight_decay=0.1, maximize=True)),
+    ("SGD", dict(lr=0.1, momentum=0.9, weight_decay=0.01)),
+    ("SGD", dict(lr=0.1, momentum=0.9, nesterov=True)),
+    ("SGD", dict(lr=0.1)),
+])
+def test_kinds_follow_torch(tmp_path, name, hyper):
+    out, ref, _ = _compare_with_torch(tmp_path, getattr(tt, name), getattr(torch.optim, name),
+                                      **hyper)
+    for i, r in enumerate(ref):
+        rel = ((out[i] - r.detach()).norm() / r.detach().norm()).item()
+        assert rel <= 1e-6, (name, hyper, i, rel)
+
+
+def test_lion_follows_the_paper(tmp_path):
+    lr, b1, b2, wd = 1e-3, 0.9, 0.99, 0.1
+    out, ref, grads = _compare_with_torch(tmp_path, tt.Lion, None, lr=lr, betas=(b1, b2),
+                                          weight_decay=wd)
+    params = [r.detach().clone() for r in ref]
+    m = [torch.zeros_like(p) for p in params]
+    for gs in grads:
+        for i, g in enumerate(gs):
+            g = g.float()
+            update = (b1 * m[i] + (1 - b1) * g).sign()
+            params[i] = params[i] * (1 - lr * wd) - lr * update
+            m[i] = b2 * m[i] + (1 - b2) * g
+    for i, p in enumerate(params):
+        assert ((out[i] - p).norm() / p.norm()).item() <= 1e-6
+
+
+def test_dynamic_loss_scaling_skips_an_overflowing_step(tmp_path):
+    model = torch.nn.Linear(8, 8).to(torch.float16)
+    opt = tt.AdamW(model.parameters(), swap_dir=str(tmp_path), telemetry=False,
+                   loss_scale="dynamic", init_scale=1024.0, growth_interval=2)
+    assert opt.loss_scale == 1024.0
+    before = masters(opt)
+    for p in model.parameters():
+        p.grad = torch.full_like(p, float("inf"))
+    opt.step()
+    assert opt.last_step["skipped"]
+    assert opt.loss_scale == 512.0
+    after = masters(opt)
+    assert all(torch.equal(before[i], after[i]) for i in before)
+    for p in model.parameters():
+        p.grad = torch.full_like(p, 512.0 * 1e-3)
+    opt.step()
+    assert not opt.last_step["skipped"]
+    assert opt.grad_norm == pytest.approx(1e-3 * (8 * 8 + 8) ** 0.5, rel=1e-3)
+    opt.close()
+
+
+def test_bad_input_raises_naming_the_culprit(tmp_path):
+    lin = torch.nn.Linear(4, 4).to(torch.bfloat16)
+    sd = str(tmp_path)
+    with pytest.raises(TypeError, match="float32"):
+        tt.AdamW(torch.nn.Linear(4, 4).parameters(), swap_dir=sd)
+    with pytest.raises(TypeError, match="sparse"):
+        tt.AdamW([torch.zeros(4, 4, dtype=torch.bfloat16).to_sparse().requires_grad_()],
+                 swap_dir=sd)
+    with pytest.raises(ValueError, match="contiguous"):
+        tt.AdamW([torch.zeros(4, 6, dtype=torch.bfloat16).t().requires_grad_()], swap_dir=sd)
+    with pytest.raises(ValueError, match="meta"):
+        tt.AdamW([torch.zeros(4, dtype=torch.bfloat16, device="meta").requires_grad_()],
+                 swap_dir=sd)
+    with pytest.raises(ValueError, match="more than one|twice"):
+        tt.AdamW([{"params": [lin.weight]}, {"params": [lin.weight]}], swap_dir=sd)
+    with pytest.raises(TypeError, match="unknown keyword argument 'swapdir'"):
+        tt.AdamW(lin.parameters(), swapdir=sd)
+    (tmp_path / "f").write_text("x")
+    with pytest.raises(ValueError, match="is a file"):
+        tt.AdamW(lin.parameters(), swap_dir=str(tmp_path / "f"))
+    with pytest.raises(ValueError, match="does not exist"):
+        tt.AdamW(lin.parameters(), swap_dir=str(tmp_path / "nope"))
+    with pytest.raises(ValueError, match="host_budget"):  # the native check, as a Python error
+        tt.AdamW(lin.parameters(), swap_dir=sd, host_budget=100)
+    with pytest.raises(ValueError, match="state_tier"):
+        tt.AdamW(lin.parameters(), swap_dir=sd, state_tier="disk")
+    with pytest.raises(ValueError, match="hooks"):
+        tt.AdamW(lin.parameters(), swap_dir=sd, overlap=True)
+    opt = tt.AdamW(lin.parameters(), swap_dir=sd, telemetry=False)
+    with pytest.raises(ValueError, match="group option 'lr'|lr"):
+        opt.param_groups[0]["lr"] = -1.0
+        lin.weight.grad = torch.zeros_like(lin.weight)
+        opt.step()
+    opt.param_groups[0]["lr"] = 1e-3
+    lin.weight.grad = None
+    with pytest.raises(RuntimeError, match="constructor"):
+        opt.add_param_group({"params": [torch.zeros(2, dtype=torch.bfloat16, requires_grad=True)]})
+    bad = opt.state_dict()
+    bad["state"][0]["exp_avg"] = torch.zeros(5)
+    with pytest.raises(ValueError, match="exp_avg"):
+        opt.load_state_dict(bad)
+    opt.close()
+
+
+def test_residency_and_telemetry_are_on_by_default(tmp_path):
+    lin = torch.nn.Linear(64, 64).to(torch.bfloat16)
+    opt = tt.AdamW(lin.parameters(), swap_dir=str(tmp_path))
+    sock = opt._native.telemetry_socket()
+    assert sock and os.path.exists(sock)
+    for p in lin.parameters():
+        p.grad = torch.ones_like(p)
+    opt.step()
+    res = opt.residency()
+    assert {c["class"] for c in res["classes"]} >= {"master", "exp_avg", "exp_avg_sq"}
+    opt.close()
+    assert not os.listdir(tmp_path)  # the swap files are gone
+
+
+def test_deepspeed_config_maps_and_names_what_it_ignores(tmp_path):
+    cfg = {
+        "train_batch_size": 8,
+        "optimizer": {"type": "Adam", "params": {"lr": 2e-4, "betas": [0.9, 0.95],
+                                                 "weight_decay": 0.1, "torch_adam": True}},
+        "zero_optimization": {"stage": 3, "offload_optimizer": {
+            "device": "nvme", "nvme_path": str(tmp_path), "pin_memory": True,
+            "buffer_count": 4, "buffer_size": 1e6, "ratio": 0.3}},
+        "aio": {"block_size": 1048576, "queue_depth": 16, "single_submit": False},
+        "gradient_clipping": 1.0,
+        "fp16": {"enabled": True, "loss_scale": 0, "initial_scale_power": 12,
+                 "loss_scale_window": 500, "hysteresis": 2},
+    }
+    with warnings.catch_warnings(record=True) as w:
+        warnings.simplefilter("always")
+        kind, kw = map_config(cfg)
+    text = " ".join(str(x.message) for x in w)
+    for key in ("train_batch_size", "torch_adam", "ratio", "single_submit", "fp16.hysteresis"):
+        assert key in text, key
+    assert "TIERSWAP_QUEUE_DEPTH" in text
+    assert kind == "adamw"
+    assert kw["lr"] == 2e-4 and kw["betas"] == (0.9, 0.95) and kw["max_grad_norm"] == 1.0
+    assert kw["state_tier"] == "nvme" and kw["swap_dir"] == str(tmp_path)
+    assert kw["loss_scale"] == "dynamic" and kw["init_scale"] == 4096.0
+    assert kw["growth_interval"] == 500
+    lin = torch.nn.Linear(4, 4).to(torch.float16)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        opt = tt.from_deepspeed_config(lin.parameters(), cfg, telemetry=False)
+    assert isinstance(opt, tt.AdamW) and opt.loss_scale == 4096.0
+    opt.close()
+    cfg["optimizer"]["params"]["adam_w_mode"] = False
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        assert map_config(cfg)[0] == "adam"
+    with pytest.raises(ValueError, match="OneBitAdam"):
+        map_config({"optimizer": {"type": "OneBitAdam"}})

@@ -392,3 +392,26 @@ def test_deepspeed_config_maps_and_names_what_it_ignores(tmp_path):
         assert map_config(cfg)[0] == "adam"
     with pytest.raises(ValueError, match="OneBitAdam"):
         map_config({"optimizer": {"type": "OneBitAdam"}})
+
+
+def test_the_main_job_prints_steps_and_the_residency_table(capsys, monkeypatch, tmp_path):
+    monkeypatch.setenv("TMPDIR", str(tmp_path))
+    assert tinylm.main(["--steps", "3"]) == 0
+    out = capsys.readouterr().out
+    rows = [line.split() for line in out.splitlines() if line.strip()[:1].isdigit()]
+    steps = [r for r in rows if len(r) == 6]
+    assert [int(r[0]) for r in steps] == [0, 1, 2]
+    assert all(int(r[3]) > 0 and int(r[4]) > 0 for r in steps[1:])  # NVMe read and written
+    assert "residency" in out and " nvme " in out
+    assert not os.listdir(tmp_path)  # the temporary swap directory is gone
+
+
+def test_deepspeed_module_prints_the_mapping(tmp_path, capsys):
+    from tierswap import deepspeed
+    cfg = tmp_path / "ds.json"
+    cfg.write_text('{"optimizer": {"type": "AdamW", "params": {"lr": 1e-4}}, "bf16": {"enabled": true}}')
+    assert deepspeed.main([str(cfg)]) == 0
+    assert '"optimizer": "adamw"' in capsys.readouterr().out
+    (tmp_path / "bad.json").write_text("{not json")
+    with pytest.raises(ValueError, match="bad.json: not valid JSON"):
+        deepspeed.main([str(tmp_path / "bad.json")])

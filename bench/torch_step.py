@@ -1,0 +1,160 @@
+"""tierswap.torch's step from Python, against torch.optim and against the C++ `bench step`.
+
+What it measures (medians of alternating repetitions in one run; figures go to bench/RESULTS.md):
+  torch     AdamW step at --params parameters with host-resident state: tierswap.torch.AdamW's
+            opt.step() (gradient hand-over of bf16 p.grad, the fused step, the new bf16 values
+            written into p) against torch.optim.AdamW(foreach=True) on fp32 parameters with fp32
+            gradients (the CPU recipe torch offers), same thread count.
+  overhead  the Python layer's cost: tierswap.torch's opt.step() wall time against the time the
+            native step reports for itself (StepResult.seconds) in the same call, and against
+            `tierswap bench step` (C++, same parameters, host budget, sub-group and threads, state
+            on NVMe) run alternately as a subprocess.
+  tinylm    tokens/s of tierswap.tinylm: tierswap (host state, NVMe state) against the
+            torch.optim.AdamW mixed-precision recipe.
+
+    PYTHONPATH=build/python /usr/bin/python3 bench/torch_step.py torch --params 256M --reps 5
+    PYTHONPATH=build/python /usr/bin/python3 bench/torch_step.py overhead --params 64M
+    PYTHONPATH=build/python /usr/bin/python3 bench/torch_step.py tinylm
+"""
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+import torch
+
+import tierswap
+import tierswap.torch as tt
+from tierswap import tinylm
+
+TENSOR = 16 << 20  # elements per tensor of the synthetic model
+
+
+def shapes(n):
+    out, left = [], n
+    while left > 0:
+        k = min(TENSOR, left)
+        out.append(k)
+        left -= k
+    return out
+
+
+def ts_model(n):
+    params = [torch.empty(k, dtype=torch.bfloat16).uniform_(-0.02, 0.02).requires_grad_()
+              for k in shapes(n)]
+    for p in params:
+        p.grad = torch.empty_like(p).normal_(0, 1e-3)
+    return params
+
+
+def bench_torch(a):
+    n = tierswap.parse_size(a.params)
+    torch.set_num_threads(a.threads)
+    tmp = tempfile.mkdtemp(prefix="tierswap-bench-", dir=a.dir)
+    ps = ts_model(n)
+    ts = tt.AdamW(ps, swap_dir=tmp, state_tier="host", host_budget=a.host_budget,
+                  threads=a.threads, telemetry=False)
+    fp = [p.detach().float().requires_grad_() for p in ps]
+    for q, p in zip(fp, ps):
+        q.grad = p.grad.float()
+    ref = torch.optim.AdamW(fp, foreach=True)
+    ref.step()  # state allocated outside the timing, as tierswap's is at construction
+    ts.step()
+    t_ts, t_ref = [], []
+    for _ in range(a.reps):
+        t0 = time.perf_counter()
+        ts.step()
+        t_ts.append(time.perf_counter() - t0)
+        t0 = time.perf_counter()
+        ref.step()
+        t_ref.append(time.perf_counter() - t0)
+    ts.close()
+    out = {"params": n, "threads": a.threads, "tierswap_step_s": statistics.median(t_ts),
+           "torch_foreach_step_s": statistics.median(t_ref), "runs_tierswap": t_ts,
+           "runs_torch": t_ref}
+    out["speedup"] = out["torch_foreach_step_s"] / out["tierswap_step_s"]
+    return out
+
+
+def cpp_bench_step(a, n):
+    cmd = [a.cli, "bench", "step", "--params", str(n), "--host-budget", a.host_budget,
+           "--sub-group", a.sub_group, "--threads", str(a.threads), "--runs", "1", "--json"]
+    if a.dir:
+        cmd += ["--dir", a.dir]
+    r = json.loads(subprocess.run(cmd, check=True, capture_output=True, text=True).stdout)
+    return r["step_s"]
+
+
+def bench_overhead(a):
+    n = tierswap.parse_size(a.params)
+    torch.set_num_threads(a.threads)
+    tmp = tempfile.mkdtemp(prefix="tierswap-bench-", dir=a.dir)
+    ps = ts_model(n)
+    ts = tt.AdamW(ps, lr=1e-3, swap_dir=tmp, state_tier="nvme", host_budget=a.host_budget,
+                  subgroup_size=a.sub_group, threads=a.threads, telemetry=False)
+    ts.step()
+    wall, native, cpp = [], [], []
+    for _ in range(a.reps):
+        t0 = time.perf_counter()
+        ts.step()
+        wall.append(time.perf_counter() - t0)
+        native.append(ts.last_step["seconds"])
+        cpp.append(cpp_bench_step(a, n))
+    ts.close()
+    out = {"params": n, "host_budget": a.host_budget, "sub_group": a.sub_group,
+           "threads": a.threads, "python_step_s": statistics.median(wall),
+           "native_step_s": statistics.median(native), "cpp_bench_step_s": statistics.median(cpp),
+           "runs_python": wall, "runs_native": native, "runs_cpp": cpp}
+    out["python_over_native"] = out["python_step_s"] / out["native_step_s"]
+    out["python_over_cpp_bench"] = out["python_step_s"] / out["cpp_bench_step_s"]
+    return out
+
+
+def bench_tinylm(a):
+    torch.set_num_threads(a.threads)
+    steps = a.steps
+    rates = {"tierswap_host": [], "tierswap_nvme": [], "torch_adamw": []}
+    tokens = steps * sum(x.numel() for x, _ in tinylm.batches(0))
+    for _ in range(a.reps):
+        for tier in ("host", "nvme"):
+            model = tinylm.make_model()
+            with tempfile.TemporaryDirectory(dir=a.dir) as d:
+                opt = tt.AdamW(tinylm.param_groups(model), swap_dir=d, state_tier=tier,
+                               host_budget="16MiB" if tier == "nvme" else "256MiB",
+                               max_grad_norm=1.0, threads=a.threads, telemetry=False)
+                t0 = time.perf_counter()
+                tinylm.train_tierswap(model, opt, steps)
+                rates[f"tierswap_{tier}"].append(tokens / (time.perf_counter() - t0))
+                opt.close()
+        t0 = time.perf_counter()
+        tinylm.train_reference(tinylm.make_model(), steps)
+        rates["torch_adamw"].append(tokens / (time.perf_counter() - t0))
+    out = {k + "_tokens_per_s": statistics.median(v) for k, v in rates.items()}
+    out.update(steps=steps, threads=a.threads, runs=rates)
+    return out
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("what", choices=("torch", "overhead", "tinylm"))
+    ap.add_argument("--params", default="256M")
+    ap.add_argument("--host-budget", default="6GiB")
+    ap.add_argument("--sub-group", default="8M")
+    ap.add_argument("--threads", type=int, default=os.cpu_count())
+    ap.add_argument("--reps", type=int, default=5)
+    ap.add_argument("--steps", type=int, default=10)
+    ap.add_argument("--dir", default=os.environ.get("TMPDIR", "/var/tmp"))
+    ap.add_argument("--cli", default=os.path.join(os.path.dirname(__file__), "..", "build",
+                                                  "tierswap"))
+    a = ap.parse_args()
+    fn = {"torch": bench_torch, "overhead": bench_overhead, "tinylm": bench_tinylm}[a.what]
+    print(json.dumps(fn(a), indent=2))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -4,7 +4,9 @@ What it measures (medians of alternating repetitions in one run; figures go to b
   torch     AdamW step at --params parameters with host-resident state: tierswap.torch.AdamW's
             opt.step() (gradient hand-over of bf16 p.grad, the fused step, the new bf16 values
             written into p) against torch.optim.AdamW(foreach=True) on fp32 parameters with fp32
-            gradients (the CPU recipe torch offers), same thread count.
+            gradients (the CPU recipe torch offers), same thread count. Default: tierswap's host
+            state is also committed to NVMe each step (crash consistency); --memory-only keeps
+            it in memory only, as torch's (equal terms).
   overhead  the Python layer's cost: tierswap.torch's opt.step() wall time against the time the
             native step reports for itself (StepResult.seconds) in the same call, and against
             `tierswap bench step` (C++, same parameters, host budget, sub-group and threads, state
@@ -58,23 +60,26 @@ def bench_torch(a):
     tmp = tempfile.mkdtemp(prefix="tierswap-bench-", dir=a.dir)
     ps = ts_model(n)
     ts = tt.AdamW(ps, swap_dir=tmp, state_tier="host", host_budget=a.host_budget,
-                  threads=a.threads, telemetry=False)
+                  threads=a.threads, telemetry=False, persist_resident_state=not a.memory_only)
     fp = [p.detach().float().requires_grad_() for p in ps]
     for q, p in zip(fp, ps):
         q.grad = p.grad.float()
     ref = torch.optim.AdamW(fp, foreach=True)
     ref.step()  # state allocated outside the timing, as tierswap's is at construction
     ts.step()
-    t_ts, t_ref = [], []
+    t_ts, t_ref, t_native = [], [], []
     for _ in range(a.reps):
         t0 = time.perf_counter()
         ts.step()
         t_ts.append(time.perf_counter() - t0)
+        t_native.append(ts.last_step["seconds"])
         t0 = time.perf_counter()
         ref.step()
         t_ref.append(time.perf_counter() - t0)
     ts.close()
-    out = {"params": n, "threads": a.threads, "tierswap_step_s": statistics.median(t_ts),
+    out = {"params": n, "threads": a.threads, "memory_only": a.memory_only,
+           "tierswap_step_s": statistics.median(t_ts),
+           "tierswap_native_step_s": statistics.median(t_native),
            "torch_foreach_step_s": statistics.median(t_ref), "runs_tierswap": t_ts,
            "runs_torch": t_ref}
     out["speedup"] = out["torch_foreach_step_s"] / out["tierswap_step_s"]
@@ -148,6 +153,8 @@ def main():
     ap.add_argument("--threads", type=int, default=os.cpu_count())
     ap.add_argument("--reps", type=int, default=5)
     ap.add_argument("--steps", type=int, default=10)
+    ap.add_argument("--memory-only", action="store_true",
+                    help="torch: host state kept in memory only (persist_resident_state=False)")
     ap.add_argument("--dir", default=os.environ.get("TMPDIR", "/var/tmp"))
     ap.add_argument("--cli", default=os.path.join(os.path.dirname(__file__), "..", "build",
                                                   "tierswap"))

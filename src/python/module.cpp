@@ -95,14 +95,89 @@ py::dict step_dict(const StepResult& r) {
   return d;
 }
 
+// A Communicator implemented in Python (tierswap.distributed.TorchCommunicator over a
+// torch.distributed process group). Buffers cross as writable memoryviews of host memory; the
+// GIL is taken for each collective (the optimizer calls them with it released).
+class PyCommunicator : public Communicator {
+ public:
+  int rank() const noexcept override { return cached(rank_, "rank"); }
+  int size() const noexcept override { return cached(size_, "size"); }
+  std::string_view name() const noexcept override { return "torch.distributed"; }
+
+  void reduce_scatter(const void* send, void* recv, std::span<const std::size_t> counts,
+                      Dtype dtype) override {
+    std::size_t total = 0, off = 0;
+    for (std::size_t r = 0; r < counts.size(); ++r) {
+      if (static_cast<int>(r) < rank()) off += counts[r];
+      total += counts[r];
+    }
+    const std::size_t es = dtype_size(dtype);
+    py::gil_scoped_acquire gil;
+    call("reduce_scatter", view(const_cast<void*>(send), total * es),
+         view(recv, counts[rank()] * es), std::vector<std::size_t>(counts.begin(), counts.end()),
+         std::string(to_string(dtype)), off);
+  }
+  void all_gather_v(void* buf, std::span<const std::size_t> counts,
+                    std::span<const std::size_t> displs, Dtype dtype) override {
+    std::size_t end = 0;
+    for (std::size_t r = 0; r < counts.size(); ++r) end = std::max(end, displs[r] + counts[r]);
+    py::gil_scoped_acquire gil;
+    call("all_gather_v", view(buf, end * dtype_size(dtype)),
+         std::vector<std::size_t>(counts.begin(), counts.end()),
+         std::vector<std::size_t>(displs.begin(), displs.end()), std::string(to_string(dtype)));
+  }
+  void all_reduce_sum(double* data, std::size_t n) override {
+    py::gil_scoped_acquire gil;
+    call("all_reduce_sum", view(data, n * sizeof(double)));
+  }
+  bool all_reduce_or(bool flag) override {
+    py::gil_scoped_acquire gil;
+    return call("all_reduce_or", flag).cast<bool>();
+  }
+  void broadcast(void* data, std::size_t bytes, int root) override {
+    py::gil_scoped_acquire gil;
+    call("broadcast", view(data, bytes), root);
+  }
+  void barrier() override {
+    py::gil_scoped_acquire gil;
+    call("barrier");
+  }
+
+ private:
+  static py::memoryview view(void* p, std::size_t bytes) {
+    return py::memoryview::from_memory(p, static_cast<py::ssize_t>(bytes), false);
+  }
+  template <class... A>
+  py::object call(const char* what, A&&... args) {
+    py::function f = py::get_override(static_cast<const Communicator*>(this), what);
+    if (!f) throw std::logic_error(fmt::format("communicator: '{}' is not implemented", what));
+    return f(std::forward<A>(args)...);
+  }
+  // rank() and size() are noexcept: asked of Python once, then cached.
+  int cached(int& slot, const char* what) const noexcept {
+    if (slot < 0) {
+      try {
+        py::gil_scoped_acquire gil;
+        py::function f = py::get_override(static_cast<const Communicator*>(this), what);
+        slot = f ? f().cast<int>() : 0;
+      } catch (...) {
+        slot = 0;
+      }
+    }
+    return slot;
+  }
+  mutable int rank_ = -1, size_ = -1;
+};
+
 class PyOptimizer {
  public:
   PyOptimizer(std::vector<std::string> swap_dirs, std::uint64_t host_budget,
-              std::string communicator, unsigned threads, const std::string& optimizer_json,
+              std::string communicator, std::shared_ptr<Communicator> comm, unsigned threads, const std::string& optimizer_json,
               const std::string& tiers_json, bool keep_swap_files, std::uint64_t swap_capacity,
               std::uint64_t subgroup_size)
-      : t_(options(std::move(swap_dirs), host_budget, std::move(communicator), threads,
-                   optimizer_json, tiers_json, keep_swap_files, swap_capacity, subgroup_size)) {}
+      : t_(options(std::move(swap_dirs), host_budget, std::move(communicator), std::move(comm),
+                   threads, optimizer_json, tiers_json, keep_swap_files, swap_capacity,
+                   subgroup_size)) {}
 
   TieredOptimizer& t() {
     if (closed_) throw std::logic_error("the tierswap optimizer was closed");
@@ -173,13 +248,15 @@ class PyOptimizer {
 
  private:
   static TieredOptions options(std::vector<std::string> dirs, std::uint64_t budget,
-                               std::string comm, unsigned threads, const std::string& oj,
+                               std::string comm, std::shared_ptr<Communicator> custom,
+                               unsigned threads, const std::string& oj,
                                const std::string& tj, bool keep, std::uint64_t capacity,
                                std::uint64_t subgroup) {
     TieredOptions o;
     for (auto& d : dirs) o.swap_dirs.emplace_back(std::move(d));
     o.host_budget = budget;
     o.communicator = std::move(comm);
+    o.comm = std::move(custom);
     o.threads = threads;
     o.optimizer = OptimizerConfig::from_json(oj);
     o.optimizer.subgroup_size = subgroup;  // 0: chosen from the host budget
@@ -197,12 +274,17 @@ class PyOptimizer {
 
 PYBIND11_MODULE(_tierswap, m) {
   m.doc() = "tierswap's native layer (use tierswap.torch)";
+  py::class_<Communicator, PyCommunicator, std::shared_ptr<Communicator>>(m, "Communicator")
+      .def(py::init<>())
+      .def("rank", &Communicator::rank)
+      .def("size", &Communicator::size);
   py::class_<PyOptimizer>(m, "Optimizer")
-      .def(py::init<std::vector<std::string>, std::uint64_t, std::string, unsigned,
+      .def(py::init<std::vector<std::string>, std::uint64_t, std::string,
+                    std::shared_ptr<Communicator>, unsigned,
                     const std::string&, const std::string&, bool, std::uint64_t,
                     std::uint64_t>(),
            py::arg("swap_dirs"), py::arg("host_budget"), py::arg("communicator"),
-           py::arg("threads"), py::arg("optimizer_json"), py::arg("tiers_json"),
+           py::arg("comm"), py::arg("threads"), py::arg("optimizer_json"), py::arg("tiers_json"),
            py::arg("keep_swap_files"), py::arg("swap_capacity"), py::arg("subgroup_size"))
       .def("add_group",
            [](PyOptimizer& s, const std::string& kind, const py::dict& h, std::string name) {

@@ -415,3 +415,65 @@ def test_deepspeed_module_prints_the_mapping(tmp_path, capsys):
     (tmp_path / "bad.json").write_text("{not json")
     with pytest.raises(ValueError, match="bad.json: not valid JSON"):
         deepspeed.main([str(tmp_path / "bad.json")])
+
+
+RANK = r"""
+import sys, torch, torch.distributed as dist, tierswap.torch as tt
+rank, world, sources, port, out, swap = (int(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3]),
+                                         sys.argv[4], sys.argv[5], sys.argv[6])
+if world > 1:
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
+                            world_size=world)
+gen = torch.Generator().manual_seed(7)
+params = [(torch.rand(n, generator=gen) - 0.5).to(torch.bfloat16).requires_grad_()
+          for n in (50001, 12345, 7, 9000, 3, 20000)]
+
+def grad(i, r, step):  # multiples of 2^-10 of magnitude <= 16: sums over <= 3 ranks are exact
+    k = torch.arange(params[i].numel())
+    return (((k * 7 + r * 13 + step * 5 + i) % 33) - 16).float() * 2.0 ** -10
+
+opt = tt.AdamW([{"params": params[:3]}, {"params": params[3:], "weight_decay": 0.0, "lr": 3e-3}],
+               lr=1e-2, swap_dir=swap, host_budget="8MiB", state_tier="nvme",
+               max_grad_norm=0.5, subgroup_size=8192, telemetry=False)
+assert opt._native.world() == world
+for step in range(4):
+    for i, p in enumerate(params):
+        mine = [rank] if world > 1 else range(sources)
+        p.grad = sum(grad(i, r, step) for r in mine).to(torch.bfloat16)
+    opt.step()
+sd = opt.state_dict()  # collective: every rank calls it
+if rank == 0:
+    torch.save({"masters": sd["master_params"], "state": sd["state"],
+                "params": [p.detach().clone() for p in params]}, out)
+"""
+
+
+def _free_port():
+    import socket
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.mark.parametrize("world", [2, 3])
+def test_gloo_ranks_are_bit_identical_to_one_rank(tmp_path, world):
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path), OMP_NUM_THREADS="1")
+    (tmp_path / "one").mkdir()
+    subprocess.run([sys.executable, "-c", RANK, "0", "1", str(world), "0", str(tmp_path / "one.pt"),
+                    str(tmp_path / "one")], check=True, env=env, timeout=300)
+    port = str(_free_port())
+    procs = []
+    for r in range(world):
+        (tmp_path / f"r{r}").mkdir()
+        procs.append(subprocess.Popen([sys.executable, "-c", RANK, str(r), str(world), str(world),
+                                       port, str(tmp_path / "many.pt"), str(tmp_path / f"r{r}")],
+                                      env=env))
+    for p in procs:
+        assert p.wait(timeout=300) == 0
+    one, many = torch.load(tmp_path / "one.pt"), torch.load(tmp_path / "many.pt")
+    for i in one["masters"]:
+        assert torch.equal(one["masters"][i], many["masters"][i]), f"master {i}"
+        for key in ("exp_avg", "exp_avg_sq"):
+            assert torch.equal(one["state"][i][key], many["state"][i][key]), f"{key} {i}"
+    for a, b in zip(one["params"], many["params"]):
+        assert torch.equal(a, b)

@@ -30,8 +30,19 @@ Tier keywords (all optional; the defaults work untuned):
   accumulate_fp32 gradient accumulation in fp32 (else in the parameters' 16-bit dtype)
   telemetry       serve `tierswap ps` / `tierswap residency PID` (default on)
   hooks           hand each gradient over as soon as the backward accumulated it (frees p.grad)
-  threads         CPU kernel threads (default: all); communicator: "auto" | "single" | "mpi"
+  threads         CPU kernel threads (default: all)
+  communicator    "auto" (torch.distributed's world when initialized with > 1 rank, else MPI
+                  under mpirun, else one process), "torch", "single", "mpi", or a
+                  tierswap.distributed.TorchCommunicator(group)
   keep_swap_files keep the swap files at close() (default: removed)
+  persist_resident_state  host-resident state is also committed to NVMe every step (default:
+                  crash-consistent, exact rollback); False keeps it in memory only (no NVMe I/O
+                  for it, as torch.optim's state; save() is then its durability)
+
+Distributed: with torch.distributed initialized, every rank constructs the optimizer over the same
+parameters; each owns 1/world of the state, hands over its local gradients (summed over ranks:
+scale the loss by 1/world for a mean) and gets the whole model's new values after each step.
+state_dict(), save() and load() are collective (every rank calls them).
 
 Errors: bad input raises TypeError / ValueError naming the parameter or option; a native error is
 a RuntimeError (or ValueError) with its message.
@@ -48,6 +59,7 @@ import torch
 from torch.optim import Optimizer
 
 from . import _tierswap, parse_size
+from .distributed import default_communicator
 
 __all__ = ["AdamW", "Adam", "SGD", "Lion", "from_deepspeed_config"]
 
@@ -72,7 +84,7 @@ class _TieredOptimizer(Optimizer):
                  loss_scale=None, init_scale=65536.0, growth_factor=2.0, backoff_factor=0.5,
                  growth_interval=2000, bf16_moments=False, accumulate_fp32=False, telemetry=True,
                  hooks=False, threads=None, communicator="auto", keep_swap_files=False,
-                 swap_capacity=None):
+                 swap_capacity=None, persist_resident_state=True):
         self._native = None
         if overlap and not hooks:
             raise ValueError("overlap=True steps sub-groups during the backward: it needs hooks=True")
@@ -84,6 +96,7 @@ class _TieredOptimizer(Optimizer):
             "max_grad_norm": _nonneg("max_grad_norm", max_grad_norm),
             "bf16_moments": bool(bf16_moments),
             "accumulate_fp32": bool(accumulate_fp32),
+            "persist_resident_state": bool(persist_resident_state),
             "loss_scaler": _scaler(loss_scale, init_scale, growth_factor, backoff_factor,
                                    growth_interval),
         }
@@ -91,8 +104,10 @@ class _TieredOptimizer(Optimizer):
             opt_cfg["plan"] = os.fspath(plan)
         dirs, self._tmpdir = _swap_dirs(swap_dir)
         tier_cfg = {"telemetry": bool(telemetry), "device_mode": "off"}
+        self._comm = default_communicator(communicator)  # kept alive beside the native side
         self._native = _tierswap.Optimizer(
-            dirs, 0 if host_budget is None else parse_size(host_budget), str(communicator),
+            dirs, 0 if host_budget is None else parse_size(host_budget),
+            "single" if self._comm is not None else str(communicator), self._comm,
             0 if threads is None else int(threads), json.dumps(opt_cfg), json.dumps(tier_cfg),
             bool(keep_swap_files), 0 if swap_capacity is None else parse_size(swap_capacity),
             0 if subgroup_size is None else parse_size(subgroup_size))
@@ -496,7 +511,8 @@ class Lion(_TieredOptimizer):
 _TIER_KEYWORDS = {"swap_dir", "host_budget", "state_tier", "subgroup_size", "overlap", "plan",
                   "max_grad_norm", "loss_scale", "init_scale", "growth_factor", "backoff_factor",
                   "growth_interval", "bf16_moments", "accumulate_fp32", "telemetry", "hooks",
-                  "threads", "communicator", "keep_swap_files", "swap_capacity"}
+                  "threads", "communicator", "keep_swap_files", "swap_capacity",
+                  "persist_resident_state"}
 # torch.optim implementation switches: accepted and ignored (tierswap has one implementation).
 _TORCH_SWITCHES = {"foreach", "fused", "capturable", "differentiable"}
 

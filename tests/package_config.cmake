@@ -20,3 +20,12 @@ execute_process(COMMAND ${cbuild}/consumer RESULT_VARIABLE rc OUTPUT_VARIABLE ou
 if(NOT rc EQUAL 0 OR NOT out MATCHES "consumer ok")
   message(FATAL_ERROR "consumer failed: ${rc} ${out}")
 endif()
+# The Python package, when the module was built: importable from the installed tree alone.
+if(PYTHON AND PYDIR)
+  execute_process(COMMAND ${CMAKE_COMMAND} -E env PYTHONPATH=${prefix}/${PYDIR}
+                          ${PYTHON} -c "import tierswap.torch, tierswap._tierswap as n; print('python ok', n.__file__)"
+                  RESULT_VARIABLE rc OUTPUT_VARIABLE out ERROR_VARIABLE err)
+  if(NOT rc EQUAL 0 OR NOT out MATCHES "python ok ${prefix}")
+    message(FATAL_ERROR "the installed Python package does not import: ${rc} ${out} ${err}")
+  endif()
+endif()

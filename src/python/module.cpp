@@ -213,18 +213,6 @@ class PyOptimizer {
     opt().add_grad(id, reinterpret_cast<const void*>(ptr), parse_dtype(dt));
   }
 
-  // param16() of each trainable parameter into the trainer's tensor memory.
-  void write_param16(const std::vector<TensorRef>& out) {
-    for (const auto& [id, ptr, dt, n] : out) {
-      const ParamSpec& p = checked(id, n, "write_param16");
-      if (parse_dtype(dt) != p.dtype)
-        throw std::invalid_argument(fmt::format("write_param16 '{}': dtype {} for a {} parameter",
-                                                p.name, dt, to_string(p.dtype)));
-      const auto v = opt().param16(id);
-      std::memcpy(reinterpret_cast<void*>(ptr), v.data(), v.size_bytes());
-    }
-  }
-
   void gather(ParamId id, const std::string& cls, std::uintptr_t ptr, std::uint64_t n) {
     checked(id, n, "gather");
     const auto v = opt().gather(id, parse_block_class(cls));
@@ -316,7 +304,14 @@ PYBIND11_MODULE(_tierswap, m) {
              }
              return step_dict(r);
            })
-      .def("write_param16", &PyOptimizer::write_param16, Release())
+      // param16() itself, writable, for the trainer's tensors to alias (zero-copy); valid until
+      // close(). The optimizer writes it at every step, load() and import_state().
+      .def("param16_view",
+           [](PyOptimizer& s, ParamId id) {
+             const auto v = s.opt().param16(id);
+             return py::memoryview::from_memory(const_cast<std::uint16_t*>(v.data()),
+                                                static_cast<py::ssize_t>(v.size_bytes()), false);
+           })
       .def("gather", &PyOptimizer::gather, Release())
       .def("import_state", &PyOptimizer::import_state, Release())
       .def("save", [](PyOptimizer& s, const std::string& d) { s.opt().save(d); }, Release())

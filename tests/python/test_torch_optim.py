@@ -477,3 +477,21 @@ def test_gloo_ranks_are_bit_identical_to_one_rank(tmp_path, world):
             assert torch.equal(one["state"][i][key], many["state"][i][key]), f"{key} {i}"
     for a, b in zip(one["params"], many["params"]):
         assert torch.equal(a, b)
+
+
+def test_parameters_alias_the_new_values_and_get_their_own_storage_back_at_close(tmp_path):
+    lin = torch.nn.Linear(32, 16).to(torch.bfloat16)
+    opt = tt.AdamW(lin.parameters(), lr=0.1, swap_dir=str(tmp_path), telemetry=False)
+    before = lin.weight.detach().clone()
+    lin.weight.grad = torch.ones_like(lin.weight)
+    lin.bias.grad = torch.ones_like(lin.bias)
+    opt.step()
+    after = lin.weight.detach().clone()
+    assert not torch.equal(before, after)  # stepped in place, no copy
+    assert torch.equal(after, masters(opt)[0].to(torch.bfloat16))
+    opt.close()
+    del opt
+    with torch.no_grad():
+        lin.weight.add_(1)  # its own storage again: usable after the optimizer is gone
+    assert torch.equal(lin.weight, after + 1)
+    assert lin(torch.ones(2, 32, dtype=torch.bfloat16)).shape == (2, 16)

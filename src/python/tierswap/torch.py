@@ -4,7 +4,10 @@
 torch's constructor arguments and defaults, plus the tier keywords below. The model keeps its
 parameters in bfloat16 or float16; tierswap keeps the fp32 master weights and the moments on the
 tiers, takes each ``p.grad`` (bf16, fp16 or fp32; ``None`` counts as zero), steps with its fused
-kernels and writes the new 16-bit values back into ``p`` in place::
+kernels, and the new 16-bit values appear in ``p``: each trainable parameter's storage is
+tierswap's own 16-bit copy, which the fused kernel writes (zero-copy; close() gives the
+parameters their own storage back). Load model weights before constructing the optimizer (or
+through its load_state_dict / load): an in-place write into ``p`` does not reach the fp32 masters::
 
     model = model.to(torch.bfloat16)
     opt = tierswap.torch.AdamW(model.parameters(), lr=3e-4, weight_decay=0.1,
@@ -67,7 +70,9 @@ _DTYPE_NAMES = {torch.bfloat16: "bfloat16", torch.float16: "float16", torch.floa
 _TORCH_VERSION = tuple(int(x) for x in torch.__version__.split("+")[0].split(".")[:2])
 
 
-def _close_native(native, tmpdir):
+def _close_native(native, tmpdir, params):
+    for p in params:  # the parameters alias tierswap's memory: give them their own again
+        p.data = p.data.clone()
     native.close()
     if tmpdir is not None:
         shutil.rmtree(tmpdir, ignore_errors=True)
@@ -111,8 +116,9 @@ class _TieredOptimizer(Optimizer):
             0 if threads is None else int(threads), json.dumps(opt_cfg), json.dumps(tier_cfg),
             bool(keep_swap_files), 0 if swap_capacity is None else parse_size(swap_capacity),
             0 if subgroup_size is None else parse_size(subgroup_size))
-        self._closer = weakref.finalize(self, _close_native, self._native, self._tmpdir)
         self._register()
+        self._closer = weakref.finalize(self, _close_native, self._native, self._tmpdir,
+                                        [p for p, _ in self._ids])
         self._hooks = bool(hooks)
         self._handles = []
         self._in_backward = False
@@ -167,6 +173,10 @@ class _TieredOptimizer(Optimizer):
                     self._ids.append((p, nid))
         n.finalize()
         n.initialize(self._refs())
+        # Zero-copy: each trainable parameter's storage becomes tierswap's 16-bit copy, which
+        # the fused kernel writes at every step (no copy into p afterwards).
+        for p, nid in self._ids:
+            p.data = torch.frombuffer(n.param16_view(nid), dtype=p.dtype).view(p.shape)
 
     def _refs(self):
         return [(nid, p.data_ptr(), _DTYPE_NAMES[p.dtype], p.numel()) for p, nid in self._ids]
@@ -257,8 +267,7 @@ class _TieredOptimizer(Optimizer):
                     self._add_grad(p, nid)
             finally:
                 self._end()
-        self.last_step = self._native.step()
-        self._native.write_param16(self._refs())
+        self.last_step = self._native.step()  # p (aliasing param16) now holds the new values
         return loss
 
     def zero_grad(self, set_to_none=True):
@@ -358,7 +367,6 @@ class _TieredOptimizer(Optimizer):
             mine.update({k: v for k, v in theirs.items() if k != "params"})
         self._sync_groups()
         self._native.import_state(items, steps.pop() if steps else None)
-        self._native.write_param16(self._refs())
 
     @staticmethod
     def _state_item(p, nid, key, cls, value, keep):
@@ -382,7 +390,6 @@ class _TieredOptimizer(Optimizer):
         for gi, group in enumerate(self.param_groups):
             native = self._native.group(gi)
             self._hyper_sent[gi] = self._apply_native(group, native)
-        self._native.write_param16(self._refs())
 
     def residency(self):
         """What `tierswap residency --json` shows for this process: tiers, classes, blocks."""

@@ -101,7 +101,8 @@ def bench_overhead(a):
     tmp = tempfile.mkdtemp(prefix="tierswap-bench-", dir=a.dir)
     ps = ts_model(n)
     ts = tt.AdamW(ps, lr=1e-3, swap_dir=tmp, state_tier="nvme", host_budget=a.host_budget,
-                  subgroup_size=a.sub_group, threads=a.threads, telemetry=False)
+                  subgroup_size=a.sub_group, threads=a.threads, telemetry=False,
+                  durable=False)  # as bench step (without --keep)
     ts.step()
     wall, native, cpp = [], [], []
     for _ in range(a.reps):

@@ -23,6 +23,8 @@ void add_demo(CLI::App& app);
 /// `tierswap plan ...` and `tierswap probe ...` (placement)
 void add_plan(CLI::App& app);
 void add_probe(CLI::App& app);
+/// `tierswap config --from-deepspeed FILE`
+void add_config(CLI::App& app);
 /// Prints a residency snapshot (the telemetry JSON) as tables.
 void print_residency(const std::string& json, std::FILE* out);
 

@@ -46,6 +46,7 @@ int main(int argc, char** argv) {
   tierswap::cli::add_residency(app);
   tierswap::cli::add_plan(app);
   tierswap::cli::add_probe(app);
+  tierswap::cli::add_config(app);
 
   try {
     app.parse(argc, argv);

@@ -54,6 +54,11 @@ struct TieredOptions {
   /// The tier manager's settings (host_budget above wins when non-zero). A host slab larger than
   /// an eighth of the budget is reduced to fit.
   TierConfig tiers = TierConfig::from_env();
+  /// Tune the tier manager to the budget and sub-group size at finalize(), as `tierswap bench
+  /// step` does: read-ahead of (prefetch_depth + 1) sub-groups' state blocks
+  /// (tiers.lookahead), write-behind from a quarter of the budget (tiers.max_dirty_bytes), host
+  /// slabs of 4 sub-groups' fp32 elements up to 64 MiB. false: `tiers` as given.
+  bool tune_tiers = true;
   /// Logical swap capacity per rank (0: sized from the parameters at finalize()).
   std::uint64_t swap_capacity = 0;
   /// Keep the swap files when the TieredOptimizer is destroyed.

@@ -162,20 +162,30 @@ void TieredOptimizer::Impl::remove_files() noexcept {
   }
 }
 
+// The tier manager tuned to the budget and sub-group size (TieredOptions::tune_tiers).
+void tune(TierConfig& tc, const OptimizerConfig& oc, std::uint64_t state_blocks) {
+  tc.lookahead = std::min<std::uint32_t>(
+      4096, (oc.prefetch_depth + 1) * static_cast<std::uint32_t>(std::max<std::uint64_t>(1, state_blocks)));
+  tc.max_dirty_bytes = tc.host_budget / 4;
+  tc.host_slab_size = std::min<std::uint64_t>(64 * kMiB, (oc.subgroup_size * 4 + kMiB - 1) / kMiB * kMiB);
+}
+
 void TieredOptimizer::Impl::build() {
   TierConfig tc = o.tiers;
   if (o.host_budget != 0) tc.host_budget = o.host_budget;
-  if (tc.host_slab_size > tc.host_budget / 8)
-    tc.host_slab_size = std::max<std::uint64_t>(4096, std::bit_floor(tc.host_budget / 8));
   OptimizerConfig oc = o.optimizer;
   std::vector<std::pair<GroupConfig, std::uint64_t>> sizes;
-  std::uint64_t bpe = 0;
+  std::uint64_t bpe = 0, blocks = 0;
   for (std::size_t g = 0; g < groups.size(); ++g) {
     sizes.emplace_back(groups[g].first, group_numel[g]);
-    std::uint64_t blocks = 0;
-    bpe = std::max(bpe, state_bytes_per_element(groups[g].first, oc, &blocks));
+    std::uint64_t b = 0;
+    bpe = std::max(bpe, state_bytes_per_element(groups[g].first, oc, &b));
+    blocks = std::max(blocks, b - 1);  // state blocks (the gradient's is not read ahead)
   }
   if (oc.subgroup_size == 0) oc.subgroup_size = automatic_subgroup(tc.host_budget, oc, bpe);
+  if (o.tune_tiers) tune(tc, oc, blocks);
+  if (tc.host_slab_size > tc.host_budget / 8)
+    tc.host_slab_size = std::max<std::uint64_t>(4096, std::bit_floor(tc.host_budget / 8));
   for (const auto& d : o.swap_dirs) dirs.push_back(rank_dir(d, comm->rank()));
   SwapSpaceConfig sc;
   sc.dirs = dirs;

@@ -4,6 +4,7 @@ recipe; hook and overlapped hand-over bit-identical to step-time hand-over; save
 processes; torch state dicts both ways; Adam/SGD/Lion against torch's or the paper's update; loss
 scaling; bad input."""
 
+import json
 import os
 import subprocess
 import sys
@@ -413,8 +414,28 @@ def test_deepspeed_module_prints_the_mapping(tmp_path, capsys):
     assert deepspeed.main([str(cfg)]) == 0
     assert '"optimizer": "adamw"' in capsys.readouterr().out
     (tmp_path / "bad.json").write_text("{not json")
-    with pytest.raises(ValueError, match="bad.json: not valid JSON"):
-        deepspeed.main([str(tmp_path / "bad.json")])
+    assert deepspeed.main([str(tmp_path / "bad.json")]) == 2
+    assert "bad.json: not valid JSON" in capsys.readouterr().err
+
+
+def test_cli_config_from_deepspeed(tmp_path):
+    import tierswap
+    cli = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(tierswap.__file__))),
+                       "tierswap")
+    if not os.access(cli, os.X_OK):
+        pytest.skip(f"no tierswap CLI beside the package ({cli}): not a build tree")
+    cfg = tmp_path / "ds.json"
+    cfg.write_text('{"optimizer": {"type": "Adam", "params": {"lr": 1e-4}}, "gradient_clipping": 1,'
+                   ' "steps_per_print": 10}')
+    r = subprocess.run([cli, "config", "--from-deepspeed", str(cfg)], capture_output=True,
+                       text=True, env=dict(os.environ, PYTHONPATH=""))
+    assert r.returncode == 0, r.stderr
+    assert json.loads(r.stdout) == {"optimizer": "adamw",
+                                    "keywords": {"lr": 1e-4, "max_grad_norm": 1.0}}
+    assert "steps_per_print" in r.stderr
+    r = subprocess.run([cli, "config", "--from-deepspeed", str(tmp_path / "missing.json")],
+                       capture_output=True, text=True)
+    assert r.returncode != 0 and "missing.json" in r.stderr
 
 
 RANK = r"""

@@ -117,7 +117,11 @@ def main(argv=None):
     if len(argv) != 1:
         print("usage: python3 -m tierswap.deepspeed DS_CONFIG.json", file=sys.stderr)
         return 2
-    kind, kw = map_config(argv[0])
+    try:
+        kind, kw = map_config(argv[0])
+    except (OSError, ValueError, TypeError) as e:
+        print(f"tierswap config: {e}", file=sys.stderr)
+        return 2
     print(json.dumps({"optimizer": kind, "keywords": kw}, indent=2))
     return 0
 

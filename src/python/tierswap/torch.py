@@ -38,6 +38,8 @@ Tier keywords (all optional; the defaults work untuned):
                   under mpirun, else one process), "torch", "single", "mpi", or a
                   tierswap.distributed.TorchCommunicator(group)
   keep_swap_files keep the swap files at close() (default: removed)
+  durable         fdatasync the swap files and fsync the manifest at every commit (default);
+                  False: faster commits, still consistent after kill -9 but not after power loss
   persist_resident_state  host-resident state is also committed to NVMe every step (default:
                   crash-consistent, exact rollback); False keeps it in memory only (no NVMe I/O
                   for it, as torch.optim's state; save() is then its durability)
@@ -89,7 +91,7 @@ class _TieredOptimizer(Optimizer):
                  loss_scale=None, init_scale=65536.0, growth_factor=2.0, backoff_factor=0.5,
                  growth_interval=2000, bf16_moments=False, accumulate_fp32=False, telemetry=True,
                  hooks=False, threads=None, communicator="auto", keep_swap_files=False,
-                 swap_capacity=None, persist_resident_state=True):
+                 swap_capacity=None, persist_resident_state=True, durable=True):
         self._native = None
         if overlap and not hooks:
             raise ValueError("overlap=True steps sub-groups during the backward: it needs hooks=True")
@@ -108,7 +110,7 @@ class _TieredOptimizer(Optimizer):
         if plan is not None:
             opt_cfg["plan"] = os.fspath(plan)
         dirs, self._tmpdir = _swap_dirs(swap_dir)
-        tier_cfg = {"telemetry": bool(telemetry), "device_mode": "off"}
+        tier_cfg = {"telemetry": bool(telemetry), "device_mode": "off", "durable": bool(durable)}
         self._comm = default_communicator(communicator)  # kept alive beside the native side
         self._native = _tierswap.Optimizer(
             dirs, 0 if host_budget is None else parse_size(host_budget),
@@ -519,7 +521,7 @@ _TIER_KEYWORDS = {"swap_dir", "host_budget", "state_tier", "subgroup_size", "ove
                   "max_grad_norm", "loss_scale", "init_scale", "growth_factor", "backoff_factor",
                   "growth_interval", "bf16_moments", "accumulate_fp32", "telemetry", "hooks",
                   "threads", "communicator", "keep_swap_files", "swap_capacity",
-                  "persist_resident_state"}
+                  "persist_resident_state", "durable"}
 # torch.optim implementation switches: accepted and ignored (tierswap has one implementation).
 _TORCH_SWITCHES = {"foreach", "fused", "capturable", "differentiable"}
 

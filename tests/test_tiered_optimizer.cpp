@@ -275,3 +275,66 @@ TEST(ShardedOptimizerState, ImportChecksEverythingBeforeWriting) {
   EXPECT_THROW(opt.import_state(std::vector<ST>{{m.w, BlockClass::master, ones}}, std::nullopt),
                std::logic_error);
 }
+
+// add_grad copies a slice's first gradient since the last drop and adds the later ones (a
+// parameter added twice in one backward, accumulation over backward passes, slices that span
+// sub-groups, whole-block slices taken without zero-filling): the same bits as handing the total
+// over once. Gradients are small multiples of 2^-8, so every sum is exact in bf16.
+TEST(ShardedOptimizerIngest, FirstGradientCopiedLaterOnesAddedSameBitsAsTheTotal) {
+  auto run = [](bool split) {
+    TempDir dir;
+    TieredOptions o = options(dir.path());
+    o.optimizer.subgroup_size = 8192;
+    TieredOptimizer t(o);
+    const int g = t.add_group(GroupConfig::defaults(OptimizerKind::adamw));
+    const std::vector<std::int64_t> sizes = {5000, 20000, 3, 8192};
+    for (std::size_t i = 0; i < sizes.size(); ++i)
+      t.add_param(g, {"p" + std::to_string(i), {sizes[i]}, Dtype::bf16});
+    t.finalize();
+    auto& opt = t.optimizer();
+    opt.initialize([](ParamId, std::uint64_t off, float* out, std::uint64_t n) {
+      for (std::uint64_t i = 0; i < n; ++i) out[i] = 0.25f - 0.001f * static_cast<float>((off + i) % 97);
+    });
+    auto grad = [&](ParamId id, int part, int step) {
+      std::vector<std::uint16_t> v(opt.param(id).numel());
+      for (std::size_t i = 0; i < v.size(); ++i) {
+        const int k = static_cast<int>((i * 5 + id * 3 + part * 7 + step) % 9) - 4;
+        v[i] = float_to_bf16(static_cast<float>(k) / 256.0f);
+      }
+      return v;
+    };
+    for (int step = 0; step < 3; ++step) {
+      if (!split) {  // the total, once
+        opt.begin_backward();
+        for (ParamId id = 0; id < 4; ++id) {
+          auto total = grad(id, 0, step);
+          for (int part = 1; part < 3; ++part) {
+            const auto more = grad(id, part, step);
+            for (std::size_t i = 0; i < total.size(); ++i)
+              total[i] = float_to_bf16(bf16_to_float(total[i]) + bf16_to_float(more[i]));
+          }
+          opt.add_grad(id, total.data(), Dtype::bf16);
+        }
+        opt.end_backward();
+      } else {  // parts 0 and 1 in one backward (p1 twice), part 2 in a second backward
+        opt.begin_backward(false);
+        for (ParamId id = 0; id < 4; ++id) opt.add_grad(id, grad(id, 0, step).data(), Dtype::bf16);
+        opt.add_grad(1, grad(1, 1, step).data(), Dtype::bf16);
+        for (ParamId id : {0u, 2u, 3u}) opt.add_grad(id, grad(id, 1, step).data(), Dtype::bf16);
+        opt.end_backward();
+        opt.begin_backward(true);
+        for (ParamId id = 0; id < 4; ++id) opt.add_grad(id, grad(id, 2, step).data(), Dtype::bf16);
+        opt.end_backward();
+      }
+      EXPECT_FALSE(opt.step().skipped);
+    }
+    std::vector<std::vector<float>> out;
+    for (ParamId id = 0; id < 4; ++id)
+      for (auto cls : {BlockClass::master, BlockClass::exp_avg, BlockClass::exp_avg_sq})
+        out.push_back(opt.gather(id, cls));
+    return out;
+  };
+  const auto once = run(false), parts = run(true);
+  ASSERT_EQ(once.size(), parts.size());
+  for (std::size_t i = 0; i < once.size(); ++i) EXPECT_TRUE(same_bits(once[i], parts[i])) << i;
+}

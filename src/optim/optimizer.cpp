@@ -349,6 +349,7 @@ void ShardedOptimizer::Impl::layout() {
           ++params[id].nsubs;
         }
       }
+      s.slice_written.assign(s.pids.size(), 0);
       subs.push_back(s);
     }
     g.nsubs = subs.size() - g.first_sub;
@@ -708,17 +709,25 @@ void ShardedOptimizer::Impl::chunk_sums(const OptSub& s, const BlockView& grad, 
 }
 
 template <class Add>
-void ShardedOptimizer::Impl::ingest(OptSub& s, Tier tier, Add&& add) {
+void ShardedOptimizer::Impl::ingest(OptSub& s, Tier tier, Access access, Add&& add) {
   spec_touch(s);
   bool final = false;
   {
-    Held v(tiers, tiers.acquire(s.grad, tier, Access::write));
+    Held v(tiers, tiers.acquire(s.grad, tier, access));
     add(v.v.data());
     v.dirty = true;
+    s.grad_zero = false;
     s.sums.clear();
     if (++s.seen == s.nparams) final = gradient_done(s, v.v, tier);
   }
   if (s.seen == s.nparams) after_ingest(s, final);
+}
+
+void ShardedOptimizer::Impl::drop_grad(OptSub& s) {
+  tiers.trim(s.grad);
+  s.sums.clear();
+  std::fill(s.slice_written.begin(), s.slice_written.end(), 0);
+  s.grad_zero = true;
 }
 
 const OptParam& ShardedOptimizer::Impl::grad_param(const char* what, ParamId id,
@@ -1020,9 +1029,15 @@ void ShardedOptimizer::Impl::reduce_local(OptGroup& g) {
     spec_touch(s);
     bool final = false;
     {
-      Held v(tiers, tiers.acquire(s.grad, Tier::host, Access::write));
-      accumulate(v.v.data(), dt, recv.data(), dt, s.numel, ctx());
+      // The first reduction since the drop lands on zeros: taken as it is.
+      const bool fresh = s.grad_zero;
+      Held v(tiers, tiers.acquire(s.grad, Tier::host, fresh ? Access::overwrite : Access::write));
+      if (fresh)
+        std::memcpy(v.v.data(), recv.data(), s.numel * es);
+      else
+        accumulate(v.v.data(), dt, recv.data(), dt, s.numel, ctx());
       v.dirty = true;
+      s.grad_zero = false;
       s.sums.clear();
       final = gradient_done(s, v.v);
     }
@@ -1195,8 +1210,7 @@ void ShardedOptimizer::initialize(const ParamInit& init) {
       }
       m.settle(s, s.state[slot]);
     }
-    m.tiers.trim(s.grad);
-    s.sums.clear();
+    m.drop_grad(s);
   }
   m.gather_param16();
   m.upload16_all();
@@ -1282,12 +1296,21 @@ void ShardedOptimizer::add_grad(ParamId id, const void* grad, Dtype dtype) {
     OptSub& s = m.subs[g.first_sub + k];
     const auto [b, e] = Impl::slice(p, s);
     if (b >= e) continue;
+    // A slice's first gradient since the drop lands on zeros: copied (cast), not added; over
+    // the whole block, without zero-filling it first.
+    char& written = s.slice_written[s.slice_of(id)];
+    const bool whole = b == s.begin && e == s.begin + s.numel;
+    const Access access = !written && whole ? Access::overwrite : Access::write;
     // Host memory goes to the gradient's host copy (the tier manager moves it up for a GPU step).
-    m.ingest(s, Tier::host, [&](std::byte* v) {
-      accumulate(v + (b - s.begin) * acc_es, acc,
-                 static_cast<const std::byte*>(grad) + (b - p.offset) * in_es, dtype, e - b,
-                 m.ctx());
+    m.ingest(s, Tier::host, access, [&](std::byte* v) {
+      std::byte* dst = v + (b - s.begin) * acc_es;
+      const auto* src = static_cast<const std::byte*>(grad) + (b - p.offset) * in_es;
+      if (written)
+        accumulate(dst, acc, src, dtype, e - b, m.ctx());
+      else
+        cast(src, dtype, dst, acc, e - b, m.ctx());
     });
+    written = 1;
   }
 }
 
@@ -1336,15 +1359,16 @@ void ShardedOptimizer::add_grad_device(ParamId id, const void* d_grad, Dtype dty
     if (tier == Tier::device && gpu && !m.gpu_simulated) {
       // A sub-group the GPU steps: its gradient is accumulated where it is stepped (never
       // down to the host and back up).
-      m.ingest(s, Tier::device, [&](std::byte* v) {
+      m.ingest(s, Tier::device, Access::write, [&](std::byte* v) {
         cuda::accumulate(v + at, acc, src + (b - p.offset) * in_es, dtype, e - b, nullptr);
         cuda::synchronize(nullptr);  // before the view goes: the tier manager may copy it
       });
     } else {
       const std::byte* host = to_host(b - p.offset, e - b);
-      m.ingest(s, tier,
+      m.ingest(s, tier, Access::write,
                [&](std::byte* v) { accumulate(v + at, acc, host, dtype, e - b, m.ctx()); });
     }
+    s.slice_written[s.slice_of(id)] = 1;  // added to: a later add_grad must add, not copy
   }
 }
 
@@ -1456,10 +1480,7 @@ StepResult ShardedOptimizer::step() {
   }
   // A failed step leaves the state as it was before the backward and drops the gradients.
   auto drop_gradients = [&] {
-    for (auto& s : m.subs) {
-      m.tiers.trim(s.grad);
-      s.sums.clear();
-    }
+    for (auto& s : m.subs) m.drop_grad(s);
   };
   if (spec_error) {
     m.spec_discard();
@@ -1577,7 +1598,7 @@ StepResult ShardedOptimizer::step() {
           m.step_sub(s, g.cfg, multiplier, t, g.p16.data() + s.begin, wrote16);
         },
         [&](std::size_t k) {
-          m.tiers.trim(m.subs[k].grad);
+          m.drop_grad(m.subs[k]);
           m.p16_done(m.subs[k]);
         },
         &p16_changed, r);
@@ -1622,7 +1643,7 @@ StepResult ShardedOptimizer::step() {
       },
       [&](std::size_t k) {
         late_grads[k] = BlockView{};
-        m.tiers.trim(m.subs[k].grad);
+        m.drop_grad(m.subs[k]);
         m.p16_done(m.subs[k]);
       },
       nullptr, r);

@@ -1,6 +1,7 @@
 // ShardedOptimizer internals shared by optimizer.cpp (layout, ingest, step) and checkpoint.cpp.
 #pragma once
 
+#include <algorithm>
 #include <condition_variable>
 #include <cstdint>
 #include <deque>
@@ -65,7 +66,16 @@ struct OptSub {
   // copies (device to device): upload16() skips it.
   bool d16_done = false;
   std::uint32_t nparams = 0;  // trainable parameters overlapping it
-  std::vector<ParamId> pids;  // which (group order)
+  std::vector<ParamId> pids;  // which (group order: increasing ids)
+  // Which of pids' slices of the gradient block were written since it was last dropped
+  // (Impl::drop_grad): an unwritten slice holds zeros, so its first gradient is copied in rather
+  // than added (and a whole block's first gradient takes it without zero-filling it first).
+  std::vector<char> slice_written;
+  bool grad_zero = true;  // nothing written since the last drop
+  std::size_t slice_of(ParamId id) const {
+    return static_cast<std::size_t>(std::lower_bound(pids.begin(), pids.end(), id) -
+                                    pids.begin());
+  }
   std::uint32_t seen = 0;     // of them, ingested in this backward
   // Statistics chunk sums of the final gradient, taken while it was in memory at ingest (so a
   // gradient spilled to NVMe is not read back for them). Non-empty exactly when the sub-group's
@@ -202,7 +212,10 @@ struct ShardedOptimizer::Impl {
   /// A trainable parameter's slice of gradient into s: `add(view bytes)` accumulates into its
   /// gradient acquired for write in `tier`; the last slice of the backward marks it done.
   template <class Add>
-  void ingest(OptSub& s, Tier tier, Add&& add);
+  void ingest(OptSub& s, Tier tier, Access access, Add&& add);
+  /// Drops s's gradient (the block trimmed: zeros again, no I/O), its statistics and the
+  /// written-slice marks: the one way a step, a rollback, initialize() and load() end a gradient.
+  void drop_grad(OptSub& s);
   /// The checks add_grad and add_grad_device share (finalized, in a backward, a trainable
   /// parameter, a non-null gradient); returns the parameter.
   const OptParam& grad_param(const char* what, ParamId id, const void* grad) const;

@@ -287,13 +287,14 @@ def test_dynamic_loss_scaling_skips_an_overflowing_step(tmp_path):
         p.grad = torch.full_like(p, float("inf"))
     opt.step()
     assert opt.last_step["skipped"]
+    assert opt.last_step["skip_reason"] == "non-finite gradient (inf or nan); loss scale 1024 -> 512"
     assert opt.loss_scale == 512.0
     after = masters(opt)
     assert all(torch.equal(before[i], after[i]) for i in before)
     for p in model.parameters():
         p.grad = torch.full_like(p, 512.0 * 1e-3)
     opt.step()
-    assert not opt.last_step["skipped"]
+    assert not opt.last_step["skipped"] and opt.last_step["skip_reason"] is None
     assert opt.grad_norm == pytest.approx(1e-3 * (8 * 8 + 8) ** 0.5, rel=1e-3)
     opt.close()
 

@@ -58,6 +58,7 @@ import json
 import os
 import shutil
 import tempfile
+import time
 import weakref
 
 import torch
@@ -260,6 +261,7 @@ class _TieredOptimizer(Optimizer):
         if closure is not None:
             with torch.enable_grad():
                 loss = closure()
+        t0 = time.perf_counter()
         if self._hooks:
             self._end()
         else:
@@ -269,7 +271,12 @@ class _TieredOptimizer(Optimizer):
                     self._add_grad(p, nid)
             finally:
                 self._end()
+        handover = time.perf_counter() - t0
         self.last_step = self._native.step()  # p (aliasing param16) now holds the new values
+        self.last_step["handover_seconds"] = handover
+        self.last_step["skip_reason"] = (
+            f"non-finite gradient (inf or nan); loss scale {self.last_step['loss_scale']:g} -> "
+            f"{self.last_step['next_loss_scale']:g}" if self.last_step["skipped"] else None)
         return loss
 
     def zero_grad(self, set_to_none=True):

@@ -2,10 +2,12 @@
 // naming the key).
 #include <fmt/format.h>
 
+#include <cmath>
 #include <cstdlib>
 #include <nlohmann/json.hpp>
 #include <string>
 
+#include "src/optim/optimizer_impl.hpp"
 #include "tierswap/detail/env.hpp"
 #include "tierswap/error.hpp"
 #include "tierswap/optimizer.hpp"
@@ -149,6 +151,91 @@ OptimizerConfig OptimizerConfig::from_json(std::string_view text) {
   }
   c.validate();
   return c;
+}
+
+// ---- validation and names (moved from optimizer.cpp) ----
+
+std::string_view to_string(OptimizerKind k) noexcept {
+  switch (k) {
+    case OptimizerKind::adamw:
+      return "adamw";
+    case OptimizerKind::adam:
+      return "adam";
+    case OptimizerKind::lion:
+      return "lion";
+    case OptimizerKind::sgd:
+      return "sgd";
+  }
+  return "?";
+}
+
+OptimizerKind parse_optimizer_kind(std::string_view t) {
+  if (t == "adamw") return OptimizerKind::adamw;
+  if (t == "adam") return OptimizerKind::adam;
+  if (t == "lion") return OptimizerKind::lion;
+  if (t == "sgd") return OptimizerKind::sgd;
+  throw std::invalid_argument(
+      fmt::format("optimizer '{}': expected adamw, adam, lion or sgd", std::string(t)));
+}
+
+void GroupConfig::validate() const {
+  switch (kind) {
+    case OptimizerKind::adamw:
+    case OptimizerKind::adam:
+      adam_config(*this).validate();
+      break;
+    case OptimizerKind::lion:
+      lion_config(*this).validate();
+      break;
+    case OptimizerKind::sgd:
+      sgd_config(*this).validate();
+      break;
+  }
+}
+
+GroupConfig GroupConfig::defaults(OptimizerKind kind) {
+  GroupConfig c;
+  c.kind = kind;
+  switch (kind) {
+    case OptimizerKind::adamw:
+      break;
+    case OptimizerKind::adam:
+      c.weight_decay = 0.0;
+      break;
+    case OptimizerKind::lion:
+      c.lr = 1e-4;
+      c.beta2 = 0.99;
+      c.weight_decay = 0.0;
+      break;
+    case OptimizerKind::sgd:
+      c.weight_decay = 0.0;
+      break;
+  }
+  return c;
+}
+
+void LossScalerConfig::validate() const {
+  if (mode == LossScaling::none) return;
+  if (!(init_scale > 0) || !std::isfinite(init_scale))
+    throw_invalid("loss_scaler.init_scale", std::to_string(init_scale), "must be finite and > 0");
+  if (!(growth_factor > 1))
+    throw_invalid("loss_scaler.growth_factor", std::to_string(growth_factor), "must be > 1");
+  if (!(backoff_factor > 0 && backoff_factor < 1))
+    throw_invalid("loss_scaler.backoff_factor", std::to_string(backoff_factor), "must be in (0, 1)");
+  if (growth_interval == 0) throw_invalid("loss_scaler.growth_interval", "0", "must be > 0");
+}
+
+void OptimizerConfig::validate() const {
+  if (subgroup_size == 0) throw_invalid("subgroup_size", "0", "must be > 0");
+  if (subgroup_size > (std::uint64_t{1} << 30))
+    throw_invalid("subgroup_size", std::to_string(subgroup_size), "must be at most 2^30 elements");
+  if (prefetch_depth > 64)
+    throw_invalid("prefetch_depth", std::to_string(prefetch_depth), "must be at most 64");
+  if (grad_tier == Tier::device)
+    throw_invalid("grad_tier", "gpu", "gradients are kept in host memory or on NVMe");
+  if (!(max_grad_norm >= 0) || !std::isfinite(max_grad_norm))
+    throw_invalid("max_grad_norm", std::to_string(max_grad_norm), "must be finite and >= 0");
+  loss_scaler.validate();
 }
 
 }  // namespace tierswap

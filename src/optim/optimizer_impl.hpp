@@ -2,6 +2,7 @@
 #pragma once
 
 #include <algorithm>
+#include <array>
 #include <condition_variable>
 #include <cstdint>
 #include <deque>
@@ -113,7 +114,6 @@ struct ShardedOptimizer::Impl {
   int rank = 0, world = 1;
   std::uint64_t sub_size = 0;
   bool finalized = false;
-  bool streaming = true;       // the default for sub-groups without a plan (state tier nvme)
   std::optional<Plan> plan;    // set_plan() or OptimizerConfig::plan_file
   bool gpu_simulated = false;  // the device tier is simulated: "GPU" sub-groups use CPU kernels
   std::uint32_t depth = 0;     // sub-groups read ahead: prefetch_depth, or fewer where the budget
@@ -192,7 +192,30 @@ struct ShardedOptimizer::Impl {
   std::pair<std::uint64_t, std::uint64_t> rank_range(const OptGroup& g, int r) const;
   void require_finalized(const char* what) const;
   void layout();
+  /// Decides every sub-group's placement and read-ahead and creates its blocks (the pieces below,
+  /// in order; layout.cpp).
   void create_blocks();
+  using TierBytes = std::array<std::uint64_t, kTierCount>;
+  /// Bytes of all sub-groups' state and of their gradients.
+  std::pair<std::uint64_t, std::uint64_t> state_and_grad_bytes() const;
+  /// Whether state streams from NVMe when no plan says otherwise (OptimizerConfig::state_tier).
+  bool default_streaming(std::uint64_t state, std::uint64_t grads) const;
+  /// Each sub-group's tier and step device (the plan's, else `streaming`); whether any streams.
+  bool apply_placement(bool streaming);
+  void place_by_plan(OptSub& s, const PlanSubgroup& d);
+  std::uint64_t largest_state_bytes() const;
+  /// The memory tier whose budget holds s's memory-only state.
+  static int memory_tier(const OptSub& s) {
+    return static_cast<int>(s.on_gpu ? Tier::device : Tier::host);
+  }
+  /// Memory-only state per tier (into *mem) against the budgets (std::invalid_argument when it
+  /// does not fit); returns what stays in each memory tier.
+  TierBytes check_memory_only_budgets(std::uint64_t grads, TierBytes* mem) const;
+  void assign_undo_copies(TierBytes held, std::uint64_t per_sub, bool any_streaming);
+  void choose_device_gradients();
+  void warn_plan_mismatch(std::uint64_t grads) const;
+  void fit_prefetch_depth(std::uint64_t grads, std::uint64_t per_sub, bool any_streaming);
+  void create_state_blocks();
   /// Recomputes this rank's 16-bit parameters from the master weights, then all-gathers them.
   void refresh_param16();
   void gather_param16();
@@ -266,6 +289,59 @@ struct ShardedOptimizer::Impl {
   void undo_save(OptSub& s);
   void undo_copy(const OptSub& s, BlockId from, BlockId to);
   void undo_restore();
+};
+
+// ---- helpers shared by the optimizer's files ----
+inline AdamConfig adam_config(const GroupConfig& c) {
+  AdamConfig a;
+  a.lr = c.lr;
+  a.beta1 = c.beta1;
+  a.beta2 = c.beta2;
+  a.eps = c.eps;
+  a.weight_decay = c.weight_decay;
+  a.decoupled = c.kind == OptimizerKind::adamw;
+  a.amsgrad = c.amsgrad;
+  a.maximize = c.maximize;
+  return a;
+}
+
+inline LionConfig lion_config(const GroupConfig& c) {
+  LionConfig l;
+  l.lr = c.lr;
+  l.beta1 = c.beta1;
+  l.beta2 = c.beta2;
+  l.weight_decay = c.weight_decay;
+  l.maximize = c.maximize;
+  return l;
+}
+
+inline SgdConfig sgd_config(const GroupConfig& c) {
+  SgdConfig s;
+  s.lr = c.lr;
+  s.momentum = c.momentum;
+  s.dampening = c.dampening;
+  s.weight_decay = c.weight_decay;
+  s.nesterov = c.nesterov;
+  s.maximize = c.maximize;
+  return s;
+}
+
+// Releases a view on scope exit (clean unless marked dirty).
+struct Held {
+  TierManager& t;
+  BlockView v;
+  bool dirty = false;
+  Held(TierManager& tm, BlockView view) : t(tm), v(std::move(view)) {}
+  ~Held() {
+    if (v) {
+      try {
+        t.release(v, dirty);
+      } catch (...) {
+      }
+    }
+  }
+  Held(const Held&) = delete;
+  Held& operator=(const Held&) = delete;
 };
 
 }  // namespace tierswap

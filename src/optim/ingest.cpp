@@ -1,0 +1,299 @@
+// ShardedOptimizer gradient ingest: backward passes, gradients from host or device memory into the
+// sub-groups' 16-bit gradient blocks (or the local buffer and its reduce-scatter at world size >
+// 1), the statistics taken as each gradient becomes final, and the one way a gradient is dropped.
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <functional>
+#include <limits>
+#include <stdexcept>
+#include <utility>
+
+#include "src/optim/optimizer_impl.hpp"
+#include "tierswap/cuda_kernels.hpp"
+#include "tierswap/device.hpp"
+#include "tierswap/log.hpp"
+#include "tierswap/thread_pool.hpp"
+#include "tierswap/units.hpp"
+
+namespace tierswap {
+
+bool ShardedOptimizer::Impl::gradient_done(OptSub& s, const BlockView& grad, Tier tier) {
+  if (!final_backward) return false;
+  s.sums.assign((s.numel + kGradStatsChunk - 1) / kGradStatsChunk, 0.0);
+  chunk_sums(s, grad, tier, s.sums.data());
+  return std::all_of(s.sums.begin(), s.sums.end(), [](double v) { return std::isfinite(v); });
+}
+
+void ShardedOptimizer::Impl::chunk_sums(const OptSub& s, const BlockView& grad, Tier tier,
+                                        double* out) {
+  const Dtype dt = acc_dtype(groups[s.group]);
+  if (tier != Tier::device || gpu_simulated) {
+    grad_chunk_sums(grad.data(), dt, s.numel, out, ctx());
+    return;
+  }
+  const std::size_t bytes = (s.numel + kGradStatsChunk - 1) / kGradStatsChunk * sizeof(double);
+  auto* d = static_cast<double*>(gpu_sums.reserve(bytes));
+  cuda::grad_chunk_sums(grad.data(), dt, s.numel, d, nullptr);
+  cuda::copy_to_host(out, d, bytes, nullptr);
+  cuda::synchronize(nullptr);
+}
+
+template <class Add>
+void ShardedOptimizer::Impl::ingest(OptSub& s, Tier tier, Access access, Add&& add) {
+  spec_touch(s);
+  bool final = false;
+  {
+    Held v(tiers, tiers.acquire(s.grad, tier, access));
+    add(v.v.data());
+    v.dirty = true;
+    s.grad_zero = false;
+    s.sums.clear();
+    if (++s.seen == s.nparams) final = gradient_done(s, v.v, tier);
+  }
+  if (s.seen == s.nparams) after_ingest(s, final);
+}
+
+void ShardedOptimizer::Impl::drop_grad(OptSub& s) {
+  tiers.trim(s.grad);
+  s.sums.clear();
+  std::fill(s.slice_written.begin(), s.slice_written.end(), 0);
+  s.grad_zero = true;
+}
+
+const OptParam& ShardedOptimizer::Impl::grad_param(const char* what, ParamId id,
+                                                   const void* grad) const {
+  require_finalized(what);
+  if (!in_backward) throw std::logic_error(fmt::format("{}: call begin_backward() first", what));
+  if (id >= params.size())
+    throw std::invalid_argument(fmt::format("{}: no parameter {}", what, id));
+  const OptParam& p = params[id];
+  if (!p.spec.requires_grad)
+    throw std::invalid_argument(
+        fmt::format("{}: parameter '{}' is frozen (requires_grad=false)", what, p.spec.name));
+  if (grad == nullptr)
+    throw std::invalid_argument(fmt::format("{} '{}': null gradient", what, p.spec.name));
+  return p;
+}
+
+void ShardedOptimizer::Impl::after_ingest(OptSub& s, bool final) {
+  // Memory-only state without an undo copy steps after the verdict.
+  if (final && cfg.overlap && (!s.memory_only || s.undo)) {
+    std::unique_lock lk(spec_mu);
+    if (!spec_invalid && !spec_error) {
+      if (!cfg.overlap_param16_in_place) s.spec16.resize(s.numel);
+      s.spec = OptSub::Spec::queued;
+      spec_queue.push_back(static_cast<std::size_t>(&s - subs.data()));
+      const bool soon = spec_queue.size() <= depth + 1;
+      lk.unlock();
+      spec_cv.notify_one();
+      if (soon && s.streaming)  // read its state while the queue ahead of it is stepped
+        for (BlockId b : s.state)
+          if (b != kNoBlock) tiers.prefetch(b, Tier::host);
+      return;  // the speculative step spills the gradient when grad_tier is nvme
+    }
+  }
+  if (cfg.grad_tier == Tier::nvme && !s.grad_gpu) tiers.evict(s.grad, Tier::host);
+}
+
+// Reduce-scatters group g's local gradient, slot by slot, into this rank's gradient blocks.
+void ShardedOptimizer::Impl::reduce_local(OptGroup& g) {
+  if (!g.local_dirty) return;
+  const Dtype dt = acc_dtype(g);
+  const std::size_t es = dtype_size(dt);
+  std::vector<std::size_t> counts(world);
+  std::vector<std::byte> send, recv;
+  for (std::uint64_t k = 0; k < g.slots; ++k) {
+    std::size_t total = 0;
+    for (int r = 0; r < world; ++r) total += counts[r] = piece(g, r, k).second;
+    if (total == 0) continue;
+    send.resize(total * es);
+    std::size_t off = 0;
+    for (int r = 0; r < world; ++r) {
+      const auto [b, n] = piece(g, r, k);
+      std::memcpy(send.data() + off * es, g.local_grad.data() + b * es, n * es);
+      off += n;
+    }
+    recv.resize(std::max<std::size_t>(1, counts[rank]) * es);
+    comm.reduce_scatter(send.data(), recv.data(), counts, dt);
+    if (counts[rank] == 0) continue;
+    OptSub& s = subs[g.first_sub + k];
+    spec_touch(s);
+    bool final = false;
+    {
+      // The first reduction since the drop lands on zeros: taken as it is.
+      const bool fresh = s.grad_zero;
+      Held v(tiers, tiers.acquire(s.grad, Tier::host, fresh ? Access::overwrite : Access::write));
+      if (fresh)
+        std::memcpy(v.v.data(), recv.data(), s.numel * es);
+      else
+        accumulate(v.v.data(), dt, recv.data(), dt, s.numel, ctx());
+      v.dirty = true;
+      s.grad_zero = false;
+      s.sums.clear();
+      final = gradient_done(s, v.v);
+    }
+    after_ingest(s, final);
+  }
+  std::memset(g.local_grad.data(), 0, g.local_grad.size());
+  g.local_dirty = false;
+}
+
+void ShardedOptimizer::begin_backward(bool final) {
+  Impl& m = *impl_;
+  m.require_finalized("begin_backward");
+  if (m.in_backward) throw std::logic_error("begin_backward: the previous backward has not ended");
+  m.in_backward = true;
+  m.final_backward = final;
+  for (auto& s : m.subs) s.seen = 0;
+  if (!m.cfg.overlap || !final) return;
+  // What a speculative step uses; if results from an earlier final backward are pending, they
+  // stay valid only while all of it is unchanged.
+  std::vector<GroupConfig> cfgs;
+  for (const auto& g : m.groups) cfgs.push_back(g.cfg);
+  const auto mult = static_cast<float>(1.0 / m.scale);
+  const std::uint64_t t = m.step_count + 1;
+  if (m.spec_pending()) {
+    if (cfgs != m.spec_cfgs || mult != m.spec_mult || t != m.spec_t) {
+      std::lock_guard lk(m.spec_mu);
+      m.spec_invalid = true;
+    }
+    return;
+  }
+  m.spec_cfgs = std::move(cfgs);
+  m.spec_mult = mult;
+  m.spec_t = t;
+  if (!m.spec_thread.joinable()) m.spec_thread = std::thread([&m] { m.spec_loop(); });
+}
+
+void ShardedOptimizer::add_grad(ParamId id, const void* grad, Dtype dtype) {
+  Impl& m = *impl_;
+  const OptParam& p = m.grad_param("add_grad", id, grad);
+  OptGroup& g = m.groups[p.group];
+  const Dtype acc = m.acc_dtype(g);
+  const std::size_t in_es = dtype_size(dtype), acc_es = dtype_size(acc);
+  if (m.world > 1) {
+    accumulate(g.local_grad.data() + p.offset * acc_es, acc, grad, dtype, p.numel, m.ctx());
+    g.local_dirty = true;
+    return;
+  }
+  for (std::size_t k = 0; k < g.nsubs; ++k) {
+    OptSub& s = m.subs[g.first_sub + k];
+    const auto [b, e] = Impl::slice(p, s);
+    if (b >= e) continue;
+    // A slice's first gradient since the drop lands on zeros: copied (cast), not added; over
+    // the whole block, without zero-filling it first.
+    char& written = s.slice_written[s.slice_of(id)];
+    const bool whole = b == s.begin && e == s.begin + s.numel;
+    const Access access = !written && whole ? Access::overwrite : Access::write;
+    // Host memory goes to the gradient's host copy (the tier manager moves it up for a GPU step).
+    m.ingest(s, Tier::host, access, [&](std::byte* v) {
+      std::byte* dst = v + (b - s.begin) * acc_es;
+      const auto* src = static_cast<const std::byte*>(grad) + (b - p.offset) * in_es;
+      if (written)
+        accumulate(dst, acc, src, dtype, e - b, m.ctx());
+      else
+        cast(src, dtype, dst, acc, e - b, m.ctx());
+    });
+    written = 1;
+  }
+}
+
+void ShardedOptimizer::add_grad_device(ParamId id, const void* d_grad, Dtype dtype,
+                                       std::span<void* const> events) {
+  Impl& m = *impl_;
+  const OptParam& p = m.grad_param("add_grad_device", id, d_grad);
+  const bool gpu = m.device_ptrs;
+  if (!gpu && !m.gpu_simulated)
+    throw std::runtime_error(fmt::format(
+        "add_grad_device '{}': no usable GPU ({}); add_grad takes gradients in host memory",
+        p.spec.name, device_info().reason));
+  if (!gpu && !events.empty())
+    throw std::invalid_argument(fmt::format(
+        "add_grad_device '{}': {} event(s) given but no GPU is usable (on a simulated device "
+        "tier d_grad is host memory standing in for the GPU's, and there are no events)",
+        p.spec.name, events.size()));
+  for (void* e : events) {
+    if (e == nullptr)
+      throw std::invalid_argument(fmt::format("add_grad_device '{}': a null event", p.spec.name));
+    cuda::stream_wait_event(nullptr, e);  // every producing stream, without blocking the host
+  }
+  const auto* src = static_cast<const std::byte*>(d_grad);
+  const std::size_t in_es = dtype_size(dtype);
+  // A slice of device memory in host memory (a real GPU): copied into page-locked staging.
+  auto to_host = [&](std::uint64_t off, std::uint64_t n) -> const std::byte* {
+    if (!gpu) return src + off * in_es;  // the simulated device's memory is host memory
+    std::byte* dst = m.grad_staging.reserve(n * in_es);
+    cuda::copy_to_host(dst, src + off * in_es, n * in_es, nullptr);
+    cuda::synchronize(nullptr);
+    return dst;
+  };
+  OptGroup& g = m.groups[p.group];
+  if (m.world > 1) {  // the reduction runs in host memory
+    add_grad(id, to_host(0, p.numel), dtype);
+    return;
+  }
+  const Dtype acc = m.acc_dtype(g);
+  const std::size_t acc_es = dtype_size(acc);
+  for (std::size_t k = 0; k < g.nsubs; ++k) {
+    OptSub& s = m.subs[g.first_sub + k];
+    const auto [b, e] = Impl::slice(p, s);
+    if (b >= e) continue;
+    const std::size_t at = (b - s.begin) * acc_es;
+    const Tier tier = s.grad_gpu ? Tier::device : Tier::host;  // where it accumulates
+    if (tier == Tier::device && gpu && !m.gpu_simulated) {
+      // A sub-group the GPU steps: its gradient is accumulated where it is stepped (never
+      // down to the host and back up).
+      m.ingest(s, Tier::device, Access::write, [&](std::byte* v) {
+        cuda::accumulate(v + at, acc, src + (b - p.offset) * in_es, dtype, e - b, nullptr);
+        cuda::synchronize(nullptr);  // before the view goes: the tier manager may copy it
+      });
+    } else {
+      const std::byte* host = to_host(b - p.offset, e - b);
+      m.ingest(s, tier, Access::write,
+               [&](std::byte* v) { accumulate(v + at, acc, host, dtype, e - b, m.ctx()); });
+    }
+    s.slice_written[s.slice_of(id)] = 1;  // added to: a later add_grad must add, not copy
+  }
+}
+
+void ShardedOptimizer::add_grad_bucket(ParamId first, std::size_t count, const void* grad,
+                                       Dtype dtype) {
+  Impl& m = *impl_;
+  if (first + count > m.params.size() || count == 0)
+    throw std::invalid_argument(
+        fmt::format("add_grad_bucket: parameters {}..{} do not exist", first, first + count));
+  const int group = m.params[first].group;
+  std::uint64_t off = 0;
+  for (std::size_t i = 0; i < count; ++i) {
+    const OptParam& p = m.params[first + i];
+    if (p.group != group || !p.spec.requires_grad)
+      throw std::invalid_argument(fmt::format(
+          "add_grad_bucket: parameter '{}' is {} (a bucket holds trainable parameters of one "
+          "group)",
+          p.spec.name, p.spec.requires_grad ? "in another group" : "frozen"));
+    add_grad(first + static_cast<ParamId>(i),
+             static_cast<const std::byte*>(grad) + off * dtype_size(dtype), dtype);
+    off += p.numel;
+  }
+}
+
+void ShardedOptimizer::end_backward() {
+  Impl& m = *impl_;
+  if (!m.in_backward) throw std::logic_error("end_backward: no backward in progress");
+  m.in_backward = false;
+  if (m.world > 1 && (!m.cfg.coalesce || m.final_backward))
+    for (auto& g : m.groups) m.reduce_local(g);
+}
+
+bool ShardedOptimizer::gradient_final(std::size_t k) const {
+  if (k >= impl_->subs.size())
+    throw std::invalid_argument(fmt::format("gradient_final: no sub-group {}", k));
+  return !impl_->subs[k].sums.empty();  // taken when its final gradient was complete
+}
+
+}  // namespace tierswap

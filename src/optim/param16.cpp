@@ -1,0 +1,138 @@
+// ShardedOptimizer's 16-bit parameters: param16(), the trainer's callback as each parameter's new
+// values are final (on_param16_ready), the bound device copies, recomputation from the masters.
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <functional>
+#include <limits>
+#include <stdexcept>
+#include <utility>
+
+#include "src/optim/optimizer_impl.hpp"
+#include "tierswap/cuda_kernels.hpp"
+#include "tierswap/device.hpp"
+#include "tierswap/log.hpp"
+#include "tierswap/thread_pool.hpp"
+#include "tierswap/units.hpp"
+
+namespace tierswap {
+
+void ShardedOptimizer::Impl::settle(const OptSub& s, BlockId b) {
+  if (!s.memory_only || !s.on_gpu) return;
+  BlockView v = tiers.acquire(b, Tier::device);
+  tiers.release(v, false);
+}
+
+void ShardedOptimizer::Impl::p16_begin() {
+  for (auto& p : params) p.left = p.nsubs;
+  for (auto& s : subs) s.d16_done = false;
+}
+
+void ShardedOptimizer::Impl::put16(const OptParam& q, std::uint64_t b, std::uint64_t e) {
+  auto* dst = static_cast<std::uint16_t*>(q.d16) + (b - q.offset);
+  const std::uint16_t* src = groups[q.group].p16.data() + b;
+  if (device_ptrs) {
+    cuda::copy_to_device(dst, src, (e - b) * sizeof(std::uint16_t), nullptr);
+    p16_pending = true;
+  } else {
+    std::memcpy(dst, src, (e - b) * sizeof(std::uint16_t));
+  }
+}
+
+void ShardedOptimizer::Impl::upload16(const OptSub& s) {
+  if (s.d16_done) return;
+  for (ParamId id : s.pids) {
+    const OptParam& q = params[id];
+    if (q.d16 == nullptr) continue;
+    const auto [b, e] = Impl::slice(q, s);
+    put16(q, b, e);
+  }
+}
+
+void ShardedOptimizer::Impl::upload16_all() {
+  for (const OptParam& q : params)
+    if (q.d16 != nullptr) put16(q, q.offset, q.offset + q.numel);
+}
+
+void ShardedOptimizer::Impl::p16_sync() {
+  if (!p16_pending) return;
+  p16_pending = false;
+  cuda::synchronize(nullptr);
+}
+
+void ShardedOptimizer::Impl::p16_done(const OptSub& s) {
+  if (world > 1) return;
+  upload16(s);
+  if (!p16_ready) return;
+  for (ParamId id : s.pids) {
+    OptParam& p = params[id];
+    if (p.left > 0 && --p.left == 0)
+      p16_ready(id, {groups[p.group].p16.data() + p.offset, p.numel});
+  }
+}
+
+void ShardedOptimizer::Impl::p16_all() {
+  upload16_all();
+  if (!p16_ready) return;
+  for (std::size_t id = 0; id < params.size(); ++id) {
+    const OptParam& p = params[id];
+    if (p.spec.requires_grad)
+      p16_ready(static_cast<ParamId>(id), {groups[p.group].p16.data() + p.offset, p.numel});
+  }
+}
+
+void ShardedOptimizer::Impl::refresh_param16() {
+  for (const auto& s : subs) refresh_sub16(s);
+  gather_param16();
+}
+
+void ShardedOptimizer::Impl::refresh_sub16(const OptSub& s) {
+  OptGroup& g = groups[s.group];
+  {
+    Held m(tiers, tiers.acquire(s.state[kMaster], Tier::host));
+    cast(m.v.data(), Dtype::f32, g.p16.data() + s.begin, g.dtype16, s.numel, ctx());
+  }
+  if (s.streaming) tiers.write_back(s.state[kMaster]);  // the first copy to go
+}
+
+void ShardedOptimizer::on_param16_ready(Param16Ready fn) {
+  impl_->p16_ready = std::move(fn);
+}
+
+void ShardedOptimizer::bind_param16_device(ParamId id, void* d_param16) {
+  Impl& m = *impl_;
+  m.require_finalized("bind_param16_device");
+  if (id >= m.params.size())
+    throw std::invalid_argument(fmt::format("bind_param16_device: no parameter {}", id));
+  OptParam& p = m.params[id];
+  if (!p.spec.requires_grad)
+    throw std::invalid_argument(fmt::format(
+        "bind_param16_device: parameter '{}' is frozen (its 16-bit values are the trainer's)",
+        p.spec.name));
+  if (d_param16 != nullptr && !m.device_ptrs && !m.gpu_simulated)
+    throw std::runtime_error(
+        fmt::format("bind_param16_device '{}': no usable GPU ({}) and no simulated device tier",
+                    p.spec.name, device_info().reason));
+  p.d16 = d_param16;
+  if (d_param16 == nullptr) return;
+  m.put16(p, p.offset, p.offset + p.numel);
+  m.p16_sync();
+}
+
+std::span<const std::uint16_t> ShardedOptimizer::param16(ParamId id) const {
+  const Impl& m = *impl_;
+  m.require_finalized("param16");
+  if (id >= m.params.size())
+    throw std::invalid_argument(fmt::format("param16: no parameter {}", id));
+  const OptParam& p = m.params[id];
+  if (!p.spec.requires_grad)
+    throw std::invalid_argument(fmt::format(
+        "param16: parameter '{}' is frozen: tierswap keeps no 16-bit copy of it", p.spec.name));
+  return {m.groups[p.group].p16.data() + p.offset, p.numel};
+}
+
+}  // namespace tierswap

@@ -1,0 +1,167 @@
+// ShardedOptimizer's overlapped step: the background thread that steps sub-groups speculatively as
+// their gradients become final, the undo copies of memory-only state, and discarding speculation.
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <functional>
+#include <limits>
+#include <stdexcept>
+#include <utility>
+
+#include "src/optim/optimizer_impl.hpp"
+#include "tierswap/cuda_kernels.hpp"
+#include "tierswap/device.hpp"
+#include "tierswap/log.hpp"
+#include "tierswap/thread_pool.hpp"
+#include "tierswap/units.hpp"
+
+namespace tierswap {
+
+ShardedOptimizer::Impl::~Impl() {
+  for (void* p : p16_registered) cuda::host_unregister(p);
+  if (!spec_thread.joinable()) return;
+  {
+    std::lock_guard lk(spec_mu);
+    spec_stop = true;
+  }
+  spec_cv.notify_all();
+  spec_thread.join();
+}
+
+void ShardedOptimizer::Impl::spec_loop() {
+  std::unique_lock lk(spec_mu);
+  for (;;) {
+    spec_cv.wait(lk, [&] { return spec_stop || !spec_queue.empty(); });
+    if (spec_stop) return;
+    const std::size_t k = spec_queue.front();
+    spec_queue.pop_front();
+    spec_busy = true;
+    const bool skip = spec_error != nullptr || spec_invalid;
+    // Read ahead for the sub-groups queued behind this one.
+    std::vector<std::size_t> next(
+        spec_queue.begin(), spec_queue.begin() + std::min<std::size_t>(spec_queue.size(), depth));
+    lk.unlock();
+    std::exception_ptr err;
+    OptSub& s = subs[k];
+    if (!skip) {
+      try {
+        for (std::size_t j : next)
+          if (subs[j].streaming)
+            for (BlockId b : subs[j].state)
+              if (b != kNoBlock) tiers.prefetch(b, Tier::host);
+        if (s.undo) undo_save(s);
+        step_sub(s, spec_cfgs[s.group], spec_mult, spec_t, spec_out16(s), nullptr, true);
+        if (cfg.grad_tier == Tier::nvme && !s.grad_gpu) tiers.evict(s.grad, Tier::host);
+      } catch (...) {
+        err = std::current_exception();
+      }
+    }
+    lk.lock();
+    s.spec = skip || err ? OptSub::Spec::none : OptSub::Spec::stepped;
+    if (err && !spec_error) spec_error = err;
+    spec_busy = false;
+    if (spec_queue.empty()) spec_idle_cv.notify_all();
+  }
+}
+
+void ShardedOptimizer::Impl::spec_drain() {
+  std::unique_lock lk(spec_mu);
+  spec_idle_cv.wait(lk, [&] { return spec_queue.empty() && !spec_busy; });
+}
+
+void ShardedOptimizer::Impl::spec_touch(OptSub& s) {
+  if (!cfg.overlap) return;
+  {
+    std::lock_guard lk(spec_mu);
+    if (s.spec == OptSub::Spec::none) return;
+  }
+  spec_drain();  // the worker must be done with its gradient before it changes
+  std::lock_guard lk(spec_mu);
+  spec_invalid = true;
+}
+
+bool ShardedOptimizer::Impl::spec_pending() {
+  std::lock_guard lk(spec_mu);
+  return std::any_of(subs.begin(), subs.end(),
+                     [](const OptSub& s) { return s.spec != OptSub::Spec::none; });
+}
+
+// Copies block `from` into block `to` (same size) in the sub-group's memory tier: host memory,
+// or GPU memory (a device-to-device copy; host memory standing in on a simulated device tier).
+void ShardedOptimizer::Impl::undo_copy(const OptSub& s, BlockId from, BlockId to) {
+  const Tier tier = s.on_gpu ? Tier::device : Tier::host;
+  Held src(tiers, tiers.acquire(from, tier));
+  Held dst(tiers, tiers.acquire(to, tier, Access::write));
+  if (tier == Tier::device && !gpu_simulated) {
+    cuda::copy_on_device(dst.v.data(), src.v.data(), src.v.bytes(), nullptr);
+    cuda::synchronize(nullptr);
+  } else {
+    std::memcpy(dst.v.data(), src.v.data(), src.v.bytes());
+  }
+  dst.dirty = true;
+}
+
+void ShardedOptimizer::Impl::undo_save(OptSub& s) {
+  for (int slot = 0; slot < kStateSlots; ++slot)
+    if (s.state[slot] != kNoBlock) undo_copy(s, s.state[slot], s.undo_block[slot]);
+  s.undo_saved = true;
+}
+
+void ShardedOptimizer::Impl::undo_restore() {
+  for (auto& s : subs) {
+    if (!s.undo_saved) continue;
+    for (int slot = 0; slot < kStateSlots; ++slot)
+      if (s.state[slot] != kNoBlock) undo_copy(s, s.undo_block[slot], s.state[slot]);
+    s.undo_saved = false;
+  }
+}
+
+std::uint16_t* ShardedOptimizer::Impl::spec_out16(OptSub& s) {
+  return cfg.overlap_param16_in_place ? groups[s.group].p16.data() + s.begin : s.spec16.data();
+}
+
+void ShardedOptimizer::Impl::spec_discard() {
+  undo_restore();
+  tiers.discard();
+  if (cfg.overlap_param16_in_place) {
+    std::vector<const OptSub*> stepped;
+    {
+      std::lock_guard lk(spec_mu);
+      for (const auto& s : subs)
+        if (s.spec == OptSub::Spec::stepped) stepped.push_back(&s);
+    }
+    for (const OptSub* s : stepped) refresh_sub16(*s);
+  }
+  spec_reset();
+}
+
+void ShardedOptimizer::Impl::spec_reset() {
+  std::lock_guard lk(spec_mu);
+  for (auto& s : subs) {
+    s.spec = OptSub::Spec::none;
+    s.undo_saved = false;  // restored (undo_restore) or kept: either way no longer needed
+  }
+  spec_invalid = false;
+  spec_error = nullptr;
+}
+
+void ShardedOptimizer::set_overlap(bool on) {
+  Impl& m = *impl_;
+  if (m.in_backward || m.spec_pending())
+    throw std::logic_error(
+        "set_overlap: between steps only (a backward or its speculative steps are pending)");
+  if (on && !m.tiers.config().shadow_slots)
+    throw std::logic_error(
+        "set_overlap: the overlapped step needs shadow slots (TierConfig::shadow_slots is off)");
+  m.cfg.overlap = on;
+}
+
+bool ShardedOptimizer::overlap() const noexcept {
+  return impl_->cfg.overlap;
+}
+
+}  // namespace tierswap

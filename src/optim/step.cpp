@@ -1,0 +1,451 @@
+// ShardedOptimizer's step: the fused kernels on one sub-group (CPU or GPU), the pipeline over
+// sub-groups with the GPU lane beside the CPU's, and step() itself (validation, verdict, commit).
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <functional>
+#include <limits>
+#include <stdexcept>
+#include <utility>
+
+#include "src/optim/optimizer_impl.hpp"
+#include "tierswap/cuda_kernels.hpp"
+#include "tierswap/device.hpp"
+#include "tierswap/log.hpp"
+#include "tierswap/thread_pool.hpp"
+#include "tierswap/units.hpp"
+
+namespace tierswap {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+// The GPU's part of a split step (concurrent_gpu_step): the sub-groups the GPU steps, in order,
+// on a thread of their own while step()'s thread steps the CPU's part. Finished sub-groups go
+// back to step()'s thread (take), which does their bookkeeping. The lane stops at its first
+// failure (finish() rethrows it); the destructor stops it after the sub-group in progress and
+// joins, so nothing runs on the lane once an error unwinds step().
+class GpuLane {
+ public:
+  GpuLane(std::vector<std::size_t> ks, std::function<void(std::size_t)> step)
+      : ks_(std::move(ks)), step_(std::move(step)), thread_([this] { run(); }) {}
+  ~GpuLane() {
+    {
+      std::lock_guard lk(mu_);
+      stop_ = true;
+    }
+    if (thread_.joinable()) thread_.join();
+  }
+  GpuLane(const GpuLane&) = delete;
+  GpuLane& operator=(const GpuLane&) = delete;
+
+  /// The sub-groups finished since the last call, in order. `wait`: blocks until there is one
+  /// or the lane has ended (then none means it is over).
+  std::vector<std::size_t> take(bool wait) {
+    std::unique_lock lk(mu_);
+    if (wait) cv_.wait(lk, [&] { return !done_.empty() || ended_; });
+    return std::exchange(done_, {});
+  }
+  bool failed() {
+    std::lock_guard lk(mu_);
+    return err_ != nullptr;
+  }
+  /// Joins the lane and rethrows its failure; else returns the time from its start to the end
+  /// of its last sub-group.
+  double finish() {
+    thread_.join();
+    if (err_) std::rethrow_exception(err_);
+    return seconds_;
+  }
+
+ private:
+  void run() {
+    const auto t0 = Clock::now();
+    for (std::size_t k : ks_) {
+      {
+        std::lock_guard lk(mu_);
+        if (stop_ || err_) break;
+      }
+      std::exception_ptr err;
+      try {
+        step_(k);
+      } catch (...) {
+        err = std::current_exception();
+      }
+      std::lock_guard lk(mu_);
+      if (err)
+        err_ = err;
+      else
+        done_.push_back(k);
+      cv_.notify_all();
+    }
+    std::lock_guard lk(mu_);
+    seconds_ = std::chrono::duration<double>(Clock::now() - t0).count();
+    ended_ = true;
+    cv_.notify_all();
+  }
+
+  const std::vector<std::size_t> ks_;
+  const std::function<void(std::size_t)> step_;
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::vector<std::size_t> done_;
+  std::exception_ptr err_;
+  bool stop_ = false, ended_ = false;
+  double seconds_ = 0;
+  std::thread thread_;  // last: starts once everything above is constructed
+};
+
+}  // namespace
+
+void ShardedOptimizer::Impl::gpu_step(OptSub& s, const GroupConfig& gc, const GradView& grad,
+                                      void* const* ptr, std::uint64_t t, std::uint16_t* p16,
+                                      bool speculative) {
+  const OptGroup& g = groups[s.group];
+  const std::size_t bytes16 = s.numel * sizeof(std::uint16_t);
+  void* const d16 = gpu_p16.reserve(bytes16);
+  const Param16View out{d16, g.dtype16};
+  auto* p = static_cast<float*>(ptr[kMaster]);
+  switch (gc.kind) {
+    case OptimizerKind::adamw:
+    case OptimizerKind::adam: {
+      AdamState a;
+      a.param = p;
+      a.exp_avg = ptr[kExpAvg];
+      a.exp_avg_sq = ptr[kExpAvgSq];
+      a.max_exp_avg_sq = ptr[kMaxExpAvgSq];
+      a.moment_dtype = moment_dtype();
+      cuda::adam_step(adam_config(gc), static_cast<std::int64_t>(t), a, grad, out, s.numel,
+                      nullptr);
+      break;
+    }
+    case OptimizerKind::lion:
+      cuda::lion_step(lion_config(gc), p, ptr[kExpAvg], moment_dtype(), grad, out, s.numel,
+                      nullptr);
+      break;
+    case OptimizerKind::sgd:
+      cuda::sgd_step(sgd_config(gc), t == 1, p, static_cast<float*>(ptr[kMomentum]), grad, out,
+                     s.numel, nullptr);
+      break;
+  }
+  cuda::copy_to_host(p16, d16, bytes16, nullptr);  // stream-ordered after the kernel
+  // The final output (not a speculative one) at world size 1: bound device copies take it from
+  // the kernel's output, device to device (at world size > 1 they follow the all-gather).
+  if (world == 1 && !speculative) {
+    for (ParamId id : s.pids) {
+      const OptParam& q = params[id];
+      if (q.d16 == nullptr) continue;
+      const auto [b, e] = Impl::slice(q, s);
+      cuda::copy_on_device(static_cast<std::uint16_t*>(q.d16) + (b - q.offset),
+                           static_cast<const std::uint16_t*>(d16) + (b - s.begin),
+                           (e - b) * sizeof(std::uint16_t), nullptr);
+    }
+    s.d16_done = true;
+  }
+  cuda::synchronize(nullptr);
+}
+
+void ShardedOptimizer::Impl::step_sub(OptSub& s, const GroupConfig& gc, float multiplier,
+                                      std::uint64_t t, std::uint16_t* p16, bool* wrote16,
+                                      bool speculative) {
+  const OptGroup& g = groups[s.group];
+  // Where the state is read and written: host memory, or GPU memory for GPU-resident state. A GPU
+  // step of host-resident state (a plan's choice on a coherent link) works on it in place.
+  const Tier tier = s.on_gpu ? Tier::device : Tier::host;
+  {
+    std::optional<Held> st[kStateSlots];
+    void* ptr[kStateSlots] = {};
+    for (int slot = 0; slot < kStateSlots; ++slot) {
+      if (s.state[slot] == kNoBlock) continue;
+      st[slot].emplace(tiers, tiers.acquire(s.state[slot], tier, Access::write));
+      ptr[slot] = st[slot]->v.data();
+    }
+    Held gv(tiers, tiers.acquire(s.grad, grad_tier_of(s)));
+    const GradView gview{gv.v.data(), acc_dtype(g), multiplier};
+    const Param16View out{p16, g.dtype16};
+    auto* p = static_cast<float*>(ptr[kMaster]);
+    if (wrote16) *wrote16 = true;
+    // A simulated GPU is a processor of its own: one thread, not the CPU's workers (the same
+    // bits for any thread count), so a split step's two parts do not share them.
+    CpuKernelContext kc = ctx();
+    if (s.step_gpu) kc.pool = nullptr;
+    if (s.step_gpu && !gpu_simulated)
+      gpu_step(s, gc, gview, ptr, t, p16, speculative);
+    else
+      switch (gc.kind) {
+        case OptimizerKind::adamw:
+        case OptimizerKind::adam: {
+          AdamState a;
+          a.param = p;
+          a.exp_avg = ptr[kExpAvg];
+          a.exp_avg_sq = ptr[kExpAvgSq];
+          a.max_exp_avg_sq = ptr[kMaxExpAvgSq];
+          a.moment_dtype = moment_dtype();
+          adam_step(adam_config(gc), static_cast<std::int64_t>(t), a, gview, out, s.numel, kc);
+          break;
+        }
+        case OptimizerKind::lion:
+          lion_step(lion_config(gc), p, ptr[kExpAvg], moment_dtype(), gview, out, s.numel, kc);
+          break;
+        case OptimizerKind::sgd:
+          sgd_step(sgd_config(gc), t == 1, p, static_cast<float*>(ptr[kMomentum]), gview, out,
+                   s.numel, kc);
+          break;
+      }
+    for (auto& h : st)
+      if (h) h->dirty = true;
+  }
+  if (s.streaming)
+    for (BlockId b : s.state)
+      if (b != kNoBlock) tiers.write_back(b);
+}
+
+template <class Step, class After>
+void ShardedOptimizer::Impl::run_steps(const std::vector<std::size_t>& ks, Step&& step,
+                                       After&& after, bool* wrote16, StepResult& r) {
+  auto on_gpu = [&](std::size_t k) { return subs[k].step_gpu; };
+  const auto n_gpu = static_cast<std::size_t>(std::count_if(ks.begin(), ks.end(), on_gpu));
+  r.gpu_subgroups += static_cast<std::uint32_t>(n_gpu);
+  // A split (both kinds): the GPU's on the lane, the rest here; else all here, in order.
+  const bool split = cfg.concurrent_gpu_step && n_gpu > 0 && n_gpu < ks.size();
+  std::vector<std::size_t> lane_ks, here;
+  for (std::size_t k : ks) (split && on_gpu(k) ? lane_ks : here).push_back(k);
+  std::optional<GpuLane> lane;
+  if (split) {
+    if (wrote16 != nullptr) *wrote16 = true;  // the lane's writes are not tracked one by one
+    lane.emplace(std::move(lane_ks), [&](std::size_t k) { step(k, nullptr); });
+  }
+  auto prefetch = [&](std::size_t i) {  // streamed state, read ahead of its step
+    if (i >= here.size() || !subs[here[i]].streaming) return;
+    for (BlockId b : subs[here[i]].state)
+      if (b != kNoBlock) tiers.prefetch(b, Tier::host);
+  };
+  for (std::size_t i = 0; i < std::min<std::size_t>(here.size(), depth + 1); ++i) prefetch(i);
+  auto drain = [&](bool wait) {
+    const auto ks_done = lane->take(wait);
+    for (std::size_t k : ks_done) after(k);
+    return !ks_done.empty();
+  };
+  for (std::size_t i = 0; i < here.size(); ++i) {
+    prefetch(i + depth + 1);
+    const std::size_t k = here[i];
+    const auto t0 = Clock::now();
+    step(k, wrote16);
+    if (on_gpu(k)) r.gpu_seconds += std::chrono::duration<double>(Clock::now() - t0).count();
+    after(k);
+    if (lane) {
+      drain(false);
+      if (lane->failed()) break;  // finish() below rethrows it
+    }
+  }
+  if (!lane) return;
+  while (drain(true)) {
+  }
+  r.gpu_seconds += lane->finish();
+}
+
+StepResult ShardedOptimizer::step() {
+  Impl& m = *impl_;
+  m.require_finalized("step");
+  if (m.in_backward) throw std::logic_error("step: end_backward() first");
+  const auto t0 = Clock::now();
+  const TierCounters c0 = m.tiers.counters();
+  if (m.world > 1)
+    for (auto& g : m.groups) m.reduce_local(g);  // whatever was not reduced yet
+
+  // Overlapped mode: the speculative steps finish first (they overlap the statistics below).
+  std::exception_ptr spec_error;
+  bool spec_any = false, spec_keep = false;
+  if (m.cfg.overlap) {
+    m.spec_drain();
+    std::lock_guard lk(m.spec_mu);
+    spec_error = m.spec_error;
+    for (const auto& s : m.subs) spec_any |= s.spec == OptSub::Spec::stepped;
+    spec_keep = spec_any && !m.spec_invalid && !spec_error;
+  }
+  // A failed step leaves the state as it was before the backward and drops the gradients.
+  auto drop_gradients = [&] {
+    for (auto& s : m.subs) m.drop_grad(s);
+  };
+  if (spec_error) {
+    m.spec_discard();
+    drop_gradients();
+    std::rethrow_exception(spec_error);
+  }
+
+  // Validation: chunk sums of the 16-bit gradient, gathered so every rank adds the same numbers
+  // in the same order (the norm is the same for every world size and thread count).
+  std::vector<double> chunk(m.chunks, 0.0);
+  for (auto& s : m.subs) {
+    const OptGroup& g = m.groups[s.group];
+    double* out = chunk.data() + g.chunk_base + s.begin / kGradStatsChunk;
+    if (!s.sums.empty()) {  // taken at ingest
+      std::copy(s.sums.begin(), s.sums.end(), out);
+      continue;
+    }
+    const Tier tier = m.grad_tier_of(s);
+    Held v(m.tiers, m.tiers.acquire(s.grad, tier));
+    m.chunk_sums(s, v.v, tier, out);
+  }
+  if (m.world > 1) m.comm.all_reduce_sum(chunk.data(), chunk.size());
+  double sum_sq = 0;
+  bool nonfinite = false;
+  for (double c : chunk) {
+    sum_sq += c;
+    nonfinite |= !std::isfinite(c);
+  }
+
+  StepResult r;
+  r.loss_scale = m.scale;
+  const double inv = 1.0 / m.scale;
+  r.grad_norm = std::sqrt(sum_sq) * inv;
+  const auto& ls = m.cfg.loss_scaler;
+  auto finish = [&] {
+    drop_gradients();
+    const TierCounters c1 = m.tiers.counters();
+    for (int t = 0; t < kTierCount; ++t) {
+      r.bytes_in[t] = c1.bytes_in[t] - c0.bytes_in[t];
+      r.bytes_out[t] = c1.bytes_out[t] - c0.bytes_out[t];
+    }
+    r.io_wait_seconds = c1.stall_seconds - c0.stall_seconds;
+    r.step = m.step_count;
+    r.next_loss_scale = m.scale;
+    r.generation = m.tiers.committed_generation();
+    r.seconds = std::chrono::duration<double>(Clock::now() - t0).count();
+  };
+  if (nonfinite) {
+    r.skipped = true;
+    if (spec_any) {  // the speculative generation goes; the committed one is bit for bit intact
+      m.spec_discard();
+    }
+    if (ls.mode == LossScaling::dynamic) {
+      m.scale *= ls.backoff_factor;
+      m.growth_tracker = 0;
+    }
+    finish();
+    return r;
+  }
+  if (m.cfg.max_grad_norm > 0) {
+    const double c = m.cfg.max_grad_norm / (r.grad_norm + 1e-6);
+    if (c < 1) r.clip_factor = c;
+  }
+  const auto multiplier = static_cast<float>(inv * r.clip_factor);
+  const std::uint64_t t = m.step_count + 1;
+  if (spec_keep) {
+    std::vector<GroupConfig> cfgs;
+    for (const auto& g : m.groups) cfgs.push_back(g.cfg);
+    spec_keep = multiplier == m.spec_mult && t == m.spec_t && cfgs == m.spec_cfgs;
+  }
+  if (spec_any && !spec_keep) {  // clipping (or a change) discovered late: discard and redo
+    m.spec_discard();
+    r.redone = true;
+  }
+  // The sub-groups still to step (all of them, except those kept from the overlapped backward).
+  // Memory-only sub-groups (`late`) step after the commit, from gradients pinned before it
+  // (except those kept from the overlapped backward: their undo copies restore them on failure).
+  std::vector<std::size_t> todo, late;
+  for (std::size_t k = 0; k < m.subs.size(); ++k)
+    if (!spec_keep || m.subs[k].spec != OptSub::Spec::stepped)
+      (m.subs[k].memory_only ? late : todo).push_back(k);
+  // Read (if spilled) and pinned before the commit, so nothing after it does I/O; a view
+  // destroyed unreleased is released clean.
+  std::vector<BlockView> late_grads;
+
+  // The pipeline: prefetch ahead, step, write behind (the GPU's sub-groups meanwhile, on their
+  // lane). Errors roll the generation back.
+  bool p16_changed = false;  // param16 no longer matches the committed master weights
+  try {
+    m.p16_begin();
+    if (spec_keep)  // the speculative results kept: their 16-bit parameters are final now
+      for (auto& s : m.subs) {
+        if (s.spec != OptSub::Spec::stepped) continue;
+        OptGroup& g = m.groups[s.group];
+        std::uint16_t* dst = g.p16.data() + s.begin;
+        const std::uint16_t* src = s.spec16.data();
+        if (m.cfg.overlap_param16_in_place) {
+          // already there: the speculative step wrote param16() itself
+        } else if (m.pool != nullptr && m.pool->size() > 1 && s.numel >= (1u << 20)) {
+          m.pool->parallel_for(s.numel, 2048, [&](std::size_t b, std::size_t e) {
+            std::memcpy(dst + b, src + b, (e - b) * sizeof(std::uint16_t));
+          });
+        } else {
+          std::copy(s.spec16.begin(), s.spec16.end(), dst);
+        }
+        p16_changed = true;
+        ++r.overlapped_subgroups;
+        m.p16_done(s);
+      }
+    m.run_steps(
+        todo,
+        [&](std::size_t k, bool* wrote16) {
+          OptSub& s = m.subs[k];
+          OptGroup& g = m.groups[s.group];
+          m.step_sub(s, g.cfg, multiplier, t, g.p16.data() + s.begin, wrote16);
+        },
+        [&](std::size_t k) {
+          m.drop_grad(m.subs[k]);
+          m.p16_done(m.subs[k]);
+        },
+        &p16_changed, r);
+    late_grads.resize(m.subs.size());
+    for (std::size_t k : late)  // where the step reads it
+      late_grads[k] = m.tiers.acquire(m.subs[k].grad, m.grad_tier_of(m.subs[k]));
+    m.step_count = t;
+    m.tiers.commit();
+  } catch (...) {
+    late_grads.clear();
+    m.step_count = t - 1;
+    try {
+      m.spec_discard();
+      drop_gradients();
+      if (p16_changed) {
+        m.refresh_param16();
+        m.p16_all();  // the values the trainer was given are undone
+      }
+      m.p16_sync();
+    } catch (const std::exception& e) {
+      log(LogLevel::error,
+          fmt::format("step: rolling back after an error failed too: {}", e.what()));
+    }
+    throw;
+  }
+  // The memory-only state: the committed generation is the new step for everything else, and
+  // this part cannot fail (resident state, pinned gradients, the CPU kernel).
+  m.run_steps(
+      late,
+      [&](std::size_t k, bool*) {
+        OptSub& s = m.subs[k];
+        OptGroup& g = m.groups[s.group];
+        try {
+          m.step_sub(s, g.cfg, multiplier, t, g.p16.data() + s.begin);
+        } catch (const std::exception& e) {
+          log(LogLevel::error,
+              fmt::format("step {}: memory-only sub-group {} of group {} failed after the commit "
+                          "({}): the in-memory state is now inconsistent; load a checkpoint",
+                          t, s.index, s.group, e.what()));
+          throw;
+        }
+      },
+      [&](std::size_t k) {
+        late_grads[k] = BlockView{};
+        m.drop_grad(m.subs[k]);
+        m.p16_done(m.subs[k]);
+      },
+      nullptr, r);
+  if (spec_keep) m.spec_reset();
+  m.gather_param16();
+  if (ls.mode == LossScaling::dynamic && ++m.growth_tracker >= ls.growth_interval) {
+    m.scale *= ls.growth_factor;
+    m.growth_tracker = 0;
+  }
+  finish();
+  if (m.world > 1) m.p16_all();  // the step is complete: an exception here leaves it done
+  m.p16_sync();
+  return r;
+}
+
+}  // namespace tierswap

@@ -457,7 +457,7 @@ void ShardedOptimizer::load(const std::filesystem::path& dir) {
   m.step_count = step;
   m.scale = scale;
   m.growth_tracker = tracker;
-  for (auto& s : m.subs) m.drop_grad(s);
+  m.drop_all_grads();
   m.tiers.commit();
   bool memory_only = false;
   for (const auto& s : m.subs) memory_only |= s.memory_only;

@@ -153,8 +153,7 @@ void ShardedOptimizer::begin_backward(bool final) {
   if (!m.cfg.overlap || !final) return;
   // What a speculative step uses; if results from an earlier final backward are pending, they
   // stay valid only while all of it is unchanged.
-  std::vector<GroupConfig> cfgs;
-  for (const auto& g : m.groups) cfgs.push_back(g.cfg);
+  std::vector<GroupConfig> cfgs = m.group_configs();
   const auto mult = static_cast<float>(1.0 / m.scale);
   const std::uint64_t t = m.step_count + 1;
   if (m.spec_pending()) {

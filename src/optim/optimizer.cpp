@@ -172,8 +172,8 @@ void ShardedOptimizer::initialize(const ParamInit& init) {
       }
       m.settle(s, s.state[slot]);
     }
-    m.drop_grad(s);
   }
+  m.drop_all_grads();
   m.gather_param16();
   m.upload16_all();
   m.p16_sync();

@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <array>
+#include <chrono>
 #include <condition_variable>
 #include <cstdint>
 #include <deque>
@@ -275,6 +276,34 @@ struct ShardedOptimizer::Impl {
   cuda::DeviceBuffer gpu_sums;  // statistics chunk sums of a device-resident gradient (ingest)
   // add_grad_device's slices of device memory for host-side accumulation (the caller's thread).
   cuda::PinnedBuffer grad_staging;
+  // ---- step(), in pieces (step.cpp) ----------------------------------------------------------
+  struct Speculation {
+    std::exception_ptr error;  // the first failure of a speculative step
+    bool any = false;          // some sub-group was stepped speculatively
+    bool keep = false;         // and its results may be kept (nothing invalidated them)
+  };
+  /// Waits for the speculative steps (overlapped mode) and says what they left.
+  Speculation drain_speculation();
+  /// drop_grad() for every sub-group.
+  void drop_all_grads();
+  /// The global gradient statistics: sum of squares, and whether any value is non-finite.
+  std::pair<double, bool> global_grad_stats();
+  /// Every group's hyper-parameters (what a speculative step is checked against).
+  std::vector<GroupConfig> group_configs() const;
+  struct StepPlan {
+    float multiplier = 1;  // loss-scale inverse x clip factor
+    std::uint64_t t = 0;   // the step number being taken
+    std::vector<std::size_t> todo, late;  // stepped before the commit; memory-only, after it
+  };
+  void partition_todo_late(bool keep, std::vector<std::size_t>* todo,
+                           std::vector<std::size_t>* late) const;
+  void keep_speculative_param16(StepResult& r, bool* p16_changed);
+  void run_pipeline_and_commit(const StepPlan& sp, bool keep, std::vector<BlockView>* late_grads,
+                               StepResult& r);
+  void step_memory_only_after_commit(const StepPlan& sp, std::vector<BlockView>* late_grads,
+                                     StepResult& r);
+  void finish_result(StepResult& r, const TierCounters& c0,
+                     std::chrono::steady_clock::time_point t0);
   void spec_loop();
   /// Waits until no speculative step is queued or running.
   void spec_drain();

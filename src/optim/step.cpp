@@ -248,6 +248,177 @@ void ShardedOptimizer::Impl::run_steps(const std::vector<std::size_t>& ks, Step&
   r.gpu_seconds += lane->finish();
 }
 
+// ---- step(), in the order it runs --------------------------------------------------------------
+ShardedOptimizer::Impl::Speculation ShardedOptimizer::Impl::drain_speculation() {
+  Speculation sp;
+  if (!cfg.overlap) return sp;
+  spec_drain();
+  std::lock_guard lk(spec_mu);
+  sp.error = spec_error;
+  for (const auto& s : subs) sp.any |= s.spec == OptSub::Spec::stepped;
+  sp.keep = sp.any && !spec_invalid && !spec_error;
+  return sp;
+}
+
+void ShardedOptimizer::Impl::drop_all_grads() {
+  for (auto& s : subs) drop_grad(s);
+}
+
+// Chunk sums of the 16-bit gradient, gathered so every rank adds the same numbers in the same
+// order (the norm is the same for every world size and thread count): the sum of squares, and
+// whether any is non-finite.
+std::pair<double, bool> ShardedOptimizer::Impl::global_grad_stats() {
+  std::vector<double> chunk(chunks, 0.0);
+  for (auto& s : subs) {
+    const OptGroup& g = groups[s.group];
+    double* out = chunk.data() + g.chunk_base + s.begin / kGradStatsChunk;
+    if (!s.sums.empty()) {  // taken at ingest
+      std::copy(s.sums.begin(), s.sums.end(), out);
+      continue;
+    }
+    const Tier tier = grad_tier_of(s);
+    Held v(tiers, tiers.acquire(s.grad, tier));
+    chunk_sums(s, v.v, tier, out);
+  }
+  if (world > 1) comm.all_reduce_sum(chunk.data(), chunk.size());
+  double sum_sq = 0;
+  bool nonfinite = false;
+  for (double c : chunk) {
+    sum_sq += c;
+    nonfinite |= !std::isfinite(c);
+  }
+  return {sum_sq, nonfinite};
+}
+
+std::vector<GroupConfig> ShardedOptimizer::Impl::group_configs() const {
+  std::vector<GroupConfig> cfgs;
+  for (const auto& g : groups) cfgs.push_back(g.cfg);
+  return cfgs;
+}
+
+// The sub-groups still to step (all of them, except those kept from the overlapped backward).
+// Memory-only sub-groups (`late`) step after the commit, from gradients pinned before it (except
+// those kept from the overlapped backward: their undo copies restore them on failure).
+void ShardedOptimizer::Impl::partition_todo_late(bool keep, std::vector<std::size_t>* todo,
+                                                 std::vector<std::size_t>* late) const {
+  for (std::size_t k = 0; k < subs.size(); ++k)
+    if (!keep || subs[k].spec != OptSub::Spec::stepped)
+      (subs[k].memory_only ? *late : *todo).push_back(k);
+}
+
+// The speculative results kept: their 16-bit parameters are final now.
+void ShardedOptimizer::Impl::keep_speculative_param16(StepResult& r, bool* p16_changed) {
+  for (auto& s : subs) {
+    if (s.spec != OptSub::Spec::stepped) continue;
+    OptGroup& g = groups[s.group];
+    std::uint16_t* dst = g.p16.data() + s.begin;
+    const std::uint16_t* src = s.spec16.data();
+    if (cfg.overlap_param16_in_place) {
+      // already there: the speculative step wrote param16() itself
+    } else if (pool != nullptr && pool->size() > 1 && s.numel >= (1u << 20)) {
+      pool->parallel_for(s.numel, 2048, [&](std::size_t b, std::size_t e) {
+        std::memcpy(dst + b, src + b, (e - b) * sizeof(std::uint16_t));
+      });
+    } else {
+      std::copy(s.spec16.begin(), s.spec16.end(), dst);
+    }
+    *p16_changed = true;
+    ++r.overlapped_subgroups;
+    p16_done(s);
+  }
+}
+
+// The pipeline: prefetch ahead, step, write behind (the GPU's sub-groups meanwhile, on their
+// lane), then the commit. `late`'s gradients are read (if spilled) and pinned before the commit,
+// so nothing after it does I/O. An error rolls the generation back, drops the gradients and
+// gives the trainer back the 16-bit values it was handed, then rethrows.
+void ShardedOptimizer::Impl::run_pipeline_and_commit(const StepPlan& sp, bool keep,
+                                                     std::vector<BlockView>* late_grads,
+                                                     StepResult& r) {
+  bool p16_changed = false;  // param16 no longer matches the committed master weights
+  try {
+    p16_begin();
+    if (keep) keep_speculative_param16(r, &p16_changed);
+    run_steps(
+        sp.todo,
+        [&](std::size_t k, bool* wrote16) {
+          OptSub& s = subs[k];
+          OptGroup& g = groups[s.group];
+          step_sub(s, g.cfg, sp.multiplier, sp.t, g.p16.data() + s.begin, wrote16);
+        },
+        [&](std::size_t k) {
+          drop_grad(subs[k]);
+          p16_done(subs[k]);
+        },
+        &p16_changed, r);
+    late_grads->resize(subs.size());
+    for (std::size_t k : sp.late)  // where the step reads it
+      (*late_grads)[k] = tiers.acquire(subs[k].grad, grad_tier_of(subs[k]));
+    step_count = sp.t;
+    tiers.commit();
+  } catch (...) {
+    late_grads->clear();
+    step_count = sp.t - 1;
+    try {
+      spec_discard();
+      drop_all_grads();
+      if (p16_changed) {
+        refresh_param16();
+        p16_all();  // the values the trainer was given are undone
+      }
+      p16_sync();
+    } catch (const std::exception& e) {
+      log(LogLevel::error,
+          fmt::format("step: rolling back after an error failed too: {}", e.what()));
+    }
+    throw;
+  }
+}
+
+// The memory-only state: the committed generation is the new step for everything else, and this
+// part cannot fail (resident state, pinned gradients, the CPU kernel).
+void ShardedOptimizer::Impl::step_memory_only_after_commit(const StepPlan& sp,
+                                                           std::vector<BlockView>* late_grads,
+                                                           StepResult& r) {
+  run_steps(
+      sp.late,
+      [&](std::size_t k, bool*) {
+        OptSub& s = subs[k];
+        OptGroup& g = groups[s.group];
+        try {
+          step_sub(s, g.cfg, sp.multiplier, sp.t, g.p16.data() + s.begin);
+        } catch (const std::exception& e) {
+          log(LogLevel::error,
+              fmt::format("step {}: memory-only sub-group {} of group {} failed after the commit "
+                          "({}): the in-memory state is now inconsistent; load a checkpoint",
+                          sp.t, s.index, s.group, e.what()));
+          throw;
+        }
+      },
+      [&](std::size_t k) {
+        (*late_grads)[k] = BlockView{};
+        drop_grad(subs[k]);
+        p16_done(subs[k]);
+      },
+      nullptr, r);
+}
+
+// Drops the gradients and fills in what the step moved and took.
+void ShardedOptimizer::Impl::finish_result(StepResult& r, const TierCounters& c0,
+                                           std::chrono::steady_clock::time_point t0) {
+  drop_all_grads();
+  const TierCounters c1 = tiers.counters();
+  for (int t = 0; t < kTierCount; ++t) {
+    r.bytes_in[t] = c1.bytes_in[t] - c0.bytes_in[t];
+    r.bytes_out[t] = c1.bytes_out[t] - c0.bytes_out[t];
+  }
+  r.io_wait_seconds = c1.stall_seconds - c0.stall_seconds;
+  r.step = step_count;
+  r.next_loss_scale = scale;
+  r.generation = tiers.committed_generation();
+  r.seconds = std::chrono::duration<double>(Clock::now() - t0).count();
+}
+
 StepResult ShardedOptimizer::step() {
   Impl& m = *impl_;
   m.require_finalized("step");
@@ -257,192 +428,57 @@ StepResult ShardedOptimizer::step() {
   if (m.world > 1)
     for (auto& g : m.groups) m.reduce_local(g);  // whatever was not reduced yet
 
-  // Overlapped mode: the speculative steps finish first (they overlap the statistics below).
-  std::exception_ptr spec_error;
-  bool spec_any = false, spec_keep = false;
-  if (m.cfg.overlap) {
-    m.spec_drain();
-    std::lock_guard lk(m.spec_mu);
-    spec_error = m.spec_error;
-    for (const auto& s : m.subs) spec_any |= s.spec == OptSub::Spec::stepped;
-    spec_keep = spec_any && !m.spec_invalid && !spec_error;
-  }
-  // A failed step leaves the state as it was before the backward and drops the gradients.
-  auto drop_gradients = [&] {
-    for (auto& s : m.subs) m.drop_grad(s);
-  };
-  if (spec_error) {
+  // Overlapped mode: the speculative steps finish first (they overlap the statistics below). A
+  // failed step leaves the state as it was before the backward and drops the gradients.
+  Impl::Speculation spec = m.drain_speculation();
+  if (spec.error) {
     m.spec_discard();
-    drop_gradients();
-    std::rethrow_exception(spec_error);
+    m.drop_all_grads();
+    std::rethrow_exception(spec.error);
   }
+  const auto [sum_sq, nonfinite] = m.global_grad_stats();
 
-  // Validation: chunk sums of the 16-bit gradient, gathered so every rank adds the same numbers
-  // in the same order (the norm is the same for every world size and thread count).
-  std::vector<double> chunk(m.chunks, 0.0);
-  for (auto& s : m.subs) {
-    const OptGroup& g = m.groups[s.group];
-    double* out = chunk.data() + g.chunk_base + s.begin / kGradStatsChunk;
-    if (!s.sums.empty()) {  // taken at ingest
-      std::copy(s.sums.begin(), s.sums.end(), out);
-      continue;
-    }
-    const Tier tier = m.grad_tier_of(s);
-    Held v(m.tiers, m.tiers.acquire(s.grad, tier));
-    m.chunk_sums(s, v.v, tier, out);
-  }
-  if (m.world > 1) m.comm.all_reduce_sum(chunk.data(), chunk.size());
-  double sum_sq = 0;
-  bool nonfinite = false;
-  for (double c : chunk) {
-    sum_sq += c;
-    nonfinite |= !std::isfinite(c);
-  }
-
+  // The verdict: skip (non-finite), clip, keep or redo the speculative results.
   StepResult r;
   r.loss_scale = m.scale;
   const double inv = 1.0 / m.scale;
   r.grad_norm = std::sqrt(sum_sq) * inv;
   const auto& ls = m.cfg.loss_scaler;
-  auto finish = [&] {
-    drop_gradients();
-    const TierCounters c1 = m.tiers.counters();
-    for (int t = 0; t < kTierCount; ++t) {
-      r.bytes_in[t] = c1.bytes_in[t] - c0.bytes_in[t];
-      r.bytes_out[t] = c1.bytes_out[t] - c0.bytes_out[t];
-    }
-    r.io_wait_seconds = c1.stall_seconds - c0.stall_seconds;
-    r.step = m.step_count;
-    r.next_loss_scale = m.scale;
-    r.generation = m.tiers.committed_generation();
-    r.seconds = std::chrono::duration<double>(Clock::now() - t0).count();
-  };
   if (nonfinite) {
     r.skipped = true;
-    if (spec_any) {  // the speculative generation goes; the committed one is bit for bit intact
-      m.spec_discard();
-    }
+    if (spec.any) m.spec_discard();  // the committed generation is bit for bit intact
     if (ls.mode == LossScaling::dynamic) {
       m.scale *= ls.backoff_factor;
       m.growth_tracker = 0;
     }
-    finish();
+    m.finish_result(r, c0, t0);
     return r;
   }
   if (m.cfg.max_grad_norm > 0) {
     const double c = m.cfg.max_grad_norm / (r.grad_norm + 1e-6);
     if (c < 1) r.clip_factor = c;
   }
-  const auto multiplier = static_cast<float>(inv * r.clip_factor);
-  const std::uint64_t t = m.step_count + 1;
-  if (spec_keep) {
-    std::vector<GroupConfig> cfgs;
-    for (const auto& g : m.groups) cfgs.push_back(g.cfg);
-    spec_keep = multiplier == m.spec_mult && t == m.spec_t && cfgs == m.spec_cfgs;
-  }
-  if (spec_any && !spec_keep) {  // clipping (or a change) discovered late: discard and redo
+  Impl::StepPlan sp;
+  sp.multiplier = static_cast<float>(inv * r.clip_factor);
+  sp.t = m.step_count + 1;
+  if (spec.keep)
+    spec.keep = sp.multiplier == m.spec_mult && sp.t == m.spec_t && m.group_configs() == m.spec_cfgs;
+  if (spec.any && !spec.keep) {  // clipping (or a change) discovered late: discard and redo
     m.spec_discard();
     r.redone = true;
   }
-  // The sub-groups still to step (all of them, except those kept from the overlapped backward).
-  // Memory-only sub-groups (`late`) step after the commit, from gradients pinned before it
-  // (except those kept from the overlapped backward: their undo copies restore them on failure).
-  std::vector<std::size_t> todo, late;
-  for (std::size_t k = 0; k < m.subs.size(); ++k)
-    if (!spec_keep || m.subs[k].spec != OptSub::Spec::stepped)
-      (m.subs[k].memory_only ? late : todo).push_back(k);
-  // Read (if spilled) and pinned before the commit, so nothing after it does I/O; a view
-  // destroyed unreleased is released clean.
-  std::vector<BlockView> late_grads;
+  m.partition_todo_late(spec.keep, &sp.todo, &sp.late);
 
-  // The pipeline: prefetch ahead, step, write behind (the GPU's sub-groups meanwhile, on their
-  // lane). Errors roll the generation back.
-  bool p16_changed = false;  // param16 no longer matches the committed master weights
-  try {
-    m.p16_begin();
-    if (spec_keep)  // the speculative results kept: their 16-bit parameters are final now
-      for (auto& s : m.subs) {
-        if (s.spec != OptSub::Spec::stepped) continue;
-        OptGroup& g = m.groups[s.group];
-        std::uint16_t* dst = g.p16.data() + s.begin;
-        const std::uint16_t* src = s.spec16.data();
-        if (m.cfg.overlap_param16_in_place) {
-          // already there: the speculative step wrote param16() itself
-        } else if (m.pool != nullptr && m.pool->size() > 1 && s.numel >= (1u << 20)) {
-          m.pool->parallel_for(s.numel, 2048, [&](std::size_t b, std::size_t e) {
-            std::memcpy(dst + b, src + b, (e - b) * sizeof(std::uint16_t));
-          });
-        } else {
-          std::copy(s.spec16.begin(), s.spec16.end(), dst);
-        }
-        p16_changed = true;
-        ++r.overlapped_subgroups;
-        m.p16_done(s);
-      }
-    m.run_steps(
-        todo,
-        [&](std::size_t k, bool* wrote16) {
-          OptSub& s = m.subs[k];
-          OptGroup& g = m.groups[s.group];
-          m.step_sub(s, g.cfg, multiplier, t, g.p16.data() + s.begin, wrote16);
-        },
-        [&](std::size_t k) {
-          m.drop_grad(m.subs[k]);
-          m.p16_done(m.subs[k]);
-        },
-        &p16_changed, r);
-    late_grads.resize(m.subs.size());
-    for (std::size_t k : late)  // where the step reads it
-      late_grads[k] = m.tiers.acquire(m.subs[k].grad, m.grad_tier_of(m.subs[k]));
-    m.step_count = t;
-    m.tiers.commit();
-  } catch (...) {
-    late_grads.clear();
-    m.step_count = t - 1;
-    try {
-      m.spec_discard();
-      drop_gradients();
-      if (p16_changed) {
-        m.refresh_param16();
-        m.p16_all();  // the values the trainer was given are undone
-      }
-      m.p16_sync();
-    } catch (const std::exception& e) {
-      log(LogLevel::error,
-          fmt::format("step: rolling back after an error failed too: {}", e.what()));
-    }
-    throw;
-  }
-  // The memory-only state: the committed generation is the new step for everything else, and
-  // this part cannot fail (resident state, pinned gradients, the CPU kernel).
-  m.run_steps(
-      late,
-      [&](std::size_t k, bool*) {
-        OptSub& s = m.subs[k];
-        OptGroup& g = m.groups[s.group];
-        try {
-          m.step_sub(s, g.cfg, multiplier, t, g.p16.data() + s.begin);
-        } catch (const std::exception& e) {
-          log(LogLevel::error,
-              fmt::format("step {}: memory-only sub-group {} of group {} failed after the commit "
-                          "({}): the in-memory state is now inconsistent; load a checkpoint",
-                          t, s.index, s.group, e.what()));
-          throw;
-        }
-      },
-      [&](std::size_t k) {
-        late_grads[k] = BlockView{};
-        m.drop_grad(m.subs[k]);
-        m.p16_done(m.subs[k]);
-      },
-      nullptr, r);
-  if (spec_keep) m.spec_reset();
+  std::vector<BlockView> late_grads;  // a view destroyed unreleased is released clean
+  m.run_pipeline_and_commit(sp, spec.keep, &late_grads, r);
+  m.step_memory_only_after_commit(sp, &late_grads, r);
+  if (spec.keep) m.spec_reset();
   m.gather_param16();
   if (ls.mode == LossScaling::dynamic && ++m.growth_tracker >= ls.growth_interval) {
     m.scale *= ls.growth_factor;
     m.growth_tracker = 0;
   }
-  finish();
+  m.finish_result(r, c0, t0);
   if (m.world > 1) m.p16_all();  // the step is complete: an exception here leaves it done
   m.p16_sync();
   return r;

@@ -317,14 +317,11 @@ void ShardedOptimizer::load(const std::filesystem::path& dir) {
       const OptGroup& g = m.groups[gi];
       const auto& jg = groups[gi];
       GroupConfig c = group_from_json(jg.at("config"));
-      OptGroup probe = g;
-      probe.cfg = c;
-      for (int slot = 0; slot < kStateSlots; ++slot)
-        if (probe.has_slot(slot) != g.has_slot(slot) || c.kind != g.cfg.kind)
-          throw bad(man_path,
-                    fmt::format("group {} is {}{}, this optimizer's is {}{}", gi, to_string(c.kind),
-                                c.amsgrad ? " (amsgrad)" : "", to_string(g.cfg.kind),
-                                g.cfg.amsgrad ? " (amsgrad)" : ""));
+      if (!same_state_layout(c, g.cfg))
+        throw bad(man_path,
+                  fmt::format("group {} is {}{}, this optimizer's is {}{}", gi, to_string(c.kind),
+                              c.amsgrad ? " (amsgrad)" : "", to_string(g.cfg.kind),
+                              g.cfg.amsgrad ? " (amsgrad)" : ""));
       cfgs.push_back(c);
       const auto& ps = jg.at("params");
       if (ps.size() != g.params.size())

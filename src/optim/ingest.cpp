@@ -91,9 +91,7 @@ void ShardedOptimizer::Impl::after_ingest(OptSub& s, bool final) {
       const bool soon = spec_queue.size() <= depth + 1;
       lk.unlock();
       spec_cv.notify_one();
-      if (soon && s.streaming)  // read its state while the queue ahead of it is stepped
-        for (BlockId b : s.state)
-          if (b != kNoBlock) tiers.prefetch(b, Tier::host);
+      if (soon) prefetch_state(s);  // read while the queue ahead of it is stepped
       return;  // the speculative step spills the gradient when grad_tier is nvme
     }
   }

@@ -36,7 +36,7 @@ BlockClass state_class(int slot) {
   }
 }
 
-bool OptGroup::has_slot(int slot) const {
+bool keeps_slot(const GroupConfig& cfg, int slot) {
   switch (slot) {
     case kMaster:
       return true;
@@ -50,6 +50,17 @@ bool OptGroup::has_slot(int slot) const {
       return cfg.kind == OptimizerKind::sgd && cfg.momentum != 0;
   }
   return false;
+}
+
+bool same_state_layout(const GroupConfig& a, const GroupConfig& b) {
+  if (a.kind != b.kind) return false;
+  for (int slot = 0; slot < kStateSlots; ++slot)
+    if (keeps_slot(a, slot) != keeps_slot(b, slot)) return false;
+  return true;
+}
+
+bool OptGroup::has_slot(int slot) const {
+  return keeps_slot(cfg, slot);
 }
 
 // ---- Impl --------------------------------------------------------------------------------------

@@ -199,14 +199,9 @@ void ShardedOptimizer::set_group_config(int group, const GroupConfig& cfg) {
     throw std::invalid_argument(fmt::format("group {}: no such group", group));
   cfg.validate();
   OptGroup& g = m.groups[group];
-  if (m.finalized) {
-    OptGroup probe = g;
-    probe.cfg = cfg;
-    for (int slot = 0; slot < kStateSlots; ++slot)
-      if (probe.has_slot(slot) != g.has_slot(slot) || cfg.kind != g.cfg.kind)
-        throw std::invalid_argument(fmt::format(
-            "group '{}': kind, amsgrad and SGD momentum (on/off) are fixed at finalize()", g.name));
-  }
+  if (m.finalized && !same_state_layout(cfg, g.cfg))
+    throw std::invalid_argument(fmt::format(
+        "group '{}': kind, amsgrad and SGD momentum (on/off) are fixed at finalize()", g.name));
   g.cfg = cfg;
 }
 

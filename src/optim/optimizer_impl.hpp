@@ -27,6 +27,10 @@ inline constexpr BlockId kNoBlock = ~BlockId{0};
 /// The state blocks of one sub-group, by BlockClass (kNoBlock where the optimizer has none).
 enum StateSlot : int { kMaster, kExpAvg, kExpAvgSq, kMaxExpAvgSq, kMomentum, kStateSlots };
 BlockClass state_class(int slot);
+/// Whether a group with `cfg` keeps state slot `slot`.
+bool keeps_slot(const GroupConfig& cfg, int slot);
+/// Same kind and the same state slots (what may change between steps: everything else).
+bool same_state_layout(const GroupConfig& a, const GroupConfig& b);
 
 struct OptParam {
   ParamSpec spec;
@@ -284,6 +288,12 @@ struct ShardedOptimizer::Impl {
   };
   /// Waits for the speculative steps (overlapped mode) and says what they left.
   Speculation drain_speculation();
+  /// Reads streamed sub-group s's state blocks ahead into host memory (nothing for resident state).
+  void prefetch_state(const OptSub& s) {
+    if (!s.streaming) return;
+    for (BlockId b : s.state)
+      if (b != kNoBlock) tiers.prefetch(b, Tier::host);
+  }
   /// drop_grad() for every sub-group.
   void drop_all_grads();
   /// The global gradient statistics: sum of squares, and whether any value is non-finite.

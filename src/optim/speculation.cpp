@@ -49,10 +49,7 @@ void ShardedOptimizer::Impl::spec_loop() {
     OptSub& s = subs[k];
     if (!skip) {
       try {
-        for (std::size_t j : next)
-          if (subs[j].streaming)
-            for (BlockId b : subs[j].state)
-              if (b != kNoBlock) tiers.prefetch(b, Tier::host);
+        for (std::size_t j : next) prefetch_state(subs[j]);
         if (s.undo) undo_save(s);
         step_sub(s, spec_cfgs[s.group], spec_mult, spec_t, spec_out16(s), nullptr, true);
         if (cfg.grad_tier == Tier::nvme && !s.grad_gpu) tiers.evict(s.grad, Tier::host);

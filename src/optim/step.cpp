@@ -10,6 +10,7 @@
 #include <functional>
 #include <limits>
 #include <stdexcept>
+#include <type_traits>
 #include <utility>
 
 #include "src/optim/optimizer_impl.hpp"
@@ -23,6 +24,46 @@ namespace tierswap {
 namespace {
 
 using Clock = std::chrono::steady_clock;
+
+// The optimizer-kind dispatch for both processors: `on` is a CpuKernelContext (the CPU kernels)
+// or a stream (void*: the CUDA launchers); the kernels' signatures differ only in it.
+template <class On>
+void run_kernel(const GroupConfig& gc, std::uint64_t t, void* const* ptr, Dtype moments,
+                const GradView& grad, const Param16View& out, std::uint64_t n, On on) {
+  constexpr bool cpu = std::is_same_v<On, CpuKernelContext>;
+  auto* p = static_cast<float*>(ptr[kMaster]);
+  switch (gc.kind) {
+    case OptimizerKind::adamw:
+    case OptimizerKind::adam: {
+      AdamState a;
+      a.param = p;
+      a.exp_avg = ptr[kExpAvg];
+      a.exp_avg_sq = ptr[kExpAvgSq];
+      a.max_exp_avg_sq = ptr[kMaxExpAvgSq];
+      a.moment_dtype = moments;
+      const auto step = static_cast<std::int64_t>(t);
+      if constexpr (cpu)
+        adam_step(adam_config(gc), step, a, grad, out, n, on);
+      else
+        cuda::adam_step(adam_config(gc), step, a, grad, out, n, on);
+      break;
+    }
+    case OptimizerKind::lion:
+      if constexpr (cpu)
+        lion_step(lion_config(gc), p, ptr[kExpAvg], moments, grad, out, n, on);
+      else
+        cuda::lion_step(lion_config(gc), p, ptr[kExpAvg], moments, grad, out, n, on);
+      break;
+    case OptimizerKind::sgd: {
+      auto* buf = static_cast<float*>(ptr[kMomentum]);
+      if constexpr (cpu)
+        sgd_step(sgd_config(gc), t == 1, p, buf, grad, out, n, on);
+      else
+        cuda::sgd_step(sgd_config(gc), t == 1, p, buf, grad, out, n, on);
+      break;
+    }
+  }
+}
 
 // The GPU's part of a split step (concurrent_gpu_step): the sub-groups the GPU steps, in order,
 // on a thread of their own while step()'s thread steps the CPU's part. Finished sub-groups go
@@ -109,29 +150,7 @@ void ShardedOptimizer::Impl::gpu_step(OptSub& s, const GroupConfig& gc, const Gr
   const std::size_t bytes16 = s.numel * sizeof(std::uint16_t);
   void* const d16 = gpu_p16.reserve(bytes16);
   const Param16View out{d16, g.dtype16};
-  auto* p = static_cast<float*>(ptr[kMaster]);
-  switch (gc.kind) {
-    case OptimizerKind::adamw:
-    case OptimizerKind::adam: {
-      AdamState a;
-      a.param = p;
-      a.exp_avg = ptr[kExpAvg];
-      a.exp_avg_sq = ptr[kExpAvgSq];
-      a.max_exp_avg_sq = ptr[kMaxExpAvgSq];
-      a.moment_dtype = moment_dtype();
-      cuda::adam_step(adam_config(gc), static_cast<std::int64_t>(t), a, grad, out, s.numel,
-                      nullptr);
-      break;
-    }
-    case OptimizerKind::lion:
-      cuda::lion_step(lion_config(gc), p, ptr[kExpAvg], moment_dtype(), grad, out, s.numel,
-                      nullptr);
-      break;
-    case OptimizerKind::sgd:
-      cuda::sgd_step(sgd_config(gc), t == 1, p, static_cast<float*>(ptr[kMomentum]), grad, out,
-                     s.numel, nullptr);
-      break;
-  }
+  run_kernel(gc, t, ptr, moment_dtype(), grad, out, s.numel, static_cast<void*>(nullptr));
   cuda::copy_to_host(p16, d16, bytes16, nullptr);  // stream-ordered after the kernel
   // The final output (not a speculative one) at world size 1: bound device copies take it from
   // the kernel's output, device to device (at world size > 1 they follow the all-gather).
@@ -167,7 +186,6 @@ void ShardedOptimizer::Impl::step_sub(OptSub& s, const GroupConfig& gc, float mu
     Held gv(tiers, tiers.acquire(s.grad, grad_tier_of(s)));
     const GradView gview{gv.v.data(), acc_dtype(g), multiplier};
     const Param16View out{p16, g.dtype16};
-    auto* p = static_cast<float*>(ptr[kMaster]);
     if (wrote16) *wrote16 = true;
     // A simulated GPU is a processor of its own: one thread, not the CPU's workers (the same
     // bits for any thread count), so a split step's two parts do not share them.
@@ -176,26 +194,7 @@ void ShardedOptimizer::Impl::step_sub(OptSub& s, const GroupConfig& gc, float mu
     if (s.step_gpu && !gpu_simulated)
       gpu_step(s, gc, gview, ptr, t, p16, speculative);
     else
-      switch (gc.kind) {
-        case OptimizerKind::adamw:
-        case OptimizerKind::adam: {
-          AdamState a;
-          a.param = p;
-          a.exp_avg = ptr[kExpAvg];
-          a.exp_avg_sq = ptr[kExpAvgSq];
-          a.max_exp_avg_sq = ptr[kMaxExpAvgSq];
-          a.moment_dtype = moment_dtype();
-          adam_step(adam_config(gc), static_cast<std::int64_t>(t), a, gview, out, s.numel, kc);
-          break;
-        }
-        case OptimizerKind::lion:
-          lion_step(lion_config(gc), p, ptr[kExpAvg], moment_dtype(), gview, out, s.numel, kc);
-          break;
-        case OptimizerKind::sgd:
-          sgd_step(sgd_config(gc), t == 1, p, static_cast<float*>(ptr[kMomentum]), gview, out,
-                   s.numel, kc);
-          break;
-      }
+      run_kernel(gc, t, ptr, moment_dtype(), gview, out, s.numel, kc);
     for (auto& h : st)
       if (h) h->dirty = true;
   }
@@ -220,9 +219,7 @@ void ShardedOptimizer::Impl::run_steps(const std::vector<std::size_t>& ks, Step&
     lane.emplace(std::move(lane_ks), [&](std::size_t k) { step(k, nullptr); });
   }
   auto prefetch = [&](std::size_t i) {  // streamed state, read ahead of its step
-    if (i >= here.size() || !subs[here[i]].streaming) return;
-    for (BlockId b : subs[here[i]].state)
-      if (b != kNoBlock) tiers.prefetch(b, Tier::host);
+    if (i < here.size()) prefetch_state(subs[here[i]]);
   };
   for (std::size_t i = 0; i < std::min<std::size_t>(here.size(), depth + 1); ++i) prefetch(i);
   auto drain = [&](bool wait) {

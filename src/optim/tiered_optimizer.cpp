@@ -16,6 +16,7 @@
 #include <stdexcept>
 #include <thread>
 
+#include "src/optim/optimizer_impl.hpp"
 #include "tierswap/communicator.hpp"
 #include "tierswap/detail/manifest.hpp"
 #include "tierswap/io_engine.hpp"
@@ -30,29 +31,18 @@ constexpr std::uint64_t kMiB = 1ull << 20;
 // Extent rounding headroom per block: the swap alignment is at most this (queried at creation).
 constexpr std::uint64_t kBlockRounding = 64 * 1024;
 
-// fp32 state slots (master + moments) and their bytes per element for a group's kind.
+// Bytes per element of a group's state blocks (master and moments; bf16 moments with
+// bf16_moments, as the optimizer stores them) and, in *blocks, how many blocks a sub-group has
+// (the gradient's included).
 std::uint64_t state_bytes_per_element(const GroupConfig& g, const OptimizerConfig& c,
                                       std::uint64_t* blocks) {
-  const std::uint64_t moment = c.bf16_moments ? 2 : 4;
-  std::uint64_t bytes = 4, n = 1;  // master
-  switch (g.kind) {
-    case OptimizerKind::adamw:
-    case OptimizerKind::adam:
-      n += g.amsgrad ? 3 : 2;
-      bytes += (g.amsgrad ? 3 : 2) * moment;
-      break;
-    case OptimizerKind::lion:
-      n += 1;
-      bytes += moment;
-      break;
-    case OptimizerKind::sgd:
-      if (g.momentum != 0) {
-        n += 1;
-        bytes += 4;
-      }
-      break;
+  std::uint64_t bytes = 0, n = 0;
+  for (int slot = 0; slot < kStateSlots; ++slot) {
+    if (!keeps_slot(g, slot)) continue;
+    ++n;
+    bytes += slot == kMaster || slot == kMomentum || !c.bf16_moments ? 4 : 2;
   }
-  *blocks = n + 1;  // + the gradient block
+  *blocks = n + 1;
   return bytes;
 }
 

@@ -83,14 +83,14 @@ const OptParam& ShardedOptimizer::Impl::grad_param(const char* what, ParamId id,
 void ShardedOptimizer::Impl::after_ingest(OptSub& s, bool final) {
   // Memory-only state without an undo copy steps after the verdict.
   if (final && cfg.overlap && (!s.memory_only || s.undo)) {
-    std::unique_lock lk(spec_mu);
-    if (!spec_invalid && !spec_error) {
+    std::unique_lock lk(spec.mu);
+    if (!spec.invalid && !spec.error) {
       if (!cfg.overlap_param16_in_place) s.spec16.resize(s.numel);
       s.spec = OptSub::Spec::queued;
-      spec_queue.push_back(static_cast<std::size_t>(&s - subs.data()));
-      const bool soon = spec_queue.size() <= depth + 1;
+      spec.queue.push_back(static_cast<std::size_t>(&s - subs.data()));
+      const bool soon = spec.queue.size() <= depth + 1;
       lk.unlock();
-      spec_cv.notify_one();
+      spec.cv.notify_one();
       if (soon) prefetch_state(s);  // read while the queue ahead of it is stepped
       return;  // the speculative step spills the gradient when grad_tier is nvme
     }
@@ -155,16 +155,16 @@ void ShardedOptimizer::begin_backward(bool final) {
   const auto mult = static_cast<float>(1.0 / m.scale);
   const std::uint64_t t = m.step_count + 1;
   if (m.spec_pending()) {
-    if (cfgs != m.spec_cfgs || mult != m.spec_mult || t != m.spec_t) {
-      std::lock_guard lk(m.spec_mu);
-      m.spec_invalid = true;
+    if (cfgs != m.spec.cfgs || mult != m.spec.mult || t != m.spec.t) {
+      std::lock_guard lk(m.spec.mu);
+      m.spec.invalid = true;
     }
     return;
   }
-  m.spec_cfgs = std::move(cfgs);
-  m.spec_mult = mult;
-  m.spec_t = t;
-  if (!m.spec_thread.joinable()) m.spec_thread = std::thread([&m] { m.spec_loop(); });
+  m.spec.cfgs = std::move(cfgs);
+  m.spec.mult = mult;
+  m.spec.t = t;
+  m.spec.start([&m] { m.spec_loop(); });
 }
 
 void ShardedOptimizer::add_grad(ParamId id, const void* grad, Dtype dtype) {

@@ -87,7 +87,7 @@ struct OptSub {
   // gradient spilled to NVMe is not read back for them). Non-empty exactly when the sub-group's
   // gradient is final for this step (gradient_final); any later ingest clears them.
   std::vector<double> sums;
-  // Overlapped mode (guarded by Impl::spec_mu): none, queued for (or in) a speculative step, or
+  // Overlapped mode (guarded by Impl::spec.mu): none, queued for (or in) a speculative step, or
   // stepped speculatively (new state in the open generation, its 16-bit parameters in spec16).
   enum class Spec : std::uint8_t { none, queued, stepped } spec = Spec::none;
   std::vector<std::uint16_t> spec16;
@@ -109,6 +109,48 @@ struct OptGroup {
   std::size_t chunk_base = 0;            // first statistics chunk in the optimizer's chunk vector
   std::size_t first_sub = 0, nsubs = 0;  // this rank's sub-groups in Impl::subs
   bool has_slot(int slot) const;
+};
+
+// The overlapped step's background thread and what it shares with the thread driving the
+// optimizer (all guarded by `mu`). It owns its thread: stop() (also its destructor) wakes it,
+// waits for the sub-group in progress and joins, so nothing runs on it once the optimizer's
+// memory starts to go.
+struct SpecWorker {
+  std::mutex mu;
+  std::condition_variable cv;       // work queued, or stop
+  std::condition_variable idle_cv;  // queue empty and nothing running
+  std::deque<std::size_t> queue;    // sub-groups to step speculatively, in order
+  bool busy = false, stopping = false;
+  std::exception_ptr error;  // the first failure of a speculative step
+  bool invalid = false;      // a result can no longer be kept (a gradient or config changed)
+  // What the speculative steps use: the hyper-parameters, multiplier and step number when the
+  // final backward began.
+  std::vector<GroupConfig> cfgs;
+  float mult = 1.0f;
+  std::uint64_t t = 0;
+
+  SpecWorker() = default;
+  SpecWorker(const SpecWorker&) = delete;
+  SpecWorker& operator=(const SpecWorker&) = delete;
+  ~SpecWorker() { stop(); }
+  bool running() const { return thread_.joinable(); }
+  /// Starts the thread running `loop` (once).
+  template <class Loop>
+  void start(Loop&& loop) {
+    if (!thread_.joinable()) thread_ = std::thread(std::forward<Loop>(loop));
+  }
+  void stop() noexcept {
+    if (!thread_.joinable()) return;
+    {
+      std::lock_guard lk(mu);
+      stopping = true;
+    }
+    cv.notify_all();
+    thread_.join();
+  }
+
+ private:
+  std::thread thread_;
 };
 
 struct ShardedOptimizer::Impl {
@@ -136,17 +178,8 @@ struct ShardedOptimizer::Impl {
   // One background thread steps the sub-groups whose gradient became final during the final
   // backward, with the hyper-parameters, step number and multiplier (1 / loss scale: no clip
   // factor yet) snapshotted when that backward began. step() drains it and decides.
-  std::thread spec_thread;
-  std::mutex spec_mu;
-  std::condition_variable spec_cv;       // work queued, or stop
-  std::condition_variable spec_idle_cv;  // queue empty and nothing running
-  std::deque<std::size_t> spec_queue;
-  bool spec_busy = false, spec_stop = false;
-  std::exception_ptr spec_error;  // the first failure of a speculative step
-  bool spec_invalid = false;      // a result can no longer be kept (a gradient or config changed)
-  std::vector<GroupConfig> spec_cfgs;
-  float spec_mult = 1.0f;
-  std::uint64_t spec_t = 0;
+  // The background thread and what it shares with the driving thread (SpecWorker above);
+  // declared last among the members that outlive it, and stopped first by ~Impl.
 
   // ---- 16-bit parameters handed to the trainer as they become final (on_param16_ready) ---------
   Param16Ready p16_ready;
@@ -328,6 +361,8 @@ struct ShardedOptimizer::Impl {
   void undo_save(OptSub& s);
   void undo_copy(const OptSub& s, BlockId from, BlockId to);
   void undo_restore();
+  // Last: destroyed first (after ~Impl's body stopped it already).
+  SpecWorker spec;
 };
 
 // ---- helpers shared by the optimizer's files ----

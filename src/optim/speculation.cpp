@@ -21,29 +21,24 @@
 
 namespace tierswap {
 
+// The speculative thread goes first: it may still write the page-locked 16-bit parameters.
 ShardedOptimizer::Impl::~Impl() {
+  spec.stop();
   for (void* p : p16_registered) cuda::host_unregister(p);
-  if (!spec_thread.joinable()) return;
-  {
-    std::lock_guard lk(spec_mu);
-    spec_stop = true;
-  }
-  spec_cv.notify_all();
-  spec_thread.join();
 }
 
 void ShardedOptimizer::Impl::spec_loop() {
-  std::unique_lock lk(spec_mu);
+  std::unique_lock lk(spec.mu);
   for (;;) {
-    spec_cv.wait(lk, [&] { return spec_stop || !spec_queue.empty(); });
-    if (spec_stop) return;
-    const std::size_t k = spec_queue.front();
-    spec_queue.pop_front();
-    spec_busy = true;
-    const bool skip = spec_error != nullptr || spec_invalid;
+    spec.cv.wait(lk, [&] { return spec.stopping || !spec.queue.empty(); });
+    if (spec.stopping) return;
+    const std::size_t k = spec.queue.front();
+    spec.queue.pop_front();
+    spec.busy = true;
+    const bool skip = spec.error != nullptr || spec.invalid;
     // Read ahead for the sub-groups queued behind this one.
     std::vector<std::size_t> next(
-        spec_queue.begin(), spec_queue.begin() + std::min<std::size_t>(spec_queue.size(), depth));
+        spec.queue.begin(), spec.queue.begin() + std::min<std::size_t>(spec.queue.size(), depth));
     lk.unlock();
     std::exception_ptr err;
     OptSub& s = subs[k];
@@ -51,7 +46,7 @@ void ShardedOptimizer::Impl::spec_loop() {
       try {
         for (std::size_t j : next) prefetch_state(subs[j]);
         if (s.undo) undo_save(s);
-        step_sub(s, spec_cfgs[s.group], spec_mult, spec_t, spec_out16(s), nullptr, true);
+        step_sub(s, spec.cfgs[s.group], spec.mult, spec.t, spec_out16(s), nullptr, true);
         if (cfg.grad_tier == Tier::nvme && !s.grad_gpu) tiers.evict(s.grad, Tier::host);
       } catch (...) {
         err = std::current_exception();
@@ -59,30 +54,30 @@ void ShardedOptimizer::Impl::spec_loop() {
     }
     lk.lock();
     s.spec = skip || err ? OptSub::Spec::none : OptSub::Spec::stepped;
-    if (err && !spec_error) spec_error = err;
-    spec_busy = false;
-    if (spec_queue.empty()) spec_idle_cv.notify_all();
+    if (err && !spec.error) spec.error = err;
+    spec.busy = false;
+    if (spec.queue.empty()) spec.idle_cv.notify_all();
   }
 }
 
 void ShardedOptimizer::Impl::spec_drain() {
-  std::unique_lock lk(spec_mu);
-  spec_idle_cv.wait(lk, [&] { return spec_queue.empty() && !spec_busy; });
+  std::unique_lock lk(spec.mu);
+  spec.idle_cv.wait(lk, [&] { return spec.queue.empty() && !spec.busy; });
 }
 
 void ShardedOptimizer::Impl::spec_touch(OptSub& s) {
   if (!cfg.overlap) return;
   {
-    std::lock_guard lk(spec_mu);
+    std::lock_guard lk(spec.mu);
     if (s.spec == OptSub::Spec::none) return;
   }
   spec_drain();  // the worker must be done with its gradient before it changes
-  std::lock_guard lk(spec_mu);
-  spec_invalid = true;
+  std::lock_guard lk(spec.mu);
+  spec.invalid = true;
 }
 
 bool ShardedOptimizer::Impl::spec_pending() {
-  std::lock_guard lk(spec_mu);
+  std::lock_guard lk(spec.mu);
   return std::any_of(subs.begin(), subs.end(),
                      [](const OptSub& s) { return s.spec != OptSub::Spec::none; });
 }
@@ -127,7 +122,7 @@ void ShardedOptimizer::Impl::spec_discard() {
   if (cfg.overlap_param16_in_place) {
     std::vector<const OptSub*> stepped;
     {
-      std::lock_guard lk(spec_mu);
+      std::lock_guard lk(spec.mu);
       for (const auto& s : subs)
         if (s.spec == OptSub::Spec::stepped) stepped.push_back(&s);
     }
@@ -137,13 +132,13 @@ void ShardedOptimizer::Impl::spec_discard() {
 }
 
 void ShardedOptimizer::Impl::spec_reset() {
-  std::lock_guard lk(spec_mu);
+  std::lock_guard lk(spec.mu);
   for (auto& s : subs) {
     s.spec = OptSub::Spec::none;
     s.undo_saved = false;  // restored (undo_restore) or kept: either way no longer needed
   }
-  spec_invalid = false;
-  spec_error = nullptr;
+  spec.invalid = false;
+  spec.error = nullptr;
 }
 
 void ShardedOptimizer::set_overlap(bool on) {

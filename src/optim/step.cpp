@@ -250,10 +250,10 @@ ShardedOptimizer::Impl::Speculation ShardedOptimizer::Impl::drain_speculation() 
   Speculation sp;
   if (!cfg.overlap) return sp;
   spec_drain();
-  std::lock_guard lk(spec_mu);
-  sp.error = spec_error;
+  std::lock_guard lk(spec.mu);
+  sp.error = spec.error;
   for (const auto& s : subs) sp.any |= s.spec == OptSub::Spec::stepped;
-  sp.keep = sp.any && !spec_invalid && !spec_error;
+  sp.keep = sp.any && !spec.invalid && !spec.error;
   return sp;
 }
 
@@ -459,7 +459,7 @@ StepResult ShardedOptimizer::step() {
   sp.multiplier = static_cast<float>(inv * r.clip_factor);
   sp.t = m.step_count + 1;
   if (spec.keep)
-    spec.keep = sp.multiplier == m.spec_mult && sp.t == m.spec_t && m.group_configs() == m.spec_cfgs;
+    spec.keep = sp.multiplier == m.spec.mult && sp.t == m.spec.t && m.group_configs() == m.spec.cfgs;
   if (spec.any && !spec.keep) {  // clipping (or a change) discovered late: discard and redo
     m.spec_discard();
     r.redone = true;

@@ -37,7 +37,6 @@ struct TicketState {
   std::size_t seg = 0;    // split cursor: current segment
   std::uint64_t pos = 0;  // split cursor: bytes of it already issued
   std::uint32_t inflight = 0;
-  std::uint64_t total = 0;
   std::atomic<std::uint64_t> done_bytes{0};
   std::atomic<bool> ready{false};
   std::exception_ptr error;
@@ -620,9 +619,6 @@ void IoTicket::wait() {
 std::uint64_t IoTicket::bytes_done() const noexcept {
   return state_ ? state_->done_bytes.load(std::memory_order_relaxed) : 0;
 }
-std::uint64_t IoTicket::bytes_total() const noexcept {
-  return state_ ? state_->total : 0;
-}
 std::exception_ptr IoTicket::error() const noexcept {
   return ready() ? state_->error : std::exception_ptr{};
 }
@@ -709,7 +705,6 @@ IoTicket IoEngine::submit(std::span<const IoSegment> segments) {
           "IoEngine::submit: segment {} @{}+{} lies outside the swap space (capacity {})", i,
           s.offset, s.length, space_.capacity()));
     st->segments.push_back(s);
-    st->total += s.length;
   }
   if (st->segments.empty()) {
     st->ready.store(true);

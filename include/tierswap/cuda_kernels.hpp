@@ -53,8 +53,6 @@ void copy_on_device(void* dst, const void* src, std::size_t bytes, void* stream)
 /// Sets `bytes` of device memory at `dst` to zero (cudaMemsetAsync).
 void zero_on_device(void* dst, std::size_t bytes, void* stream);
 void synchronize(void* stream);
-/// Blocks until `event` (a cudaEvent_t as void*) has completed.
-void event_synchronize(void* event);
 /// Makes later work on `stream` wait for `event` (cudaStreamWaitEvent) without blocking the host.
 void stream_wait_event(void* stream, void* event);
 /// Device memory owned by one object (device_alloc / device_free), move-only; empty until sized.

@@ -115,7 +115,6 @@ class IoTicket {
   void wait();
   /// Bytes of the batch transferred so far.
   std::uint64_t bytes_done() const noexcept;
-  std::uint64_t bytes_total() const noexcept;
   /// The batch's error once ready, or null.
   std::exception_ptr error() const noexcept;
 

@@ -488,9 +488,6 @@ void zero_on_device(void* dst, std::size_t bytes, void* stream) {
 void synchronize(void* stream) {
   check(cudaStreamSynchronize(as_stream(stream)), "synchronize");
 }
-void event_synchronize(void* event) {
-  check(cudaEventSynchronize(static_cast<cudaEvent_t>(event)), "event_synchronize");
-}
 void stream_wait_event(void* stream, void* event) {
   check(cudaStreamWaitEvent(as_stream(stream), static_cast<cudaEvent_t>(event), 0),
         "stream_wait_event");

@@ -59,9 +59,6 @@ void zero_on_device(void*, std::size_t, void*) {
 void synchronize(void*) {
   no_cuda();
 }
-void event_synchronize(void*) {
-  no_cuda();
-}
 void stream_wait_event(void*, void*) {
   no_cuda();
 }

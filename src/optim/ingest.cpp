@@ -53,9 +53,9 @@ void ShardedOptimizer::Impl::ingest(OptSub& s, Tier tier, Access access, Add&& a
     v.dirty = true;
     s.grad_zero = false;
     s.sums.clear();
-    if (++s.seen == s.nparams) final = gradient_done(s, v.v, tier);
+    if (++s.seen == s.pids.size()) final = gradient_done(s, v.v, tier);
   }
-  if (s.seen == s.nparams) after_ingest(s, final);
+  if (s.seen == s.pids.size()) after_ingest(s, final);
 }
 
 void ShardedOptimizer::Impl::drop_grad(OptSub& s) {

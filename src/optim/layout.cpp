@@ -123,7 +123,6 @@ void ShardedOptimizer::Impl::layout() {
       for (ParamId id : g.params) {
         const OptParam& p = params[id];
         if (p.spec.requires_grad && p.offset < b + n && p.offset + p.numel > b) {
-          ++s.nparams;
           s.pids.push_back(id);
           ++params[id].nsubs;
         }

@@ -71,7 +71,6 @@ struct OptSub {
   // Its 16-bit values of this step went from the GPU step's output straight to the bound device
   // copies (device to device): upload16() skips it.
   bool d16_done = false;
-  std::uint32_t nparams = 0;  // trainable parameters overlapping it
   std::vector<ParamId> pids;  // which (group order: increasing ids)
   // Which of pids' slices of the gradient block were written since it was last dropped
   // (Impl::drop_grad): an unwritten slice holds zeros, so its first gradient is copied in rather

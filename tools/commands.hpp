@@ -1,4 +1,5 @@
-// Subcommand registration for the tierswap CLI; each command lives in its own file.
+// Subcommand registration for the tierswap CLI (bench tier lives beside demo in demo.cpp, probe
+// beside plan in plan.cpp; every other command has a file of its own).
 #pragma once
 
 #include <CLI/CLI.hpp>

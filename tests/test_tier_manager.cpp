@@ -997,3 +997,32 @@ TEST(TierManager, WriteBackStartsAtOnceAndDemotes) {
   EXPECT_EQ(r.mgr->counters().bytes_in[static_cast<int>(Tier::nvme)], 16 * kKiB);
   expect_pattern(*r.mgr, b, 2);
 }
+
+// A constructor given a bad setting throws, naming it, and leaves no thread behind (before the
+// fix, TIERSWAP_TELEMETRY=yes aborted the process: the reaper was running when it was parsed).
+TEST(TierManager, ABadSettingThrowsFromTheConstructorInsteadOfAborting) {
+  struct EnvGuard {
+    const char* name;
+    EnvGuard(const char* n, const char* v) : name(n) { ::setenv(n, v, 1); }
+    ~EnvGuard() { ::unsetenv(name); }
+  };
+  TempDir dir;
+  SwapSpaceConfig sc;
+  sc.dirs = {dir.path()};
+  sc.capacity = 8 << 20;
+  SwapSpace space = SwapSpace::create(sc);
+  IoEngine engine(space);
+  TierConfig cfg = small_config(64 * kKiB, 4);
+  cfg.telemetry = true;
+  {
+    EnvGuard bad("TIERSWAP_TELEMETRY", "yes");
+    try {
+      TierManager mgr(space, engine, cfg);
+      ADD_FAILURE() << "TIERSWAP_TELEMETRY=yes accepted";
+    } catch (const std::invalid_argument& e) {
+      EXPECT_NE(std::string(e.what()).find("TIERSWAP_TELEMETRY"), std::string::npos) << e.what();
+    }
+  }
+  TierManager ok(space, engine, cfg);  // and the next one starts normally
+  EXPECT_EQ(ok.committed_generation(), 0u);
+}

@@ -894,6 +894,9 @@ BlockView::~BlockView() {
 // ---- TierManager -----------------------------------------------------------------------------
 TierManager::TierManager(SwapSpace& space, IoEngine& engine, TierConfig cfg) {
   cfg.validate();
+  // Every setting is read before the reaper starts: a throw after it would destroy a joinable
+  // thread (std::terminate).
+  const TelemetryConfig tc = TelemetryConfig::from_env();
   impl_ = std::make_unique<Impl>(space, engine, cfg);
   if (std::filesystem::exists(impl_->manifest_path())) {
     impl_->load_manifest();
@@ -917,7 +920,6 @@ TierManager::TierManager(SwapSpace& space, IoEngine& engine, TierConfig cfg) {
         if (op->ticket.ready()) m.finalize(*op);
     }
   });
-  TelemetryConfig tc = TelemetryConfig::from_env();
   if (cfg.telemetry && tc.enabled) {
     try {
       impl_->telemetry =

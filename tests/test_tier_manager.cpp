@@ -10,12 +10,14 @@
 #include <atomic>
 #include <cstring>
 #include <fstream>
+#include <functional>
 #include <nlohmann/json.hpp>
 #include <random>
 #include <thread>
 
 #include "test_util.hpp"
 #include "tierswap/aligned_buffer.hpp"
+#include "tierswap/detail/manifest.hpp"
 #include "tierswap/io_engine.hpp"
 #include "tierswap/swap_space.hpp"
 #include "tierswap/telemetry.hpp"
@@ -1025,4 +1027,48 @@ TEST(TierManager, ABadSettingThrowsFromTheConstructorInsteadOfAborting) {
   }
   TierManager ok(space, engine, cfg);  // and the next one starts normally
   EXPECT_EQ(ok.committed_generation(), 0u);
+}
+
+// A manifest whose checksum is valid but whose fields disagree (sizes against slots and dtype,
+// the two slots, names) is refused naming the block and the field, before anything reads data
+// (before the fix a huge numel overflowed the size and verify_blocks read past its buffer).
+TEST(TierManager, AConsistentChecksumIsNotConsistentFields) {
+  const std::uint64_t bytes = 64 * kKiB;
+  TierConfig cfg = small_config(bytes, 8);
+  Rig r(cfg);
+  for (const char* name : {"a", "b"}) {
+    const BlockId id = r.mgr->create(desc(name, bytes / 4));
+    BlockView v = r.mgr->acquire(id, Tier::host, Access::write);
+    fill(v, 3);
+    r.mgr->release(v, true);
+  }
+  r.mgr->commit();
+  const auto path = r.mgr->manifest_path();
+  r.mgr.reset();
+  const auto good = nlohmann::json::parse(detail::read_manifest_file(path));
+  auto expect_refused = [&](const std::function<void(nlohmann::json&)>& edit,
+                            const std::string& needle) {
+    nlohmann::json j = good;
+    edit(j);
+    detail::write_manifest_file(path, j.dump(), false);  // a valid checksum over it
+    try {
+      TierManager m(*r.space, *r.engine, cfg);
+      ADD_FAILURE() << "opened a manifest with " << needle;
+    } catch (const std::runtime_error& e) {
+      EXPECT_NE(std::string(e.what()).find(needle), std::string::npos) << e.what();
+      EXPECT_NE(std::string(e.what()).find("block '"), std::string::npos) << e.what();
+    }
+  };
+  expect_refused([](auto& j) { j["blocks"][0]["numel"] = std::uint64_t{1} << 62; }, "numel");
+  expect_refused([](auto& j) { j["blocks"][0]["numel"] = std::uint64_t{1} << 20; }, "does not fit");
+  expect_refused([](auto& j) { j["blocks"][1]["numel"] = 0; }, "numel is 0");
+  expect_refused(
+      [](auto& j) {
+        j["blocks"][0]["slots"][1][1] = j["blocks"][0]["slots"][1][1].template get<std::uint64_t>() + 4096;
+      },
+      "slots of");
+  expect_refused([](auto& j) { j["blocks"][0]["slots"][0][0] = UINT64_MAX - 10; }, "slot 0");
+  expect_refused([](auto& j) { j["blocks"][1]["name"] = j["blocks"][0]["name"]; }, "twice");
+  detail::write_manifest_file(path, good.dump(), false);
+  EXPECT_NO_THROW(TierManager(*r.space, *r.engine, cfg));  // the original still opens
 }

@@ -1456,12 +1456,42 @@ std::string ResidencySnapshot::to_json() const {
   return j.dump();
 }
 
+namespace {
+
+// A block's fields against each other, before anything uses them (a checksum proves the file is
+// as written, not that what was written is consistent): its size fits each of its extents
+// (numel x dtype size, without overflow), both extents are the same size and do not wrap.
+template <class Bad>
+void check_block_fields(const ManifestInfo::Block& b, const Bad& bad) {
+  if (b.name.empty()) throw bad("a block with an empty name");
+  if (b.numel == 0) throw bad(fmt::format("block '{}': numel is 0", b.name));
+  const std::uint64_t es = dtype_size(b.dtype);
+  for (std::size_t s = 0; s < b.slots.size(); ++s) {
+    const Extent& x = b.slots[s];
+    if (x.length == 0 || x.offset + x.length < x.offset)
+      throw bad(fmt::format("block '{}': slot {} is @{}+{}", b.name, s, x.offset, x.length));
+    if (b.numel > x.length / es)
+      throw bad(fmt::format("block '{}': numel {} of {} ({} bytes) does not fit slot {} of {} "
+                            "bytes",
+                            b.name, b.numel, to_string(b.dtype),
+                            b.numel <= UINT64_MAX / es ? std::to_string(b.numel * es)
+                                                       : std::string("over 2^64"),
+                            s, x.length));
+  }
+  if (b.slots.size() == 2 && b.slots[0].length != b.slots[1].length)
+    throw bad(fmt::format("block '{}': slots of {} and {} bytes", b.name, b.slots[0].length,
+                          b.slots[1].length));
+}
+
+}  // namespace
+
 ManifestInfo read_manifest(const std::filesystem::path& path) {
   const std::string payload = detail::read_manifest_file(path);
   auto bad = [&](const std::string& why) {
     return std::runtime_error(fmt::format("manifest {}: {}", path.string(), why));
   };
   ManifestInfo info;
+  std::set<std::string> names;
   try {
     const auto j = nlohmann::json::parse(payload);
     if (j.at("format") != "tierswap-manifest") throw bad("not a tierswap manifest");
@@ -1492,6 +1522,9 @@ ManifestInfo read_manifest(const std::filesystem::path& path) {
       b.generation = e.at("generation").get<std::uint64_t>();
       b.checksum = std::stoull(e.at("checksum").get<std::string>(), nullptr, 16);
       b.transient = e.value("transient", false);
+      check_block_fields(b, bad);
+      if (!names.insert(b.name).second)
+        throw bad(fmt::format("block '{}' listed twice", b.name));
       info.blocks.push_back(std::move(b));
     }
   } catch (const std::runtime_error&) {

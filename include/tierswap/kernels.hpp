@@ -27,17 +27,11 @@
 #include <cstdint>
 #include <string_view>
 
+#include "tierswap/types.hpp"
+
 namespace tierswap {
 
 class ThreadPool;
-
-enum class Dtype : std::uint8_t { f32, bf16, f16 };
-std::string_view to_string(Dtype d) noexcept;
-/// "f32"/"fp32"/"float32", "bf16"/"bfloat16", "f16"/"fp16"/"float16"; std::invalid_argument else.
-Dtype parse_dtype(std::string_view text);
-constexpr std::size_t dtype_size(Dtype d) noexcept {
-  return d == Dtype::f32 ? 4 : 2;
-}
 
 /// avx512bf16: the AVX-512 kernels, with the bf16 statistics pass on VDPBF16PS (same results).
 /// sve: AArch64 SVE, the instance built for this CPU's vector length (128, 256 or 512 bits).
@@ -141,7 +135,7 @@ struct GradStats {
 GradStats grad_stats(const void* grad, Dtype dtype, std::size_t n,
                      const CpuKernelContext& ctx = {});
 /// Values per statistics chunk: the unit of grad_stats' fixed order.
-inline constexpr std::size_t kGradStatsChunk = 8192;
+// kGradStatsChunk (elements per chunk): tierswap/types.hpp.
 /// The chunk sums grad_stats adds up: sums[c] for chunk c < ceil(n / kGradStatsChunk). A buffer
 /// that starts on a chunk boundary of a larger one gets that buffer's chunk sums, bit for bit:
 /// what lets ranks that hold chunk-aligned shards compute one norm for any world size.

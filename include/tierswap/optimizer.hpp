@@ -68,10 +68,7 @@ class Communicator;
 class ThreadPool;
 struct Plan;
 
-enum class OptimizerKind : std::uint8_t { adamw, adam, lion, sgd };
-std::string_view to_string(OptimizerKind k) noexcept;
-/// "adamw" | "adam" | "lion" | "sgd"; std::invalid_argument otherwise.
-OptimizerKind parse_optimizer_kind(std::string_view text);
+// OptimizerKind, to_string(OptimizerKind), parse_optimizer_kind: tierswap/types.hpp.
 
 /// One parameter group's hyper-parameters (torch.optim names). The member defaults are
 /// torch.optim.AdamW's; defaults(kind) gives each kind its own torch defaults. Changeable between
@@ -116,7 +113,7 @@ struct LossScalerConfig {
 struct OptimizerConfig {
   /// Elements per sub-group (rounded up to a multiple of kGradStatsChunk): the unit of the
   /// step pipeline, of prefetch and of write-behind.
-  std::uint64_t subgroup_size = 8ull << 20;
+  std::uint64_t subgroup_size = kDefaultSubgroupSize;
   /// Sub-groups whose state is read ahead of the one being stepped.
   std::uint32_t prefetch_depth = 2;
   /// Gradient accumulation dtype: the 16-bit dtype of each group's parameters (default, 2 bytes

@@ -37,8 +37,7 @@
 #include <string_view>
 #include <vector>
 
-#include "tierswap/optimizer.hpp"
-#include "tierswap/tier_manager.hpp"
+#include "tierswap/types.hpp"
 
 namespace tierswap {
 

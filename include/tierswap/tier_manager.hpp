@@ -33,19 +33,14 @@
 #include <vector>
 
 #include "tierswap/extent_allocator.hpp"
-#include "tierswap/kernels.hpp"
+#include "tierswap/types.hpp"
 
 namespace tierswap {
 
 class SwapSpace;
 class IoEngine;
 
-enum class Tier : std::uint8_t { device, host, nvme };
-inline constexpr int kTierCount = 3;
-/// "gpu" for the device tier (the name the CLI and JSON use), "host", "nvme".
-std::string_view to_string(Tier t) noexcept;
-/// "gpu" | "device" | "host" | "nvme"; std::invalid_argument otherwise.
-Tier parse_tier(std::string_view text);
+// Tier, kTierCount, to_string(Tier), parse_tier: tierswap/types.hpp.
 
 enum class BlockClass : std::uint8_t {
   master,

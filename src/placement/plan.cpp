@@ -13,6 +13,7 @@
 #include <stdexcept>
 
 #include "tierswap/placement.hpp"
+#include "tierswap/tier_manager.hpp"
 #include "tierswap/units.hpp"
 
 namespace tierswap {
@@ -396,7 +397,7 @@ Plan make_plan(const HardwareProfile& hw, const PlanOptions& o) {
   m.state_b = state_bytes_per_param(o.optimizer);
   m.kernel_b = 2 * m.state_b + 4;
   // Sub-groups: the optimizer's default size, larger so a rank has at most 4096 of them.
-  m.sub = o.subgroup_size ? o.subgroup_size : OptimizerConfig{}.subgroup_size;
+  m.sub = o.subgroup_size ? o.subgroup_size : kDefaultSubgroupSize;
   m.sub = std::max<std::uint64_t>(m.sub, (m.per_rank + 4095) / 4096);
   m.sub = (m.sub + kGradStatsChunk - 1) / kGradStatsChunk * kGradStatsChunk;
   for (std::uint64_t off = 0; off < m.per_rank; off += m.sub)

@@ -1,14 +1,19 @@
 # End-to-end: `tierswap demo` (the main job) on a kept directory, `residency --swap-dir` on what it
 cmake_policy(SET CMP0054 NEW)
 # committed, `ps`, `bench tier`, and the errors for bad targets.
-set(dir "${WORK}/cli-tiers")
-file(REMOVE_RECURSE "${dir}")
-file(MAKE_DIRECTORY "${dir}")
+set(dir "${WORK}/cli-tiers/new")  # demo --dir makes a directory that does not exist yet
+file(REMOVE_RECURSE "${WORK}/cli-tiers")
 execute_process(COMMAND ${CLI} demo --dir ${dir} --params 2M --sub-group 256K --host-budget 16MiB
                         --steps 2 --json
                 RESULT_VARIABLE rc OUTPUT_VARIABLE out ERROR_VARIABLE err)
 if(NOT rc EQUAL 0)
   message(FATAL_ERROR "demo failed (${rc}): ${err}")
+endif()
+# A directory that holds something (here the run above) is refused, and left as it was.
+execute_process(COMMAND ${CLI} demo --dir ${dir} --params 2M --steps 1
+                RESULT_VARIABLE rc2 OUTPUT_VARIABLE out2 ERROR_VARIABLE err2)
+if(rc2 EQUAL 0 OR NOT err2 MATCHES "not empty")
+  message(FATAL_ERROR "demo into a non-empty --dir: rc=${rc2} ${err2}")
 endif()
 string(JSON nsteps LENGTH "${out}" steps)
 if(NOT nsteps EQUAL 2)

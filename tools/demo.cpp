@@ -113,6 +113,7 @@ void run_demo(const DemoOptions& o) {
   const std::uint64_t state = params * 12;
   std::unique_ptr<TempDir> temp;
   const std::filesystem::path dir = dir_or_temp(o.dir, "tierswap-demo", temp);
+  if (!o.dir.empty()) make_new_or_empty(dir, "--dir");
   SwapSpaceConfig sc;
   sc.dirs = {dir};
   sc.capacity = round_up(2 * state + 2 * params * 2 + (256ull << 20), 1ull << 20);

@@ -1,3 +1,6 @@
+// The manifest: its file (a checksummed header and payload, written atomically; namespace
+// detail) and its schema (the block table as JSON: written at commit, read back and checked at
+// open; TierManager::Impl and read_manifest).
 #include <fcntl.h>
 #include <unistd.h>
 
@@ -8,6 +11,7 @@
 #include <stdexcept>
 #include <system_error>
 
+#include "src/tier/tier_impl.hpp"
 #include "tierswap/checksum.hpp"
 #include "tierswap/detail/manifest.hpp"
 #include "tierswap/error.hpp"
@@ -121,3 +125,184 @@ std::string read_manifest_file(const std::filesystem::path& path) {
 }
 
 }  // namespace tierswap::detail
+
+namespace tierswap {
+
+// ---- the manifest's schema: written at commit, read back at open ----------------------------
+std::filesystem::path TierManager::Impl::manifest_path() const {
+  return space.files().front().path.parent_path() / detail::kManifestName;
+}
+
+// The block table as it will be once the open generation is committed.
+std::string TierManager::Impl::manifest_payload() const {
+  nlohmann::json j;
+  j["format"] = "tierswap-manifest";
+  j["space_uuid"] = space.uuid();
+  j["generation"] = committed_gen + 1;
+  j["shadow_slots"] = cfg.shadow_slots;
+  j["alignment"] = align;
+  auto arr = nlohmann::json::array();
+  for (auto& bp : blocks) {
+    const Block& b = *bp;
+    const bool w = b.written && !b.desc.transient;
+    const bool data = !b.desc.transient && !b.trimmed && (w || b.has_data);
+    nlohmann::json e;
+    e["name"] = b.desc.name;
+    e["class"] = std::string(to_string(b.desc.cls));
+    e["dtype"] = std::string(to_string(b.desc.dtype));
+    e["numel"] = b.desc.numel;
+    e["owner"] = {b.desc.owner.rank, b.desc.owner.group, b.desc.owner.subgroup};
+    auto slots = nlohmann::json::array();
+    for (int s = 0; s < b.nslots; ++s) slots.push_back({b.slot[s].offset, b.slot[s].length});
+    e["slots"] = slots;
+    e["committed_slot"] = w ? b.write_slot() : b.committed;
+    e["has_data"] = data;
+    if (b.desc.transient) e["transient"] = true;
+    if (b.desc.memory_only) e["memory_only"] = true;
+    e["generation"] = w ? committed_gen + 1 : b.data_gen;
+    e["checksum"] = checksum_hex(w ? b.written_checksum : b.checksum);
+    arr.push_back(std::move(e));
+  }
+  j["blocks"] = std::move(arr);
+  return j.dump();
+}
+
+void TierManager::Impl::load_manifest() {
+  const auto path = manifest_path();
+  const ManifestInfo info = read_manifest(path);
+  auto bad = [&](const std::string& why) {
+    return std::runtime_error(fmt::format("manifest {}: {}", path.string(), why));
+  };
+  if (info.space_uuid != space.uuid())
+    throw bad(fmt::format("belongs to swap space {}, not to this one ({})", info.space_uuid,
+                          space.uuid()));
+  if (info.shadow_slots != cfg.shadow_slots)
+    throw bad(fmt::format("written with shadow_slots={}, opened with shadow_slots={}",
+                          info.shadow_slots, cfg.shadow_slots));
+  committed_gen = info.generation;
+  for (const auto& m : info.blocks) {
+    auto b = std::make_unique<Block>();
+    b->desc = {m.name,       m.cls, m.dtype, m.numel, m.owner, m.transient || m.memory_only,
+               m.memory_only};
+    b->bytes = b->desc.bytes();
+    b->alloc_bytes = round_up(b->bytes, align);
+    b->nslots = static_cast<int>(m.slots.size());
+    for (int s = 0; s < b->nslots; ++s) {
+      b->slot[s] = m.slots[s];
+      if (b->slot[s].length < b->alloc_bytes)
+        throw bad(fmt::format("block '{}': slot {} is {} bytes, the block needs {}", m.name, s,
+                              b->slot[s].length, b->alloc_bytes));
+      try {
+        alloc.reserve(b->slot[s]);
+      } catch (const std::exception& x) {
+        throw bad(fmt::format("block '{}': slot {}: {}", m.name, s, x.what()));
+      }
+    }
+    b->committed = m.committed_slot;
+    b->has_data = m.has_data;
+    b->data_gen = m.generation;
+    b->checksum = m.checksum;
+    if (names.count(m.name) != 0) throw bad(fmt::format("block '{}' listed twice", m.name));
+    b->id = static_cast<BlockId>(blocks.size());
+    names.emplace(m.name, b->id);
+    blocks.push_back(std::move(b));
+  }
+}
+
+void TierManager::Impl::verify_blocks() {
+  for (auto& bp : blocks) {
+    Block& b = *bp;
+    if (!b.has_data) continue;
+    AlignedBuffer buf(b.alloc_bytes, std::max<std::uint64_t>(4096, space.memory_alignment()));
+    engine.read(offset_of(b, b.committed), buf.data(), b.alloc_bytes).wait();
+    const std::uint64_t got = checksum64(buf.data(), b.bytes);
+    if (got != b.checksum)
+      throw std::runtime_error(fmt::format(
+          "manifest {}: block '{}' (generation {}): data checksum {} does not match the "
+          "manifest's {} (extent @{}+{}): the swap file is corrupt",
+          manifest_path().string(), b.desc.name, b.data_gen, checksum_hex(got),
+          checksum_hex(b.checksum), b.slot[b.committed].offset, b.alloc_bytes));
+  }
+  checksums_verified = true;
+}
+
+namespace {
+
+// A block's fields against each other, before anything uses them (a checksum proves the file is
+// as written, not that what was written is consistent): its size fits each of its extents
+// (numel x dtype size, without overflow), both extents are the same size and do not wrap.
+template <class Bad>
+void check_block_fields(const ManifestInfo::Block& b, const Bad& bad) {
+  if (b.name.empty()) throw bad("a block with an empty name");
+  if (b.numel == 0) throw bad(fmt::format("block '{}': numel is 0", b.name));
+  const std::uint64_t es = dtype_size(b.dtype);
+  for (std::size_t s = 0; s < b.slots.size(); ++s) {
+    const Extent& x = b.slots[s];
+    if (x.length == 0 || x.offset + x.length < x.offset)
+      throw bad(fmt::format("block '{}': slot {} is @{}+{}", b.name, s, x.offset, x.length));
+    if (b.numel > x.length / es)
+      throw bad(fmt::format("block '{}': numel {} of {} ({} bytes) does not fit slot {} of {} "
+                            "bytes",
+                            b.name, b.numel, to_string(b.dtype),
+                            b.numel <= UINT64_MAX / es ? std::to_string(b.numel * es)
+                                                       : std::string("over 2^64"),
+                            s, x.length));
+  }
+  if (b.slots.size() == 2 && b.slots[0].length != b.slots[1].length)
+    throw bad(fmt::format("block '{}': slots of {} and {} bytes", b.name, b.slots[0].length,
+                          b.slots[1].length));
+}
+
+}  // namespace
+
+ManifestInfo read_manifest(const std::filesystem::path& path) {
+  const std::string payload = detail::read_manifest_file(path);
+  auto bad = [&](const std::string& why) {
+    return std::runtime_error(fmt::format("manifest {}: {}", path.string(), why));
+  };
+  ManifestInfo info;
+  std::set<std::string> names;
+  try {
+    const auto j = nlohmann::json::parse(payload);
+    if (j.at("format") != "tierswap-manifest") throw bad("not a tierswap manifest");
+    info.space_uuid = j.at("space_uuid").get<std::string>();
+    info.generation = j.at("generation").get<std::uint64_t>();
+    info.shadow_slots = j.at("shadow_slots").get<bool>();
+    for (auto& e : j.at("blocks")) {
+      ManifestInfo::Block b;
+      b.name = e.at("name").get<std::string>();
+      b.cls = parse_block_class(e.at("class").get<std::string>());
+      b.dtype = parse_dtype(e.at("dtype").get<std::string>());
+      b.numel = e.at("numel").get<std::uint64_t>();
+      const auto& o = e.at("owner");
+      b.owner = {o.at(0).get<int>(), o.at(1).get<int>(), o.at(2).get<int>()};
+      for (auto& x : e.at("slots"))
+        b.slots.push_back({x.at(0).get<std::uint64_t>(), x.at(1).get<std::uint64_t>()});
+      b.memory_only = e.value("memory_only", false);
+      // Memory-only blocks have no NVMe extents (earlier manifests listed unused ones).
+      if (b.slots.size() != (info.shadow_slots ? 2u : 1u) && !(b.memory_only && b.slots.empty()))
+        throw bad(fmt::format("block '{}': {} slots", b.name, b.slots.size()));
+      b.committed_slot = e.at("committed_slot").get<int>();
+      if (!b.slots.empty() &&
+          (b.committed_slot < 0 || b.committed_slot >= static_cast<int>(b.slots.size())))
+        throw bad(fmt::format("block '{}': committed slot {}", b.name, b.committed_slot));
+      b.has_data = e.at("has_data").get<bool>();
+      if (b.has_data && b.slots.empty())
+        throw bad(fmt::format("block '{}': committed data but no NVMe slot", b.name));
+      b.generation = e.at("generation").get<std::uint64_t>();
+      b.checksum = std::stoull(e.at("checksum").get<std::string>(), nullptr, 16);
+      b.transient = e.value("transient", false);
+      check_block_fields(b, bad);
+      if (!names.insert(b.name).second)
+        throw bad(fmt::format("block '{}' listed twice", b.name));
+      info.blocks.push_back(std::move(b));
+    }
+  } catch (const std::runtime_error&) {
+    throw;
+  } catch (const std::exception& e) {
+    throw bad(std::string("malformed block table: ") + e.what());
+  }
+  return info;
+}
+
+}  // namespace tierswap

@@ -1,0 +1,322 @@
+// TierManager's internals, shared by its files (private to src/tier/): the in-flight transfer
+// (Op), a block's state in every tier (Block), and the Impl with its members by concern:
+//   tier_manager.cpp  the public API, construction, accessors
+//   transfers.cpp     NVMe reads and writes, their completion, copies between memory tiers
+//   eviction.cpp      the eviction policy: which copy goes, taking memory for a new one
+//   schedule.cpp      the swap scheduler: bringing copies in, prefetch, write-behind, flush
+//   manifest.cpp      the manifest: its file, its schema, reading it back and verifying blocks
+//   snapshot.cpp      the residency snapshot (telemetry, `tierswap residency`)
+#pragma once
+
+#include "tierswap/tier_manager.hpp"
+
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <condition_variable>
+#include <cstdlib>
+#include <cstring>
+#include <deque>
+#include <map>
+#include <mutex>
+#include <nlohmann/json.hpp>
+#include <set>
+#include <stdexcept>
+#include <system_error>
+#include <thread>
+
+#include "tierswap/aligned_buffer.hpp"
+#include "tierswap/checksum.hpp"
+#include "tierswap/cuda_kernels.hpp"
+#include "tierswap/detail/manifest.hpp"
+#include "tierswap/detail/tier_pools.hpp"
+#include "tierswap/device.hpp"
+#include "tierswap/extent_allocator.hpp"
+#include "tierswap/io_engine.hpp"
+#include "tierswap/log.hpp"
+#include "tierswap/swap_space.hpp"
+#include "tierswap/telemetry.hpp"
+#include "tierswap/units.hpp"
+
+#include <fmt/format.h>
+
+
+namespace tierswap {
+namespace tier_internal {
+
+
+using Clock = std::chrono::steady_clock;
+constexpr int kDev = 0, kHost = 1;  // copy slots of a block (the NVMe tier is the home)
+
+inline int slot_of(Tier t) {
+  return t == Tier::device ? kDev : kHost;
+}
+
+inline double seconds_since(Clock::time_point t0) {
+  return std::chrono::duration<double>(Clock::now() - t0).count();
+}
+
+struct Op {
+  enum Kind { read, write } kind = read;
+  BlockId id = 0;
+  IoTicket ticket;
+  bool done = false;
+  bool prefetch = false;
+  bool stale = false;          // read: a newer copy was released meanwhile; drop what arrives
+  std::uint64_t checksum = 0;  // write: of the data written
+  std::uint64_t bytes = 0;
+  Clock::time_point start;
+  std::exception_ptr error;
+};
+
+struct Block {
+  BlockId id = 0;
+  BlockDesc desc;
+  std::uint64_t bytes = 0;        // desc.bytes()
+  std::uint64_t alloc_bytes = 0;  // rounded to the extent alignment: what moves to/from NVMe
+  CopyState st[2] = {CopyState::absent, CopyState::absent};
+  std::byte* data[2] = {nullptr, nullptr};
+  std::uint32_t pins[2] = {0, 0};
+  bool writer = false;
+  bool fresh[2] = {false, false};  // an overwrite view's copy, not yet released dirty
+  bool busy = false;               // a host<->device copy is running without the lock
+  Extent slot[2];
+  int nslots = 2;
+  int committed = 0;
+  bool has_data = false;  // the committed slot holds data (else the block is all zeros)
+  std::uint64_t checksum = 0;
+  std::uint64_t data_gen = 0;
+  bool written = false;  // the write slot holds data newer than the committed one
+  bool trimmed = false;  // trim()med since the last commit: reads as zeros
+  std::uint64_t written_checksum = 0;
+  bool prefetched = false;  // landed by a prefetch (counts a hit when acquired)
+  bool landed = false;      // a read landed and its acquirer has not pinned it yet
+  bool queued = false;
+  std::shared_ptr<Op> op;  // in-flight transfer of the host copy
+  std::uint64_t last_use = 0;
+
+  int write_slot() const { return nslots == 2 ? 1 - committed : committed; }
+  bool nvme_has_data() const { return (has_data && !trimmed) || written; }
+  int nvme_slot() const { return written ? write_slot() : committed; }
+  bool dirty_anywhere() const {
+    return st[kDev] == CopyState::dirty || st[kHost] == CopyState::dirty ||
+           st[kHost] == CopyState::writing;
+  }
+  // The other memory tier holds a settled copy as new as this one (valid or dirty there).
+  bool copy_elsewhere(int s) const {
+    const CopyState o = st[1 - s];
+    return o == CopyState::dirty || (o == CopyState::valid && st[s] != CopyState::dirty);
+  }
+  // Some copy differs from the committed data: dirty somewhere, or written back but not committed.
+  bool changed() const { return written || trimmed || dirty_anywhere(); }
+};
+
+inline void validate_name(const std::string& n) {
+  if (n.empty() || n.size() > 255)
+    throw std::invalid_argument(
+        fmt::format("block name '{}': must be 1..255 bytes (is {})", n, n.size()));
+  for (unsigned char c : n)
+    if (c < 0x20 || c == 0x7f)
+      throw std::invalid_argument(fmt::format("block name '{}': control characters", n));
+}
+
+}  // namespace tier_internal
+
+using namespace tier_internal;
+
+struct TierManager::Impl {
+  SwapSpace& space;
+  IoEngine& engine;
+  TierConfig cfg;
+  std::uint64_t align;
+  ExtentAllocator alloc;
+  detail::HostPool host;
+  std::unique_ptr<detail::DevicePool> device;
+
+  mutable std::mutex mu;
+  std::condition_variable cv;
+  std::vector<std::unique_ptr<Block>> blocks;
+  std::map<std::string, BlockId, std::less<>> names;
+  std::deque<std::shared_ptr<Op>> inflight;
+  std::deque<BlockId> prefetch_q;
+  std::uint32_t inflight_prefetch = 0;
+  std::uint64_t tick = 0;
+  TierCounters ctr;
+  std::uint64_t committed_gen = 0;
+  bool checksums_verified = false;
+  bool stop = false;
+  std::thread reaper;
+  std::unique_ptr<TelemetryServer> telemetry;  // declared last: stopped first
+
+  Impl(SwapSpace& s, IoEngine& e, const TierConfig& c)
+      : space(s),
+        engine(e),
+        cfg(c),
+        align(std::max<std::uint64_t>(4096, s.alignment())),
+        alloc(s.capacity() / std::max<std::uint64_t>(4096, s.alignment()) *
+                  std::max<std::uint64_t>(4096, s.alignment()),
+              std::max<std::uint64_t>(4096, s.alignment())),
+        host(c.host_budget, c.host_slab_size, c.lock_host_memory, c.numa_node, &e) {
+    const bool gpu = device_info().available;
+    bool want = false, simulated = false;
+    switch (c.device_mode) {
+      case DeviceTierMode::automatic:
+        want = c.device_budget > 0;
+        simulated = !gpu;
+        break;
+      case DeviceTierMode::gpu:
+        if (!gpu)
+          throw std::runtime_error("device tier: device_mode=gpu but no usable GPU (" +
+                                   device_info().reason + ")");
+        want = c.device_budget > 0;
+        break;
+      case DeviceTierMode::simulated:
+        want = simulated = true;
+        break;
+      case DeviceTierMode::off:
+        break;
+    }
+    if (want)
+      device = std::make_unique<detail::DevicePool>(c.device_budget, kDeviceSlabSize, simulated);
+  }
+
+  Block& blk(BlockId id);
+
+  detail::SlabPool& pool(int s);
+
+  std::uint64_t offset_of(const Block& b, int slot) const;
+
+  // ---- transfers ---------------------------------------------------------------------------
+  void count(Tier from, Tier to, std::uint64_t bytes, double secs);
+
+  void finalize(Op& op);
+
+  // Waits for `op` (finalizing it if nobody has) and rethrows its error.
+  void wait_op(std::unique_lock<std::mutex>& lk, const std::shared_ptr<Op>& op);
+  /// wait_op, whatever the transfer's outcome: its error is recorded with the op and reported
+  /// to its owner; the caller only needs the transfer to have ended (the block no longer busy).
+  void wait_op_settled(std::unique_lock<std::mutex>& lk, const std::shared_ptr<Op>& op) noexcept;
+
+  void wait_not_busy(std::unique_lock<std::mutex>& lk, BlockId id);
+
+  std::shared_ptr<Op> start_read(BlockId id, std::byte* into, bool prefetch);
+
+  // Starts writing block id's dirty host copy back. Its checksum is computed with the lock
+  // released (the block is busy meanwhile: nobody else touches its copies), so that transfers
+  // keep landing and memory keeps being freed while a large block is hashed.
+  std::shared_ptr<Op> start_write(std::unique_lock<std::mutex>& lk, BlockId id);
+
+  // Runs fn() with the lock released and block id marked busy (nobody else touches its copies
+  // meanwhile); an exception from fn() is rethrown once the block is settled again.
+  template <class Fn>
+  void while_busy(std::unique_lock<std::mutex>& lk, BlockId id, Fn&& fn) {
+    Block& b = *blocks[id];
+    b.busy = true;
+    lk.unlock();
+    std::exception_ptr err;
+    try {
+      fn();
+    } catch (...) {
+      err = std::current_exception();
+    }
+    lk.lock();
+    b.busy = false;
+    cv.notify_all();
+    if (err) std::rethrow_exception(err);
+  }
+
+  // Copies a block between its host and device copies with the lock released (the block is
+  // marked busy: nobody else touches its copies meanwhile).
+  void copy_copy(std::unique_lock<std::mutex>& lk, BlockId id, int from, int to);
+
+  // A device copy of zeros for block id, which has no data anywhere (a trimmed gradient, a new
+  // block): made in device memory with the lock released (the block busy meanwhile). Returns
+  // having done nothing when the block changed while memory was found (the caller looks again).
+  void zero_device(std::unique_lock<std::mutex>& lk, BlockId id);
+
+  // ---- memory ------------------------------------------------------------------------------
+  void drop(Block& b, int s);
+
+  std::uint64_t pinned_bytes(int s) const;
+
+  [[noreturn]] void budget_error(int s, const Block& b) const {
+    const auto& p = s == kDev ? static_cast<const detail::SlabPool&>(*device)
+                              : static_cast<const detail::SlabPool&>(host);
+    throw std::runtime_error(fmt::format(
+        "{} tier budget exhausted: block '{}' needs {}, the budget is {}, {} is in use ({} of it "
+        "pinned by views) and nothing more can be evicted",
+        s == kDev ? (device->simulated() ? "simulated gpu" : "gpu") : "host", b.desc.name,
+        format_bytes(b.alloc_bytes), format_bytes(p.budget()), format_bytes(p.used()),
+        format_bytes(pinned_bytes(s))));
+  }
+
+  // The least recently used settled copy in slot `s` (valid or dirty, unpinned, no transfer, no
+  // writer) that `ok` accepts, or null.
+  template <class Pred>
+  Block* lru(int s, Pred ok) {
+    Block* best = nullptr;
+    for (auto& bp : blocks) {
+      Block& b = *bp;
+      if (b.busy || b.pins[s] > 0 || b.op || b.writer) continue;
+      if (b.desc.memory_only && !b.copy_elsewhere(s)) continue;  // its last copy stays
+      if (b.st[s] != CopyState::valid && b.st[s] != CopyState::dirty) continue;
+      if (!ok(b)) continue;
+      if (best == nullptr || b.last_use < best->last_use) best = &b;
+    }
+    return best;
+  }
+
+  // A copy that may go to make room for block `exclude`. Making room for a prefetch
+  // (clean_only) never waits for a write-back and never drops another prefetched copy.
+  Block* victim(int s, BlockId exclude, bool clean_only);
+
+  // Frees one copy in slot `s` (writing it down first when dirty). False when none can go.
+  bool evict_one(std::unique_lock<std::mutex>& lk, int s, BlockId exclude);
+
+  // Drops block `id`'s copy in slot s, preserving its data below. A pinned copy is an error for
+  // an explicit evict (strict), and is left alone when making room (it got pinned meanwhile).
+  void evict_copy(std::unique_lock<std::mutex>& lk, BlockId id, int s, bool strict);
+
+  // Memory for block b in slot s if the pool has it now; the bytes past the block's end (up to
+  // its NVMe extent's length) are zeroed, so what is written to NVMe is deterministic.
+  std::byte* try_take(int s, const Block& b);
+
+  // Memory for block `id` in slot s, evicting others (LRU) as needed.
+  std::byte* alloc_slot(std::unique_lock<std::mutex>& lk, int s, BlockId id);
+
+  // ---- residency ---------------------------------------------------------------------------
+  // Makes the host copy valid/dirty/writing. `stalled` reports whether it waited on I/O.
+  void ensure_host(std::unique_lock<std::mutex>& lk, BlockId id, bool* waited);
+
+  void pump_prefetch();
+
+  std::uint64_t dirty_host_bytes() const;
+
+  void write_behind(std::unique_lock<std::mutex>& lk);
+
+  void flush_locked(std::unique_lock<std::mutex>& lk);
+
+  // Copies the device copy into host memory so that the host holds the newest data: host dirty
+  // and device valid when the device copy was dirty, both valid otherwise. Waits for a transfer
+  // of the host copy first. False when the block changed meanwhile (the caller looks again).
+  bool copy_down(std::unique_lock<std::mutex>& lk, BlockId id);
+
+  void wait_all(std::unique_lock<std::mutex>& lk);
+
+  // Debug builds (and the sanitizer builds, which define TIERSWAP_DEBUG_INVARIANTS) check the
+  // residency invariants after every state change; a violation is a bug in this file.
+  void check_invariants() const;
+
+  // ---- manifest ----------------------------------------------------------------------------
+  std::filesystem::path manifest_path() const;
+
+  // The block table as it will be once the open generation is committed.
+  std::string manifest_payload() const;
+
+  void load_manifest();
+
+  void verify_blocks();
+};
+
+}  // namespace tierswap

@@ -826,13 +826,13 @@ TEST(ShardedOptimizer, PlanGpuSubgroupsRunOnASimulatedDeviceTier) {
       }
       ASSERT_GT(on_gpu, 0u);
       ASSERT_GT(nvme, 0u);
-      EXPECT_EQ(b.opt->placement(b.opt->subgroup_count() - 1).first, Tier::device);
+      EXPECT_EQ(b.opt->placement(b.opt->subgroup_count() - 1).state_tier, Tier::device);
       const auto rb = test::train(*b.opt, mb, 1, 12, 0, 1, device_grads);
       // Gradients accumulate in the device tier where it holds them beside a step's views (and,
       // overlapped, an ingest's gradient); the smallest budget sends them through host memory.
       for (std::size_t k = 0; k < b.opt->subgroup_count(); ++k)
         EXPECT_EQ(b.opt->gradient_on_device(k),
-                  b.opt->placement(k).second && device_budget > 128 * kKiB)
+                  b.opt->placement(k).gpu_steps && device_budget > 128 * kKiB)
             << k;
       EXPECT_TRUE(rb[test::kOverflowStep - 1].skipped);
       expect_same_state(*a.opt, ma, *b.opt, mb);
@@ -889,7 +889,7 @@ TEST(ShardedOptimizer, DeviceGradientsStayInTheDeviceTier) {
         b.opt->set_plan(plan);
         auto mb = test::start_model(*b.opt);
         for (std::size_t k = 0; k < b.opt->subgroup_count(); ++k)
-          EXPECT_EQ(b.opt->gradient_on_device(k), b.opt->placement(k).second) << k;
+          EXPECT_EQ(b.opt->gradient_on_device(k), b.opt->placement(k).gpu_steps) << k;
         EXPECT_THROW(b.opt->gradient_on_device(b.opt->subgroup_count()), std::invalid_argument);
         test::train(*b.opt, mb, 1, 1, 0, 1, device_grads);
         const auto c0 = b.tiers->counters();
@@ -1072,9 +1072,9 @@ TEST(ShardedOptimizer, SplitStepRunsTheGpuPartBesideTheCpuPart) {
       b.opt->set_plan(split);
       auto mb = test::start_model(*b.opt);
       std::size_t gpu = 0;
-      for (std::size_t k = 0; k < b.opt->subgroup_count(); ++k) gpu += b.opt->placement(k).second;
+      for (std::size_t k = 0; k < b.opt->subgroup_count(); ++k) gpu += b.opt->placement(k).gpu_steps;
       ASSERT_EQ(gpu, 2u);
-      ASSERT_FALSE(b.opt->placement(b.opt->subgroup_count() - 1).second);
+      ASSERT_FALSE(b.opt->placement(b.opt->subgroup_count() - 1).gpu_steps);
       const auto rb = test::train(*b.opt, mb, 1, 12, 0, 1, mode == 1);
       for (std::size_t i = 0; i < rb.size(); ++i) {
         if (rb[i].skipped) continue;
@@ -1178,7 +1178,7 @@ TEST(ShardedOptimizer, MemoryOnlyResidentStateGivesTheSameBitsWithoutNvmeIo) {
       auto mb = test::start_model(*b.opt);
       std::size_t host = 0;
       for (std::size_t k = 0; k < b.opt->subgroup_count(); ++k)
-        host += b.opt->placement(k).first == Tier::host;
+        host += b.opt->placement(k).state_tier == Tier::host;
       ASSERT_GT(host, 0u);
       const auto w0 = b.tiers->counters().bytes_in[static_cast<int>(Tier::nvme)];
       const auto rb = test::train(*b.opt, mb, 1, 12, 0, 1);
@@ -1369,8 +1369,8 @@ TEST(ShardedOptimizer, FinalizePlacesSubgroupsByAPlanFile) {
   }
   EXPECT_GT(host, 0u);
   EXPECT_GT(nvme, 0u);
-  EXPECT_EQ(b.opt->placement(0).first, Tier::host);
-  EXPECT_EQ(b.opt->placement(b.opt->subgroup_count() - 1).first, Tier::nvme);
+  EXPECT_EQ(b.opt->placement(0).state_tier, Tier::host);
+  EXPECT_EQ(b.opt->placement(b.opt->subgroup_count() - 1).state_tier, Tier::nvme);
   test::train(*b.opt, mb, 1, 6, 0, 1);
   expect_same_state(*a.opt, ma, *b.opt, mb);
 

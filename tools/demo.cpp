@@ -187,7 +187,7 @@ void run_demo(const DemoOptions& o) {
   // in for it.
   const DeviceTierMode device = tiers.device_tier();
   bool gpu_steps = false;
-  for (std::size_t k = 0; k < opt.subgroup_count(); ++k) gpu_steps |= opt.placement(k).second;
+  for (std::size_t k = 0; k < opt.subgroup_count(); ++k) gpu_steps |= opt.placement(k).gpu_steps;
   const bool device_grads = device != DeviceTierMode::off && gpu_steps;
   // What the optimizer takes for device memory: GPU memory when a GPU is usable, else host memory
   // standing in for it (a simulated device tier).
@@ -234,7 +234,7 @@ void run_demo(const DemoOptions& o) {
   if (!o.plan.empty() && !o.json) {
     std::size_t where[kTierCount] = {};
     for (std::size_t k = 0; k < opt.subgroup_count(); ++k)
-      ++where[static_cast<int>(opt.placement(k).first)];
+      ++where[static_cast<int>(opt.placement(k).state_tier)];
     fmt::print(
         "plan {}: {} sub-groups with their state on the GPU, {} in host memory, {} on NVMe; "
         "resident state {}\n",

@@ -254,8 +254,12 @@ class ShardedOptimizer {
   /// Places sub-groups by `plan` (see OptimizerConfig::plan_file) at finalize(). Sub-groups the
   /// plan steps on the GPU need a usable GPU (std::invalid_argument at finalize() otherwise).
   void set_plan(const Plan& plan);
-  /// Where sub-group k's state lives (Tier::device, host or nvme) and whether a GPU steps it.
-  std::pair<Tier, bool> placement(std::size_t k) const;
+  /// Where sub-group k's state lives and which processor steps it.
+  struct Placement {
+    Tier state_tier = Tier::nvme;  ///< Tier::device (GPU memory), host or nvme
+    bool gpu_steps = false;        ///< the CUDA kernels step it (else the CPU's)
+  };
+  Placement placement(std::size_t k) const;
   /// Whether sub-group k's gradients from add_grad_device are accumulated in the device tier (a
   /// GPU-stepped sub-group, when that tier can hold them beside a step's views; see finalize()).
   bool gradient_on_device(std::size_t k) const;

@@ -439,7 +439,7 @@ void ShardedOptimizer::load(const std::filesystem::path& dir) {
           if (!copy) continue;
           m.tiers.release(v, true);
           if (s.streaming) m.tiers.write_back(s.state[slot]);
-          m.settle(s, s.state[slot]);
+          m.promote_memory_only_gpu(s, s.state[slot]);
         }
       }
     }

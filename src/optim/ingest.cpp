@@ -22,7 +22,7 @@
 
 namespace tierswap {
 
-bool ShardedOptimizer::Impl::gradient_done(OptSub& s, const BlockView& grad, Tier tier) {
+bool ShardedOptimizer::Impl::take_grad_stats(OptSub& s, const BlockView& grad, Tier tier) {
   if (!final_backward) return false;
   s.sums.assign((s.numel + kGradStatsChunk - 1) / kGradStatsChunk, 0.0);
   chunk_sums(s, grad, tier, s.sums.data());
@@ -53,7 +53,7 @@ void ShardedOptimizer::Impl::ingest(OptSub& s, Tier tier, Access access, Add&& a
     v.dirty = true;
     s.grad_zero = false;
     s.sums.clear();
-    if (++s.seen == s.pids.size()) final = gradient_done(s, v.v, tier);
+    if (++s.seen == s.pids.size()) final = take_grad_stats(s, v.v, tier);
   }
   if (s.seen == s.pids.size()) after_ingest(s, final);
 }
@@ -133,7 +133,7 @@ void ShardedOptimizer::Impl::reduce_local(OptGroup& g) {
       v.dirty = true;
       s.grad_zero = false;
       s.sums.clear();
-      final = gradient_done(s, v.v);
+      final = take_grad_stats(s, v.v);
     }
     after_ingest(s, final);
   }

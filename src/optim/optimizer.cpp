@@ -126,7 +126,7 @@ bool ShardedOptimizer::gradient_on_device(std::size_t k) const {
   return m.subs[k].grad_gpu;
 }
 
-std::pair<Tier, bool> ShardedOptimizer::placement(std::size_t k) const {
+ShardedOptimizer::Placement ShardedOptimizer::placement(std::size_t k) const {
   const Impl& m = *impl_;
   m.require_finalized("placement");
   if (k >= m.subs.size()) throw std::invalid_argument(fmt::format("placement: no sub-group {}", k));
@@ -158,7 +158,7 @@ void ShardedOptimizer::initialize(const ParamInit& init) {
       v.dirty = true;
     }
     if (s.streaming) m.tiers.write_back(s.state[kMaster]);
-    m.settle(s, s.state[kMaster]);
+    m.promote_memory_only_gpu(s, s.state[kMaster]);
     for (int slot = kExpAvg; slot < kStateSlots; ++slot) {
       if (s.state[slot] == kNoBlock) continue;
       if (!in_place) {
@@ -170,7 +170,7 @@ void ShardedOptimizer::initialize(const ParamInit& init) {
         std::memset(v.v.data(), 0, v.v.bytes());
         v.dirty = true;
       }
-      m.settle(s, s.state[slot]);
+      m.promote_memory_only_gpu(s, s.state[slot]);
     }
   }
   m.drop_all_grads();

@@ -201,7 +201,7 @@ struct ShardedOptimizer::Impl {
   bool device_ptrs = false;
   /// After writing block b of s in host memory: memory-only GPU state moves up at once (its host
   /// copy could not be evicted while it is the only one).
-  void settle(const OptSub& s, BlockId b);
+  void promote_memory_only_gpu(const OptSub& s, BlockId b);
 
   Impl(TierManager& t, Communicator& c, OptimizerConfig o, ThreadPool* p);
   ~Impl();
@@ -260,7 +260,7 @@ struct ShardedOptimizer::Impl {
   /// At the end of a sub-group's ingest in a final backward: its statistics (view: its
   /// gradient, in `tier`), which also mark the gradient final.
   /// Returns whether the gradient is final (and finite) and so may be stepped speculatively.
-  bool gradient_done(OptSub& s, const BlockView& grad, Tier tier = Tier::host);
+  bool take_grad_stats(OptSub& s, const BlockView& grad, Tier tier = Tier::host);
   /// The statistics chunk sums of s's gradient (a view in `tier`: the CUDA pass on a GPU's
   /// memory, the CPU one elsewhere; the same bits) into out[0, ceil(numel / kGradStatsChunk)).
   void chunk_sums(const OptSub& s, const BlockView& grad, Tier tier, double* out);

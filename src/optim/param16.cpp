@@ -21,7 +21,7 @@
 
 namespace tierswap {
 
-void ShardedOptimizer::Impl::settle(const OptSub& s, BlockId b) {
+void ShardedOptimizer::Impl::promote_memory_only_gpu(const OptSub& s, BlockId b) {
   if (!s.memory_only || !s.on_gpu) return;
   BlockView v = tiers.acquire(b, Tier::device);
   tiers.release(v, false);

@@ -112,7 +112,7 @@ void ShardedOptimizer::import_state(std::span<const StateTensor> tensors,
         }
         m.tiers.release(v, true);
         if (s.streaming) m.tiers.write_back(s.state[slot]);
-        m.settle(s, s.state[slot]);
+        m.promote_memory_only_gpu(s, s.state[slot]);
       }
     }
   } catch (...) {

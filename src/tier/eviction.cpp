@@ -121,7 +121,7 @@ std::byte* TierManager::Impl::alloc_slot(std::unique_lock<std::mutex>& lk, int s
       continue;
     }
     if (evict_one(lk, s, id)) continue;
-    // Nothing evictable now; transfers in flight may settle into evictable copies.
+    // Nothing evictable now; transfers in flight may promote_memory_only_gpu into evictable copies.
     if (!inflight.empty()) {
       auto op = inflight.front();
       wait_op_settled(lk, op);

@@ -151,7 +151,7 @@ bool TierManager::Impl::copy_down(std::unique_lock<std::mutex>& lk, BlockId id) 
     b2.st[kHost] = CopyState::valid;
   }
   const bool dev_dirty = blocks[id]->st[kDev] == CopyState::dirty;
-  copy_copy(lk, id, kDev, kHost);
+  copy_between_tiers(lk, id, kDev, kHost);
   if (dev_dirty) {
     blocks[id]->st[kHost] = CopyState::dirty;
     blocks[id]->st[kDev] = CopyState::valid;

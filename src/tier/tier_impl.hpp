@@ -190,7 +190,7 @@ struct TierManager::Impl {
   // ---- transfers ---------------------------------------------------------------------------
   void count(Tier from, Tier to, std::uint64_t bytes, double secs);
 
-  void finalize(Op& op);
+  void complete_op(Op& op);
 
   // Waits for `op` (finalizing it if nobody has) and rethrows its error.
   void wait_op(std::unique_lock<std::mutex>& lk, const std::shared_ptr<Op>& op);
@@ -228,7 +228,7 @@ struct TierManager::Impl {
 
   // Copies a block between its host and device copies with the lock released (the block is
   // marked busy: nobody else touches its copies meanwhile).
-  void copy_copy(std::unique_lock<std::mutex>& lk, BlockId id, int from, int to);
+  void copy_between_tiers(std::unique_lock<std::mutex>& lk, BlockId id, int from, int to);
 
   // A device copy of zeros for block id, which has no data anywhere (a trimmed gradient, a new
   // block): made in device memory with the lock released (the block busy meanwhile). Returns

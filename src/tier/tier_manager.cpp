@@ -84,7 +84,7 @@ TierManager::TierManager(SwapSpace& space, IoEngine& engine, TierConfig cfg) {
       m.engine.wait_any(tickets);
       lk.lock();
       for (auto& op : ops)
-        if (op->ticket.ready()) m.finalize(*op);
+        if (op->ticket.ready()) m.complete_op(*op);
     }
   });
   if (cfg.telemetry && tc.enabled) {
@@ -269,7 +269,7 @@ BlockView TierManager::acquire(BlockId id, Tier tier, Access access) {
       }
       b2.data[kDev] = p;
       b2.st[kDev] = CopyState::valid;
-      m.copy_copy(lk, id, kHost, kDev);
+      m.copy_between_tiers(lk, id, kHost, kDev);
       continue;
     }
     if (b.st[s] != CopyState::valid && b.st[s] != CopyState::dirty && b.st[s] != CopyState::writing)

@@ -14,7 +14,7 @@ void TierManager::Impl::count(Tier from, Tier to, std::uint64_t bytes, double se
   ctr.busy_seconds_in[t] += secs;
 }
 
-void TierManager::Impl::finalize(Op& op) {
+void TierManager::Impl::complete_op(Op& op) {
   if (op.done) return;
   op.done = true;
   for (auto it = inflight.begin(); it != inflight.end(); ++it)
@@ -69,7 +69,7 @@ void TierManager::Impl::wait_op(std::unique_lock<std::mutex>& lk, const std::sha
     } catch (...) {
     }
     lk.lock();
-    finalize(*op);
+    complete_op(*op);
   }
   if (op->error) std::rethrow_exception(op->error);
 }
@@ -134,7 +134,7 @@ std::shared_ptr<Op> TierManager::Impl::start_write(std::unique_lock<std::mutex>&
 
 // Copies a block between its host and device copies with the lock released (the block is
 // marked busy: nobody else touches its copies meanwhile).
-void TierManager::Impl::copy_copy(std::unique_lock<std::mutex>& lk, BlockId id, int from, int to) {
+void TierManager::Impl::copy_between_tiers(std::unique_lock<std::mutex>& lk, BlockId id, int from, int to) {
   const Block& b = *blocks[id];
   std::byte* src = b.data[from];
   std::byte* dst = b.data[to];

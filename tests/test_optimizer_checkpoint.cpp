@@ -1,0 +1,96 @@
+// ShardedOptimizer at world size 1, checkpoints: resuming bit-identically at another sub-group
+// size, and bad checkpoints refused with the state left alone.
+// (Multi-rank runs: optimizer_mpi under mpirun.)
+#include "optim_fixture.hpp"
+
+using namespace tierswap::optim_test;
+
+TEST(ShardedOptimizer, CheckpointResumesBitIdenticallyAtAnotherSubgroupSize) {
+  Rig a;
+  auto ma = test::start_model(*a.opt);
+  test::train(*a.opt, ma, 1, 10, 0, 1);
+  TempDir ck;
+  a.opt->save(ck.path());
+  a.opt->save(ck.path());  // saving again replaces the files of the first save
+  int files = 0;
+  for (auto& e : std::filesystem::directory_iterator(ck.path())) files += e.is_regular_file();
+  EXPECT_EQ(files, 3);  // manifest + one rank's index and data
+  test::train(*a.opt, ma, 11, 20, 0, 1);
+
+  OptimizerConfig oc = test::model_config();
+  oc.subgroup_size = 16384;
+  Rig b(tier_config(2 * kMiB, 128 * kKiB), oc);
+  auto mb = test::build_model(*b.opt);
+  b.opt->load(ck.path());
+  EXPECT_EQ(b.opt->step_count(), 9u);  // step 6 was skipped
+  test::train(*b.opt, mb, 11, 20, 0, 1);
+  EXPECT_EQ(a.opt->loss_scale(), b.opt->loss_scale());
+  expect_same_state(*a.opt, ma, *b.opt, mb);
+  for (std::size_t p = 0; p < ma.ids.size(); ++p) {
+    if (!test::model_params()[p].trainable) continue;
+    const auto x = a.opt->param16(ma.ids[p]);
+    const auto y = b.opt->param16(mb.ids[p]);
+    EXPECT_TRUE(std::equal(x.begin(), x.end(), y.begin(), y.end()));
+  }
+}
+
+TEST(ShardedOptimizer, BadCheckpointsGiveClearErrorsAndLeaveTheStateAlone) {
+  Rig a;
+  auto ma = test::start_model(*a.opt);
+  test::train(*a.opt, ma, 1, 3, 0, 1);
+  TempDir ck;
+  a.opt->save(ck.path());
+
+  Rig b;
+  auto mb = test::start_model(*b.opt);
+  test::train(*b.opt, mb, 1, 1, 0, 1);
+  const auto before = full(*b.opt, mb.ids[0]);
+  auto expect_error = [&](const std::filesystem::path& dir, const std::string& what) {
+    try {
+      b.opt->load(dir);
+      ADD_FAILURE() << "load succeeded; expected: " << what;
+    } catch (const std::exception& e) {
+      EXPECT_NE(std::string(e.what()).find(what), std::string::npos) << e.what();
+    }
+    EXPECT_TRUE(same_bits(full(*b.opt, mb.ids[0]), before));
+    EXPECT_EQ(b.opt->step_count(), 1u);
+  };
+  TempDir empty;
+  expect_error(empty.path(), "no tierswap.checkpoint");
+
+  std::filesystem::path bin, index;
+  for (auto& e : std::filesystem::directory_iterator(ck.path())) {
+    if (e.path().extension() == ".bin") bin = e.path();
+    if (e.path().extension() == ".json") index = e.path();
+  }
+  // Corrupt one byte deep in the data: the piece checksum catches it, mid-copy.
+  {
+    std::fstream f(bin, std::ios::in | std::ios::out | std::ios::binary);
+    f.seekp(40000);
+    char c;
+    f.read(&c, 1);
+    c ^= 0x5a;
+    f.seekp(40000);
+    f.write(&c, 1);
+  }
+  expect_error(ck.path(), "checksum mismatch");
+  std::filesystem::resize_file(bin, std::filesystem::file_size(bin) - 100);
+  expect_error(ck.path(), "truncated");
+  std::filesystem::remove(index);
+  expect_error(ck.path(), "missing");
+
+  // A model of another shape.
+  Rig c;
+  c.opt->add_group(GroupConfig{});
+  c.opt->add_group(GroupConfig{});
+  c.opt->add_param(0, {"w1", {97, 130}, Dtype::f16, true});
+  c.opt->finalize();
+  TempDir ck2;
+  a.opt->save(ck2.path());
+  try {
+    c.opt->load(ck2.path());
+    ADD_FAILURE() << "a mismatched model loaded";
+  } catch (const std::runtime_error& e) {
+    EXPECT_NE(std::string(e.what()).find("parameters"), std::string::npos) << e.what();
+  }
+}

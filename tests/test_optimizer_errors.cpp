@@ -1,0 +1,100 @@
+// ShardedOptimizer at world size 1, misuse and configuration: clear errors for API misuse, config
+// from JSON and the environment.
+// (Multi-rank runs: optimizer_mpi under mpirun.)
+#include "optim_fixture.hpp"
+
+using namespace tierswap::optim_test;
+
+TEST(ShardedOptimizer, MisuseIsRejectedWithClearErrors) {
+  Rig r;
+  EXPECT_THROW(r.opt->finalize(), std::logic_error);  // no groups
+  GroupConfig bad;
+  bad.beta1 = 1.5;
+  EXPECT_THROW(r.opt->add_group(bad), std::invalid_argument);
+  const int g = r.opt->add_group(GroupConfig{});
+  EXPECT_THROW(r.opt->add_param(3, {"x", {4}, Dtype::bf16, true}), std::invalid_argument);
+  EXPECT_THROW(r.opt->add_param(g, {"x", {4}, Dtype::f32, true}), std::invalid_argument);
+  EXPECT_THROW(r.opt->add_param(g, {"x", {0, 4}, Dtype::bf16, true}), std::invalid_argument);
+  const ParamId x = r.opt->add_param(g, {"x", {4}, Dtype::bf16, true});
+  const ParamId f = r.opt->add_param(g, {"frozen", {4}, Dtype::bf16, false});
+  EXPECT_THROW(r.opt->add_param(g, {"x", {4}, Dtype::bf16, true}), std::invalid_argument);
+  EXPECT_THROW(r.opt->add_param(g, {"y", {4}, Dtype::f16, true}), std::invalid_argument);
+  std::uint16_t grad[4] = {};
+  EXPECT_THROW(r.opt->begin_backward(), std::logic_error);  // not finalized
+  r.opt->finalize();
+  EXPECT_THROW(r.opt->add_param(g, {"z", {4}, Dtype::bf16, true}), std::logic_error);
+  EXPECT_THROW(r.opt->add_grad(x, grad, Dtype::bf16), std::logic_error);  // no backward
+  r.opt->begin_backward();
+  EXPECT_THROW(r.opt->begin_backward(), std::logic_error);
+  EXPECT_THROW(r.opt->add_grad(f, grad, Dtype::bf16), std::invalid_argument);
+  EXPECT_THROW(r.opt->add_grad(99, grad, Dtype::bf16), std::invalid_argument);
+  EXPECT_THROW(r.opt->param16(f), std::invalid_argument);  // frozen: the trainer keeps its values
+  EXPECT_THROW(r.opt->step(), std::logic_error);  // backward not ended
+  r.opt->end_backward();
+  GroupConfig other;
+  other.kind = OptimizerKind::lion;
+  EXPECT_THROW(r.opt->set_group_config(g, other), std::invalid_argument);
+  EXPECT_THROW(r.opt->set_lr(g, -1), std::invalid_argument);
+  r.opt->set_lr(g, 0.5);
+  EXPECT_EQ(r.opt->group_config(g).lr, 0.5);
+  OptimizerConfig oc;
+  oc.subgroup_size = 0;
+  EXPECT_THROW(oc.validate(), std::invalid_argument);
+  oc = {};
+  oc.loss_scaler.mode = LossScaling::dynamic;
+  oc.loss_scaler.backoff_factor = 2;
+  EXPECT_THROW(oc.validate(), std::invalid_argument);
+  // A second optimizer on the same swap space would clobber the first one's blocks.
+  ShardedOptimizer twin(*r.tiers, *r.comm);
+  twin.add_group(GroupConfig{});
+  twin.add_param(0, {"x", {4}, Dtype::bf16, true});
+  EXPECT_THROW(twin.finalize(), std::runtime_error);
+}
+
+TEST(ShardedOptimizer, ConfigFromJsonAndEnvironment) {
+  const auto c = OptimizerConfig::from_json(
+      R"({"subgroup_size": "4M", "prefetch_depth": 3, "state_tier": "host", "grad_tier": "nvme",
+          "max_grad_norm": 1.5, "overlap": true, "overlap_param16_in_place": true,
+          "concurrent_gpu_step": false, "loss_scaler": {"mode": "dynamic", "growth_interval": 10}})");
+  EXPECT_EQ(c.subgroup_size, 4u << 20);
+  EXPECT_TRUE(c.overlap);
+  EXPECT_TRUE(c.overlap_param16_in_place);
+  EXPECT_FALSE(c.concurrent_gpu_step);
+  EXPECT_TRUE(OptimizerConfig{}.concurrent_gpu_step);
+  EXPECT_EQ(c.prefetch_depth, 3u);
+  EXPECT_EQ(c.state_tier, OptimizerConfig::StateTier::host);
+  EXPECT_EQ(c.grad_tier, Tier::nvme);
+  EXPECT_EQ(c.max_grad_norm, 1.5);
+  EXPECT_EQ(c.loss_scaler.mode, LossScaling::dynamic);
+  EXPECT_EQ(c.loss_scaler.growth_interval, 10u);
+  for (const char* bad :
+       {R"({"subgroup": 1})", R"({"grad_tier": "gpu"})",
+        R"({"loss_scaler": {"mode": "sometimes"}})", R"({"max_grad_norm": -1})",
+        R"({"loss_scaler": {"backoff": 0.5}})", R"({"overlap": "yes"})",
+        R"({"overlap_param16_in_place": 1})", R"({"concurrent_gpu_step": "no"})", "[1]", "{"}) {
+    try {
+      OptimizerConfig::from_json(bad);
+      ADD_FAILURE() << "accepted: " << bad;
+    } catch (const std::invalid_argument& e) {
+      EXPECT_FALSE(std::string(e.what()).empty());
+    }
+  }
+  ::setenv("TIERSWAP_STATE_TIER", "nvme", 1);
+  ::setenv("TIERSWAP_SUBGROUP_SIZE", "1M", 1);
+  ::setenv("TIERSWAP_OVERLAP", "1", 1);
+  ::setenv("TIERSWAP_OVERLAP_PARAM16_IN_PLACE", "1", 1);
+  ::setenv("TIERSWAP_CONCURRENT_GPU_STEP", "0", 1);
+  const auto e = OptimizerConfig::from_env();
+  ::unsetenv("TIERSWAP_OVERLAP");
+  ::unsetenv("TIERSWAP_OVERLAP_PARAM16_IN_PLACE");
+  ::unsetenv("TIERSWAP_CONCURRENT_GPU_STEP");
+  EXPECT_FALSE(e.concurrent_gpu_step);
+  EXPECT_TRUE(e.overlap);
+  EXPECT_TRUE(e.overlap_param16_in_place);
+  EXPECT_EQ(e.state_tier, OptimizerConfig::StateTier::nvme);
+  EXPECT_EQ(e.subgroup_size, 1u << 20);
+  ::setenv("TIERSWAP_STATE_TIER", "ssd", 1);
+  EXPECT_THROW(OptimizerConfig::from_env(), std::invalid_argument);
+  ::unsetenv("TIERSWAP_STATE_TIER");
+  ::unsetenv("TIERSWAP_SUBGROUP_SIZE");
+}

@@ -16,6 +16,7 @@
 #include "tierswap/thread_pool.hpp"
 #include "tierswap/units.hpp"
 #include "tools/commands.hpp"
+#include "tools/timing.hpp"
 
 #include <fmt/format.h>
 
@@ -81,11 +82,6 @@ std::uint64_t read_probe(const std::byte* p, std::size_t bytes, ThreadPool& pool
   std::uint64_t r = 0;
   for (auto x : out) r |= x;
   return r;
-}
-
-double median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  return v[v.size() / 2];
 }
 
 void run(const Options& o) {

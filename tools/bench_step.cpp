@@ -37,23 +37,13 @@
 #include "tierswap/tier_manager.hpp"
 #include "tierswap/units.hpp"
 #include "tools/commands.hpp"
+#include "tools/timing.hpp"
 #include "tools/temp_dir.hpp"
 
 namespace tierswap::cli {
 namespace {
 
-using Clock = std::chrono::steady_clock;
-
 constexpr BlockId kNone = ~BlockId{0};  // a ZeRO-Infinity sub-group without exp_avg_sq (Lion)
-
-double since(Clock::time_point t0) {
-  return std::chrono::duration<double>(Clock::now() - t0).count();
-}
-
-double median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  return v[v.size() / 2];
-}
 
 struct StepOptions {
   std::vector<std::string> dirs;

@@ -33,18 +33,13 @@
 #include "tierswap/tier_manager.hpp"
 #include "tierswap/units.hpp"
 #include "tools/commands.hpp"
+#include "tools/timing.hpp"
 #include "tools/temp_dir.hpp"
 
 #include <fmt/format.h>
 
 namespace tierswap::cli {
 namespace {
-
-using Clock = std::chrono::steady_clock;
-
-double since(Clock::time_point t0) {
-  return std::chrono::duration<double>(Clock::now() - t0).count();
-}
 
 struct DemoOptions {
   std::string dir;

@@ -398,6 +398,7 @@ void ShardedOptimizer::load(const std::filesystem::path& dir) {
   // verifies what goes to memory-only state, which no discard can restore; pass 1 copies that
   // after the commit, once every piece has been verified.
   std::vector<std::byte> buf;
+  std::vector<std::unique_ptr<File>> data_files(olds.size());  // each old rank's, opened once
   auto copy_pass = [&](int pass) {
     for (std::size_t gi = 0; gi < m.groups.size(); ++gi) {
       const OptGroup& g = m.groups[gi];
@@ -424,8 +425,8 @@ void ShardedOptimizer::load(const std::filesystem::path& dir) {
             const std::uint64_t pb = sec->begin + pi * kPiece;
             const std::uint64_t pn = std::min(kPiece, sec->end - pb);
             buf.resize(pn * es);
-            File f(olds[q].data, O_RDONLY);
-            f.pread_all(buf.data(), buf.size(), sec->offset + pi * kPiece * es);
+            if (!data_files[q]) data_files[q] = std::make_unique<File>(olds[q].data, O_RDONLY);
+            data_files[q]->pread_all(buf.data(), buf.size(), sec->offset + pi * kPiece * es);
             if (checksum64(buf.data(), buf.size()) != sec->sums[pi])
               throw bad(olds[q].data,
                         fmt::format("{} of group {}, elements [{}, {}): checksum mismatch "

@@ -28,8 +28,7 @@ class FaultTest : public ::testing::TestWithParam<IoBackendKind> {
   // An engine over the fault wrapper; skips when the backend is unavailable here.
   std::unique_ptr<IoEngine> engine(detail::FaultPlan plan, std::uint32_t depth = 8,
                                    std::uint32_t retries = 16) {
-    std::string why;
-    auto inner = test::make_backend(GetParam(), *space_, depth, &why);
+    auto inner = test::make_backend(GetParam(), *space_, depth, &unavailable_);
     if (!inner) return nullptr;
     IoEngineConfig c;
     c.queue_depth = depth;
@@ -51,11 +50,14 @@ class FaultTest : public ::testing::TestWithParam<IoBackendKind> {
 
   TempDir dir_;
   std::unique_ptr<SwapSpace> space_;
+  std::string unavailable_;  // why the last engine() could not start its backend
 };
 
-#define ENGINE_OR_SKIP(var, ...)  \
-  auto var = engine(__VA_ARGS__); \
-  if (!var) GTEST_SKIP() << "backend unavailable here";
+#define ENGINE_OR_SKIP(var, ...)                                                      \
+  auto var = engine(__VA_ARGS__);                                                     \
+  if (!var)                                                                           \
+    GTEST_SKIP() << "backend " << ::tierswap::to_string(GetParam()) << " unavailable here: " \
+                 << unavailable_;
 
 }  // namespace
 

@@ -25,13 +25,10 @@
 #include "tierswap/swap_space.hpp"
 #include "tierswap/thread_pool.hpp"
 
-
-
 namespace tierswap::optim_test {
 
 using namespace tierswap;
 using tierswap::test::TempDir;
-
 
 inline constexpr std::uint64_t kKiB = 1024, kMiB = 1024 * 1024;
 
@@ -49,7 +46,7 @@ inline TierConfig tier_config(std::uint64_t budget, std::uint64_t slab) {
 // The host tier above beside a simulated device tier of `device_budget` bytes (host memory
 // standing in for a GPU's) with a fast simulated link.
 inline TierConfig simulated_gpu_config(std::uint64_t budget, std::uint64_t slab,
-                                std::uint64_t device_budget) {
+                                       std::uint64_t device_budget) {
   TierConfig c = tier_config(budget, slab);
   c.device_mode = DeviceTierMode::simulated;
   c.device_budget = device_budget;
@@ -93,7 +90,8 @@ struct Rig {
   }
 };
 
-inline std::vector<float> full(ShardedOptimizer& opt, ParamId id, BlockClass cls = BlockClass::master) {
+inline std::vector<float> full(ShardedOptimizer& opt, ParamId id,
+                               BlockClass cls = BlockClass::master) {
   std::vector<float> out(opt.param(id).numel(), NAN);
   for (auto& [off, vals] : opt.shard(id, cls))
     std::copy(vals.begin(), vals.end(), out.begin() + off);
@@ -105,8 +103,8 @@ inline bool same_bits(const std::vector<float>& a, const std::vector<float>& b) 
 }
 
 // Master weights and both moments of every trainable parameter, bit for bit.
-inline void expect_same_state(ShardedOptimizer& a, const test::ModelOptimizer& ma, ShardedOptimizer& b,
-                       const test::ModelOptimizer& mb) {
+inline void expect_same_state(ShardedOptimizer& a, const test::ModelOptimizer& ma,
+                              ShardedOptimizer& b, const test::ModelOptimizer& mb) {
   for (std::size_t p = 0; p < ma.ids.size(); ++p) {
     if (!test::model_params()[p].trainable) continue;
     for (auto cls : {BlockClass::master, BlockClass::exp_avg, BlockClass::exp_avg_sq})
@@ -116,14 +114,13 @@ inline void expect_same_state(ShardedOptimizer& a, const test::ModelOptimizer& m
 }
 
 // Every trainable parameter's 16-bit values equal in both runs.
-inline void expect_same_param16(ShardedOptimizer& a, const test::ModelOptimizer& ma, ShardedOptimizer& b,
-                         const test::ModelOptimizer& mb) {
+inline void expect_same_param16(ShardedOptimizer& a, const test::ModelOptimizer& ma,
+                                ShardedOptimizer& b, const test::ModelOptimizer& mb) {
   for (std::size_t p = 0; p < ma.ids.size(); ++p) {
     if (!test::model_params()[p].trainable) continue;
     const auto x = a.param16(ma.ids[p]), y = b.param16(mb.ids[p]);
     EXPECT_TRUE(std::equal(x.begin(), x.end(), y.begin(), y.end())) << test::model_params()[p].name;
   }
 }
-
 
 }  // namespace tierswap::optim_test

@@ -29,7 +29,7 @@ TEST(ShardedOptimizer, MisuseIsRejectedWithClearErrors) {
   EXPECT_THROW(r.opt->add_grad(f, grad, Dtype::bf16), std::invalid_argument);
   EXPECT_THROW(r.opt->add_grad(99, grad, Dtype::bf16), std::invalid_argument);
   EXPECT_THROW(r.opt->param16(f), std::invalid_argument);  // frozen: the trainer keeps its values
-  EXPECT_THROW(r.opt->step(), std::logic_error);  // backward not ended
+  EXPECT_THROW(r.opt->step(), std::logic_error);           // backward not ended
   r.opt->end_backward();
   GroupConfig other;
   other.kind = OptimizerKind::lion;

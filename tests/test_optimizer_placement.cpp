@@ -184,7 +184,8 @@ TEST(ShardedOptimizer, SplitStepRunsTheGpuPartBesideTheCpuPart) {
       b.opt->set_plan(split);
       auto mb = test::start_model(*b.opt);
       std::size_t gpu = 0;
-      for (std::size_t k = 0; k < b.opt->subgroup_count(); ++k) gpu += b.opt->placement(k).gpu_steps;
+      for (std::size_t k = 0; k < b.opt->subgroup_count(); ++k)
+        gpu += b.opt->placement(k).gpu_steps;
       ASSERT_EQ(gpu, 2u);
       ASSERT_FALSE(b.opt->placement(b.opt->subgroup_count() - 1).gpu_steps);
       const auto rb = test::train(*b.opt, mb, 1, 12, 0, 1, mode == 1);

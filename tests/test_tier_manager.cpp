@@ -1064,7 +1064,8 @@ TEST(TierManager, AConsistentChecksumIsNotConsistentFields) {
   expect_refused([](auto& j) { j["blocks"][1]["numel"] = 0; }, "numel is 0");
   expect_refused(
       [](auto& j) {
-        j["blocks"][0]["slots"][1][1] = j["blocks"][0]["slots"][1][1].template get<std::uint64_t>() + 4096;
+        j["blocks"][0]["slots"][1][1] =
+            j["blocks"][0]["slots"][1][1].template get<std::uint64_t>() + 4096;
       },
       "slots of");
   expect_refused([](auto& j) { j["blocks"][0]["slots"][0][0] = UINT64_MAX - 10; }, "slot 0");

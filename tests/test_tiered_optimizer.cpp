@@ -84,7 +84,8 @@ TEST(GroupConfigDefaults, FollowTorchPerKind) {
   EXPECT_EQ(lion.lr, 1e-4);
   EXPECT_EQ(lion.beta2, 0.99);
   EXPECT_EQ(lion.weight_decay, 0.0);
-  for (auto k : {OptimizerKind::adamw, OptimizerKind::adam, OptimizerKind::sgd, OptimizerKind::lion})
+  for (auto k :
+       {OptimizerKind::adamw, OptimizerKind::adam, OptimizerKind::sgd, OptimizerKind::lion})
     EXPECT_NO_THROW(GroupConfig::defaults(k).validate());
 }
 
@@ -113,8 +114,8 @@ TEST(TieredOptimizer, BuildsEverythingFromOptionsAndRemovesItsFiles) {
 }
 
 TEST(TieredOptimizer, SwapSizeSufficesForEveryKindAndSubgroupSize) {
-  for (auto kind : {OptimizerKind::adamw, OptimizerKind::adam, OptimizerKind::sgd,
-                    OptimizerKind::lion}) {
+  for (auto kind :
+       {OptimizerKind::adamw, OptimizerKind::adam, OptimizerKind::sgd, OptimizerKind::lion}) {
     for (std::uint64_t sg : {std::uint64_t{8192}, std::uint64_t{0}}) {
       TempDir dir;
       TieredOptions o = options(dir.path());
@@ -125,7 +126,8 @@ TEST(TieredOptimizer, SwapSizeSufficesForEveryKindAndSubgroupSize) {
       if (kind == OptimizerKind::sgd) g.momentum = 0.9;
       if (kind == OptimizerKind::adam) g.amsgrad = true;
       const int gi = t.add_group(g);
-      for (int i = 0; i < 9; ++i) t.add_param(gi, {"p" + std::to_string(i), {8191 + i}, Dtype::bf16});
+      for (int i = 0; i < 9; ++i)
+        t.add_param(gi, {"p" + std::to_string(i), {8191 + i}, Dtype::bf16});
       ASSERT_NO_THROW(t.finalize()) << to_string(kind) << " sg " << sg;
       EXPECT_NO_THROW(t.optimizer().initialize(
           [](ParamId, std::uint64_t, float* out, std::uint64_t n) { std::fill_n(out, n, 0.5f); }));
@@ -293,7 +295,8 @@ TEST(ShardedOptimizerIngest, FirstGradientCopiedLaterOnesAddedSameBitsAsTheTotal
     t.finalize();
     auto& opt = t.optimizer();
     opt.initialize([](ParamId, std::uint64_t off, float* out, std::uint64_t n) {
-      for (std::uint64_t i = 0; i < n; ++i) out[i] = 0.25f - 0.001f * static_cast<float>((off + i) % 97);
+      for (std::uint64_t i = 0; i < n; ++i)
+        out[i] = 0.25f - 0.001f * static_cast<float>((off + i) % 97);
     });
     auto grad = [&](ParamId id, int part, int step) {
       std::vector<std::uint16_t> v(opt.param(id).numel());

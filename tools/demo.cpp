@@ -33,8 +33,8 @@
 #include "tierswap/tier_manager.hpp"
 #include "tierswap/units.hpp"
 #include "tools/commands.hpp"
-#include "tools/timing.hpp"
 #include "tools/temp_dir.hpp"
+#include "tools/timing.hpp"
 
 #include <fmt/format.h>
 

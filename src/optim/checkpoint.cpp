@@ -318,10 +318,9 @@ void ShardedOptimizer::load(const std::filesystem::path& dir) {
       const auto& jg = groups[gi];
       GroupConfig c = group_from_json(jg.at("config"));
       if (!same_state_layout(c, g.cfg))
-        throw bad(man_path,
-                  fmt::format("group {} is {}{}, this optimizer's is {}{}", gi, to_string(c.kind),
-                              c.amsgrad ? " (amsgrad)" : "", to_string(g.cfg.kind),
-                              g.cfg.amsgrad ? " (amsgrad)" : ""));
+        throw bad(man_path, fmt::format("group {} is {}{}, this optimizer's is {}{}", gi,
+                                        to_string(c.kind), c.amsgrad ? " (amsgrad)" : "",
+                                        to_string(g.cfg.kind), g.cfg.amsgrad ? " (amsgrad)" : ""));
       cfgs.push_back(c);
       const auto& ps = jg.at("params");
       if (ps.size() != g.params.size())

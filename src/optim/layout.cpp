@@ -139,8 +139,7 @@ void ShardedOptimizer::Impl::layout() {
 std::uint64_t ShardedOptimizer::Impl::state_block_bytes(const OptSub& s) const {
   std::uint64_t b = 0;
   for (int slot = 0; slot < kStateSlots; ++slot)
-    if (groups[s.group].has_slot(slot))
-      b += round_up(s.numel * dtype_size(slot_dtype(slot)), 4096);
+    if (groups[s.group].has_slot(slot)) b += round_up(s.numel * dtype_size(slot_dtype(slot)), 4096);
   return b;
 }
 
@@ -148,7 +147,7 @@ std::uint64_t ShardedOptimizer::Impl::grad_block_bytes(const OptSub& s) const {
   return round_up(s.numel * dtype_size(acc_dtype(groups[s.group])), 4096);
 }
 
-// ---- create_blocks, in the order it runs ----------------------------------------------------------
+// ---- create_blocks, in the order it runs --------------------------------------------------------
 std::pair<std::uint64_t, std::uint64_t> ShardedOptimizer::Impl::state_and_grad_bytes() const {
   std::uint64_t state = 0, grads = 0;
   for (const auto& s : subs) {
@@ -183,9 +182,10 @@ bool ShardedOptimizer::Impl::apply_placement(bool streaming) {
   bool any_streaming = false;
   for (auto& s : subs) {
     s.streaming = streaming;
-    if (plan) place_by_plan(s, plan->at_fraction((static_cast<double>(pos) +
-                                                  static_cast<double>(s.numel) / 2) /
-                                                 static_cast<double>(std::max<std::uint64_t>(rank_total, 1))));
+    if (plan)
+      place_by_plan(
+          s, plan->at_fraction((static_cast<double>(pos) + static_cast<double>(s.numel) / 2) /
+                               static_cast<double>(std::max<std::uint64_t>(rank_total, 1))));
     s.memory_only = !cfg.persist_resident_state && !s.streaming;
     any_streaming |= s.streaming;
     pos += s.numel;
@@ -232,8 +232,8 @@ ShardedOptimizer::Impl::TierBytes ShardedOptimizer::Impl::check_memory_only_budg
     }
   const TierConfig& tc = tiers.config();
   const int h = static_cast<int>(Tier::host), d = static_cast<int>(Tier::device);
-  held[h] = (*mem)[h] + (cfg.grad_tier == Tier::host ? grads : mem_grads[h]) +
-            tc.slab_slack(Tier::host);
+  held[h] =
+      (*mem)[h] + (cfg.grad_tier == Tier::host ? grads : mem_grads[h]) + tc.slab_slack(Tier::host);
   held[d] = (*mem)[d] + mem_grads[d] + tc.slab_slack(Tier::device);
   if ((*mem)[h] > 0 && held[h] > tc.host_budget)
     throw std::invalid_argument(fmt::format(
@@ -258,7 +258,7 @@ ShardedOptimizer::Impl::TierBytes ShardedOptimizer::Impl::check_memory_only_budg
 // verdict. The host also keeps the staging of streamed sub-groups (the one stepped, one written
 // behind, the read-ahead).
 void ShardedOptimizer::Impl::assign_undo_copies(TierBytes held, std::uint64_t per_sub,
-                                               bool any_streaming) {
+                                                bool any_streaming) {
   const TierConfig& tc = tiers.config();
   const int h = static_cast<int>(Tier::host), d = static_cast<int>(Tier::device);
   if (any_streaming) held[h] += per_sub * (cfg.prefetch_depth + 2);
@@ -352,7 +352,7 @@ void ShardedOptimizer::Impl::warn_plan_mismatch(std::uint64_t grads) const {
 // ahead must fit, or memory pressure would spill gradients and drop prefetched state before its
 // use.
 void ShardedOptimizer::Impl::fit_prefetch_depth(std::uint64_t grads, std::uint64_t per_sub,
-                                               bool any_streaming) {
+                                                bool any_streaming) {
   depth = cfg.prefetch_depth;
   if (any_streaming) {
     const bool split =

@@ -221,7 +221,8 @@ void LossScalerConfig::validate() const {
   if (!(growth_factor > 1))
     throw_invalid("loss_scaler.growth_factor", std::to_string(growth_factor), "must be > 1");
   if (!(backoff_factor > 0 && backoff_factor < 1))
-    throw_invalid("loss_scaler.backoff_factor", std::to_string(backoff_factor), "must be in (0, 1)");
+    throw_invalid("loss_scaler.backoff_factor", std::to_string(backoff_factor),
+                  "must be in (0, 1)");
   if (growth_interval == 0) throw_invalid("loss_scaler.growth_interval", "0", "must be > 0");
 }
 

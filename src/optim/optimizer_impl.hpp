@@ -78,10 +78,9 @@ struct OptSub {
   std::vector<char> slice_written;
   bool grad_zero = true;  // nothing written since the last drop
   std::size_t slice_of(ParamId id) const {
-    return static_cast<std::size_t>(std::lower_bound(pids.begin(), pids.end(), id) -
-                                    pids.begin());
+    return static_cast<std::size_t>(std::lower_bound(pids.begin(), pids.end(), id) - pids.begin());
   }
-  std::uint32_t seen = 0;     // of them, ingested in this backward
+  std::uint32_t seen = 0;  // of them, ingested in this backward
   // Statistics chunk sums of the final gradient, taken while it was in memory at ingest (so a
   // gradient spilled to NVMe is not read back for them). Non-empty exactly when the sub-group's
   // gradient is final for this step (gradient_final); any later ingest clears them.
@@ -333,8 +332,8 @@ struct ShardedOptimizer::Impl {
   /// Every group's hyper-parameters (what a speculative step is checked against).
   std::vector<GroupConfig> group_configs() const;
   struct StepPlan {
-    float multiplier = 1;  // loss-scale inverse x clip factor
-    std::uint64_t t = 0;   // the step number being taken
+    float multiplier = 1;                 // loss-scale inverse x clip factor
+    std::uint64_t t = 0;                  // the step number being taken
     std::vector<std::size_t> todo, late;  // stepped before the commit; memory-only, after it
   };
   void partition_todo_late(bool keep, std::vector<std::size_t>* todo,

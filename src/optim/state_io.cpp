@@ -21,12 +21,12 @@ int slot_of(const OptGroup& g, BlockClass cls) {
 }
 
 const OptParam& trainable(const std::vector<OptParam>& params, const char* what, ParamId id) {
-  if (id >= params.size()) throw std::invalid_argument(fmt::format("{}: no parameter {}", what, id));
+  if (id >= params.size())
+    throw std::invalid_argument(fmt::format("{}: no parameter {}", what, id));
   const OptParam& p = params[id];
   if (!p.spec.requires_grad)
-    throw std::invalid_argument(
-        fmt::format("{}: parameter '{}' is frozen: tierswap keeps no state for it", what,
-                    p.spec.name));
+    throw std::invalid_argument(fmt::format(
+        "{}: parameter '{}' is frozen: tierswap keeps no state for it", what, p.spec.name));
   return p;
 }
 
@@ -58,8 +58,9 @@ std::vector<float> ShardedOptimizer::gather(ParamId id, BlockClass cls) {
     const std::uint64_t b = std::max(p.offset, rb), e = std::min(p.offset + p.numel, re);
     if (b >= e) continue;
     if (e - b >= (std::uint64_t{1} << 31))
-      throw std::invalid_argument(fmt::format(
-          "gather: parameter '{}': a rank's piece of {} elements is over 2^31", p.spec.name, e - b));
+      throw std::invalid_argument(
+          fmt::format("gather: parameter '{}': a rank's piece of {} elements is over 2^31",
+                      p.spec.name, e - b));
     counts[r] = e - b;
     displs[r] = b - p.offset;
   }
@@ -80,10 +81,10 @@ void ShardedOptimizer::import_state(std::span<const StateTensor> tensors,
     const OptParam& p = trainable(m.params, "import_state", t.param);
     checked_slot(m.groups, "import_state", p, t.cls);
     if (t.values.size() != p.numel)
-      throw std::invalid_argument(fmt::format("import_state: parameter '{}' {}: {} values for {} "
-                                              "elements",
-                                              p.spec.name, to_string(t.cls), t.values.size(),
-                                              p.numel));
+      throw std::invalid_argument(
+          fmt::format("import_state: parameter '{}' {}: {} values for {} "
+                      "elements",
+                      p.spec.name, to_string(t.cls), t.values.size(), p.numel));
     if (!seen.emplace(t.param, t.cls).second)
       throw std::invalid_argument(fmt::format("import_state: parameter '{}' {} given twice",
                                               p.spec.name, to_string(t.cls)));
@@ -100,8 +101,8 @@ void ShardedOptimizer::import_state(std::span<const StateTensor> tensors,
         const OptSub& s = m.subs[g.first_sub + k];
         const auto [b, e] = Impl::slice(p, s);
         if (b >= e) continue;
-        const Access access = b == s.begin && e == s.begin + s.numel ? Access::overwrite
-                                                                    : Access::write;
+        const Access access =
+            b == s.begin && e == s.begin + s.numel ? Access::overwrite : Access::write;
         BlockView v = m.tiers.acquire(s.state[slot], Tier::host, access);
         try {
           cast(t.values.data() + (b - p.offset), Dtype::f32,

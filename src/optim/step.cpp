@@ -459,7 +459,8 @@ StepResult ShardedOptimizer::step() {
   sp.multiplier = static_cast<float>(inv * r.clip_factor);
   sp.t = m.step_count + 1;
   if (spec.keep)
-    spec.keep = sp.multiplier == m.spec.mult && sp.t == m.spec.t && m.group_configs() == m.spec.cfgs;
+    spec.keep =
+        sp.multiplier == m.spec.mult && sp.t == m.spec.t && m.group_configs() == m.spec.cfgs;
   if (spec.any && !spec.keep) {  // clipping (or a change) discovered late: discard and redo
     m.spec_discard();
     r.redone = true;

@@ -77,9 +77,11 @@ std::filesystem::path rank_dir(const std::filesystem::path& dir, int rank) {
   std::error_code ec;
   const auto st = std::filesystem::symlink_status(dir, ec);
   if (ec || !std::filesystem::is_directory(st))
-    throw std::invalid_argument(fmt::format(
-        "swap_dirs: {} is {}", dir.string(),
-        ec ? "missing" : std::filesystem::is_symlink(st) ? "a symbolic link (refused)" : "not a directory"));
+    throw std::invalid_argument(fmt::format("swap_dirs: {} is {}", dir.string(),
+                                            ec ? "missing"
+                                            : std::filesystem::is_symlink(st)
+                                                ? "a symbolic link (refused)"
+                                                : "not a directory"));
   if (::access(dir.c_str(), W_OK | X_OK) != 0)
     throw std::invalid_argument(fmt::format("swap_dirs: {} is not writable", dir.string()));
   auto sub = dir / fmt::format("tierswap-rank{}", rank);
@@ -137,7 +139,8 @@ struct TieredOptimizer::Impl {
   std::unique_ptr<ShardedOptimizer> opt;
 
   void require(const char* what) const {
-    if (!opt) throw std::logic_error(fmt::format("TieredOptimizer::{}: call finalize() first", what));
+    if (!opt)
+      throw std::logic_error(fmt::format("TieredOptimizer::{}: call finalize() first", what));
   }
   void remove_files() noexcept;
   void build();
@@ -155,9 +158,11 @@ void TieredOptimizer::Impl::remove_files() noexcept {
 // The tier manager tuned to the budget and sub-group size (TieredOptions::tune_tiers).
 void tune(TierConfig& tc, const OptimizerConfig& oc, std::uint64_t state_blocks) {
   tc.lookahead = std::min<std::uint32_t>(
-      4096, (oc.prefetch_depth + 1) * static_cast<std::uint32_t>(std::max<std::uint64_t>(1, state_blocks)));
+      4096, (oc.prefetch_depth + 1) *
+                static_cast<std::uint32_t>(std::max<std::uint64_t>(1, state_blocks)));
   tc.max_dirty_bytes = tc.host_budget / 4;
-  tc.host_slab_size = std::min<std::uint64_t>(64 * kMiB, (oc.subgroup_size * 4 + kMiB - 1) / kMiB * kMiB);
+  tc.host_slab_size =
+      std::min<std::uint64_t>(64 * kMiB, (oc.subgroup_size * 4 + kMiB - 1) / kMiB * kMiB);
 }
 
 void TieredOptimizer::Impl::build() {
@@ -185,7 +190,8 @@ void TieredOptimizer::Impl::build() {
   space = std::make_unique<SwapSpace>(SwapSpace::create(sc));
   engine = std::make_unique<IoEngine>(*space, IoEngineConfig::from_env());
   tiers = std::make_unique<TierManager>(*space, *engine, tc);
-  const unsigned threads = o.threads != 0 ? o.threads : std::max(1u, std::thread::hardware_concurrency());
+  const unsigned threads =
+      o.threads != 0 ? o.threads : std::max(1u, std::thread::hardware_concurrency());
   pool = std::make_unique<ThreadPool>(threads, tc.numa_node);
   opt = std::make_unique<ShardedOptimizer>(*tiers, *comm, oc, pool.get());
   for (const auto& [cfg, name] : groups) opt->add_group(cfg, name);
@@ -232,13 +238,14 @@ ParamId TieredOptimizer::add_param(int group, const ParamSpec& spec) {
     throw std::invalid_argument(fmt::format("add_param '{}': no group {}", spec.name, group));
   if (spec.name.empty()) throw std::invalid_argument("add_param: a parameter needs a name");
   if (spec.dtype != Dtype::bf16 && spec.dtype != Dtype::f16)
-    throw std::invalid_argument(fmt::format("add_param '{}': dtype {} is not a 16-bit dtype (bf16 "
-                                            "or f16)",
-                                            spec.name, to_string(spec.dtype)));
+    throw std::invalid_argument(
+        fmt::format("add_param '{}': dtype {} is not a 16-bit dtype (bf16 "
+                    "or f16)",
+                    spec.name, to_string(spec.dtype)));
   const std::uint64_t n = spec.numel();  // throws for an empty or negative shape
   if (!m.names.insert(spec.name).second)
-    throw std::invalid_argument(fmt::format("add_param '{}': a parameter of that name exists",
-                                            spec.name));
+    throw std::invalid_argument(
+        fmt::format("add_param '{}': a parameter of that name exists", spec.name));
   if (spec.requires_grad) m.group_numel[group] += n;
   m.params.emplace_back(group, spec);
   return static_cast<ParamId>(m.params.size() - 1);

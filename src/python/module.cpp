@@ -36,25 +36,36 @@ Dtype parse_dtype(const std::string& s) {
   if (s == "bfloat16" || s == "bf16") return Dtype::bf16;
   if (s == "float16" || s == "f16") return Dtype::f16;
   if (s == "float32" || s == "f32") return Dtype::f32;
-  throw std::invalid_argument(fmt::format("dtype '{}': tierswap takes bfloat16, float16 or float32",
-                                          s));
+  throw std::invalid_argument(
+      fmt::format("dtype '{}': tierswap takes bfloat16, float16 or float32", s));
 }
 
 GroupConfig group_config(const std::string& kind, const py::dict& h) {
   GroupConfig c = GroupConfig::defaults(parse_optimizer_kind(kind));
   for (auto [k, v] : h) {
     const auto key = k.cast<std::string>();
-    if (key == "lr") c.lr = v.cast<double>();
-    else if (key == "beta1") c.beta1 = v.cast<double>();
-    else if (key == "beta2") c.beta2 = v.cast<double>();
-    else if (key == "eps") c.eps = v.cast<double>();
-    else if (key == "weight_decay") c.weight_decay = v.cast<double>();
-    else if (key == "amsgrad") c.amsgrad = v.cast<bool>();
-    else if (key == "maximize") c.maximize = v.cast<bool>();
-    else if (key == "momentum") c.momentum = v.cast<double>();
-    else if (key == "dampening") c.dampening = v.cast<double>();
-    else if (key == "nesterov") c.nesterov = v.cast<bool>();
-    else throw std::invalid_argument(fmt::format("group option '{}': unknown", key));
+    if (key == "lr")
+      c.lr = v.cast<double>();
+    else if (key == "beta1")
+      c.beta1 = v.cast<double>();
+    else if (key == "beta2")
+      c.beta2 = v.cast<double>();
+    else if (key == "eps")
+      c.eps = v.cast<double>();
+    else if (key == "weight_decay")
+      c.weight_decay = v.cast<double>();
+    else if (key == "amsgrad")
+      c.amsgrad = v.cast<bool>();
+    else if (key == "maximize")
+      c.maximize = v.cast<bool>();
+    else if (key == "momentum")
+      c.momentum = v.cast<double>();
+    else if (key == "dampening")
+      c.dampening = v.cast<double>();
+    else if (key == "nesterov")
+      c.nesterov = v.cast<bool>();
+    else
+      throw std::invalid_argument(fmt::format("group option '{}': unknown", key));
   }
   c.validate();
   return c;
@@ -172,9 +183,9 @@ class PyCommunicator : public Communicator {
 class PyOptimizer {
  public:
   PyOptimizer(std::vector<std::string> swap_dirs, std::uint64_t host_budget,
-              std::string communicator, std::shared_ptr<Communicator> comm, unsigned threads, const std::string& optimizer_json,
-              const std::string& tiers_json, bool keep_swap_files, std::uint64_t swap_capacity,
-              std::uint64_t subgroup_size)
+              std::string communicator, std::shared_ptr<Communicator> comm, unsigned threads,
+              const std::string& optimizer_json, const std::string& tiers_json,
+              bool keep_swap_files, std::uint64_t swap_capacity, std::uint64_t subgroup_size)
       : t_(options(std::move(swap_dirs), host_budget, std::move(communicator), std::move(comm),
                    threads, optimizer_json, tiers_json, keep_swap_files, swap_capacity,
                    subgroup_size)) {}
@@ -188,8 +199,8 @@ class PyOptimizer {
   const ParamSpec& checked(ParamId id, std::uint64_t numel, const char* what) {
     const ParamSpec& p = opt().param(id);
     if (p.numel() != numel)
-      throw std::invalid_argument(fmt::format("{} '{}': {} elements given for {}", what, p.name,
-                                              numel, p.numel()));
+      throw std::invalid_argument(
+          fmt::format("{} '{}': {} elements given for {}", what, p.name, numel, p.numel()));
     return p;
   }
 
@@ -202,7 +213,8 @@ class PyOptimizer {
     opt().initialize([&](ParamId id, std::uint64_t off, float* out, std::uint64_t n) {
       auto it = src.find(id);
       if (it == src.end())
-        throw std::invalid_argument(fmt::format("initialize: no values for '{}'", opt().param(id).name));
+        throw std::invalid_argument(
+            fmt::format("initialize: no values for '{}'", opt().param(id).name));
       const auto [p, dt] = it->second;
       cast(p + off * dtype_size(dt), dt, out, Dtype::f32, n);
     });
@@ -219,9 +231,9 @@ class PyOptimizer {
     std::memcpy(reinterpret_cast<void*>(ptr), v.data(), v.size() * sizeof(float));
   }
 
-  void import_state(const std::vector<std::tuple<ParamId, std::string, std::uintptr_t,
-                                                 std::uint64_t>>& items,
-                    std::optional<std::uint64_t> step) {
+  void import_state(
+      const std::vector<std::tuple<ParamId, std::string, std::uintptr_t, std::uint64_t>>& items,
+      std::optional<std::uint64_t> step) {
     std::vector<ShardedOptimizer::StateTensor> in;
     for (const auto& [id, cls, ptr, n] : items)
       in.push_back({id, parse_block_class(cls),
@@ -237,9 +249,8 @@ class PyOptimizer {
  private:
   static TieredOptions options(std::vector<std::string> dirs, std::uint64_t budget,
                                std::string comm, std::shared_ptr<Communicator> custom,
-                               unsigned threads, const std::string& oj,
-                               const std::string& tj, bool keep, std::uint64_t capacity,
-                               std::uint64_t subgroup) {
+                               unsigned threads, const std::string& oj, const std::string& tj,
+                               bool keep, std::uint64_t capacity, std::uint64_t subgroup) {
     TieredOptions o;
     for (auto& d : dirs) o.swap_dirs.emplace_back(std::move(d));
     o.host_budget = budget;
@@ -268,11 +279,10 @@ PYBIND11_MODULE(_tierswap, m) {
       .def("size", &Communicator::size);
   py::class_<PyOptimizer>(m, "Optimizer")
       .def(py::init<std::vector<std::string>, std::uint64_t, std::string,
-                    std::shared_ptr<Communicator>, unsigned,
-                    const std::string&, const std::string&, bool, std::uint64_t,
-                    std::uint64_t>(),
-           py::arg("swap_dirs"), py::arg("host_budget"), py::arg("communicator"),
-           py::arg("comm"), py::arg("threads"), py::arg("optimizer_json"), py::arg("tiers_json"),
+                    std::shared_ptr<Communicator>, unsigned, const std::string&, const std::string&,
+                    bool, std::uint64_t, std::uint64_t>(),
+           py::arg("swap_dirs"), py::arg("host_budget"), py::arg("communicator"), py::arg("comm"),
+           py::arg("threads"), py::arg("optimizer_json"), py::arg("tiers_json"),
            py::arg("keep_swap_files"), py::arg("swap_capacity"), py::arg("subgroup_size"))
       .def("add_group",
            [](PyOptimizer& s, const std::string& kind, const py::dict& h, std::string name) {
@@ -286,15 +296,18 @@ PYBIND11_MODULE(_tierswap, m) {
       .def("add_param",
            [](PyOptimizer& s, int g, std::string name, std::vector<std::int64_t> shape,
               const std::string& dt, bool requires_grad) {
-             return s.t().add_param(g, {std::move(name), std::move(shape), parse_dtype(dt),
-                                        requires_grad});
+             return s.t().add_param(
+                 g, {std::move(name), std::move(shape), parse_dtype(dt), requires_grad});
            })
-      .def("finalize", [](PyOptimizer& s) { s.t().finalize(); }, Release())
+      .def(
+          "finalize", [](PyOptimizer& s) { s.t().finalize(); }, Release())
       .def("initialize", &PyOptimizer::initialize, Release())
-      .def("begin_backward", [](PyOptimizer& s, bool final) { s.opt().begin_backward(final); },
-           Release())
+      .def(
+          "begin_backward", [](PyOptimizer& s, bool final) { s.opt().begin_backward(final); },
+          Release())
       .def("add_grad", &PyOptimizer::add_grad, Release())
-      .def("end_backward", [](PyOptimizer& s) { s.opt().end_backward(); }, Release())
+      .def(
+          "end_backward", [](PyOptimizer& s) { s.opt().end_backward(); }, Release())
       .def("step",
            [](PyOptimizer& s) {
              StepResult r;
@@ -314,8 +327,10 @@ PYBIND11_MODULE(_tierswap, m) {
            })
       .def("gather", &PyOptimizer::gather, Release())
       .def("import_state", &PyOptimizer::import_state, Release())
-      .def("save", [](PyOptimizer& s, const std::string& d) { s.opt().save(d); }, Release())
-      .def("load", [](PyOptimizer& s, const std::string& d) { s.opt().load(d); }, Release())
+      .def(
+          "save", [](PyOptimizer& s, const std::string& d) { s.opt().save(d); }, Release())
+      .def(
+          "load", [](PyOptimizer& s, const std::string& d) { s.opt().load(d); }, Release())
       .def("loss_scale", [](PyOptimizer& s) { return s.opt().loss_scale(); })
       .def("step_count", [](PyOptimizer& s) { return s.opt().step_count(); })
       .def("set_overlap", [](PyOptimizer& s, bool on) { s.opt().set_overlap(on); })

@@ -36,7 +36,8 @@ bool TierManager::Impl::evict_one(std::unique_lock<std::mutex>& lk, int s, Block
 
 // Drops block `id`'s copy in slot s, preserving its data below. A pinned copy is an error for
 // an explicit evict (strict), and is left alone when making room (it got pinned meanwhile).
-void TierManager::Impl::evict_copy(std::unique_lock<std::mutex>& lk, BlockId id, int s, bool strict) {
+void TierManager::Impl::evict_copy(std::unique_lock<std::mutex>& lk, BlockId id, int s,
+                                   bool strict) {
   for (;;) {
     wait_not_busy(lk, id);
     Block& b = *blocks[id];
@@ -48,8 +49,8 @@ void TierManager::Impl::evict_copy(std::unique_lock<std::mutex>& lk, BlockId id,
     if (b.desc.memory_only && b.st[s] != CopyState::absent && !b.copy_elsewhere(s)) {
       if (!strict) return;
       throw std::logic_error(
-          fmt::format("evict: block '{}' is memory-only: its {} copy is its only copy",
-                      b.desc.name, s == kDev ? "gpu" : "host"));
+          fmt::format("evict: block '{}' is memory-only: its {} copy is its only copy", b.desc.name,
+                      s == kDev ? "gpu" : "host"));
     }
     if (b.pins[s] > 0) {
       if (!strict) return;
@@ -82,8 +83,7 @@ void TierManager::Impl::evict_copy(std::unique_lock<std::mutex>& lk, BlockId id,
 // its NVMe extent's length) are zeroed, so what is written to NVMe is deterministic.
 std::byte* TierManager::Impl::try_take(int s, const Block& b) {
   std::byte* p = pool(s).try_allocate(b.alloc_bytes);
-  if (p != nullptr && b.alloc_bytes > b.bytes)
-    std::memset(p + b.bytes, 0, b.alloc_bytes - b.bytes);
+  if (p != nullptr && b.alloc_bytes > b.bytes) std::memset(p + b.bytes, 0, b.alloc_bytes - b.bytes);
   return p;
 }
 

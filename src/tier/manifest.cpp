@@ -241,12 +241,12 @@ void check_block_fields(const ManifestInfo::Block& b, const Bad& bad) {
     if (x.length == 0 || x.offset + x.length < x.offset)
       throw bad(fmt::format("block '{}': slot {} is @{}+{}", b.name, s, x.offset, x.length));
     if (b.numel > x.length / es)
-      throw bad(fmt::format("block '{}': numel {} of {} ({} bytes) does not fit slot {} of {} "
-                            "bytes",
-                            b.name, b.numel, to_string(b.dtype),
-                            b.numel <= UINT64_MAX / es ? std::to_string(b.numel * es)
-                                                       : std::string("over 2^64"),
-                            s, x.length));
+      throw bad(fmt::format(
+          "block '{}': numel {} of {} ({} bytes) does not fit slot {} of {} "
+          "bytes",
+          b.name, b.numel, to_string(b.dtype),
+          b.numel <= UINT64_MAX / es ? std::to_string(b.numel * es) : std::string("over 2^64"), s,
+          x.length));
   }
   if (b.slots.size() == 2 && b.slots[0].length != b.slots[1].length)
     throw bad(fmt::format("block '{}': slots of {} and {} bytes", b.name, b.slots[0].length,
@@ -293,8 +293,7 @@ ManifestInfo read_manifest(const std::filesystem::path& path) {
       b.checksum = std::stoull(e.at("checksum").get<std::string>(), nullptr, 16);
       b.transient = e.value("transient", false);
       check_block_fields(b, bad);
-      if (!names.insert(b.name).second)
-        throw bad(fmt::format("block '{}' listed twice", b.name));
+      if (!names.insert(b.name).second) throw bad(fmt::format("block '{}' listed twice", b.name));
       info.blocks.push_back(std::move(b));
     }
   } catch (const std::runtime_error&) {

@@ -84,8 +84,7 @@ void TierManager::Impl::write_behind(std::unique_lock<std::mutex>& lk) {
   std::uint64_t dirty = dirty_host_bytes();
   while (dirty > cfg.max_dirty_bytes) {
     Block* v = lru(kHost, [](const Block& b) {
-      return b.st[kHost] == CopyState::dirty && b.st[kDev] != CopyState::dirty &&
-             !b.desc.transient;
+      return b.st[kHost] == CopyState::dirty && b.st[kDev] != CopyState::dirty && !b.desc.transient;
     });
     if (v == nullptr) return;
     start_write(lk, v->id);
@@ -98,8 +97,7 @@ void TierManager::Impl::flush_locked(std::unique_lock<std::mutex>& lk) {
   for (BlockId id = 0; id < blocks.size(); ++id) {
     wait_not_busy(lk, id);
     Block& b = *blocks[id];
-    while (b.st[kDev] == CopyState::dirty && !b.writer && !b.desc.transient &&
-           !copy_down(lk, id)) {
+    while (b.st[kDev] == CopyState::dirty && !b.writer && !b.desc.transient && !copy_down(lk, id)) {
     }
   }
   for (BlockId id = 0; id < blocks.size(); ++id) {
@@ -137,8 +135,7 @@ bool TierManager::Impl::copy_down(std::unique_lock<std::mutex>& lk, BlockId id) 
     wait_op_settled(lk, op);
     return false;
   }
-  if (b.writer || (b.st[kDev] != CopyState::valid && b.st[kDev] != CopyState::dirty))
-    return false;
+  if (b.writer || (b.st[kDev] != CopyState::valid && b.st[kDev] != CopyState::dirty)) return false;
   if (b.st[kHost] == CopyState::absent) {
     std::byte* p = alloc_slot(lk, kHost, id);
     Block& b2 = *blocks[id];

@@ -41,10 +41,8 @@
 
 #include <fmt/format.h>
 
-
 namespace tierswap {
 namespace tier_internal {
-
 
 using Clock = std::chrono::steady_clock;
 constexpr int kDev = 0, kHost = 1;  // copy slots of a block (the NVMe tier is the home)

@@ -134,7 +134,8 @@ std::shared_ptr<Op> TierManager::Impl::start_write(std::unique_lock<std::mutex>&
 
 // Copies a block between its host and device copies with the lock released (the block is
 // marked busy: nobody else touches its copies meanwhile).
-void TierManager::Impl::copy_between_tiers(std::unique_lock<std::mutex>& lk, BlockId id, int from, int to) {
+void TierManager::Impl::copy_between_tiers(std::unique_lock<std::mutex>& lk, BlockId id, int from,
+                                           int to) {
   const Block& b = *blocks[id];
   std::byte* src = b.data[from];
   std::byte* dst = b.data[to];
@@ -157,8 +158,7 @@ void TierManager::Impl::copy_between_tiers(std::unique_lock<std::mutex>& lk, Blo
     }
     secs = seconds_since(t0);
   });
-  count(from == kDev ? Tier::device : Tier::host, to == kDev ? Tier::device : Tier::host, n,
-        secs);
+  count(from == kDev ? Tier::device : Tier::host, to == kDev ? Tier::device : Tier::host, n, secs);
 }
 
 // A device copy of zeros for block id, which has no data anywhere (a trimmed gradient, a new

@@ -341,3 +341,43 @@ TEST(ShardedOptimizerIngest, FirstGradientCopiedLaterOnesAddedSameBitsAsTheTotal
   ASSERT_EQ(once.size(), parts.size());
   for (std::size_t i = 0; i < once.size(); ++i) EXPECT_TRUE(same_bits(once[i], parts[i])) << i;
 }
+
+// Every setting read from the environment, set to garbage in turn: building the whole stack
+// (options, swap space, engine, tier manager with telemetry, pool, optimizer) and stepping either
+// works or throws an exception naming the variable or its value, never aborts (a throw after a
+// thread started used to: TierManager with TIERSWAP_TELEMETRY=yes).
+TEST(TieredOptimizer, GarbageInAnyEnvironmentSettingThrowsOrIsIgnoredNeverAborts) {
+  const char* vars[] = {
+      "TIERSWAP_BLOCK_SIZE", "TIERSWAP_COALESCE", "TIERSWAP_CONCURRENT_GPU_STEP", "TIERSWAP_CPU_ISA",
+      "TIERSWAP_DEVICE_BUDGET", "TIERSWAP_DEVICE_TIER", "TIERSWAP_DIRECT_IO", "TIERSWAP_DURABLE",
+      "TIERSWAP_GRAD_TIER", "TIERSWAP_HOST_BUDGET", "TIERSWAP_HOST_SLAB", "TIERSWAP_HUGE_PAGES",
+      "TIERSWAP_IO_BACKEND", "TIERSWAP_IO_RETRIES", "TIERSWAP_LOCK_HOST", "TIERSWAP_LOG_LEVEL",
+      "TIERSWAP_LOOKAHEAD", "TIERSWAP_MAX_DIRTY", "TIERSWAP_MAX_GRAD_NORM", "TIERSWAP_NUMA_NODE",
+      "TIERSWAP_OVERLAP", "TIERSWAP_PERSIST_RESIDENT_STATE", "TIERSWAP_PLAN",
+      "TIERSWAP_POSIX_THREADS", "TIERSWAP_PREFETCH_DEPTH", "TIERSWAP_QUEUE_DEPTH",
+      "TIERSWAP_RUNTIME_DIR", "TIERSWAP_SHADOW", "TIERSWAP_SIM_DEVICE_GBPS", "TIERSWAP_SQPOLL",
+      "TIERSWAP_STATE_TIER", "TIERSWAP_STRIPE_SIZE", "TIERSWAP_SUBGROUP_SIZE",
+      "TIERSWAP_SWAP_CAPACITY", "TIERSWAP_SWAP_DIRS", "TIERSWAP_TELEMETRY"};
+  int threw = 0;
+  for (const char* var : vars) {
+    TempDir dir;
+    ::setenv(var, "bogus!", 1);
+    try {
+      TieredOptions o;  // its defaults read the environment
+      o.swap_dirs = {dir.path()};
+      o.host_budget = 4ull << 20;
+      o.communicator = "single";
+      o.threads = 2;
+      TieredOptimizer t(o);
+      const Model m = build(t);
+      step(t.optimizer(), m, 1);
+    } catch (const std::exception& e) {
+      ++threw;
+      const std::string what = e.what();
+      EXPECT_TRUE(what.find(var) != std::string::npos || what.find("bogus!") != std::string::npos)
+          << var << ": " << what;
+    }
+    ::unsetenv(var);
+  }
+  EXPECT_GT(threw, 20);  // most settings are parsed strictly
+}

@@ -347,17 +347,42 @@ TEST(ShardedOptimizerIngest, FirstGradientCopiedLaterOnesAddedSameBitsAsTheTotal
 // works or throws an exception naming the variable or its value, never aborts (a throw after a
 // thread started used to: TierManager with TIERSWAP_TELEMETRY=yes).
 TEST(TieredOptimizer, GarbageInAnyEnvironmentSettingThrowsOrIsIgnoredNeverAborts) {
-  const char* vars[] = {
-      "TIERSWAP_BLOCK_SIZE", "TIERSWAP_COALESCE", "TIERSWAP_CONCURRENT_GPU_STEP", "TIERSWAP_CPU_ISA",
-      "TIERSWAP_DEVICE_BUDGET", "TIERSWAP_DEVICE_TIER", "TIERSWAP_DIRECT_IO", "TIERSWAP_DURABLE",
-      "TIERSWAP_GRAD_TIER", "TIERSWAP_HOST_BUDGET", "TIERSWAP_HOST_SLAB", "TIERSWAP_HUGE_PAGES",
-      "TIERSWAP_IO_BACKEND", "TIERSWAP_IO_RETRIES", "TIERSWAP_LOCK_HOST", "TIERSWAP_LOG_LEVEL",
-      "TIERSWAP_LOOKAHEAD", "TIERSWAP_MAX_DIRTY", "TIERSWAP_MAX_GRAD_NORM", "TIERSWAP_NUMA_NODE",
-      "TIERSWAP_OVERLAP", "TIERSWAP_PERSIST_RESIDENT_STATE", "TIERSWAP_PLAN",
-      "TIERSWAP_POSIX_THREADS", "TIERSWAP_PREFETCH_DEPTH", "TIERSWAP_QUEUE_DEPTH",
-      "TIERSWAP_RUNTIME_DIR", "TIERSWAP_SHADOW", "TIERSWAP_SIM_DEVICE_GBPS", "TIERSWAP_SQPOLL",
-      "TIERSWAP_STATE_TIER", "TIERSWAP_STRIPE_SIZE", "TIERSWAP_SUBGROUP_SIZE",
-      "TIERSWAP_SWAP_CAPACITY", "TIERSWAP_SWAP_DIRS", "TIERSWAP_TELEMETRY"};
+  const char* vars[] = {"TIERSWAP_BLOCK_SIZE",
+                        "TIERSWAP_COALESCE",
+                        "TIERSWAP_CONCURRENT_GPU_STEP",
+                        "TIERSWAP_CPU_ISA",
+                        "TIERSWAP_DEVICE_BUDGET",
+                        "TIERSWAP_DEVICE_TIER",
+                        "TIERSWAP_DIRECT_IO",
+                        "TIERSWAP_DURABLE",
+                        "TIERSWAP_GRAD_TIER",
+                        "TIERSWAP_HOST_BUDGET",
+                        "TIERSWAP_HOST_SLAB",
+                        "TIERSWAP_HUGE_PAGES",
+                        "TIERSWAP_IO_BACKEND",
+                        "TIERSWAP_IO_RETRIES",
+                        "TIERSWAP_LOCK_HOST",
+                        "TIERSWAP_LOG_LEVEL",
+                        "TIERSWAP_LOOKAHEAD",
+                        "TIERSWAP_MAX_DIRTY",
+                        "TIERSWAP_MAX_GRAD_NORM",
+                        "TIERSWAP_NUMA_NODE",
+                        "TIERSWAP_OVERLAP",
+                        "TIERSWAP_PERSIST_RESIDENT_STATE",
+                        "TIERSWAP_PLAN",
+                        "TIERSWAP_POSIX_THREADS",
+                        "TIERSWAP_PREFETCH_DEPTH",
+                        "TIERSWAP_QUEUE_DEPTH",
+                        "TIERSWAP_RUNTIME_DIR",
+                        "TIERSWAP_SHADOW",
+                        "TIERSWAP_SIM_DEVICE_GBPS",
+                        "TIERSWAP_SQPOLL",
+                        "TIERSWAP_STATE_TIER",
+                        "TIERSWAP_STRIPE_SIZE",
+                        "TIERSWAP_SUBGROUP_SIZE",
+                        "TIERSWAP_SWAP_CAPACITY",
+                        "TIERSWAP_SWAP_DIRS",
+                        "TIERSWAP_TELEMETRY"};
   int threw = 0;
   for (const char* var : vars) {
     TempDir dir;

@@ -63,6 +63,12 @@ bool OptGroup::has_slot(int slot) const {
   return keeps_slot(cfg, slot);
 }
 
+int OptGroup::slot_for(BlockClass cls) const {
+  for (int s = 0; s < kStateSlots; ++s)
+    if (state_class(s) == cls && has_slot(s)) return s;
+  return -1;
+}
+
 // ---- Impl --------------------------------------------------------------------------------------
 ShardedOptimizer::Impl::Impl(TierManager& t, Communicator& c, OptimizerConfig o, ThreadPool* p)
     : tiers(t), comm(c), cfg(std::move(o)), pool(p) {

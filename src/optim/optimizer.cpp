@@ -219,37 +219,6 @@ std::uint64_t ShardedOptimizer::step_count() const {
   return impl_->step_count;
 }
 
-std::vector<std::pair<std::uint64_t, std::vector<float>>> ShardedOptimizer::shard(ParamId id,
-                                                                                  BlockClass cls) {
-  Impl& m = *impl_;
-  m.require_finalized("shard");
-  if (id >= m.params.size()) throw std::invalid_argument(fmt::format("shard: no parameter {}", id));
-  const OptParam& p = m.params[id];
-  std::vector<std::pair<std::uint64_t, std::vector<float>>> out;
-  if (!p.spec.requires_grad) return out;
-  const OptGroup& g = m.groups[p.group];
-  int slot = -1;
-  for (int s = 0; s < kStateSlots; ++s)
-    if (state_class(s) == cls && g.has_slot(s)) slot = s;
-  if (slot < 0)
-    throw std::invalid_argument(fmt::format("shard: group '{}' ({}) keeps no {} state", g.name,
-                                            to_string(g.cfg.kind), to_string(cls)));
-  const Dtype dt = m.slot_dtype(slot);
-  for (std::size_t k = 0; k < g.nsubs; ++k) {
-    const OptSub& s = m.subs[g.first_sub + k];
-    const auto [b, e] = Impl::slice(p, s);
-    if (b >= e) continue;
-    Held v(m.tiers, m.tiers.acquire(s.state[slot], Tier::host));
-    std::vector<float> vals(e - b);
-    cast(v.v.data() + (b - s.begin) * dtype_size(dt), dt, vals.data(), Dtype::f32, e - b);
-    if (!out.empty() && out.back().first + out.back().second.size() == b - p.offset)
-      out.back().second.insert(out.back().second.end(), vals.begin(), vals.end());
-    else
-      out.emplace_back(b - p.offset, std::move(vals));
-  }
-  return out;
-}
-
 const ParamSpec& ShardedOptimizer::param(ParamId id) const {
   if (id >= impl_->params.size()) throw std::invalid_argument(fmt::format("no parameter {}", id));
   return impl_->params[id].spec;

@@ -107,6 +107,8 @@ struct OptGroup {
   std::size_t chunk_base = 0;            // first statistics chunk in the optimizer's chunk vector
   std::size_t first_sub = 0, nsubs = 0;  // this rank's sub-groups in Impl::subs
   bool has_slot(int slot) const;
+  /// The state slot holding `cls`, or -1 when this group keeps no such state.
+  int slot_for(BlockClass cls) const;
 };
 
 // The overlapped step's background thread and what it shares with the thread driving the

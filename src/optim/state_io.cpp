@@ -1,6 +1,6 @@
-// Whole-parameter state in and out of the sharded layout: gather() all-gathers one parameter's
-// master weights or a moment from every rank's shard; import_state() writes whole tensors back
-// (each rank its part) and commits. This is how a torch.optim state dict leaves and enters the
+// Whole-parameter state in and out of the sharded layout: shard() reads this rank's part of a
+// parameter's master weights or a moment, gather() all-gathers the whole of it on every rank,
+// import_state() writes whole tensors back (each rank its part) and commits. This is how a torch.optim state dict leaves and enters the
 // tiers (src/python/) and how a trainer reads a whole fp32 parameter at any world size.
 #include <fmt/format.h>
 
@@ -12,13 +12,6 @@
 
 namespace tierswap {
 namespace {
-
-// The state slot of `cls` in group g, or -1 when the group keeps no such state.
-int slot_of(const OptGroup& g, BlockClass cls) {
-  for (int s = 0; s < kStateSlots; ++s)
-    if (state_class(s) == cls && g.has_slot(s)) return s;
-  return -1;
-}
 
 const OptParam& trainable(const std::vector<OptParam>& params, const char* what, ParamId id) {
   if (id >= params.size())
@@ -33,7 +26,7 @@ const OptParam& trainable(const std::vector<OptParam>& params, const char* what,
 int checked_slot(const std::vector<OptGroup>& groups, const char* what, const OptParam& p,
                  BlockClass cls) {
   const OptGroup& g = groups[p.group];
-  const int slot = slot_of(g, cls);
+  const int slot = g.slot_for(cls);
   if (slot < 0)
     throw std::invalid_argument(fmt::format("{}: parameter '{}': group '{}' ({}) keeps no {} state",
                                             what, p.spec.name, g.name, to_string(g.cfg.kind),
@@ -42,6 +35,32 @@ int checked_slot(const std::vector<OptGroup>& groups, const char* what, const Op
 }
 
 }  // namespace
+
+std::vector<std::pair<std::uint64_t, std::vector<float>>> ShardedOptimizer::shard(ParamId id,
+                                                                                  BlockClass cls) {
+  Impl& m = *impl_;
+  m.require_finalized("shard");
+  if (id >= m.params.size()) throw std::invalid_argument(fmt::format("shard: no parameter {}", id));
+  const OptParam& p = m.params[id];
+  std::vector<std::pair<std::uint64_t, std::vector<float>>> out;
+  if (!p.spec.requires_grad) return out;
+  const OptGroup& g = m.groups[p.group];
+  const int slot = checked_slot(m.groups, "shard", p, cls);
+  const Dtype dt = m.slot_dtype(slot);
+  for (std::size_t k = 0; k < g.nsubs; ++k) {
+    const OptSub& s = m.subs[g.first_sub + k];
+    const auto [b, e] = Impl::slice(p, s);
+    if (b >= e) continue;
+    Held v(m.tiers, m.tiers.acquire(s.state[slot], Tier::host));
+    std::vector<float> vals(e - b);
+    cast(v.v.data() + (b - s.begin) * dtype_size(dt), dt, vals.data(), Dtype::f32, e - b);
+    if (!out.empty() && out.back().first + out.back().second.size() == b - p.offset)
+      out.back().second.insert(out.back().second.end(), vals.begin(), vals.end());
+    else
+      out.emplace_back(b - p.offset, std::move(vals));
+  }
+  return out;
+}
 
 std::vector<float> ShardedOptimizer::gather(ParamId id, BlockClass cls) {
   Impl& m = *impl_;

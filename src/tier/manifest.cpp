@@ -202,7 +202,6 @@ void TierManager::Impl::load_manifest() {
     b->has_data = m.has_data;
     b->data_gen = m.generation;
     b->checksum = m.checksum;
-    if (names.count(m.name) != 0) throw bad(fmt::format("block '{}' listed twice", m.name));
     b->id = static_cast<BlockId>(blocks.size());
     names.emplace(m.name, b->id);
     blocks.push_back(std::move(b));

@@ -126,7 +126,7 @@ def test_save_then_load_in_a_fresh_process_is_bit_identical(tmp_path, tierswap_r
     (tmp_path / "b").mkdir()
     model = tinylm.make_model()
     opt = ts_adamw(model, tmp_path / "b")
-    sched_losses = _train_prefix(model, opt, 10, STEPS)
+    sched_losses = tinylm.train_tierswap(model, opt, 10, total=STEPS)
     opt.save(str(tmp_path / "ckpt"))
     opt.close()
     (tmp_path / "c").mkdir()
@@ -138,22 +138,6 @@ def test_save_then_load_in_a_fresh_process_is_bit_identical(tmp_path, tierswap_r
     assert sched_losses == base_losses[:10]
     for i in base:
         assert torch.equal(resumed[i], base[i]), f"parameter {i}"
-
-
-def _train_prefix(model, opt, n, total):
-    sched = torch.optim.lr_scheduler.LambdaLR(opt, tinylm.schedule(total=total))
-    losses = []
-    for step in range(n):
-        tot = 0.0
-        for x, y in tinylm.batches(step):
-            loss = tinylm.loss_of(model, x, y) / 2
-            loss.backward()
-            tot += loss.item()
-        opt.step()
-        opt.zero_grad()
-        sched.step()
-        losses.append(tot)
-    return losses
 
 
 def test_torch_state_dict_round_trips_both_ways(tmp_path):

@@ -112,13 +112,14 @@ def loss_of(model, x, y):
     return nn.functional.cross_entropy(logits.float().view(-1, logits.shape[-1]), y.view(-1))
 
 
-def train_tierswap(model, opt, steps, start=0, sched=None, log=None):
+def train_tierswap(model, opt, steps, start=0, sched=None, log=None, total=None):
     """Steps [start, steps) with tierswap's optimizer: accumulation over the micro-batches (the
     loss divided by their number), clipping inside the step. `sched`: the schedule's LambdaLR
     when resuming (made before load(), which restores the scheduled lr, and stepped `start`
-    times); made here otherwise. Returns the loss per step."""
+    times); made here otherwise, for a run of `total` steps (default `steps`: a prefix of a
+    longer run passes its length). Returns the loss per step."""
     if sched is None:
-        sched = torch.optim.lr_scheduler.LambdaLR(opt, schedule(total=steps))
+        sched = torch.optim.lr_scheduler.LambdaLR(opt, schedule(total=total or steps))
     losses = []
     for step in range(start, steps):
         t0 = time.perf_counter()

@@ -161,7 +161,9 @@ class PyCommunicator : public Communicator {
   template <class... A>
   py::object call(const char* what, A&&... args) {
     py::function f = py::get_override(static_cast<const Communicator*>(this), what);
-    if (!f) throw std::logic_error(fmt::format("communicator: '{}' is not implemented", what));
+    if (!f)
+      throw std::logic_error(
+          fmt::format("communicator: the Python class defines no '{}' method", what));
     return f(std::forward<A>(args)...);
   }
   // rank() and size() are noexcept: asked of Python once, then cached.

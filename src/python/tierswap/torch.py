@@ -338,6 +338,12 @@ class _TieredOptimizer(Optimizer):
     def _state_keys_for(self, p):
         return self._state_keys
 
+    def _group_of(self, p):
+        for group in self.param_groups:
+            if any(q is p for q in group["params"]):
+                return group
+        raise KeyError("parameter not in this optimizer")
+
     def load_state_dict(self, state_dict):
         """Takes torch's format (from this class or from the matching torch.optim optimizer):
         hyper-parameters, step and moments; master weights from 'master_params' when present,
@@ -446,12 +452,6 @@ class AdamW(_TieredOptimizer):
             keys.append(("max_exp_avg_sq", "max_exp_avg_sq"))
         return keys
 
-    def _group_of(self, p):
-        for group in self.param_groups:
-            if any(q is p for q in group["params"]):
-                return group
-        raise KeyError("parameter not in this optimizer")
-
 
 class Adam(AdamW):
     """torch.optim.Adam on the tiers (L2 weight decay added to the gradient)."""
@@ -491,10 +491,7 @@ class SGD(_TieredOptimizer):
         return SGD._hyper(group)
 
     def _state_keys_for(self, p):
-        for group in self.param_groups:
-            if any(q is p for q in group["params"]):
-                return [("momentum_buffer", "momentum")] if group["momentum"] != 0 else []
-        return []
+        return [("momentum_buffer", "momentum")] if self._group_of(p)["momentum"] != 0 else []
 
 
 class Lion(_TieredOptimizer):

@@ -10,6 +10,7 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <cstring>
 #include <optional>
 #include <string>
@@ -40,30 +41,29 @@ Dtype parse_dtype(const std::string& s) {
       fmt::format("dtype '{}': tierswap takes bfloat16, float16 or float32", s));
 }
 
+// GroupConfig's fields by their Python names: one table for both directions.
+constexpr std::pair<const char*, double GroupConfig::*> kReals[] = {
+    {"lr", &GroupConfig::lr},
+    {"beta1", &GroupConfig::beta1},
+    {"beta2", &GroupConfig::beta2},
+    {"eps", &GroupConfig::eps},
+    {"weight_decay", &GroupConfig::weight_decay},
+    {"momentum", &GroupConfig::momentum},
+    {"dampening", &GroupConfig::dampening}};
+constexpr std::pair<const char*, bool GroupConfig::*> kFlags[] = {
+    {"amsgrad", &GroupConfig::amsgrad},
+    {"maximize", &GroupConfig::maximize},
+    {"nesterov", &GroupConfig::nesterov}};
+
 GroupConfig group_config(const std::string& kind, const py::dict& h) {
   GroupConfig c = GroupConfig::defaults(parse_optimizer_kind(kind));
   for (auto [k, v] : h) {
     const auto key = k.cast<std::string>();
-    if (key == "lr")
-      c.lr = v.cast<double>();
-    else if (key == "beta1")
-      c.beta1 = v.cast<double>();
-    else if (key == "beta2")
-      c.beta2 = v.cast<double>();
-    else if (key == "eps")
-      c.eps = v.cast<double>();
-    else if (key == "weight_decay")
-      c.weight_decay = v.cast<double>();
-    else if (key == "amsgrad")
-      c.amsgrad = v.cast<bool>();
-    else if (key == "maximize")
-      c.maximize = v.cast<bool>();
-    else if (key == "momentum")
-      c.momentum = v.cast<double>();
-    else if (key == "dampening")
-      c.dampening = v.cast<double>();
-    else if (key == "nesterov")
-      c.nesterov = v.cast<bool>();
+    auto is = [&](const auto& entry) { return key == entry.first; };
+    if (auto r = std::find_if(std::begin(kReals), std::end(kReals), is); r != std::end(kReals))
+      c.*(r->second) = v.cast<double>();
+    else if (auto f = std::find_if(std::begin(kFlags), std::end(kFlags), is); f != std::end(kFlags))
+      c.*(f->second) = v.cast<bool>();
     else
       throw std::invalid_argument(fmt::format("group option '{}': unknown", key));
   }
@@ -74,16 +74,8 @@ GroupConfig group_config(const std::string& kind, const py::dict& h) {
 py::dict group_dict(const GroupConfig& c) {
   py::dict d;
   d["kind"] = std::string(to_string(c.kind));
-  d["lr"] = c.lr;
-  d["beta1"] = c.beta1;
-  d["beta2"] = c.beta2;
-  d["eps"] = c.eps;
-  d["weight_decay"] = c.weight_decay;
-  d["amsgrad"] = c.amsgrad;
-  d["maximize"] = c.maximize;
-  d["momentum"] = c.momentum;
-  d["dampening"] = c.dampening;
-  d["nesterov"] = c.nesterov;
+  for (const auto& [name, field] : kReals) d[name] = c.*field;
+  for (const auto& [name, field] : kFlags) d[name] = c.*field;
   return d;
 }
 

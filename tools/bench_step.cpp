@@ -35,6 +35,7 @@
 #include "tierswap/swap_space.hpp"
 #include "tierswap/thread_pool.hpp"
 #include "tierswap/tier_manager.hpp"
+#include "tierswap/tiered_optimizer.hpp"
 #include "tierswap/units.hpp"
 #include "tools/commands.hpp"
 #include "tools/temp_dir.hpp"
@@ -220,13 +221,15 @@ void run_step_bench(const StepOptions& o) {
   IoEngine engine(space, IoEngineConfig::from_env());
   TierConfig tc;
   tc.host_budget = budget;
-  tc.host_slab_size = std::min<std::uint64_t>(64ull << 20, round_up(sg * 4, 1ull << 20));
   tc.device_mode = DeviceTierMode::off;
   tc.durable = o.keep;
   tc.telemetry = o.keep;
-  tc.max_dirty_bytes = budget / 4;
-  // Prefetches in flight: the state blocks of the sub-groups the step reads ahead.
-  tc.lookahead = (o.prefetch_depth + 1) * static_cast<std::uint32_t>(1 + moments);
+  {  // slabs, write-behind and prefetches in flight as the one-object setup tunes them
+    OptimizerConfig reads;
+    reads.subgroup_size = sg;
+    reads.prefetch_depth = o.prefetch_depth;
+    tune_tier_config(tc, reads, 1 + moments);
+  }
   TierManager tiers(space, engine, tc);
   auto comm = make_single_communicator();
   OptimizerConfig oc;

@@ -74,6 +74,12 @@ struct TieredOptions {
 std::uint64_t swap_bytes_needed(const std::vector<std::pair<GroupConfig, std::uint64_t>>& groups,
                                 int world, const OptimizerConfig& cfg, bool shadow_slots);
 
+/// Tunes `tc` (its host_budget set) to the optimizer's sub-group size and read-ahead: prefetches
+/// in flight for the state blocks of (prefetch_depth + 1) sub-groups (`state_blocks` per
+/// sub-group), write-behind from a quarter of the budget, host slabs of 4 sub-groups' fp32
+/// elements up to 64 MiB. What TieredOptions::tune_tiers applies and `tierswap bench step` uses.
+void tune_tier_config(TierConfig& tc, const OptimizerConfig& oc, std::uint64_t state_blocks);
+
 class TieredOptimizer {
  public:
   /// Checks the options (std::invalid_argument naming the field) and makes the communicator.

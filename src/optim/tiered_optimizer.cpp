@@ -123,6 +123,15 @@ std::uint64_t swap_bytes_needed(const std::vector<std::pair<GroupConfig, std::ui
   return total + total / 64 + 16 * kMiB;
 }
 
+void tune_tier_config(TierConfig& tc, const OptimizerConfig& oc, std::uint64_t state_blocks) {
+  tc.lookahead = std::min<std::uint32_t>(
+      4096, (oc.prefetch_depth + 1) *
+                static_cast<std::uint32_t>(std::max<std::uint64_t>(1, state_blocks)));
+  tc.max_dirty_bytes = tc.host_budget / 4;
+  tc.host_slab_size =
+      std::min<std::uint64_t>(64 * kMiB, (oc.subgroup_size * 4 + kMiB - 1) / kMiB * kMiB);
+}
+
 struct TieredOptimizer::Impl {
   TieredOptions o;
   std::shared_ptr<Communicator> comm;
@@ -155,16 +164,6 @@ void TieredOptimizer::Impl::remove_files() noexcept {
   }
 }
 
-// The tier manager tuned to the budget and sub-group size (TieredOptions::tune_tiers).
-void tune(TierConfig& tc, const OptimizerConfig& oc, std::uint64_t state_blocks) {
-  tc.lookahead = std::min<std::uint32_t>(
-      4096, (oc.prefetch_depth + 1) *
-                static_cast<std::uint32_t>(std::max<std::uint64_t>(1, state_blocks)));
-  tc.max_dirty_bytes = tc.host_budget / 4;
-  tc.host_slab_size =
-      std::min<std::uint64_t>(64 * kMiB, (oc.subgroup_size * 4 + kMiB - 1) / kMiB * kMiB);
-}
-
 void TieredOptimizer::Impl::build() {
   TierConfig tc = o.tiers;
   if (o.host_budget != 0) tc.host_budget = o.host_budget;
@@ -178,7 +177,7 @@ void TieredOptimizer::Impl::build() {
     blocks = std::max(blocks, b - 1);  // state blocks (the gradient's is not read ahead)
   }
   if (oc.subgroup_size == 0) oc.subgroup_size = automatic_subgroup(tc.host_budget, oc, bpe);
-  if (o.tune_tiers) tune(tc, oc, blocks);
+  if (o.tune_tiers) tune_tier_config(tc, oc, blocks);
   if (tc.host_slab_size > tc.host_budget / 8)
     tc.host_slab_size = std::max<std::uint64_t>(4096, std::bit_floor(tc.host_budget / 8));
   for (const auto& d : o.swap_dirs) dirs.push_back(rank_dir(d, comm->rank()));

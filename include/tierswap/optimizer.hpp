@@ -248,8 +248,23 @@ class ShardedOptimizer {
   /// Every parameter of a group must have the same 16-bit dtype.
   ParamId add_param(int group, const ParamSpec& spec);
   /// Lays out partitions and sub-groups and creates the state blocks. The swap space must not
-  /// hold this rank's blocks already (resume from a checkpoint with load()).
+  /// hold this rank's blocks already (resume() continues from them; load() restores a
+  /// checkpoint).
   void finalize();
+  /// finalize() that continues from the swap space after a crash (kill -9, power loss, an OOM
+  /// kill) or a clean stop with the swap files kept. Every commit writes a record of the state
+  /// (layout, sub-group size, hyper-parameters, step count, loss scaler) into the tier manager's
+  /// manifest, atomically with the generation. When the swap space holds one, resume() checks
+  /// it against this optimizer (the same groups and parameters, world size, rank, moment dtype
+  /// and tierswap version: std::runtime_error naming the difference otherwise), lays out with
+  /// the stored sub-group size, takes the stored blocks, restores hyper-parameters, step count
+  /// and loss scaler, recomputes the 16-bit parameters from the master weights and returns
+  /// true: the next step is step_count() + 1 (a step that was running at the crash never
+  /// committed and is redone). When it holds none it is finalize() and returns false
+  /// (initialize() or load() comes next). A loss-scale back-off of a skipped step is not
+  /// committed (the redone step skips again). Collective: the ranks must all resume the same
+  /// step. Needs the state on NVMe (persist_resident_state, the default).
+  bool resume();
   bool finalized() const noexcept;
   /// Places sub-groups by `plan` (see OptimizerConfig::plan_file) at finalize(). Sub-groups the
   /// plan steps on the GPU need a usable GPU (std::invalid_argument at finalize() otherwise).

@@ -286,6 +286,12 @@ class TierManager {
   /// std::logic_error in in-place mode, or while any block has a view.
   void discard();
   std::uint64_t committed_generation() const;
+  /// The owner's record of what the blocks hold (the optimizer's layout, step count and loss
+  /// scale, as JSON): written into the manifest by the next commit(), so it is committed
+  /// atomically with the generation it describes, and restored when a manifest is opened.
+  void set_commit_record(std::string record);
+  /// The record of the committed generation (empty when none was set or opened).
+  std::string commit_record() const;
 
   ResidencySnapshot snapshot() const;
   TierCounters counters() const;
@@ -326,6 +332,7 @@ struct ManifestInfo {
   std::uint64_t generation = 0;
   bool shadow_slots = true;
   std::vector<Block> blocks;
+  std::string record;  ///< the owner's commit record (TierManager::commit_record)
 };
 ManifestInfo read_manifest(const std::filesystem::path& path);
 

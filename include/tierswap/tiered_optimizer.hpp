@@ -15,8 +15,10 @@
 //
 // Swap files. Each rank's swap space lives in `<swap_dir>/tierswap-rank<R>/` (created 0700) of
 // every swap directory. A directory that already holds one (a run that did not end cleanly) is
-// refused with an error naming it; nothing in it is touched. The files are removed when the
-// TieredOptimizer is destroyed unless `keep_swap_files`; checkpoints (save()) are what lasts.
+// refused with an error naming it, nothing in it touched, unless `resume`: then finalize()
+// reopens it and continues from its last committed step (ShardedOptimizer::resume()). The files
+// are removed when the TieredOptimizer is destroyed unless `keep_swap_files`; a crash leaves
+// them for resume; save() checkpoints are what lasts across versions and world sizes.
 //
 // Thread-safety: as ShardedOptimizer (one thread drives it).
 #pragma once
@@ -63,6 +65,12 @@ struct TieredOptions {
   std::uint64_t swap_capacity = 0;
   /// Keep the swap files when the TieredOptimizer is destroyed.
   bool keep_swap_files = false;
+  /// Continue from the swap space the rank directories hold (a crashed run's, or one kept with
+  /// keep_swap_files): finalize() reopens it and calls ShardedOptimizer::resume(); resumed()
+  /// says whether there was one (false: a fresh space, initialize() comes next). The parameters
+  /// and groups must be the earlier run's; the sub-group size, hyper-parameters, step count and
+  /// loss scaler come from the swap directory.
+  bool resume = false;
 
   /// OptimizerConfig::from_env(), with subgroup_size 0 unless TIERSWAP_SUBGROUP_SIZE sets it.
   static OptimizerConfig automatic_optimizer_config();
@@ -96,6 +104,9 @@ class TieredOptimizer {
   /// builds engine, tier manager, pool and optimizer, and finalizes the optimizer.
   void finalize();
   bool finalized() const noexcept;
+  /// Whether finalize() continued an earlier run (TieredOptions::resume and a swap space was
+  /// there): then the optimizer holds its state at step_count(); otherwise initialize() it.
+  bool resumed() const noexcept;
 
   // ---- the parts (std::logic_error before finalize) --------------------------------------------
   ShardedOptimizer& optimizer();

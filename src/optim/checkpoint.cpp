@@ -84,40 +84,6 @@ class File {
   int fd_ = -1;
 };
 
-std::string slot_name(int slot) {
-  return std::string(to_string(state_class(slot)));
-}
-
-nlohmann::json group_json(const GroupConfig& c) {
-  return {{"kind", std::string(to_string(c.kind))},
-          {"lr", c.lr},
-          {"beta1", c.beta1},
-          {"beta2", c.beta2},
-          {"eps", c.eps},
-          {"weight_decay", c.weight_decay},
-          {"amsgrad", c.amsgrad},
-          {"maximize", c.maximize},
-          {"momentum", c.momentum},
-          {"dampening", c.dampening},
-          {"nesterov", c.nesterov}};
-}
-
-GroupConfig group_from_json(const nlohmann::json& j) {
-  GroupConfig c;
-  c.kind = parse_optimizer_kind(j.at("kind").get<std::string>());
-  c.lr = j.at("lr").get<double>();
-  c.beta1 = j.at("beta1").get<double>();
-  c.beta2 = j.at("beta2").get<double>();
-  c.eps = j.at("eps").get<double>();
-  c.weight_decay = j.at("weight_decay").get<double>();
-  c.amsgrad = j.at("amsgrad").get<bool>();
-  c.maximize = j.at("maximize").get<bool>();
-  c.momentum = j.at("momentum").get<double>();
-  c.dampening = j.at("dampening").get<double>();
-  c.nesterov = j.at("nesterov").get<bool>();
-  return c;
-}
-
 struct Section {
   int group = 0, slot = 0;
   std::uint64_t begin = 0, end = 0, offset = 0;
@@ -222,26 +188,6 @@ void ShardedOptimizer::save(const std::filesystem::path& dir) {
     sums[r] = s;
   }
   if (m.rank == 0) {
-    nlohmann::json groups = nlohmann::json::array();
-    for (const auto& g : m.groups) {
-      nlohmann::json ps = nlohmann::json::array();
-      for (ParamId pid : g.params) {
-        const OptParam& p = m.params[pid];
-        ps.push_back({{"name", p.spec.name},
-                      {"shape", p.spec.shape},
-                      {"dtype", std::string(to_string(p.spec.dtype))},
-                      {"requires_grad", p.spec.requires_grad}});
-      }
-      nlohmann::json slots = nlohmann::json::array();
-      for (int slot = 0; slot < kStateSlots; ++slot)
-        if (g.has_slot(slot)) slots.push_back(slot_name(slot));
-      groups.push_back({{"name", g.name},
-                        {"config", group_json(g.cfg)},
-                        {"numel", g.numel},
-                        {"part", g.part},
-                        {"slots", std::move(slots)},
-                        {"params", std::move(ps)}});
-    }
     nlohmann::json ranks = nlohmann::json::array();
     for (int r = 0; r < m.world; ++r)
       ranks.push_back({{"index", fmt::format("rank-{:05}-{:016x}.json", r, id)},
@@ -253,7 +199,7 @@ void ShardedOptimizer::save(const std::filesystem::path& dir) {
                           {"loss_scale", m.scale},
                           {"growth_tracker", m.growth_tracker},
                           {"moment_dtype", std::string(to_string(m.moment_dtype()))},
-                          {"groups", std::move(groups)},
+                          {"groups", m.groups_json()},
                           {"ranks", std::move(ranks)}};
     detail::write_manifest_file(dir / kManifest, man.dump(), true);
     detail::fsync_directory(dir);
@@ -309,41 +255,8 @@ void ShardedOptimizer::load(const std::filesystem::path& dir) {
       throw bad(man_path, fmt::format("moments stored as {}, this optimizer keeps {}",
                                       man.at("moment_dtype").get<std::string>(),
                                       to_string(m.moment_dtype())));
-    const auto& groups = man.at("groups");
-    if (groups.size() != m.groups.size())
-      throw bad(man_path, fmt::format("{} parameter groups, this optimizer has {}", groups.size(),
-                                      m.groups.size()));
-    for (std::size_t gi = 0; gi < m.groups.size(); ++gi) {
-      const OptGroup& g = m.groups[gi];
-      const auto& jg = groups[gi];
-      GroupConfig c = group_from_json(jg.at("config"));
-      if (!same_state_layout(c, g.cfg))
-        throw bad(man_path, fmt::format("group {} is {}{}, this optimizer's is {}{}", gi,
-                                        to_string(c.kind), c.amsgrad ? " (amsgrad)" : "",
-                                        to_string(g.cfg.kind), g.cfg.amsgrad ? " (amsgrad)" : ""));
-      cfgs.push_back(c);
-      const auto& ps = jg.at("params");
-      if (ps.size() != g.params.size())
-        throw bad(man_path, fmt::format("group {} has {} parameters, this optimizer's has {}", gi,
-                                        ps.size(), g.params.size()));
-      for (std::size_t i = 0; i < ps.size(); ++i) {
-        const ParamSpec& s = m.params[g.params[i]].spec;
-        const auto& jp = ps[i];
-        if (jp.at("name").get<std::string>() != s.name ||
-            jp.at("shape").get<std::vector<std::int64_t>>() != s.shape ||
-            jp.at("dtype").get<std::string>() != to_string(s.dtype) ||
-            jp.at("requires_grad").get<bool>() != s.requires_grad)
-          throw bad(man_path, fmt::format("group {} parameter {} is {} {} {}, this optimizer's is "
-                                          "'{}' {} {}",
-                                          gi, i, jp.at("name").dump(), jp.at("shape").dump(),
-                                          jp.at("dtype").dump(), s.name,
-                                          nlohmann::json(s.shape).dump(), to_string(s.dtype)));
-      }
-      if (jg.at("numel").get<std::uint64_t>() != g.numel)
-        throw bad(man_path, fmt::format("group {}: {} elements, expected {}", gi,
-                                        jg.at("numel").get<std::uint64_t>(), g.numel));
-      old_part.push_back(jg.at("part").get<std::uint64_t>());
-    }
+    cfgs = m.check_groups(man.at("groups"), [&](const std::string& why) { return bad(man_path, why); },
+                          &old_part);
     const auto& ranks = man.at("ranks");
     if (static_cast<int>(ranks.size()) != old_world || old_world < 1)
       throw bad(man_path, "rank table does not match the world size");
@@ -455,7 +368,7 @@ void ShardedOptimizer::load(const std::filesystem::path& dir) {
   m.scale = scale;
   m.growth_tracker = tracker;
   m.drop_all_grads();
-  m.tiers.commit();
+  m.commit();
   bool memory_only = false;
   for (const auto& s : m.subs) memory_only |= s.memory_only;
   if (memory_only) {

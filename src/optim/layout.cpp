@@ -380,6 +380,31 @@ void ShardedOptimizer::Impl::fit_prefetch_depth(std::uint64_t grads, std::uint64
   }
 }
 
+BlockId ShardedOptimizer::Impl::make_block(const BlockDesc& d) {
+  const auto have = tiers.find(d.name);
+  if (!have) {
+    if (adopt_blocks && !d.transient && !d.memory_only)
+      throw std::runtime_error(fmt::format(
+          "resume: the swap directory has no block '{}' (its record describes this layout, its "
+          "block table does not: damaged or edited)",
+          d.name));
+    return tiers.create(d);
+  }
+  if (!adopt_blocks)
+    throw std::runtime_error(fmt::format(
+        "finalize: the swap space already holds block '{}' (optimizer state of an earlier run): "
+        "resume() continues from it; or use a fresh swap directory and load() a checkpoint",
+        d.name));
+  const BlockDesc b = tiers.desc(*have);
+  if (b.cls != d.cls || b.dtype != d.dtype || b.numel != d.numel || !(b.owner == d.owner) ||
+      b.memory_only != d.memory_only)
+    throw std::runtime_error(fmt::format(
+        "resume: block '{}' in the swap directory is {} {} x{}{}, this layout needs {} {} x{}{}",
+        d.name, to_string(b.cls), to_string(b.dtype), b.numel, b.memory_only ? " (memory-only)" : "",
+        to_string(d.cls), to_string(d.dtype), d.numel, d.memory_only ? " (memory-only)" : ""));
+  return *have;
+}
+
 void ShardedOptimizer::Impl::create_state_blocks() {
   for (auto& s : subs) {
     const OptGroup& g = groups[s.group];
@@ -388,20 +413,15 @@ void ShardedOptimizer::Impl::create_state_blocks() {
       if (!g.has_slot(slot)) continue;
       BlockDesc d;
       d.name = fmt::format("{}.{}", base, to_string(state_class(slot)));
-      if (tiers.find(d.name))
-        throw std::runtime_error(fmt::format(
-            "finalize: the swap space already holds block '{}' (optimizer state of an earlier "
-            "run): use a fresh swap directory, and load() a checkpoint to resume",
-            d.name));
       d.cls = state_class(slot);
       d.dtype = slot_dtype(slot);
       d.numel = s.numel;
       d.owner = {rank, s.group, s.index};
       d.memory_only = s.memory_only;
-      s.state[slot] = tiers.create(d);
+      s.state[slot] = make_block(d);
       if (s.undo) {
         d.name += ".undo";
-        s.undo_block[slot] = tiers.create(d);
+        s.undo_block[slot] = make_block(d);
       }
     }
     BlockDesc gd;
@@ -411,7 +431,7 @@ void ShardedOptimizer::Impl::create_state_blocks() {
     gd.numel = s.numel;
     gd.owner = {rank, s.group, s.index};
     gd.transient = true;
-    s.grad = tiers.create(gd);
+    s.grad = make_block(gd);
   }
 }
 

@@ -97,6 +97,7 @@ void ShardedOptimizer::finalize() {
                     "not (pass a ThreadPool(threads, {}) to the optimizer)",
                     node, node));
   m.layout();
+  if (m.adopt_blocks) m.check_record_layout();
   m.create_blocks();
   if (cuda::available())  // copies of the 16-bit parameters to the GPU go straight from here
     for (auto& g : m.groups) {
@@ -180,7 +181,7 @@ void ShardedOptimizer::initialize(const ParamInit& init) {
   m.step_count = 0;
   m.scale = m.cfg.loss_scaler.mode != LossScaling::none ? m.cfg.loss_scaler.init_scale : 1.0;
   m.growth_tracker = 0;
-  m.tiers.commit();
+  m.commit();
 }
 
 int ShardedOptimizer::group_count() const {

@@ -8,7 +8,10 @@
 #include <cstdint>
 #include <deque>
 #include <exception>
+#include <functional>
 #include <mutex>
+#include <nlohmann/json_fwd.hpp>
+#include <stdexcept>
 #include <optional>
 #include <string>
 #include <thread>
@@ -27,6 +30,8 @@ inline constexpr BlockId kNoBlock = ~BlockId{0};
 /// The state blocks of one sub-group, by BlockClass (kNoBlock where the optimizer has none).
 enum StateSlot : int { kMaster, kExpAvg, kExpAvgSq, kMaxExpAvgSq, kMomentum, kStateSlots };
 BlockClass state_class(int slot);
+/// The name of a state slot's class ("master", "exp_avg", ...), as records store it.
+std::string slot_name(int slot);
 /// Whether a group with `cfg` keeps state slot `slot`.
 bool keeps_slot(const GroupConfig& cfg, int slot);
 /// Same kind and the same state slots (what may change between steps: everything else).
@@ -254,6 +259,8 @@ struct ShardedOptimizer::Impl {
   void warn_plan_mismatch(std::uint64_t grads) const;
   void fit_prefetch_depth(std::uint64_t grads, std::uint64_t per_sub, bool any_streaming);
   void create_state_blocks();
+  /// tiers.create(d); when resuming, the stored block of that name instead (checked against d).
+  BlockId make_block(const BlockDesc& d);
   /// Recomputes this rank's 16-bit parameters from the master weights, then all-gathers them.
   void refresh_param16();
   void gather_param16();
@@ -329,6 +336,32 @@ struct ShardedOptimizer::Impl {
   }
   /// drop_grad() for every sub-group.
   void drop_all_grads();
+  // ---- records of the state (records.cpp): the layout as JSON, shared by checkpoints and the
+  // commit record that resume() reads back -------------------------------------------------------
+  /// Each group: name, config, numel, part, state slots, parameters (name, shape, dtype,
+  /// requires_grad).
+  nlohmann::json groups_json() const;
+  using Bad = std::function<std::runtime_error(const std::string&)>;
+  /// Checks stored groups_json() against this optimizer's groups and parameters (throws bad(why)
+  /// naming the first difference); returns the stored hyper-parameters and, in *part, each
+  /// group's stored partition size.
+  std::vector<GroupConfig> check_groups(const nlohmann::json& groups, const Bad& bad,
+                                        std::vector<std::uint64_t>* part) const;
+  /// What this generation holds, for resume(): format, version, world size, rank, sub-group
+  /// size, dtypes, groups_json(), step count, loss scaler.
+  std::string commit_record() const;
+  /// tiers.commit() with commit_record(): every commit of the optimizer goes through here.
+  std::uint64_t commit();
+  /// resume(): the checks of the swap directory's commit record against this optimizer that
+  /// need no layout (format, version, world size, rank, dtypes); takes its sub-group size.
+  void check_record(const nlohmann::json& rec);
+  /// resume(), after layout(): the record's groups against the layout.
+  void check_record_layout();
+  /// resume(), after the blocks: hyper-parameters, step count and loss scaler from the record,
+  /// the ranks' steps agreed, the 16-bit parameters recomputed from the master weights.
+  void restore_from_record();
+  std::string resume_record;  // resume(): the record being resumed from (empty otherwise)
+  bool adopt_blocks = false;  // resume(): make_block() takes the stored blocks
   /// The global gradient statistics: sum of squares, and whether any value is non-finite.
   std::pair<double, bool> global_grad_stats();
   /// Every group's hyper-parameters (what a speculative step is checked against).

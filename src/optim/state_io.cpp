@@ -140,7 +140,7 @@ void ShardedOptimizer::import_state(std::span<const StateTensor> tensors,
     throw;
   }
   if (step) m.step_count = *step;
-  m.tiers.commit();
+  m.commit();
   if (!master) return;
   m.refresh_param16();
   m.upload16_all();

@@ -2,6 +2,8 @@
 // sub-groups with the GPU lane beside the CPU's, and step() itself (validation, verdict, commit).
 #include <fmt/format.h>
 
+#include <tuple>
+
 #include <algorithm>
 #include <chrono>
 #include <cmath>
@@ -352,7 +354,7 @@ void ShardedOptimizer::Impl::run_pipeline_and_commit(const StepPlan& sp, bool ke
     for (std::size_t k : sp.late)  // where the step reads it
       (*late_grads)[k] = tiers.acquire(subs[k].grad, grad_tier_of(subs[k]));
     step_count = sp.t;
-    tiers.commit();
+    commit();
   } catch (...) {
     late_grads->clear();
     step_count = sp.t - 1;
@@ -468,14 +470,21 @@ StepResult ShardedOptimizer::step() {
   m.partition_todo_late(spec.keep, &sp.todo, &sp.late);
 
   std::vector<BlockView> late_grads;  // a view destroyed unreleased is released clean
-  m.run_pipeline_and_commit(sp, spec.keep, &late_grads, r);
-  m.step_memory_only_after_commit(sp, &late_grads, r);
-  if (spec.keep) m.spec_reset();
-  m.gather_param16();
+  // The scaler after this step goes into the generation the step commits (its commit record).
+  const std::pair scaler_before{m.scale, m.growth_tracker};
   if (ls.mode == LossScaling::dynamic && ++m.growth_tracker >= ls.growth_interval) {
     m.scale *= ls.growth_factor;
     m.growth_tracker = 0;
   }
+  try {
+    m.run_pipeline_and_commit(sp, spec.keep, &late_grads, r);
+  } catch (...) {
+    std::tie(m.scale, m.growth_tracker) = scaler_before;
+    throw;
+  }
+  m.step_memory_only_after_commit(sp, &late_grads, r);
+  if (spec.keep) m.spec_reset();
+  m.gather_param16();
   m.finish_result(r, c0, t0);
   if (m.world > 1) m.p16_all();  // the step is complete: an exception here leaves it done
   m.p16_sync();

@@ -72,8 +72,10 @@ void check_free_space(const std::vector<std::filesystem::path>& dirs, std::uint6
   }
 }
 
-// `<dir>/tierswap-rank<R>`, created 0700 if missing; refused when it holds an earlier space.
-std::filesystem::path rank_dir(const std::filesystem::path& dir, int rank) {
+// `<dir>/tierswap-rank<R>`, created 0700 if missing. Whether it holds an earlier run's space
+// goes to *earlier; that is refused unless `resume`.
+std::filesystem::path rank_dir(const std::filesystem::path& dir, int rank, bool resume,
+                               bool* earlier) {
   std::error_code ec;
   const auto st = std::filesystem::symlink_status(dir, ec);
   if (ec || !std::filesystem::is_directory(st))
@@ -87,13 +89,17 @@ std::filesystem::path rank_dir(const std::filesystem::path& dir, int rank) {
   auto sub = dir / fmt::format("tierswap-rank{}", rank);
   if (::mkdir(sub.c_str(), 0700) != 0 && errno != EEXIST)
     throw std::system_error(errno, std::system_category(), "mkdir " + sub.string());
-  for (auto name : {SwapSpace::kFileName, detail::kManifestName})
-    if (std::filesystem::exists(sub / name, ec))
+  for (auto name : {SwapSpace::kFileName, detail::kManifestName}) {
+    if (!std::filesystem::exists(sub / name, ec)) continue;
+    *earlier = true;
+    if (!resume)
       throw std::runtime_error(fmt::format(
-          "swap directory {} holds the swap space of an earlier run that did not end cleanly ({}); "
-          "tierswap will not overwrite it: remove the directory to start afresh, or restore a "
-          "save() checkpoint with load() after starting in an empty one",
+          "swap directory {} holds the swap space of an earlier run that did not end cleanly "
+          "({}); tierswap will not overwrite it: resume from it (TieredOptions::resume, "
+          "resume=True in Python), remove the directory to start afresh, or restore a save() "
+          "checkpoint with load() after starting in an empty one",
           sub.string(), (sub / name).string()));
+  }
   return sub;
 }
 
@@ -151,8 +157,12 @@ struct TieredOptimizer::Impl {
     if (!opt)
       throw std::logic_error(fmt::format("TieredOptimizer::{}: call finalize() first", what));
   }
+  bool created = false;  // this object made the swap files (a failed finalize() removes them)
+  bool resumed = false;
   void remove_files() noexcept;
   void build();
+  void open_space(const std::vector<std::pair<GroupConfig, std::uint64_t>>& sizes,
+                  const OptimizerConfig& oc, const TierConfig& tc, bool earlier);
 };
 
 void TieredOptimizer::Impl::remove_files() noexcept {
@@ -180,13 +190,9 @@ void TieredOptimizer::Impl::build() {
   if (o.tune_tiers) tune_tier_config(tc, oc, blocks);
   if (tc.host_slab_size > tc.host_budget / 8)
     tc.host_slab_size = std::max<std::uint64_t>(4096, std::bit_floor(tc.host_budget / 8));
-  for (const auto& d : o.swap_dirs) dirs.push_back(rank_dir(d, comm->rank()));
-  SwapSpaceConfig sc;
-  sc.dirs = dirs;
-  sc.capacity = o.swap_capacity != 0 ? o.swap_capacity
-                                     : swap_bytes_needed(sizes, comm->size(), oc, tc.shadow_slots);
-  check_free_space(dirs, sc.capacity);
-  space = std::make_unique<SwapSpace>(SwapSpace::create(sc));
+  bool earlier = false;
+  for (const auto& d : o.swap_dirs) dirs.push_back(rank_dir(d, comm->rank(), o.resume, &earlier));
+  open_space(sizes, oc, tc, earlier);
   engine = std::make_unique<IoEngine>(*space, IoEngineConfig::from_env());
   tiers = std::make_unique<TierManager>(*space, *engine, tc);
   const unsigned threads =
@@ -195,7 +201,33 @@ void TieredOptimizer::Impl::build() {
   opt = std::make_unique<ShardedOptimizer>(*tiers, *comm, oc, pool.get());
   for (const auto& [cfg, name] : groups) opt->add_group(cfg, name);
   for (const auto& [g, spec] : params) opt->add_param(g, spec);
-  opt->finalize();
+  if (o.resume)
+    resumed = opt->resume();
+  else
+    opt->finalize();
+}
+
+// The earlier run's space (resume), else a new one sized from the parameters.
+void TieredOptimizer::Impl::open_space(
+    const std::vector<std::pair<GroupConfig, std::uint64_t>>& sizes, const OptimizerConfig& oc,
+    const TierConfig& tc, bool earlier) {
+  std::error_code ec;
+  if (earlier && std::filesystem::exists(dirs.front() / SwapSpace::kFileName, ec)) {
+    space = std::make_unique<SwapSpace>(SwapSpace::open(dirs));
+    return;
+  }
+  if (earlier)  // a manifest without its swap file: nothing to resume from
+    throw std::runtime_error(fmt::format(
+        "resume: {} holds a manifest but no swap file {}: the earlier run's state is gone; "
+        "remove the directory to start afresh",
+        dirs.front().string(), SwapSpace::kFileName));
+  SwapSpaceConfig sc;
+  sc.dirs = dirs;
+  sc.capacity = o.swap_capacity != 0 ? o.swap_capacity
+                                     : swap_bytes_needed(sizes, comm->size(), oc, tc.shadow_slots);
+  check_free_space(dirs, sc.capacity);
+  space = std::make_unique<SwapSpace>(SwapSpace::create(sc));
+  created = true;
 }
 
 TieredOptimizer::TieredOptimizer(TieredOptions options) : impl_(std::make_unique<Impl>()) {
@@ -260,11 +292,18 @@ void TieredOptimizer::finalize() {
     m.pool.reset();
     m.tiers.reset();
     m.engine.reset();
-    m.remove_files();
+    if (m.created) m.remove_files();  // never an earlier run's files
+    std::error_code ec;
+    for (const auto& d : m.dirs) std::filesystem::remove(d, ec);  // only when empty
     m.space.reset();
     m.dirs.clear();
+    m.created = false;
     throw;
   }
+}
+
+bool TieredOptimizer::resumed() const noexcept {
+  return impl_->resumed;
 }
 
 bool TieredOptimizer::finalized() const noexcept {

@@ -164,6 +164,7 @@ std::string TierManager::Impl::manifest_payload() const {
     arr.push_back(std::move(e));
   }
   j["blocks"] = std::move(arr);
+  if (!pending_record.empty()) j["record"] = pending_record;
   return j.dump();
 }
 
@@ -180,6 +181,8 @@ void TierManager::Impl::load_manifest() {
     throw bad(fmt::format("written with shadow_slots={}, opened with shadow_slots={}",
                           info.shadow_slots, cfg.shadow_slots));
   committed_gen = info.generation;
+  record = info.record;
+  pending_record = info.record;
   for (const auto& m : info.blocks) {
     auto b = std::make_unique<Block>();
     b->desc = {m.name,       m.cls, m.dtype, m.numel, m.owner, m.transient || m.memory_only,
@@ -267,6 +270,7 @@ ManifestInfo read_manifest(const std::filesystem::path& path) {
     info.space_uuid = j.at("space_uuid").get<std::string>();
     info.generation = j.at("generation").get<std::uint64_t>();
     info.shadow_slots = j.at("shadow_slots").get<bool>();
+    if (j.contains("record")) info.record = j.at("record").get<std::string>();
     for (auto& e : j.at("blocks")) {
       ManifestInfo::Block b;
       b.name = e.at("name").get<std::string>();

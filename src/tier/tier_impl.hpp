@@ -142,6 +142,8 @@ struct TierManager::Impl {
   std::uint64_t tick = 0;
   TierCounters ctr;
   std::uint64_t committed_gen = 0;
+  std::string record;          // commit record of the committed generation
+  std::string pending_record;  // written by the next commit
   bool checksums_verified = false;
   bool stop = false;
   std::thread reaper;

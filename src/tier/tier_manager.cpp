@@ -407,6 +407,7 @@ std::uint64_t TierManager::commit() {
   if (m.cfg.durable) m.space.sync();
   detail::write_manifest_file(m.manifest_path(), m.manifest_payload(), m.cfg.durable);
   ++m.committed_gen;
+  m.record = m.pending_record;
   for (auto& bp : m.blocks) {
     Block& b = *bp;
     if (b.desc.transient) continue;  // in-process contents only: nothing to commit
@@ -448,6 +449,16 @@ void TierManager::discard() {
   }
   ++m.ctr.discards;
   m.check_invariants();
+}
+
+void TierManager::set_commit_record(std::string record) {
+  std::lock_guard lk(impl_->mu);
+  impl_->pending_record = std::move(record);
+}
+
+std::string TierManager::commit_record() const {
+  std::lock_guard lk(impl_->mu);
+  return impl_->record;
 }
 
 std::uint64_t TierManager::committed_generation() const {

@@ -1,0 +1,136 @@
+// Records of the optimizer's state: the layout as JSON (checkpoint manifests and the commit record
+// of every generation share it) and the checks of a stored layout against this optimizer's.
+#include <fmt/format.h>
+
+#include <nlohmann/json.hpp>
+
+#include "src/optim/optimizer_impl.hpp"
+
+namespace tierswap {
+namespace {
+
+constexpr std::uint32_t kRecordVersion = 1;
+
+nlohmann::json group_json(const GroupConfig& c) {
+  return {{"kind", std::string(to_string(c.kind))},
+          {"lr", c.lr},
+          {"beta1", c.beta1},
+          {"beta2", c.beta2},
+          {"eps", c.eps},
+          {"weight_decay", c.weight_decay},
+          {"amsgrad", c.amsgrad},
+          {"maximize", c.maximize},
+          {"momentum", c.momentum},
+          {"dampening", c.dampening},
+          {"nesterov", c.nesterov}};
+}
+
+GroupConfig group_from_json(const nlohmann::json& j) {
+  GroupConfig c;
+  c.kind = parse_optimizer_kind(j.at("kind").get<std::string>());
+  c.lr = j.at("lr").get<double>();
+  c.beta1 = j.at("beta1").get<double>();
+  c.beta2 = j.at("beta2").get<double>();
+  c.eps = j.at("eps").get<double>();
+  c.weight_decay = j.at("weight_decay").get<double>();
+  c.amsgrad = j.at("amsgrad").get<bool>();
+  c.maximize = j.at("maximize").get<bool>();
+  c.momentum = j.at("momentum").get<double>();
+  c.dampening = j.at("dampening").get<double>();
+  c.nesterov = j.at("nesterov").get<bool>();
+  c.validate();  // stored values are untrusted input
+  return c;
+}
+
+nlohmann::json param_json(const ParamSpec& s) {
+  return {{"name", s.name},
+          {"shape", s.shape},
+          {"dtype", std::string(to_string(s.dtype))},
+          {"requires_grad", s.requires_grad}};
+}
+
+}  // namespace
+
+std::string slot_name(int slot) {
+  return std::string(to_string(state_class(slot)));
+}
+
+nlohmann::json ShardedOptimizer::Impl::groups_json() const {
+  nlohmann::json groups = nlohmann::json::array();
+  for (const auto& g : this->groups) {
+    nlohmann::json ps = nlohmann::json::array();
+    for (ParamId pid : g.params) ps.push_back(param_json(params[pid].spec));
+    nlohmann::json slots = nlohmann::json::array();
+    for (int slot = 0; slot < kStateSlots; ++slot)
+      if (g.has_slot(slot)) slots.push_back(slot_name(slot));
+    groups.push_back({{"name", g.name},
+                      {"config", group_json(g.cfg)},
+                      {"numel", g.numel},
+                      {"part", g.part},
+                      {"slots", std::move(slots)},
+                      {"params", std::move(ps)}});
+  }
+  return groups;
+}
+
+std::vector<GroupConfig> ShardedOptimizer::Impl::check_groups(
+    const nlohmann::json& stored, const Bad& bad, std::vector<std::uint64_t>* part) const {
+  if (!stored.is_array()) throw bad("malformed: \"groups\" is not a list");
+  if (stored.size() != groups.size())
+    throw bad(fmt::format("{} parameter groups, this optimizer has {}", stored.size(),
+                          groups.size()));
+  std::vector<GroupConfig> cfgs;
+  for (std::size_t gi = 0; gi < groups.size(); ++gi) {
+    const OptGroup& g = groups[gi];
+    const auto& jg = stored[gi];
+    GroupConfig c = group_from_json(jg.at("config"));
+    if (!same_state_layout(c, g.cfg))
+      throw bad(fmt::format("group {} is {}{}, this optimizer's is {}{}", gi, to_string(c.kind),
+                            c.amsgrad ? " (amsgrad)" : "", to_string(g.cfg.kind),
+                            g.cfg.amsgrad ? " (amsgrad)" : ""));
+    cfgs.push_back(c);
+    const auto& ps = jg.at("params");
+    if (ps.size() != g.params.size())
+      throw bad(fmt::format("group {} has {} parameters, this optimizer's has {}", gi, ps.size(),
+                            g.params.size()));
+    for (std::size_t i = 0; i < ps.size(); ++i) {
+      const ParamSpec& s = params[g.params[i]].spec;
+      if (ps[i] != param_json(s))
+        throw bad(fmt::format("group {} parameter {} is {}, this optimizer's is {}", gi, i,
+                              ps[i].dump(), param_json(s).dump()));
+    }
+    if (jg.at("numel").get<std::uint64_t>() != g.numel)
+      throw bad(fmt::format("group {}: {} elements, expected {}", gi,
+                            jg.at("numel").get<std::uint64_t>(), g.numel));
+    const auto p = jg.at("part").get<std::uint64_t>();
+    if (p == 0 && g.numel > 0) throw bad(fmt::format("group {}: partition size 0", gi));
+    part->push_back(p);
+  }
+  return cfgs;
+}
+
+std::string ShardedOptimizer::Impl::commit_record() const {
+  nlohmann::json j = {{"format", "tierswap-optimizer-record"},
+                      {"version", kRecordVersion},
+                      {"tierswap", TIERSWAP_VERSION_STRING},
+                      {"world_size", world},
+                      {"rank", rank},
+                      {"subgroup_size", sub_size},
+                      {"moment_dtype", std::string(to_string(moment_dtype()))},
+                      {"accumulate_fp32", cfg.accumulate_fp32},
+                      {"step", step_count},
+                      {"loss_scale", scale},
+                      {"growth_tracker", growth_tracker},
+                      {"groups", groups_json()}};
+  bool memory_only = false;
+  for (const auto& s : subs) memory_only |= s.memory_only;
+  j["memory_only_state"] = memory_only;
+  return j.dump();
+}
+
+std::uint64_t ShardedOptimizer::Impl::commit() {
+  tiers.set_commit_record(commit_record());
+  return tiers.commit();
+}
+
+}  // namespace tierswap

@@ -179,10 +179,11 @@ class PyOptimizer {
   PyOptimizer(std::vector<std::string> swap_dirs, std::uint64_t host_budget,
               std::string communicator, std::shared_ptr<Communicator> comm, unsigned threads,
               const std::string& optimizer_json, const std::string& tiers_json,
-              bool keep_swap_files, std::uint64_t swap_capacity, std::uint64_t subgroup_size)
+              bool keep_swap_files, std::uint64_t swap_capacity, std::uint64_t subgroup_size,
+              bool resume)
       : t_(options(std::move(swap_dirs), host_budget, std::move(communicator), std::move(comm),
                    threads, optimizer_json, tiers_json, keep_swap_files, swap_capacity,
-                   subgroup_size)) {}
+                   subgroup_size, resume)) {}
 
   TieredOptimizer& t() {
     if (closed_) throw std::logic_error("the tierswap optimizer was closed");
@@ -244,7 +245,8 @@ class PyOptimizer {
   static TieredOptions options(std::vector<std::string> dirs, std::uint64_t budget,
                                std::string comm, std::shared_ptr<Communicator> custom,
                                unsigned threads, const std::string& oj, const std::string& tj,
-                               bool keep, std::uint64_t capacity, std::uint64_t subgroup) {
+                               bool keep, std::uint64_t capacity, std::uint64_t subgroup,
+                               bool resume) {
     TieredOptions o;
     for (auto& d : dirs) o.swap_dirs.emplace_back(std::move(d));
     o.host_budget = budget;
@@ -256,6 +258,7 @@ class PyOptimizer {
     o.tiers = TierConfig::from_json(tj);
     o.keep_swap_files = keep;
     o.swap_capacity = capacity;
+    o.resume = resume;
     return o;
   }
 
@@ -274,10 +277,12 @@ PYBIND11_MODULE(_tierswap, m) {
   py::class_<PyOptimizer>(m, "Optimizer")
       .def(py::init<std::vector<std::string>, std::uint64_t, std::string,
                     std::shared_ptr<Communicator>, unsigned, const std::string&, const std::string&,
-                    bool, std::uint64_t, std::uint64_t>(),
+                    bool, std::uint64_t, std::uint64_t, bool>(),
            py::arg("swap_dirs"), py::arg("host_budget"), py::arg("communicator"), py::arg("comm"),
            py::arg("threads"), py::arg("optimizer_json"), py::arg("tiers_json"),
-           py::arg("keep_swap_files"), py::arg("swap_capacity"), py::arg("subgroup_size"))
+           py::arg("keep_swap_files"), py::arg("swap_capacity"), py::arg("subgroup_size"),
+           py::arg("resume"))
+      .def("resumed", [](PyOptimizer& s) { return s.t().resumed(); })
       .def("add_group",
            [](PyOptimizer& s, const std::string& kind, const py::dict& h, std::string name) {
              return s.t().add_group(group_config(kind, h), std::move(name));

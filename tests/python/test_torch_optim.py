@@ -140,6 +140,59 @@ def test_save_then_load_in_a_fresh_process_is_bit_identical(tmp_path, tierswap_r
         assert torch.equal(resumed[i], base[i]), f"parameter {i}"
 
 
+CRASH = r"""
+import os, random, signal, sys, threading, torch, tierswap.torch as tt
+from tierswap import tinylm
+swap, kill_step, seed, out = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), sys.argv[4]
+model = tinylm.make_model(seed=123)  # other values: resume must overwrite them
+opt = tt.AdamW(tinylm.param_groups(model), swap_dir=swap, host_budget="16MiB", state_tier="nvme",
+               max_grad_norm=1.0, telemetry=False, resume=True, hooks=seed % 2 == 1)
+sched = torch.optim.lr_scheduler.LambdaLR(opt, tinylm.schedule(total=30))
+start = opt.step_count
+assert opt.resumed == (start > 0)
+for _ in range(start):
+    sched.step()
+def arm(step, *_):  # kill -9 at a seeded moment of the next step's backward, step or commit
+    if step + 1 == kill_step:
+        delay = random.Random(seed).uniform(0.0, 0.25)
+        threading.Timer(delay, os.kill, (os.getpid(), signal.SIGKILL)).start()
+tinylm.train_tierswap(model, opt, 8, start=start, sched=sched, log=arm)
+torch.save(opt.state_dict()["master_params"], out)
+"""
+
+
+@pytest.mark.parametrize("seed", [1, 2, 3])
+def test_killed_run_resumes_from_the_swap_directory_bit_identical(tmp_path, seed):
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path))
+    run = lambda d, kill: subprocess.run(  # noqa: E731
+        [sys.executable, "-c", CRASH, str(d), str(kill), str(seed), str(tmp_path / f"{d.name}.pt")],
+        env=env)
+    for d in ("ref", "crash"):
+        (tmp_path / d).mkdir()
+    assert run(tmp_path / "ref", 0).returncode == 0
+    killed = run(tmp_path / "crash", 2 + seed)
+    assert killed.returncode == -9, killed.returncode  # killed before it could finish
+    assert run(tmp_path / "crash", 0).returncode == 0  # resumed, then finished
+    ref, got = torch.load(tmp_path / "ref.pt"), torch.load(tmp_path / "crash.pt")
+    for i in ref:
+        assert torch.equal(got[i], ref[i]), f"parameter {i}"
+
+
+def test_resume_needs_a_swap_dir_and_the_same_model(tmp_path):
+    with pytest.raises(ValueError, match="swap_dir"):
+        tt.AdamW(tinylm.param_groups(tinylm.make_model()), resume=True)
+    model = tinylm.make_model()
+    opt = ts_adamw(model, tmp_path, keep_swap_files=True)
+    tinylm.train_tierswap(model, opt, 1)
+    opt.close()
+    other = torch.nn.Linear(4, 4).to(torch.bfloat16)
+    with pytest.raises(RuntimeError, match="parameter groups"):
+        tt.AdamW(other.parameters(), swap_dir=str(tmp_path), resume=True, telemetry=False)
+    opt = ts_adamw(tinylm.make_model(), tmp_path, resume=True)
+    assert opt.resumed and opt.step_count == 1
+    opt.close()
+
+
 def test_torch_state_dict_round_trips_both_ways(tmp_path):
     # torch -> tierswap: the reference's state (and fp32 masters) load bit for bit.
     model = tinylm.make_model()

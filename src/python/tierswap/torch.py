@@ -38,6 +38,11 @@ Tier keywords (all optional; the defaults work untuned):
                   under mpirun, else one process), "torch", "single", "mpi", or a
                   tierswap.distributed.TorchCommunicator(group)
   keep_swap_files keep the swap files at close() (default: removed)
+  resume          continue from the swap_dir of a run that crashed (or kept its files): state,
+                  step count and loss scaler come back from its last committed step, the
+                  parameters get its values; ``resumed`` says whether there was one,
+                  ``step_count`` which batch is next. param_groups stay as given (step a
+                  scheduler step_count times). Needs swap_dir, the same parameters, world size
   durable         fdatasync the swap files and fsync the manifest at every commit (default);
                   False: faster commits, still consistent after kill -9 but not after power loss
   persist_resident_state  host-resident state is also committed to NVMe every step (default:
@@ -92,7 +97,7 @@ class _TieredOptimizer(Optimizer):
                  loss_scale=None, init_scale=65536.0, growth_factor=2.0, backoff_factor=0.5,
                  growth_interval=2000, bf16_moments=False, accumulate_fp32=False, telemetry=True,
                  hooks=False, threads=None, communicator="auto", keep_swap_files=False,
-                 swap_capacity=None, persist_resident_state=True, durable=True):
+                 swap_capacity=None, persist_resident_state=True, durable=True, resume=False):
         self._native = None
         if overlap and not hooks:
             raise ValueError("overlap=True steps sub-groups during the backward: it needs hooks=True")
@@ -110,6 +115,8 @@ class _TieredOptimizer(Optimizer):
         }
         if plan is not None:
             opt_cfg["plan"] = os.fspath(plan)
+        if resume and swap_dir is None and not os.environ.get("TIERSWAP_SWAP_DIRS"):
+            raise ValueError("resume=True continues from a swap directory: give swap_dir")
         dirs, self._tmpdir = _swap_dirs(swap_dir)
         tier_cfg = {"telemetry": bool(telemetry), "device_mode": "off", "durable": bool(durable)}
         self._comm = default_communicator(communicator)  # kept alive beside the native side
@@ -118,7 +125,7 @@ class _TieredOptimizer(Optimizer):
             "single" if self._comm is not None else str(communicator), self._comm,
             0 if threads is None else int(threads), json.dumps(opt_cfg), json.dumps(tier_cfg),
             bool(keep_swap_files), 0 if swap_capacity is None else parse_size(swap_capacity),
-            0 if subgroup_size is None else parse_size(subgroup_size))
+            0 if subgroup_size is None else parse_size(subgroup_size), bool(resume))
         self._register()
         self._closer = weakref.finalize(self, _close_native, self._native, self._tmpdir,
                                         [p for p, _ in self._ids])
@@ -175,7 +182,12 @@ class _TieredOptimizer(Optimizer):
                 if p.requires_grad:
                     self._ids.append((p, nid))
         n.finalize()
-        n.initialize(self._refs())
+        self.resumed = n.resumed()
+        if self.resumed:  # param_groups stay as the trainer made them (torch's way: a scheduler
+            # stepped step_count times restores the lr), sent at the next step
+            self._hyper_sent = [None] * len(self._hyper_sent)
+        else:
+            n.initialize(self._refs())
         # Zero-copy: each trainable parameter's storage becomes tierswap's 16-bit copy, which
         # the fused kernel writes at every step (no copy into p afterwards).
         for p, nid in self._ids:
@@ -525,7 +537,7 @@ _TIER_KEYWORDS = {"swap_dir", "host_budget", "state_tier", "subgroup_size", "ove
                   "max_grad_norm", "loss_scale", "init_scale", "growth_factor", "backoff_factor",
                   "growth_interval", "bf16_moments", "accumulate_fp32", "telemetry", "hooks",
                   "threads", "communicator", "keep_swap_files", "swap_capacity",
-                  "persist_resident_state", "durable"}
+                  "persist_resident_state", "durable", "resume"}
 # torch.optim implementation switches: accepted and ignored (tierswap has one implementation).
 _TORCH_SWITCHES = {"foreach", "fused", "capturable", "differentiable"}
 

@@ -15,6 +15,8 @@ void add_bench_kernels(CLI::App& bench);
 /// `tierswap bench tier ...`
 void add_bench_tier(CLI::App& bench);
 void add_bench_step(CLI::App& bench);
+/// `tierswap bench resume ...`
+void add_bench_resume(CLI::App& bench);
 /// `tierswap ps`
 void add_ps(CLI::App& app);
 /// `tierswap residency ...`

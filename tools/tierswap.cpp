@@ -35,12 +35,13 @@ int main(int argc, char** argv) {
       fmt::print("GPU: none ({}); CPU paths are used\n", d.reason);
   });
 
-  auto* bench = app.add_subcommand("bench", "Benchmarks: io, kernels, tier, step");
+  auto* bench = app.add_subcommand("bench", "Benchmarks: io, kernels, tier, step, resume");
   bench->require_subcommand(1);
   tierswap::cli::add_bench_io(*bench);
   tierswap::cli::add_bench_kernels(*bench);
   tierswap::cli::add_bench_tier(*bench);
   tierswap::cli::add_bench_step(*bench);
+  tierswap::cli::add_bench_resume(*bench);
   tierswap::cli::add_demo(app);
   tierswap::cli::add_ps(app);
   tierswap::cli::add_residency(app);

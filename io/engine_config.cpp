@@ -8,6 +8,7 @@
 #include "tierswap/units.hpp"
 
 #include <fmt/format.h>
+#include "tierswap/detail/json.hpp"
 
 namespace tierswap {
 
@@ -72,7 +73,7 @@ IoEngineConfig IoEngineConfig::from_json(std::string_view text) {
   IoEngineConfig c;
   auto uint_of = [](const nlohmann::json& v, const std::string& key) -> std::uint64_t {
     if (!v.is_number_unsigned()) throw_invalid(key, v.dump(), "expected a non-negative integer");
-    return v.get<std::uint64_t>();
+    return detail::json_int<std::uint64_t>(v);
   };
   for (auto& [key, v] : j.items()) {
     if (key == "backend") {

@@ -20,6 +20,7 @@
 #include "tierswap/units.hpp"
 
 #include <fmt/format.h>
+#include "tierswap/detail/json.hpp"
 
 namespace tierswap {
 namespace {
@@ -232,7 +233,7 @@ SwapSpaceConfig SwapSpaceConfig::from_json(std::string_view text) {
   if (!j.is_object()) throw std::invalid_argument("swap space config: expected a JSON object");
   SwapSpaceConfig c;
   auto size_of = [](const nlohmann::json& v, const char* key) -> std::uint64_t {
-    if (v.is_number_unsigned()) return v.get<std::uint64_t>();
+    if (v.is_number_unsigned()) return detail::json_int<std::uint64_t>(v);
     if (v.is_string()) return parse_size(v.get<std::string>(), key);
     throw_invalid(key, v.dump(), "expected a size (number or string like \"8GiB\")");
   };

@@ -77,8 +77,9 @@ void backward(ShardedOptimizer& opt, const std::vector<ParamId>& ids, std::uint6
     std::vector<std::uint16_t> g(p.size());
     const float s = static_cast<float>(opt.loss_scale());
     for (std::size_t i = 0; i < g.size(); ++i)
-      g[i] = float_to_bf16(s * (bf16_to_float(p[i]) * 0.05f +
-                                1e-3f * static_cast<float>(static_cast<int>((i * 7 + k * 13) % 23) - 11)));
+      g[i] = float_to_bf16(
+          s * (bf16_to_float(p[i]) * 0.05f +
+               1e-3f * static_cast<float>(static_cast<int>((i * 7 + k * 13) % 23) - 11)));
     opt.add_grad(id, g.data(), Dtype::bf16);
   }
   opt.end_backward();
@@ -164,14 +165,15 @@ int driver(int trials, unsigned seed, const std::string& work) {
   int killed[3] = {}, resumes = 0;
   for (int trial = 0; trial < trials; ++trial) {
     const int phase = static_cast<int>(rng() % 3);
-    const int step = phase == 2 ? 3 * static_cast<int>(1 + rng() % 2) : static_cast<int>(1 + rng() % (kSteps - 1));
+    const int step = phase == 2 ? 3 * static_cast<int>(1 + rng() % 2)
+                                : static_cast<int>(1 + rng() % (kSteps - 1));
     const double fraction = std::uniform_real_distribution<double>(0.0, 1.1)(rng);
     const std::string dir = work + "/t" + std::to_string(trial), out = dir + ".bin";
     std::filesystem::create_directories(dir);
     const std::string what = std::string(kPhases[phase]) + " of step " + std::to_string(step) +
                              " at " + std::to_string(fraction);
-    int st = run_child({self, "child", dir, kPhases[phase], std::to_string(step),
-                        std::to_string(fraction), out});
+    int st = run_child(
+        {self, "child", dir, kPhases[phase], std::to_string(step), std::to_string(fraction), out});
     if (WIFSIGNALED(st) && WTERMSIG(st) == SIGKILL) {
       ++killed[phase];
       st = run_child({self, "child", dir, "none", "0", "0", out});  // resume and finish
@@ -209,9 +211,12 @@ int main(int argc, char** argv) {
     std::string work = "crash_resume_work";
     for (int i = 1; i + 1 < argc; i += 2) {
       const std::string a = argv[i];
-      if (a == "--trials") trials = std::atoi(argv[i + 1]);
-      else if (a == "--seed") seed = static_cast<unsigned>(std::atoi(argv[i + 1]));
-      else if (a == "--work") work = argv[i + 1];
+      if (a == "--trials")
+        trials = std::atoi(argv[i + 1]);
+      else if (a == "--seed")
+        seed = static_cast<unsigned>(std::atoi(argv[i + 1]));
+      else if (a == "--work")
+        work = argv[i + 1];
       else {
         std::cerr << "usage: crash_resume [--trials N] [--seed S] [--work DIR]\n";
         return 2;

@@ -265,7 +265,6 @@ TEST(Resume, ARunWhoseResidentStateWasMemoryOnlyCannotResume) {
     t.finalize();
     FAIL() << "resumed lost state";
   } catch (const std::runtime_error& e) {
-    EXPECT_NE(std::string(e.what()).find("persist_resident_state"), std::string::npos)
-        << e.what();
+    EXPECT_NE(std::string(e.what()).find("persist_resident_state"), std::string::npos) << e.what();
   }
 }

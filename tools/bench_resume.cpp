@@ -40,8 +40,8 @@ TieredOptions resume_options(const std::filesystem::path& dir, std::uint64_t bud
   return o;
 }
 
-std::unique_ptr<TieredOptimizer> open_model(const std::filesystem::path& dir,
-                                            std::uint64_t budget, std::uint64_t n) {
+std::unique_ptr<TieredOptimizer> open_model(const std::filesystem::path& dir, std::uint64_t budget,
+                                            std::uint64_t n) {
   auto t = std::make_unique<TieredOptimizer>(resume_options(dir, budget));
   const int g = t->add_group(GroupConfig::defaults(OptimizerKind::adamw), "all");
   const std::uint64_t rows = n / 4096;  // parameters of 4096 x 4096 at most, the last ragged
@@ -121,8 +121,9 @@ void run_resume_bench(const ResumeOptions& o) {
 void add_bench_resume(CLI::App& bench) {
   auto o = std::make_shared<ResumeOptions>();
   auto* b = bench.add_subcommand(
-      "resume", "Getting the state back after a restart: resume from the swap directory vs "
-                "save() + load()");
+      "resume",
+      "Getting the state back after a restart: resume from the swap directory vs "
+      "save() + load()");
   b->add_option("--dir", o->dir, "A new or empty directory (default: a temporary one)");
   b->add_option("--params", o->params, "Parameters (suffixes K, M, G: powers of 1024)");
   b->add_option("--host-budget", o->host_budget, "Pinned host bytes");

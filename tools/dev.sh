@@ -5,10 +5,11 @@
 # `run` trains tierswap.tinylm (a small byte-level transformer LM in bf16, PyTorch from Debian's
 # python3-torch) for 30 steps through tierswap.torch.AdamW with its state on the NVMe tier of a
 # temporary swap directory: loss, tokens/s and NVMe bytes per step, then the residency table.
-# `test` builds three times: the normal build (whole suite, the > 4 GiB transfers included, then
-# the Python tests with pytest), an ASan+UBSan build (whole suite but the > 4 GiB transfers), and a
+# `test` builds four times: the normal build (whole suite, the > 4 GiB transfers included, then
+# the Python tests with pytest), an ASan+UBSan build (whole suite but the > 4 GiB transfers), a
 # ThreadSanitizer build of the concurrent components (tier manager, I/O engine, thread pool, the
-# optimizer over them).
+# optimizer over them), and the libFuzzer targets (clang, ASan+UBSan): each replays its seed
+# corpus and fuzzes for TIERSWAP_FUZZ_SECONDS (default 30).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -18,8 +19,9 @@ PACKAGES=(cmake ninja-build g++ pkg-config liburing-dev libaio-dev libfmt-dev li
           python3-pytest)
 # Debian's interpreter: python3-torch is built for it (another python3 may come first on PATH).
 PYTHON=/usr/bin/python3
-# The test command also checks the NEON and SVE kernels on an x86 machine: cross compiler + qemu.
-TEST_PACKAGES=(g++-aarch64-linux-gnu qemu-user)
+# The test command also checks the NEON and SVE kernels on an x86 machine (cross compiler +
+# qemu) and fuzzes the parsers (clang's libFuzzer).
+TEST_PACKAGES=(g++-aarch64-linux-gnu qemu-user clang libclang-rt-14-dev)
 
 install_missing() {
   local missing=()
@@ -72,6 +74,11 @@ case "$cmd" in
     (cd build-tsan && TIERSWAP_SKIP_LARGE=1 TSAN_OPTIONS=halt_on_error=1:second_deadlock_stack=1 \
        ctest --output-on-failure -j 2 --timeout 900 \
        -R '^(TierManager|TierManagerCrash|Telemetry|ThreadPool|Backends/EngineTest|Backends/FaultTest|ShardedOptimizer)[.]')
+    CC=clang CXX=clang++ cmake -S . -B build-fuzz -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo \
+      -DTIERSWAP_SANITIZE=fuzz -DTIERSWAP_BUILD_TESTS=OFF -DTIERSWAP_BUILD_BENCHMARKS=OFF \
+      -DTIERSWAP_BUILD_PYTHON=OFF -DTIERSWAP_WITH_CUDA=OFF -DTIERSWAP_WITH_MPI=OFF >/dev/null
+    cmake --build build-fuzz -j "$(nproc)" --target fuzz
+    tests/fuzz/run.sh build-fuzz "${TIERSWAP_FUZZ_SECONDS:-30}"
     ;;
   *)
     echo "usage: tools/dev.sh run [tinylm options] | tools/dev.sh test" >&2

@@ -19,13 +19,14 @@
 #include "tools/commands.hpp"
 
 #include <fmt/format.h>
+#include "tierswap/detail/json.hpp"
 
 namespace tierswap::cli {
 
 namespace {
 
 std::string bytes_of(const nlohmann::json& v) {
-  return format_bytes(v.get<std::uint64_t>());
+  return format_bytes(detail::json_int<std::uint64_t>(v));
 }
 
 }  // namespace
@@ -37,12 +38,12 @@ void print_residency(const std::string& json_text, std::FILE* out) {
   const auto& g = j.at("generation");
   fmt::print(out, "{}; host memory {}; gpu tier {}; committed generation {}{}\n",
              j.at("pid").is_null() ? std::string("manifest (offline)")
-                                   : fmt::format("pid {}", j.at("pid").get<int>()),
+                                   : fmt::format("pid {}", detail::json_int<int>(j.at("pid"))),
              j.value("host_memory", std::string("-")),
              !j.value("device_tier", false)         ? "none"
              : j.at("simulated_device").get<bool>() ? "SIMULATED (host memory)"
                                                     : "GPU",
-             g.at("committed").get<std::uint64_t>(),
+             detail::json_int<std::uint64_t>(g.at("committed")),
              g.at("checksums_verified").get<bool>() ? " (checksums verified)" : "");
   fmt::print(out, "\n{:<6} {:>12} {:>12} {:>12} {:>12} {:>12}\n", "tier", "capacity", "resident",
              "dirty", "in flight", "pinned");
@@ -62,10 +63,12 @@ void print_residency(const std::string& json_text, std::FILE* out) {
   std::map<std::string, std::map<std::string, std::uint64_t>> by_class;
   for (auto& c : j.at("classes"))
     by_class[c.at("class").get<std::string>()][c.at("tier").get<std::string>()] +=
-        c.at("bytes").get<std::uint64_t>();
+        detail::json_int<std::uint64_t>(c.at("bytes"));
   if (!by_class.empty()) {
     fmt::print(out, "\n{:<16} {:>12} {:>12} {:>12}\n", "class", "gpu", "host", "nvme");
-    for (auto& [cls, m] : by_class) {
+    for (const auto& entry : by_class) {  // named, not bound: the lambda captures m
+      const std::string& cls = entry.first;
+      const auto& m = entry.second;
       auto cell = [&](const char* t) {
         auto it = m.find(t);
         return it == m.end() ? std::string("-") : format_bytes(it->second);
@@ -85,23 +88,27 @@ void print_residency(const std::string& json_text, std::FILE* out) {
     fmt::print(out,
                "stalls {} ({:.3f} s), prefetch hits {} misses {}, evictions {}, write-behind {}, "
                "commits {}, discards {}, in flight {}, queued prefetches {}\n",
-               c.at("stalls").get<std::uint64_t>(), c.at("stall_seconds").get<double>(),
-               c.at("prefetch_hits").get<std::uint64_t>(),
-               c.at("prefetch_misses").get<std::uint64_t>(), c.at("evictions").get<std::uint64_t>(),
-               c.at("write_behind").get<std::uint64_t>(), c.at("commits").get<std::uint64_t>(),
-               c.at("discards").get<std::uint64_t>(), c.at("inflight_ops").get<std::uint64_t>(),
-               c.at("queued_prefetches").get<std::uint64_t>());
+               detail::json_int<std::uint64_t>(c.at("stalls")), c.at("stall_seconds").get<double>(),
+               detail::json_int<std::uint64_t>(c.at("prefetch_hits")),
+               detail::json_int<std::uint64_t>(c.at("prefetch_misses")),
+               detail::json_int<std::uint64_t>(c.at("evictions")),
+               detail::json_int<std::uint64_t>(c.at("write_behind")),
+               detail::json_int<std::uint64_t>(c.at("commits")),
+               detail::json_int<std::uint64_t>(c.at("discards")),
+               detail::json_int<std::uint64_t>(c.at("inflight_ops")),
+               detail::json_int<std::uint64_t>(c.at("queued_prefetches")));
   }
   if (j.contains("subgroups")) {
     fmt::print(out, "\n{:<14} {:<28} {:<14} {:<5} {:>12} {:<8} {:<8} {:<8}\n", "rank/grp/sub",
                "block", "class", "dtype", "numel", "gpu", "host", "nvme");
     for (auto& sg : j.at("subgroups")) {
-      const std::string who = fmt::format("{}/{}/{}", sg.at("rank").get<int>(),
-                                          sg.at("group").get<int>(), sg.at("subgroup").get<int>());
+      const std::string who = fmt::format("{}/{}/{}", detail::json_int<int>(sg.at("rank")),
+                                          detail::json_int<int>(sg.at("group")),
+                                          detail::json_int<int>(sg.at("subgroup")));
       for (auto& b : sg.at("blocks"))
         fmt::print(out, "{:<14} {:<28} {:<14} {:<5} {:>12} {:<8} {:<8} {:<8}\n", who,
                    b.at("name").get<std::string>(), b.at("class").get<std::string>(),
-                   b.at("dtype").get<std::string>(), b.at("numel").get<std::uint64_t>(),
+                   b.at("dtype").get<std::string>(), detail::json_int<std::uint64_t>(b.at("numel")),
                    b.at("gpu").get<std::string>(), b.at("host").get<std::string>(),
                    b.at("nvme").get<std::string>());
     }

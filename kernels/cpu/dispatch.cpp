@@ -1,4 +1,8 @@
 // Public kernel entry points: validation, per-step constants, ISA choice, thread split.
+#if defined(__x86_64__)
+#include <cpuid.h>
+#endif
+
 #include <cmath>
 #include <cstdlib>
 #include <string>
@@ -79,6 +83,14 @@ const KernelTable* table_of(CpuIsa isa) noexcept {
   }
   return nullptr;
 }
+
+#if defined(__x86_64__)
+// F16C from CPUID leaf 1 (ECX bit 29): __builtin_cpu_supports("f16c") is GCC's, not clang 14's.
+bool has_f16c() noexcept {
+  unsigned a = 0, b = 0, c = 0, d = 0;
+  return __get_cpuid(1, &a, &b, &c, &d) != 0 && (c & bit_F16C) != 0;
+}
+#endif
 }  // namespace
 
 bool cpu_isa_supported(CpuIsa isa) noexcept {
@@ -88,12 +100,10 @@ bool cpu_isa_supported(CpuIsa isa) noexcept {
       return true;
 #if defined(__x86_64__)
     case CpuIsa::avx2:
-      return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
-             __builtin_cpu_supports("f16c");
+      return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && has_f16c();
     case CpuIsa::avx512:
       return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
-             __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq") &&
-             __builtin_cpu_supports("f16c");
+             __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq") && has_f16c();
     case CpuIsa::avx512bf16:
       return cpu_isa_supported(CpuIsa::avx512) && __builtin_cpu_supports("avx512bf16");
 #endif

@@ -23,6 +23,7 @@
 
 #include "src/optim/optimizer_impl.hpp"
 #include "tierswap/checksum.hpp"
+#include "tierswap/detail/json.hpp"
 #include "tierswap/detail/manifest.hpp"
 #include "tierswap/error.hpp"
 #include "tierswap/log.hpp"
@@ -244,19 +245,19 @@ void ShardedOptimizer::load(const std::filesystem::path& dir) {
   std::uint32_t tracker = 0;
   try {
     if (man.at("format") != "tierswap-checkpoint") throw bad(man_path, "not a tierswap checkpoint");
-    if (man.at("version").get<std::uint32_t>() != kCheckpointVersion)
+    if (detail::json_int<std::uint32_t>(man.at("version")) != kCheckpointVersion)
       throw bad(man_path, fmt::format("format version {} (this build reads {})",
                                       man.at("version").dump(), kCheckpointVersion));
-    old_world = man.at("world_size").get<int>();
-    step = man.at("step").get<std::uint64_t>();
+    old_world = detail::json_int<int>(man.at("world_size"));
+    step = detail::json_int<std::uint64_t>(man.at("step"));
     scale = man.at("loss_scale").get<double>();
-    tracker = man.at("growth_tracker").get<std::uint32_t>();
+    tracker = detail::json_int<std::uint32_t>(man.at("growth_tracker"));
     if (man.at("moment_dtype").get<std::string>() != to_string(m.moment_dtype()))
       throw bad(man_path, fmt::format("moments stored as {}, this optimizer keeps {}",
                                       man.at("moment_dtype").get<std::string>(),
                                       to_string(m.moment_dtype())));
-    cfgs = m.check_groups(man.at("groups"), [&](const std::string& why) { return bad(man_path, why); },
-                          &old_part);
+    cfgs = m.check_groups(
+        man.at("groups"), [&](const std::string& why) { return bad(man_path, why); }, &old_part);
     const auto& ranks = man.at("ranks");
     if (static_cast<int>(ranks.size()) != old_world || old_world < 1)
       throw bad(man_path, "rank table does not match the world size");
@@ -270,8 +271,9 @@ void ShardedOptimizer::load(const std::filesystem::path& dir) {
       const auto j = nlohmann::json::parse(payload);
       RankIndex ri;
       ri.data = dir / j.at("data").get<std::string>();
-      ri.data_bytes = j.at("data_bytes").get<std::uint64_t>();
-      if (j.at("piece").get<std::uint64_t>() != kPiece) throw bad(ip, "unexpected piece size");
+      ri.data_bytes = detail::json_int<std::uint64_t>(j.at("data_bytes"));
+      if (detail::json_int<std::uint64_t>(j.at("piece")) != kPiece)
+        throw bad(ip, "unexpected piece size");
       if (!std::filesystem::exists(ri.data)) throw bad(ri.data, "missing");
       File f(ri.data, O_RDONLY);
       if (f.size() != ri.data_bytes)
@@ -279,15 +281,15 @@ void ShardedOptimizer::load(const std::filesystem::path& dir) {
                   fmt::format("{} bytes, the index says {} (truncated?)", f.size(), ri.data_bytes));
       for (const auto& js : j.at("sections")) {
         Section s;
-        s.group = js.at("group").get<int>();
+        s.group = detail::json_int<int>(js.at("group"));
         const std::string sn = js.at("slot").get<std::string>();
         s.slot = -1;
         for (int slot = 0; slot < kStateSlots; ++slot)
           if (slot_name(slot) == sn) s.slot = slot;
         s.dtype = parse_dtype(js.at("dtype").get<std::string>());
-        s.begin = js.at("begin").get<std::uint64_t>();
-        s.end = js.at("end").get<std::uint64_t>();
-        s.offset = js.at("offset").get<std::uint64_t>();
+        s.begin = detail::json_int<std::uint64_t>(js.at("begin"));
+        s.end = detail::json_int<std::uint64_t>(js.at("end"));
+        s.offset = detail::json_int<std::uint64_t>(js.at("offset"));
         for (const auto& h : js.at("checksums"))
           s.sums.push_back(std::stoull(h.get<std::string>(), nullptr, 16));
         const std::uint64_t n = s.end - s.begin;

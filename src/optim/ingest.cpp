@@ -180,7 +180,8 @@ void ShardedOptimizer::add_grad(ParamId id, const void* grad, Dtype dtype) {
   }
   for (std::size_t k = 0; k < g.nsubs; ++k) {
     OptSub& s = m.subs[g.first_sub + k];
-    const auto [b, e] = Impl::slice(p, s);
+    const auto range = Impl::slice(p, s);  // not a structured binding: lambdas capture it
+    const std::uint64_t b = range.first, e = range.second;
     if (b >= e) continue;
     // A slice's first gradient since the drop lands on zeros: copied (cast), not added; over
     // the whole block, without zero-filling it first.
@@ -238,7 +239,8 @@ void ShardedOptimizer::add_grad_device(ParamId id, const void* d_grad, Dtype dty
   const std::size_t acc_es = dtype_size(acc);
   for (std::size_t k = 0; k < g.nsubs; ++k) {
     OptSub& s = m.subs[g.first_sub + k];
-    const auto [b, e] = Impl::slice(p, s);
+    const auto range = Impl::slice(p, s);  // not a structured binding: lambdas capture it
+    const std::uint64_t b = range.first, e = range.second;
     if (b >= e) continue;
     const std::size_t at = (b - s.begin) * acc_es;
     const Tier tier = s.grad_gpu ? Tier::device : Tier::host;  // where it accumulates

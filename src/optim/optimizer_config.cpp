@@ -9,6 +9,7 @@
 
 #include "src/optim/optimizer_impl.hpp"
 #include "tierswap/detail/env.hpp"
+#include "tierswap/detail/json.hpp"
 #include "tierswap/error.hpp"
 #include "tierswap/optimizer.hpp"
 #include "tierswap/units.hpp"
@@ -91,13 +92,13 @@ OptimizerConfig OptimizerConfig::from_json(std::string_view text) {
       if (v.is_string())
         c.subgroup_size = parse_size(v.get<std::string>(), key);
       else if (v.is_number_unsigned())
-        c.subgroup_size = v.get<std::uint64_t>();
+        c.subgroup_size = detail::json_int<std::uint64_t>(v);
       else
         throw_invalid(key, v.dump(), "expected a count (number or \"16M\")");
     } else if (key == "prefetch_depth") {
       if (!v.is_number_unsigned()) throw_invalid(key, v.dump(), "expected an integer >= 0");
-      c.prefetch_depth =
-          static_cast<std::uint32_t>(std::min<std::uint64_t>(v.get<std::uint64_t>(), 1u << 20));
+      c.prefetch_depth = static_cast<std::uint32_t>(
+          std::min<std::uint64_t>(detail::json_int<std::uint64_t>(v), 1u << 20));
     } else if (key == "accumulate_fp32") {
       c.accumulate_fp32 = bool_of(v, key);
     } else if (key == "bf16_moments") {
@@ -134,7 +135,7 @@ OptimizerConfig OptimizerConfig::from_json(std::string_view text) {
           c.loss_scaler.backoff_factor = num_of(v2, name);
         else if (k2 == "growth_interval") {
           if (!v2.is_number_unsigned()) throw_invalid(name, v2.dump(), "expected an integer");
-          c.loss_scaler.growth_interval = v2.get<std::uint32_t>();
+          c.loss_scaler.growth_interval = detail::json_int<std::uint32_t>(v2);
         } else
           throw_invalid(name, v2.dump(),
                         "unknown key (known: mode, init_scale, growth_factor, backoff_factor, "

@@ -5,6 +5,7 @@
 #include <nlohmann/json.hpp>
 
 #include "src/optim/optimizer_impl.hpp"
+#include "tierswap/detail/json.hpp"
 
 namespace tierswap {
 namespace {
@@ -77,8 +78,8 @@ std::vector<GroupConfig> ShardedOptimizer::Impl::check_groups(
     const nlohmann::json& stored, const Bad& bad, std::vector<std::uint64_t>* part) const {
   if (!stored.is_array()) throw bad("malformed: \"groups\" is not a list");
   if (stored.size() != groups.size())
-    throw bad(fmt::format("{} parameter groups, this optimizer has {}", stored.size(),
-                          groups.size()));
+    throw bad(
+        fmt::format("{} parameter groups, this optimizer has {}", stored.size(), groups.size()));
   std::vector<GroupConfig> cfgs;
   for (std::size_t gi = 0; gi < groups.size(); ++gi) {
     const OptGroup& g = groups[gi];
@@ -99,10 +100,10 @@ std::vector<GroupConfig> ShardedOptimizer::Impl::check_groups(
         throw bad(fmt::format("group {} parameter {} is {}, this optimizer's is {}", gi, i,
                               ps[i].dump(), param_json(s).dump()));
     }
-    if (jg.at("numel").get<std::uint64_t>() != g.numel)
+    if (detail::json_int<std::uint64_t>(jg.at("numel")) != g.numel)
       throw bad(fmt::format("group {}: {} elements, expected {}", gi,
-                            jg.at("numel").get<std::uint64_t>(), g.numel));
-    const auto p = jg.at("part").get<std::uint64_t>();
+                            detail::json_int<std::uint64_t>(jg.at("numel")), g.numel));
+    const auto p = detail::json_int<std::uint64_t>(jg.at("part"));
     if (p == 0 && g.numel > 0) throw bad(fmt::format("group {}: partition size 0", gi));
     part->push_back(p);
   }

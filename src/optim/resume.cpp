@@ -8,6 +8,7 @@
 #include <nlohmann/json.hpp>
 
 #include "src/optim/optimizer_impl.hpp"
+#include "tierswap/detail/json.hpp"
 #include "tierswap/log.hpp"
 #include "tierswap/units.hpp"
 
@@ -34,37 +35,42 @@ nlohmann::json parse_record(const TierManager& tiers, const std::string& text) {
 void ShardedOptimizer::Impl::check_record(const nlohmann::json& j) {
   auto bad = [&](const std::string& why) { return record_error(tiers, why); };
   try {
-    if (j.at("version").get<std::uint32_t>() != 1)
+    if (detail::json_int<std::uint32_t>(j.at("version")) != 1)
       throw bad(fmt::format("record version {} (this build reads 1)", j.at("version").dump()));
     const auto version = j.at("tierswap").get<std::string>();
     if (version != TIERSWAP_VERSION_STRING)
-      throw bad(fmt::format("written by tierswap {}, this is {}: resume needs the same version "
-                            "(a save() checkpoint loads across versions of the same format)",
-                            version, TIERSWAP_VERSION_STRING));
-    const int w = j.at("world_size").get<int>(), r = j.at("rank").get<int>();
+      throw bad(
+          fmt::format("written by tierswap {}, this is {}: resume needs the same version "
+                      "(a save() checkpoint loads across versions of the same format)",
+                      version, TIERSWAP_VERSION_STRING));
+    const int w = detail::json_int<int>(j.at("world_size")),
+              r = detail::json_int<int>(j.at("rank"));
     if (w != world)
-      throw bad(fmt::format("written at world size {}, this run has {}: resume needs the same "
-                            "world size (load() a save() checkpoint to change it)",
-                            w, world));
-    if (r != rank) throw bad(fmt::format("the swap directory of rank {}, opened by rank {}", r, rank));
+      throw bad(
+          fmt::format("written at world size {}, this run has {}: resume needs the same "
+                      "world size (load() a save() checkpoint to change it)",
+                      w, world));
+    if (r != rank)
+      throw bad(fmt::format("the swap directory of rank {}, opened by rank {}", r, rank));
     if (j.at("moment_dtype").get<std::string>() != to_string(moment_dtype()))
       throw bad(fmt::format("moments stored as {}, this optimizer keeps {} (bf16_moments)",
                             j.at("moment_dtype").get<std::string>(), to_string(moment_dtype())));
     if (j.at("accumulate_fp32").get<bool>() != cfg.accumulate_fp32)
       throw bad("accumulate_fp32 differs from the run that wrote it");
     if (j.at("memory_only_state").get<bool>())
-      throw bad("part of the state lived in memory only (persist_resident_state=false) and was "
-                "lost; restore a save() checkpoint");
-    const auto sg = j.at("subgroup_size").get<std::uint64_t>();
+      throw bad(
+          "part of the state lived in memory only (persist_resident_state=false) and was "
+          "lost; restore a save() checkpoint");
+    const auto sg = detail::json_int<std::uint64_t>(j.at("subgroup_size"));
     if (sg == 0 || sg % kGradStatsChunk != 0)
       throw bad(fmt::format("sub-group size {} is not a multiple of {}", sg, kGradStatsChunk));
     if (sg != cfg.subgroup_size && cfg.subgroup_size != 0)
       log(LogLevel::info, fmt::format("resume: sub-groups of {} elements, as stored (not {})", sg,
                                       cfg.subgroup_size));
     cfg.subgroup_size = sg;
-    (void)j.at("step").get<std::uint64_t>();
+    (void)detail::json_int<std::uint64_t>(j.at("step"));
     if (!(j.at("loss_scale").get<double>() > 0)) throw bad("loss scale is not positive");
-    (void)j.at("growth_tracker").get<std::uint32_t>();
+    (void)detail::json_int<std::uint32_t>(j.at("growth_tracker"));
   } catch (const std::runtime_error&) {
     throw;
   } catch (const std::exception& e) {
@@ -94,9 +100,9 @@ void ShardedOptimizer::Impl::restore_from_record() {
   std::vector<std::uint64_t> part;
   const auto cfgs = check_groups(
       j.at("groups"), [&](const std::string& why) { return record_error(tiers, why); }, &part);
-  step_count = j.at("step").get<std::uint64_t>();
+  step_count = detail::json_int<std::uint64_t>(j.at("step"));
   scale = j.at("loss_scale").get<double>();
-  growth_tracker = j.at("growth_tracker").get<std::uint32_t>();
+  growth_tracker = detail::json_int<std::uint32_t>(j.at("growth_tracker"));
   for (std::size_t gi = 0; gi < groups.size(); ++gi) groups[gi].cfg = cfgs[gi];
   // Every rank committed the same step, or the job died between the ranks' commits.
   std::uint64_t first = step_count;

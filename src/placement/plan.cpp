@@ -12,6 +12,7 @@
 #include <sstream>
 #include <stdexcept>
 
+#include "tierswap/detail/json.hpp"
 #include "tierswap/placement.hpp"
 #include "tierswap/tier_manager.hpp"
 #include "tierswap/units.hpp"
@@ -657,13 +658,22 @@ Plan Plan::from_json(std::string_view text, std::string_view origin) {
   };
   if (!j.is_object()) fail("(top level)", "expected an object");
   if (j.value("format", "") != "tierswap.plan") fail("format", "expected \"tierswap.plan\"");
-  if (j.value("version", 0) != 1) fail("version", "this build reads plan version 1");
+  // Integers through json_int: value<int>() of a float such as 1e300 is undefined behaviour.
+  auto int_or = [&](const char* key, auto def) {
+    try {
+      return j.contains(key) ? detail::json_int<decltype(def)>(j[key]) : def;
+    } catch (const std::invalid_argument& e) {
+      fail(key, e.what());
+      return def;
+    }
+  };
+  if (int_or("version", 0) != 1) fail("version", "this build reads plan version 1");
   if (!j.contains("subgroups") || !j["subgroups"].is_array() || j["subgroups"].empty())
     fail("subgroups", "expected a non-empty array");
   Plan p;
   p.profile = j.value("profile", "");
-  p.params = j.value("params", std::uint64_t{0});
-  p.gpus = j.value("gpus", 1);
+  p.params = int_or("params", std::uint64_t{0});
+  p.gpus = int_or("gpus", 1);
   p.overlap = j.value("overlap", true);
   if (j.contains("persist_resident_state") && !j["persist_resident_state"].is_null()) {
     if (!j["persist_resident_state"].is_boolean())
@@ -673,7 +683,7 @@ Plan Plan::from_json(std::string_view text, std::string_view origin) {
   p.predicted_step_s = j.value("predicted_step_s", 0.0);
   p.backward_s = j.value("backward_s", 0.0);
   p.exposed_step_s = j.value("exposed_step_s", 0.0);
-  p.subgroup_numel = j.value("subgroup_numel", std::uint64_t{0});
+  p.subgroup_numel = int_or("subgroup_numel", std::uint64_t{0});
   const auto& subs = j["subgroups"];
   for (std::size_t i = 0; i < subs.size(); ++i) {
     const auto& e = subs[i];
@@ -681,13 +691,13 @@ Plan Plan::from_json(std::string_view text, std::string_view origin) {
     if (!e.is_object()) fail(k, "expected an object");
     for (const char* f : {"numel", "state_tier", "step_device"})
       if (!e.contains(f)) fail(k + "." + f, "missing");
-    if (!e["numel"].is_number_unsigned() || e["numel"].get<std::uint64_t>() == 0)
+    if (!e["numel"].is_number_unsigned() || detail::json_int<std::uint64_t>(e["numel"]) == 0)
       fail(k + ".numel", "expected an element count > 0");
     if (!e["state_tier"].is_string() || !e["step_device"].is_string())
       fail(k, "state_tier and step_device are strings");
     PlanSubgroup s;
     s.id = static_cast<std::uint32_t>(i);
-    s.numel = e["numel"].get<std::uint64_t>();
+    s.numel = detail::json_int<std::uint64_t>(e["numel"]);
     s.state_tier = parse_plan_tier(origin, k + ".state_tier", e["state_tier"].get<std::string>());
     s.step_device = parse_device(origin, k + ".step_device", e["step_device"].get<std::string>());
     s.cast_on = parse_device(origin, k + ".cast_on",

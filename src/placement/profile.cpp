@@ -10,6 +10,7 @@
 #include <sstream>
 #include <stdexcept>
 
+#include "tierswap/detail/json.hpp"
 #include "tierswap/placement.hpp"
 
 namespace tierswap {
@@ -68,7 +69,11 @@ struct Reader {
     if (!v) return def;
     if (!v->is_number_integer())
       bad(origin, key(k), fmt::format("expected an integer, got {}", v->dump()));
-    return v->get<int>();
+    try {
+      return detail::json_int<int>(*v);
+    } catch (const std::invalid_argument& e) {
+      bad(origin, key(k), e.what());
+    }
   }
   std::string str(const char* k, std::string def, bool required = false) {
     const json* v = get(k, required);

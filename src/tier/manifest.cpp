@@ -17,6 +17,7 @@
 #include "tierswap/error.hpp"
 
 #include <fmt/format.h>
+#include "tierswap/detail/json.hpp"
 
 namespace tierswap::detail {
 namespace {
@@ -268,7 +269,7 @@ ManifestInfo read_manifest(const std::filesystem::path& path) {
     const auto j = nlohmann::json::parse(payload);
     if (j.at("format") != "tierswap-manifest") throw bad("not a tierswap manifest");
     info.space_uuid = j.at("space_uuid").get<std::string>();
-    info.generation = j.at("generation").get<std::uint64_t>();
+    info.generation = detail::json_int<std::uint64_t>(j.at("generation"));
     info.shadow_slots = j.at("shadow_slots").get<bool>();
     if (j.contains("record")) info.record = j.at("record").get<std::string>();
     for (auto& e : j.at("blocks")) {
@@ -276,23 +277,25 @@ ManifestInfo read_manifest(const std::filesystem::path& path) {
       b.name = e.at("name").get<std::string>();
       b.cls = parse_block_class(e.at("class").get<std::string>());
       b.dtype = parse_dtype(e.at("dtype").get<std::string>());
-      b.numel = e.at("numel").get<std::uint64_t>();
+      b.numel = detail::json_int<std::uint64_t>(e.at("numel"));
       const auto& o = e.at("owner");
-      b.owner = {o.at(0).get<int>(), o.at(1).get<int>(), o.at(2).get<int>()};
+      b.owner = {detail::json_int<int>(o.at(0)), detail::json_int<int>(o.at(1)),
+                 detail::json_int<int>(o.at(2))};
       for (auto& x : e.at("slots"))
-        b.slots.push_back({x.at(0).get<std::uint64_t>(), x.at(1).get<std::uint64_t>()});
+        b.slots.push_back(
+            {detail::json_int<std::uint64_t>(x.at(0)), detail::json_int<std::uint64_t>(x.at(1))});
       b.memory_only = e.value("memory_only", false);
       // Memory-only blocks have no NVMe extents (earlier manifests listed unused ones).
       if (b.slots.size() != (info.shadow_slots ? 2u : 1u) && !(b.memory_only && b.slots.empty()))
         throw bad(fmt::format("block '{}': {} slots", b.name, b.slots.size()));
-      b.committed_slot = e.at("committed_slot").get<int>();
+      b.committed_slot = detail::json_int<int>(e.at("committed_slot"));
       if (!b.slots.empty() &&
           (b.committed_slot < 0 || b.committed_slot >= static_cast<int>(b.slots.size())))
         throw bad(fmt::format("block '{}': committed slot {}", b.name, b.committed_slot));
       b.has_data = e.at("has_data").get<bool>();
       if (b.has_data && b.slots.empty())
         throw bad(fmt::format("block '{}': committed data but no NVMe slot", b.name));
-      b.generation = e.at("generation").get<std::uint64_t>();
+      b.generation = detail::json_int<std::uint64_t>(e.at("generation"));
       b.checksum = std::stoull(e.at("checksum").get<std::string>(), nullptr, 16);
       b.transient = e.value("transient", false);
       check_block_fields(b, bad);

@@ -9,6 +9,7 @@
 #include "tierswap/units.hpp"
 
 #include <fmt/format.h>
+#include "tierswap/detail/json.hpp"
 
 namespace tierswap {
 
@@ -132,7 +133,7 @@ TierConfig TierConfig::from_json(std::string_view text) {
   auto size_of = [](const nlohmann::json& v, const std::string& key) -> std::uint64_t {
     if (v.is_string()) return parse_size(v.get<std::string>(), key);
     if (!v.is_number_unsigned()) throw_invalid(key, v.dump(), "expected a size");
-    return v.get<std::uint64_t>();
+    return detail::json_int<std::uint64_t>(v);
   };
   auto bool_of = [](const nlohmann::json& v, const std::string& key) {
     if (!v.is_boolean()) throw_invalid(key, v.dump(), "expected true or false");
@@ -147,7 +148,7 @@ TierConfig TierConfig::from_json(std::string_view text) {
       c.lock_host_memory = bool_of(v, key);
     } else if (key == "numa_node") {
       if (!v.is_number_integer()) throw_invalid(key, v.dump(), "expected an integer");
-      c.numa_node = v.get<int>();
+      c.numa_node = detail::json_int<int>(v);
     } else if (key == "device_mode") {
       if (!v.is_string()) throw_invalid(key, v.dump(), "expected a string");
       c.device_mode = parse_device_mode(v.get<std::string>(), key);
@@ -160,8 +161,8 @@ TierConfig TierConfig::from_json(std::string_view text) {
       c.max_dirty_bytes = size_of(v, key);
     } else if (key == "lookahead") {
       if (!v.is_number_unsigned()) throw_invalid(key, v.dump(), "expected a positive integer");
-      c.lookahead =
-          static_cast<std::uint32_t>(std::min<std::uint64_t>(v.get<std::uint64_t>(), 1u << 30));
+      c.lookahead = static_cast<std::uint32_t>(
+          std::min<std::uint64_t>(detail::json_int<std::uint64_t>(v), 1u << 30));
     } else if (key == "shadow_slots") {
       c.shadow_slots = bool_of(v, key);
     } else if (key == "durable") {

@@ -1,0 +1,179 @@
+// A real full disk: the swap directory and the checkpoint directory on a small tmpfs that the test
+// mounts (in a child process with a private mount namespace, so nothing outlives the test), then
+// fills. A step whose commit finds no room fails with an error naming the file, the previous
+// generation stays valid (resume() reopens it), and once space is freed the same step succeeds;
+// a save() into a full filesystem fails naming the file and the previous checkpoint still loads.
+// Skipped, with the reason, where no mount namespace can be made (not root, no user namespaces).
+#include <gtest/gtest.h>
+#include <sched.h>
+#include <sys/mount.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+#include <fstream>
+#include <functional>
+#include <iostream>
+
+#include "test_util.hpp"
+#include "tierswap/tiered_optimizer.hpp"
+
+using namespace tierswap;
+using tierswap::test::TempDir;
+
+namespace {
+
+// Runs `body` in a child whose private mount namespace has a tmpfs of `mib` MiB at `dir`.
+// Returns "" when the child passed, else what failed (or "skip: why").
+std::string with_small_filesystem(const std::filesystem::path& dir, int mib,
+                                  const std::function<void()>& body) {
+  int pipefd[2];
+  if (::pipe(pipefd) != 0) return "pipe failed";
+  const pid_t pid = ::fork();
+  if (pid == 0) {
+    ::close(pipefd[0]);
+    auto report = [&](const std::string& s) {
+      (void)!::write(pipefd[1], s.data(), s.size());
+      ::_exit(s.empty() ? 0 : 1);
+    };
+    const int flags = ::getuid() == 0 ? CLONE_NEWNS : CLONE_NEWUSER | CLONE_NEWNS;
+    if (::unshare(flags) != 0)
+      report(std::string("skip: no private mount namespace (unshare: ") + std::strerror(errno) +
+             ")");
+    ::mount(nullptr, "/", nullptr, MS_REC | MS_PRIVATE, nullptr);
+    const std::string opts = "size=" + std::to_string(mib) + "m";
+    if (::mount("tmpfs", dir.c_str(), "tmpfs", 0, opts.c_str()) != 0)
+      report(std::string("skip: cannot mount a tmpfs (") + std::strerror(errno) + ")");
+    try {
+      body();
+    } catch (const std::exception& e) {
+      report(e.what());
+    }
+    report("");
+  }
+  ::close(pipefd[1]);
+  std::string out;
+  char buf[512];
+  for (ssize_t r; (r = ::read(pipefd[0], buf, sizeof buf)) > 0;) out.append(buf, r);
+  ::close(pipefd[0]);
+  int status = 0;
+  ::waitpid(pid, &status, 0);
+  if (out.empty() && !(WIFEXITED(status) && WEXITSTATUS(status) == 0))
+    out = "the child died (status " + std::to_string(status) + ")";
+  return out;
+}
+
+void check(bool ok, const std::string& what) {
+  if (!ok) throw std::runtime_error("check failed: " + what);
+}
+
+// Fills the filesystem of `dir` with a file until writing fails; returns its path.
+std::filesystem::path fill(const std::filesystem::path& dir) {
+  const auto p = dir / "filler";
+  std::ofstream f(p, std::ios::binary);
+  const std::string chunk(1 << 16, 'x');
+  while (f.write(chunk.data(), chunk.size()) && f.flush()) {
+  }
+  return p;
+}
+
+TieredOptions options(const std::filesystem::path& dir) {
+  TieredOptions o;
+  o.swap_dirs = {dir};
+  o.host_budget = 2ull << 20;
+  o.communicator = "single";
+  o.threads = 1;
+  o.tiers.telemetry = false;
+  o.tiers.device_mode = DeviceTierMode::off;
+  o.optimizer.subgroup_size = 16384;
+  o.optimizer.state_tier = OptimizerConfig::StateTier::nvme;
+  o.keep_swap_files = true;
+  o.resume = true;
+  return o;
+}
+
+struct Model {
+  TieredOptimizer t;
+  ParamId w;
+  explicit Model(const std::filesystem::path& dir) : t(options(dir)) {
+    w = t.add_param(t.add_group(GroupConfig::defaults(OptimizerKind::adamw)),
+                    {"w", {123, 457}, Dtype::bf16});
+    t.finalize();
+    if (!t.resumed())
+      t.optimizer().initialize([](ParamId, std::uint64_t off, float* o, std::uint64_t n) {
+        for (std::uint64_t i = 0; i < n; ++i) o[i] = 1e-3f * static_cast<float>((off + i) % 71);
+      });
+  }
+  void step() {
+    ShardedOptimizer& opt = t.optimizer();
+    opt.begin_backward();
+    std::vector<std::uint16_t> g(opt.param(w).numel(), float_to_bf16(0.01f));
+    opt.add_grad(w, g.data(), Dtype::bf16);
+    opt.end_backward();
+    opt.step();
+  }
+};
+
+std::string error_of(const std::function<void()>& f) {
+  try {
+    f();
+  } catch (const std::exception& e) {
+    return e.what();
+  }
+  return "";
+}
+
+}  // namespace
+
+TEST(FullDisk, AStepWithoutRoomFailsNamingTheFileAndTheNextOneAfterFreeingSucceeds) {
+  TempDir mnt;
+  const std::string r = with_small_filesystem(mnt.path(), 24, [&] {
+    const auto swap = mnt.path() / "swap";
+    std::filesystem::create_directories(swap);
+    std::vector<float> before;
+    {
+      Model m(swap);
+      m.step();
+      before = m.t.optimizer().gather(m.w);
+      const auto filler = fill(mnt.path());
+      const std::string e = error_of([&] { m.step(); });
+      check(!e.empty(), "a step on a full filesystem succeeded");
+      check(e.find("tierswap.manifest") != std::string::npos, "the error names the file: " + e);
+      check(e.find("No space left") != std::string::npos, "the error says ENOSPC: " + e);
+      check(m.t.optimizer().step_count() == 1, "the failed step was rolled back");
+      check(m.t.optimizer().gather(m.w) == before, "the committed state is unchanged");
+      std::filesystem::remove(filler);
+      m.step();  // room again: the same step succeeds
+      check(m.t.optimizer().step_count() == 2, "the step after freeing space succeeded");
+    }
+    Model again(swap);  // what is on disk is the committed generation of step 2
+    check(again.t.resumed() && again.t.optimizer().step_count() == 2, "resumed at step 2");
+  });
+  if (r.rfind("skip:", 0) == 0) GTEST_SKIP() << r;
+  EXPECT_EQ(r, "");
+}
+
+TEST(FullDisk, ASaveWithoutRoomFailsNamingTheFileAndThePreviousCheckpointStillLoads) {
+  TempDir mnt, swap;
+  const std::string r = with_small_filesystem(mnt.path(), 8, [&] {
+    const auto ckpt = mnt.path() / "ckpt";
+    Model m(swap.path());
+    m.step();
+    m.t.optimizer().save(ckpt);
+    const auto saved = m.t.optimizer().gather(m.w);
+    m.step();
+    const auto filler = fill(mnt.path());
+    const std::string e = error_of([&] { m.t.optimizer().save(ckpt); });
+    check(!e.empty(), "a save into a full filesystem succeeded");
+    check(e.find(ckpt.string()) != std::string::npos, "the error names the file: " + e);
+    check(e.find("No space left") != std::string::npos, "the error says ENOSPC: " + e);
+    std::filesystem::remove(filler);
+    m.t.optimizer().load(ckpt);  // the previous checkpoint, intact
+    check(m.t.optimizer().gather(m.w) == saved, "the previous checkpoint loads bit for bit");
+    check(m.t.optimizer().step_count() == 1, "at its step");
+    m.t.optimizer().save(ckpt);  // and with room a save succeeds
+  });
+  if (r.rfind("skip:", 0) == 0) GTEST_SKIP() << r;
+  EXPECT_EQ(r, "");
+}

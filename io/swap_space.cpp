@@ -21,6 +21,7 @@
 
 #include <fmt/format.h>
 #include "tierswap/detail/json.hpp"
+#include "tierswap/detail/paths.hpp"
 
 namespace tierswap {
 namespace {
@@ -170,6 +171,7 @@ void check_dirs(const std::vector<std::filesystem::path>& dirs) {
     if (!std::filesystem::is_directory(dirs[i], ec))
       throw std::invalid_argument(
           fmt::format("swap space: dirs[{}]={} is not an existing directory", i, dirs[i].string()));
+    detail::check_trusted_dir(dirs[i], fmt::format("swap space: dirs[{}]", i));
     for (std::size_t j = 0; j < i; ++j) {
       if (std::filesystem::equivalent(dirs[i], dirs[j], ec))
         throw std::invalid_argument(fmt::format(

@@ -25,6 +25,7 @@
 #include "tierswap/checksum.hpp"
 #include "tierswap/detail/json.hpp"
 #include "tierswap/detail/manifest.hpp"
+#include "tierswap/detail/paths.hpp"
 #include "tierswap/error.hpp"
 #include "tierswap/log.hpp"
 
@@ -114,6 +115,7 @@ void ShardedOptimizer::save(const std::filesystem::path& dir) {
   std::error_code ec;
   std::filesystem::create_directories(dir, ec);
   if (ec) throw_errno(ec.value(), "create checkpoint directory " + dir.string());
+  detail::check_trusted_dir(dir, "save: checkpoint directory");
   std::uint64_t id = 0;
   if (m.rank == 0) id = std::random_device{}() * 0x100000001ull ^ std::random_device{}();
   m.comm.broadcast(&id, sizeof id, 0);
@@ -222,6 +224,7 @@ void ShardedOptimizer::load(const std::filesystem::path& dir) {
   if (m.spec_pending())
     throw std::logic_error("load: speculative steps of an overlapped backward wait for step()");
   const auto man_path = dir / kManifest;
+  if (std::filesystem::exists(dir)) detail::check_trusted_dir(dir, "load: checkpoint directory");
   if (!std::filesystem::exists(man_path))
     throw std::runtime_error(
         fmt::format("checkpoint {}: no {} (not a checkpoint, or its save did not finish)",

@@ -19,6 +19,7 @@
 #include "src/optim/optimizer_impl.hpp"
 #include "tierswap/communicator.hpp"
 #include "tierswap/detail/manifest.hpp"
+#include "tierswap/detail/paths.hpp"
 #include "tierswap/io_engine.hpp"
 #include "tierswap/swap_space.hpp"
 #include "tierswap/thread_pool.hpp"
@@ -77,18 +78,13 @@ void check_free_space(const std::vector<std::filesystem::path>& dirs, std::uint6
 std::filesystem::path rank_dir(const std::filesystem::path& dir, int rank, bool resume,
                                bool* earlier) {
   std::error_code ec;
-  const auto st = std::filesystem::symlink_status(dir, ec);
-  if (ec || !std::filesystem::is_directory(st))
-    throw std::invalid_argument(fmt::format("swap_dirs: {} is {}", dir.string(),
-                                            ec ? "missing"
-                                            : std::filesystem::is_symlink(st)
-                                                ? "a symbolic link (refused)"
-                                                : "not a directory"));
+  detail::check_trusted_dir(dir, "swap_dirs:");
   if (::access(dir.c_str(), W_OK | X_OK) != 0)
     throw std::invalid_argument(fmt::format("swap_dirs: {} is not writable", dir.string()));
   auto sub = dir / fmt::format("tierswap-rank{}", rank);
   if (::mkdir(sub.c_str(), 0700) != 0 && errno != EEXIST)
     throw std::system_error(errno, std::system_category(), "mkdir " + sub.string());
+  detail::check_trusted_dir(sub, "swap directory", /*private_dir=*/true);
   for (auto name : {SwapSpace::kFileName, detail::kManifestName}) {
     if (!std::filesystem::exists(sub / name, ec)) continue;
     *earlier = true;

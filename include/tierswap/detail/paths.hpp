@@ -1,0 +1,19 @@
+// Directories tierswap writes state into or reads it back from (swap directories, their rank
+// subdirectories, checkpoint directories) must be ones no other user can tamper with: a symbolic
+// link could point the files anywhere; a directory owned by another user, or world-writable
+// without the sticky bit, lets someone else replace them.
+#pragma once
+
+#include <filesystem>
+#include <string_view>
+
+namespace tierswap::detail {
+
+/// Throws std::invalid_argument naming `role` and `dir` unless `dir` exists, is a directory and
+/// not a symbolic link, is owned by this user or by root, and is not writable by others without
+/// the sticky bit (/var/tmp and /tmp, 1777 root, pass). `private_dir`: also not writable by group
+/// or others at all (a directory tierswap made for itself, 0700).
+void check_trusted_dir(const std::filesystem::path& dir, std::string_view role,
+                       bool private_dir = false);
+
+}  // namespace tierswap::detail

@@ -81,7 +81,8 @@ inline OptimizerConfig model_config() {
 }
 
 /// Registers the model (groups and parameters) with `opt` and finalizes it.
-inline ModelOptimizer build_model(ShardedOptimizer& opt) {
+/// The model's groups and parameters, then finalize() (unless `finalize` is false: resume()).
+inline ModelOptimizer build_model(ShardedOptimizer& opt, bool finalize = true) {
   GroupConfig decay;
   decay.lr = 1e-3;
   decay.weight_decay = 0.1;
@@ -94,7 +95,7 @@ inline ModelOptimizer build_model(ShardedOptimizer& opt) {
   ModelOptimizer m;
   for (const auto& p : model_params())
     m.ids.push_back(opt.add_param(p.group, {p.name, p.shape, Dtype::f16, p.trainable}));
-  opt.finalize();
+  if (finalize) opt.finalize();
   return m;
 }
 

@@ -6,6 +6,8 @@
 #    taking gradients through add_grad_device with bound device copies of the 16-bit parameters
 #    (a simulated device tier);
 #  - a checkpoint saved at 3 ranks after step 10 resumes at 2 ranks to the same bits;
+#  - 3 ranks stopped after step 4 with their swap files kept resume from them (resume()) to the
+#    same bits;
 #  - 3 ranks agree with torch.optim.AdamW (the fixture).
 # Inputs: -DPROG= -DMPIEXEC= -DWORK= -DFIXTURE=
 set(ENV{OMPI_ALLOW_RUN_AS_ROOT} 1)
@@ -34,7 +36,9 @@ run(3 --out ${WORK}/np3ncov.bin --no-coalesce --overlap)
 run(3 --out ${WORK}/np3dev.bin --device-grads)
 run(3 --out ${WORK}/np3ovip.bin --overlap --param16-in-place)
 run(2 --out ${WORK}/resume.bin --save-at 10 ${WORK}/ckpt3 --load ${WORK}/ckpt3)
-foreach(f np2 np3 np4 np3nc np2ov np3ncov np3dev np3ovip resume)
+run(3 --stop-at 4 ${WORK}/swap3)  # 3 ranks stop after step 4 keeping their swap files ...
+run(3 --out ${WORK}/np3swap.bin --resume ${WORK}/swap3)  # ... and resume from them
+foreach(f np2 np3 np4 np3nc np2ov np3ncov np3dev np3ovip resume np3swap)
   execute_process(COMMAND ${CMAKE_COMMAND} -E compare_files ${WORK}/np1.bin ${WORK}/${f}.bin
                   RESULT_VARIABLE same)
   if(NOT same EQUAL 0)

@@ -26,8 +26,9 @@
 using namespace tierswap;
 
 int main(int argc, char** argv) {
-  std::string out, save_dir, load_dir, fixture;
-  int save_at = 0;
+  std::string out, save_dir, load_dir, fixture, swap_dir;
+  int save_at = 0, stop_at = 0;
+  bool resume = false;
   bool coalesce = true, overlap = false, device_grads = false, in_place16 = false;
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
@@ -37,6 +38,10 @@ int main(int argc, char** argv) {
       save_at = std::stoi(argv[++i]), save_dir = argv[++i];
     else if (a == "--load" && i + 1 < argc)
       load_dir = argv[++i];
+    else if (a == "--stop-at" && i + 2 < argc)  // keep the swap files in DIR, stop after N
+      stop_at = std::stoi(argv[++i]), swap_dir = argv[++i];
+    else if (a == "--resume" && i + 1 < argc)  // continue from the swap files in DIR
+      resume = true, swap_dir = argv[++i];
     else if (a == "--fixture" && i + 1 < argc)
       fixture = argv[++i];
     else if (a == "--no-coalesce")
@@ -49,7 +54,8 @@ int main(int argc, char** argv) {
       in_place16 = true;
     else {
       std::cerr << "usage: optimizer_mpi --out FILE [--save-at N DIR] [--load DIR] [--fixture F] "
-                   "[--no-coalesce] [--overlap [--param16-in-place]] [--device-grads]\n";
+                   "[--no-coalesce] [--overlap [--param16-in-place]] [--device-grads] "
+                   "[--stop-at N DIR | --resume DIR]\n";
       return 2;
     }
   }
@@ -59,8 +65,12 @@ int main(int argc, char** argv) {
     test::TempDir dir;
     SwapSpaceConfig sc;
     sc.dirs = {dir.path()};
+    if (!swap_dir.empty()) {  // a swap directory that outlives the process (--stop-at, --resume)
+      sc.dirs = {std::filesystem::path(swap_dir) / ("rank" + std::to_string(rank))};
+      std::filesystem::create_directories(sc.dirs[0]);
+    }
     sc.capacity = 64 << 20;
-    SwapSpace space = SwapSpace::create(sc);
+    SwapSpace space = resume ? SwapSpace::open(sc.dirs) : SwapSpace::create(sc);
     IoEngine engine(space);
     TierConfig tc;
     tc.host_budget = 1 << 20;  // far below the state: everything streams through NVMe
@@ -75,9 +85,12 @@ int main(int argc, char** argv) {
     oc.overlap = overlap;    // sub-groups step speculatively as their reduced gradient arrives
     oc.overlap_param16_in_place = in_place16;
     ShardedOptimizer opt(tiers, *comm, oc);
-    auto m = test::build_model(opt);
+    auto m = test::build_model(opt, !resume);
     int first = 1;
-    if (!load_dir.empty()) {
+    if (resume) {
+      if (!opt.resume()) throw std::runtime_error("--resume: nothing to resume in " + swap_dir);
+      first = static_cast<int>(opt.step_count()) + 1;  // no skipped step before --stop-at
+    } else if (!load_dir.empty()) {
       opt.load(load_dir);
       first = save_at > 0 ? save_at + 1 : 11;
     } else {
@@ -104,7 +117,9 @@ int main(int argc, char** argv) {
         v.assign(opt.param(m.ids[p]).numel(), 0);
         opt.bind_param16_device(m.ids[p], v.data());
       }
-    const auto res = test::train(opt, m, first, 20, rank, world, device_grads);
+    const auto res =
+        test::train(opt, m, first, stop_at > 0 ? stop_at : 20, rank, world, device_grads);
+    if (stop_at > 0) return 0;  // the swap files stay, as a crash leaves them
     for (const auto& [id, v] : bound) {
       const auto now = opt.param16(id);
       if (!std::equal(now.begin(), now.end(), v.begin(), v.end()))

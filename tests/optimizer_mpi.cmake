@@ -7,7 +7,7 @@
 #    (a simulated device tier);
 #  - a checkpoint saved at 3 ranks after step 10 resumes at 2 ranks to the same bits;
 #  - 3 ranks stopped after step 4 with their swap files kept resume from them (resume()) to the
-#    same bits;
+#    same bits, and so do 3 ranks of which only rank 0 committed step 5 (it steps back);
 #  - 3 ranks agree with torch.optim.AdamW (the fixture).
 # Inputs: -DPROG= -DMPIEXEC= -DWORK= -DFIXTURE=
 set(ENV{OMPI_ALLOW_RUN_AS_ROOT} 1)
@@ -38,7 +38,9 @@ run(3 --out ${WORK}/np3ovip.bin --overlap --param16-in-place)
 run(2 --out ${WORK}/resume.bin --save-at 10 ${WORK}/ckpt3 --load ${WORK}/ckpt3)
 run(3 --stop-at 4 ${WORK}/swap3)  # 3 ranks stop after step 4 keeping their swap files ...
 run(3 --out ${WORK}/np3swap.bin --resume ${WORK}/swap3)  # ... and resume from them
-foreach(f np2 np3 np4 np3nc np2ov np3ncov np3dev np3ovip resume np3swap)
+run(3 --stop-at 5 ${WORK}/swap3lag)  # stopped after step 5, and ranks 1, 2 as if they had not
+run(3 --out ${WORK}/np3lag.bin --resume-lagging ${WORK}/swap3lag)  # committed it: rank 0 steps back
+foreach(f np2 np3 np4 np3nc np2ov np3ncov np3dev np3ovip resume np3swap np3lag)
   execute_process(COMMAND ${CMAKE_COMMAND} -E compare_files ${WORK}/np1.bin ${WORK}/${f}.bin
                   RESULT_VARIABLE same)
   if(NOT same EQUAL 0)

@@ -28,7 +28,7 @@ using namespace tierswap;
 int main(int argc, char** argv) {
   std::string out, save_dir, load_dir, fixture, swap_dir;
   int save_at = 0, stop_at = 0;
-  bool resume = false;
+  bool resume = false, lagging = false;
   bool coalesce = true, overlap = false, device_grads = false, in_place16 = false;
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
@@ -42,6 +42,8 @@ int main(int argc, char** argv) {
       stop_at = std::stoi(argv[++i]), swap_dir = argv[++i];
     else if (a == "--resume" && i + 1 < argc)  // continue from the swap files in DIR
       resume = true, swap_dir = argv[++i];
+    else if (a == "--resume-lagging" && i + 1 < argc)  // as if ranks > 0 missed the last commit
+      resume = lagging = true, swap_dir = argv[++i];
     else if (a == "--fixture" && i + 1 < argc)
       fixture = argv[++i];
     else if (a == "--no-coalesce")
@@ -55,7 +57,7 @@ int main(int argc, char** argv) {
     else {
       std::cerr << "usage: optimizer_mpi --out FILE [--save-at N DIR] [--load DIR] [--fixture F] "
                    "[--no-coalesce] [--overlap [--param16-in-place]] [--device-grads] "
-                   "[--stop-at N DIR | --resume DIR]\n";
+                   "[--stop-at N DIR | --resume DIR | --resume-lagging DIR]\n";
       return 2;
     }
   }
@@ -80,6 +82,9 @@ int main(int argc, char** argv) {
     tc.durable = false;
     tc.telemetry = false;
     TierManager tiers(space, engine, tc);
+    // A job killed between the ranks' commits of the last step: ranks > 0 never committed it.
+    if (lagging && rank > 0 && !tiers.roll_back_generation())
+      throw std::runtime_error("--resume-lagging: no generation to roll back to");
     OptimizerConfig oc = test::model_config();
     oc.coalesce = coalesce;  // off: one reduce-scatter per backward pass instead of per step
     oc.overlap = overlap;    // sub-groups step speculatively as their reduced gradient arrives

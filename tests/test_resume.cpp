@@ -2,7 +2,8 @@
 // crash leaves them) and resumed reaches, after more steps, the same bits as a run that never
 // stopped; the step count, loss scaler and hyper-parameters come back from the commit record;
 // a directory of another model, world size, version or a memory-only run is refused by name and
-// left as it was; an empty directory starts afresh.
+// left as it was; an empty directory starts afresh; a generation rolls back once, onto data that
+// still matches its checksums.
 #include <gtest/gtest.h>
 
 #include <cstring>
@@ -11,6 +12,9 @@
 
 #include "test_util.hpp"
 #include "tierswap/communicator.hpp"
+#include "tierswap/detail/manifest.hpp"
+#include "tierswap/io_engine.hpp"
+#include "tierswap/swap_space.hpp"
 #include "tierswap/tiered_optimizer.hpp"
 
 using namespace tierswap;
@@ -267,4 +271,70 @@ TEST(Resume, ARunWhoseResidentStateWasMemoryOnlyCannotResume) {
   } catch (const std::runtime_error& e) {
     EXPECT_NE(std::string(e.what()).find("persist_resident_state"), std::string::npos) << e.what();
   }
+}
+
+namespace {
+
+std::unique_ptr<TierManager> open_tiers(SwapSpace& space, IoEngine& engine) {
+  TierConfig tc;
+  tc.telemetry = false;
+  tc.device_mode = DeviceTierMode::off;
+  return std::make_unique<TierManager>(space, engine, tc);
+}
+
+// Two steps in `dir`, files kept; returns the state after the first.
+State two_steps(const std::filesystem::path& dir) {
+  TieredOptimizer t(options(dir));
+  const Model m = add_params(t);
+  t.finalize();
+  init(t.optimizer());
+  step(t.optimizer(), m);
+  State at1 = state(t, m);
+  step(t.optimizer(), m);
+  return at1;
+}
+
+}  // namespace
+
+TEST(Resume, RollingBackAGenerationReturnsToThePreviousStepOnce) {
+  TempDir dir;
+  const State at1 = two_steps(dir.path());
+  {
+    SwapSpace space = SwapSpace::open({dir.path() / "tierswap-rank0"});
+    IoEngine engine(space);
+    auto tiers = open_tiers(space, engine);
+    EXPECT_TRUE(tiers->roll_back_generation());
+    EXPECT_FALSE(tiers->roll_back_generation());  // the generation before that is gone
+  }
+  TieredOptimizer t(options(dir.path()));
+  const Model m = add_params(t);
+  t.finalize();
+  ASSERT_TRUE(t.resumed());
+  expect_same(state(t, m), at1);
+}
+
+TEST(Resume, RollingBackOntoOverwrittenDataIsRefusedByBlockName) {
+  TempDir dir;
+  two_steps(dir.path());
+  const auto path = dir.path() / "tierswap-rank0" / "tierswap.manifest";
+  auto j = nlohmann::json::parse(detail::read_manifest_file(path));
+  std::string victim;
+  for (auto& b : j["blocks"])
+    if (b.contains("previous") && b["previous"][1].get<bool>()) {
+      b["previous"][3] = "1234";  // as if the previous extent had been overwritten since
+      victim = b["name"].get<std::string>();
+      break;
+    }
+  ASSERT_FALSE(victim.empty());
+  detail::write_manifest_file(path, j.dump(), false);
+  SwapSpace space = SwapSpace::open({dir.path() / "tierswap-rank0"});
+  IoEngine engine(space);
+  auto tiers = open_tiers(space, engine);
+  try {
+    tiers->roll_back_generation();
+    FAIL() << "rolled back onto data that does not match";
+  } catch (const std::runtime_error& e) {
+    EXPECT_NE(std::string(e.what()).find(victim), std::string::npos) << e.what();
+  }
+  EXPECT_EQ(tiers->committed_generation(), 3u);  // nothing changed
 }

@@ -262,8 +262,12 @@ class ShardedOptimizer {
   /// true: the next step is step_count() + 1 (a step that was running at the crash never
   /// committed and is redone). When it holds none it is finalize() and returns false
   /// (initialize() or load() comes next). A loss-scale back-off of a skipped step is not
-  /// committed (the redone step skips again). Collective: the ranks must all resume the same
-  /// step. Needs the state on NVMe (persist_resident_state, the default).
+  /// committed (the redone step skips again). Collective. The ranks commit a step one after
+  /// another: after a job killed between their commits, the ranks one step ahead roll back to
+  /// the generation before (TierManager::roll_back_generation(); its data is intact, since no
+  /// rank writes the next step's state before every rank has reduced its gradients), so all
+  /// resume the same step; ranks further apart are an error. Needs the state on NVMe
+  /// (persist_resident_state, the default).
   bool resume();
   bool finalized() const noexcept;
   /// Places sub-groups by `plan` (see OptimizerConfig::plan_file) at finalize(). Sub-groups the

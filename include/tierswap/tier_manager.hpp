@@ -292,6 +292,15 @@ class TierManager {
   void set_commit_record(std::string record);
   /// The record of the committed generation (empty when none was set or opened).
   std::string commit_record() const;
+  /// Makes the generation before the committed one the committed one again, on disk: every
+  /// block the last commit changed returns to its previous extent (read back and checked
+  /// against its checksum first), the previous commit record with it. For a group of processes
+  /// whose commits of one step did not all happen (a job killed between them): the ones ahead
+  /// step back. Only right after opening a manifest, before any block is used, with shadow
+  /// slots, and once (the generation before that is gone). Returns false when there is no
+  /// previous generation to return to; throws std::runtime_error naming the block when its
+  /// previous data no longer matches (overwritten), std::logic_error when blocks are in use.
+  bool roll_back_generation();
 
   ResidencySnapshot snapshot() const;
   TierCounters counters() const;
@@ -327,12 +336,22 @@ struct ManifestInfo {
     std::uint64_t checksum = 0;    ///< XXH3-64 of the committed data
     bool transient = false;
     bool memory_only = false;
+    /// The committed data the last commit replaced (shadow slots; absent when it left the block
+    /// as it was): what TierManager::roll_back_generation() returns to.
+    struct Previous {
+      int slot = 0;
+      bool has_data = false;
+      std::uint64_t generation = 0;
+      std::uint64_t checksum = 0;
+    };
+    std::optional<Previous> previous;
   };
   std::string space_uuid;
   std::uint64_t generation = 0;
   bool shadow_slots = true;
   std::vector<Block> blocks;
-  std::string record;  ///< the owner's commit record (TierManager::commit_record)
+  std::string record;           ///< the owner's commit record (TierManager::commit_record)
+  std::string previous_record;  ///< the record of the generation before (empty: none)
 };
 ManifestInfo read_manifest(const std::filesystem::path& path);
 

@@ -16,7 +16,8 @@ void check_trusted_dir(const std::filesystem::path& dir, std::string_view role, 
     return std::invalid_argument(fmt::format("{} {}: {} (refused)", role, dir.string(), why));
   };
   struct stat st {};
-  if (::lstat(dir.c_str(), &st) != 0) throw refuse(std::strerror(errno));
+  if (::lstat(dir.c_str(), &st) != 0)
+    throw refuse(errno == ENOENT ? "is missing" : std::strerror(errno));
   if (S_ISLNK(st.st_mode))
     throw refuse("is a symbolic link (give the directory it points to, if it is yours)");
   if (!S_ISDIR(st.st_mode)) throw refuse("is not a directory");

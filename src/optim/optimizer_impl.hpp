@@ -357,6 +357,9 @@ struct ShardedOptimizer::Impl {
   void check_record(const nlohmann::json& rec);
   /// resume(), after layout(): the record's groups against the layout.
   void check_record_layout();
+  /// resume(): every rank at the same step; a rank one step ahead of the others rolls its tier
+  /// manager back a generation (a job killed between the ranks' commits).
+  void agree_on_step();
   /// resume(), after the blocks: hyper-parameters, step count and loss scaler from the record,
   /// the ranks' steps agreed, the 16-bit parameters recomputed from the master weights.
   void restore_from_record();

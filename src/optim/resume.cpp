@@ -5,6 +5,8 @@
 // loss scaler and hyper-parameters from the record.
 #include <fmt/format.h>
 
+#include <algorithm>
+
 #include <nlohmann/json.hpp>
 
 #include "src/optim/optimizer_impl.hpp"
@@ -95,7 +97,45 @@ void ShardedOptimizer::Impl::check_record_layout() {
                             part[gi], groups[gi].part));
 }
 
+// The ranks commit a step one after the other: a job killed between their commits leaves some
+// ranks one step ahead. Those step back to the generation before (its data is still in the
+// other slot: no rank can write the next step's state before every rank reduced its gradients).
+void ShardedOptimizer::Impl::agree_on_step() {
+  const auto step_of = [&] {
+    return detail::json_int<std::uint64_t>(parse_record(tiers, resume_record).at("step"));
+  };
+  const std::uint64_t mine = step_of();
+  std::vector<double> steps(world, 0.0);  // exact: steps are far below 2^53
+  steps[rank] = static_cast<double>(mine);
+  comm.all_reduce_sum(steps.data(), steps.size());
+  const auto [lo, hi] = std::minmax_element(steps.begin(), steps.end());
+  if (*hi - *lo > 1)
+    throw record_error(tiers, fmt::format("the ranks committed steps {} to {}: more than one "
+                                          "apart, not from one run; restore a save() checkpoint",
+                                          *lo, *hi));
+  std::string err;
+  if (static_cast<double>(mine) == *hi && *hi != *lo) {
+    try {
+      if (!tiers.roll_back_generation())
+        err = "no earlier generation to step back to";
+      else if (resume_record = tiers.commit_record(); step_of() + 1 != mine)
+        err = fmt::format("the earlier generation holds step {}, not {}", step_of(), mine - 1);
+    } catch (const std::exception& e) {
+      err = e.what();
+    }
+    if (err.empty())
+      log(LogLevel::info, fmt::format("resume: rank {} committed step {} before the job stopped, "
+                                      "other ranks did not: stepped back to step {}",
+                                      rank, mine, mine - 1));
+  }
+  if (comm.all_reduce_or(!err.empty()))
+    throw record_error(tiers, fmt::format("the ranks committed steps {} and {} and rank {} could "
+                                          "not step back{}{}; restore a save() checkpoint",
+                                          *lo, *hi, rank, err.empty() ? "" : ": ", err));
+}
+
 void ShardedOptimizer::Impl::restore_from_record() {
+  agree_on_step();
   const nlohmann::json j = parse_record(tiers, resume_record);
   std::vector<std::uint64_t> part;
   const auto cfgs = check_groups(
@@ -104,15 +144,6 @@ void ShardedOptimizer::Impl::restore_from_record() {
   scale = j.at("loss_scale").get<double>();
   growth_tracker = detail::json_int<std::uint32_t>(j.at("growth_tracker"));
   for (std::size_t gi = 0; gi < groups.size(); ++gi) groups[gi].cfg = cfgs[gi];
-  // Every rank committed the same step, or the job died between the ranks' commits.
-  std::uint64_t first = step_count;
-  comm.broadcast(&first, sizeof first, 0);
-  if (comm.all_reduce_or(first != step_count))
-    throw record_error(
-        tiers, fmt::format("the ranks committed different steps (rank {}: step {}, rank 0: step "
-                           "{}): the job stopped between their commits; restore a save() "
-                           "checkpoint",
-                           rank, step_count, first));
   drop_all_grads();
   refresh_param16();
   upload16_all();

@@ -135,7 +135,7 @@ std::filesystem::path TierManager::Impl::manifest_path() const {
 }
 
 // The block table as it will be once the open generation is committed.
-std::string TierManager::Impl::manifest_payload() const {
+std::string TierManager::Impl::manifest_payload(const std::string& previous_record) const {
   nlohmann::json j;
   j["format"] = "tierswap-manifest";
   j["space_uuid"] = space.uuid();
@@ -162,10 +162,13 @@ std::string TierManager::Impl::manifest_payload() const {
     if (b.desc.memory_only) e["memory_only"] = true;
     e["generation"] = w ? committed_gen + 1 : b.data_gen;
     e["checksum"] = checksum_hex(w ? b.written_checksum : b.checksum);
+    if (cfg.shadow_slots && !b.desc.transient && (w || b.trimmed))  // what this commit replaces
+      e["previous"] = {b.committed, b.has_data, b.data_gen, checksum_hex(b.checksum)};
     arr.push_back(std::move(e));
   }
   j["blocks"] = std::move(arr);
   if (!pending_record.empty()) j["record"] = pending_record;
+  if (!previous_record.empty()) j["previous_record"] = previous_record;
   return j.dump();
 }
 
@@ -184,6 +187,7 @@ void TierManager::Impl::load_manifest() {
   committed_gen = info.generation;
   record = info.record;
   pending_record = info.record;
+  prev_record = info.previous_record;
   for (const auto& m : info.blocks) {
     auto b = std::make_unique<Block>();
     b->desc = {m.name,       m.cls, m.dtype, m.numel, m.owner, m.transient || m.memory_only,
@@ -206,26 +210,32 @@ void TierManager::Impl::load_manifest() {
     b->has_data = m.has_data;
     b->data_gen = m.generation;
     b->checksum = m.checksum;
+    if (m.previous) {
+      const auto& p = *m.previous;
+      b->prev = {true, p.slot, p.has_data, p.generation, p.checksum};
+    }
     b->id = static_cast<BlockId>(blocks.size());
     names.emplace(m.name, b->id);
     blocks.push_back(std::move(b));
   }
 }
 
+void TierManager::Impl::verify_extent(const Block& b, int slot, std::uint64_t sum,
+                                      std::uint64_t gen) {
+  AlignedBuffer buf(b.alloc_bytes, std::max<std::uint64_t>(4096, space.memory_alignment()));
+  engine.read(offset_of(b, slot), buf.data(), b.alloc_bytes).wait();
+  const std::uint64_t got = checksum64(buf.data(), b.bytes);
+  if (got != sum)
+    throw std::runtime_error(
+        fmt::format("manifest {}: block '{}' (generation {}): data checksum {} does not match the "
+                    "manifest's {} (extent @{}+{}): the swap file is corrupt",
+                    manifest_path().string(), b.desc.name, gen, checksum_hex(got),
+                    checksum_hex(sum), b.slot[slot].offset, b.alloc_bytes));
+}
+
 void TierManager::Impl::verify_blocks() {
-  for (auto& bp : blocks) {
-    Block& b = *bp;
-    if (!b.has_data) continue;
-    AlignedBuffer buf(b.alloc_bytes, std::max<std::uint64_t>(4096, space.memory_alignment()));
-    engine.read(offset_of(b, b.committed), buf.data(), b.alloc_bytes).wait();
-    const std::uint64_t got = checksum64(buf.data(), b.bytes);
-    if (got != b.checksum)
-      throw std::runtime_error(fmt::format(
-          "manifest {}: block '{}' (generation {}): data checksum {} does not match the "
-          "manifest's {} (extent @{}+{}): the swap file is corrupt",
-          manifest_path().string(), b.desc.name, b.data_gen, checksum_hex(got),
-          checksum_hex(b.checksum), b.slot[b.committed].offset, b.alloc_bytes));
-  }
+  for (auto& bp : blocks)
+    if (bp->has_data) verify_extent(*bp, bp->committed, bp->checksum, bp->data_gen);
   checksums_verified = true;
 }
 
@@ -272,6 +282,8 @@ ManifestInfo read_manifest(const std::filesystem::path& path) {
     info.generation = detail::json_int<std::uint64_t>(j.at("generation"));
     info.shadow_slots = j.at("shadow_slots").get<bool>();
     if (j.contains("record")) info.record = j.at("record").get<std::string>();
+    if (j.contains("previous_record"))
+      info.previous_record = j.at("previous_record").get<std::string>();
     for (auto& e : j.at("blocks")) {
       ManifestInfo::Block b;
       b.name = e.at("name").get<std::string>();
@@ -298,6 +310,17 @@ ManifestInfo read_manifest(const std::filesystem::path& path) {
       b.generation = detail::json_int<std::uint64_t>(e.at("generation"));
       b.checksum = std::stoull(e.at("checksum").get<std::string>(), nullptr, 16);
       b.transient = e.value("transient", false);
+      if (e.contains("previous")) {
+        const auto& x = e.at("previous");
+        ManifestInfo::Block::Previous p;
+        p.slot = detail::json_int<int>(x.at(0));
+        p.has_data = x.at(1).get<bool>();
+        p.generation = detail::json_int<std::uint64_t>(x.at(2));
+        p.checksum = std::stoull(x.at(3).get<std::string>(), nullptr, 16);
+        if (p.slot < 0 || p.slot >= static_cast<int>(b.slots.size()))
+          throw bad(fmt::format("block '{}': previous slot {}", b.name, p.slot));
+        b.previous = p;
+      }
       check_block_fields(b, bad);
       if (!names.insert(b.name).second) throw bad(fmt::format("block '{}' listed twice", b.name));
       info.blocks.push_back(std::move(b));

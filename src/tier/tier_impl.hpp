@@ -93,6 +93,15 @@ struct Block {
   bool queued = false;
   std::shared_ptr<Op> op;  // in-flight transfer of the host copy
   std::uint64_t last_use = 0;
+  // The committed data the last commit replaced (shadow slots), for roll_back_generation():
+  // still in its slot until the next generation writes there. Not valid when the last commit
+  // left the block as it was.
+  struct Previous {
+    bool valid = false;
+    int slot = 0;
+    bool has_data = false;
+    std::uint64_t gen = 0, checksum = 0;
+  } prev;
 
   int write_slot() const { return nslots == 2 ? 1 - committed : committed; }
   bool nvme_has_data() const { return (has_data && !trimmed) || written; }
@@ -144,6 +153,7 @@ struct TierManager::Impl {
   std::uint64_t committed_gen = 0;
   std::string record;          // commit record of the committed generation
   std::string pending_record;  // written by the next commit
+  std::string prev_record;     // the record of the generation before the committed one
   bool checksums_verified = false;
   bool stop = false;
   std::thread reaper;
@@ -312,7 +322,11 @@ struct TierManager::Impl {
   std::filesystem::path manifest_path() const;
 
   // The block table as it will be once the open generation is committed.
-  std::string manifest_payload() const;
+  /// The block table as it will be once the open generation is committed; `previous_record`:
+  /// the record of the generation it replaces (empty: none to roll back to).
+  std::string manifest_payload(const std::string& previous_record) const;
+  /// Reads `slot` of b and compares its checksum with `sum`; throws naming the block otherwise.
+  void verify_extent(const Block& b, int slot, std::uint64_t sum, std::uint64_t gen);
 
   void load_manifest();
 

@@ -1,5 +1,7 @@
 // TierManager: the public API (tier_manager.hpp) and its construction; the work is in
 // transfers.cpp, eviction.cpp, schedule.cpp, manifest.cpp and snapshot.cpp (see tier_impl.hpp).
+#include <utility>
+
 #include "src/tier/tier_impl.hpp"
 
 namespace tierswap {
@@ -405,12 +407,14 @@ std::uint64_t TierManager::commit() {
           fmt::format("commit: block '{}' has a writable view; release it first", b->desc.name));
   m.flush_locked(lk);
   if (m.cfg.durable) m.space.sync();
-  detail::write_manifest_file(m.manifest_path(), m.manifest_payload(), m.cfg.durable);
+  detail::write_manifest_file(m.manifest_path(), m.manifest_payload(m.record), m.cfg.durable);
   ++m.committed_gen;
-  m.record = m.pending_record;
+  m.prev_record = std::exchange(m.record, m.pending_record);
   for (auto& bp : m.blocks) {
     Block& b = *bp;
     if (b.desc.transient) continue;  // in-process contents only: nothing to commit
+    b.prev.valid = m.cfg.shadow_slots && (b.written || b.trimmed);
+    if (b.prev.valid) b.prev = {true, b.committed, b.has_data, b.data_gen, b.checksum};
     if (b.trimmed) {
       b.has_data = false;
       b.trimmed = false;
@@ -449,6 +453,35 @@ void TierManager::discard() {
   }
   ++m.ctr.discards;
   m.check_invariants();
+}
+
+bool TierManager::roll_back_generation() {
+  std::unique_lock lk(impl_->mu);
+  Impl& m = *impl_;
+  if (!m.cfg.shadow_slots || m.prev_record.empty()) return false;
+  for (auto& b : m.blocks)
+    if (b->changed() || b->pins[kDev] + b->pins[kHost] > 0 || b->op || b->busy)
+      throw std::logic_error(fmt::format(
+          "roll_back_generation: block '{}' is in use (only right after opening)", b->desc.name));
+  for (auto& bp : m.blocks)  // every previous extent checked before anything changes
+    if (bp->prev.valid && bp->prev.has_data)
+      m.verify_extent(*bp, bp->prev.slot, bp->prev.checksum, bp->prev.gen);
+  for (auto& bp : m.blocks) {
+    Block& b = *bp;
+    if (!b.prev.valid) continue;
+    for (int s : {kDev, kHost})
+      if (b.st[s] != CopyState::absent) m.drop(b, s);  // copies of the generation undone
+    b.committed = b.prev.slot;
+    b.has_data = b.prev.has_data;
+    b.data_gen = b.prev.gen;
+    b.checksum = b.prev.checksum;
+    b.prev.valid = false;
+  }
+  m.record = m.pending_record = std::exchange(m.prev_record, {});
+  detail::write_manifest_file(m.manifest_path(), m.manifest_payload({}), m.cfg.durable);
+  ++m.committed_gen;
+  m.check_invariants();
+  return true;
 }
 
 void TierManager::set_commit_record(std::string record) {

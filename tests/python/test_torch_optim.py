@@ -354,9 +354,9 @@ def test_bad_input_raises_naming_the_culprit(tmp_path):
     with pytest.raises(TypeError, match="unknown keyword argument 'swapdir'"):
         tt.AdamW(lin.parameters(), swapdir=sd)
     (tmp_path / "f").write_text("x")
-    with pytest.raises(ValueError, match=r"swap_dirs: .*/f is not a directory"):
+    with pytest.raises(ValueError, match=r"swap_dirs: .*/f: is not a directory"):
         tt.AdamW(lin.parameters(), swap_dir=str(tmp_path / "f"))
-    with pytest.raises(ValueError, match=r"swap_dirs: .*/nope is missing"):
+    with pytest.raises(ValueError, match=r"swap_dirs: .*/nope: is missing"):
         tt.AdamW(lin.parameters(), swap_dir=str(tmp_path / "nope"))
     with pytest.raises(ValueError, match="at least one swap directory"):
         tt.AdamW(lin.parameters(), swap_dir=[])

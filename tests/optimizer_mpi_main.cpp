@@ -25,43 +25,98 @@
 
 using namespace tierswap;
 
-int main(int argc, char** argv) {
+namespace {
+
+struct Args {
   std::string out, save_dir, load_dir, fixture, swap_dir;
   int save_at = 0, stop_at = 0;
   bool resume = false, lagging = false;
   bool coalesce = true, overlap = false, device_grads = false, in_place16 = false;
+};
+
+// Throws std::invalid_argument with the usage on a bad command line.
+Args parse_args(int argc, char** argv) {
+  Args o;
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
     if (a == "--out" && i + 1 < argc)
-      out = argv[++i];
+      o.out = argv[++i];
     else if (a == "--save-at" && i + 2 < argc)
-      save_at = std::stoi(argv[++i]), save_dir = argv[++i];
+      o.save_at = std::stoi(argv[++i]), o.save_dir = argv[++i];
     else if (a == "--load" && i + 1 < argc)
-      load_dir = argv[++i];
+      o.load_dir = argv[++i];
     else if (a == "--stop-at" && i + 2 < argc)  // keep the swap files in DIR, stop after N
-      stop_at = std::stoi(argv[++i]), swap_dir = argv[++i];
+      o.stop_at = std::stoi(argv[++i]), o.swap_dir = argv[++i];
     else if (a == "--resume" && i + 1 < argc)  // continue from the swap files in DIR
-      resume = true, swap_dir = argv[++i];
+      o.resume = true, o.swap_dir = argv[++i];
     else if (a == "--resume-lagging" && i + 1 < argc)  // as if ranks > 0 missed the last commit
-      resume = lagging = true, swap_dir = argv[++i];
+      o.resume = o.lagging = true, o.swap_dir = argv[++i];
     else if (a == "--fixture" && i + 1 < argc)
-      fixture = argv[++i];
+      o.fixture = argv[++i];
     else if (a == "--no-coalesce")
-      coalesce = false;
+      o.coalesce = false;
     else if (a == "--overlap")
-      overlap = true;
+      o.overlap = true;
     else if (a == "--device-grads")
-      device_grads = true;
+      o.device_grads = true;
     else if (a == "--param16-in-place")
-      in_place16 = true;
-    else {
-      std::cerr << "usage: optimizer_mpi --out FILE [--save-at N DIR] [--load DIR] [--fixture F] "
-                   "[--no-coalesce] [--overlap [--param16-in-place]] [--device-grads] "
-                   "[--stop-at N DIR | --resume DIR | --resume-lagging DIR]\n";
-      return 2;
+      o.in_place16 = true;
+    else
+      throw std::invalid_argument(
+          "usage: optimizer_mpi --out FILE [--save-at N DIR] [--load DIR] [--fixture F] "
+          "[--no-coalesce] [--overlap [--param16-in-place]] [--device-grads] "
+          "[--stop-at N DIR | --resume DIR | --resume-lagging DIR]");
+  }
+  return o;
+}
+
+// The whole model's master weights and both moments, gathered from the shards: each element has
+// one owner, so a sum of zeros and it is exact.
+std::vector<float> gather_state(ShardedOptimizer& opt, const test::ModelOptimizer& m,
+                                Communicator& comm) {
+  std::vector<float> dump;
+  for (std::size_t p = 0; p < m.ids.size(); ++p) {
+    if (!test::model_params()[p].trainable) continue;
+    for (auto cls : {BlockClass::master, BlockClass::exp_avg, BlockClass::exp_avg_sq}) {
+      std::vector<double> v(opt.param(m.ids[p]).numel(), 0.0);
+      for (auto& [off, vals] : opt.shard(m.ids[p], cls))
+        for (std::size_t i = 0; i < vals.size(); ++i) v[off + i] = vals[i];
+      comm.all_reduce_sum(v.data(), v.size());
+      for (double x : v) dump.push_back(static_cast<float>(x));
     }
   }
+  return dump;
+}
+
+// Differences of `dump` from torch.optim.AdamW's masters (the fixture), at most 5 printed.
+int compare_with_torch(const std::vector<float>& dump, const test::ModelOptimizer& m,
+                       const std::string& fixture) {
+  std::ifstream in(fixture);
+  const auto ref = nlohmann::json::parse(in);
+  std::size_t at = 0;
+  int bad = 0;
+  for (std::size_t p = 0; p < m.ids.size(); ++p) {
+    const auto& mp = test::model_params()[p];
+    if (!mp.trainable) continue;
+    const auto want = ref.at("params").at(mp.name).get<std::vector<std::uint32_t>>();
+    for (std::size_t i = 0; i < want.size(); ++i) {
+      float w;
+      std::memcpy(&w, &want[i], 4);
+      if (std::abs(static_cast<double>(dump[at + i]) - w) > 1e-6 * std::abs(w) + 1e-8 && bad++ < 5)
+        std::cerr << mp.name << "[" << i << "]: " << dump[at + i] << " vs torch " << w << "\n";
+    }
+    at += 3 * want.size();
+  }
+  return bad;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
   try {
+    const Args args = parse_args(argc, argv);
+    const auto& [out, save_dir, load_dir, fixture, swap_dir, save_at, stop_at, resume, lagging,
+                 coalesce, overlap, device_grads, in_place16] = args;
     auto comm = make_communicator("auto");
     const int rank = comm->rank(), world = comm->size();
     test::TempDir dir;
@@ -144,19 +199,7 @@ int main(int argc, char** argv) {
         throw std::runtime_error("on_param16_ready: the last values handed out for parameter " +
                                  std::to_string(id) + " are not param16()");
     }
-    // Gather the whole state: each element has one owner, so a sum of zeros and it is exact.
-    std::vector<float> dump;
-    std::vector<double> master_all;
-    for (std::size_t p = 0; p < m.ids.size(); ++p) {
-      if (!test::model_params()[p].trainable) continue;
-      for (auto cls : {BlockClass::master, BlockClass::exp_avg, BlockClass::exp_avg_sq}) {
-        std::vector<double> v(opt.param(m.ids[p]).numel(), 0.0);
-        for (auto& [off, vals] : opt.shard(m.ids[p], cls))
-          for (std::size_t i = 0; i < vals.size(); ++i) v[off + i] = vals[i];
-        comm->all_reduce_sum(v.data(), v.size());
-        for (double x : v) dump.push_back(static_cast<float>(x));
-      }
-    }
+    const std::vector<float> dump = gather_state(opt, m, *comm);
     int bad = 0;
     if (rank == 0) {
       std::ofstream f(out, std::ios::binary);
@@ -164,23 +207,7 @@ int main(int argc, char** argv) {
               static_cast<std::streamsize>(dump.size() * 4));
       if (!f) throw std::runtime_error("cannot write " + out);
       if (!fixture.empty()) {
-        std::ifstream in(fixture);
-        const auto ref = nlohmann::json::parse(in);
-        std::size_t at = 0;
-        for (std::size_t p = 0; p < m.ids.size(); ++p) {
-          const auto& mp = test::model_params()[p];
-          if (!mp.trainable) continue;
-          const auto want = ref.at("params").at(mp.name).get<std::vector<std::uint32_t>>();
-          for (std::size_t i = 0; i < want.size(); ++i) {
-            float w;
-            std::memcpy(&w, &want[i], 4);
-            if (std::abs(static_cast<double>(dump[at + i]) - w) > 1e-6 * std::abs(w) + 1e-8 &&
-                bad++ < 5)
-              std::cerr << mp.name << "[" << i << "]: " << dump[at + i] << " vs torch " << w
-                        << "\n";
-          }
-          at += 3 * want.size();
-        }
+        bad = compare_with_torch(dump, m, fixture);
         bool skipped6 = false;
         for (const auto& r : res) skipped6 |= r.skipped;
         if (!skipped6 && first <= test::kOverflowStep) ++bad, std::cerr << "step 6 not skipped\n";

@@ -107,14 +107,13 @@ TEST(HostilePaths, CheckpointDirectoriesAreCheckedOnSaveAndLoad) {
   t.add_param(t.add_group(GroupConfig{}), {"w", {1000}, Dtype::bf16});
   t.finalize();
   ShardedOptimizer& opt = t.optimizer();
-  opt.initialize([](ParamId, std::uint64_t, float* o, std::uint64_t n) {
-    std::fill(o, o + n, 0.5f);
-  });
+  opt.initialize(
+      [](ParamId, std::uint64_t, float* o, std::uint64_t n) { std::fill(o, o + n, 0.5f); });
   const auto real = d.path() / "ckpt", link = d.path() / "ckpt-link";
   opt.save(real);
   std::filesystem::create_directory_symlink(real, link);
-  for (auto f : {+[](ShardedOptimizer& o, const std::filesystem::path& p) { o.save(p); },
-                 +[](ShardedOptimizer& o, const std::filesystem::path& p) { o.load(p); }}) {
+  for (auto f : {+[](ShardedOptimizer&o, const std::filesystem::path&p) { o.save(p); },
+                 +[](ShardedOptimizer&o, const std::filesystem::path&p) { o.load(p); }}) {
     try {
       f(opt, link);
       ADD_FAILURE() << "a symlinked checkpoint directory was used";

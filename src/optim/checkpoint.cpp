@@ -104,6 +104,81 @@ struct RankIndex {
   }
 };
 
+std::runtime_error bad_file(const std::filesystem::path& p, const std::string& why) {
+  return std::runtime_error(fmt::format("checkpoint {}: {}", p.string(), why));
+}
+
+// The manifest's own fields: format, version, world size, step, loss scaler, moment dtype.
+struct Head {
+  int world = 0;
+  std::uint64_t step = 0;
+  double scale = 1;
+  std::uint32_t tracker = 0;
+};
+
+Head read_head(const nlohmann::json& man, const std::filesystem::path& path, Dtype moments) {
+  if (man.at("format") != "tierswap-checkpoint") throw bad_file(path, "not a tierswap checkpoint");
+  if (detail::json_int<std::uint32_t>(man.at("version")) != kCheckpointVersion)
+    throw bad_file(path, fmt::format("format version {} (this build reads {})",
+                                     man.at("version").dump(), kCheckpointVersion));
+  const auto stored = man.at("moment_dtype").get<std::string>();
+  if (stored != to_string(moments))
+    throw bad_file(path, fmt::format("moments stored as {}, this optimizer keeps {}", stored,
+                                     to_string(moments)));
+  return {detail::json_int<int>(man.at("world_size")),
+          detail::json_int<std::uint64_t>(man.at("step")), man.at("loss_scale").get<double>(),
+          detail::json_int<std::uint32_t>(man.at("growth_tracker"))};
+}
+
+// One section of a rank index, checked against the index's data file size and the group count.
+Section parse_section(const nlohmann::json& js, std::size_t groups, std::uint64_t data_bytes,
+                      const std::filesystem::path& ip) {
+  Section s;
+  s.group = detail::json_int<int>(js.at("group"));
+  const std::string sn = js.at("slot").get<std::string>();
+  s.slot = -1;
+  for (int slot = 0; slot < kStateSlots; ++slot)
+    if (slot_name(slot) == sn) s.slot = slot;
+  s.dtype = parse_dtype(js.at("dtype").get<std::string>());
+  s.begin = detail::json_int<std::uint64_t>(js.at("begin"));
+  s.end = detail::json_int<std::uint64_t>(js.at("end"));
+  s.offset = detail::json_int<std::uint64_t>(js.at("offset"));
+  for (const auto& h : js.at("checksums"))
+    s.sums.push_back(std::stoull(h.get<std::string>(), nullptr, 16));
+  const std::uint64_t n = s.end - s.begin, es = dtype_size(s.dtype);
+  if (s.slot < 0 || s.group < 0 || s.group >= static_cast<int>(groups) || s.end < s.begin ||
+      n > data_bytes / es || s.sums.size() != n / kPiece + (n % kPiece != 0) ||
+      s.offset > data_bytes - n * es)
+    throw bad_file(ip, "malformed section table");
+  return s;
+}
+
+// Rank r's index, as the manifest's rank table `entry` names it (and binds it by checksum), with
+// its data file's size checked.
+RankIndex read_rank_index(const std::filesystem::path& dir, const nlohmann::json& entry, int r,
+                          std::size_t groups) {
+  const auto ip = dir / entry.at("index").get<std::string>();
+  if (!std::filesystem::exists(ip))
+    throw bad_file(ip, "missing (written by rank " + std::to_string(r) + ")");
+  const std::string payload = detail::read_manifest_file(ip);
+  if (checksum_hex(checksum64(payload.data(), payload.size())) != entry.at("checksum"))
+    throw bad_file(ip, "does not belong to this checkpoint's manifest (checksum mismatch)");
+  const auto j = nlohmann::json::parse(payload);
+  RankIndex ri;
+  ri.data = dir / j.at("data").get<std::string>();
+  ri.data_bytes = detail::json_int<std::uint64_t>(j.at("data_bytes"));
+  if (detail::json_int<std::uint64_t>(j.at("piece")) != kPiece)
+    throw bad_file(ip, "unexpected piece size");
+  if (!std::filesystem::exists(ri.data)) throw bad_file(ri.data, "missing");
+  File f(ri.data, O_RDONLY);
+  if (f.size() != ri.data_bytes)
+    throw bad_file(
+        ri.data, fmt::format("{} bytes, the index says {} (truncated?)", f.size(), ri.data_bytes));
+  for (const auto& js : j.at("sections"))
+    ri.sections.push_back(parse_section(js, groups, ri.data_bytes, ip));
+  return ri;
+}
+
 }  // namespace
 
 void ShardedOptimizer::save(const std::filesystem::path& dir) {
@@ -229,9 +304,7 @@ void ShardedOptimizer::load(const std::filesystem::path& dir) {
     throw std::runtime_error(
         fmt::format("checkpoint {}: no {} (not a checkpoint, or its save did not finish)",
                     dir.string(), kManifest));
-  auto bad = [&](const std::filesystem::path& p, const std::string& why) {
-    return std::runtime_error(fmt::format("checkpoint {}: {}", p.string(), why));
-  };
+  const auto bad = bad_file;
   nlohmann::json man;
   try {
     man = nlohmann::json::parse(detail::read_manifest_file(man_path));
@@ -239,71 +312,19 @@ void ShardedOptimizer::load(const std::filesystem::path& dir) {
     throw bad(man_path, std::string("malformed manifest: ") + e.what());
   }
   // ---- validate everything before touching the state --------------------------------------
-  int old_world = 0;
+  Head head;
   std::vector<RankIndex> olds;
   std::vector<GroupConfig> cfgs;
   std::vector<std::uint64_t> old_part;
-  std::uint64_t step = 0;
-  double scale = 1;
-  std::uint32_t tracker = 0;
   try {
-    if (man.at("format") != "tierswap-checkpoint") throw bad(man_path, "not a tierswap checkpoint");
-    if (detail::json_int<std::uint32_t>(man.at("version")) != kCheckpointVersion)
-      throw bad(man_path, fmt::format("format version {} (this build reads {})",
-                                      man.at("version").dump(), kCheckpointVersion));
-    old_world = detail::json_int<int>(man.at("world_size"));
-    step = detail::json_int<std::uint64_t>(man.at("step"));
-    scale = man.at("loss_scale").get<double>();
-    tracker = detail::json_int<std::uint32_t>(man.at("growth_tracker"));
-    if (man.at("moment_dtype").get<std::string>() != to_string(m.moment_dtype()))
-      throw bad(man_path, fmt::format("moments stored as {}, this optimizer keeps {}",
-                                      man.at("moment_dtype").get<std::string>(),
-                                      to_string(m.moment_dtype())));
+    head = read_head(man, man_path, m.moment_dtype());
     cfgs = m.check_groups(
         man.at("groups"), [&](const std::string& why) { return bad(man_path, why); }, &old_part);
     const auto& ranks = man.at("ranks");
-    if (static_cast<int>(ranks.size()) != old_world || old_world < 1)
+    if (static_cast<int>(ranks.size()) != head.world || head.world < 1)
       throw bad(man_path, "rank table does not match the world size");
-    for (int r = 0; r < old_world; ++r) {
-      const auto ip = dir / ranks[r].at("index").get<std::string>();
-      if (!std::filesystem::exists(ip))
-        throw bad(ip, "missing (written by rank " + std::to_string(r) + ")");
-      const std::string payload = detail::read_manifest_file(ip);
-      if (checksum_hex(checksum64(payload.data(), payload.size())) != ranks[r].at("checksum"))
-        throw bad(ip, "does not belong to this checkpoint's manifest (checksum mismatch)");
-      const auto j = nlohmann::json::parse(payload);
-      RankIndex ri;
-      ri.data = dir / j.at("data").get<std::string>();
-      ri.data_bytes = detail::json_int<std::uint64_t>(j.at("data_bytes"));
-      if (detail::json_int<std::uint64_t>(j.at("piece")) != kPiece)
-        throw bad(ip, "unexpected piece size");
-      if (!std::filesystem::exists(ri.data)) throw bad(ri.data, "missing");
-      File f(ri.data, O_RDONLY);
-      if (f.size() != ri.data_bytes)
-        throw bad(ri.data,
-                  fmt::format("{} bytes, the index says {} (truncated?)", f.size(), ri.data_bytes));
-      for (const auto& js : j.at("sections")) {
-        Section s;
-        s.group = detail::json_int<int>(js.at("group"));
-        const std::string sn = js.at("slot").get<std::string>();
-        s.slot = -1;
-        for (int slot = 0; slot < kStateSlots; ++slot)
-          if (slot_name(slot) == sn) s.slot = slot;
-        s.dtype = parse_dtype(js.at("dtype").get<std::string>());
-        s.begin = detail::json_int<std::uint64_t>(js.at("begin"));
-        s.end = detail::json_int<std::uint64_t>(js.at("end"));
-        s.offset = detail::json_int<std::uint64_t>(js.at("offset"));
-        for (const auto& h : js.at("checksums"))
-          s.sums.push_back(std::stoull(h.get<std::string>(), nullptr, 16));
-        const std::uint64_t n = s.end - s.begin;
-        if (s.slot < 0 || s.group < 0 || s.group >= static_cast<int>(m.groups.size()) ||
-            s.end < s.begin || s.sums.size() != (n + kPiece - 1) / kPiece ||
-            s.offset + n * dtype_size(s.dtype) > ri.data_bytes)
-          throw bad(ip, "malformed section table");
-        ri.sections.push_back(std::move(s));
-      }
-      olds.push_back(std::move(ri));
-    }
+    for (int r = 0; r < head.world; ++r)
+      olds.push_back(read_rank_index(dir, ranks[r], r, m.groups.size()));
   } catch (const std::runtime_error&) {
     throw;
   } catch (const std::exception& e) {
@@ -333,7 +354,7 @@ void ShardedOptimizer::load(const std::filesystem::path& dir) {
           const std::uint64_t end = s.begin + s.numel;
           while (x < end) {
             const int q =
-                static_cast<int>(std::min<std::uint64_t>(x / old_part[gi], old_world - 1));
+                static_cast<int>(std::min<std::uint64_t>(x / old_part[gi], head.world - 1));
             const Section* sec = olds[q].find(static_cast<int>(gi), slot);
             if (sec == nullptr || x < sec->begin || x >= sec->end || sec->dtype != dt)
               throw bad(olds[q].data,
@@ -369,9 +390,9 @@ void ShardedOptimizer::load(const std::filesystem::path& dir) {
     throw;
   }
   for (std::size_t gi = 0; gi < m.groups.size(); ++gi) m.groups[gi].cfg = cfgs[gi];
-  m.step_count = step;
-  m.scale = scale;
-  m.growth_tracker = tracker;
+  m.step_count = head.step;
+  m.scale = head.scale;
+  m.growth_tracker = head.tracker;
   m.drop_all_grads();
   m.commit();
   bool memory_only = false;

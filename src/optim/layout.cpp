@@ -400,8 +400,9 @@ BlockId ShardedOptimizer::Impl::make_block(const BlockDesc& d) {
       b.memory_only != d.memory_only)
     throw std::runtime_error(fmt::format(
         "resume: block '{}' in the swap directory is {} {} x{}{}, this layout needs {} {} x{}{}",
-        d.name, to_string(b.cls), to_string(b.dtype), b.numel, b.memory_only ? " (memory-only)" : "",
-        to_string(d.cls), to_string(d.dtype), d.numel, d.memory_only ? " (memory-only)" : ""));
+        d.name, to_string(b.cls), to_string(b.dtype), b.numel,
+        b.memory_only ? " (memory-only)" : "", to_string(d.cls), to_string(d.dtype), d.numel,
+        d.memory_only ? " (memory-only)" : ""));
   return *have;
 }
 

@@ -11,8 +11,8 @@
 #include <functional>
 #include <mutex>
 #include <nlohmann/json_fwd.hpp>
-#include <stdexcept>
 #include <optional>
+#include <stdexcept>
 #include <string>
 #include <thread>
 #include <vector>

@@ -1,7 +1,8 @@
 // Whole-parameter state in and out of the sharded layout: shard() reads this rank's part of a
 // parameter's master weights or a moment, gather() all-gathers the whole of it on every rank,
-// import_state() writes whole tensors back (each rank its part) and commits. This is how a torch.optim state dict leaves and enters the
-// tiers (src/python/) and how a trainer reads a whole fp32 parameter at any world size.
+// import_state() writes whole tensors back (each rank its part) and commits. This is how a
+// torch.optim state dict leaves and enters the tiers (src/python/) and how a trainer reads a whole
+// fp32 parameter at any world size.
 #include <fmt/format.h>
 
 #include <cstring>

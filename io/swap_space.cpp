@@ -20,6 +20,7 @@
 #include "tierswap/units.hpp"
 
 #include <fmt/format.h>
+#include "tierswap/detail/file.hpp"
 #include "tierswap/detail/json.hpp"
 #include "tierswap/detail/paths.hpp"
 
@@ -50,14 +51,6 @@ std::string path_str(const std::filesystem::path& p) {
   return p.string();
 }
 
-struct FdGuard {
-  int fd = -1;
-  ~FdGuard() {
-    if (fd >= 0) ::close(fd);
-  }
-  int release() { return std::exchange(fd, -1); }
-};
-
 // Opens `path` (no symlink following) with O_DIRECT per `mode`, fills alignment fields.
 SwapFile open_file(const std::filesystem::path& path, DirectIo mode, bool create) {
   SwapFile f;
@@ -82,7 +75,7 @@ SwapFile open_file(const std::filesystem::path& path, DirectIo mode, bool create
     fd = ::open(path.c_str(), base);
     if (fd < 0) throw_errno(errno, fmt::format("open swap file {}", path_str(path)));
   }
-  FdGuard guard{fd};
+  detail::File guard(fd, path_str(path));
   struct stat st {};
   if (::fstat(fd, &st) != 0) throw_errno(errno, fmt::format("stat {}", path_str(path)));
   if (!S_ISREG(st.st_mode))
@@ -110,10 +103,10 @@ SwapFile open_file(const std::filesystem::path& path, DirectIo mode, bool create
       if (mode == DirectIo::on)
         throw std::system_error(EINVAL, std::system_category(),
                                 fmt::format("O_DIRECT unsupported for {}", path_str(path)));
-      ::close(guard.release());
+      guard.close();
       fd = ::open(path.c_str(), base);
       if (fd < 0) throw_errno(errno, fmt::format("open swap file {}", path_str(path)));
-      guard.fd = fd;
+      guard = detail::File(fd, path_str(path));
     }
   }
   if (!direct && mode == DirectIo::automatic)
@@ -128,36 +121,18 @@ SwapFile open_file(const std::filesystem::path& path, DirectIo mode, bool create
 }
 
 void pwrite_all(const SwapFile& f, const void* buf, std::size_t n, std::uint64_t off) {
-  std::size_t done = 0;
-  while (done < n) {
-    ssize_t r = ::pwrite(f.fd, static_cast<const char*>(buf) + done, n - done,
-                         static_cast<off_t>(off + done));
-    if (r < 0 && errno == EINTR) continue;
-    if (r <= 0)
-      throw io_error(r < 0 ? errno : EIO, "write", path_str(f.path), off + done, n - done);
-    done += static_cast<std::size_t>(r);
-  }
+  detail::pwrite_all(f.fd, path_str(f.path), buf, n, off);
 }
 
 void pread_all(const SwapFile& f, void* buf, std::size_t n, std::uint64_t off) {
-  std::size_t done = 0;
-  while (done < n) {
-    ssize_t r =
-        ::pread(f.fd, static_cast<char*>(buf) + done, n - done, static_cast<off_t>(off + done));
-    if (r < 0 && errno == EINTR) continue;
-    if (r < 0) throw io_error(errno, "read", path_str(f.path), off + done, n - done);
-    if (r == 0)
-      throw io_error(EIO, "read", path_str(f.path), off + done, n - done,
-                     "file is truncated: unexpected end of file");
-    done += static_cast<std::size_t>(r);
-  }
+  detail::pread_all(f.fd, path_str(f.path), buf, n, off);
 }
 
 void fsync_dir(const std::filesystem::path& dir) {
-  int fd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-  if (fd < 0) return;
-  ::fsync(fd);
-  ::close(fd);
+  try {
+    detail::fsync_directory(dir);
+  } catch (const std::system_error&) {  // best effort: the files themselves are synced
+  }
 }
 
 std::filesystem::path file_in(const std::filesystem::path& dir) {

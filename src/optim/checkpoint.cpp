@@ -23,6 +23,7 @@
 
 #include "src/optim/optimizer_impl.hpp"
 #include "tierswap/checksum.hpp"
+#include "tierswap/detail/file.hpp"
 #include "tierswap/detail/json.hpp"
 #include "tierswap/detail/manifest.hpp"
 #include "tierswap/detail/paths.hpp"
@@ -36,55 +37,7 @@ constexpr std::uint32_t kCheckpointVersion = 1;
 constexpr std::uint64_t kPiece = 1ull << 20;  // elements per checksummed piece
 constexpr const char* kManifest = "tierswap.checkpoint";
 
-class File {
- public:
-  File(const std::filesystem::path& p, int flags) : path_(p.string()) {
-    fd_ = ::open(path_.c_str(), flags | O_CLOEXEC | O_NOFOLLOW, 0600);
-    if (fd_ < 0) throw_errno(errno, "open " + path_);
-  }
-  ~File() {
-    if (fd_ >= 0) ::close(fd_);
-  }
-  File(const File&) = delete;
-  File& operator=(const File&) = delete;
-  void pwrite_all(const void* data, std::size_t n, std::uint64_t off) {
-    auto* p = static_cast<const char*>(data);
-    while (n > 0) {
-      const ssize_t w = ::pwrite(fd_, p, n, static_cast<off_t>(off));
-      if (w < 0 && errno == EINTR) continue;
-      if (w <= 0) throw_errno(w < 0 ? errno : EIO, fmt::format("write {} @{}+{}", path_, off, n));
-      p += w;
-      n -= static_cast<std::size_t>(w);
-      off += static_cast<std::uint64_t>(w);
-    }
-  }
-  void pread_all(void* data, std::size_t n, std::uint64_t off) {
-    auto* p = static_cast<char*>(data);
-    while (n > 0) {
-      const ssize_t r = ::pread(fd_, p, n, static_cast<off_t>(off));
-      if (r < 0 && errno == EINTR) continue;
-      if (r < 0) throw_errno(errno, fmt::format("read {} @{}+{}", path_, off, n));
-      if (r == 0)
-        throw std::runtime_error(
-            fmt::format("checkpoint file {} is truncated (reading @{}+{})", path_, off, n));
-      p += r;
-      n -= static_cast<std::size_t>(r);
-      off += static_cast<std::uint64_t>(r);
-    }
-  }
-  std::uint64_t size() const {
-    struct stat st {};
-    if (::fstat(fd_, &st) != 0) throw_errno(errno, "stat " + path_);
-    return static_cast<std::uint64_t>(st.st_size);
-  }
-  void sync() {
-    if (::fsync(fd_) != 0) throw_errno(errno, "fsync " + path_);
-  }
-
- private:
-  std::string path_;
-  int fd_ = -1;
-};
+using detail::File;
 
 struct Section {
   int group = 0, slot = 0;
@@ -170,7 +123,7 @@ RankIndex read_rank_index(const std::filesystem::path& dir, const nlohmann::json
   if (detail::json_int<std::uint64_t>(j.at("piece")) != kPiece)
     throw bad_file(ip, "unexpected piece size");
   if (!std::filesystem::exists(ri.data)) throw bad_file(ri.data, "missing");
-  File f(ri.data, O_RDONLY);
+  const File f = File::open(ri.data, O_RDONLY);
   if (f.size() != ri.data_bytes)
     throw bad_file(
         ri.data, fmt::format("{} bytes, the index says {} (truncated?)", f.size(), ri.data_bytes));
@@ -201,7 +154,7 @@ void ShardedOptimizer::save(const std::filesystem::path& dir) {
   nlohmann::json sections = nlohmann::json::array();
   std::uint64_t offset = 0;
   {
-    File f(dir / (tag + ".bin.tmp"), O_WRONLY | O_CREAT | O_TRUNC);
+    const File f = File::open(dir / (tag + ".bin.tmp"), O_WRONLY | O_CREAT | O_TRUNC);
     std::vector<std::byte> piece;
     for (std::size_t gi = 0; gi < m.groups.size(); ++gi) {
       const OptGroup& g = m.groups[gi];
@@ -336,7 +289,7 @@ void ShardedOptimizer::load(const std::filesystem::path& dir) {
   // verifies what goes to memory-only state, which no discard can restore; pass 1 copies that
   // after the commit, once every piece has been verified.
   std::vector<std::byte> buf;
-  std::vector<std::unique_ptr<File>> data_files(olds.size());  // each old rank's, opened once
+  std::vector<File> data_files(olds.size());  // each old rank's, opened once
   auto copy_pass = [&](int pass) {
     for (std::size_t gi = 0; gi < m.groups.size(); ++gi) {
       const OptGroup& g = m.groups[gi];
@@ -363,8 +316,8 @@ void ShardedOptimizer::load(const std::filesystem::path& dir) {
             const std::uint64_t pb = sec->begin + pi * kPiece;
             const std::uint64_t pn = std::min(kPiece, sec->end - pb);
             buf.resize(pn * es);
-            if (!data_files[q]) data_files[q] = std::make_unique<File>(olds[q].data, O_RDONLY);
-            data_files[q]->pread_all(buf.data(), buf.size(), sec->offset + pi * kPiece * es);
+            if (!data_files[q]) data_files[q] = File::open(olds[q].data, O_RDONLY);
+            data_files[q].pread_all(buf.data(), buf.size(), sec->offset + pi * kPiece * es);
             if (checksum64(buf.data(), buf.size()) != sec->sums[pi])
               throw bad(olds[q].data,
                         fmt::format("{} of group {}, elements [{}, {}): checksum mismatch "

@@ -14,6 +14,7 @@
 #include <system_error>
 #include <thread>
 
+#include "tierswap/detail/file.hpp"
 #include "tierswap/log.hpp"
 
 #include <fmt/format.h>
@@ -195,27 +196,11 @@ std::vector<LiveProcess> list_live_processes(const std::filesystem::path& dir) {
 
 std::string query_telemetry(const std::filesystem::path& socket) {
   const sockaddr_un a = address_of(socket);
-  const int fd = ::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
-  if (fd < 0) throw_errno(errno, "socket");
-  if (::connect(fd, reinterpret_cast<const sockaddr*>(&a), sizeof a) != 0) {
-    const int e = errno;
-    ::close(fd);
-    throw_errno(e, "connect to " + socket.string());
-  }
-  std::string out;
-  char buf[65536];
-  for (;;) {
-    const ssize_t r = ::read(fd, buf, sizeof buf);
-    if (r < 0 && errno == EINTR) continue;
-    if (r < 0) {
-      const int e = errno;
-      ::close(fd);
-      throw_errno(e, "read from " + socket.string());
-    }
-    if (r == 0) break;
-    out.append(buf, static_cast<std::size_t>(r));
-  }
-  ::close(fd);
+  const detail::File s(::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0), socket.string());
+  if (!s) throw_errno(errno, "socket");
+  if (::connect(s.fd(), reinterpret_cast<const sockaddr*>(&a), sizeof a) != 0)
+    throw_errno(errno, "connect to " + socket.string());
+  const std::string out = s.read_to_end();
   if (out.empty())
     throw std::system_error(ECONNRESET, std::system_category(),
                             "no snapshot from " + socket.string() + " (refused?)");

@@ -13,6 +13,7 @@
 
 #include "src/tier/tier_impl.hpp"
 #include "tierswap/checksum.hpp"
+#include "tierswap/detail/file.hpp"
 #include "tierswap/detail/manifest.hpp"
 #include "tierswap/error.hpp"
 
@@ -35,16 +36,6 @@ T get(const unsigned char* p) {
   return v;
 }
 
-void write_all(int fd, const void* data, std::size_t n, const std::string& path) {
-  const auto* p = static_cast<const char*>(data);
-  while (n > 0) {
-    const ssize_t w = ::write(fd, p, n);
-    if (w < 0 && errno == EINTR) continue;
-    if (w <= 0) throw_errno(w < 0 ? errno : EIO, "write " + path);
-    p += w;
-    n -= static_cast<std::size_t>(w);
-  }
-}
 }  // namespace
 
 void write_manifest_file(const std::filesystem::path& path, const std::string& payload,
@@ -57,18 +48,15 @@ void write_manifest_file(const std::filesystem::path& path, const std::string& p
   put<std::uint64_t>(h + 24, checksum64(payload.data(), payload.size()));
   put<std::uint64_t>(h + 56, checksum64(h, 56));
   const std::string tmp = path.string() + ".tmp";
-  const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_NOFOLLOW | O_CLOEXEC, 0600);
-  if (fd < 0) throw_errno(errno, "create " + tmp);
   try {
-    write_all(fd, h, kHeader, tmp);
-    write_all(fd, payload.data(), payload.size(), tmp);
-    if (durable && ::fsync(fd) != 0) throw_errno(errno, "fsync " + tmp);
+    const File f = File::open(tmp, O_WRONLY | O_CREAT | O_TRUNC);
+    f.write_all(h, kHeader);
+    f.write_all(payload.data(), payload.size());
+    if (durable) f.sync();
   } catch (...) {
-    ::close(fd);
     ::unlink(tmp.c_str());
     throw;
   }
-  ::close(fd);
   if (::rename(tmp.c_str(), path.c_str()) != 0) {
     const int err = errno;
     ::unlink(tmp.c_str());
@@ -77,32 +65,8 @@ void write_manifest_file(const std::filesystem::path& path, const std::string& p
   if (durable) fsync_directory(path.parent_path().empty() ? "." : path.parent_path());
 }
 
-void fsync_directory(const std::filesystem::path& dir) {
-  const int dfd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-  if (dfd < 0) throw_errno(errno, "open directory " + dir.string());
-  const int rc = ::fsync(dfd);
-  const int err = errno;
-  ::close(dfd);
-  if (rc != 0) throw_errno(err, "fsync directory " + dir.string());
-}
-
 std::string read_manifest_file(const std::filesystem::path& path) {
-  const int fd = ::open(path.c_str(), O_RDONLY | O_NOFOLLOW | O_CLOEXEC);
-  if (fd < 0) throw_errno(errno, "open manifest " + path.string());
-  std::string data;
-  char buf[1 << 16];
-  for (;;) {
-    const ssize_t r = ::read(fd, buf, sizeof buf);
-    if (r < 0 && errno == EINTR) continue;
-    if (r < 0) {
-      const int err = errno;
-      ::close(fd);
-      throw_errno(err, "read manifest " + path.string());
-    }
-    if (r == 0) break;
-    data.append(buf, static_cast<std::size_t>(r));
-  }
-  ::close(fd);
+  const std::string data = File::open(path, O_RDONLY).read_to_end();
   auto bad = [&](const std::string& why) {
     return std::runtime_error(fmt::format("manifest {}: {}", path.string(), why));
   };

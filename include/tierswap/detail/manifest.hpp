@@ -8,6 +8,8 @@
 #include <filesystem>
 #include <string>
 
+#include "tierswap/detail/file.hpp"  // fsync_directory
+
 namespace tierswap::detail {
 
 inline constexpr std::uint32_t kManifestVersion = 1;
@@ -20,7 +22,5 @@ void write_manifest_file(const std::filesystem::path& path, const std::string& p
 /// Reads and verifies the header and checksums; returns the payload. Throws std::runtime_error
 /// naming the path and the problem (truncated, bad magic, newer version, checksum mismatch).
 std::string read_manifest_file(const std::filesystem::path& path);
-/// fsync()s a directory (after a rename in it); std::system_error naming it on failure.
-void fsync_directory(const std::filesystem::path& dir);
 
 }  // namespace tierswap::detail

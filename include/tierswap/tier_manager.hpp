@@ -195,8 +195,9 @@ struct ResidencySnapshot {
 
 class TierManager;
 
-/// A resident copy of a block, pinned in its tier until released or destroyed (destroying an
-/// unreleased view releases it clean). Move-only; must not outlive its manager.
+/// A resident copy of a block, pinned in its tier until released or destroyed. Destroying an
+/// unreleased view releases it: dirty after mark_dirty(), else clean. Move-only; must not outlive
+/// its manager.
 class BlockView {
  public:
   BlockView() noexcept = default;
@@ -213,6 +214,10 @@ class BlockView {
   BlockId id() const noexcept { return id_; }
   Tier tier() const noexcept { return tier_; }
   bool writable() const noexcept { return writable_; }
+  /// The caller wrote new contents: the view is released dirty when it goes (as
+  /// TierManager::release(view, true)). std::logic_error on a read-only view.
+  void mark_dirty();
+  bool dirty() const noexcept { return dirty_; }
 
  private:
   friend class TierManager;
@@ -222,6 +227,7 @@ class BlockView {
   BlockId id_ = 0;
   Tier tier_ = Tier::host;
   bool writable_ = false;
+  bool dirty_ = false;
 };
 
 /// read: a shared view. write: the only view of the block, its current contents in place.

@@ -48,12 +48,12 @@ void ShardedOptimizer::Impl::ingest(OptSub& s, Tier tier, Access access, Add&& a
   spec_touch(s);
   bool final = false;
   {
-    Held v(tiers, tiers.acquire(s.grad, tier, access));
-    add(v.v.data());
-    v.dirty = true;
+    BlockView v = tiers.acquire(s.grad, tier, access);
+    add(v.data());
+    v.mark_dirty();
     s.grad_zero = false;
     s.sums.clear();
-    if (++s.seen == s.pids.size()) final = take_grad_stats(s, v.v, tier);
+    if (++s.seen == s.pids.size()) final = take_grad_stats(s, v, tier);
   }
   if (s.seen == s.pids.size()) after_ingest(s, final);
 }
@@ -125,15 +125,15 @@ void ShardedOptimizer::Impl::reduce_local(OptGroup& g) {
     {
       // The first reduction since the drop lands on zeros: taken as it is.
       const bool fresh = s.grad_zero;
-      Held v(tiers, tiers.acquire(s.grad, Tier::host, fresh ? Access::overwrite : Access::write));
+      BlockView v = tiers.acquire(s.grad, Tier::host, fresh ? Access::overwrite : Access::write);
       if (fresh)
-        std::memcpy(v.v.data(), recv.data(), s.numel * es);
+        std::memcpy(v.data(), recv.data(), s.numel * es);
       else
-        accumulate(v.v.data(), dt, recv.data(), dt, s.numel, ctx());
-      v.dirty = true;
+        accumulate(v.data(), dt, recv.data(), dt, s.numel, ctx());
+      v.mark_dirty();
       s.grad_zero = false;
       s.sums.clear();
-      final = take_grad_stats(s, v.v);
+      final = take_grad_stats(s, v);
     }
     after_ingest(s, final);
   }

@@ -147,8 +147,8 @@ void ShardedOptimizer::initialize(const ParamInit& init) {
   for (auto& s : m.subs) {
     OptGroup& g = m.groups[s.group];
     {
-      Held v(m.tiers, m.tiers.acquire(s.state[kMaster], Tier::host, Access::overwrite));
-      auto* out = reinterpret_cast<float*>(v.v.data());
+      BlockView v = m.tiers.acquire(s.state[kMaster], Tier::host, Access::overwrite);
+      auto* out = reinterpret_cast<float*>(v.data());
       for (ParamId id : g.params) {
         const OptParam& p = m.params[id];
         if (!p.spec.requires_grad) continue;
@@ -156,7 +156,7 @@ void ShardedOptimizer::initialize(const ParamInit& init) {
         if (b < e) init(id, b - p.offset, out + (b - s.begin), e - b);
       }
       cast(out, Dtype::f32, g.p16.data() + s.begin, g.dtype16, s.numel, m.ctx());
-      v.dirty = true;
+      v.mark_dirty();
     }
     if (s.streaming) m.tiers.write_back(s.state[kMaster]);
     m.promote_memory_only_gpu(s, s.state[kMaster]);
@@ -167,9 +167,9 @@ void ShardedOptimizer::initialize(const ParamInit& init) {
         continue;
       }
       {
-        Held v(m.tiers, m.tiers.acquire(s.state[slot], Tier::host, Access::overwrite));
-        std::memset(v.v.data(), 0, v.v.bytes());
-        v.dirty = true;
+        BlockView v = m.tiers.acquire(s.state[slot], Tier::host, Access::overwrite);
+        std::memset(v.data(), 0, v.bytes());
+        v.mark_dirty();
       }
       m.promote_memory_only_gpu(s, s.state[slot]);
     }

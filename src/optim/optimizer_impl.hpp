@@ -436,22 +436,4 @@ inline SgdConfig sgd_config(const GroupConfig& c) {
   return s;
 }
 
-// Releases a view on scope exit (clean unless marked dirty).
-struct Held {
-  TierManager& t;
-  BlockView v;
-  bool dirty = false;
-  Held(TierManager& tm, BlockView view) : t(tm), v(std::move(view)) {}
-  ~Held() {
-    if (v) {
-      try {
-        t.release(v, dirty);
-      } catch (...) {
-      }
-    }
-  }
-  Held(const Held&) = delete;
-  Held& operator=(const Held&) = delete;
-};
-
 }  // namespace tierswap

@@ -93,8 +93,8 @@ void ShardedOptimizer::Impl::refresh_param16() {
 void ShardedOptimizer::Impl::refresh_sub16(const OptSub& s) {
   OptGroup& g = groups[s.group];
   {
-    Held m(tiers, tiers.acquire(s.state[kMaster], Tier::host));
-    cast(m.v.data(), Dtype::f32, g.p16.data() + s.begin, g.dtype16, s.numel, ctx());
+    BlockView m = tiers.acquire(s.state[kMaster], Tier::host);
+    cast(m.data(), Dtype::f32, g.p16.data() + s.begin, g.dtype16, s.numel, ctx());
   }
   if (s.streaming) tiers.write_back(s.state[kMaster]);  // the first copy to go
 }

@@ -86,15 +86,15 @@ bool ShardedOptimizer::Impl::spec_pending() {
 // or GPU memory (a device-to-device copy; host memory standing in on a simulated device tier).
 void ShardedOptimizer::Impl::undo_copy(const OptSub& s, BlockId from, BlockId to) {
   const Tier tier = s.on_gpu ? Tier::device : Tier::host;
-  Held src(tiers, tiers.acquire(from, tier));
-  Held dst(tiers, tiers.acquire(to, tier, Access::write));
+  BlockView src = tiers.acquire(from, tier);
+  BlockView dst = tiers.acquire(to, tier, Access::write);
   if (tier == Tier::device && !gpu_simulated) {
-    cuda::copy_on_device(dst.v.data(), src.v.data(), src.v.bytes(), nullptr);
+    cuda::copy_on_device(dst.data(), src.data(), src.bytes(), nullptr);
     cuda::synchronize(nullptr);
   } else {
-    std::memcpy(dst.v.data(), src.v.data(), src.v.bytes());
+    std::memcpy(dst.data(), src.data(), src.bytes());
   }
-  dst.dirty = true;
+  dst.mark_dirty();
 }
 
 void ShardedOptimizer::Impl::undo_save(OptSub& s) {

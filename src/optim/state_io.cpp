@@ -52,9 +52,9 @@ std::vector<std::pair<std::uint64_t, std::vector<float>>> ShardedOptimizer::shar
     const OptSub& s = m.subs[g.first_sub + k];
     const auto [b, e] = Impl::slice(p, s);
     if (b >= e) continue;
-    Held v(m.tiers, m.tiers.acquire(s.state[slot], Tier::host));
+    BlockView v = m.tiers.acquire(s.state[slot], Tier::host);
     std::vector<float> vals(e - b);
-    cast(v.v.data() + (b - s.begin) * dtype_size(dt), dt, vals.data(), Dtype::f32, e - b);
+    cast(v.data() + (b - s.begin) * dtype_size(dt), dt, vals.data(), Dtype::f32, e - b);
     if (!out.empty() && out.back().first + out.back().second.size() == b - p.offset)
       out.back().second.insert(out.back().second.end(), vals.begin(), vals.end());
     else

@@ -178,15 +178,15 @@ void ShardedOptimizer::Impl::step_sub(OptSub& s, const GroupConfig& gc, float mu
   // step of host-resident state (a plan's choice on a coherent link) works on it in place.
   const Tier tier = s.on_gpu ? Tier::device : Tier::host;
   {
-    std::optional<Held> st[kStateSlots];
+    BlockView st[kStateSlots];
     void* ptr[kStateSlots] = {};
     for (int slot = 0; slot < kStateSlots; ++slot) {
       if (s.state[slot] == kNoBlock) continue;
-      st[slot].emplace(tiers, tiers.acquire(s.state[slot], tier, Access::write));
-      ptr[slot] = st[slot]->v.data();
+      st[slot] = tiers.acquire(s.state[slot], tier, Access::write);
+      ptr[slot] = st[slot].data();
     }
-    Held gv(tiers, tiers.acquire(s.grad, grad_tier_of(s)));
-    const GradView gview{gv.v.data(), acc_dtype(g), multiplier};
+    BlockView gv = tiers.acquire(s.grad, grad_tier_of(s));
+    const GradView gview{gv.data(), acc_dtype(g), multiplier};
     const Param16View out{p16, g.dtype16};
     if (wrote16) *wrote16 = true;
     // A simulated GPU is a processor of its own: one thread, not the CPU's workers (the same
@@ -198,7 +198,7 @@ void ShardedOptimizer::Impl::step_sub(OptSub& s, const GroupConfig& gc, float mu
     else
       run_kernel(gc, t, ptr, moment_dtype(), gview, out, s.numel, kc);
     for (auto& h : st)
-      if (h) h->dirty = true;
+      if (h) h.mark_dirty();
   }
   if (s.streaming)
     for (BlockId b : s.state)
@@ -276,8 +276,8 @@ std::pair<double, bool> ShardedOptimizer::Impl::global_grad_stats() {
       continue;
     }
     const Tier tier = grad_tier_of(s);
-    Held v(tiers, tiers.acquire(s.grad, tier));
-    chunk_sums(s, v.v, tier, out);
+    BlockView v = tiers.acquire(s.grad, tier);
+    chunk_sums(s, v, tier, out);
   }
   if (world > 1) comm.all_reduce_sum(chunk.data(), chunk.size());
   double sum_sq = 0;

@@ -31,13 +31,14 @@ BlockView::BlockView(BlockView&& o) noexcept
       bytes_(o.bytes_),
       id_(o.id_),
       tier_(o.tier_),
-      writable_(o.writable_) {}
+      writable_(o.writable_),
+      dirty_(std::exchange(o.dirty_, false)) {}
 
 BlockView& BlockView::operator=(BlockView&& o) noexcept {
   if (this != &o) {
     if (mgr_ != nullptr) {
       try {
-        mgr_->release(*this, false);
+        mgr_->release(*this, dirty_);
       } catch (...) {
       }
     }
@@ -47,6 +48,7 @@ BlockView& BlockView::operator=(BlockView&& o) noexcept {
     id_ = o.id_;
     tier_ = o.tier_;
     writable_ = o.writable_;
+    dirty_ = std::exchange(o.dirty_, false);
   }
   return *this;
 }
@@ -54,10 +56,15 @@ BlockView& BlockView::operator=(BlockView&& o) noexcept {
 BlockView::~BlockView() {
   if (mgr_ != nullptr) {
     try {
-      mgr_->release(*this, false);
+      mgr_->release(*this, dirty_);
     } catch (...) {
     }
   }
+}
+
+void BlockView::mark_dirty() {
+  if (!writable_) throw std::logic_error("mark_dirty: a read-only view (acquire it for write)");
+  dirty_ = true;
 }
 
 // ---- TierManager -----------------------------------------------------------------------------

@@ -268,16 +268,25 @@ TEST(ShardedOptimizer, SplitStepRunsTheGpuPartBesideTheCpuPart) {
 // NVMe-streamed sub-groups (a plan); no NVMe byte for it; a step failing on the NVMe side leaves it
 // as it was; checkpoints round-trip in both directions; a budget that cannot hold it is refused by
 // name.
-TEST(ShardedOptimizer, MemoryOnlyResidentStateGivesTheSameBitsWithoutNvmeIo) {
+// Memory-only resident state (persist_resident_state=false), against an ordinary run `a` of the
+// same 12 steps: the same bits without NVMe I/O for it, undo copies where the budget holds them,
+// rollback after an NVMe fault, checkpoints across the two modes, GPU-resident state, budgets.
+class MemoryOnly : public ::testing::Test {
+ protected:
+  MemoryOnly() : ma(test::start_model(*a.opt)), ra(test::train(*a.opt, ma, 1, 12, 0, 1)) {}
+  void same16(ShardedOptimizer& b, const test::ModelOptimizer& mb) {
+    expect_same_param16(*a.opt, ma, b, mb);
+  }
   Rig a;
-  auto ma = test::start_model(*a.opt);
-  const auto ra = test::train(*a.opt, ma, 1, 12, 0, 1);
+  test::ModelOptimizer ma;
+  std::vector<StepResult> ra;
   const Plan split = Plan::from_json(R"({"format": "tierswap.plan", "version": 1, "subgroups": [
       {"numel": 1, "state_tier": "nvme", "step_device": "cpu"},
       {"numel": 1, "state_tier": "host", "step_device": "cpu"}]})");
-  auto same16 = [&](ShardedOptimizer& b, const test::ModelOptimizer& mb) {
-    expect_same_param16(*a.opt, ma, b, mb);
-  };
+  const Plan three = three_tier_plan();
+};
+
+TEST_F(MemoryOnly, GivesTheSameBitsWithoutNvmeIo) {
   for (const bool overlap : {false, true}) {
     for (const bool with_plan : {false, true}) {
       SCOPED_TRACE(fmt::format("overlap {}, {}", overlap,
@@ -316,7 +325,9 @@ TEST(ShardedOptimizer, MemoryOnlyResidentStateGivesTheSameBitsWithoutNvmeIo) {
       same16(*b.opt, mb);
     }
   }
+}
 
+TEST_F(MemoryOnly, UndoCopiesForOnlySomeSubgroupsGiveTheSameBits) {
   // A host budget that holds the memory-only state but undo copies for only some of it: those
   // step during the backward, the rest after the verdict, the same bits.
   {
@@ -353,7 +364,9 @@ TEST(ShardedOptimizer, MemoryOnlyResidentStateGivesTheSameBitsWithoutNvmeIo) {
     }
     EXPECT_TRUE(partial) << "no budget gave undo copies for only some sub-groups";
   }
+}
 
+TEST_F(MemoryOnly, AnNvmeWriteFaultLeavesItAsItWasAndCheckpointsCrossBothModes) {
   // A step that fails on the NVMe side (a write error) leaves the memory-only half as it was,
   // and training goes on to the same bits; overlapped too, where the memory-only half was
   // stepped speculatively and its undo copies bring it back.
@@ -404,10 +417,12 @@ TEST(ShardedOptimizer, MemoryOnlyResidentStateGivesTheSameBitsWithoutNvmeIo) {
     expect_same_state(*a.opt, ma, *d.opt, md);
     same16(*d.opt, md);
   }
+}
 
+TEST_F(MemoryOnly, OnASimulatedGpuTheSameBitsWithFewerNvmeBytes) {
   // GPU-resident state too (a simulated device tier): the same bits, and fewer NVMe bytes than
   // the persisted run of the same plan, whose GPU and host state is committed at every step.
-  const Plan three = three_tier_plan();
+
   for (const bool overlap : {false, true}) {
     SCOPED_TRACE(fmt::format("GPU-resident, overlap {}", overlap));
     std::uint64_t written[2] = {};
@@ -433,6 +448,9 @@ TEST(ShardedOptimizer, MemoryOnlyResidentStateGivesTheSameBitsWithoutNvmeIo) {
     EXPECT_GT(written[1], 0u);  // the NVMe sub-groups
     EXPECT_LT(written[1], written[0] / 2) << written[1] << " of " << written[0];
   }
+}
+
+TEST_F(MemoryOnly, StateLargerThanItsBudgetIsRefused) {
   {  // memory-only GPU state larger than the device budget
     OptimizerConfig oc = test::model_config();
     oc.persist_resident_state = false;

@@ -79,13 +79,8 @@ std::filesystem::path fill(const std::filesystem::path& dir) {
 }
 
 TieredOptions options(const std::filesystem::path& dir) {
-  TieredOptions o;
-  o.swap_dirs = {dir};
-  o.host_budget = 2ull << 20;
-  o.communicator = "single";
-  o.threads = 1;
-  o.tiers.telemetry = false;
-  o.tiers.device_mode = DeviceTierMode::off;
+  TieredOptions o = test::tiered_options(dir, 2ull << 20, 1);
+  o.tiers.durable = true;  // the fsyncs of a commit meet the full disk too
   o.optimizer.subgroup_size = 16384;
   o.optimizer.state_tier = OptimizerConfig::StateTier::nvme;
   o.keep_swap_files = true;

@@ -23,14 +23,7 @@ using tierswap::test::TempDir;
 namespace {
 
 TieredOptions options(const std::filesystem::path& dir) {
-  TieredOptions o;
-  o.swap_dirs = {dir};
-  o.host_budget = 2ull << 20;  // well below the state: it streams from NVMe
-  o.communicator = "single";
-  o.threads = 2;
-  o.tiers.telemetry = false;
-  o.tiers.durable = false;
-  o.tiers.device_mode = DeviceTierMode::off;
+  TieredOptions o = test::tiered_options(dir, 2ull << 20);  // well below the state: streamed
   o.optimizer.subgroup_size = 16384;
   o.optimizer.max_grad_norm = 0.5;
   o.optimizer.loss_scaler.mode = LossScaling::dynamic;

@@ -18,15 +18,7 @@ using tierswap::test::TempDir;
 namespace {
 
 TieredOptions options(const std::filesystem::path& dir) {
-  TieredOptions o;
-  o.swap_dirs = {dir};
-  o.host_budget = 4ull << 20;
-  o.communicator = "single";
-  o.threads = 2;
-  o.tiers.telemetry = false;
-  o.tiers.durable = false;
-  o.tiers.device_mode = DeviceTierMode::off;
-  return o;
+  return test::tiered_options(dir, 4ull << 20);
 }
 
 // Three parameters of ragged sizes in two groups, one frozen; initialized and stepped once.

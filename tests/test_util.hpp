@@ -14,8 +14,24 @@
 #include "tierswap/detail/io_backend.hpp"
 #include "tierswap/io_engine.hpp"
 #include "tierswap/swap_space.hpp"
+#include "tierswap/tiered_optimizer.hpp"
 
 namespace tierswap::test {
+
+/// The one-object setup's options for a test: one swap directory, `budget` pinned bytes, one
+/// process, `threads` kernel threads, no telemetry and no device tier, commits without fsync.
+inline TieredOptions tiered_options(const std::filesystem::path& dir, std::uint64_t budget,
+                                    unsigned threads = 2) {
+  TieredOptions o;
+  o.swap_dirs = {dir};
+  o.host_budget = budget;
+  o.communicator = "single";
+  o.threads = threads;
+  o.tiers.telemetry = false;
+  o.tiers.durable = false;
+  o.tiers.device_mode = DeviceTierMode::off;
+  return o;
+}
 
 /// A fresh directory on a real filesystem (TMPDIR or /var/tmp: not tmpfs, so O_DIRECT works),
 /// removed with everything in it at the end of the test.

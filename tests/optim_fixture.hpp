@@ -80,7 +80,9 @@ struct Rig {
     if (faults) {
       std::string why;
       auto inner = test::make_backend(IoBackendKind::posix, *space, 16, &why);
-      engine = std::make_unique<IoEngine>(*space, IoEngineConfig{},
+      IoEngineConfig ec;
+      ec.queue_depth = 16;  // the backend's
+      engine = std::make_unique<IoEngine>(*space, ec,
                                           detail::make_fault_backend(std::move(inner), faults));
     } else {
       engine = std::make_unique<IoEngine>(*space);

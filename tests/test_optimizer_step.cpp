@@ -202,6 +202,56 @@ TEST(ShardedOptimizer, AFailedStepLeavesThePreviousStateIntact) {
   }
 }
 
+// A failed step whose rollback cannot read the master weights back (the disk fails again and
+// again) leaves the 16-bit parameters half restored: param16() refuses them, the next
+// begin_backward() restores them and throws (the forward pass ran on them), and training then goes
+// on bit for bit as if nothing had failed.
+TEST(ShardedOptimizer, StaleParam16AfterAFailedRollbackIsRestoredBeforeTheNextBackward) {
+  Rig clean;
+  auto mc = test::start_model(*clean.opt);
+  test::train(*clean.opt, mc, 1, 3, 0, 1);
+  std::atomic<bool> fail{false};
+  bool arm = false;
+  OptimizerConfig oc = test::model_config();
+  oc.subgroup_size = 8192;  // several sub-groups: the step hands some out, then fails
+  Rig r(tier_config(256 * kKiB, 64 * kKiB), oc, 64 * kMiB,
+        [&](const detail::IoRequest&, std::uint64_t) {
+          return fail.load() ? detail::Fault{detail::Fault::Kind::error, EIO} : detail::Fault{};
+        });
+  auto m = test::start_model(*r.opt);
+  r.opt->on_param16_ready([&](ParamId, std::span<const std::uint16_t>) {
+    if (arm) fail = true;  // every read and write fails from the first hand-out on
+  });
+  test::train(*r.opt, m, 1, 2, 0, 1);
+  const auto p16 = std::vector<std::uint16_t>(r.opt->param16(m.ids[0]).begin(),
+                                              r.opt->param16(m.ids[0]).end());
+  arm = true;
+  EXPECT_THROW(test::train(*r.opt, m, 3, 3, 0, 1), std::system_error);
+  arm = false;
+  EXPECT_EQ(r.opt->step_count(), 2u);
+  try {
+    (void)r.opt->param16(m.ids[0]);
+    ADD_FAILURE() << "param16() handed out values the rollback could not restore";
+  } catch (const std::runtime_error& e) {
+    EXPECT_NE(std::string(e.what()).find("stale"), std::string::npos) << e.what();
+  }
+  EXPECT_THROW(r.opt->begin_backward(), std::system_error);  // the disk still fails
+  fail = false;
+  try {
+    r.opt->begin_backward();
+    ADD_FAILURE() << "begin_backward() after restoring stale values must ask for a new forward";
+  } catch (const std::system_error& e) {
+    EXPECT_EQ(e.code().value(), EIO);
+    EXPECT_NE(std::string(e.what()).find("run the forward pass again"), std::string::npos)
+        << e.what();
+  }
+  const auto now = r.opt->param16(m.ids[0]);
+  EXPECT_TRUE(std::equal(now.begin(), now.end(), p16.begin(), p16.end()));
+  EXPECT_EQ(test::train(*r.opt, m, 3, 3, 0, 1).back().step, 3u);
+  expect_same_state(*clean.opt, mc, *r.opt, m);
+  expect_same_param16(*clean.opt, mc, *r.opt, m);
+}
+
 // fp32 accumulation reads fp32 gradient blocks (statistics and kernel); with this model's exact
 // sums it must give the very bits of 16-bit accumulation. bf16 moments halve the moments' bytes
 // and stay close.

@@ -14,9 +14,11 @@
 #include <nlohmann/json.hpp>
 #include <random>
 #include <thread>
+#include <utility>
 
 #include "test_util.hpp"
 #include "tierswap/aligned_buffer.hpp"
+#include "tierswap/detail/io_backend.hpp"
 #include "tierswap/detail/manifest.hpp"
 #include "tierswap/io_engine.hpp"
 #include "tierswap/swap_space.hpp"
@@ -36,12 +38,23 @@ struct Rig {
   std::unique_ptr<IoEngine> engine;
   std::unique_ptr<TierManager> mgr;
 
-  explicit Rig(TierConfig cfg, std::uint64_t capacity = 64 << 20) {
+  explicit Rig(TierConfig cfg, std::uint64_t capacity = 64 << 20,
+               detail::FaultPlan faults = nullptr) {
     SwapSpaceConfig sc;
     sc.dirs = {dir.path()};
     sc.capacity = capacity;
     space = std::make_unique<SwapSpace>(SwapSpace::create(sc));
-    engine = std::make_unique<IoEngine>(*space);
+    if (faults) {
+      std::string why;
+      IoEngineConfig ec;
+      ec.queue_depth = 16;  // the backend's
+      engine = std::make_unique<IoEngine>(
+          *space, ec,
+          detail::make_fault_backend(test::make_backend(IoBackendKind::posix, *space, 16, &why),
+                                     std::move(faults)));
+    } else {
+      engine = std::make_unique<IoEngine>(*space);
+    }
     mgr = std::make_unique<TierManager>(*space, *engine, cfg);
   }
   // Closes and reopens everything on the same directory (as a new process would).
@@ -972,6 +985,61 @@ TEST(TierManager, TransientBlocksStayOutOfGenerations) {
 }
 
 // write_back(): the write starts at once, and the block is the first to go afterwards.
+CopyState host_state(TierManager& m, const std::string& name) {
+  for (const auto& row : m.snapshot().blocks)
+    if (row.name == name) return row.state[static_cast<int>(Tier::host)];
+  ADD_FAILURE() << "no block " << name;
+  return CopyState::absent;
+}
+
+// A write-behind that fails with nobody waiting for it is finalized by the reaper: its copy stays
+// dirty and its error is seen by no one. The commit writes such a copy again, and a commit whose
+// rewrite fails too throws and commits nothing. (When the reaper finalized the failure while the
+// commit was already past that block, the commit used to record the block's older data as the new
+// generation's; that race is what the dense fault soak catches, test_fault_soak.cpp.)
+TEST(TierManager, AWriteBehindThatFailedUnseenIsWrittenAgainByTheCommit) {
+  const std::uint64_t bytes = 64 * kKiB;
+  std::atomic<int> fail_writes{0};
+  Rig r(small_config(bytes, 8), 64 << 20, [&](const detail::IoRequest& q, std::uint64_t) {
+    if (q.op == IoOp::write && fail_writes.load() > 0) {
+      --fail_writes;
+      return detail::Fault{detail::Fault::Kind::error, EIO};
+    }
+    return detail::Fault{};
+  });
+  const BlockId a = r.mgr->create(desc("a", bytes / 4));
+  const auto write_behind_failing = [&](int pattern, int failures) {
+    {
+      BlockView v = r.mgr->acquire(a, Tier::host, Access::write);
+      fill(v, pattern);
+      r.mgr->release(v, true);
+    }
+    fail_writes = failures;
+    r.mgr->write_back(a);
+    while (host_state(*r.mgr, "a") == CopyState::writing) std::this_thread::yield();
+    ASSERT_EQ(host_state(*r.mgr, "a"), CopyState::dirty) << "the failed write leaves it dirty";
+  };
+  write_behind_failing(1, 1);
+  EXPECT_EQ(r.mgr->commit(), 1u);  // written again: the fault was one request
+  r.mgr->evict(a, Tier::host);
+  expect_pattern(*r.mgr, a, 1);  // read back from NVMe: the committed data is the newest
+  r.mgr->discard();
+  expect_pattern(*r.mgr, a, 1);
+  write_behind_failing(2, 1000);
+  try {
+    r.mgr->commit();
+    ADD_FAILURE() << "a commit whose writes fail must throw";
+  } catch (const std::system_error& e) {
+    EXPECT_EQ(e.code().value(), EIO) << e.what();
+  }
+  EXPECT_EQ(r.mgr->committed_generation(), 1u);
+  fail_writes = 0;
+  r.mgr->discard();
+  expect_pattern(*r.mgr, a, 1);
+  r.reopen(small_config(bytes, 8));
+  expect_pattern(*r.mgr, a, 1);
+}
+
 TEST(TierManager, WriteBackStartsAtOnceAndDemotes) {
   const std::uint64_t n = 4096;
   TierConfig cfg = small_config(16 * kKiB, 2);

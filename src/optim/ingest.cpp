@@ -145,6 +145,7 @@ void ShardedOptimizer::begin_backward(bool final) {
   Impl& m = *impl_;
   m.require_finalized("begin_backward");
   if (m.in_backward) throw std::logic_error("begin_backward: the previous backward has not ended");
+  m.require_current_param16("begin_backward");
   m.in_backward = true;
   m.final_backward = final;
   for (auto& s : m.subs) s.seen = 0;

@@ -263,6 +263,19 @@ struct ShardedOptimizer::Impl {
   BlockId make_block(const BlockDesc& d);
   /// Recomputes this rank's 16-bit parameters from the master weights, then all-gathers them.
   void refresh_param16();
+  /// A failed step's rollback: refresh_param16() with each sub-group's read tried a few times
+  /// (a second fault may hit it); if one still fails, param16 is left stale (p16_stale).
+  void restore_param16();
+  /// Stale 16-bit parameters (p16_stale) are restored first; then `what` throws, since the
+  /// trainer's forward pass ran on them.
+  void require_current_param16(const char* what);
+  /// Refreshes this rank's sub-groups (or one), each read tried kRestoreAttempts times; the
+  /// last error.
+  std::exception_ptr refresh_own_param16_retrying();
+  std::exception_ptr refresh_sub16_retrying(const OptSub& s);
+  void mark_param16_stale(std::exception_ptr why);  // logs it
+  static constexpr int kRestoreAttempts = 3;
+  std::exception_ptr p16_stale;  // why param16 no longer matches the committed masters
   void gather_param16();
   void reduce_local(OptGroup& g);
   /// At the end of a sub-group's ingest in a final backward: its statistics (view: its
@@ -377,6 +390,7 @@ struct ShardedOptimizer::Impl {
   void partition_todo_late(bool keep, std::vector<std::size_t>* todo,
                            std::vector<std::size_t>* late) const;
   void keep_speculative_param16(StepResult& r, bool* p16_changed);
+  void roll_back_failed_step(bool p16_changed);
   void run_pipeline_and_commit(const StepPlan& sp, bool keep, std::vector<BlockView>* late_grads,
                                StepResult& r);
   void step_memory_only_after_commit(const StepPlan& sp, std::vector<BlockView>* late_grads,

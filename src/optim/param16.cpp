@@ -9,7 +9,10 @@
 #include <cstring>
 #include <functional>
 #include <limits>
+#include <exception>
 #include <stdexcept>
+#include <string>
+#include <system_error>
 #include <utility>
 
 #include "src/optim/optimizer_impl.hpp"
@@ -20,6 +23,19 @@
 #include "tierswap/units.hpp"
 
 namespace tierswap {
+namespace {
+
+std::string what_of(const std::exception_ptr& e) {
+  try {
+    std::rethrow_exception(e);
+  } catch (const std::exception& x) {
+    return x.what();
+  } catch (...) {
+    return "unknown error";
+  }
+}
+
+}  // namespace
 
 void ShardedOptimizer::Impl::promote_memory_only_gpu(const OptSub& s, BlockId b) {
   if (!s.memory_only || !s.on_gpu) return;
@@ -90,6 +106,59 @@ void ShardedOptimizer::Impl::refresh_param16() {
   gather_param16();
 }
 
+std::exception_ptr ShardedOptimizer::Impl::refresh_sub16_retrying(const OptSub& s) {
+  for (int attempt = 1;; ++attempt) {
+    try {
+      refresh_sub16(s);
+      return nullptr;
+    } catch (...) {
+      if (attempt == kRestoreAttempts) return std::current_exception();
+    }
+  }
+}
+
+std::exception_ptr ShardedOptimizer::Impl::refresh_own_param16_retrying() {
+  std::exception_ptr last;
+  for (const auto& s : subs)
+    if (std::exception_ptr e = refresh_sub16_retrying(s)) last = e;
+  return last;
+}
+
+void ShardedOptimizer::Impl::mark_param16_stale(std::exception_ptr why) {
+  log(LogLevel::error,
+      fmt::format("step {}: the 16-bit parameters could not be restored from the committed "
+                  "master weights ({}); the next begin_backward() or step() restores them",
+                  step_count + 1, what_of(why)));
+  p16_stale = std::move(why);
+}
+
+void ShardedOptimizer::Impl::restore_param16() {
+  std::exception_ptr failed = refresh_own_param16_retrying();
+  gather_param16();
+  if (failed) return mark_param16_stale(std::move(failed));
+  p16_all();  // the values the trainer was given are undone
+}
+
+void ShardedOptimizer::Impl::require_current_param16(const char* what) {
+  if (!p16_stale) return;
+  if (std::exception_ptr again = refresh_own_param16_retrying()) std::rethrow_exception(again);
+  gather_param16();
+  p16_all();
+  p16_sync();
+  const std::exception_ptr why = std::exchange(p16_stale, nullptr);
+  const std::string msg = fmt::format(
+      "{}: the 16-bit parameters were stale after a failed step's rollback ({}) and are restored "
+      "now: run the forward pass again",
+      what, what_of(why));
+  try {
+    std::rethrow_exception(why);
+  } catch (const std::system_error& e) {
+    throw std::system_error(e.code(), msg);
+  } catch (...) {
+    throw std::runtime_error(msg);
+  }
+}
+
 void ShardedOptimizer::Impl::refresh_sub16(const OptSub& s) {
   OptGroup& g = groups[s.group];
   {
@@ -132,6 +201,11 @@ std::span<const std::uint16_t> ShardedOptimizer::param16(ParamId id) const {
   if (!p.spec.requires_grad)
     throw std::invalid_argument(fmt::format(
         "param16: parameter '{}' is frozen: tierswap keeps no 16-bit copy of it", p.spec.name));
+  if (m.p16_stale)
+    throw std::runtime_error(fmt::format(
+        "param16 '{}': stale since a failed step's rollback could not restore it ({}); "
+        "begin_backward() or step() restores it",
+        p.spec.name, what_of(m.p16_stale)));
   return {m.groups[p.group].p16.data() + p.offset, p.numel};
 }
 

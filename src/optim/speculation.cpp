@@ -126,7 +126,12 @@ void ShardedOptimizer::Impl::spec_discard() {
       for (const auto& s : subs)
         if (s.spec == OptSub::Spec::stepped) stepped.push_back(&s);
     }
-    for (const OptSub* s : stepped) refresh_sub16(*s);
+    spec_reset();
+    std::exception_ptr failed;  // (the values are the trainer's: left stale, not thrown)
+    for (const OptSub* s : stepped)
+      if (std::exception_ptr e = refresh_sub16_retrying(*s)) failed = e;
+    if (failed) mark_param16_stale(std::move(failed));
+    return;
   }
   spec_reset();
 }

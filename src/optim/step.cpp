@@ -358,20 +358,29 @@ void ShardedOptimizer::Impl::run_pipeline_and_commit(const StepPlan& sp, bool ke
   } catch (...) {
     late_grads->clear();
     step_count = sp.t - 1;
-    try {
-      spec_discard();
-      drop_all_grads();
-      if (p16_changed) {
-        refresh_param16();
-        p16_all();  // the values the trainer was given are undone
-      }
-      p16_sync();
-    } catch (const std::exception& e) {
-      log(LogLevel::error,
-          fmt::format("step: rolling back after an error failed too: {}", e.what()));
-    }
+    roll_back_failed_step(p16_changed);
     throw;
   }
+}
+
+// Each part of the rollback runs even if one before it failed; the 16-bit parameters are
+// restored last (restore_param16 leaves them stale if a read fails again and again).
+void ShardedOptimizer::Impl::roll_back_failed_step(bool p16_changed) {
+  const auto guarded = [this](const char* part, auto&& fn) {
+    try {
+      fn();
+      return true;
+    } catch (const std::exception& e) {
+      log(LogLevel::error, fmt::format("step {}: rolling back ({}) failed too: {}",
+                                       step_count + 1, part, e.what()));
+      return false;
+    }
+  };
+  // A discard that fails part-way may leave in-place speculative values in param16.
+  if (!guarded("discarding the speculative steps", [&] { spec_discard(); })) p16_changed = true;
+  guarded("dropping the gradients", [&] { drop_all_grads(); });
+  if (p16_changed) guarded("restoring the 16-bit parameters", [&] { restore_param16(); });
+  guarded("waiting for the device copies", [&] { p16_sync(); });
 }
 
 // The memory-only state: the committed generation is the new step for everything else, and this
@@ -422,6 +431,7 @@ StepResult ShardedOptimizer::step() {
   Impl& m = *impl_;
   m.require_finalized("step");
   if (m.in_backward) throw std::logic_error("step: end_backward() first");
+  m.require_current_param16("step");
   const auto t0 = Clock::now();
   const TierCounters c0 = m.tiers.counters();
   if (m.world > 1)
@@ -431,8 +441,7 @@ StepResult ShardedOptimizer::step() {
   // failed step leaves the state as it was before the backward and drops the gradients.
   Impl::Speculation spec = m.drain_speculation();
   if (spec.error) {
-    m.spec_discard();
-    m.drop_all_grads();
+    m.roll_back_failed_step(false);
     std::rethrow_exception(spec.error);
   }
   const auto [sum_sq, nonfinite] = m.global_grad_stats();

@@ -93,6 +93,10 @@ void TierManager::Impl::write_behind(std::unique_lock<std::mutex>& lk) {
   }
 }
 
+// Writes every dirty host copy down and waits for every write in flight; the first error is
+// rethrown. A write-behind that failed with nobody waiting for it (the reaper finalized it) left
+// its copy dirty and its error unseen: such copies are written again here, so that a commit never
+// records a block whose newest data is only in memory.
 void TierManager::Impl::flush_locked(std::unique_lock<std::mutex>& lk) {
   for (BlockId id = 0; id < blocks.size(); ++id) {
     wait_not_busy(lk, id);
@@ -100,28 +104,46 @@ void TierManager::Impl::flush_locked(std::unique_lock<std::mutex>& lk) {
     while (b.st[kDev] == CopyState::dirty && !b.writer && !b.desc.transient && !copy_down(lk, id)) {
     }
   }
-  for (BlockId id = 0; id < blocks.size(); ++id) {
-    wait_not_busy(lk, id);
-    Block& b = *blocks[id];
-    if (b.st[kHost] == CopyState::dirty && !b.writer && !b.op && !b.desc.transient)
-      start_write(lk, id);
+  const auto needs_write = [](const Block& b) {
+    return b.st[kHost] == CopyState::dirty && !b.writer && !b.desc.transient;
+  };
+  for (;;) {
+    std::vector<std::shared_ptr<Op>> mine;
+    for (BlockId id = 0; id < blocks.size(); ++id) {
+      wait_not_busy(lk, id);
+      if (needs_write(*blocks[id]) && !blocks[id]->op) mine.push_back(start_write(lk, id));
+    }
+    std::exception_ptr first = wait_writes(lk);  // the write-behind's too
+    for (auto& op : mine) {  // (one the reaper finalized is no longer in flight)
+      try {
+        wait_op(lk, op);
+      } catch (...) {
+        if (!first) first = std::current_exception();
+      }
+    }
+    if (first) std::rethrow_exception(first);
+    if (std::none_of(blocks.begin(), blocks.end(), [&](auto& b) { return needs_write(*b); }))
+      return;
   }
+}
+
+// Waits for every write in flight; the first error.
+std::exception_ptr TierManager::Impl::wait_writes(std::unique_lock<std::mutex>& lk) {
   std::exception_ptr first;
-  while (true) {
+  for (;;) {
     std::shared_ptr<Op> w;
     for (auto& op : inflight)
       if (op->kind == Op::write) {
         w = op;
         break;
       }
-    if (!w) break;
+    if (!w) return first;
     try {
       wait_op(lk, w);
     } catch (...) {
       if (!first) first = std::current_exception();
     }
   }
-  if (first) std::rethrow_exception(first);
 }
 
 // Copies the device copy into host memory so that the host holds the newest data: host dirty

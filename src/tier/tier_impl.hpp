@@ -18,6 +18,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <deque>
+#include <exception>
 #include <map>
 #include <mutex>
 #include <nlohmann/json.hpp>
@@ -306,6 +307,7 @@ struct TierManager::Impl {
   void write_behind(std::unique_lock<std::mutex>& lk);
 
   void flush_locked(std::unique_lock<std::mutex>& lk);
+  std::exception_ptr wait_writes(std::unique_lock<std::mutex>& lk);
 
   // Copies the device copy into host memory so that the host holds the newest data: host dirty
   // and device valid when the device copy was dirty, both valid otherwise. Waits for a transfer

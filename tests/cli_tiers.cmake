@@ -3,7 +3,7 @@ cmake_policy(SET CMP0054 NEW)
 # committed, `ps`, `bench tier`, and the errors for bad targets.
 set(dir "${WORK}/cli-tiers/new")  # demo --dir makes a directory that does not exist yet
 file(REMOVE_RECURSE "${WORK}/cli-tiers")
-execute_process(COMMAND ${CLI} demo --dir ${dir} --params 2M --sub-group 256K --host-budget 16MiB
+execute_process(COMMAND ${CLI} demo --dir ${dir} --params 2097152 --sub-group 262144 --host-budget 16MiB
                         --steps 2 --json
                 RESULT_VARIABLE rc OUTPUT_VARIABLE out ERROR_VARIABLE err)
 if(NOT rc EQUAL 0)
@@ -101,7 +101,7 @@ endif()
 set(sdir "${WORK}/cli-step")
 file(REMOVE_RECURSE "${sdir}")
 file(MAKE_DIRECTORY "${sdir}")
-execute_process(COMMAND ${CLI} bench step --params 2M --sub-group 256K --host-budget 12MiB --runs 1
+execute_process(COMMAND ${CLI} bench step --params 2097152 --sub-group 262144 --host-budget 12MiB --runs 1
                         --dir ${sdir} --keep --json
                 RESULT_VARIABLE rc OUTPUT_VARIABLE out ERROR_VARIABLE err)
 if(NOT rc EQUAL 0)
@@ -131,7 +131,7 @@ if(NOT rc EQUAL 0 OR e OR gen LESS 3)
 endif()
 file(REMOVE_RECURSE "${sdir}")
 file(MAKE_DIRECTORY "${sdir}")
-execute_process(COMMAND ${CLI} bench step --params 2M --sub-group 256K --host-budget 16MiB --runs 1
+execute_process(COMMAND ${CLI} bench step --params 2097152 --sub-group 262144 --host-budget 16MiB --runs 1
                         --dir ${sdir} --grad-tier nvme --json
                 RESULT_VARIABLE rc OUTPUT_VARIABLE out ERROR_VARIABLE err)
 string(JSON wr ERROR_VARIABLE e GET "${out}" nvme_write_bytes_per_param)
@@ -147,7 +147,7 @@ file(REMOVE_RECURSE "${sdir}")
 # after the backward is shorter than the ordinary one (not a timing threshold: the overlapped
 # step() does only the commit, the ordinary one all of the work).
 file(MAKE_DIRECTORY "${sdir}")
-execute_process(COMMAND ${CLI} bench step --params 2M --sub-group 256K --host-budget 16MiB --runs 1
+execute_process(COMMAND ${CLI} bench step --params 2097152 --sub-group 262144 --host-budget 16MiB --runs 1
                         --dir ${sdir} --overlap --backward-ms 300 --json
                 RESULT_VARIABLE rc OUTPUT_VARIABLE out ERROR_VARIABLE err)
 string(JSON kept ERROR_VARIABLE e GET "${out}" runs 0 overlapped_subgroups)
@@ -164,7 +164,7 @@ file(REMOVE_RECURSE "${sdir}")
 # the same with the speculative 16-bit output in place.
 foreach(inplace "" "--param16-in-place")
   file(MAKE_DIRECTORY "${sdir}")
-  execute_process(COMMAND ${CLI} bench step --params 2M --sub-group 256K --host-budget 256MiB
+  execute_process(COMMAND ${CLI} bench step --params 2097152 --sub-group 262144 --host-budget 256MiB
                           --runs 1 --dir ${sdir} --overlap --backward-ms 300 --state host
                           --memory-only ${inplace} --json
                   RESULT_VARIABLE rc OUTPUT_VARIABLE out ERROR_VARIABLE err)
@@ -245,7 +245,7 @@ set(pfile "${WORK}/demo-plan.json")
 file(WRITE "${pfile}" [=[{"format": "tierswap.plan", "version": 1, "subgroups": [
   {"numel": 1, "state_tier": "nvme", "step_device": "cpu"},
   {"numel": 1, "state_tier": "host", "step_device": "cpu"}]}]=])
-execute_process(COMMAND ${CLI} demo --params 2M --sub-group 256K --host-budget 16MiB --steps 2
+execute_process(COMMAND ${CLI} demo --params 2097152 --sub-group 262144 --host-budget 16MiB --steps 2
                         --plan "${pfile}" --overlap --max-grad-norm 0 --json
                 RESULT_VARIABLE rc OUTPUT_VARIABLE out ERROR_VARIABLE err)
 string(JSON n ERROR_VARIABLE e LENGTH "${out}" steps)
@@ -264,7 +264,7 @@ file(WRITE "${pfile}" [=[{"format": "tierswap.plan", "version": 1,
   {"numel": 1, "state_tier": "host", "step_device": "cpu"},
   {"numel": 1, "state_tier": "gpu", "step_device": "gpu"}]}]=])
 foreach(overlap "" "--overlap")
-  execute_process(COMMAND ${CLI} demo --params 2M --sub-group 256K --host-budget 64MiB --steps 3
+  execute_process(COMMAND ${CLI} demo --params 2097152 --sub-group 262144 --host-budget 64MiB --steps 3
                           --plan "${pfile}" ${overlap} --max-grad-norm 0 --json
                   RESULT_VARIABLE rc OUTPUT_VARIABLE out ERROR_VARIABLE err)
   if(NOT rc EQUAL 0)

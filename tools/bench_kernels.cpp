@@ -31,32 +31,6 @@ struct Options {
   bool json = false;
 };
 
-// Parameter counts: 4096, 64M (10^6), 1.5B (10^9), 20G.
-std::uint64_t parse_count(const std::string& text) {
-  std::size_t pos = 0;
-  double v = 0;
-  try {
-    v = std::stod(text, &pos);
-  } catch (...) {
-    throw std::invalid_argument(fmt::format("--params={}: not a number", text));
-  }
-  std::string unit = text.substr(pos);
-  double mult = 1;
-  if (unit == "")
-    mult = 1;
-  else if (unit == "K" || unit == "k")
-    mult = 1e3;
-  else if (unit == "M" || unit == "m")
-    mult = 1e6;
-  else if (unit == "B" || unit == "G" || unit == "b" || unit == "g")
-    mult = 1e9;
-  else
-    throw std::invalid_argument(fmt::format("--params={}: unknown suffix (use K, M, B)", text));
-  if (!(v > 0) || v * mult > 1e12)
-    throw std::invalid_argument(fmt::format("--params={}: must be in 1..10^12", text));
-  return static_cast<std::uint64_t>(v * mult);
-}
-
 // A read-only reference for the statistics pass: each thread ORs its share of `bytes` as 8
 // interleaved streams of 64-byte lines (as many streams as help here). Not a kernel: a ceiling
 // for one that only reads, measured on the same buffer.
@@ -85,7 +59,7 @@ std::uint64_t read_probe(const std::byte* p, std::size_t bytes, ThreadPool& pool
 }
 
 void run(const Options& o) {
-  const std::uint64_t n = parse_count(o.params);
+  const std::uint64_t n = parse_param_count(o.params, "--params");
   if (o.threads < 1 || o.threads > 1024)
     throw std::invalid_argument(fmt::format("--threads={}: must be in 1..1024", o.threads));
   if (o.reps < 1) throw std::invalid_argument(fmt::format("--reps={}: must be >= 1", o.reps));
@@ -234,7 +208,7 @@ void add_bench_kernels(CLI::App& bench) {
   auto opts = std::make_shared<Options>();
   auto* k = bench.add_subcommand(
       "kernels", "Fused optimizer kernels against a bandwidth probe and the unfused pipeline");
-  k->add_option("--params", opts->params, "Parameters (suffixes K, M, B: powers of 1000)")
+  k->add_option("--params", opts->params, kParamsHelp)
       ->capture_default_str();
   k->add_option("--threads", opts->threads, "Worker threads")->capture_default_str();
   k->add_option("--isa", opts->isa,

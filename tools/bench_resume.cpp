@@ -54,7 +54,7 @@ std::unique_ptr<TieredOptimizer> open_model(const std::filesystem::path& dir, st
 }
 
 void run_resume_bench(const ResumeOptions& o) {
-  const std::uint64_t n = parse_size(o.params, "--params") / 4096 * 4096;
+  const std::uint64_t n = parse_param_count(o.params, "--params") / 4096 * 4096;
   const std::uint64_t budget = parse_size(o.host_budget, "--host-budget");
   if (n < 4096) throw std::invalid_argument("--params: at least 4K");
   if (o.runs < 1) throw std::invalid_argument("--runs: at least 1");
@@ -125,7 +125,7 @@ void add_bench_resume(CLI::App& bench) {
       "Getting the state back after a restart: resume from the swap directory vs "
       "save() + load()");
   b->add_option("--dir", o->dir, "A new or empty directory (default: a temporary one)");
-  b->add_option("--params", o->params, "Parameters (suffixes K, M, G: powers of 1024)");
+  b->add_option("--params", o->params, kParamsHelp);
   b->add_option("--host-budget", o->host_budget, "Pinned host bytes");
   b->add_option("--runs", o->runs, "Repetitions, alternating (medians reported)");
   b->add_flag("--json", o->json, "Print JSON on stdout instead of text");

@@ -124,7 +124,7 @@ void run_overlap_bench(const StepOptions& o, TierManager& tiers, ShardedOptimize
     fmt::print(
         "tierswap bench step --overlap: {} params ({}), sub-group {} params ({} sub-groups), "
         "simulated backward {:.0f} ms, host budget {}, state on {}{}{}\n",
-        n, o.optimizer, round_up(parse_size(o.sub_group, "--sub-group"), kGradStatsChunk),
+        n, o.optimizer, round_up(parse_param_count(o.sub_group, "--sub-group"), kGradStatsChunk),
         opt.subgroup_count(), o.backward_ms, o.host_budget, o.state,
         o.state == "host" ? (o.memory_only ? " (memory-only)" : " (persisted to NVMe each step)")
                           : "",
@@ -171,7 +171,7 @@ void run_overlap_bench(const StepOptions& o, TierManager& tiers, ShardedOptimize
   }
   nlohmann::json j{{"params", n},
                    {"optimizer", o.optimizer},
-                   {"sub_group", round_up(parse_size(o.sub_group, "--sub-group"), kGradStatsChunk)},
+                   {"sub_group", round_up(parse_param_count(o.sub_group, "--sub-group"), kGradStatsChunk)},
                    {"subgroups", opt.subgroup_count()},
                    {"backward_ms", o.backward_ms},
                    {"state", o.state},
@@ -192,9 +192,9 @@ void run_overlap_bench(const StepOptions& o, TierManager& tiers, ShardedOptimize
 }
 
 void run_step_bench(const StepOptions& o) {
-  const std::uint64_t n = parse_size(o.params, "--params");
+  const std::uint64_t n = parse_param_count(o.params, "--params");
   const std::uint64_t budget = parse_size(o.host_budget, "--host-budget");
-  const std::uint64_t sg = parse_size(o.sub_group, "--sub-group");
+  const std::uint64_t sg = parse_param_count(o.sub_group, "--sub-group");
   const OptimizerKind kind = parse_optimizer_kind(o.optimizer);
   if (kind != OptimizerKind::adamw && kind != OptimizerKind::lion)
     throw std::invalid_argument("--optimizer: adamw or lion");
@@ -518,9 +518,9 @@ void add_bench_step(CLI::App& bench) {
       "step",
       "Optimizer step on NVMe-resident state vs an I/O-only pass and ZeRO-Infinity traffic");
   b->add_option("--dir", o->dirs, "Swap directory (repeat to stripe; default: a temporary one)");
-  b->add_option("--params", o->params, "Parameters (suffixes K, M, G: powers of 1024)");
+  b->add_option("--params", o->params, kParamsHelp);
   b->add_option("--host-budget", o->host_budget, "Pinned host bytes");
-  b->add_option("--sub-group", o->sub_group, "Parameters per sub-group");
+  b->add_option("--sub-group", o->sub_group, "Parameters per sub-group (decimal suffixes, as --params)");
   b->add_option("--optimizer", o->optimizer, "adamw | lion");
   b->add_option("--grad-tier", o->grad_tier, "Where the bf16 gradients wait: host | nvme");
   b->add_option("--runs", o->runs, "Repetitions (medians reported)");

@@ -8,6 +8,9 @@
 
 namespace tierswap::cli {
 
+/// The help of every `--params` (read by parse_param_count: decimal, as model sizes are named).
+inline constexpr const char* kParamsHelp = "Parameters (decimal suffixes K, M, B, T: 350M = 350e6)";
+
 /// `tierswap bench io ...`
 void add_bench_io(CLI::App& bench);
 /// `tierswap bench kernels ...`

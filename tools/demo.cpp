@@ -99,8 +99,8 @@ std::vector<DemoParam> demo_model(std::uint64_t params) {
 }
 
 void run_demo(const DemoOptions& o) {
-  const std::uint64_t want = parse_size(o.params, "--params");
-  if (want < (1u << 20)) throw std::invalid_argument("--params: at least 1M parameters");
+  const std::uint64_t want = parse_param_count(o.params, "--params");
+  if (want < 1'000'000) throw std::invalid_argument("--params: at least 1M (10^6) parameters");
   if (o.steps < 1) throw std::invalid_argument("--steps: must be >= 1");
   const auto model = demo_model(want);
   std::uint64_t params = 0;
@@ -115,7 +115,7 @@ void run_demo(const DemoOptions& o) {
   SwapSpace space = SwapSpace::create(sc);
   IoEngine engine(space, IoEngineConfig::from_env());
   OptimizerConfig oc;
-  oc.subgroup_size = parse_size(o.sub_group, "--sub-group");
+  oc.subgroup_size = parse_param_count(o.sub_group, "--sub-group");
   oc.state_tier = OptimizerConfig::StateTier::nvme;
   oc.max_grad_norm = o.max_grad_norm;
   oc.overlap = o.overlap;
@@ -485,8 +485,8 @@ void add_demo(CLI::App& app) {
       "demo", "Train a synthetic model a few steps with its optimizer state on NVMe");
   d->add_option("--dir", o->dir,
                 "Swap directory, new or empty (default: a temporary one, removed at exit)");
-  d->add_option("--params", o->params, "Parameters (suffixes K, M, G: powers of 1024)");
-  d->add_option("--sub-group", o->sub_group, "Parameters per sub-group");
+  d->add_option("--params", o->params, kParamsHelp);
+  d->add_option("--sub-group", o->sub_group, "Parameters per sub-group (decimal suffixes, as --params)");
   d->add_option("--steps", o->steps, "Optimizer steps");
   d->add_option("--host-budget", o->host_budget, "Pinned host bytes");
   d->add_option("--threads", o->threads, "Kernel threads");

@@ -38,6 +38,7 @@
 #include <vector>
 
 #include "tierswap/types.hpp"
+#include "tierswap/units.hpp"  // parse_param_count, for plan callers
 
 namespace tierswap {
 
@@ -191,9 +192,6 @@ struct Plan {
   const PlanSubgroup& at_fraction(double f) const;
 };
 
-/// A parameter count: an integer, or a decimal number with K, M, B (or G) or T for 10^3, 10^6,
-/// 10^9, 10^12 ("20B", "1.5T"), as model sizes are named. std::invalid_argument naming `key`.
-std::uint64_t parse_param_count(std::string_view text, std::string_view key = "params");
 
 /// The cost model: the plan with the shortest step for `opt` on `hw`. std::invalid_argument when
 /// the model does not fit (names the tier and the bytes missing).

@@ -12,6 +12,11 @@ namespace tierswap {
 /// overflow.
 std::uint64_t parse_size(std::string_view text, std::string_view key = "size");
 
+/// A parameter count: an integer, or a decimal number with K, M, B (or G) or T for 10^3, 10^6,
+/// 10^9, 10^12 ("20B", "1.5T", "350M"), as model sizes are named: decimal, unlike byte sizes.
+/// Every `--params` of the CLI reads this. std::invalid_argument naming `key`.
+std::uint64_t parse_param_count(std::string_view text, std::string_view key = "params");
+
 /// "1.50 GiB", "512 KiB", "17 B".
 std::string format_bytes(std::uint64_t bytes);
 

@@ -4,6 +4,7 @@
 #include <charconv>
 #include <cmath>
 #include <limits>
+#include <stdexcept>
 #include <string>
 
 #include "tierswap/error.hpp"
@@ -76,6 +77,33 @@ std::string format_bytes(std::uint64_t bytes) {
     ++u;
   }
   return fmt::format("{:.2f} {}", v, kUnits[u]);
+}
+
+std::uint64_t parse_param_count(std::string_view text, std::string_view key) {
+  const std::string t(text);
+  std::size_t used = 0;
+  double v = 0;
+  try {
+    v = std::stod(t, &used);
+  } catch (const std::exception&) {
+    used = 0;
+  }
+  double mult = 1;
+  const std::string rest = t.substr(used);
+  if (rest == "K" || rest == "k")
+    mult = 1e3;
+  else if (rest == "M")
+    mult = 1e6;
+  else if (rest == "B" || rest == "G")
+    mult = 1e9;
+  else if (rest == "T")
+    mult = 1e12;
+  else if (!rest.empty())
+    used = 0;
+  if (used == 0 || !(v > 0) || v * mult > 1e15)
+    throw std::invalid_argument(fmt::format(
+        "{} '{}': expected a parameter count such as 20B, 7.5B, 350M or 1000000", key, t));
+  return static_cast<std::uint64_t>(std::llround(v * mult));
 }
 
 }  // namespace tierswap

@@ -340,33 +340,6 @@ std::string_view device_name(StepDevice d) {
 
 }  // namespace
 
-std::uint64_t parse_param_count(std::string_view text, std::string_view key) {
-  const std::string t(text);
-  std::size_t used = 0;
-  double v = 0;
-  try {
-    v = std::stod(t, &used);
-  } catch (const std::exception&) {
-    used = 0;
-  }
-  double mult = 1;
-  const std::string rest = t.substr(used);
-  if (rest == "K" || rest == "k")
-    mult = 1e3;
-  else if (rest == "M")
-    mult = 1e6;
-  else if (rest == "B" || rest == "G")
-    mult = 1e9;
-  else if (rest == "T")
-    mult = 1e12;
-  else if (!rest.empty())
-    used = 0;
-  if (used == 0 || !(v > 0) || v * mult > 1e15)
-    throw std::invalid_argument(fmt::format(
-        "{} '{}': expected a parameter count such as 20B, 7.5B, 350M or 1000000", key, t));
-  return static_cast<std::uint64_t>(std::llround(v * mult));
-}
-
 void PlanOptions::validate() const {
   if (params == 0) throw std::invalid_argument("plan: params must be > 0");
   if (gpus < 0) throw std::invalid_argument("plan: gpus must be >= 0");

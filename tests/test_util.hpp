@@ -121,14 +121,26 @@ inline std::string backend_name(const ::testing::TestParamInfo<IoBackendKind>& i
   }
 }
 
-/// Starts an engine with a forced backend, or skips the test when that backend is unavailable.
-#define TIERSWAP_ENGINE_OR_SKIP(var, space, cfg)                     \
-  std::unique_ptr<::tierswap::IoEngine> var;                         \
-  try {                                                              \
-    var = std::make_unique<::tierswap::IoEngine>(space, cfg);        \
-  } catch (const std::system_error& e) {                             \
-    GTEST_SKIP() << "backend " << ::tierswap::to_string(cfg.backend) \
-                 << " unavailable here: " << e.what();               \
+/// An engine with a forced backend, or null with *why saying why that backend cannot start here.
+inline std::unique_ptr<IoEngine> try_engine(const SwapSpace& space, const IoEngineConfig& cfg,
+                                            std::string* why) {
+  try {
+    return std::make_unique<IoEngine>(space, cfg);
+  } catch (const std::system_error& e) {
+    *why = "backend " + std::string(to_string(cfg.backend)) + " unavailable here: " + e.what();
+    return nullptr;
   }
+}
+
+/// The one skip macro: `var` holds `expr`; when that is null (or false) the test is skipped with
+/// `why` (evaluated afterwards, so `expr` may fill it in).
+#define TIERSWAP_OR_SKIP(var, expr, why) \
+  auto var = (expr);                     \
+  if (!var) GTEST_SKIP() << (why)
+
+/// Starts an engine with a forced backend, or skips the test saying why it is unavailable.
+#define TIERSWAP_ENGINE_OR_SKIP(var, space, cfg)        \
+  std::string var##_why;                                \
+  TIERSWAP_OR_SKIP(var, ::tierswap::test::try_engine(space, cfg, &var##_why), var##_why)
 
 }  // namespace tierswap::test

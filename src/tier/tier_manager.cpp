@@ -192,122 +192,141 @@ void TierManager::prefetch(BlockId id, Tier tier) {
   m.pump_prefetch();
 }
 
+void TierManager::Impl::check_no_conflict(const Block& b, bool writes) const {
+  if (b.writer)
+    throw std::logic_error(
+        fmt::format("acquire: block '{}' has a writable view; release it first", b.desc.name));
+  if (writes && b.pins[kDev] + b.pins[kHost] > 0)
+    throw std::logic_error(fmt::format(
+        "acquire(write): block '{}' has {} other view(s); a writable view must be the only one",
+        b.desc.name, b.pins[kDev] + b.pins[kHost]));
+}
+
+// Access::overwrite: memory for the copy in slot s with nothing read into it (a "fresh" copy,
+// kept only if released dirty); a prefetch in flight lands first and is reused. False: the
+// block changed meanwhile, look again.
+bool TierManager::Impl::overwrite_copy(std::unique_lock<std::mutex>& lk, BlockId id, int s,
+                                       bool* waited) {
+  wait_not_busy(lk, id);
+  if (blocks[id]->st[s] == CopyState::absent) {
+    std::byte* p = alloc_slot(lk, s, id);
+    Block& b = *blocks[id];
+    check_no_conflict(b, true);
+    if (b.st[s] != CopyState::absent || b.busy) {
+      pool(s).free(p);
+      return false;
+    }
+    b.data[s] = p;
+    b.st[s] = CopyState::valid;
+    b.fresh[s] = true;
+  }
+  if (blocks[id]->st[s] == CopyState::reading) {
+    auto op = blocks[id]->op;
+    *waited = true;
+    wait_op(lk, op);
+    return false;
+  }
+  return true;
+}
+
+// Makes block id's copy in slot s current: the host copy read (or zeros, or copied down), a
+// device copy made from it, a write-back in flight waited for when the view writes. False: it
+// did one of those, look again.
+bool TierManager::Impl::make_current(std::unique_lock<std::mutex>& lk, BlockId id, int s,
+                                     bool writes, bool* waited) {
+  if (!blocks[id]->fresh[s]) {
+    wait_not_busy(lk, id);
+    const Block& c = *blocks[id];
+    const bool dev_copy = c.st[kDev] == CopyState::valid || c.st[kDev] == CopyState::dirty;
+    if (s == kDev && !dev_copy && c.st[kHost] == CopyState::absent && !c.nvme_has_data()) {
+      zero_device(lk, id);  // no data anywhere: zeros made in device memory, nothing copied
+      return false;
+    }
+    // A device view of a device copy needs nothing from the host (a device copy, when there is
+    // one, is never older than the host's: see release()).
+    if (s != kDev || !dev_copy) ensure_host(lk, id, waited);
+  }
+  Block& b = *blocks[id];
+  check_no_conflict(b, writes);
+  if (writes && b.st[kHost] == CopyState::writing) {
+    auto op = b.op;
+    *waited = true;
+    wait_op(lk, op);
+    return false;
+  }
+  if (s == kDev && b.st[kDev] == CopyState::absent) {
+    make_device_copy(lk, id);
+    return false;
+  }
+  return b.st[s] == CopyState::valid || b.st[s] == CopyState::dirty ||
+         b.st[s] == CopyState::writing;
+}
+
+// A device copy of block id from its host copy (pinned meanwhile).
+void TierManager::Impl::make_device_copy(std::unique_lock<std::mutex>& lk, BlockId id) {
+  ++blocks[id]->pins[kHost];
+  std::byte* p = nullptr;
+  try {
+    p = alloc_slot(lk, kDev, id);
+  } catch (...) {
+    --blocks[id]->pins[kHost];
+    throw;
+  }
+  Block& b = *blocks[id];
+  --b.pins[kHost];
+  if (b.st[kDev] != CopyState::absent || b.busy) {
+    device->free(p);
+    return;
+  }
+  b.data[kDev] = p;
+  b.st[kDev] = CopyState::valid;
+  copy_between_tiers(lk, id, kHost, kDev);
+}
+
 BlockView TierManager::acquire(BlockId id, Tier tier, Access access) {
   std::unique_lock lk(impl_->mu);
   Impl& m = *impl_;
-  Block& b0 = m.blk(id);
+  const Block& b0 = m.blk(id);
   if (tier == Tier::nvme)
     throw std::invalid_argument("acquire: the nvme tier has no views; acquire host or gpu");
   if (tier == Tier::device && !m.device)
     throw std::invalid_argument("acquire: no device tier configured");
   const bool writes = access != Access::read;
-  auto conflict = [&](const Block& b) {
-    if (b.writer)
-      throw std::logic_error(
-          fmt::format("acquire: block '{}' has a writable view; release it first", b.desc.name));
-    if (writes && b.pins[kDev] + b.pins[kHost] > 0)
-      throw std::logic_error(fmt::format(
-          "acquire(write): block '{}' has {} other view(s); a writable view must be the only one",
-          b.desc.name, b.pins[kDev] + b.pins[kHost]));
-  };
-  conflict(b0);
+  m.check_no_conflict(b0, writes);
   const auto t0 = Clock::now();
   bool waited = false;
   const bool was_prefetched = b0.prefetched || (b0.op && b0.op->prefetch);
   const bool needed_read = access != Access::overwrite && b0.st[kHost] == CopyState::absent &&
                            b0.st[kDev] == CopyState::absent && b0.nvme_has_data();
   const int s = slot_of(tier);
-  for (;;) {
-    if (access == Access::overwrite) {
-      m.wait_not_busy(lk, id);
-      Block& b = *m.blocks[id];
-      if (b.st[s] == CopyState::absent) {  // no copy here: take memory, read nothing
-        std::byte* p = m.alloc_slot(lk, s, id);
-        Block& b2 = *m.blocks[id];
-        conflict(b2);
-        if (b2.st[s] != CopyState::absent || b2.busy) {
-          m.pool(s).free(p);
-          continue;
-        }
-        b2.data[s] = p;
-        b2.st[s] = CopyState::valid;
-        b2.fresh[s] = true;
-      }
-      if (b.st[s] == CopyState::reading) {  // a prefetch in flight: let it land, then reuse it
-        auto op = b.op;
-        waited = true;
-        m.wait_op(lk, op);
-        continue;
-      }
-    }
-    if (!m.blocks[id]->fresh[s]) {
-      m.wait_not_busy(lk, id);
-      const Block& c = *m.blocks[id];
-      const bool dev_copy = c.st[kDev] == CopyState::valid || c.st[kDev] == CopyState::dirty;
-      if (s == kDev && !dev_copy && c.st[kHost] == CopyState::absent && !c.nvme_has_data()) {
-        m.zero_device(lk, id);  // no data anywhere: zeros made in device memory, nothing copied
-        continue;
-      }
-      // A device view of a device copy needs nothing from the host (a device copy, when there is
-      // one, is never older than the host's: see release()).
-      if (s != kDev || !dev_copy) m.ensure_host(lk, id, &waited);
-    }
-    Block& b = *m.blocks[id];
-    conflict(b);
-    if (writes && b.st[kHost] == CopyState::writing) {
-      auto op = b.op;
-      waited = true;
-      m.wait_op(lk, op);
-      continue;
-    }
-    if (s == kDev && b.st[kDev] == CopyState::absent) {
-      // Pin the host copy while the device copy is made from it.
-      ++b.pins[kHost];
-      std::byte* p = nullptr;
-      try {
-        p = m.alloc_slot(lk, kDev, id);
-      } catch (...) {
-        --m.blocks[id]->pins[kHost];
-        throw;
-      }
-      Block& b2 = *m.blocks[id];
-      --b2.pins[kHost];
-      if (b2.st[kDev] != CopyState::absent || b2.busy) {
-        m.device->free(p);
-        continue;
-      }
-      b2.data[kDev] = p;
-      b2.st[kDev] = CopyState::valid;
-      m.copy_between_tiers(lk, id, kHost, kDev);
-      continue;
-    }
-    if (b.st[s] != CopyState::valid && b.st[s] != CopyState::dirty && b.st[s] != CopyState::writing)
-      continue;
-    ++b.pins[s];
-    b.writer = writes;
-    b.prefetched = false;
-    b.landed = false;
-    b.last_use = ++m.tick;
-    if (b.nvme_has_data()) {
-      if (was_prefetched)
-        ++m.ctr.prefetch_hits;
-      else if (needed_read)
-        ++m.ctr.prefetch_misses;
-    }
-    if (waited) {
-      ++m.ctr.stalls;
-      m.ctr.stall_seconds += seconds_since(t0);
-    }
-    m.check_invariants();
-    BlockView v;
-    v.mgr_ = this;
-    v.data_ = b.data[s];
-    v.bytes_ = b.bytes;
-    v.id_ = id;
-    v.tier_ = tier;
-    v.writable_ = writes;
-    return v;
+  while ((access == Access::overwrite && !m.overwrite_copy(lk, id, s, &waited)) ||
+         !m.make_current(lk, id, s, writes, &waited)) {
   }
+  Block& b = *m.blocks[id];
+  ++b.pins[s];
+  b.writer = writes;
+  b.prefetched = false;
+  b.landed = false;
+  b.last_use = ++m.tick;
+  if (b.nvme_has_data()) {
+    if (was_prefetched)
+      ++m.ctr.prefetch_hits;
+    else if (needed_read)
+      ++m.ctr.prefetch_misses;
+  }
+  if (waited) {
+    ++m.ctr.stalls;
+    m.ctr.stall_seconds += seconds_since(t0);
+  }
+  m.check_invariants();
+  BlockView v;
+  v.mgr_ = this;
+  v.data_ = b.data[s];
+  v.bytes_ = b.bytes;
+  v.id_ = id;
+  v.tier_ = tier;
+  v.writable_ = writes;
+  return v;
 }
 
 void TierManager::release(BlockView& v, bool dirty) {

@@ -114,13 +114,7 @@ void TierManager::Impl::flush_locked(std::unique_lock<std::mutex>& lk) {
       if (needs_write(*blocks[id]) && !blocks[id]->op) mine.push_back(start_write(lk, id));
     }
     std::exception_ptr first = wait_writes(lk);  // the write-behind's too
-    for (auto& op : mine) {  // (one the reaper finalized is no longer in flight)
-      try {
-        wait_op(lk, op);
-      } catch (...) {
-        if (!first) first = std::current_exception();
-      }
-    }
+    for (auto& op : mine) wait_op_noting(lk, op, &first);  // (finalized ones are not in flight)
     if (first) std::rethrow_exception(first);
     if (std::none_of(blocks.begin(), blocks.end(), [&](auto& b) { return needs_write(*b); }))
       return;
@@ -138,11 +132,7 @@ std::exception_ptr TierManager::Impl::wait_writes(std::unique_lock<std::mutex>& 
         break;
       }
     if (!w) return first;
-    try {
-      wait_op(lk, w);
-    } catch (...) {
-      if (!first) first = std::current_exception();
-    }
+    wait_op_noting(lk, w, &first);
   }
 }
 

@@ -208,6 +208,9 @@ struct TierManager::Impl {
   /// wait_op, whatever the transfer's outcome: its error is recorded with the op and reported
   /// to its owner; the caller only needs the transfer to have ended (the block no longer busy).
   void wait_op_settled(std::unique_lock<std::mutex>& lk, const std::shared_ptr<Op>& op) noexcept;
+  /// wait_op, its error kept in *first unless one is there already.
+  void wait_op_noting(std::unique_lock<std::mutex>& lk, const std::shared_ptr<Op>& op,
+                      std::exception_ptr* first);
 
   void wait_not_busy(std::unique_lock<std::mutex>& lk, BlockId id);
 

@@ -191,6 +191,15 @@ void TierManager::Impl::zero_device(std::unique_lock<std::mutex>& lk, BlockId id
   b.st[kDev] = CopyState::valid;
 }
 
+void TierManager::Impl::wait_op_noting(std::unique_lock<std::mutex>& lk,
+                                       const std::shared_ptr<Op>& op, std::exception_ptr* first) {
+  try {
+    wait_op(lk, op);
+  } catch (...) {
+    if (!*first) *first = std::current_exception();
+  }
+}
+
 void TierManager::Impl::wait_op_settled(std::unique_lock<std::mutex>& lk,
                                         const std::shared_ptr<Op>& op) noexcept {
   try {

@@ -19,7 +19,7 @@ function(header_layer header out)  # header: the path inside an #include "..."
   if(header MATCHES "^tierswap/(types|units|log|error|checksum|thread_pool|aligned_buffer)\\.hpp$"
      OR header MATCHES "^tierswap/detail/(env|json|paths|file)\\.hpp$")
     set(layer common)
-  elseif(header MATCHES "^tierswap/(kernels|cuda_kernels|device)\\.hpp$" OR header MATCHES "^kernels/")
+  elseif(header MATCHES "^tierswap/(kernels|cuda_kernels|cuda_runtime|device)\\.hpp$" OR header MATCHES "^kernels/")
     set(layer kernels)
   elseif(header MATCHES "^tierswap/(io_engine|swap_space|extent_allocator)\\.hpp$"
          OR header MATCHES "^tierswap/detail/io_backend\\.hpp$" OR header MATCHES "^io/")

@@ -23,7 +23,7 @@
 
 #include "tierswap/aligned_buffer.hpp"
 #include "tierswap/communicator.hpp"
-#include "tierswap/cuda_kernels.hpp"
+#include "tierswap/cuda_runtime.hpp"
 #include "tierswap/io_engine.hpp"
 #include "tierswap/kernels.hpp"
 #include "tierswap/optimizer.hpp"

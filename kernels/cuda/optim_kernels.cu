@@ -9,10 +9,14 @@
 #include <string>
 
 #include "kernels/cpu/kernel_table.hpp"
+#include "kernels/cuda/cuda_check.hpp"
 #include "tierswap/cuda_kernels.hpp"
 #include "tierswap/device.hpp"
 
 namespace tierswap::cuda {
+using detail::as_stream;
+using detail::check;
+using detail::check_launch;
 namespace {
 
 using kernels::AdamArgs;
@@ -314,32 +318,7 @@ unsigned grid_for(std::size_t n) {
   return static_cast<unsigned>(blocks < 65535 * 32 ? blocks : 65535 * 32);
 }
 
-// Null: the calling thread's default stream, never the legacy one (which would serialize the
-// tier manager's copy threads with the step).
-cudaStream_t as_stream(void* s) {
-  return s == nullptr ? cudaStreamPerThread : static_cast<cudaStream_t>(s);
-}
-
-void check_launch(const char* what) {
-  const cudaError_t e = cudaGetLastError();
-  if (e != cudaSuccess)
-    throw std::runtime_error(std::string("tierswap CUDA ") + what + ": " + cudaGetErrorString(e));
-}
-
-void check(cudaError_t e, const char* what) {
-  if (e != cudaSuccess)
-    throw std::runtime_error(std::string("tierswap CUDA ") + what + ": " + cudaGetErrorString(e));
-}
-
 }  // namespace
-
-bool available() noexcept {
-  try {
-    return device_info().available;
-  } catch (...) {
-    return false;
-  }
-}
 
 void adam_step(const AdamConfig& cfg, std::int64_t step, const AdamState& st, const GradView& g,
                const Param16View& p16, std::size_t n, void* stream) {
@@ -460,46 +439,6 @@ void accumulate(void* acc, Dtype ad, const void* g, Dtype gd, std::size_t n, voi
     });
   });
   check_launch("accumulate");
-}
-
-void* device_alloc(std::size_t bytes) {
-  void* p = nullptr;
-  check(cudaMalloc(&p, bytes == 0 ? 1 : bytes), "cudaMalloc");
-  return p;
-}
-void device_free(void* p) noexcept {
-  cudaFree(p);
-}
-void copy_to_device(void* dst, const void* src, std::size_t bytes, void* stream) {
-  check(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, as_stream(stream)),
-        "copy_to_device");
-}
-void copy_to_host(void* dst, const void* src, std::size_t bytes, void* stream) {
-  check(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToHost, as_stream(stream)),
-        "copy_to_host");
-}
-void copy_on_device(void* dst, const void* src, std::size_t bytes, void* stream) {
-  check(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, as_stream(stream)),
-        "copy_on_device");
-}
-void zero_on_device(void* dst, std::size_t bytes, void* stream) {
-  check(cudaMemsetAsync(dst, 0, bytes, as_stream(stream)), "zero_on_device");
-}
-void synchronize(void* stream) {
-  check(cudaStreamSynchronize(as_stream(stream)), "synchronize");
-}
-void stream_wait_event(void* stream, void* event) {
-  check(cudaStreamWaitEvent(as_stream(stream), static_cast<cudaEvent_t>(event), 0),
-        "stream_wait_event");
-}
-bool host_register(void* p, std::size_t bytes) noexcept {
-  if (!available()) return false;
-  if (cudaHostRegister(p, bytes, cudaHostRegisterDefault) == cudaSuccess) return true;
-  cudaGetLastError();  // clear the sticky-free error so later calls do not see it
-  return false;
-}
-void host_unregister(void* p) noexcept {
-  cudaHostUnregister(p);
 }
 
 }  // namespace tierswap::cuda

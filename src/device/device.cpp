@@ -4,7 +4,7 @@ namespace tierswap {
 
 #if defined(TIERSWAP_HAVE_CUDA)
 namespace detail {
-DeviceInfo probe_cuda_device();  // kernels/cuda/device_probe.cu
+DeviceInfo probe_cuda_device();  // cuda_probe.cu
 }
 #endif
 

@@ -13,7 +13,7 @@
 #include <utility>
 
 #include "src/optim/optimizer_impl.hpp"
-#include "tierswap/cuda_kernels.hpp"
+#include "tierswap/cuda_runtime.hpp"
 #include "tierswap/device.hpp"
 #include "tierswap/log.hpp"
 #include "tierswap/thread_pool.hpp"

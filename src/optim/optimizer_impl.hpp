@@ -18,7 +18,7 @@
 #include <vector>
 
 #include "tierswap/communicator.hpp"
-#include "tierswap/cuda_kernels.hpp"
+#include "tierswap/cuda_runtime.hpp"
 #include "tierswap/optimizer.hpp"
 #include "tierswap/placement.hpp"
 #include "tierswap/tier_manager.hpp"

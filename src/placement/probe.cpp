@@ -19,7 +19,7 @@
 #include <system_error>
 
 #include "tierswap/aligned_buffer.hpp"
-#include "tierswap/cuda_kernels.hpp"
+#include "tierswap/cuda_runtime.hpp"
 #include "tierswap/io_engine.hpp"
 #include "tierswap/kernels.hpp"
 #include "tierswap/log.hpp"

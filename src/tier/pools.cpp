@@ -9,7 +9,7 @@
 #include <stdexcept>
 #include <system_error>
 
-#include "tierswap/cuda_kernels.hpp"
+#include "tierswap/cuda_runtime.hpp"
 #include "tierswap/detail/tier_pools.hpp"
 #include "tierswap/device.hpp"
 #include "tierswap/io_engine.hpp"

@@ -29,7 +29,7 @@
 
 #include "tierswap/aligned_buffer.hpp"
 #include "tierswap/checksum.hpp"
-#include "tierswap/cuda_kernels.hpp"
+#include "tierswap/cuda_runtime.hpp"
 #include "tierswap/detail/manifest.hpp"
 #include "tierswap/detail/tier_pools.hpp"
 #include "tierswap/device.hpp"

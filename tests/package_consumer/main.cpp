@@ -4,6 +4,7 @@
 #include <tierswap/checksum.hpp>
 #include <tierswap/communicator.hpp>
 #include <tierswap/cuda_kernels.hpp>
+#include <tierswap/cuda_runtime.hpp>
 #include <tierswap/device.hpp>
 #include <tierswap/error.hpp>
 #include <tierswap/extent_allocator.hpp>

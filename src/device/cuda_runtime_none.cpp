@@ -1,7 +1,8 @@
-// The CUDA kernel API in a build without CUDA: every call says so.
+// The CUDA runtime helpers in a build without CUDA (cuda_runtime.hpp): no GPU is usable,
+// page-locking fails quietly, there are no devices to describe, and the rest says so.
 #include <stdexcept>
 
-#include "tierswap/cuda_kernels.hpp"
+#include "tierswap/cuda_runtime.hpp"
 
 namespace tierswap::cuda {
 namespace {
@@ -12,33 +13,6 @@ namespace {
 
 bool available() noexcept {
   return false;
-}
-void adam_step(const AdamConfig&, std::int64_t, const AdamState&, const GradView&,
-               const Param16View&, std::size_t, void*) {
-  no_cuda();
-}
-void lion_step(const LionConfig&, float*, void*, Dtype, const GradView&, const Param16View&,
-               std::size_t, void*) {
-  no_cuda();
-}
-void sgd_step(const SgdConfig&, bool, float*, float*, const GradView&, const Param16View&,
-              std::size_t, void*) {
-  no_cuda();
-}
-std::size_t grad_stats_workspace_bytes(std::size_t) noexcept {
-  return 0;
-}
-void grad_stats(const void*, Dtype, std::size_t, double*, int*, void*, void*) {
-  no_cuda();
-}
-void grad_chunk_sums(const void*, Dtype, std::size_t, double*, void*) {
-  no_cuda();
-}
-void cast(const void*, Dtype, void*, Dtype, std::size_t, void*) {
-  no_cuda();
-}
-void accumulate(void*, Dtype, const void*, Dtype, std::size_t, void*) {
-  no_cuda();
 }
 void* device_alloc(std::size_t) {
   no_cuda();

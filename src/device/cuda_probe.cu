@@ -37,7 +37,7 @@ DeviceInfo probe_cuda_device() {
 #include <stdexcept>
 #include <vector>
 
-#include "tierswap/cuda_kernels.hpp"
+#include "tierswap/cuda_runtime.hpp"
 
 namespace tierswap::cuda {
 

@@ -349,56 +349,77 @@ void PlanOptions::validate() const {
   if (prefetch_depth > 64) throw std::invalid_argument("plan: prefetch_depth must be <= 64");
 }
 
-Plan make_plan(const HardwareProfile& hw, const PlanOptions& o) {
-  o.validate();
-  hw.validate();
-  Model m{hw, o};
+namespace {
+
+bool cpu_only(const HardwareProfile& hw) {
+  return hw.gpus.empty();
+}
+
+// The GPU whose kind all ranks share (the first), or none on a CPU-only profile.
+const GpuProfile& rank_gpu(const HardwareProfile& hw) {
+  static const GpuProfile none;
+  return cpu_only(hw) ? none : hw.gpus.front();
+}
+
+// Ranks, and each rank's parameters cut into sub-groups: the optimizer's default size, larger so
+// that a rank has at most 4096 of them.
+void set_ranks_and_subgroups(Model& m) {
+  const HardwareProfile& hw = m.hw;
+  const PlanOptions& o = m.opt;
   // A profile without a GPU (a CPU-only machine, as `tierswap probe` reports one) plans for one
   // process: state on the host or NVMe, stepped by the CPU, nothing over a link.
-  const bool cpu_only = hw.gpus.empty();
-  if (cpu_only && o.gpus > 1)
+  if (cpu_only(hw) && o.gpus > 1)
     throw std::invalid_argument(
         fmt::format("plan: --gpus {}: profile '{}' has no GPU (a CPU-only plan is for one process)",
                     o.gpus, hw.name));
-  m.gpus = cpu_only ? 1 : o.gpus == 0 ? static_cast<int>(hw.gpus.size()) : o.gpus;
+  m.gpus = cpu_only(hw) ? 1 : o.gpus == 0 ? static_cast<int>(hw.gpus.size()) : o.gpus;
   if (m.gpus > std::max<int>(1, static_cast<int>(hw.gpus.size())))
     throw std::invalid_argument(fmt::format("plan: --gpus {}: profile '{}' has {} GPU(s)", m.gpus,
                                             hw.name, hw.gpus.size()));
-  const GpuProfile none;
-  const GpuProfile& g = cpu_only ? none : hw.gpus.front();  // ranks are alike: the first's kind
-  const auto G = static_cast<double>(m.gpus);
   m.per_rank = (o.params + m.gpus - 1) / m.gpus;
   m.state_b = state_bytes_per_param(o.optimizer);
   m.kernel_b = 2 * m.state_b + 4;
-  // Sub-groups: the optimizer's default size, larger so a rank has at most 4096 of them.
   m.sub = o.subgroup_size ? o.subgroup_size : kDefaultSubgroupSize;
   m.sub = std::max<std::uint64_t>(m.sub, (m.per_rank + 4095) / 4096);
   m.sub = (m.sub + kGradStatsChunk - 1) / kGradStatsChunk * kGradStatsChunk;
   for (std::uint64_t off = 0; off < m.per_rank; off += m.sub)
     m.numel.push_back(std::min(m.sub, m.per_rank - off));
+}
 
+// Each resource's rate for one rank (shared ones divided among the ranks), in bytes per second.
+void set_rates(Model& m) {
+  const HardwareProfile& hw = m.hw;
+  const GpuProfile& g = rank_gpu(hw);
+  const auto G = static_cast<double>(m.gpus);
   double nvme_rd = 0, nvme_wr = 0;
-  std::uint64_t nvme_cap = 0;
   for (const auto& d : hw.nvme) {
     nvme_rd += d.read_gbps;
     nvme_wr += d.write_gbps;
-    nvme_cap += d.capacity_bytes;
   }
+  const double no_link = std::numeric_limits<double>::infinity();
   auto& r = m.rates.r;
   r[kGpu] = g.memory_gbps * 1e9;
   r[kCpu] = hw.cpu_adam_gbps * 1e9 / G;
   r[kHostMem] = (hw.host_memory_gbps > 0 ? hw.host_memory_gbps : hw.cpu_adam_gbps) * 1e9 / G;
-  r[kH2D] = cpu_only ? std::numeric_limits<double>::infinity() : g.h2d_gbps * 1e9;
-  r[kD2H] = cpu_only ? std::numeric_limits<double>::infinity() : g.d2h_gbps * 1e9;
+  r[kH2D] = cpu_only(hw) ? no_link : g.h2d_gbps * 1e9;
+  r[kD2H] = cpu_only(hw) ? no_link : g.d2h_gbps * 1e9;
   r[kNvmeRead] = nvme_rd * 1e9 / G;
   r[kNvmeWrite] = nvme_wr * 1e9 / G;
   m.rates.host_read = g.host_read_gbps * 1e9;
   m.rates.host_write = g.host_write_gbps * 1e9;
+}
 
+// What a rank may use of each tier, the slack undo copies leave, and the backward's length.
+void set_budgets_and_backward(Model& m) {
+  const HardwareProfile& hw = m.hw;
+  const PlanOptions& o = m.opt;
+  const GpuProfile& g = rank_gpu(hw);
   const std::uint64_t gpu_reserve =
       o.gpu_reserve_bytes != ~std::uint64_t{0}
           ? o.gpu_reserve_bytes
           : 2 * o.params + static_cast<std::uint64_t>(0.2 * static_cast<double>(g.memory_bytes));
+  std::uint64_t nvme_cap = 0;
+  for (const auto& d : hw.nvme) nvme_cap += d.capacity_bytes;
   m.budget[static_cast<int>(Tier::device)] =
       g.memory_bytes > gpu_reserve ? g.memory_bytes - gpu_reserve : 0;
   const auto host_avail = static_cast<std::uint64_t>(static_cast<double>(hw.host_memory_bytes) *
@@ -417,10 +438,66 @@ Plan make_plan(const HardwareProfile& hw, const PlanOptions& o) {
                                                             static_cast<double>(o.tokens_per_gpu) /
                                                             (g.bf16_tflops * 1e12 * o.mfu)
                                                       : 0.0);
+}
 
-  // The search. For each number of GPU-resident tail sub-groups (as many as the GPU budget
-  // allows, or fewer), and each number of link-stepped ones after them, the head streams from
-  // NVMe only as far as host memory requires.
+struct Best {
+  bool found = false;
+  Shape shape;
+  double objective = 0, alone = 0;
+};
+
+// Shape s with the fewest NVMe sub-groups that fit (gradients in host memory, else on NVMe),
+// kept in *best when it beats it.
+void consider(const Model& m, Shape s, Best* best) {
+  const std::size_t n = m.numel.size();
+  for (const bool gn : {false, true}) {
+    s.grad_nvme = gn;
+    std::size_t lo = 0, hi = n - s.gpu - s.link;
+    Shape t = s;
+    t.nvme = hi;
+    if (!fits(m, usage(m, t))) continue;
+    while (lo < hi) {  // host bytes fall as nvme grows: binary search for the fewest
+      const std::size_t mid = (lo + hi) / 2;
+      t.nvme = mid;
+      if (fits(m, usage(m, t)))
+        hi = mid;
+      else
+        lo = mid + 1;
+    }
+    t.nvme = lo;
+    Usage u = usage(m, t);
+    const std::vector<char> undo = undo_copies(m, t, u);
+    const double alone = simulate(m, t, 0, undo).makespan;
+    const double obj = m.opt.overlap
+                           ? std::max(0.0, simulate(m, t, m.backward, undo).makespan - m.backward)
+                           : alone;
+    if (!best->found || obj < best->objective - 1e-12 ||
+        (obj <= best->objective + 1e-12 && alone < best->alone)) {
+      *best = {true, t, obj, alone};
+    }
+    return;  // gradients go to NVMe only when they must
+  }
+}
+
+[[noreturn]] void throw_does_not_fit(const Model& m) {
+  Shape all;
+  all.nvme = m.numel.size();
+  all.grad_nvme = true;
+  const Usage u = usage(m, all);
+  throw std::invalid_argument(fmt::format(
+      "plan: {} parameters do not fit profile '{}' on {} GPU(s): with everything on NVMe a "
+      "rank needs {} of host memory (budget {}) and {} of NVMe (budget {})",
+      m.opt.params, m.hw.name, m.gpus, format_bytes(u.bytes[static_cast<int>(Tier::host)]),
+      format_bytes(m.budget[static_cast<int>(Tier::host)]),
+      format_bytes(u.bytes[static_cast<int>(Tier::nvme)]),
+      format_bytes(m.budget[static_cast<int>(Tier::nvme)])));
+}
+
+// The search. For each number of GPU-resident tail sub-groups (as many as the GPU budget allows,
+// or fewer), and each number of link-stepped ones after them, the head streams from NVMe only as
+// far as host memory requires: coarsely first (about 48 steps each way), then refined around the
+// best.
+Best search(const Model& m) {
   const std::size_t n = m.numel.size();
   const bool link_ok = m.rates.host_read > 0;
   const std::size_t step = std::max<std::size_t>(1, n / 48);
@@ -430,64 +507,18 @@ Plan make_plan(const HardwareProfile& hw, const PlanOptions& o) {
     if (v.back() != hi) v.push_back(hi);
     return v;
   };
-  struct Best {
-    bool found = false;
-    Shape shape;
-    double objective = 0, alone = 0;
-  } best;
-  auto consider = [&](Shape s) {
-    // The fewest NVMe sub-groups that fit (with gradients in host memory, else on NVMe).
-    for (const bool gn : {false, true}) {
-      s.grad_nvme = gn;
-      std::size_t lo = 0, hi = n - s.gpu - s.link;
-      Shape t = s;
-      t.nvme = hi;
-      if (!fits(m, usage(m, t))) continue;
-      while (lo < hi) {  // host bytes fall as nvme grows: binary search for the fewest
-        const std::size_t mid = (lo + hi) / 2;
-        t.nvme = mid;
-        if (fits(m, usage(m, t)))
-          hi = mid;
-        else
-          lo = mid + 1;
-      }
-      t.nvme = lo;
-      Usage u = usage(m, t);
-      const std::vector<char> undo = undo_copies(m, t, u);
-      const double alone = simulate(m, t, 0, undo).makespan;
-      const double obj =
-          o.overlap ? std::max(0.0, simulate(m, t, m.backward, undo).makespan - m.backward) : alone;
-      if (!best.found || obj < best.objective - 1e-12 ||
-          (obj <= best.objective + 1e-12 && alone < best.alone)) {
-        best = {true, t, obj, alone};
-      }
-      return;  // gradients go to NVMe only when they must
-    }
-  };
   const std::uint64_t gpu_budget = m.budget[static_cast<int>(Tier::device)];
   std::size_t gmax = 0;
   for (std::uint64_t used = 0; gmax < n; ++gmax) {
     used += static_cast<std::uint64_t>(m.state_b) * m.numel[gmax];
     if (used > gpu_budget) break;
   }
+  Best best;
   for (std::size_t gc : candidates(gmax)) {
     const std::size_t lmax = link_ok ? n - gc : 0;
-    for (std::size_t lc : candidates(lmax)) consider({gc, lc, 0, false});
+    for (std::size_t lc : candidates(lmax)) consider(m, {gc, lc, 0, false}, &best);
   }
-  if (!best.found) {
-    Shape all;
-    all.nvme = n;
-    all.grad_nvme = true;
-    const Usage u = usage(m, all);
-    throw std::invalid_argument(fmt::format(
-        "plan: {} parameters do not fit profile '{}' on {} GPU(s): with everything on NVMe a "
-        "rank needs {} of host memory (budget {}) and {} of NVMe (budget {})",
-        o.params, hw.name, m.gpus, format_bytes(u.bytes[static_cast<int>(Tier::host)]),
-        format_bytes(m.budget[static_cast<int>(Tier::host)]),
-        format_bytes(u.bytes[static_cast<int>(Tier::nvme)]),
-        format_bytes(m.budget[static_cast<int>(Tier::nvme)])));
-  }
-  // Refine around the best coarse shape.
+  if (!best.found) throw_does_not_fit(m);
   for (std::size_t span = step; span > 1;) {
     const Shape c = best.shape;
     const std::size_t fine = std::max<std::size_t>(1, span / 8);
@@ -496,15 +527,83 @@ Plan make_plan(const HardwareProfile& hw, const PlanOptions& o) {
       const std::size_t lmax = link_ok ? n - gc : 0;
       const std::size_t l0 = c.link > span ? c.link - span : 0;
       for (std::size_t lc = std::min(l0, lmax); lc <= std::min(lmax, c.link + span); lc += fine)
-        consider({gc, lc, 0, false});
+        consider(m, {gc, lc, 0, false}, &best);
     }
     span = fine;
   }
+  return best;
+}
+
+// Sub-group id of the chosen shape: where its state lives and steps, and the bytes it moves over
+// each link per step (added to *links).
+PlanSubgroup describe_subgroup(const Model& m, const Shape& shape, std::size_t id, bool undo,
+                               PlanLinks* links) {
+  PlanSubgroup s;
+  s.id = static_cast<std::uint32_t>(id);
+  s.numel = m.numel[id];
+  const std::uint64_t x = s.numel;
+  const auto st = static_cast<std::uint64_t>(m.state_b) * x;
+  const Option opt_id = option_of(m, shape, id);
+  s.speculative = m.opt.overlap && !waits_for_commit(m, opt_id, undo);
+  if (resident(opt_id) && m.persist) {  // committed to NVMe (GPU state down the link first)
+    links->nvme_write += st;
+    if (opt_id == Option::gpu_gpu) links->d2h += st;
+  }
+  if (undo && m.opt.overlap)  // the undo copy
+    (opt_id == Option::gpu_gpu ? links->gpu_memory : links->host_memory) += 2 * st;
+  switch (opt_id) {
+    case Option::gpu_gpu:
+      s.state_tier = Tier::device;
+      s.step_device = s.cast_on = StepDevice::gpu;
+      s.grad_tier = Tier::device;
+      links->gpu_memory += static_cast<std::uint64_t>(m.kernel_b) * x;
+      links->d2h += 2 * x;  // the 16-bit output into param16()
+      break;
+    case Option::host_gpu:
+      s.state_tier = Tier::host;
+      s.step_device = s.cast_on = StepDevice::gpu;
+      s.grad_tier = Tier::device;
+      links->h2d += st;
+      links->d2h += st + 2 * x;  // and the 16-bit output into param16()
+      links->host_memory += 2 * st;
+      links->gpu_memory += 6 * x;
+      break;
+    case Option::host_cpu:
+    case Option::nvme_cpu: {
+      const bool nv = opt_id == Option::nvme_cpu;
+      s.state_tier = nv ? Tier::nvme : Tier::host;
+      s.step_device = s.cast_on = StepDevice::cpu;
+      s.grad_tier = nv && shape.grad_nvme ? Tier::nvme : Tier::host;
+      if (!cpu_only(m.hw)) {  // the 16-bit gradient down, the 16-bit parameters up
+        links->d2h += 2 * x;
+        links->h2d += 2 * x;
+      }
+      links->host_memory += static_cast<std::uint64_t>(m.kernel_b) * x;
+      if (nv) {
+        links->nvme_read += st + (shape.grad_nvme ? 2 * x : 0);
+        links->nvme_write += st + (shape.grad_nvme ? 2 * x : 0);
+      }
+      break;
+    }
+  }
+  return s;
+}
+
+}  // namespace
+
+Plan make_plan(const HardwareProfile& hw, const PlanOptions& o) {
+  o.validate();
+  hw.validate();
+  Model m{hw, o};
+  set_ranks_and_subgroups(m);
+  set_rates(m);
+  set_budgets_and_backward(m);
+  const Best best = search(m);
 
   Plan p;
   p.profile = hw.name;
   p.params = o.params;
-  p.gpus = cpu_only ? 0 : m.gpus;
+  p.gpus = cpu_only(hw) ? 0 : m.gpus;
   p.subgroup_numel = m.sub;
   p.optimizer = o.optimizer;
   p.overlap = o.overlap;
@@ -517,61 +616,10 @@ Plan make_plan(const HardwareProfile& hw, const PlanOptions& o) {
   const std::vector<char> undo = undo_copies(m, best.shape, u);
   for (int t = 0; t < kTierCount; ++t) p.bytes[t] = u.bytes[t];
   const Sim sim = simulate(m, best.shape, o.overlap ? m.backward : 0, undo);
-  for (std::size_t id = 0; id < n; ++id) {
-    PlanSubgroup s;
-    s.id = static_cast<std::uint32_t>(id);
-    s.numel = m.numel[id];
+  for (std::size_t id = 0; id < m.numel.size(); ++id) {
+    PlanSubgroup s = describe_subgroup(m, best.shape, id, undo[id], &p.links);
     s.ready_s = sim.ready[id];
     s.done_s = sim.done[id];
-    const std::uint64_t x = s.numel;
-    const auto st = static_cast<std::uint64_t>(m.state_b) * x;
-    const Option opt_id = option_of(m, best.shape, id);
-    s.speculative = o.overlap && !waits_for_commit(m, opt_id, undo[id]);
-    if (resident(opt_id) && m.persist) {  // committed to NVMe (GPU state down the link first)
-      p.links.nvme_write += st;
-      if (opt_id == Option::gpu_gpu) p.links.d2h += st;
-    }
-    if (undo[id] && o.overlap) {  // the undo copy
-      if (opt_id == Option::gpu_gpu)
-        p.links.gpu_memory += 2 * st;
-      else
-        p.links.host_memory += 2 * st;
-    }
-    switch (opt_id) {
-      case Option::gpu_gpu:
-        s.state_tier = Tier::device;
-        s.step_device = s.cast_on = StepDevice::gpu;
-        s.grad_tier = Tier::device;
-        p.links.gpu_memory += static_cast<std::uint64_t>(m.kernel_b) * x;
-        p.links.d2h += 2 * x;  // the 16-bit output into param16()
-        break;
-      case Option::host_gpu:
-        s.state_tier = Tier::host;
-        s.step_device = s.cast_on = StepDevice::gpu;
-        s.grad_tier = Tier::device;
-        p.links.h2d += st;
-        p.links.d2h += st + 2 * x;  // and the 16-bit output into param16()
-        p.links.host_memory += 2 * st;
-        p.links.gpu_memory += 6 * x;
-        break;
-      case Option::host_cpu:
-      case Option::nvme_cpu: {
-        const bool nv = opt_id == Option::nvme_cpu;
-        s.state_tier = nv ? Tier::nvme : Tier::host;
-        s.step_device = s.cast_on = StepDevice::cpu;
-        s.grad_tier = nv && best.shape.grad_nvme ? Tier::nvme : Tier::host;
-        if (!cpu_only) {  // the 16-bit gradient down, the 16-bit parameters up
-          p.links.d2h += 2 * x;
-          p.links.h2d += 2 * x;
-        }
-        p.links.host_memory += static_cast<std::uint64_t>(m.kernel_b) * x;
-        if (nv) {
-          p.links.nvme_read += st + (best.shape.grad_nvme ? 2 * x : 0);
-          p.links.nvme_write += st + (best.shape.grad_nvme ? 2 * x : 0);
-        }
-        break;
-      }
-    }
     p.subgroups.push_back(s);
   }
   return p;

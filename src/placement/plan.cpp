@@ -7,6 +7,7 @@
 #include <array>
 #include <cmath>
 #include <fstream>
+#include <initializer_list>
 #include <limits>
 #include <nlohmann/json.hpp>
 #include <sstream>
@@ -101,128 +102,141 @@ bool waits_for_commit(const Model& m, Option o, bool undo_copy) {
 // state without one steps after the commit of everything else (as the optimizer does), from a
 // gradient moved to where it steps before that; persisted resident state is also written to
 // NVMe (GPU state through the link) and speculates like the rest.
-Sim simulate(const Model& m, const Shape& s, double backward, const std::vector<char>& undo) {
-  const std::size_t n = m.numel.size();
+// One simulated step of shape s: each sub-group's stages on the resources they occupy, in the
+// order gradients become final, after a backward of `backward` seconds (0: the step alone).
+class Simulation {
+ public:
+  Simulation(const Model& m, const Shape& s, double backward, const std::vector<char>& undo)
+      : m_(m), s_(s), r_(m.rates.r), backward_(backward), undo_(undo) {
+    free_[kGpu] = backward;
+  }
+  Sim run();
+
+ private:
+  double x(std::size_t id) const { return static_cast<double>(m_.numel[id]); }
+  Option option(std::size_t id) const { return option_of(m_, s_, id); }
+  bool overlap() const { return backward_ > 0; }
+  bool late(std::size_t id) const {
+    return waits_for_commit(m_, option(id), overlap() && undo_[id]);
+  }
+  double stage(std::initializer_list<std::pair<int, double>> secs, double ready) {
+    Stage st;
+    for (const auto& [res, t] : secs) st.secs[res] = t;
+    return st.run(free_, ready);
+  }
+  double step_resident(std::size_t id, double ready);
+  double step_streamed(std::size_t id, double at);
+  double undo_copy(std::size_t id, double at);
+
+  const Model& m_;
+  const Shape& s_;
+  const double* r_;  // m.rates.r
+  double backward_;
+  const std::vector<char>& undo_;
+  std::array<double, kResources> free_{};
+  std::vector<double> cpu_end_nvme_;  // CPU-stage ends of NVMe sub-groups, in processing order
+};
+
+// The step of resident sub-group `id` from `ready` (its gradient where it steps by then).
+double Simulation::step_resident(std::size_t id, double ready) {
+  const double n = x(id);
+  double end = ready;
+  switch (option(id)) {
+    case Option::gpu_gpu:
+      end = stage({{kGpu, m_.kernel_b * n / r_[kGpu]}}, ready);
+      // the 16-bit output down into param16() (the GPU's copy is written in place)
+      end = stage({{kD2H, 2 * n / r_[kD2H]}}, end);
+      if (m_.persist) {  // the new state down the link and onto NVMe
+        end = stage({{kD2H, m_.state_b * n / r_[kD2H]}}, end);
+        end = stage({{kNvmeWrite, m_.state_b * n / r_[kNvmeWrite]}}, end);
+      }
+      break;
+    case Option::host_gpu: {
+      Stage g;  // the kernel streams the state over the link, both ways at once
+      g.secs[kH2D] = m_.state_b * n / m_.rates.host_read;
+      g.secs[kD2H] = (m_.state_b + 2) * n / m_.rates.host_write;  // and the 16-bit output
+      g.secs[kHostMem] = 2 * m_.state_b * n / r_[kHostMem];
+      g.secs[kGpu] = std::max({g.secs[kH2D], g.secs[kD2H], (4 + 2) * n / r_[kGpu]});
+      end = g.run(free_, ready);
+      break;
+    }
+    case Option::host_cpu:
+      end = stage({{kCpu, m_.kernel_b * n / r_[kCpu]}, {kHostMem, m_.kernel_b * n / r_[kHostMem]}},
+                  ready);
+      end = stage({{kH2D, 2 * n / r_[kH2D]}}, end);  // the 16-bit parameters back to the GPU
+      break;
+    case Option::nvme_cpu:
+      break;  // step_streamed: its reads run ahead of the step
+  }
+  if (m_.persist && option(id) != Option::gpu_gpu)  // host-resident state written behind
+    end = std::max(end, stage({{kNvmeWrite, m_.state_b * n / r_[kNvmeWrite]}}, end));
+  return end;
+}
+
+// An NVMe sub-group whose gradient is on the host at `at`: its state read ahead (at most
+// prefetch_depth sub-groups ahead of the CPU), stepped, its 16-bit output up, its state written.
+double Simulation::step_streamed(std::size_t id, double at) {
+  const double n = x(id);
+  if (s_.grad_nvme)  // spilled on arrival, read back for the step
+    at = stage({{kNvmeWrite, 2 * n / r_[kNvmeWrite]}}, at);
+  const std::size_t j = cpu_end_nvme_.size();
+  const std::size_t depth = m_.opt.prefetch_depth;
+  const double slot_free = j > depth ? cpu_end_nvme_[j - depth - 1] : 0.0;
+  const double state_at =
+      stage({{kNvmeRead, (m_.state_b + (s_.grad_nvme ? 2 : 0)) * n / r_[kNvmeRead]}},
+            std::max(slot_free, s_.grad_nvme ? at : 0.0));
+  const double cpu_end = stage(
+      {{kCpu, m_.kernel_b * n / r_[kCpu]}, {kHostMem, m_.kernel_b * n / r_[kHostMem]}},
+      std::max(at, state_at));
+  cpu_end_nvme_.push_back(cpu_end);
+  const double up = stage({{kH2D, 2 * n / r_[kH2D]}}, cpu_end);
+  return std::max(up, stage({{kNvmeWrite, m_.state_b * n / r_[kNvmeWrite]}}, cpu_end));
+}
+
+// The overlapped step's undo copy of sub-group id's state: read and written once.
+double Simulation::undo_copy(std::size_t id, double at) {
+  const double t = 2 * m_.state_b * x(id);
+  if (option(id) == Option::gpu_gpu) return stage({{kGpu, t / r_[kGpu]}}, at);
+  return stage({{kCpu, t / r_[kHostMem]}, {kHostMem, t / r_[kHostMem]}}, at);
+}
+
+Sim Simulation::run() {
+  const std::size_t n = m_.numel.size();
   Sim out;
   out.ready.assign(n, 0);
   out.done.assign(n, 0);
-  std::array<double, kResources> free{};
-  free[kGpu] = backward;
-  const auto& r = m.rates.r;
-  const bool overlap = backward > 0;
-  auto late = [&](std::size_t id) {
-    return waits_for_commit(m, option_of(m, s, id), overlap && undo[id]);
-  };
   std::vector<double> grad_at(n, 0);
-  // The step of sub-group `id` from `ready` (its gradient where it steps by then).
-  auto step = [&](std::size_t id, double ready) {
-    const double x = static_cast<double>(m.numel[id]);
-    double end = ready;
-    switch (option_of(m, s, id)) {
-      case Option::gpu_gpu: {
-        Stage g;
-        g.secs[kGpu] = m.kernel_b * x / r[kGpu];
-        Stage d16;  // the 16-bit output down into param16() (the GPU's copy is written in place)
-        d16.secs[kD2H] = 2 * x / r[kD2H];
-        end = d16.run(free, g.run(free, ready));
-        if (m.persist) {  // the new state down the link and onto NVMe
-          Stage d;
-          d.secs[kD2H] = m.state_b * x / r[kD2H];
-          Stage w;
-          w.secs[kNvmeWrite] = m.state_b * x / r[kNvmeWrite];
-          end = w.run(free, d.run(free, end));
-        }
-        break;
-      }
-      case Option::host_gpu: {
-        Stage g;  // the kernel streams the state over the link, both ways at once
-        g.secs[kH2D] = m.state_b * x / m.rates.host_read;
-        g.secs[kD2H] = (m.state_b + 2) * x / m.rates.host_write;  // and the 16-bit output
-        g.secs[kHostMem] = 2 * m.state_b * x / r[kHostMem];
-        g.secs[kGpu] = std::max({g.secs[kH2D], g.secs[kD2H], (4 + 2) * x / r[kGpu]});
-        end = g.run(free, ready);
-        break;
-      }
-      case Option::host_cpu: {
-        Stage cpu;
-        cpu.secs[kCpu] = m.kernel_b * x / r[kCpu];
-        cpu.secs[kHostMem] = m.kernel_b * x / r[kHostMem];
-        Stage up;  // the 16-bit parameters back to the GPU
-        up.secs[kH2D] = 2 * x / r[kH2D];
-        end = up.run(free, cpu.run(free, ready));
-        break;
-      }
-      case Option::nvme_cpu:
-        break;  // below: its reads run ahead of the step
-    }
-    if (m.persist && option_of(m, s, id) != Option::gpu_gpu) {
-      Stage w;  // host-resident state written behind
-      w.secs[kNvmeWrite] = m.state_b * x / r[kNvmeWrite];
-      end = std::max(end, w.run(free, end));
-    }
-    return end;
-  };
-  std::vector<double> cpu_end_nvme;  // CPU-stage ends of NVMe sub-groups, in processing order
-  double commit = backward;
+  double commit = backward_;
   for (std::size_t k = 0; k < n; ++k) {
     const std::size_t id = n - 1 - k;  // processing order: the order gradients become final
-    const double x = static_cast<double>(m.numel[id]);
-    const double ready = backward * static_cast<double>(k + 1) / static_cast<double>(n);
+    const double ready = backward_ * static_cast<double>(k + 1) / static_cast<double>(n);
     out.ready[id] = ready;
-    const Option o = option_of(m, s, id);
+    const Option o = option(id);
     double at = ready;
-    if (o == Option::host_cpu || o == Option::nvme_cpu) {
-      Stage down;  // the 16-bit gradient to the host
-      down.secs[kD2H] = 2 * x / r[kD2H];
-      at = down.run(free, ready);
-    }
+    if (o == Option::host_cpu || o == Option::nvme_cpu)  // the 16-bit gradient to the host
+      at = stage({{kD2H, 2 * x(id) / r_[kD2H]}}, ready);
     grad_at[id] = at;
     if (late(id)) continue;
-    double end = at;
+    double end = 0;
     if (o == Option::nvme_cpu) {
-      if (s.grad_nvme) {  // spilled on arrival, read back for the step
-        Stage w;
-        w.secs[kNvmeWrite] = 2 * x / r[kNvmeWrite];
-        at = w.run(free, at);
-      }
-      Stage rd;
-      rd.secs[kNvmeRead] = (m.state_b + (s.grad_nvme ? 2 : 0)) * x / r[kNvmeRead];
-      const std::size_t j = cpu_end_nvme.size();
-      const double slot_free =
-          j > m.opt.prefetch_depth ? cpu_end_nvme[j - m.opt.prefetch_depth - 1] : 0.0;
-      const double state_at = rd.run(free, std::max(slot_free, s.grad_nvme ? at : 0.0));
-      Stage cpu;
-      cpu.secs[kCpu] = m.kernel_b * x / r[kCpu];
-      cpu.secs[kHostMem] = m.kernel_b * x / r[kHostMem];
-      const double cpu_end = cpu.run(free, std::max(at, state_at));
-      cpu_end_nvme.push_back(cpu_end);
-      Stage up;
-      up.secs[kH2D] = 2 * x / r[kH2D];
-      end = up.run(free, cpu_end);
-      Stage w;
-      w.secs[kNvmeWrite] = m.state_b * x / r[kNvmeWrite];
-      end = std::max(end, w.run(free, cpu_end));
+      end = step_streamed(id, at);
     } else {
-      if (overlap && undo[id]) {  // the undo copy first: read and write the state once
-        Stage c;
-        if (o == Option::gpu_gpu)
-          c.secs[kGpu] = 2 * m.state_b * x / r[kGpu];
-        else
-          c.secs[kCpu] = c.secs[kHostMem] = 2 * m.state_b * x / r[kHostMem];
-        at = c.run(free, at);
-      }
-      end = step(id, at);
+      if (overlap() && undo_[id]) at = undo_copy(id, at);
+      end = step_resident(id, at);
     }
     out.done[id] = end;
     commit = std::max(commit, end);
   }
   for (std::size_t k = 0; k < n; ++k) {  // memory-only state after the commit
     const std::size_t id = n - 1 - k;
-    if (!late(id)) continue;
-    out.done[id] = step(id, std::max(commit, grad_at[id]));
+    if (late(id)) out.done[id] = step_resident(id, std::max(commit, grad_at[id]));
   }
   for (double d : out.done) out.makespan = std::max(out.makespan, d);
   return out;
+}
+
+Sim simulate(const Model& m, const Shape& s, double backward, const std::vector<char>& undo) {
+  return Simulation(m, s, backward, undo).run();
 }
 
 struct Usage {

@@ -1,5 +1,5 @@
-// Subcommand registration for the tierswap CLI (bench tier lives beside demo in demo.cpp, probe
-// beside plan in plan.cpp; every other command has a file of its own).
+// Subcommand registration for the tierswap CLI (probe lives beside plan in plan.cpp; every other
+// command has a file of its own).
 #pragma once
 
 #include <CLI/CLI.hpp>

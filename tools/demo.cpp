@@ -5,10 +5,6 @@
 // bf16 gradients, then streams the sub-groups (prefetch, fused kernel, write-behind) and commits
 // a generation. Prints per-step figures (time, NVMe bytes per parameter, GB/s) and the residency
 // tables; the process serves telemetry meanwhile (`tierswap ps`, `tierswap residency PID`).
-//
-// `tierswap bench tier`: prefetch effectiveness. N blocks larger than the host budget are
-// streamed with look-ahead 2 (prefetch i+1, i+2; acquire i) and compared, in the same run, with
-// the engine reading the same bytes directly at the same request size and depth.
 #include <unistd.h>
 
 #include <algorithm>
@@ -98,6 +94,255 @@ std::vector<DemoParam> demo_model(std::uint64_t params) {
   return out;
 }
 
+OptimizerConfig demo_optimizer_config(const DemoOptions& o, const std::optional<Plan>& plan) {
+  OptimizerConfig oc;
+  oc.subgroup_size = parse_param_count(o.sub_group, "--sub-group");
+  oc.state_tier = OptimizerConfig::StateTier::nvme;
+  oc.max_grad_norm = o.max_grad_norm;
+  oc.overlap = o.overlap;
+  oc.concurrent_gpu_step = !o.serial_gpu_step;
+  // the resident-state mode the plan was made for
+  if (plan && plan->persist_resident_state)
+    oc.persist_resident_state = *plan->persist_resident_state;
+  return oc;
+}
+
+TierConfig demo_tier_config(const DemoOptions& o, const std::optional<Plan>& plan,
+                            std::uint64_t params, const OptimizerConfig& oc) {
+  TierConfig tc = TierConfig::from_env();
+  tc.host_budget = parse_size(o.host_budget, "--host-budget");
+  tc.host_slab_size = 64ull << 20;
+  tc.lookahead = 9;
+  // A device tier when the plan keeps state on the GPU (or one is asked for): GPU memory when a
+  // GPU is usable, else a simulated one standing in (device_mode auto).
+  if (!o.device_budget.empty())
+    tc.device_budget = parse_size(o.device_budget, "--device-budget");
+  else if (tc.device_budget == 0 && plan)
+    tc.device_budget = device_budget_for(*plan, params, oc.subgroup_size, o.overlap);
+  if (tc.device_budget == 0) tc.device_mode = DeviceTierMode::off;
+  return tc;
+}
+
+std::vector<ParamId> add_demo_params(ShardedOptimizer& opt, const std::vector<DemoParam>& model) {
+  GroupConfig decay;
+  decay.lr = 3e-4;
+  decay.weight_decay = 0.1;
+  GroupConfig no_decay = decay;
+  no_decay.weight_decay = 0.0;
+  opt.add_group(decay, "decay");
+  opt.add_group(no_decay, "no_decay");
+  std::vector<ParamId> ids;
+  for (const auto& p : model)
+    ids.push_back(opt.add_param(p.group, {p.name, {p.rows, p.cols}, Dtype::bf16, true}));
+  return ids;
+}
+
+void initialize_demo(ShardedOptimizer& opt) {
+  opt.initialize([](ParamId id, std::uint64_t off, float* out, std::uint64_t n) {
+    std::uint64_t x = (static_cast<std::uint64_t>(id) << 40) ^ off;
+    for (std::uint64_t i = 0; i < n; ++i) {
+      x = x * 6364136223846793005ull + 1442695040888963407ull;
+      out[i] = 0.02f * (static_cast<float>(x >> 40) * (1.0f / 16777216.0f) - 0.5f);
+    }
+  });
+}
+
+// The trainer's side on a device tier with GPU sub-groups: gradients handed over from device
+// memory (add_grad_device), and a device copy of the 16-bit parameters the optimizer keeps
+// (bind_param16_device): GPU memory when a GPU is usable, else host memory standing in for it.
+// Without GPU sub-groups, gradients come from host memory (add_grad) and nothing is bound.
+class DemoDevice {
+ public:
+  DemoDevice(ShardedOptimizer& opt, const TierManager& tiers, const std::vector<ParamId>& ids)
+      : opt_(opt), ids_(ids), gpu_ptrs_(cuda::available()) {
+    bool gpu_steps = false;
+    for (std::size_t k = 0; k < opt.subgroup_count(); ++k) gpu_steps |= opt.placement(k).gpu_steps;
+    grads_ = tiers.device_tier() != DeviceTierMode::off && gpu_steps;
+    if (grads_) bind();
+  }
+  bool device_grads() const { return grads_; }
+
+  void hand_over(ParamId id, const std::uint16_t* host, std::uint64_t n) {
+    if (!grads_) {
+      opt_.add_grad(id, host, Dtype::bf16);
+    } else if (!gpu_ptrs_) {
+      opt_.add_grad_device(id, host, Dtype::bf16, {});
+    } else {  // the same values from GPU memory
+      cuda::copy_to_device(d_grad_.reserve(n * 2), host, n * 2, nullptr);
+      cuda::synchronize(nullptr);
+      opt_.add_grad_device(id, d_grad_.data(), Dtype::bf16, {});
+    }
+  }
+
+  // Whether the bound device copy equals param16() (none bound: nullopt).
+  std::optional<bool> copy_matches() const {
+    if (d16_ == nullptr) return std::nullopt;
+    std::vector<std::uint16_t> got(n16_);
+    if (gpu_ptrs_) {
+      cuda::copy_to_host(got.data(), d16_, n16_ * 2, nullptr);
+      cuda::synchronize(nullptr);
+    } else {
+      got = d16_host_;
+    }
+    for (std::size_t i = 0; i < ids_.size(); ++i) {
+      const auto v = opt_.param16(ids_[i]);
+      if (!std::equal(v.begin(), v.end(), got.begin() + at16_[i])) return false;
+    }
+    return true;
+  }
+
+ private:
+  void bind() {  // one buffer, each parameter at its place in it
+    for (const ParamId id : ids_) {
+      at16_.push_back(n16_);
+      n16_ += opt_.param(id).numel();
+    }
+    if (gpu_ptrs_) {
+      d16_ = static_cast<std::uint16_t*>(d16_gpu_.reserve(n16_ * 2));
+    } else {
+      d16_host_.assign(n16_, 0);
+      d16_ = d16_host_.data();
+    }
+    for (std::size_t i = 0; i < ids_.size(); ++i) opt_.bind_param16_device(ids_[i], d16_ + at16_[i]);
+  }
+
+  ShardedOptimizer& opt_;
+  const std::vector<ParamId>& ids_;
+  const bool gpu_ptrs_;
+  bool grads_ = false;
+  cuda::DeviceBuffer d_grad_;  // on a GPU: the gradient handed over, in GPU memory
+  std::uint64_t n16_ = 0;
+  std::vector<std::uint64_t> at16_;
+  cuda::DeviceBuffer d16_gpu_;
+  std::vector<std::uint16_t> d16_host_;  // standing in for GPU memory
+  std::uint16_t* d16_ = nullptr;
+};
+
+void print_demo_placement(const DemoOptions& o, const ShardedOptimizer& opt,
+                          const TierConfig& tc, const OptimizerConfig& oc, DeviceTierMode device,
+                          bool device_grads) {
+  if (device != DeviceTierMode::off)
+    fmt::print("device tier: {} ({}), gradients handed over from {}\n",
+               device == DeviceTierMode::gpu ? "GPU memory" : "simulated: host memory standing in",
+               format_bytes(tc.device_budget),
+               device_grads ? "device memory (add_grad_device), 16-bit parameters kept in a device "
+                              "copy (bind_param16_device)"
+                            : "host memory (add_grad)");
+  if (o.plan.empty()) return;
+  std::size_t where[kTierCount] = {};
+  for (std::size_t k = 0; k < opt.subgroup_count(); ++k)
+    ++where[static_cast<int>(opt.placement(k).state_tier)];
+  fmt::print(
+      "plan {}: {} sub-groups with their state on the GPU, {} in host memory, {} on NVMe; "
+      "resident state {}\n",
+      o.plan, where[static_cast<int>(Tier::device)], where[static_cast<int>(Tier::host)],
+      where[static_cast<int>(Tier::nvme)],
+      oc.persist_resident_state ? "persisted to NVMe every step" : "in memory only");
+}
+
+// Gradients: one random bf16 buffer, read at a different offset by every parameter and step.
+std::vector<std::uint16_t> demo_noise() {
+  std::vector<std::uint16_t> noise((16u << 20) + 4096);
+  std::mt19937 rng(1);
+  std::normal_distribution<float> nd(0.0f, 1e-3f);
+  for (auto& v : noise) v = float_to_bf16(nd(rng));
+  return noise;
+}
+
+void demo_backward(ShardedOptimizer& opt, const std::vector<ParamId>& ids, DemoDevice& dev,
+                   const std::vector<std::uint16_t>& noise, int step) {
+  opt.begin_backward();
+  for (std::size_t i = 0; i < ids.size(); ++i) {
+    const std::uint64_t n = opt.param(ids[i]).numel();
+    const std::uint64_t shift = (i * 977 + step * 131) % 4096;
+    if (n <= noise.size() - shift) {
+      dev.hand_over(ids[i], noise.data() + shift, n);
+    } else {
+      std::vector<std::uint16_t> g(n);
+      for (std::uint64_t off = 0; off < n; off += 16u << 20)
+        std::memcpy(g.data() + off, noise.data() + shift,
+                    std::min<std::uint64_t>(16u << 20, n - off) * 2);
+      dev.hand_over(ids[i], g.data(), n);
+    }
+  }
+  opt.end_backward();
+}
+
+// One step's figures: the JSON row, and the text line unless --json.
+nlohmann::json report_step(const DemoOptions& o, const OptimizerConfig& oc,
+                           const ShardedOptimizer& opt, DeviceTierMode device, int step,
+                           const StepResult& r, double ingest_s, std::uint64_t params) {
+  const int nv = static_cast<int>(Tier::nvme), hv = static_cast<int>(Tier::host),
+            dv = static_cast<int>(Tier::device);
+  const double gbps = static_cast<double>(r.bytes_in[nv] + r.bytes_out[nv]) /
+                      (o.overlap ? ingest_s + r.seconds : r.seconds) / 1e9;
+  if (!o.json)
+    fmt::print(
+        "step {}: {:.2f} s (waited {:.2f} s on I/O; gradient ingest {:.2f} s before it), NVMe "
+        "read {} ({:.1f} B/param) written {} ({:.1f} B/param), {:.2f} GB/s; grad norm {:.4g}, "
+        "clip {:.3f}; generation {}{}{}{}\n",
+        step, r.seconds, r.io_wait_seconds, ingest_s, format_bytes(r.bytes_out[nv]),
+        static_cast<double>(r.bytes_out[nv]) / params, format_bytes(r.bytes_in[nv]),
+        static_cast<double>(r.bytes_in[nv]) / params, gbps, r.grad_norm, r.clip_factor,
+        r.generation,
+        device != DeviceTierMode::off
+            ? fmt::format("; host->device {}, device->host {}", format_bytes(r.bytes_in[dv]),
+                          format_bytes(r.bytes_out[dv]))
+            : std::string(),
+        r.gpu_subgroups > 0
+            ? fmt::format("; {} sub-groups on the GPU{} in {:.2f} s", r.gpu_subgroups,
+                          oc.concurrent_gpu_step ? " beside the CPU's" : " in turn with the CPU's",
+                          r.gpu_seconds)
+            : std::string(),
+        o.overlap ? fmt::format("; {} of {} sub-groups stepped during the ingest{}",
+                                r.overlapped_subgroups, opt.subgroup_count(),
+                                r.redone ? " (redone: clipped)" : "")
+                  : std::string());
+  return {{"step", step},
+          {"seconds", r.seconds},
+          {"grad_ingest_seconds", ingest_s},
+          {"io_wait_seconds", r.io_wait_seconds},
+          {"grad_norm", r.grad_norm},
+          {"clip_factor", r.clip_factor},
+          {"nvme_read_bytes", r.bytes_out[nv]},
+          {"nvme_written_bytes", r.bytes_in[nv]},
+          {"host_in_bytes", r.bytes_in[hv]},
+          {"device_in_bytes", r.bytes_in[dv]},
+          {"device_out_bytes", r.bytes_out[dv]},
+          {"nvme_gbps", gbps},
+          {"overlapped_subgroups", r.overlapped_subgroups},
+          {"gpu_subgroups", r.gpu_subgroups},
+          {"gpu_seconds", r.gpu_seconds},
+          {"redone", r.redone},
+          {"generation", r.generation}};
+}
+
+void print_demo_end(const DemoOptions& o, const OptimizerConfig& oc, const TierManager& tiers,
+                    std::uint64_t params, bool device_grads, std::optional<bool> d16_match,
+                    const nlohmann::json& steps) {
+  const std::string snap = tiers.snapshot().to_json();
+  const DeviceTierMode device = tiers.device_tier();
+  if (!o.json) {
+    if (d16_match)
+      fmt::print("device copy of the 16-bit parameters {} param16()\n",
+                 *d16_match ? "equals" : "DIFFERS FROM");
+    fmt::print("\n");
+    print_residency(snap, stdout);
+    return;
+  }
+  fmt::print("{}\n", nlohmann::json{{"params", params},
+                                    {"persist_resident_state", oc.persist_resident_state},
+                                    {"device_tier", device == DeviceTierMode::off   ? "off"
+                                                    : device == DeviceTierMode::gpu ? "gpu"
+                                                                                    : "simulated"},
+                                    {"device_gradients", device_grads},
+                                    {"param16_device_copy_matches",
+                                     d16_match ? nlohmann::json(*d16_match) : nlohmann::json()},
+                                    {"steps", steps},
+                                    {"residency", nlohmann::json::parse(snap)}}
+                         .dump(2));
+}
+
 void run_demo(const DemoOptions& o) {
   const std::uint64_t want = parse_param_count(o.params, "--params");
   if (want < 1'000'000) throw std::invalid_argument("--params: at least 1M (10^6) parameters");
@@ -114,43 +359,16 @@ void run_demo(const DemoOptions& o) {
   sc.capacity = round_up(2 * state + 2 * params * 2 + (256ull << 20), 1ull << 20);
   SwapSpace space = SwapSpace::create(sc);
   IoEngine engine(space, IoEngineConfig::from_env());
-  OptimizerConfig oc;
-  oc.subgroup_size = parse_param_count(o.sub_group, "--sub-group");
-  oc.state_tier = OptimizerConfig::StateTier::nvme;
-  oc.max_grad_norm = o.max_grad_norm;
-  oc.overlap = o.overlap;
-  oc.concurrent_gpu_step = !o.serial_gpu_step;
   std::optional<Plan> plan;
-  if (!o.plan.empty()) {  // the plan's placement, and the resident-state mode it was made for
-    plan = Plan::load(o.plan);
-    if (plan->persist_resident_state) oc.persist_resident_state = *plan->persist_resident_state;
-  }
-  TierConfig tc = TierConfig::from_env();
-  tc.host_budget = parse_size(o.host_budget, "--host-budget");
-  tc.host_slab_size = 64ull << 20;
-  tc.lookahead = 9;
-  // A device tier when the plan keeps state on the GPU (or one is asked for): GPU memory when a
-  // GPU is usable, else a simulated one standing in (device_mode auto).
-  if (!o.device_budget.empty())
-    tc.device_budget = parse_size(o.device_budget, "--device-budget");
-  else if (tc.device_budget == 0 && plan)
-    tc.device_budget = device_budget_for(*plan, params, oc.subgroup_size, o.overlap);
-  if (tc.device_budget == 0) tc.device_mode = DeviceTierMode::off;
+  if (!o.plan.empty()) plan = Plan::load(o.plan);
+  const OptimizerConfig oc = demo_optimizer_config(o, plan);
+  const TierConfig tc = demo_tier_config(o, plan, params, oc);
   TierManager tiers(space, engine, tc);
   auto comm = make_single_communicator();
   ThreadPool pool(o.threads, tc.numa_node);  // step workers next to the pinned slabs
   ShardedOptimizer opt(tiers, *comm, oc, &pool);
   if (plan) opt.set_plan(*plan);
-  GroupConfig decay;
-  decay.lr = 3e-4;
-  decay.weight_decay = 0.1;
-  GroupConfig no_decay = decay;
-  no_decay.weight_decay = 0.0;
-  opt.add_group(decay, "decay");
-  opt.add_group(no_decay, "no_decay");
-  std::vector<ParamId> ids;
-  for (const auto& p : model)
-    ids.push_back(opt.add_param(p.group, {p.name, {p.rows, p.cols}, Dtype::bf16, true}));
+  const std::vector<ParamId> ids = add_demo_params(opt, model);
   opt.finalize();
   if (!o.json)
     fmt::print(
@@ -161,101 +379,18 @@ void run_demo(const DemoOptions& o) {
         format_bytes(tc.host_budget), opt.subgroup_count(),
         tiers.telemetry_socket().empty() ? std::string("off") : tiers.telemetry_socket().string());
   const auto t_init = Clock::now();
-  opt.initialize([](ParamId id, std::uint64_t off, float* out, std::uint64_t n) {
-    std::uint64_t x = (static_cast<std::uint64_t>(id) << 40) ^ off;
-    for (std::uint64_t i = 0; i < n; ++i) {
-      x = x * 6364136223846793005ull + 1442695040888963407ull;
-      out[i] = 0.02f * (static_cast<float>(x >> 40) * (1.0f / 16777216.0f) - 0.5f);
-    }
-  });
+  initialize_demo(opt);
   if (!o.json) fmt::print("initialized in {:.2f} s\n", since(t_init));
-  // Gradients: one random bf16 buffer, read at a different offset by every parameter and step.
-  std::vector<std::uint16_t> noise((16u << 20) + 4096);
-  std::mt19937 rng(1);
-  std::normal_distribution<float> nd(0.0f, 1e-3f);
-  for (auto& v : noise) v = float_to_bf16(nd(rng));
+  DemoDevice dev(opt, tiers, ids);
+  if (!o.json) print_demo_placement(o, opt, tc, oc, tiers.device_tier(), dev.device_grads());
+  const std::vector<std::uint16_t> noise = demo_noise();
   nlohmann::json steps = nlohmann::json::array();
-  const int nv = static_cast<int>(Tier::nvme), hv = static_cast<int>(Tier::host),
-            dv = static_cast<int>(Tier::device);
-  // With GPU sub-groups the gradients come from the GPU, as a trainer's backward hands them over
-  // (add_grad_device): from GPU memory, or on a simulated device tier from host memory standing
-  // in for it.
-  const DeviceTierMode device = tiers.device_tier();
-  bool gpu_steps = false;
-  for (std::size_t k = 0; k < opt.subgroup_count(); ++k) gpu_steps |= opt.placement(k).gpu_steps;
-  const bool device_grads = device != DeviceTierMode::off && gpu_steps;
-  // What the optimizer takes for device memory: GPU memory when a GPU is usable, else host memory
-  // standing in for it (a simulated device tier).
-  const bool gpu_ptrs = cuda::available();
-  cuda::DeviceBuffer d_grad;  // on a GPU: the gradient handed over, in GPU memory
-  auto hand_over = [&](ParamId id, const std::uint16_t* host, std::uint64_t n) {
-    if (!device_grads) {
-      opt.add_grad(id, host, Dtype::bf16);
-    } else if (!gpu_ptrs) {
-      opt.add_grad_device(id, host, Dtype::bf16, {});
-    } else {  // the same values from GPU memory
-      cuda::copy_to_device(d_grad.reserve(n * 2), host, n * 2, nullptr);
-      cuda::synchronize(nullptr);
-      opt.add_grad_device(id, d_grad.data(), Dtype::bf16, {});
-    }
-  };
-  // And the trainer's device copy of the 16-bit parameters, kept by the optimizer
-  // (bind_param16_device): one buffer, each parameter at its place in it.
-  std::uint64_t n16 = 0;
-  std::vector<std::uint64_t> at16;
-  for (const ParamId id : ids) {
-    at16.push_back(n16);
-    n16 += opt.param(id).numel();
-  }
-  cuda::DeviceBuffer d16_gpu;
-  std::vector<std::uint16_t> d16_host;  // standing in for GPU memory
-  std::uint16_t* d16 = nullptr;
-  if (device_grads) {
-    if (gpu_ptrs) {
-      d16 = static_cast<std::uint16_t*>(d16_gpu.reserve(n16 * 2));
-    } else {
-      d16_host.assign(n16, 0);
-      d16 = d16_host.data();
-    }
-    for (std::size_t i = 0; i < ids.size(); ++i) opt.bind_param16_device(ids[i], d16 + at16[i]);
-  }
-  if (device != DeviceTierMode::off && !o.json)
-    fmt::print("device tier: {} ({}), gradients handed over from {}\n",
-               device == DeviceTierMode::gpu ? "GPU memory" : "simulated: host memory standing in",
-               format_bytes(tc.device_budget),
-               device_grads ? "device memory (add_grad_device), 16-bit parameters kept in a device "
-                              "copy (bind_param16_device)"
-                            : "host memory (add_grad)");
-  if (!o.plan.empty() && !o.json) {
-    std::size_t where[kTierCount] = {};
-    for (std::size_t k = 0; k < opt.subgroup_count(); ++k)
-      ++where[static_cast<int>(opt.placement(k).state_tier)];
-    fmt::print(
-        "plan {}: {} sub-groups with their state on the GPU, {} in host memory, {} on NVMe; "
-        "resident state {}\n",
-        o.plan, where[static_cast<int>(Tier::device)], where[hv], where[nv],
-        oc.persist_resident_state ? "persisted to NVMe every step" : "in memory only");
-  }
   for (int step = 1; step <= o.steps; ++step) {
     // NVMe bytes over the whole cycle: the overlapped mode does part of the step's I/O during
     // the gradient ingest.
     const TierCounters c0 = tiers.counters();
     const auto tg = Clock::now();
-    opt.begin_backward();
-    for (std::size_t i = 0; i < ids.size(); ++i) {
-      const std::uint64_t n = opt.param(ids[i]).numel();
-      const std::uint64_t shift = (i * 977 + step * 131) % 4096;
-      if (n <= noise.size() - shift) {
-        hand_over(ids[i], noise.data() + shift, n);
-      } else {
-        std::vector<std::uint16_t> g(n);
-        for (std::uint64_t off = 0; off < n; off += 16u << 20)
-          std::memcpy(g.data() + off, noise.data() + shift,
-                      std::min<std::uint64_t>(16u << 20, n - off) * 2);
-        hand_over(ids[i], g.data(), n);
-      }
-    }
-    opt.end_backward();
+    demo_backward(opt, ids, dev, noise, step);
     const double ingest_s = since(tg);
     StepResult r = opt.step();
     const TierCounters c1 = tiers.counters();
@@ -263,88 +398,12 @@ void run_demo(const DemoOptions& o) {
       r.bytes_in[t] = c1.bytes_in[t] - c0.bytes_in[t];
       r.bytes_out[t] = c1.bytes_out[t] - c0.bytes_out[t];
     }
-    const double gbps = static_cast<double>(r.bytes_in[nv] + r.bytes_out[nv]) /
-                        (o.overlap ? ingest_s + r.seconds : r.seconds) / 1e9;
-    steps.push_back({{"step", step},
-                     {"seconds", r.seconds},
-                     {"grad_ingest_seconds", ingest_s},
-                     {"io_wait_seconds", r.io_wait_seconds},
-                     {"grad_norm", r.grad_norm},
-                     {"clip_factor", r.clip_factor},
-                     {"nvme_read_bytes", r.bytes_out[nv]},
-                     {"nvme_written_bytes", r.bytes_in[nv]},
-                     {"host_in_bytes", r.bytes_in[hv]},
-                     {"device_in_bytes", r.bytes_in[dv]},
-                     {"device_out_bytes", r.bytes_out[dv]},
-                     {"nvme_gbps", gbps},
-                     {"overlapped_subgroups", r.overlapped_subgroups},
-                     {"gpu_subgroups", r.gpu_subgroups},
-                     {"gpu_seconds", r.gpu_seconds},
-                     {"redone", r.redone},
-                     {"generation", r.generation}});
-    if (!o.json)
-      fmt::print(
-          "step {}: {:.2f} s (waited {:.2f} s on I/O; gradient ingest {:.2f} s before it), NVMe "
-          "read {} ({:.1f} B/param) written {} ({:.1f} B/param), {:.2f} GB/s; grad norm {:.4g}, "
-          "clip {:.3f}; generation {}{}{}{}\n",
-          step, r.seconds, r.io_wait_seconds, ingest_s, format_bytes(r.bytes_out[nv]),
-          static_cast<double>(r.bytes_out[nv]) / params, format_bytes(r.bytes_in[nv]),
-          static_cast<double>(r.bytes_in[nv]) / params, gbps, r.grad_norm, r.clip_factor,
-          r.generation,
-          device != DeviceTierMode::off
-              ? fmt::format("; host->device {}, device->host {}", format_bytes(r.bytes_in[dv]),
-                            format_bytes(r.bytes_out[dv]))
-              : std::string(),
-          r.gpu_subgroups > 0
-              ? fmt::format(
-                    "; {} sub-groups on the GPU{} in {:.2f} s", r.gpu_subgroups,
-                    oc.concurrent_gpu_step ? " beside the CPU's" : " in turn with the CPU's",
-                    r.gpu_seconds)
-              : std::string(),
-          o.overlap ? fmt::format("; {} of {} sub-groups stepped during the ingest{}",
-                                  r.overlapped_subgroups, opt.subgroup_count(),
-                                  r.redone ? " (redone: clipped)" : "")
-                    : std::string());
+    steps.push_back(report_step(o, oc, opt, tiers.device_tier(), step, r, ingest_s, params));
   }
-  // The device copy of the 16-bit parameters must equal param16().
-  std::optional<bool> d16_match;
-  if (d16 != nullptr) {
-    std::vector<std::uint16_t> got(n16);
-    if (gpu_ptrs) {
-      cuda::copy_to_host(got.data(), d16, n16 * 2, nullptr);
-      cuda::synchronize(nullptr);
-    } else {
-      got = d16_host;
-    }
-    bool same = true;
-    for (std::size_t i = 0; i < ids.size(); ++i) {
-      const auto v = opt.param16(ids[i]);
-      same = same && std::equal(v.begin(), v.end(), got.begin() + at16[i]);
-    }
-    d16_match = same;
-    if (!o.json)
-      fmt::print("device copy of the 16-bit parameters {} param16()\n",
-                 same ? "equals" : "DIFFERS FROM");
-    if (!same) throw std::runtime_error("demo: the bound device copy differs from param16()");
-  }
-  const std::string snap = tiers.snapshot().to_json();
-  if (o.json) {
-    fmt::print("{}\n",
-               nlohmann::json{{"params", params},
-                              {"persist_resident_state", oc.persist_resident_state},
-                              {"device_tier", device == DeviceTierMode::off   ? "off"
-                                              : device == DeviceTierMode::gpu ? "gpu"
-                                                                              : "simulated"},
-                              {"device_gradients", device_grads},
-                              {"param16_device_copy_matches",
-                               d16_match ? nlohmann::json(*d16_match) : nlohmann::json()},
-                              {"steps", steps},
-                              {"residency", nlohmann::json::parse(snap)}}
-                   .dump(2));
-  } else {
-    fmt::print("\n");
-    print_residency(snap, stdout);
-  }
+  const std::optional<bool> d16_match = dev.copy_matches();  // the bound copy equals param16()
+  print_demo_end(o, oc, tiers, params, dev.device_grads(), d16_match, steps);
+  if (d16_match == false)
+    throw std::runtime_error("demo: the bound device copy differs from param16()");
   if (o.hold > 0) {
     if (!o.json)
       fmt::print("\nholding for {} s: try `tierswap ps` and `tierswap residency {}`\n", o.hold,
@@ -352,129 +411,6 @@ void run_demo(const DemoOptions& o) {
     std::fflush(stdout);
     std::this_thread::sleep_for(std::chrono::duration<double>(o.hold));
   }
-}
-
-struct TierBenchOptions {
-  std::string dir;
-  std::string block_bytes = "64MiB";
-  int blocks = 24;
-  int host_blocks = 4;
-  std::uint32_t lookahead = 2;
-  int runs = 3;
-  bool json = false;
-};
-
-void run_tier_bench(const TierBenchOptions& o) {
-  const std::uint64_t bb = parse_size(o.block_bytes, "--block-bytes");
-  if (bb < 4096 || bb % 4096 != 0)
-    throw std::invalid_argument("--block-bytes: a multiple of 4 KiB");
-  if (o.blocks < 4 || o.host_blocks < 3 || o.host_blocks >= o.blocks)
-    throw std::invalid_argument(
-        "--blocks >= 4 and 3 <= --host-blocks < --blocks (the stream must not fit the budget)");
-  std::unique_ptr<TempDir> temp;
-  const std::filesystem::path dir = dir_or_temp(o.dir, "tierswap-bench-tier", temp);
-  SwapSpaceConfig sc;
-  sc.dirs = {dir};
-  sc.capacity = bb * static_cast<std::uint64_t>(o.blocks) + (16ull << 20);
-  SwapSpace space = SwapSpace::create(sc);
-  IoEngine engine(space, IoEngineConfig::from_env());
-  TierConfig tc;
-  tc.host_budget = bb * static_cast<std::uint64_t>(o.host_blocks);
-  tc.host_slab_size = bb;
-  tc.lookahead = o.lookahead;
-  tc.device_mode = DeviceTierMode::off;
-  tc.telemetry = false;
-  tc.durable = false;
-  tc.shadow_slots = false;  // one extent per block: block i is [i, i + 1) x block bytes
-  TierManager m(space, engine, tc);
-  std::vector<BlockId> ids;
-  for (int i = 0; i < o.blocks; ++i) {
-    BlockDesc d;
-    d.name = fmt::format("stream{}", i);
-    d.numel = bb / 4;
-    ids.push_back(m.create(d));
-    BlockView v = m.acquire(ids.back(), Tier::host, Access::write);
-    std::memset(v.data(), i, v.bytes());
-    m.release(v, true);
-  }
-  m.commit();
-  for (BlockId id : ids) m.evict(id, Tier::host);
-  // The reference: the engine reading the same committed extents, as `bench io` does (one ticket
-  // per block, depth and request size from the engine config), into a ring of host buffers.
-  AlignedBuffer ring(bb * 2);
-  engine.register_buffer(ring.data(), ring.size());
-  nlohmann::json runs = nlohmann::json::array();
-  std::vector<double> ratios;
-  for (int r = 0; r < o.runs; ++r) {
-    // Tier manager stream: look-ahead prefetch, acquire, release; evicted afterwards.
-    const std::uint64_t total = bb * ids.size();
-    TierCounters c0, c1;
-    auto tier_stream = [&] {
-      c0 = m.counters();
-      const auto t0 = Clock::now();
-      for (std::uint32_t k = 0; k < o.lookahead && k < ids.size(); ++k)
-        m.prefetch(ids[k], Tier::host);
-      for (std::size_t i = 0; i < ids.size(); ++i) {
-        if (i + o.lookahead < ids.size()) m.prefetch(ids[i + o.lookahead], Tier::host);
-        BlockView v = m.acquire(ids[i], Tier::host);
-      }
-      const double s = since(t0);
-      c1 = m.counters();
-      for (BlockId id : ids) m.evict(id, Tier::host);
-      return s;
-    };
-    // The engine alone over the same extents, two blocks in flight as the stream has.
-    auto engine_stream = [&] {
-      const auto t0 = Clock::now();
-      std::vector<IoTicket> tickets;
-      for (std::uint64_t off = 0; off < total; off += bb) {
-        tickets.push_back(engine.read(off, ring.data() + ((off / bb) % 2) * bb, bb));
-        if (tickets.size() == 2) {
-          tickets.front().wait();
-          tickets.erase(tickets.begin());
-        }
-      }
-      for (auto& t : tickets) t.wait();
-      return since(t0);
-    };
-    double tier_s = 0, io_s = 0;
-    if (r % 2 == 0) {  // alternate who goes first
-      tier_s = tier_stream();
-      io_s = engine_stream();
-    } else {
-      io_s = engine_stream();
-      tier_s = tier_stream();
-    }
-    const double tier_gbps = static_cast<double>(total) / tier_s / 1e9;
-    const double io_gbps = static_cast<double>(total) / io_s / 1e9;
-    ratios.push_back(tier_gbps / io_gbps);
-    runs.push_back({{"tier_gbps", tier_gbps},
-                    {"engine_gbps", io_gbps},
-                    {"ratio", tier_gbps / io_gbps},
-                    {"prefetch_hits", c1.prefetch_hits - c0.prefetch_hits},
-                    {"prefetch_misses", c1.prefetch_misses - c0.prefetch_misses},
-                    {"stall_seconds", c1.stall_seconds - c0.stall_seconds}});
-    if (!o.json)
-      fmt::print(
-          "run {}: tier stream {:.3f} GB/s, engine {:.3f} GB/s, ratio {:.3f}; prefetch "
-          "hits {} misses {}, stalled {:.3f} s\n",
-          r + 1, tier_gbps, io_gbps, tier_gbps / io_gbps, c1.prefetch_hits - c0.prefetch_hits,
-          c1.prefetch_misses - c0.prefetch_misses, c1.stall_seconds - c0.stall_seconds);
-  }
-  std::sort(ratios.begin(), ratios.end());
-  const double med = ratios[ratios.size() / 2];
-  if (o.json)
-    fmt::print("{}\n", nlohmann::json{{"block_bytes", bb},
-                                      {"blocks", o.blocks},
-                                      {"host_budget", tc.host_budget},
-                                      {"lookahead", o.lookahead},
-                                      {"engine_block_size", engine.config().block_size},
-                                      {"queue_depth", engine.config().queue_depth},
-                                      {"runs", runs},
-                                      {"median_ratio", med}}
-                           .dump(2));
-  else
-    fmt::print("median tier-stream / engine ratio: {:.3f}\n", med);
 }
 
 }  // namespace
@@ -506,20 +442,6 @@ void add_demo(CLI::App& app) {
               "A plan's GPU sub-groups step after the CPU's instead of beside them "
               "(OptimizerConfig::concurrent_gpu_step off; the same bits)");
   d->callback([o] { run_demo(*o); });
-}
-
-void add_bench_tier(CLI::App& bench) {
-  auto o = std::make_shared<TierBenchOptions>();
-  auto* b = bench.add_subcommand(
-      "tier", "Prefetch effectiveness: stream blocks larger than the host budget vs the engine");
-  b->add_option("--dir", o->dir, "Swap directory (default: a temporary one)");
-  b->add_option("--block-bytes", o->block_bytes, "Bytes per block");
-  b->add_option("--blocks", o->blocks, "Blocks streamed");
-  b->add_option("--host-blocks", o->host_blocks, "Host budget, in blocks");
-  b->add_option("--lookahead", o->lookahead, "Prefetches in flight");
-  b->add_option("--runs", o->runs, "Repetitions (median ratio reported)");
-  b->add_flag("--json", o->json, "Print JSON on stdout instead of text");
-  b->callback([o] { run_tier_bench(*o); });
 }
 
 }  // namespace tierswap::cli

@@ -191,76 +191,341 @@ void run_overlap_bench(const StepOptions& o, TierManager& tiers, ShardedOptimize
         median(ord), median(ovl), 100 * median(hidden), o.backward_ms);
 }
 
-void run_step_bench(const StepOptions& o) {
-  const std::uint64_t n = parse_param_count(o.params, "--params");
-  const std::uint64_t budget = parse_size(o.host_budget, "--host-budget");
-  const std::uint64_t sg = parse_param_count(o.sub_group, "--sub-group");
-  const OptimizerKind kind = parse_optimizer_kind(o.optimizer);
-  if (kind != OptimizerKind::adamw && kind != OptimizerKind::lion)
-    throw std::invalid_argument("--optimizer: adamw or lion");
-  const Tier grad_tier = parse_tier(o.grad_tier);
-  if (grad_tier == Tier::device) throw std::invalid_argument("--grad-tier: host or nvme");
-  if (n < 8192) throw std::invalid_argument("--params: at least 8K");
-  if (o.runs < 1) throw std::invalid_argument("--runs: at least 1");
-  const int moments = kind == OptimizerKind::adamw ? 2 : 1;
-  const std::uint64_t state_pp = 4ull * (1 + moments);  // bytes per parameter of state
+// What every part of the bench shares: the model's size and kind, where it lives, the pool.
+struct StepBench {
+  const StepOptions& o;
+  std::uint64_t n = 0, budget = 0, sg = 0;
+  OptimizerKind kind = OptimizerKind::adamw;
+  Tier grad_tier = Tier::host;
+  int moments = 2;
+  std::uint64_t state_pp = 12;  // bytes per parameter of state
+  std::vector<std::filesystem::path> dirs;
 
+  explicit StepBench(const StepOptions& opts) : o(opts) {
+    n = parse_param_count(o.params, "--params");
+    budget = parse_size(o.host_budget, "--host-budget");
+    sg = parse_param_count(o.sub_group, "--sub-group");
+    kind = parse_optimizer_kind(o.optimizer);
+    if (kind != OptimizerKind::adamw && kind != OptimizerKind::lion)
+      throw std::invalid_argument("--optimizer: adamw or lion");
+    grad_tier = parse_tier(o.grad_tier);
+    if (grad_tier == Tier::device) throw std::invalid_argument("--grad-tier: host or nvme");
+    if (n < 8192) throw std::invalid_argument("--params: at least 8K");
+    if (o.runs < 1) throw std::invalid_argument("--runs: at least 1");
+    if (o.memory_only && o.state != "host")
+      throw std::invalid_argument(
+          "--memory-only needs --state host (NVMe state is never memory-only)");
+    moments = kind == OptimizerKind::adamw ? 2 : 1;
+    state_pp = 4ull * (1 + moments);
+  }
+  std::uint64_t sub_rounded() const { return round_up(sg, kGradStatsChunk); }
+  // Parameters of at most 64M elements; for --overlap one sub-group each, so that the simulated
+  // backward finishes sub-groups one by one.
+  std::uint64_t per_param() const {
+    return o.overlap ? sub_rounded() : std::uint64_t{64} << 20;
+  }
+};
+
+TierConfig step_tier_config(const StepBench& sb) {
+  TierConfig tc;
+  tc.host_budget = sb.budget;
+  tc.device_mode = DeviceTierMode::off;
+  tc.durable = sb.o.keep;
+  tc.telemetry = sb.o.keep;
+  OptimizerConfig reads;  // slabs, write-behind and prefetches as the one-object setup tunes them
+  reads.subgroup_size = sb.sg;
+  reads.prefetch_depth = sb.o.prefetch_depth;
+  tune_tier_config(tc, reads, 1 + sb.moments);
+  return tc;
+}
+
+OptimizerConfig step_optimizer_config(const StepBench& sb) {
+  OptimizerConfig oc;
+  oc.subgroup_size = sb.sg;
+  oc.state_tier = sb.o.state == "host" ? OptimizerConfig::StateTier::host
+                                       : OptimizerConfig::StateTier::nvme;
+  oc.persist_resident_state = !sb.o.memory_only;
+  oc.overlap = sb.o.overlap;  // at finalize: memory-only sub-groups get undo copies where they fit
+  oc.overlap_param16_in_place = sb.o.param16_in_place;
+  oc.grad_tier = sb.grad_tier;
+  oc.prefetch_depth = sb.o.prefetch_depth;
+  return oc;
+}
+
+std::vector<ParamId> add_step_params(const StepBench& sb, ShardedOptimizer& opt) {
+  opt.add_group(GroupConfig::defaults(sb.kind), "all");
+  std::vector<ParamId> ids;
+  const std::uint64_t per = sb.per_param();
+  for (std::uint64_t off = 0; off < sb.n; off += per)
+    ids.push_back(opt.add_param(0, {fmt::format("layer{}", ids.size()),
+                                    {static_cast<std::int64_t>(std::min(per, sb.n - off))},
+                                    Dtype::bf16,
+                                    true}));
+  return ids;
+}
+
+// (c) ZeRO-Infinity's traffic: state blocks plus an fp32 gradient block per sub-group; at the
+// accumulation boundary the fp32 gradient goes to NVMe, and the step reads it back with the state
+// (read ahead, the fused kernel on fp32 gradients, written behind).
+class ZeroInfinityTraffic {
+ public:
+  struct Sub {
+    BlockId p, m, v, g;
+    std::uint64_t off, n;
+  };
+  ZeroInfinityTraffic(const StepBench& sb, const TierConfig& tc, ThreadPool& pool,
+                      Created& created)
+      : sb_(sb),
+        pool_(pool),
+        space_(make_space(sb.dirs, "zero-infinity", 2 * sb.n * (sb.state_pp + 4) + (256ull << 20),
+                          created)),
+        engine_(space_, IoEngineConfig::from_env()),
+        tiers_(space_, engine_, quiet(tc)),
+        p16_(std::min(sb.n, sb.sub_rounded())) {
+    for (std::uint64_t off = 0; off < sb.n; off += sb.sub_rounded()) add_sub(off);
+    tiers_.commit();
+  }
+  const std::vector<Sub>& subs() const { return subs_; }
+  double step(const std::vector<std::uint16_t>& grad);
+
+ private:
+  static TierConfig quiet(TierConfig tc) {
+    tc.durable = false;
+    tc.telemetry = false;
+    return tc;
+  }
+  BlockId make(std::size_t sub, const char* what, BlockClass c, std::uint64_t k) {
+    BlockDesc d;
+    d.name = fmt::format("zi.{}.{}", sub, what);
+    d.cls = c;
+    d.numel = k;
+    return tiers_.create(d);
+  }
+  void add_sub(std::uint64_t off) {
+    const std::uint64_t k = std::min(sb_.sub_rounded(), sb_.n - off);
+    const std::size_t i = subs_.size();
+    Sub z{make(i, "master", BlockClass::master, k),
+          make(i, "exp_avg", BlockClass::exp_avg, k),
+          sb_.moments == 2 ? make(i, "exp_avg_sq", BlockClass::exp_avg_sq, k) : kNone,
+          make(i, "grad32", BlockClass::other, k),
+          off,
+          k};
+    subs_.push_back(z);
+    BlockView v = tiers_.acquire(z.p, Tier::host, Access::overwrite);
+    auto* f = reinterpret_cast<float*>(v.data());
+    for (std::uint64_t e = 0; e < k; ++e) f[e] = 0.01f * static_cast<float>((off + e) % 101);
+    tiers_.release(v, true);
+    tiers_.write_back(z.p);
+  }
+  void prefetch(std::size_t k) {
+    if (k >= subs_.size()) return;
+    for (BlockId b : {subs_[k].p, subs_[k].m, subs_[k].v, subs_[k].g})
+      if (b != kNone) tiers_.prefetch(b, Tier::host);
+  }
+  void step_sub(const Sub& z);
+
+  const StepBench& sb_;
+  ThreadPool& pool_;
+  SwapSpace space_;
+  IoEngine engine_;
+  TierManager tiers_;
+  std::vector<Sub> subs_;
+  std::vector<std::uint16_t> p16_;
+  std::int64_t t_ = 0;
+};
+
+void ZeroInfinityTraffic::step_sub(const Sub& z) {
+  {
+    BlockView p = tiers_.acquire(z.p, Tier::host, Access::write);
+    BlockView m = tiers_.acquire(z.m, Tier::host, Access::write);
+    BlockView v;
+    if (z.v != kNone) v = tiers_.acquire(z.v, Tier::host, Access::write);
+    BlockView g = tiers_.acquire(z.g, Tier::host);
+    const GradView gv{g.data(), Dtype::f32, 1.0f};
+    const Param16View pv{p16_.data(), Dtype::bf16};
+    CpuKernelContext ctx{default_cpu_isa(), &pool_};
+    if (sb_.kind == OptimizerKind::adamw)
+      adam_step(AdamConfig{}, t_,
+                {reinterpret_cast<float*>(p.data()), m.data(), v.data(), nullptr, Dtype::f32}, gv,
+                pv, z.n, ctx);
+    else
+      lion_step(LionConfig{}, reinterpret_cast<float*>(p.data()), m.data(), Dtype::f32, gv, pv,
+                z.n, ctx);
+    tiers_.release(p, true);
+    tiers_.release(m, true);
+    if (v) tiers_.release(v, true);
+  }
+  tiers_.trim(z.g);  // consumed (ZeRO-Infinity overwrites it at the next boundary)
+  for (BlockId b : {z.p, z.m, z.v})
+    if (b != kNone) tiers_.write_back(b);
+}
+
+double ZeroInfinityTraffic::step(const std::vector<std::uint16_t>& grad) {
+  const auto t0 = Clock::now();
+  const std::uint64_t per = sb_.per_param();
+  for (const Sub& z : subs_) {  // the accumulation boundary: the fp32 gradient to NVMe
+    BlockView v = tiers_.acquire(z.g, Tier::host, Access::overwrite);
+    cast(grad.data() + (z.off % per), Dtype::bf16, v.data(), Dtype::f32, z.n,
+         {default_cpu_isa(), &pool_});
+    tiers_.release(v, true);
+    tiers_.write_back(z.g);
+  }
+  ++t_;
+  const std::size_t depth = sb_.o.prefetch_depth;
+  for (std::size_t k = 0; k <= depth; ++k) prefetch(k);
+  for (std::size_t k = 0; k < subs_.size(); ++k) {
+    prefetch(k + depth + 1);
+    step_sub(subs_[k]);
+  }
+  tiers_.commit();
+  return since(t0);
+}
+
+// (a) io-only: the same bytes through the engine alone, sub-group by sub-group. Its buffers: the
+// pinned memory the step has for state, the host budget less the gradients waiting in it (both
+// passes run under the same budget), at least two sub-groups' worth. Two regions, read from one
+// and written to the other, alternating per pass; region 0 is written first, so no pass reads an
+// unwritten extent (the filesystem would return zeros without touching the disk).
+class IoOnlyPass {
+ public:
+  IoOnlyPass(const StepBench& sb, const std::vector<ZeroInfinityTraffic::Sub>& subs,
+             Created& created)
+      : blk_(round_up(sb.sub_rounded() * 4, 1ull << 20)),
+        per_sub_(1 + sb.moments),
+        nblk_(subs.size() * per_sub_),
+        space_(make_space(sb.dirs, "io-only", 2 * nblk_ * blk_ + (64ull << 20), created)),
+        engine_(space_, IoEngineConfig::from_env()) {
+    const std::uint64_t grad_host = sb.grad_tier == Tier::host ? sb.n * 2 : 0;
+    slots_ = std::max<std::size_t>(2 * per_sub_,
+                                   (sb.budget > grad_host ? sb.budget - grad_host : 0) / blk_);
+    ring_ = AlignedBuffer(slots_ * blk_);
+    engine_.register_buffer(ring_.data(), ring_.size());
+    for (const auto& z : subs) numel_.push_back(z.n);
+    for (std::size_t b = 0; b < nblk_; ++b) {
+      std::memset(ring_.data(), static_cast<int>(b), blk_);
+      engine_.write(b * blk_, ring_.data(), bytes(b)).wait();
+    }
+  }
+  double run();
+
+ private:
+  std::uint64_t bytes(std::size_t b) const { return numel_[b / per_sub_] * 4; }
+
+  std::uint64_t blk_;
+  std::size_t per_sub_, nblk_, slots_ = 0;
+  SwapSpace space_;
+  IoEngine engine_;
+  AlignedBuffer ring_;
+  std::vector<std::uint64_t> numel_;
+  int flip_ = 0;
+};
+
+double IoOnlyPass::run() {
+  const std::uint64_t from = flip_ * nblk_ * blk_, to = (1 - flip_) * nblk_ * blk_;
+  flip_ ^= 1;
+  const auto t0 = Clock::now();
+  std::vector<std::optional<IoTicket>> rd(slots_), wr(slots_);
+  std::size_t issued = 0;
+  auto issue = [&](std::size_t b) {
+    const std::size_t s = b % slots_;
+    if (wr[s]) wr[s]->wait(), wr[s].reset();
+    rd[s] = engine_.read(from + b * blk_, ring_.data() + s * blk_, bytes(b));
+  };
+  const std::size_t ahead = slots_ - per_sub_;  // the rest holds writes in flight
+  for (std::size_t b = 0; b < nblk_; ++b) {
+    while (issued < nblk_ && issued < b + ahead) issue(issued++);
+    const std::size_t s = b % slots_;
+    rd[s]->wait();
+    rd[s].reset();
+    wr[s] = engine_.write(to + b * blk_, ring_.data() + s * blk_, bytes(b));
+  }
+  for (auto& w : wr)
+    if (w) w->wait();
+  return since(t0);
+}
+
+// The medians and per-run ratios of the three passes, and the last tierswap cycle's traffic.
+struct StepBenchRuns {
+  std::vector<double> ts, zs, is, ins, r_step_io, r_zi_step;  // times; ratios within each run
+  nlohmann::json runs = nlohmann::json::array();
+  StepResult last;
+  TierCounters cycle0, cycle1;  // around the last run's ingest + step
+};
+
+void report_step_bench(const StepBench& sb, const StepBenchRuns& R, const TierManager& tiers) {
+  const int nv = static_cast<int>(Tier::nvme);
+  const auto n = static_cast<double>(sb.n);
+  // Per parameter over a whole cycle (gradient ingest, which spills with --grad-tier nvme, and
+  // the step).
+  const double rd = static_cast<double>(R.cycle1.bytes_out[nv] - R.cycle0.bytes_out[nv]) / n;
+  const double wr = static_cast<double>(R.cycle1.bytes_in[nv] - R.cycle0.bytes_in[nv]) / n;
+  const TierCounters c = tiers.counters();
+  const double io_s = median(R.is), step_s = median(R.ts), zi_s = median(R.zs);
+  const double grad_nvme = rd + wr - 2.0 * static_cast<double>(sb.state_pp);
+  const std::uint64_t peak = c.peak_reserved_bytes[static_cast<int>(Tier::host)];
+  if (!sb.o.json) {
+    fmt::print(
+        "median: io-only {:.3f} s, step {:.3f} s ({:.2f}x io-only), zero-infinity traffic {:.3f} s "
+        "({:.2f}x the step); median of the per-run ratios: {:.2f}x io-only, zero-infinity {:.2f}x"
+        "\nNVMe per parameter per step: {:.1f} B read, {:.1f} B written ({:.1f} B "
+        "of it gradient, 0 fp32); peak pinned {} of a {} budget ({} of state)\n",
+        io_s, step_s, step_s / io_s, zi_s, zi_s / step_s, median(R.r_step_io),
+        median(R.r_zi_step), rd, wr, grad_nvme, format_bytes(peak), format_bytes(sb.budget),
+        format_bytes(sb.n * sb.state_pp));
+    return;
+  }
+  nlohmann::json j{
+      {"params", sb.n},
+      {"optimizer", sb.o.optimizer},
+      {"grad_tier", sb.o.grad_tier},
+      {"sub_group", sb.sub_rounded()},
+      {"runs", R.runs},
+      {"io_only_s", io_s},
+      {"step_s", step_s},
+      {"ingest_s", median(R.ins)},
+      {"zero_infinity_step_s", zi_s},
+      {"step_over_io_only", step_s / io_s},
+      {"zero_infinity_over_step", zi_s / step_s},
+      {"median_run_step_over_io_only", median(R.r_step_io)},
+      {"median_run_zero_infinity_over_step", median(R.r_zi_step)},
+      {"nvme_read_bytes_per_param", rd},
+      {"nvme_write_bytes_per_param", wr},
+      {"grad_nvme_bytes_per_param", grad_nvme},
+      {"fp32_grad_bytes", 0},
+      {"step_nvme_gbps", (R.last.bytes_in[nv] + R.last.bytes_out[nv]) / step_s / 1e9},
+      {"io_wait_s", R.last.io_wait_seconds},
+      {"peak_pinned_bytes", peak},
+      {"host_budget_bytes", sb.budget},
+      {"state_bytes", sb.n * sb.state_pp}};
+  fmt::print("{}\n", j.dump(2));
+}
+
+void run_step_bench(const StepOptions& o) {
+  StepBench sb(o);
   std::unique_ptr<TempDir> temp;
-  std::vector<std::filesystem::path> dirs(o.dirs.begin(), o.dirs.end());
-  if (dirs.empty()) {
+  sb.dirs.assign(o.dirs.begin(), o.dirs.end());
+  if (sb.dirs.empty()) {
     temp = std::make_unique<TempDir>("tierswap-bench-step");
-    dirs = {temp->path};
+    sb.dirs = {temp->path};
   }
   ThreadPool pool(o.threads);
   Created created;
   created.keep = o.keep;
 
   // (b) tierswap.
-  SwapSpace space =
-      make_space(dirs, "tierswap", 2 * n * state_pp + 2 * n * 2 + (256ull << 20), created);
+  SwapSpace space = make_space(sb.dirs, "tierswap",
+                               2 * sb.n * sb.state_pp + 2 * sb.n * 2 + (256ull << 20), created);
   IoEngine engine(space, IoEngineConfig::from_env());
-  TierConfig tc;
-  tc.host_budget = budget;
-  tc.device_mode = DeviceTierMode::off;
-  tc.durable = o.keep;
-  tc.telemetry = o.keep;
-  {  // slabs, write-behind and prefetches in flight as the one-object setup tunes them
-    OptimizerConfig reads;
-    reads.subgroup_size = sg;
-    reads.prefetch_depth = o.prefetch_depth;
-    tune_tier_config(tc, reads, 1 + moments);
-  }
+  const TierConfig tc = step_tier_config(sb);
   TierManager tiers(space, engine, tc);
   auto comm = make_single_communicator();
-  OptimizerConfig oc;
-  oc.subgroup_size = sg;
-  oc.state_tier = OptimizerConfig::StateTier::nvme;
-  if (o.memory_only && o.state != "host")
-    throw std::invalid_argument(
-        "--memory-only needs --state host (NVMe state is never memory-only)");
-  if (o.state == "host") oc.state_tier = OptimizerConfig::StateTier::host;
-  oc.persist_resident_state = !o.memory_only;
-  oc.overlap = o.overlap;  // at finalize: memory-only sub-groups get undo copies where they fit
-  oc.overlap_param16_in_place = o.param16_in_place;
-  oc.grad_tier = grad_tier;
-  oc.prefetch_depth = o.prefetch_depth;
-  ShardedOptimizer opt(tiers, *comm, oc, &pool);
-  GroupConfig gc = GroupConfig::defaults(kind);
-  opt.add_group(gc, "all");
-  std::vector<ParamId> ids;
-  // Parameters of at most 64M elements; for --overlap one sub-group each, so that the simulated
-  // backward finishes sub-groups one by one.
-  const std::uint64_t per = o.overlap ? round_up(sg, kGradStatsChunk) : std::uint64_t{64} << 20;
-  for (std::uint64_t off = 0; off < n; off += per)
-    ids.push_back(opt.add_param(0, {fmt::format("layer{}", ids.size()),
-                                    {static_cast<std::int64_t>(std::min(per, n - off))},
-                                    Dtype::bf16,
-                                    true}));
+  ShardedOptimizer opt(tiers, *comm, step_optimizer_config(sb), &pool);
+  const std::vector<ParamId> ids = add_step_params(sb, opt);
   opt.finalize();
   opt.initialize([](ParamId, std::uint64_t off, float* out, std::uint64_t k) {
     for (std::uint64_t i = 0; i < k; ++i) out[i] = 0.01f * static_cast<float>((off + i) % 101);
   });
-  std::vector<std::uint16_t> grad(std::min(n, per));
+  std::vector<std::uint16_t> grad(std::min(sb.n, sb.per_param()));
   for (std::size_t i = 0; i < grad.size(); ++i)
     grad[i] = float_to_bf16(1e-3f * static_cast<float>(static_cast<int>(i % 17) - 8));
   auto ingest = [&] {
@@ -269,244 +534,68 @@ void run_step_bench(const StepOptions& o) {
     opt.end_backward();
   };
   if (o.overlap) {
-    run_overlap_bench(o, tiers, opt, ids, grad, n);
+    run_overlap_bench(o, tiers, opt, ids, grad, sb.n);
     return;
   }
-
-  // (c) ZeRO-Infinity's traffic: state blocks plus an fp32 gradient block per sub-group.
-  SwapSpace zspace =
-      make_space(dirs, "zero-infinity", 2 * n * (state_pp + 4) + (256ull << 20), created);
-  IoEngine zengine(zspace, IoEngineConfig::from_env());
-  TierConfig ztc = tc;
-  ztc.durable = false;
-  ztc.telemetry = false;
-  TierManager ztiers(zspace, zengine, ztc);
-  struct ZSub {
-    BlockId p, m, v, g;
-    std::uint64_t off, n;
-  };
-  std::vector<ZSub> zsubs;
-  const std::uint64_t sgr = round_up(sg, kGradStatsChunk);
-  for (std::uint64_t off = 0; off < n; off += sgr) {
-    const std::uint64_t k = std::min(sgr, n - off);
-    auto mk = [&](const char* what, BlockClass c) {
-      BlockDesc d;
-      d.name = fmt::format("zi.{}.{}", zsubs.size(), what);
-      d.cls = c;
-      d.numel = k;
-      return ztiers.create(d);
-    };
-    ZSub z{mk("master", BlockClass::master),
-           mk("exp_avg", BlockClass::exp_avg),
-           moments == 2 ? mk("exp_avg_sq", BlockClass::exp_avg_sq) : kNone,
-           mk("grad32", BlockClass::other),
-           off,
-           k};
-    zsubs.push_back(z);
-    BlockView v = ztiers.acquire(z.p, Tier::host, Access::overwrite);
-    auto* f = reinterpret_cast<float*>(v.data());
-    for (std::uint64_t i = 0; i < k; ++i) f[i] = 0.01f * static_cast<float>((off + i) % 101);
-    ztiers.release(v, true);
-    ztiers.write_back(z.p);
-  }
-  ztiers.commit();
-  std::vector<std::uint16_t> p16(std::min(n, sgr));
-  std::int64_t zstep = 0;
-  auto zero_infinity_step = [&] {
-    const auto t0 = Clock::now();
-    // The accumulation boundary: the fp32 gradient goes to NVMe.
-    for (const ZSub& z : zsubs) {
-      BlockView v = ztiers.acquire(z.g, Tier::host, Access::overwrite);
-      cast(grad.data() + (z.off % per), Dtype::bf16, v.data(), Dtype::f32, z.n,
-           {default_cpu_isa(), &pool});
-      ztiers.release(v, true);
-      ztiers.write_back(z.g);
-    }
-    // The step: read state and fp32 gradient ahead, fused kernel on fp32 gradients, write behind.
-    ++zstep;
-    auto pre = [&](std::size_t k) {
-      if (k >= zsubs.size()) return;
-      for (BlockId b : {zsubs[k].p, zsubs[k].m, zsubs[k].v, zsubs[k].g})
-        if (b != kNone) ztiers.prefetch(b, Tier::host);
-    };
-    for (std::size_t k = 0; k <= oc.prefetch_depth; ++k) pre(k);
-    for (std::size_t k = 0; k < zsubs.size(); ++k) {
-      pre(k + oc.prefetch_depth + 1);
-      const ZSub& z = zsubs[k];
-      {
-        BlockView p = ztiers.acquire(z.p, Tier::host, Access::write);
-        BlockView m = ztiers.acquire(z.m, Tier::host, Access::write);
-        BlockView v;
-        if (z.v != kNone) v = ztiers.acquire(z.v, Tier::host, Access::write);
-        BlockView g = ztiers.acquire(z.g, Tier::host);
-        const GradView gv{g.data(), Dtype::f32, 1.0f};
-        const Param16View pv{p16.data(), Dtype::bf16};
-        CpuKernelContext ctx{default_cpu_isa(), &pool};
-        if (kind == OptimizerKind::adamw)
-          adam_step(AdamConfig{}, zstep,
-                    {reinterpret_cast<float*>(p.data()), m.data(), v.data(), nullptr, Dtype::f32},
-                    gv, pv, z.n, ctx);
-        else
-          lion_step(LionConfig{}, reinterpret_cast<float*>(p.data()), m.data(), Dtype::f32, gv, pv,
-                    z.n, ctx);
-        ztiers.release(p, true);
-        ztiers.release(m, true);
-        if (v) ztiers.release(v, true);
-      }
-      ztiers.trim(z.g);  // consumed (ZeRO-Infinity overwrites it at the next boundary)
-      for (BlockId b : {z.p, z.m, z.v})
-        if (b != kNone) ztiers.write_back(b);
-    }
-    ztiers.commit();
-    return since(t0);
-  };
-
-  // (a) io-only: the same bytes through the engine alone.
-  const std::uint64_t blk = round_up(sgr * 4, 1ull << 20);
-  const std::size_t nblk = zsubs.size() * (1 + moments);
-  SwapSpace ispace = make_space(dirs, "io-only", 2 * nblk * blk + (64ull << 20), created);
-  IoEngine iengine(ispace, IoEngineConfig::from_env());
-  // Its buffers: the pinned memory the step has for state, the host budget less the gradients
-  // waiting in it (both passes run under the same budget), at least two sub-groups' worth.
-  const std::uint64_t grad_host = grad_tier == Tier::host ? n * 2 : 0;
-  const std::size_t slots =
-      std::max<std::size_t>(2 * (1 + moments), (budget > grad_host ? budget - grad_host : 0) / blk);
-  AlignedBuffer ring(slots * blk);
-  iengine.register_buffer(ring.data(), ring.size());
-  // Two regions, read from one and written to the other, alternating per pass; region 0 is
-  // written first, so no pass reads an unwritten extent (the filesystem would return zeros without
-  // touching the disk).
-  int flip = 0;
-  for (std::size_t b = 0; b < nblk; ++b) {
-    std::memset(ring.data(), static_cast<int>(b), blk);
-    iengine.write(b * blk, ring.data(), zsubs[b / (1 + moments)].n * 4).wait();
-  }
-  auto io_only = [&] {
-    const std::uint64_t from = flip * nblk * blk, to = (1 - flip) * nblk * blk;
-    flip ^= 1;
-    const auto t0 = Clock::now();
-    std::vector<std::optional<IoTicket>> rd(slots), wr(slots);
-    std::size_t issued = 0;
-    auto issue = [&](std::size_t b) {
-      const std::size_t s = b % slots;
-      if (wr[s]) wr[s]->wait(), wr[s].reset();
-      rd[s] = iengine.read(from + b * blk, ring.data() + s * blk, zsubs[b / (1 + moments)].n * 4);
-    };
-    const std::size_t ahead = slots - (1 + moments);  // the rest holds writes in flight
-    for (std::size_t b = 0; b < nblk; ++b) {
-      while (issued < nblk && issued < b + ahead) issue(issued++);
-      const std::size_t s = b % slots;
-      rd[s]->wait();
-      rd[s].reset();
-      wr[s] = iengine.write(to + b * blk, ring.data() + s * blk, zsubs[b / (1 + moments)].n * 4);
-    }
-    for (auto& w : wr)
-      if (w) w->wait();
-    return since(t0);
-  };
+  ZeroInfinityTraffic zi(sb, tc, pool, created);  // (c)
+  IoOnlyPass io(sb, zi.subs(), created);           // (a)
 
   if (!o.json)
     fmt::print(
         "tierswap bench step: {} params ({}), {} of state on NVMe ({}), host budget {}, "
         "sub-group {} params, gradients on {}\n",
-        n, o.optimizer, format_bytes(n * state_pp), dirs.front().string(), format_bytes(budget),
-        sgr, o.grad_tier);
+        sb.n, o.optimizer, format_bytes(sb.n * sb.state_pp), sb.dirs.front().string(),
+        format_bytes(sb.budget), sb.sub_rounded(), o.grad_tier);
   // Warm-up: every block has data on NVMe afterwards.
   ingest();
   opt.step();
-  zero_infinity_step();
-  io_only();
-  std::vector<double> ts, zs, is, ins, r_step_io, r_zi_step;  // times; ratios within each run
-  nlohmann::json runs = nlohmann::json::array();
-  StepResult last;
-  TierCounters cycle0, cycle1;  // around the last run's ingest + step
+  zi.step(grad);
+  io.run();
+  StepBenchRuns R;
   for (int r = 0; r < o.runs; ++r) {
     double t = 0, z = 0, i = 0, i_s = 0;
     for (int k = 0; k < 3; ++k) {
       switch ((r + k) % 3) {
         case 0: {
-          cycle0 = tiers.counters();
+          R.cycle0 = tiers.counters();
           const auto t_in = Clock::now();
           ingest();
           i_s = since(t_in);
-          last = opt.step();
-          cycle1 = tiers.counters();
-          t = last.seconds;
+          R.last = opt.step();
+          R.cycle1 = tiers.counters();
+          t = R.last.seconds;
           break;
         }
         case 1:
-          z = zero_infinity_step();
+          z = zi.step(grad);
           break;
         case 2:
-          i = io_only();
+          i = io.run();
           break;
       }
     }
-    ts.push_back(t);
-    ins.push_back(i_s);
-    zs.push_back(z);
-    is.push_back(i);
-    runs.push_back({{"io_only_s", i},
-                    {"step_s", t},
-                    {"ingest_s", i_s},
-                    {"zero_infinity_step_s", z},
-                    {"step_over_io_only", t / i},
-                    {"zero_infinity_over_step", z / t}});
-    r_step_io.push_back(t / i);
-    r_zi_step.push_back(z / t);
+    R.ts.push_back(t);
+    R.ins.push_back(i_s);
+    R.zs.push_back(z);
+    R.is.push_back(i);
+    R.runs.push_back({{"io_only_s", i},
+                      {"step_s", t},
+                      {"ingest_s", i_s},
+                      {"zero_infinity_step_s", z},
+                      {"step_over_io_only", t / i},
+                      {"zero_infinity_over_step", z / t}});
+    R.r_step_io.push_back(t / i);
+    R.r_zi_step.push_back(z / t);
     if (!o.json)
       fmt::print(
           "run {}: io-only {:.3f} s, tierswap step {:.3f} s, zero-infinity traffic {:.3f} s\n",
           r + 1, i, t, z);
   }
-  const int nv = static_cast<int>(Tier::nvme);
-  // Per parameter over a whole cycle (gradient ingest, which spills with --grad-tier nvme, and
-  // the step).
-  const double rd =
-      static_cast<double>(cycle1.bytes_out[nv] - cycle0.bytes_out[nv]) / static_cast<double>(n);
-  const double wr =
-      static_cast<double>(cycle1.bytes_in[nv] - cycle0.bytes_in[nv]) / static_cast<double>(n);
-  const TierCounters c = tiers.counters();
-  const double io_s = median(is), step_s = median(ts), zi_s = median(zs);
-  const double grad_nvme = rd + wr - 2.0 * static_cast<double>(state_pp);
-  nlohmann::json j{{"params", n},
-                   {"optimizer", o.optimizer},
-                   {"grad_tier", o.grad_tier},
-                   {"sub_group", sgr},
-                   {"runs", runs},
-                   {"io_only_s", io_s},
-                   {"step_s", step_s},
-                   {"ingest_s", median(ins)},
-                   {"zero_infinity_step_s", zi_s},
-                   {"step_over_io_only", step_s / io_s},
-                   {"zero_infinity_over_step", zi_s / step_s},
-                   {"median_run_step_over_io_only", median(r_step_io)},
-                   {"median_run_zero_infinity_over_step", median(r_zi_step)},
-                   {"nvme_read_bytes_per_param", rd},
-                   {"nvme_write_bytes_per_param", wr},
-                   {"grad_nvme_bytes_per_param", grad_nvme},
-                   {"fp32_grad_bytes", 0},
-                   {"step_nvme_gbps", (last.bytes_in[nv] + last.bytes_out[nv]) / step_s / 1e9},
-                   {"io_wait_s", last.io_wait_seconds},
-                   {"peak_pinned_bytes", c.peak_reserved_bytes[static_cast<int>(Tier::host)]},
-                   {"host_budget_bytes", budget},
-                   {"state_bytes", n * state_pp}};
-  if (o.json) {
-    fmt::print("{}\n", j.dump(2));
-  } else {
-    fmt::print(
-        "median: io-only {:.3f} s, step {:.3f} s ({:.2f}x io-only), zero-infinity traffic {:.3f} s "
-        "({:.2f}x the step); median of the per-run ratios: {:.2f}x io-only, zero-infinity {:.2f}x"
-        "\nNVMe per parameter per step: {:.1f} B read, {:.1f} B written ({:.1f} B "
-        "of it gradient, 0 fp32); peak pinned {} of a {} budget ({} of state)\n",
-        io_s, step_s, step_s / io_s, zi_s, zi_s / step_s, median(r_step_io), median(r_zi_step), rd,
-        wr, grad_nvme, format_bytes(c.peak_reserved_bytes[static_cast<int>(Tier::host)]),
-        format_bytes(budget), format_bytes(n * state_pp));
-  }
+  report_step_bench(sb, R, tiers);
   if (o.keep) {
     if (temp) fmt::print(stderr, "kept the swap directory {}\n", temp->keep().string());
     fmt::print(stderr, "inspect: tierswap residency --swap-dir {}\n",
-               (dirs.front() / "tierswap").string());
+               (sb.dirs.front() / "tierswap").string());
   }
 }
 

@@ -44,18 +44,20 @@ void ShardedOptimizer::Impl::chunk_sums(const OptSub& s, const BlockView& grad, 
 }
 
 template <class Add>
-void ShardedOptimizer::Impl::ingest(OptSub& s, Tier tier, Access access, Add&& add) {
+void ShardedOptimizer::Impl::ingest(OptSub& s, Tier tier, Access access, Add&& add,
+                                    bool whole) {
   spec_touch(s);
-  bool final = false;
+  bool last = false, final = false;
   {
     BlockView v = tiers.acquire(s.grad, tier, access);
     add(v.data());
     v.mark_dirty();
     s.grad_zero = false;
     s.sums.clear();
-    if (++s.seen == s.pids.size()) final = take_grad_stats(s, v, tier);
+    last = whole || ++s.seen == s.pids.size();
+    if (last) final = take_grad_stats(s, v, tier);
   }
-  if (s.seen == s.pids.size()) after_ingest(s, final);
+  if (last) after_ingest(s, final);
 }
 
 void ShardedOptimizer::Impl::drop_grad(OptSub& s) {
@@ -120,22 +122,18 @@ void ShardedOptimizer::Impl::reduce_local(OptGroup& g) {
     comm.reduce_scatter(send.data(), recv.data(), counts, dt);
     if (counts[rank] == 0) continue;
     OptSub& s = subs[g.first_sub + k];
-    spec_touch(s);
-    bool final = false;
-    {
-      // The first reduction since the drop lands on zeros: taken as it is.
-      const bool fresh = s.grad_zero;
-      BlockView v = tiers.acquire(s.grad, Tier::host, fresh ? Access::overwrite : Access::write);
-      if (fresh)
-        std::memcpy(v.data(), recv.data(), s.numel * es);
-      else
-        accumulate(v.data(), dt, recv.data(), dt, s.numel, ctx());
-      v.mark_dirty();
-      s.grad_zero = false;
-      s.sums.clear();
-      final = take_grad_stats(s, v);
-    }
-    after_ingest(s, final);
+    // The first reduction since the drop lands on zeros: taken as it is. The reduction holds
+    // every parameter's share of the sub-group at once.
+    const bool fresh = s.grad_zero;
+    ingest(
+        s, Tier::host, fresh ? Access::overwrite : Access::write,
+        [&](std::byte* v) {
+          if (fresh)
+            std::memcpy(v, recv.data(), s.numel * es);
+          else
+            accumulate(v, dt, recv.data(), dt, s.numel, ctx());
+        },
+        true);
   }
   std::memset(g.local_grad.data(), 0, g.local_grad.size());
   g.local_dirty = false;

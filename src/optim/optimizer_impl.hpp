@@ -291,9 +291,10 @@ struct ShardedOptimizer::Impl {
     return s.grad_gpu || s.on_gpu ? Tier::device : Tier::host;
   }
   /// A trainable parameter's slice of gradient into s: `add(view bytes)` accumulates into its
-  /// gradient acquired for write in `tier`; the last slice of the backward marks it done.
+  /// gradient acquired for write in `tier`; the last slice of the backward marks it done, as does
+  /// a `whole` one (reduce_local: a reduce-scatter's result holds every parameter's share).
   template <class Add>
-  void ingest(OptSub& s, Tier tier, Access access, Add&& add);
+  void ingest(OptSub& s, Tier tier, Access access, Add&& add, bool whole = false);
   /// Drops s's gradient (the block trimmed: zeros again, no I/O), its statistics and the
   /// written-slice marks: the one way a step, a rollback, initialize() and load() end a gradient.
   void drop_grad(OptSub& s);

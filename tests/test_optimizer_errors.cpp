@@ -1,6 +1,11 @@
 // ShardedOptimizer at world size 1, misuse and configuration: clear errors for API misuse, config
 // from JSON and the environment.
 // (Multi-rank runs: optimizer_mpi under mpirun.)
+#include <algorithm>
+#include <fstream>
+#include <map>
+#include <set>
+
 #include "optim_fixture.hpp"
 
 using namespace tierswap::optim_test;
@@ -97,4 +102,46 @@ TEST(ShardedOptimizer, ConfigFromJsonAndEnvironment) {
   EXPECT_THROW(OptimizerConfig::from_env(), std::invalid_argument);
   ::unsetenv("TIERSWAP_STATE_TIER");
   ::unsetenv("TIERSWAP_SUBGROUP_SIZE");
+}
+
+// The README's configuration table and OptimizerConfig's settings table say the same: every
+// setting has its row, with the same environment variable ("—" for none), and every row that
+// names one of its keys or variables belongs to it. An unknown key's error lists every setting.
+TEST(ShardedOptimizer, TheReadmeConfigurationTableMatchesTheSettings) {
+  std::ifstream f(std::string(TIERSWAP_SOURCE_DIR) + "/README.md");
+  ASSERT_TRUE(f) << "README.md not found";
+  std::map<std::string, std::string> readme;  // key -> env column, rows "| `key` | `ENV` | ..."
+  std::string line;
+  while (std::getline(f, line)) {
+    if (line.rfind("| `", 0) != 0) continue;
+    const auto k1 = line.find('`', 3);
+    const auto bar = line.find('|', k1);
+    const auto bar2 = line.find('|', bar + 1);
+    if (k1 == std::string::npos || bar == std::string::npos || bar2 == std::string::npos) continue;
+    std::string env = line.substr(bar + 1, bar2 - bar - 1);
+    const auto e1 = env.find('`'), e2 = env.find('`', e1 + 1);
+    env = e1 == std::string::npos ? "" : env.substr(e1 + 1, e2 - e1 - 1);
+    readme.emplace(line.substr(3, k1 - 3), env);
+  }
+  std::set<std::string> envs;
+  std::string known;
+  const auto keys = OptimizerConfig::keys();
+  for (const auto& [key, env] : keys) {
+    SCOPED_TRACE(key);
+    ASSERT_TRUE(readme.count(key)) << "no README row for the setting";
+    EXPECT_EQ(readme[key], env) << "README's environment variable differs";
+    if (!env.empty()) envs.insert(env);
+    known += (known.empty() ? "" : ", ") + key;
+  }
+  for (const auto& [key, env] : readme)
+    if (envs.count(env))
+      EXPECT_TRUE(std::any_of(keys.begin(), keys.end(),
+                              [&](const auto& kv) { return kv.first == key; }))
+          << "README row " << key << " names " << env;
+  try {
+    OptimizerConfig::from_json(R"({"no_such_setting": 1})");
+    ADD_FAILURE() << "an unknown key was accepted";
+  } catch (const std::invalid_argument& e) {
+    EXPECT_NE(std::string(e.what()).find(known), std::string::npos) << e.what();
+  }
 }

@@ -172,19 +172,16 @@ struct OptimizerConfig {
   /// false: one after the other on step()'s thread (the same bits either way). Default on.
   bool concurrent_gpu_step = true;
   void validate() const;
-  /// Overrides from TIERSWAP_SUBGROUP_SIZE, TIERSWAP_PREFETCH_DEPTH, TIERSWAP_ACCUMULATE_FP32,
-  /// TIERSWAP_BF16_MOMENTS, TIERSWAP_STATE_TIER (auto|host|nvme), TIERSWAP_GRAD_TIER
-  /// (host|nvme), TIERSWAP_COALESCE, TIERSWAP_MAX_GRAD_NORM, TIERSWAP_OVERLAP, TIERSWAP_PLAN (a
-  /// plan file), TIERSWAP_PERSIST_RESIDENT_STATE, TIERSWAP_OVERLAP_PARAM16_IN_PLACE,
-  /// TIERSWAP_CONCURRENT_GPU_STEP.
+  /// Overrides from the environment: each setting's variable as keys() lists it (TIERSWAP_...;
+  /// the README's configuration table). A value that does not parse throws naming the variable.
   static OptimizerConfig from_env();
   static OptimizerConfig from_env(OptimizerConfig base);
-  /// Loads {"subgroup_size", "prefetch_depth", "accumulate_fp32", "bf16_moments", "state_tier",
-  /// "grad_tier", "coalesce", "max_grad_norm", "overlap", "plan", "persist_resident_state",
-  /// "overlap_param16_in_place", "concurrent_gpu_step", "loss_scaler": {"mode", "init_scale",
-  /// "growth_factor", "backoff_factor", "growth_interval"}}; unknown keys or bad values throw
-  /// std::invalid_argument naming the key.
+  /// Loads a JSON object of keys() (loss_scaler an object of mode, init_scale, growth_factor,
+  /// backoff_factor, growth_interval); unknown keys or bad values throw std::invalid_argument
+  /// naming the key (and, for an unknown one, every known key).
   static OptimizerConfig from_json(std::string_view json);
+  /// Every setting's JSON key and environment variable ("" when none), in the README's order.
+  static std::vector<std::pair<std::string, std::string>> keys();
 };
 
 using ParamId = std::uint32_t;

@@ -2,12 +2,14 @@
 // naming the key).
 #include <fmt/format.h>
 
+#include <array>
 #include <cmath>
 #include <cstdlib>
 #include <nlohmann/json.hpp>
 #include <string>
 
 #include "src/optim/optimizer_impl.hpp"
+#include "tierswap/detail/config_table.hpp"
 #include "tierswap/detail/env.hpp"
 #include "tierswap/detail/json.hpp"
 #include "tierswap/error.hpp"
@@ -37,6 +39,120 @@ Tier parse_grad_tier(std::string_view s, const std::string& key) {
   throw_invalid(key, s, "expected host or nvme");
 }
 
+
+// ---- the settings table ----------------------------------------------------------------------
+bool bool_of(const nlohmann::json& v, const std::string& key) {
+  if (!v.is_boolean()) throw_invalid(key, v.dump(), "expected true or false");
+  return v.get<bool>();
+}
+double num_of(const nlohmann::json& v, const std::string& key) {
+  if (!v.is_number()) throw_invalid(key, v.dump(), "expected a number");
+  return v.get<double>();
+}
+std::string str_of(const nlohmann::json& v, const std::string& key) {
+  if (!v.is_string()) throw_invalid(key, v.dump(), "expected a string");
+  return v.get<std::string>();
+}
+
+using Field = detail::ConfigField<OptimizerConfig>;
+
+template <bool OptimizerConfig::*M>
+Field flag(std::string_view key, std::string_view env) {
+  return {key, env,
+          [](OptimizerConfig& c, const nlohmann::json& v, const std::string& k) {
+            c.*M = bool_of(v, k);
+          },
+          [](OptimizerConfig& c, const char* name) { c.*M = detail::env_bool(name, c.*M); }};
+}
+
+void subgroup_json(OptimizerConfig& c, const nlohmann::json& v, const std::string& key) {
+  if (v.is_string())
+    c.subgroup_size = parse_size(v.get<std::string>(), key);
+  else if (v.is_number_unsigned())
+    c.subgroup_size = detail::json_int<std::uint64_t>(v);
+  else
+    throw_invalid(key, v.dump(), "expected a count (number or \"16M\")");
+}
+
+void prefetch_json(OptimizerConfig& c, const nlohmann::json& v, const std::string& key) {
+  if (!v.is_number_unsigned()) throw_invalid(key, v.dump(), "expected an integer >= 0");
+  c.prefetch_depth = static_cast<std::uint32_t>(
+      std::min<std::uint64_t>(detail::json_int<std::uint64_t>(v), 1u << 20));
+}
+
+void loss_scaler_json(OptimizerConfig& c, const nlohmann::json& v, const std::string& key) {
+  if (!v.is_object()) throw_invalid(key, v.dump(), "expected an object");
+  for (auto& [k2, v2] : v.items()) {
+    const std::string name = key + "." + k2;
+    if (k2 == "mode")
+      c.loss_scaler.mode = parse_scaling(str_of(v2, name), name);
+    else if (k2 == "init_scale")
+      c.loss_scaler.init_scale = num_of(v2, name);
+    else if (k2 == "growth_factor")
+      c.loss_scaler.growth_factor = num_of(v2, name);
+    else if (k2 == "backoff_factor")
+      c.loss_scaler.backoff_factor = num_of(v2, name);
+    else if (k2 == "growth_interval") {
+      if (!v2.is_number_unsigned()) throw_invalid(name, v2.dump(), "expected an integer");
+      c.loss_scaler.growth_interval = detail::json_int<std::uint32_t>(v2);
+    } else
+      throw_invalid(name, v2.dump(),
+                    "unknown key (known: mode, init_scale, growth_factor, backoff_factor, "
+                    "growth_interval)");
+  }
+}
+
+// Every setting of OptimizerConfig, in the README's order.
+const std::array<Field, 14> kFields = {{
+    {"subgroup_size", "TIERSWAP_SUBGROUP_SIZE", subgroup_json,
+     [](OptimizerConfig& c, const char* n) {
+       c.subgroup_size = detail::env_u64(n, c.subgroup_size, true);
+     }},
+    {"prefetch_depth", "TIERSWAP_PREFETCH_DEPTH", prefetch_json,
+     [](OptimizerConfig& c, const char* n) {
+       c.prefetch_depth = static_cast<std::uint32_t>(detail::env_u64(n, c.prefetch_depth, false));
+     }},
+    flag<&OptimizerConfig::accumulate_fp32>("accumulate_fp32", "TIERSWAP_ACCUMULATE_FP32"),
+    flag<&OptimizerConfig::bf16_moments>("bf16_moments", "TIERSWAP_BF16_MOMENTS"),
+    {"state_tier", "TIERSWAP_STATE_TIER",
+     [](OptimizerConfig& c, const nlohmann::json& v, const std::string& k) {
+       c.state_tier = parse_state_tier(str_of(v, k), k);
+     },
+     [](OptimizerConfig& c, const char* n) {
+       if (const char* v = std::getenv(n)) c.state_tier = parse_state_tier(v, n);
+     }},
+    {"grad_tier", "TIERSWAP_GRAD_TIER",
+     [](OptimizerConfig& c, const nlohmann::json& v, const std::string& k) {
+       c.grad_tier = parse_grad_tier(str_of(v, k), k);
+     },
+     [](OptimizerConfig& c, const char* n) {
+       if (const char* v = std::getenv(n)) c.grad_tier = parse_grad_tier(v, n);
+     }},
+    flag<&OptimizerConfig::coalesce>("coalesce", "TIERSWAP_COALESCE"),
+    {"max_grad_norm", "TIERSWAP_MAX_GRAD_NORM",
+     [](OptimizerConfig& c, const nlohmann::json& v, const std::string& k) {
+       c.max_grad_norm = num_of(v, k);
+     },
+     [](OptimizerConfig& c, const char* n) {
+       c.max_grad_norm = detail::env_double(n, c.max_grad_norm);
+     }},
+    flag<&OptimizerConfig::overlap>("overlap", "TIERSWAP_OVERLAP"),
+    {"plan", "TIERSWAP_PLAN",
+     [](OptimizerConfig& c, const nlohmann::json& v, const std::string& k) {
+       c.plan_file = str_of(v, k);
+     },
+     [](OptimizerConfig& c, const char* n) {
+       if (const char* v = std::getenv(n)) c.plan_file = v;
+     }},
+    flag<&OptimizerConfig::persist_resident_state>("persist_resident_state",
+                                                   "TIERSWAP_PERSIST_RESIDENT_STATE"),
+    flag<&OptimizerConfig::overlap_param16_in_place>("overlap_param16_in_place",
+                                                     "TIERSWAP_OVERLAP_PARAM16_IN_PLACE"),
+    flag<&OptimizerConfig::concurrent_gpu_step>("concurrent_gpu_step",
+                                                "TIERSWAP_CONCURRENT_GPU_STEP"),
+    {"loss_scaler", "", loss_scaler_json, nullptr},
+}};
+
 }  // namespace
 
 OptimizerConfig OptimizerConfig::from_env() {
@@ -44,24 +160,7 @@ OptimizerConfig OptimizerConfig::from_env() {
 }
 
 OptimizerConfig OptimizerConfig::from_env(OptimizerConfig c) {
-  using detail::env_bool, detail::env_double, detail::env_u64;
-  c.subgroup_size = env_u64("TIERSWAP_SUBGROUP_SIZE", c.subgroup_size, true);
-  c.prefetch_depth =
-      static_cast<std::uint32_t>(env_u64("TIERSWAP_PREFETCH_DEPTH", c.prefetch_depth, false));
-  c.accumulate_fp32 = env_bool("TIERSWAP_ACCUMULATE_FP32", c.accumulate_fp32);
-  c.bf16_moments = env_bool("TIERSWAP_BF16_MOMENTS", c.bf16_moments);
-  if (const char* v = std::getenv("TIERSWAP_STATE_TIER"))
-    c.state_tier = parse_state_tier(v, "TIERSWAP_STATE_TIER");
-  if (const char* v = std::getenv("TIERSWAP_GRAD_TIER"))
-    c.grad_tier = parse_grad_tier(v, "TIERSWAP_GRAD_TIER");
-  c.coalesce = env_bool("TIERSWAP_COALESCE", c.coalesce);
-  c.overlap = env_bool("TIERSWAP_OVERLAP", c.overlap);
-  c.persist_resident_state = env_bool("TIERSWAP_PERSIST_RESIDENT_STATE", c.persist_resident_state);
-  c.overlap_param16_in_place =
-      env_bool("TIERSWAP_OVERLAP_PARAM16_IN_PLACE", c.overlap_param16_in_place);
-  c.concurrent_gpu_step = env_bool("TIERSWAP_CONCURRENT_GPU_STEP", c.concurrent_gpu_step);
-  if (const char* v = std::getenv("TIERSWAP_PLAN")) c.plan_file = v;
-  c.max_grad_norm = env_double("TIERSWAP_MAX_GRAD_NORM", c.max_grad_norm);
+  detail::apply_env<OptimizerConfig>(c, kFields);
   c.validate();
   return c;
 }
@@ -75,83 +174,15 @@ OptimizerConfig OptimizerConfig::from_json(std::string_view text) {
   }
   if (!j.is_object()) throw std::invalid_argument("optimizer config: expected a JSON object");
   OptimizerConfig c;
-  auto bool_of = [](const nlohmann::json& v, const std::string& key) {
-    if (!v.is_boolean()) throw_invalid(key, v.dump(), "expected true or false");
-    return v.get<bool>();
-  };
-  auto num_of = [](const nlohmann::json& v, const std::string& key) {
-    if (!v.is_number()) throw_invalid(key, v.dump(), "expected a number");
-    return v.get<double>();
-  };
-  auto str_of = [](const nlohmann::json& v, const std::string& key) {
-    if (!v.is_string()) throw_invalid(key, v.dump(), "expected a string");
-    return v.get<std::string>();
-  };
-  for (auto& [key, v] : j.items()) {
-    if (key == "subgroup_size") {
-      if (v.is_string())
-        c.subgroup_size = parse_size(v.get<std::string>(), key);
-      else if (v.is_number_unsigned())
-        c.subgroup_size = detail::json_int<std::uint64_t>(v);
-      else
-        throw_invalid(key, v.dump(), "expected a count (number or \"16M\")");
-    } else if (key == "prefetch_depth") {
-      if (!v.is_number_unsigned()) throw_invalid(key, v.dump(), "expected an integer >= 0");
-      c.prefetch_depth = static_cast<std::uint32_t>(
-          std::min<std::uint64_t>(detail::json_int<std::uint64_t>(v), 1u << 20));
-    } else if (key == "accumulate_fp32") {
-      c.accumulate_fp32 = bool_of(v, key);
-    } else if (key == "bf16_moments") {
-      c.bf16_moments = bool_of(v, key);
-    } else if (key == "state_tier") {
-      c.state_tier = parse_state_tier(str_of(v, key), key);
-    } else if (key == "grad_tier") {
-      c.grad_tier = parse_grad_tier(str_of(v, key), key);
-    } else if (key == "coalesce") {
-      c.coalesce = bool_of(v, key);
-    } else if (key == "overlap") {
-      c.overlap = bool_of(v, key);
-    } else if (key == "persist_resident_state") {
-      c.persist_resident_state = bool_of(v, key);
-    } else if (key == "overlap_param16_in_place") {
-      c.overlap_param16_in_place = bool_of(v, key);
-    } else if (key == "concurrent_gpu_step") {
-      c.concurrent_gpu_step = bool_of(v, key);
-    } else if (key == "plan") {
-      c.plan_file = str_of(v, key);
-    } else if (key == "max_grad_norm") {
-      c.max_grad_norm = num_of(v, key);
-    } else if (key == "loss_scaler") {
-      if (!v.is_object()) throw_invalid(key, v.dump(), "expected an object");
-      for (auto& [k2, v2] : v.items()) {
-        const std::string name = "loss_scaler." + k2;
-        if (k2 == "mode")
-          c.loss_scaler.mode = parse_scaling(str_of(v2, name), name);
-        else if (k2 == "init_scale")
-          c.loss_scaler.init_scale = num_of(v2, name);
-        else if (k2 == "growth_factor")
-          c.loss_scaler.growth_factor = num_of(v2, name);
-        else if (k2 == "backoff_factor")
-          c.loss_scaler.backoff_factor = num_of(v2, name);
-        else if (k2 == "growth_interval") {
-          if (!v2.is_number_unsigned()) throw_invalid(name, v2.dump(), "expected an integer");
-          c.loss_scaler.growth_interval = detail::json_int<std::uint32_t>(v2);
-        } else
-          throw_invalid(name, v2.dump(),
-                        "unknown key (known: mode, init_scale, growth_factor, backoff_factor, "
-                        "growth_interval)");
-      }
-    } else {
-      throw_invalid(
-          key, v.dump(),
-          "unknown optimizer config key (known: subgroup_size, prefetch_depth, "
-          "accumulate_fp32, bf16_moments, state_tier, grad_tier, coalesce, overlap, plan, "
-          "persist_resident_state, overlap_param16_in_place, concurrent_gpu_step, max_grad_norm, "
-          "loss_scaler)");
-    }
-  }
+  detail::apply_json<OptimizerConfig>(c, kFields, j, "optimizer config");
   c.validate();
   return c;
+}
+
+std::vector<std::pair<std::string, std::string>> OptimizerConfig::keys() {
+  std::vector<std::pair<std::string, std::string>> out;
+  for (const auto& f : kFields) out.emplace_back(f.key, f.env);
+  return out;
 }
 
 // ---- validation and names (moved from optimizer.cpp) ----

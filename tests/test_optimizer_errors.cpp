@@ -104,13 +104,13 @@ TEST(ShardedOptimizer, ConfigFromJsonAndEnvironment) {
   ::unsetenv("TIERSWAP_SUBGROUP_SIZE");
 }
 
-// The README's configuration table and OptimizerConfig's settings table say the same: every
-// setting has its row, with the same environment variable ("—" for none), and every row that
-// names one of its keys or variables belongs to it. An unknown key's error lists every setting.
-TEST(ShardedOptimizer, TheReadmeConfigurationTableMatchesTheSettings) {
+namespace {
+
+// The README's configuration rows "| `key` | `ENV` | ..." as key -> variable ("" for "—").
+std::map<std::string, std::string> readme_config_rows() {
   std::ifstream f(std::string(TIERSWAP_SOURCE_DIR) + "/README.md");
-  ASSERT_TRUE(f) << "README.md not found";
-  std::map<std::string, std::string> readme;  // key -> env column, rows "| `key` | `ENV` | ..."
+  EXPECT_TRUE(f) << "README.md not found";
+  std::map<std::string, std::string> rows;
   std::string line;
   while (std::getline(f, line)) {
     if (line.rfind("| `", 0) != 0) continue;
@@ -121,11 +121,20 @@ TEST(ShardedOptimizer, TheReadmeConfigurationTableMatchesTheSettings) {
     std::string env = line.substr(bar + 1, bar2 - bar - 1);
     const auto e1 = env.find('`'), e2 = env.find('`', e1 + 1);
     env = e1 == std::string::npos ? "" : env.substr(e1 + 1, e2 - e1 - 1);
-    readme.emplace(line.substr(3, k1 - 3), env);
+    rows.emplace(line.substr(3, k1 - 3), env);
   }
+  return rows;
+}
+
+// Every setting has its README row with the same variable, and every row naming one of the
+// settings' variables is one of them; from_json's unknown-key error lists every key.
+template <class Config>
+void expect_documented(const char* what) {
+  SCOPED_TRACE(what);
+  auto readme = readme_config_rows();
+  const auto keys = Config::keys();
   std::set<std::string> envs;
   std::string known;
-  const auto keys = OptimizerConfig::keys();
   for (const auto& [key, env] : keys) {
     SCOPED_TRACE(key);
     ASSERT_TRUE(readme.count(key)) << "no README row for the setting";
@@ -139,9 +148,18 @@ TEST(ShardedOptimizer, TheReadmeConfigurationTableMatchesTheSettings) {
                               [&](const auto& kv) { return kv.first == key; }))
           << "README row " << key << " names " << env;
   try {
-    OptimizerConfig::from_json(R"({"no_such_setting": 1})");
+    Config::from_json(R"({"no_such_setting": 1})");
     ADD_FAILURE() << "an unknown key was accepted";
   } catch (const std::invalid_argument& e) {
     EXPECT_NE(std::string(e.what()).find(known), std::string::npos) << e.what();
   }
+}
+
+}  // namespace
+
+// The README's configuration table and the settings tables say the same (a setting is added in
+// one place: its table; this test then asks for its README row).
+TEST(ShardedOptimizer, TheReadmeConfigurationTableMatchesTheSettings) {
+  expect_documented<OptimizerConfig>("OptimizerConfig");
+  expect_documented<TierConfig>("TierConfig");
 }

@@ -114,17 +114,15 @@ struct TierConfig {
   /// Serve snapshot() on a Unix socket for `tierswap ps` / `tierswap residency` (telemetry.hpp;
   /// TIERSWAP_TELEMETRY=0 turns it off too). A socket that cannot be set up is a warning.
   bool telemetry = true;
-  /// Overrides from TIERSWAP_HOST_BUDGET, TIERSWAP_HOST_SLAB, TIERSWAP_LOCK_HOST (0|1),
-  /// TIERSWAP_NUMA_NODE, TIERSWAP_DEVICE_TIER (auto|gpu|simulated|off),
-  /// TIERSWAP_DEVICE_BUDGET, TIERSWAP_SIM_DEVICE_GBPS, TIERSWAP_MAX_DIRTY, TIERSWAP_LOOKAHEAD,
-  /// TIERSWAP_SHADOW (0|1), TIERSWAP_DURABLE (0|1).
+  /// Overrides from the environment: each setting's variable as keys() lists it (the README's
+  /// configuration table). A value that does not parse throws naming the variable.
   static TierConfig from_env();
   static TierConfig from_env(TierConfig base);
-  /// Loads {"host_budget", "host_slab_size", "lock_host_memory", "numa_node", "device_mode",
-  /// "device_budget", "simulated_device_gbps", "max_dirty_bytes", "lookahead", "shadow_slots",
-  /// "durable", "verify_on_open", "telemetry"}; sizes as numbers or strings ("2GiB"). Unknown keys
-  /// or bad values throw std::invalid_argument naming the key.
+  /// Loads a JSON object of keys(); sizes as numbers or strings ("2GiB"). Unknown keys or bad
+  /// values throw std::invalid_argument naming the key (and, for an unknown one, every known key).
   static TierConfig from_json(std::string_view json);
+  /// Every setting's JSON key and environment variable ("" when none), in the README's order.
+  static std::vector<std::pair<std::string, std::string>> keys();
   void validate() const;
   /// Bytes of the host or device budget to leave free when planning blocks that are never
   /// evicted (memory-only): the pool hands out whole slabs (up to two partly used) and

@@ -41,28 +41,12 @@ Tier parse_grad_tier(std::string_view s, const std::string& key) {
 
 
 // ---- the settings table ----------------------------------------------------------------------
-bool bool_of(const nlohmann::json& v, const std::string& key) {
-  if (!v.is_boolean()) throw_invalid(key, v.dump(), "expected true or false");
-  return v.get<bool>();
-}
-double num_of(const nlohmann::json& v, const std::string& key) {
-  if (!v.is_number()) throw_invalid(key, v.dump(), "expected a number");
-  return v.get<double>();
-}
-std::string str_of(const nlohmann::json& v, const std::string& key) {
-  if (!v.is_string()) throw_invalid(key, v.dump(), "expected a string");
-  return v.get<std::string>();
-}
-
+using detail::json_number, detail::json_string;
 using Field = detail::ConfigField<OptimizerConfig>;
 
 template <bool OptimizerConfig::*M>
 Field flag(std::string_view key, std::string_view env) {
-  return {key, env,
-          [](OptimizerConfig& c, const nlohmann::json& v, const std::string& k) {
-            c.*M = bool_of(v, k);
-          },
-          [](OptimizerConfig& c, const char* name) { c.*M = detail::env_bool(name, c.*M); }};
+  return detail::bool_field<OptimizerConfig, M>(key, env);
 }
 
 void subgroup_json(OptimizerConfig& c, const nlohmann::json& v, const std::string& key) {
@@ -85,13 +69,13 @@ void loss_scaler_json(OptimizerConfig& c, const nlohmann::json& v, const std::st
   for (auto& [k2, v2] : v.items()) {
     const std::string name = key + "." + k2;
     if (k2 == "mode")
-      c.loss_scaler.mode = parse_scaling(str_of(v2, name), name);
+      c.loss_scaler.mode = parse_scaling(json_string(v2, name), name);
     else if (k2 == "init_scale")
-      c.loss_scaler.init_scale = num_of(v2, name);
+      c.loss_scaler.init_scale = json_number(v2, name);
     else if (k2 == "growth_factor")
-      c.loss_scaler.growth_factor = num_of(v2, name);
+      c.loss_scaler.growth_factor = json_number(v2, name);
     else if (k2 == "backoff_factor")
-      c.loss_scaler.backoff_factor = num_of(v2, name);
+      c.loss_scaler.backoff_factor = json_number(v2, name);
     else if (k2 == "growth_interval") {
       if (!v2.is_number_unsigned()) throw_invalid(name, v2.dump(), "expected an integer");
       c.loss_scaler.growth_interval = detail::json_int<std::uint32_t>(v2);
@@ -116,14 +100,14 @@ const std::array<Field, 14> kFields = {{
     flag<&OptimizerConfig::bf16_moments>("bf16_moments", "TIERSWAP_BF16_MOMENTS"),
     {"state_tier", "TIERSWAP_STATE_TIER",
      [](OptimizerConfig& c, const nlohmann::json& v, const std::string& k) {
-       c.state_tier = parse_state_tier(str_of(v, k), k);
+       c.state_tier = parse_state_tier(json_string(v, k), k);
      },
      [](OptimizerConfig& c, const char* n) {
        if (const char* v = std::getenv(n)) c.state_tier = parse_state_tier(v, n);
      }},
     {"grad_tier", "TIERSWAP_GRAD_TIER",
      [](OptimizerConfig& c, const nlohmann::json& v, const std::string& k) {
-       c.grad_tier = parse_grad_tier(str_of(v, k), k);
+       c.grad_tier = parse_grad_tier(json_string(v, k), k);
      },
      [](OptimizerConfig& c, const char* n) {
        if (const char* v = std::getenv(n)) c.grad_tier = parse_grad_tier(v, n);
@@ -131,7 +115,7 @@ const std::array<Field, 14> kFields = {{
     flag<&OptimizerConfig::coalesce>("coalesce", "TIERSWAP_COALESCE"),
     {"max_grad_norm", "TIERSWAP_MAX_GRAD_NORM",
      [](OptimizerConfig& c, const nlohmann::json& v, const std::string& k) {
-       c.max_grad_norm = num_of(v, k);
+       c.max_grad_norm = json_number(v, k);
      },
      [](OptimizerConfig& c, const char* n) {
        c.max_grad_norm = detail::env_double(n, c.max_grad_norm);
@@ -139,7 +123,7 @@ const std::array<Field, 14> kFields = {{
     flag<&OptimizerConfig::overlap>("overlap", "TIERSWAP_OVERLAP"),
     {"plan", "TIERSWAP_PLAN",
      [](OptimizerConfig& c, const nlohmann::json& v, const std::string& k) {
-       c.plan_file = str_of(v, k);
+       c.plan_file = json_string(v, k);
      },
      [](OptimizerConfig& c, const char* n) {
        if (const char* v = std::getenv(n)) c.plan_file = v;

@@ -1,8 +1,10 @@
 #include <algorithm>
+#include <array>
 #include <cstdlib>
 #include <nlohmann/json.hpp>
 #include <string>
 
+#include "tierswap/detail/config_table.hpp"
 #include "tierswap/detail/env.hpp"
 #include "tierswap/error.hpp"
 #include "tierswap/tier_manager.hpp"
@@ -99,24 +101,89 @@ std::uint64_t TierConfig::slab_slack(Tier tier) const {
   return std::min(2 * slab, budget / 4) + budget / 16;
 }
 
+namespace {
+
+using Field = detail::ConfigField<TierConfig>;
+using detail::bool_field;
+
+std::uint64_t size_of(const nlohmann::json& v, const std::string& key) {
+  if (v.is_string()) return parse_size(v.get<std::string>(), key);
+  if (!v.is_number_unsigned()) throw_invalid(key, v.dump(), "expected a size");
+  return detail::json_int<std::uint64_t>(v);
+}
+
+// A byte count from a JSON size ("1GiB" or a number) and a size variable (env_u64).
+template <std::uint64_t TierConfig::*M>
+Field size_field(std::string_view key, std::string_view env) {
+  return {key, env,
+          [](TierConfig& c, const nlohmann::json& v, const std::string& k) { c.*M = size_of(v, k); },
+          [](TierConfig& c, const char* n) { c.*M = detail::env_u64(n, c.*M, true); }};
+}
+
+// Every setting of TierConfig, in the README's order.
+const std::array<Field, 13> kFields = {{
+    size_field<&TierConfig::host_budget>("host_budget", "TIERSWAP_HOST_BUDGET"),
+    size_field<&TierConfig::host_slab_size>("host_slab_size", "TIERSWAP_HOST_SLAB"),
+    bool_field<TierConfig, &TierConfig::lock_host_memory>("lock_host_memory",
+                                                          "TIERSWAP_LOCK_HOST"),
+    {"numa_node", "TIERSWAP_NUMA_NODE",
+     [](TierConfig& c, const nlohmann::json& v, const std::string& k) {
+       if (!v.is_number_integer()) throw_invalid(k, v.dump(), "expected an integer");
+       c.numa_node = detail::json_int<int>(v);
+     },
+     [](TierConfig& c, const char* n) {
+       c.numa_node = static_cast<int>(detail::env_long(n, c.numa_node));
+     }},
+    {"device_mode", "TIERSWAP_DEVICE_TIER",
+     [](TierConfig& c, const nlohmann::json& v, const std::string& k) {
+       c.device_mode = parse_device_mode(detail::json_string(v, k), k);
+     },
+     [](TierConfig& c, const char* n) {
+       if (const char* v = std::getenv(n)) c.device_mode = parse_device_mode(v, n);
+     }},
+    size_field<&TierConfig::device_budget>("device_budget", "TIERSWAP_DEVICE_BUDGET"),
+    {"simulated_device_gbps", "TIERSWAP_SIM_DEVICE_GBPS",
+     [](TierConfig& c, const nlohmann::json& v, const std::string& k) {
+       if (!v.is_number()) throw_invalid(k, v.dump(), "expected a number (GB/s)");
+       c.simulated_device_gbps = v.get<double>();
+     },
+     [](TierConfig& c, const char* n) {
+       c.simulated_device_gbps = detail::env_double(n, c.simulated_device_gbps);
+     }},
+    size_field<&TierConfig::max_dirty_bytes>("max_dirty_bytes", "TIERSWAP_MAX_DIRTY"),
+    {"lookahead", "TIERSWAP_LOOKAHEAD",
+     [](TierConfig& c, const nlohmann::json& v, const std::string& k) {
+       if (!v.is_number_unsigned()) throw_invalid(k, v.dump(), "expected a positive integer");
+       c.lookahead = static_cast<std::uint32_t>(
+           std::min<std::uint64_t>(detail::json_int<std::uint64_t>(v), 1u << 30));
+     },
+     [](TierConfig& c, const char* n) {
+       c.lookahead = static_cast<std::uint32_t>(detail::env_u64(n, c.lookahead, false));
+     }},
+    bool_field<TierConfig, &TierConfig::shadow_slots>("shadow_slots", "TIERSWAP_SHADOW"),
+    bool_field<TierConfig, &TierConfig::durable>("durable", "TIERSWAP_DURABLE"),
+    {"verify_on_open", "",
+     [](TierConfig& c, const nlohmann::json& v, const std::string& k) {
+       c.verify_on_open = detail::json_bool(v, k);
+     },
+     nullptr},
+    // TIERSWAP_TELEMETRY is read by the endpoint itself (TelemetryConfig::from_env, when the
+    // manager starts it), not here: it can only turn a configured endpoint off.
+    {"telemetry", "TIERSWAP_TELEMETRY",
+     [](TierConfig& c, const nlohmann::json& v, const std::string& k) {
+       c.telemetry = detail::json_bool(v, k);
+     },
+     nullptr},
+}};
+
+}  // namespace
+
 TierConfig TierConfig::from_env() {
   return from_env(TierConfig{});
 }
 
 TierConfig TierConfig::from_env(TierConfig c) {
-  using detail::env_bool, detail::env_double, detail::env_long, detail::env_u64;
-  c.host_budget = env_u64("TIERSWAP_HOST_BUDGET", c.host_budget, true);
-  c.host_slab_size = env_u64("TIERSWAP_HOST_SLAB", c.host_slab_size, true);
-  c.lock_host_memory = env_bool("TIERSWAP_LOCK_HOST", c.lock_host_memory);
-  c.numa_node = static_cast<int>(env_long("TIERSWAP_NUMA_NODE", c.numa_node));
-  if (const char* v = std::getenv("TIERSWAP_DEVICE_TIER"))
-    c.device_mode = parse_device_mode(v, "TIERSWAP_DEVICE_TIER");
-  c.device_budget = env_u64("TIERSWAP_DEVICE_BUDGET", c.device_budget, true);
-  c.simulated_device_gbps = env_double("TIERSWAP_SIM_DEVICE_GBPS", c.simulated_device_gbps);
-  c.max_dirty_bytes = env_u64("TIERSWAP_MAX_DIRTY", c.max_dirty_bytes, true);
-  c.lookahead = static_cast<std::uint32_t>(env_u64("TIERSWAP_LOOKAHEAD", c.lookahead, false));
-  c.shadow_slots = env_bool("TIERSWAP_SHADOW", c.shadow_slots);
-  c.durable = env_bool("TIERSWAP_DURABLE", c.durable);
+  detail::apply_env<TierConfig>(c, kFields);
   c.validate();
   return c;
 }
@@ -130,57 +197,15 @@ TierConfig TierConfig::from_json(std::string_view text) {
   }
   if (!j.is_object()) throw std::invalid_argument("tier config: expected a JSON object");
   TierConfig c;
-  auto size_of = [](const nlohmann::json& v, const std::string& key) -> std::uint64_t {
-    if (v.is_string()) return parse_size(v.get<std::string>(), key);
-    if (!v.is_number_unsigned()) throw_invalid(key, v.dump(), "expected a size");
-    return detail::json_int<std::uint64_t>(v);
-  };
-  auto bool_of = [](const nlohmann::json& v, const std::string& key) {
-    if (!v.is_boolean()) throw_invalid(key, v.dump(), "expected true or false");
-    return v.get<bool>();
-  };
-  for (auto& [key, v] : j.items()) {
-    if (key == "host_budget") {
-      c.host_budget = size_of(v, key);
-    } else if (key == "host_slab_size") {
-      c.host_slab_size = size_of(v, key);
-    } else if (key == "lock_host_memory") {
-      c.lock_host_memory = bool_of(v, key);
-    } else if (key == "numa_node") {
-      if (!v.is_number_integer()) throw_invalid(key, v.dump(), "expected an integer");
-      c.numa_node = detail::json_int<int>(v);
-    } else if (key == "device_mode") {
-      if (!v.is_string()) throw_invalid(key, v.dump(), "expected a string");
-      c.device_mode = parse_device_mode(v.get<std::string>(), key);
-    } else if (key == "device_budget") {
-      c.device_budget = size_of(v, key);
-    } else if (key == "simulated_device_gbps") {
-      if (!v.is_number()) throw_invalid(key, v.dump(), "expected a number (GB/s)");
-      c.simulated_device_gbps = v.get<double>();
-    } else if (key == "max_dirty_bytes") {
-      c.max_dirty_bytes = size_of(v, key);
-    } else if (key == "lookahead") {
-      if (!v.is_number_unsigned()) throw_invalid(key, v.dump(), "expected a positive integer");
-      c.lookahead = static_cast<std::uint32_t>(
-          std::min<std::uint64_t>(detail::json_int<std::uint64_t>(v), 1u << 30));
-    } else if (key == "shadow_slots") {
-      c.shadow_slots = bool_of(v, key);
-    } else if (key == "durable") {
-      c.durable = bool_of(v, key);
-    } else if (key == "verify_on_open") {
-      c.verify_on_open = bool_of(v, key);
-    } else if (key == "telemetry") {
-      c.telemetry = bool_of(v, key);
-    } else {
-      throw_invalid(key, v.dump(),
-                    "unknown tier config key (known: host_budget, host_slab_size, "
-                    "lock_host_memory, numa_node, device_mode, device_budget, "
-                    "simulated_device_gbps, max_dirty_bytes, lookahead, shadow_slots, durable, "
-                    "verify_on_open, telemetry)");
-    }
-  }
+  detail::apply_json<TierConfig>(c, kFields, j, "tier config");
   c.validate();
   return c;
+}
+
+std::vector<std::pair<std::string, std::string>> TierConfig::keys() {
+  std::vector<std::pair<std::string, std::string>> out;
+  for (const auto& f : kFields) out.emplace_back(f.key, f.env);
+  return out;
 }
 
 }  // namespace tierswap

@@ -10,6 +10,7 @@
 #include <string>
 #include <string_view>
 
+#include "tierswap/detail/env.hpp"
 #include "tierswap/error.hpp"
 
 namespace tierswap::detail {
@@ -57,9 +58,34 @@ void apply_json(C& c, std::span<const ConfigField<C>> table, const nlohmann::jso
   }
 }
 
+// Typed readers for a field's JSON value; each throws naming the key.
+inline bool json_bool(const nlohmann::json& v, const std::string& key) {
+  if (!v.is_boolean()) throw_invalid(key, v.dump(), "expected true or false");
+  return v.get<bool>();
+}
+inline double json_number(const nlohmann::json& v, const std::string& key) {
+  if (!v.is_number()) throw_invalid(key, v.dump(), "expected a number");
+  return v.get<double>();
+}
+inline std::string json_string(const nlohmann::json& v, const std::string& key) {
+  if (!v.is_string()) throw_invalid(key, v.dump(), "expected a string");
+  return v.get<std::string>();
+}
+
+/// A field set from a JSON boolean and from a "0"/"1" variable (env_bool).
+template <class C, bool C::*M>
+ConfigField<C> bool_field(std::string_view key, std::string_view env);
+
 /// A JSON key and its environment variable, for documentation checks.
 struct ConfigKey {
   std::string key, env;
 };
+
+template <class C, bool C::*M>
+ConfigField<C> bool_field(std::string_view key, std::string_view env) {
+  return {key, env,
+          [](C& c, const nlohmann::json& v, const std::string& k) { c.*M = json_bool(v, k); },
+          [](C& c, const char* name) { c.*M = env_bool(name, c.*M); }};
+}
 
 }  // namespace tierswap::detail

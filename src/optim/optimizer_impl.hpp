@@ -266,7 +266,8 @@ struct ShardedOptimizer::Impl {
   /// A failed step's rollback: refresh_param16() with each sub-group's read tried a few times
   /// (a second fault may hit it); if one still fails, param16 is left stale (p16_stale).
   void restore_param16();
-  /// Stale 16-bit parameters (p16_stale) are restored first; then `what` throws, since the
+  /// Stale 16-bit parameters (p16_stale) are restored first (world size 1; with several ranks
+  /// it throws asking for a restart and resume); then `what` throws, since the
   /// trainer's forward pass ran on them.
   void require_current_param16(const char* what);
   /// Refreshes this rank's sub-groups (or one), each read tried kRestoreAttempts times; the

@@ -141,6 +141,14 @@ void ShardedOptimizer::Impl::restore_param16() {
 
 void ShardedOptimizer::Impl::require_current_param16(const char* what) {
   if (!p16_stale) return;
+  // Several ranks: the other ranks' copies of this rank's values are stale too, and restoring
+  // them is a collective the other ranks (whose rollback succeeded) would not join.
+  if (world > 1)
+    throw std::runtime_error(fmt::format(
+        "{}: rank {}'s 16-bit parameters are stale after a failed step's rollback ({}); with {} "
+        "ranks they cannot be restored by one alone: restart the job and resume from the swap "
+        "directory",
+        what, rank, what_of(p16_stale), world));
   if (std::exception_ptr again = refresh_own_param16_retrying()) std::rethrow_exception(again);
   gather_param16();
   p16_all();

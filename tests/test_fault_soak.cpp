@@ -28,7 +28,6 @@ using tierswap::test::TempDir;
 
 namespace {
 
-
 std::size_t count_entries(const char* dir) {
   std::size_t n = 0;
   if (DIR* d = ::opendir(dir)) {

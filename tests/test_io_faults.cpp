@@ -53,8 +53,8 @@ class FaultTest : public ::testing::TestWithParam<IoBackendKind> {
   std::string unavailable_;  // why the last engine() could not start its backend
 };
 
-#define ENGINE_OR_SKIP(var, ...)      \
-  TIERSWAP_OR_SKIP(var, engine(__VA_ARGS__), \
+#define ENGINE_OR_SKIP(var, ...)                                                 \
+  TIERSWAP_OR_SKIP(var, engine(__VA_ARGS__),                                     \
                    "backend " + std::string(::tierswap::to_string(GetParam())) + \
                        " unavailable here: " + unavailable_)
 

@@ -144,8 +144,8 @@ void expect_documented(const char* what) {
   }
   for (const auto& [key, env] : readme)
     if (envs.count(env))
-      EXPECT_TRUE(std::any_of(keys.begin(), keys.end(),
-                              [&](const auto& kv) { return kv.first == key; }))
+      EXPECT_TRUE(
+          std::any_of(keys.begin(), keys.end(), [&](const auto& kv) { return kv.first == key; }))
           << "README row " << key << " names " << env;
   try {
     Config::from_json(R"({"no_such_setting": 1})");

@@ -223,8 +223,8 @@ TEST(ShardedOptimizer, StaleParam16AfterAFailedRollbackIsRestoredBeforeTheNextBa
     if (arm) fail = true;  // every read and write fails from the first hand-out on
   });
   test::train(*r.opt, m, 1, 2, 0, 1);
-  const auto p16 = std::vector<std::uint16_t>(r.opt->param16(m.ids[0]).begin(),
-                                              r.opt->param16(m.ids[0]).end());
+  const auto p16 =
+      std::vector<std::uint16_t>(r.opt->param16(m.ids[0]).begin(), r.opt->param16(m.ids[0]).end());
   arm = true;
   EXPECT_THROW(test::train(*r.opt, m, 3, 3, 0, 1), std::system_error);
   arm = false;

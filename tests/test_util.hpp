@@ -139,8 +139,8 @@ inline std::unique_ptr<IoEngine> try_engine(const SwapSpace& space, const IoEngi
   if (!var) GTEST_SKIP() << (why)
 
 /// Starts an engine with a forced backend, or skips the test saying why it is unavailable.
-#define TIERSWAP_ENGINE_OR_SKIP(var, space, cfg)        \
-  std::string var##_why;                                \
+#define TIERSWAP_ENGINE_OR_SKIP(var, space, cfg) \
+  std::string var##_why;                         \
   TIERSWAP_OR_SKIP(var, ::tierswap::test::try_engine(space, cfg, &var##_why), var##_why)
 
 }  // namespace tierswap::test

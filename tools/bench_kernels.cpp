@@ -208,8 +208,7 @@ void add_bench_kernels(CLI::App& bench) {
   auto opts = std::make_shared<Options>();
   auto* k = bench.add_subcommand(
       "kernels", "Fused optimizer kernels against a bandwidth probe and the unfused pipeline");
-  k->add_option("--params", opts->params, kParamsHelp)
-      ->capture_default_str();
+  k->add_option("--params", opts->params, kParamsHelp)->capture_default_str();
   k->add_option("--threads", opts->threads, "Worker threads")->capture_default_str();
   k->add_option("--isa", opts->isa,
                 "scalar|avx2|avx512|avx512bf16|neon|sve (default: best supported)");

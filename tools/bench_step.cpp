@@ -169,19 +169,20 @@ void run_overlap_bench(const StepOptions& o, TierManager& tiers, ShardedOptimize
           r + 1, t_ord, b_ovl, t_ovl, kept, opt.subgroup_count(), format_bytes(nvme_written),
           100 * hidden.back());
   }
-  nlohmann::json j{{"params", n},
-                   {"optimizer", o.optimizer},
-                   {"sub_group", round_up(parse_param_count(o.sub_group, "--sub-group"), kGradStatsChunk)},
-                   {"subgroups", opt.subgroup_count()},
-                   {"backward_ms", o.backward_ms},
-                   {"state", o.state},
-                   {"memory_only", o.memory_only},
-                   {"param16_in_place", o.param16_in_place},
-                   {"runs", runs},
-                   {"backward_s", median(bwd)},
-                   {"ordinary_step_s", median(ord)},
-                   {"overlapped_step_s", median(ovl)},
-                   {"hidden_fraction", median(hidden)}};
+  nlohmann::json j{
+      {"params", n},
+      {"optimizer", o.optimizer},
+      {"sub_group", round_up(parse_param_count(o.sub_group, "--sub-group"), kGradStatsChunk)},
+      {"subgroups", opt.subgroup_count()},
+      {"backward_ms", o.backward_ms},
+      {"state", o.state},
+      {"memory_only", o.memory_only},
+      {"param16_in_place", o.param16_in_place},
+      {"runs", runs},
+      {"backward_s", median(bwd)},
+      {"ordinary_step_s", median(ord)},
+      {"overlapped_step_s", median(ovl)},
+      {"hidden_fraction", median(hidden)}};
   if (o.json)
     fmt::print("{}\n", j.dump(2));
   else
@@ -221,9 +222,7 @@ struct StepBench {
   std::uint64_t sub_rounded() const { return round_up(sg, kGradStatsChunk); }
   // Parameters of at most 64M elements; for --overlap one sub-group each, so that the simulated
   // backward finishes sub-groups one by one.
-  std::uint64_t per_param() const {
-    return o.overlap ? sub_rounded() : std::uint64_t{64} << 20;
-  }
+  std::uint64_t per_param() const { return o.overlap ? sub_rounded() : std::uint64_t{64} << 20; }
 };
 
 TierConfig step_tier_config(const StepBench& sb) {
@@ -242,8 +241,8 @@ TierConfig step_tier_config(const StepBench& sb) {
 OptimizerConfig step_optimizer_config(const StepBench& sb) {
   OptimizerConfig oc;
   oc.subgroup_size = sb.sg;
-  oc.state_tier = sb.o.state == "host" ? OptimizerConfig::StateTier::host
-                                       : OptimizerConfig::StateTier::nvme;
+  oc.state_tier =
+      sb.o.state == "host" ? OptimizerConfig::StateTier::host : OptimizerConfig::StateTier::nvme;
   oc.persist_resident_state = !sb.o.memory_only;
   oc.overlap = sb.o.overlap;  // at finalize: memory-only sub-groups get undo copies where they fit
   oc.overlap_param16_in_place = sb.o.param16_in_place;
@@ -273,8 +272,7 @@ class ZeroInfinityTraffic {
     BlockId p, m, v, g;
     std::uint64_t off, n;
   };
-  ZeroInfinityTraffic(const StepBench& sb, const TierConfig& tc, ThreadPool& pool,
-                      Created& created)
+  ZeroInfinityTraffic(const StepBench& sb, const TierConfig& tc, ThreadPool& pool, Created& created)
       : sb_(sb),
         pool_(pool),
         space_(make_space(sb.dirs, "zero-infinity", 2 * sb.n * (sb.state_pp + 4) + (256ull << 20),
@@ -349,8 +347,8 @@ void ZeroInfinityTraffic::step_sub(const Sub& z) {
                 {reinterpret_cast<float*>(p.data()), m.data(), v.data(), nullptr, Dtype::f32}, gv,
                 pv, z.n, ctx);
     else
-      lion_step(LionConfig{}, reinterpret_cast<float*>(p.data()), m.data(), Dtype::f32, gv, pv,
-                z.n, ctx);
+      lion_step(LionConfig{}, reinterpret_cast<float*>(p.data()), m.data(), Dtype::f32, gv, pv, z.n,
+                ctx);
     tiers_.release(p, true);
     tiers_.release(m, true);
     if (v) tiers_.release(v, true);
@@ -469,34 +467,33 @@ void report_step_bench(const StepBench& sb, const StepBenchRuns& R, const TierMa
         "({:.2f}x the step); median of the per-run ratios: {:.2f}x io-only, zero-infinity {:.2f}x"
         "\nNVMe per parameter per step: {:.1f} B read, {:.1f} B written ({:.1f} B "
         "of it gradient, 0 fp32); peak pinned {} of a {} budget ({} of state)\n",
-        io_s, step_s, step_s / io_s, zi_s, zi_s / step_s, median(R.r_step_io),
-        median(R.r_zi_step), rd, wr, grad_nvme, format_bytes(peak), format_bytes(sb.budget),
+        io_s, step_s, step_s / io_s, zi_s, zi_s / step_s, median(R.r_step_io), median(R.r_zi_step),
+        rd, wr, grad_nvme, format_bytes(peak), format_bytes(sb.budget),
         format_bytes(sb.n * sb.state_pp));
     return;
   }
-  nlohmann::json j{
-      {"params", sb.n},
-      {"optimizer", sb.o.optimizer},
-      {"grad_tier", sb.o.grad_tier},
-      {"sub_group", sb.sub_rounded()},
-      {"runs", R.runs},
-      {"io_only_s", io_s},
-      {"step_s", step_s},
-      {"ingest_s", median(R.ins)},
-      {"zero_infinity_step_s", zi_s},
-      {"step_over_io_only", step_s / io_s},
-      {"zero_infinity_over_step", zi_s / step_s},
-      {"median_run_step_over_io_only", median(R.r_step_io)},
-      {"median_run_zero_infinity_over_step", median(R.r_zi_step)},
-      {"nvme_read_bytes_per_param", rd},
-      {"nvme_write_bytes_per_param", wr},
-      {"grad_nvme_bytes_per_param", grad_nvme},
-      {"fp32_grad_bytes", 0},
-      {"step_nvme_gbps", (R.last.bytes_in[nv] + R.last.bytes_out[nv]) / step_s / 1e9},
-      {"io_wait_s", R.last.io_wait_seconds},
-      {"peak_pinned_bytes", peak},
-      {"host_budget_bytes", sb.budget},
-      {"state_bytes", sb.n * sb.state_pp}};
+  nlohmann::json j{{"params", sb.n},
+                   {"optimizer", sb.o.optimizer},
+                   {"grad_tier", sb.o.grad_tier},
+                   {"sub_group", sb.sub_rounded()},
+                   {"runs", R.runs},
+                   {"io_only_s", io_s},
+                   {"step_s", step_s},
+                   {"ingest_s", median(R.ins)},
+                   {"zero_infinity_step_s", zi_s},
+                   {"step_over_io_only", step_s / io_s},
+                   {"zero_infinity_over_step", zi_s / step_s},
+                   {"median_run_step_over_io_only", median(R.r_step_io)},
+                   {"median_run_zero_infinity_over_step", median(R.r_zi_step)},
+                   {"nvme_read_bytes_per_param", rd},
+                   {"nvme_write_bytes_per_param", wr},
+                   {"grad_nvme_bytes_per_param", grad_nvme},
+                   {"fp32_grad_bytes", 0},
+                   {"step_nvme_gbps", (R.last.bytes_in[nv] + R.last.bytes_out[nv]) / step_s / 1e9},
+                   {"io_wait_s", R.last.io_wait_seconds},
+                   {"peak_pinned_bytes", peak},
+                   {"host_budget_bytes", sb.budget},
+                   {"state_bytes", sb.n * sb.state_pp}};
   fmt::print("{}\n", j.dump(2));
 }
 
@@ -538,7 +535,7 @@ void run_step_bench(const StepOptions& o) {
     return;
   }
   ZeroInfinityTraffic zi(sb, tc, pool, created);  // (c)
-  IoOnlyPass io(sb, zi.subs(), created);           // (a)
+  IoOnlyPass io(sb, zi.subs(), created);          // (a)
 
   if (!o.json)
     fmt::print(
@@ -609,7 +606,8 @@ void add_bench_step(CLI::App& bench) {
   b->add_option("--dir", o->dirs, "Swap directory (repeat to stripe; default: a temporary one)");
   b->add_option("--params", o->params, kParamsHelp);
   b->add_option("--host-budget", o->host_budget, "Pinned host bytes");
-  b->add_option("--sub-group", o->sub_group, "Parameters per sub-group (decimal suffixes, as --params)");
+  b->add_option("--sub-group", o->sub_group,
+                "Parameters per sub-group (decimal suffixes, as --params)");
   b->add_option("--optimizer", o->optimizer, "adamw | lion");
   b->add_option("--grad-tier", o->grad_tier, "Where the bf16 gradients wait: host | nvme");
   b->add_option("--runs", o->runs, "Repetitions (medians reported)");

@@ -203,7 +203,8 @@ class DemoDevice {
       d16_host_.assign(n16_, 0);
       d16_ = d16_host_.data();
     }
-    for (std::size_t i = 0; i < ids_.size(); ++i) opt_.bind_param16_device(ids_[i], d16_ + at16_[i]);
+    for (std::size_t i = 0; i < ids_.size(); ++i)
+      opt_.bind_param16_device(ids_[i], d16_ + at16_[i]);
   }
 
   ShardedOptimizer& opt_;
@@ -218,9 +219,8 @@ class DemoDevice {
   std::uint16_t* d16_ = nullptr;
 };
 
-void print_demo_placement(const DemoOptions& o, const ShardedOptimizer& opt,
-                          const TierConfig& tc, const OptimizerConfig& oc, DeviceTierMode device,
-                          bool device_grads) {
+void print_demo_placement(const DemoOptions& o, const ShardedOptimizer& opt, const TierConfig& tc,
+                          const OptimizerConfig& oc, DeviceTierMode device, bool device_grads) {
   if (device != DeviceTierMode::off)
     fmt::print("device tier: {} ({}), gradients handed over from {}\n",
                device == DeviceTierMode::gpu ? "GPU memory" : "simulated: host memory standing in",
@@ -422,7 +422,8 @@ void add_demo(CLI::App& app) {
   d->add_option("--dir", o->dir,
                 "Swap directory, new or empty (default: a temporary one, removed at exit)");
   d->add_option("--params", o->params, kParamsHelp);
-  d->add_option("--sub-group", o->sub_group, "Parameters per sub-group (decimal suffixes, as --params)");
+  d->add_option("--sub-group", o->sub_group,
+                "Parameters per sub-group (decimal suffixes, as --params)");
   d->add_option("--steps", o->steps, "Optimizer steps");
   d->add_option("--host-budget", o->host_budget, "Pinned host bytes");
   d->add_option("--threads", o->threads, "Kernel threads");

@@ -111,8 +111,7 @@ void add_plan(CLI::App& app) {
   auto a = std::make_shared<PlanArgs>();
   auto* c = app.add_subcommand(
       "plan", "Where each sub-group's optimizer state lives and steps, from a cost model");
-  c->add_option("--params", a->params, kParamsHelp)
-      ->required();
+  c->add_option("--params", a->params, kParamsHelp)->required();
   c->add_option("--profile", a->profile,
                 "Hardware profile: gh200, h100-pcie-8x, pcie4-workstation, or a JSON file "
                 "(tierswap probe writes one)")

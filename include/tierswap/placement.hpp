@@ -192,7 +192,6 @@ struct Plan {
   const PlanSubgroup& at_fraction(double f) const;
 };
 
-
 /// The cost model: the plan with the shortest step for `opt` on `hw`. std::invalid_argument when
 /// the model does not fit (names the tier and the bytes missing).
 Plan make_plan(const HardwareProfile& hw, const PlanOptions& opt);

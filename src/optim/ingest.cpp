@@ -44,8 +44,7 @@ void ShardedOptimizer::Impl::chunk_sums(const OptSub& s, const BlockView& grad, 
 }
 
 template <class Add>
-void ShardedOptimizer::Impl::ingest(OptSub& s, Tier tier, Access access, Add&& add,
-                                    bool whole) {
+void ShardedOptimizer::Impl::ingest(OptSub& s, Tier tier, Access access, Add&& add, bool whole) {
   spec_touch(s);
   bool last = false, final = false;
   {

@@ -39,7 +39,6 @@ Tier parse_grad_tier(std::string_view s, const std::string& key) {
   throw_invalid(key, s, "expected host or nvme");
 }
 
-
 // ---- the settings table ----------------------------------------------------------------------
 using detail::json_number, detail::json_string;
 using Field = detail::ConfigField<OptimizerConfig>;

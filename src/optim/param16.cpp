@@ -7,9 +7,9 @@
 #include <cmath>
 #include <cstdio>
 #include <cstring>
+#include <exception>
 #include <functional>
 #include <limits>
-#include <exception>
 #include <stdexcept>
 #include <string>
 #include <system_error>
@@ -210,10 +210,10 @@ std::span<const std::uint16_t> ShardedOptimizer::param16(ParamId id) const {
     throw std::invalid_argument(fmt::format(
         "param16: parameter '{}' is frozen: tierswap keeps no 16-bit copy of it", p.spec.name));
   if (m.p16_stale)
-    throw std::runtime_error(fmt::format(
-        "param16 '{}': stale since a failed step's rollback could not restore it ({}); "
-        "begin_backward() or step() restores it",
-        p.spec.name, what_of(m.p16_stale)));
+    throw std::runtime_error(
+        fmt::format("param16 '{}': stale since a failed step's rollback could not restore it ({}); "
+                    "begin_backward() or step() restores it",
+                    p.spec.name, what_of(m.p16_stale)));
   return {m.groups[p.group].p16.data() + p.offset, p.numel};
 }
 

@@ -371,8 +371,8 @@ void ShardedOptimizer::Impl::roll_back_failed_step(bool p16_changed) {
       fn();
       return true;
     } catch (const std::exception& e) {
-      log(LogLevel::error, fmt::format("step {}: rolling back ({}) failed too: {}",
-                                       step_count + 1, part, e.what()));
+      log(LogLevel::error,
+          fmt::format("step {}: rolling back ({}) failed too: {}", step_count + 1, part, e.what()));
       return false;
     }
   };

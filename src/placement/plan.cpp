@@ -185,9 +185,9 @@ double Simulation::step_streamed(std::size_t id, double at) {
   const double state_at =
       stage({{kNvmeRead, (m_.state_b + (s_.grad_nvme ? 2 : 0)) * n / r_[kNvmeRead]}},
             std::max(slot_free, s_.grad_nvme ? at : 0.0));
-  const double cpu_end = stage(
-      {{kCpu, m_.kernel_b * n / r_[kCpu]}, {kHostMem, m_.kernel_b * n / r_[kHostMem]}},
-      std::max(at, state_at));
+  const double cpu_end =
+      stage({{kCpu, m_.kernel_b * n / r_[kCpu]}, {kHostMem, m_.kernel_b * n / r_[kHostMem]}},
+            std::max(at, state_at));
   cpu_end_nvme_.push_back(cpu_end);
   const double up = stage({{kH2D, 2 * n / r_[kH2D]}}, cpu_end);
   return std::max(up, stage({{kNvmeWrite, m_.state_b * n / r_[kNvmeWrite]}}, cpu_end));

@@ -113,7 +113,7 @@ void TierManager::Impl::flush_locked(std::unique_lock<std::mutex>& lk) {
       wait_not_busy(lk, id);
       if (needs_write(*blocks[id]) && !blocks[id]->op) mine.push_back(start_write(lk, id));
     }
-    std::exception_ptr first = wait_writes(lk);  // the write-behind's too
+    std::exception_ptr first = wait_writes(lk);            // the write-behind's too
     for (auto& op : mine) wait_op_noting(lk, op, &first);  // (finalized ones are not in flight)
     if (first) std::rethrow_exception(first);
     if (std::none_of(blocks.begin(), blocks.end(), [&](auto& b) { return needs_write(*b); }))

@@ -115,17 +115,17 @@ std::uint64_t size_of(const nlohmann::json& v, const std::string& key) {
 // A byte count from a JSON size ("1GiB" or a number) and a size variable (env_u64).
 template <std::uint64_t TierConfig::*M>
 Field size_field(std::string_view key, std::string_view env) {
-  return {key, env,
-          [](TierConfig& c, const nlohmann::json& v, const std::string& k) { c.*M = size_of(v, k); },
-          [](TierConfig& c, const char* n) { c.*M = detail::env_u64(n, c.*M, true); }};
+  return {
+      key, env,
+      [](TierConfig& c, const nlohmann::json& v, const std::string& k) { c.*M = size_of(v, k); },
+      [](TierConfig& c, const char* n) { c.*M = detail::env_u64(n, c.*M, true); }};
 }
 
 // Every setting of TierConfig, in the README's order.
 const std::array<Field, 13> kFields = {{
     size_field<&TierConfig::host_budget>("host_budget", "TIERSWAP_HOST_BUDGET"),
     size_field<&TierConfig::host_slab_size>("host_slab_size", "TIERSWAP_HOST_SLAB"),
-    bool_field<TierConfig, &TierConfig::lock_host_memory>("lock_host_memory",
-                                                          "TIERSWAP_LOCK_HOST"),
+    bool_field<TierConfig, &TierConfig::lock_host_memory>("lock_host_memory", "TIERSWAP_LOCK_HOST"),
     {"numa_node", "TIERSWAP_NUMA_NODE",
      [](TierConfig& c, const nlohmann::json& v, const std::string& k) {
        if (!v.is_number_integer()) throw_invalid(k, v.dump(), "expected an integer");

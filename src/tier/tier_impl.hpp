@@ -303,8 +303,7 @@ struct TierManager::Impl {
   // acquire()'s parts: misuse checks, an overwrite view's own copy, the copy made current.
   void check_no_conflict(const Block& b, bool writes) const;
   bool overwrite_copy(std::unique_lock<std::mutex>& lk, BlockId id, int s, bool* waited);
-  bool make_current(std::unique_lock<std::mutex>& lk, BlockId id, int s, bool writes,
-                    bool* waited);
+  bool make_current(std::unique_lock<std::mutex>& lk, BlockId id, int s, bool writes, bool* waited);
   void make_device_copy(std::unique_lock<std::mutex>& lk, BlockId id);
   // Makes the host copy valid/dirty/writing. `stalled` reports whether it waited on I/O.
   void ensure_host(std::unique_lock<std::mutex>& lk, BlockId id, bool* waited);

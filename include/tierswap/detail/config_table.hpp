@@ -51,9 +51,9 @@ void apply_json(C& c, std::span<const ConfigField<C>> table, const nlohmann::jso
     for (const auto& f : table)
       if (f.key == key) field = &f;
     if (field == nullptr)
-      throw_invalid(key, v.dump(),
-                    std::string("unknown ") + std::string(what) + " key (known: " +
-                        known_keys(table) + ")");
+      throw_invalid(
+          key, v.dump(),
+          std::string("unknown ") + std::string(what) + " key (known: " + known_keys(table) + ")");
     field->from_json(c, v, key);
   }
 }

@@ -42,11 +42,7 @@ Tier parse_grad_tier(std::string_view s, const std::string& key) {
 // ---- the settings table ----------------------------------------------------------------------
 using detail::json_number, detail::json_string;
 using Field = detail::ConfigField<OptimizerConfig>;
-
-template <bool OptimizerConfig::*M>
-Field flag(std::string_view key, std::string_view env) {
-  return detail::bool_field<OptimizerConfig, M>(key, env);
-}
+using detail::bool_field;
 
 void subgroup_json(OptimizerConfig& c, const nlohmann::json& v, const std::string& key) {
   if (v.is_string())
@@ -95,8 +91,10 @@ const std::array<Field, 14> kFields = {{
      [](OptimizerConfig& c, const char* n) {
        c.prefetch_depth = static_cast<std::uint32_t>(detail::env_u64(n, c.prefetch_depth, false));
      }},
-    flag<&OptimizerConfig::accumulate_fp32>("accumulate_fp32", "TIERSWAP_ACCUMULATE_FP32"),
-    flag<&OptimizerConfig::bf16_moments>("bf16_moments", "TIERSWAP_BF16_MOMENTS"),
+    bool_field<OptimizerConfig, &OptimizerConfig::accumulate_fp32>("accumulate_fp32",
+                                                                   "TIERSWAP_ACCUMULATE_FP32"),
+    bool_field<OptimizerConfig, &OptimizerConfig::bf16_moments>("bf16_moments",
+                                                                "TIERSWAP_BF16_MOMENTS"),
     {"state_tier", "TIERSWAP_STATE_TIER",
      [](OptimizerConfig& c, const nlohmann::json& v, const std::string& k) {
        c.state_tier = parse_state_tier(json_string(v, k), k);
@@ -111,7 +109,7 @@ const std::array<Field, 14> kFields = {{
      [](OptimizerConfig& c, const char* n) {
        if (const char* v = std::getenv(n)) c.grad_tier = parse_grad_tier(v, n);
      }},
-    flag<&OptimizerConfig::coalesce>("coalesce", "TIERSWAP_COALESCE"),
+    bool_field<OptimizerConfig, &OptimizerConfig::coalesce>("coalesce", "TIERSWAP_COALESCE"),
     {"max_grad_norm", "TIERSWAP_MAX_GRAD_NORM",
      [](OptimizerConfig& c, const nlohmann::json& v, const std::string& k) {
        c.max_grad_norm = json_number(v, k);
@@ -119,7 +117,7 @@ const std::array<Field, 14> kFields = {{
      [](OptimizerConfig& c, const char* n) {
        c.max_grad_norm = detail::env_double(n, c.max_grad_norm);
      }},
-    flag<&OptimizerConfig::overlap>("overlap", "TIERSWAP_OVERLAP"),
+    bool_field<OptimizerConfig, &OptimizerConfig::overlap>("overlap", "TIERSWAP_OVERLAP"),
     {"plan", "TIERSWAP_PLAN",
      [](OptimizerConfig& c, const nlohmann::json& v, const std::string& k) {
        c.plan_file = json_string(v, k);
@@ -127,12 +125,12 @@ const std::array<Field, 14> kFields = {{
      [](OptimizerConfig& c, const char* n) {
        if (const char* v = std::getenv(n)) c.plan_file = v;
      }},
-    flag<&OptimizerConfig::persist_resident_state>("persist_resident_state",
-                                                   "TIERSWAP_PERSIST_RESIDENT_STATE"),
-    flag<&OptimizerConfig::overlap_param16_in_place>("overlap_param16_in_place",
-                                                     "TIERSWAP_OVERLAP_PARAM16_IN_PLACE"),
-    flag<&OptimizerConfig::concurrent_gpu_step>("concurrent_gpu_step",
-                                                "TIERSWAP_CONCURRENT_GPU_STEP"),
+    bool_field<OptimizerConfig, &OptimizerConfig::persist_resident_state>(
+        "persist_resident_state", "TIERSWAP_PERSIST_RESIDENT_STATE"),
+    bool_field<OptimizerConfig, &OptimizerConfig::overlap_param16_in_place>(
+        "overlap_param16_in_place", "TIERSWAP_OVERLAP_PARAM16_IN_PLACE"),
+    bool_field<OptimizerConfig, &OptimizerConfig::concurrent_gpu_step>(
+        "concurrent_gpu_step", "TIERSWAP_CONCURRENT_GPU_STEP"),
     {"loss_scaler", "", loss_scaler_json, nullptr},
 }};
 

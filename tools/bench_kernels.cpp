@@ -9,6 +9,7 @@
 #include <nlohmann/json.hpp>
 #include <random>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "tierswap/aligned_buffer.hpp"
@@ -58,92 +59,18 @@ std::uint64_t read_probe(const std::byte* p, std::size_t bytes, ThreadPool& pool
   return r;
 }
 
-void run(const Options& o) {
-  const std::uint64_t n = parse_param_count(o.params, "--params");
-  if (o.threads < 1 || o.threads > 1024)
-    throw std::invalid_argument(fmt::format("--threads={}: must be in 1..1024", o.threads));
-  if (o.reps < 1) throw std::invalid_argument(fmt::format("--reps={}: must be >= 1", o.reps));
-  const CpuIsa isa = o.isa.empty() ? default_cpu_isa() : parse_isa(o.isa);
-  if (!cpu_isa_supported(isa))
-    throw std::invalid_argument(
-        fmt::format("--isa={}: not supported on this CPU or build", to_string(isa)));
-  ThreadPool pool(o.threads);
-  CpuKernelContext ctx{isa, &pool};
+// A kernel of the bench: its traffic per parameter, and its times.
+struct Kernel {
+  std::string name;
+  double bytes_per_param;
+  std::function<void()> fn;
+  std::vector<double> seconds;
+};
 
-  AlignedBuffer p(n * 4), m(n * 4), v(n * 4), g32(n * 4), g16(n * 2), p16(n * 2);
-  auto* pf = reinterpret_cast<float*>(p.data());
-  auto* mf = reinterpret_cast<float*>(m.data());
-  auto* vf = reinterpret_cast<float*>(v.data());
-  auto* g32f = reinterpret_cast<float*>(g32.data());
-  auto* g16h = reinterpret_cast<std::uint16_t*>(g16.data());
-  // First touch in parallel (pages land near the threads that use them), outside any timing.
-  pool.parallel_for(n, 4096, [&](std::size_t b, std::size_t e) {
-    std::mt19937 rng(static_cast<unsigned>(b));
-    std::normal_distribution<float> d(0.0f, 1.0f);
-    for (std::size_t i = b; i < e; ++i) {
-      pf[i] = d(rng);
-      mf[i] = 0.0f;
-      vf[i] = 0.0f;
-      g32f[i] = 0.0f;
-      g16h[i] = float_to_bf16(0.01f * d(rng));
-    }
-    std::memset(p16.data() + 2 * b, 0, 2 * (e - b));
-  });
-
-  AdamConfig adam;
-  adam.weight_decay = 0.01;
-  LionConfig lion;
-  std::int64_t step = 0;
-  // The probe is a STREAM triad g32 = m + 0.5 v (g32 is the unfused pipeline's scratch, so no
-  // optimizer state changes) through the same ISA and threads, with non-temporal stores, counted
-  // as STREAM counts it: 12 bytes per element.
-  struct Kernel {
-    std::string name;
-    double bytes_per_param;
-    std::function<void()> fn;
-    std::vector<double> seconds;
-  };
-  std::vector<Kernel> ks;
-  ks.push_back(
-      {"bandwidth_probe_triad", 12.0, [&] { stream_triad(g32f, mf, vf, 0.5f, n, ctx); }, {}});
-  ks.push_back({"adamw_fused_bf16",
-                28.0,
-                [&] {
-                  adam_step(adam, ++step, {pf, mf, vf, nullptr, Dtype::f32},
-                            {g16.data(), Dtype::bf16, 1.0f}, {p16.data(), Dtype::bf16}, n, ctx);
-                },
-                {}});
-  ks.push_back({"adamw_unfused_pipeline",
-                40.0,
-                [&] {
-                  cast(g16.data(), Dtype::bf16, g32f, Dtype::f32, n, ctx);
-                  adam_step(adam, ++step, {pf, mf, vf, nullptr, Dtype::f32},
-                            {g32f, Dtype::f32, 1.0f}, {}, n, ctx);
-                  cast(pf, Dtype::f32, p16.data(), Dtype::bf16, n, ctx);
-                },
-                {}});
-  ks.push_back({"lion_fused_bf16",
-                20.0,
-                [&] {
-                  lion_step(lion, pf, mf, Dtype::f32, {g16.data(), Dtype::bf16, 1.0f},
-                            {p16.data(), Dtype::bf16}, n, ctx);
-                },
-                {}});
-  volatile double sink = 0;
-  ks.push_back({"grad_stats_bf16",
-                2.0,
-                [&] { sink = sink + grad_stats(g16.data(), Dtype::bf16, n, ctx).sum_sq; },
-                {}});
-
-  // Not a result row: the read-only ceiling the statistics pass is compared with (same buffer).
-  volatile std::uint64_t read_sink = 0;
-  ks.push_back({"read_probe",
-                2.0,
-                [&] { read_sink = read_sink | read_probe(g16.data(), n * 2, pool); },
-                {}});
-
+// One warm-up call each, then `reps` rounds of every kernel in turn (alternating).
+void time_kernels(std::vector<Kernel>& ks, int reps) {
   for (auto& k : ks) k.fn();  // warm-up: caches, page tables, thread wake-up paths
-  for (int r = 0; r < o.reps; ++r) {
+  for (int r = 0; r < reps; ++r) {
     for (auto& k : ks) {
       const auto t0 = std::chrono::steady_clock::now();
       k.fn();
@@ -151,7 +78,10 @@ void run(const Options& o) {
           std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
     }
   }
+}
 
+// The medians against the probes (ks[0] the triad, ks.back() the read probe), as text or JSON.
+void report_kernels(const Options& o, std::vector<Kernel> ks, std::uint64_t n, CpuIsa isa) {
   const double probe_gbps = 12.0 * static_cast<double>(n) / median(ks[0].seconds) / 1e9;
   nlohmann::json out{{"bandwidth_probe_gbps", probe_gbps},
                      {"threads", o.threads},
@@ -200,6 +130,88 @@ void run(const Options& o) {
     fmt::print("read-only probe (8 streams a thread, same gradient buffer): {:.2f} GB/s\n",
                read_gbps);
   }
+}
+
+void run(const Options& o) {
+  const std::uint64_t n = parse_param_count(o.params, "--params");
+  if (o.threads < 1 || o.threads > 1024)
+    throw std::invalid_argument(fmt::format("--threads={}: must be in 1..1024", o.threads));
+  if (o.reps < 1) throw std::invalid_argument(fmt::format("--reps={}: must be >= 1", o.reps));
+  const CpuIsa isa = o.isa.empty() ? default_cpu_isa() : parse_isa(o.isa);
+  if (!cpu_isa_supported(isa))
+    throw std::invalid_argument(
+        fmt::format("--isa={}: not supported on this CPU or build", to_string(isa)));
+  ThreadPool pool(o.threads);
+  CpuKernelContext ctx{isa, &pool};
+
+  AlignedBuffer p(n * 4), m(n * 4), v(n * 4), g32(n * 4), g16(n * 2), p16(n * 2);
+  auto* pf = reinterpret_cast<float*>(p.data());
+  auto* mf = reinterpret_cast<float*>(m.data());
+  auto* vf = reinterpret_cast<float*>(v.data());
+  auto* g32f = reinterpret_cast<float*>(g32.data());
+  auto* g16h = reinterpret_cast<std::uint16_t*>(g16.data());
+  // First touch in parallel (pages land near the threads that use them), outside any timing.
+  pool.parallel_for(n, 4096, [&](std::size_t b, std::size_t e) {
+    std::mt19937 rng(static_cast<unsigned>(b));
+    std::normal_distribution<float> d(0.0f, 1.0f);
+    for (std::size_t i = b; i < e; ++i) {
+      pf[i] = d(rng);
+      mf[i] = 0.0f;
+      vf[i] = 0.0f;
+      g32f[i] = 0.0f;
+      g16h[i] = float_to_bf16(0.01f * d(rng));
+    }
+    std::memset(p16.data() + 2 * b, 0, 2 * (e - b));
+  });
+
+  AdamConfig adam;
+  adam.weight_decay = 0.01;
+  LionConfig lion;
+  std::int64_t step = 0;
+  // The probe is a STREAM triad g32 = m + 0.5 v (g32 is the unfused pipeline's scratch, so no
+  // optimizer state changes) through the same ISA and threads, with non-temporal stores, counted
+  // as STREAM counts it: 12 bytes per element.
+  std::vector<Kernel> ks;
+  ks.push_back(
+      {"bandwidth_probe_triad", 12.0, [&] { stream_triad(g32f, mf, vf, 0.5f, n, ctx); }, {}});
+  ks.push_back({"adamw_fused_bf16",
+                28.0,
+                [&] {
+                  adam_step(adam, ++step, {pf, mf, vf, nullptr, Dtype::f32},
+                            {g16.data(), Dtype::bf16, 1.0f}, {p16.data(), Dtype::bf16}, n, ctx);
+                },
+                {}});
+  ks.push_back({"adamw_unfused_pipeline",
+                40.0,
+                [&] {
+                  cast(g16.data(), Dtype::bf16, g32f, Dtype::f32, n, ctx);
+                  adam_step(adam, ++step, {pf, mf, vf, nullptr, Dtype::f32},
+                            {g32f, Dtype::f32, 1.0f}, {}, n, ctx);
+                  cast(pf, Dtype::f32, p16.data(), Dtype::bf16, n, ctx);
+                },
+                {}});
+  ks.push_back({"lion_fused_bf16",
+                20.0,
+                [&] {
+                  lion_step(lion, pf, mf, Dtype::f32, {g16.data(), Dtype::bf16, 1.0f},
+                            {p16.data(), Dtype::bf16}, n, ctx);
+                },
+                {}});
+  volatile double sink = 0;
+  ks.push_back({"grad_stats_bf16",
+                2.0,
+                [&] { sink = sink + grad_stats(g16.data(), Dtype::bf16, n, ctx).sum_sq; },
+                {}});
+
+  // Not a result row: the read-only ceiling the statistics pass is compared with (same buffer).
+  volatile std::uint64_t read_sink = 0;
+  ks.push_back({"read_probe",
+                2.0,
+                [&] { read_sink = read_sink | read_probe(g16.data(), n * 2, pool); },
+                {}});
+
+  time_kernels(ks, o.reps);
+  report_kernels(o, std::move(ks), n, isa);
 }
 
 }  // namespace

@@ -8,21 +8,10 @@
 #include <string_view>
 #include <utility>
 
+#include "tierswap/process_config.hpp"
 #include "tierswap/units.hpp"
 
 namespace tierswap {
-namespace {
-// TIERSWAP_HUGE_PAGES=0 turns the request off (a control for measurements, or for systems where
-// khugepaged's compaction costs more than the TLB misses it saves).
-bool huge_pages_enabled() noexcept {
-  static const bool on = [] {
-    const char* v = std::getenv("TIERSWAP_HUGE_PAGES");
-    return !(v != nullptr && std::string_view(v) == "0");
-  }();
-  return on;
-}
-}  // namespace
-
 AlignedBuffer::AlignedBuffer(std::size_t bytes, std::size_t alignment, bool lock) {
   if (alignment < sizeof(void*) || (alignment & (alignment - 1)) != 0)
     throw std::invalid_argument("AlignedBuffer: alignment must be a power of two >= pointer size");
@@ -30,7 +19,7 @@ AlignedBuffer::AlignedBuffer(std::size_t bytes, std::size_t alignment, bool lock
   // Large buffers start on a 2 MiB boundary and ask for transparent huge pages (best effort;
   // THP is often "madvise" only): streaming kernels over them then miss the TLB 512x less.
   constexpr std::size_t kHuge = std::size_t{2} << 20;
-  const bool huge = n >= kHuge && huge_pages_enabled();
+  const bool huge = n >= kHuge && ProcessConfig::current().huge_pages;
   void* p = nullptr;
   if (::posix_memalign(&p, huge && alignment < kHuge ? kHuge : alignment, n) != 0)
     throw std::bad_alloc();

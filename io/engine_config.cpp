@@ -1,14 +1,12 @@
+#include <array>
 #include <cstdlib>
 #include <nlohmann/json.hpp>
 #include <string>
 
-#include "tierswap/detail/env.hpp"
+#include "tierswap/detail/config_table.hpp"
 #include "tierswap/error.hpp"
 #include "tierswap/io_engine.hpp"
 #include "tierswap/units.hpp"
-
-#include <fmt/format.h>
-#include "tierswap/detail/json.hpp"
 
 namespace tierswap {
 
@@ -44,64 +42,50 @@ void IoEngineConfig::validate() const {
     throw_invalid("posix_threads", std::to_string(posix_threads), "must be in 1..256");
 }
 
-using detail::env_u64;
+namespace {
+
+using Field = detail::ConfigField<IoEngineConfig>;
+using C = IoEngineConfig;
+
+// Every setting of IoEngineConfig, in the README's order.
+const std::array<Field, 7> kFields = {{
+    {"backend", "TIERSWAP_IO_BACKEND",
+     [](C& c, const nlohmann::json& v, const std::string& k) {
+       c.backend = parse_backend(detail::json_string(v, k));
+     },
+     [](C& c, const char* n) {
+       if (const char* v = std::getenv(n)) c.backend = parse_backend(v);
+     }},
+    detail::count_field<C, &C::queue_depth>("queue_depth", "TIERSWAP_QUEUE_DEPTH"),
+    detail::size_field<C, &C::block_size>("block_size", "TIERSWAP_BLOCK_SIZE"),
+    detail::bool_field<C, &C::sqpoll>("sqpoll", "TIERSWAP_SQPOLL"),
+    detail::count_field<C, &C::sqpoll_idle_ms>("sqpoll_idle_ms", ""),
+    detail::count_field<C, &C::posix_threads>("posix_threads", "TIERSWAP_POSIX_THREADS"),
+    detail::count_field<C, &C::max_retries>("max_retries", "TIERSWAP_IO_RETRIES"),
+}};
+
+}  // namespace
 
 IoEngineConfig IoEngineConfig::from_env() {
   return from_env(IoEngineConfig{});
 }
 
 IoEngineConfig IoEngineConfig::from_env(IoEngineConfig c) {
-  if (const char* v = std::getenv("TIERSWAP_IO_BACKEND")) c.backend = parse_backend(v);
-  c.queue_depth = static_cast<std::uint32_t>(env_u64("TIERSWAP_QUEUE_DEPTH", c.queue_depth, false));
-  c.block_size = env_u64("TIERSWAP_BLOCK_SIZE", c.block_size, true);
-  c.sqpoll = detail::env_bool("TIERSWAP_SQPOLL", c.sqpoll);
-  c.posix_threads =
-      static_cast<std::uint32_t>(env_u64("TIERSWAP_POSIX_THREADS", c.posix_threads, false));
-  c.max_retries = static_cast<std::uint32_t>(env_u64("TIERSWAP_IO_RETRIES", c.max_retries, false));
+  detail::apply_env<IoEngineConfig>(c, kFields);
   c.validate();
   return c;
 }
 
 IoEngineConfig IoEngineConfig::from_json(std::string_view text) {
-  nlohmann::json j;
-  try {
-    j = nlohmann::json::parse(text);
-  } catch (const nlohmann::json::parse_error& e) {
-    throw std::invalid_argument(fmt::format("I/O engine config: invalid JSON: {}", e.what()));
-  }
-  if (!j.is_object()) throw std::invalid_argument("I/O engine config: expected a JSON object");
+  const auto j = detail::parse_config_object(text, "I/O engine config");
   IoEngineConfig c;
-  auto uint_of = [](const nlohmann::json& v, const std::string& key) -> std::uint64_t {
-    if (!v.is_number_unsigned()) throw_invalid(key, v.dump(), "expected a non-negative integer");
-    return detail::json_int<std::uint64_t>(v);
-  };
-  for (auto& [key, v] : j.items()) {
-    if (key == "backend") {
-      if (!v.is_string()) throw_invalid(key, v.dump(), "expected a string");
-      c.backend = parse_backend(v.get<std::string>());
-    } else if (key == "queue_depth") {
-      c.queue_depth =
-          static_cast<std::uint32_t>(std::min<std::uint64_t>(uint_of(v, key), 1u << 30));
-    } else if (key == "block_size") {
-      c.block_size = v.is_string() ? parse_size(v.get<std::string>(), key) : uint_of(v, key);
-    } else if (key == "sqpoll") {
-      if (!v.is_boolean()) throw_invalid(key, v.dump(), "expected true or false");
-      c.sqpoll = v.get<bool>();
-    } else if (key == "sqpoll_idle_ms") {
-      c.sqpoll_idle_ms = static_cast<std::uint32_t>(uint_of(v, key));
-    } else if (key == "posix_threads") {
-      c.posix_threads =
-          static_cast<std::uint32_t>(std::min<std::uint64_t>(uint_of(v, key), 1u << 30));
-    } else if (key == "max_retries") {
-      c.max_retries = static_cast<std::uint32_t>(uint_of(v, key));
-    } else {
-      throw_invalid(key, v.dump(),
-                    "unknown I/O engine config key (known: backend, queue_depth, block_size, "
-                    "sqpoll, sqpoll_idle_ms, posix_threads, max_retries)");
-    }
-  }
+  detail::apply_json<IoEngineConfig>(c, kFields, j, "I/O engine config");
   c.validate();
   return c;
+}
+
+std::vector<std::pair<std::string, std::string>> IoEngineConfig::keys() {
+  return detail::keys_of<IoEngineConfig>(kFields);
 }
 
 }  // namespace tierswap

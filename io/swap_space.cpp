@@ -7,7 +7,9 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <array>
 #include <cerrno>
+#include <cstdlib>
 #include <cstring>
 #include <map>
 #include <nlohmann/json.hpp>
@@ -20,6 +22,7 @@
 #include "tierswap/units.hpp"
 
 #include <fmt/format.h>
+#include "tierswap/detail/config_table.hpp"
 #include "tierswap/detail/file.hpp"
 #include "tierswap/detail/json.hpp"
 #include "tierswap/detail/paths.hpp"
@@ -166,85 +169,68 @@ void SwapSpaceConfig::validate() const {
     throw_invalid("stripe_size", std::to_string(stripe_size), "must be a multiple of 4096");
 }
 
+namespace {
+
+using C = SwapSpaceConfig;
+
+DirectIo parse_direct(std::string_view s, std::string_view key) {
+  if (s == "auto") return DirectIo::automatic;
+  if (s == "on" || s == "1") return DirectIo::on;
+  if (s == "off" || s == "0") return DirectIo::off;
+  throw_invalid(key, s, "expected auto, on or off");
+}
+
+// Every setting of SwapSpaceConfig, in the README's order.
+const std::array<detail::ConfigField<C>, 5> kSwapFields = {{
+    {"dirs", "TIERSWAP_SWAP_DIRS",
+     [](C& c, const nlohmann::json& v, const std::string& k) {
+       if (!v.is_array()) throw_invalid(k, v.dump(), "expected an array of paths");
+       c.dirs.clear();
+       for (const auto& d : v) c.dirs.emplace_back(detail::json_string(d, k));
+     },
+     [](C& c, const char* n) {
+       const char* v = std::getenv(n);
+       if (v == nullptr) return;
+       c.dirs.clear();
+       for (std::string_view s(v); !s.empty();) {  // ':'-separated, empty parts skipped
+         const auto p = s.find(':');
+         if (p != 0) c.dirs.emplace_back(std::string(s.substr(0, p)));
+         if (p == std::string_view::npos) break;
+         s.remove_prefix(p + 1);
+       }
+     }},
+    detail::size_field<C, &C::capacity>("capacity", "TIERSWAP_SWAP_CAPACITY"),
+    detail::size_field<C, &C::stripe_size>("stripe_size", "TIERSWAP_STRIPE_SIZE"),
+    {"direct", "TIERSWAP_DIRECT_IO",
+     [](C& c, const nlohmann::json& v, const std::string& k) {
+       c.direct = parse_direct(detail::json_string(v, k), k);
+     },
+     [](C& c, const char* n) {
+       if (const char* v = std::getenv(n)) c.direct = parse_direct(v, n);
+     }},
+    detail::bool_field<C, &C::check_free_space>("check_free_space", ""),
+}};
+
+}  // namespace
+
 SwapSpaceConfig SwapSpaceConfig::from_env() {
   return from_env(SwapSpaceConfig{});
 }
 
 SwapSpaceConfig SwapSpaceConfig::from_env(SwapSpaceConfig c) {
-  if (const char* v = std::getenv("TIERSWAP_SWAP_DIRS")) {
-    c.dirs.clear();
-    std::string_view s(v);
-    while (!s.empty()) {
-      auto p = s.find(':');
-      auto part = s.substr(0, p);
-      if (!part.empty()) c.dirs.emplace_back(std::string(part));
-      if (p == std::string_view::npos) break;
-      s.remove_prefix(p + 1);
-    }
-  }
-  if (const char* v = std::getenv("TIERSWAP_SWAP_CAPACITY"))
-    c.capacity = parse_size(v, "TIERSWAP_SWAP_CAPACITY");
-  if (const char* v = std::getenv("TIERSWAP_STRIPE_SIZE"))
-    c.stripe_size = parse_size(v, "TIERSWAP_STRIPE_SIZE");
-  if (const char* v = std::getenv("TIERSWAP_DIRECT_IO")) {
-    std::string_view s(v);
-    if (s == "auto")
-      c.direct = DirectIo::automatic;
-    else if (s == "on" || s == "1")
-      c.direct = DirectIo::on;
-    else if (s == "off" || s == "0")
-      c.direct = DirectIo::off;
-    else
-      throw_invalid("TIERSWAP_DIRECT_IO", s, "expected auto, on or off");
-  }
+  detail::apply_env<SwapSpaceConfig>(c, kSwapFields);
   return c;
 }
 
 SwapSpaceConfig SwapSpaceConfig::from_json(std::string_view text) {
-  nlohmann::json j;
-  try {
-    j = nlohmann::json::parse(text);
-  } catch (const nlohmann::json::parse_error& e) {
-    throw std::invalid_argument(fmt::format("swap space config: invalid JSON: {}", e.what()));
-  }
-  if (!j.is_object()) throw std::invalid_argument("swap space config: expected a JSON object");
+  const auto j = detail::parse_config_object(text, "swap space config");
   SwapSpaceConfig c;
-  auto size_of = [](const nlohmann::json& v, const char* key) -> std::uint64_t {
-    if (v.is_number_unsigned()) return detail::json_int<std::uint64_t>(v);
-    if (v.is_string()) return parse_size(v.get<std::string>(), key);
-    throw_invalid(key, v.dump(), "expected a size (number or string like \"8GiB\")");
-  };
-  for (auto& [key, v] : j.items()) {
-    if (key == "dirs") {
-      if (!v.is_array()) throw_invalid(key, v.dump(), "expected an array of paths");
-      for (auto& d : v) {
-        if (!d.is_string()) throw_invalid(key, v.dump(), "expected an array of paths");
-        c.dirs.emplace_back(d.get<std::string>());
-      }
-    } else if (key == "capacity") {
-      c.capacity = size_of(v, "capacity");
-    } else if (key == "stripe_size") {
-      c.stripe_size = size_of(v, "stripe_size");
-    } else if (key == "direct") {
-      std::string s = v.is_string() ? v.get<std::string>() : v.dump();
-      if (s == "auto")
-        c.direct = DirectIo::automatic;
-      else if (s == "on")
-        c.direct = DirectIo::on;
-      else if (s == "off")
-        c.direct = DirectIo::off;
-      else
-        throw_invalid(key, s, "expected \"auto\", \"on\" or \"off\"");
-    } else if (key == "check_free_space") {
-      if (!v.is_boolean()) throw_invalid(key, v.dump(), "expected true or false");
-      c.check_free_space = v.get<bool>();
-    } else {
-      throw_invalid(key, v.dump(),
-                    "unknown swap space config key (known: dirs, capacity, stripe_size, direct, "
-                    "check_free_space)");
-    }
-  }
+  detail::apply_json<SwapSpaceConfig>(c, kSwapFields, j, "swap space config");
   return c;
+}
+
+std::vector<std::pair<std::string, std::string>> SwapSpaceConfig::keys() {
+  return detail::keys_of<SwapSpaceConfig>(kSwapFields);
 }
 
 // ---- SwapSpace --------------------------------------------------------------------------------

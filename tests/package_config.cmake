@@ -7,6 +7,16 @@ execute_process(COMMAND ${CMAKE_COMMAND} --install ${BUILD_DIR} --prefix ${prefi
 if(NOT rc EQUAL 0)
   message(FATAL_ERROR "install failed")
 endif()
+# The consumer includes every installed public header (detail/ is internal), so each is checked
+# to compile from the installed tree: a new header must be added to it.
+file(GLOB headers RELATIVE ${prefix}/include ${prefix}/include/tierswap/*.hpp)
+file(READ ${SRC_DIR}/package_consumer/main.cpp consumer)
+foreach(h ${headers})
+  string(FIND "${consumer}" "#include <${h}>" at)
+  if(at EQUAL -1)
+    message(FATAL_ERROR "tests/package_consumer/main.cpp does not include the public header <${h}>")
+  endif()
+endforeach()
 execute_process(COMMAND ${CMAKE_COMMAND} -S ${SRC_DIR}/package_consumer -B ${cbuild}
                         -DCMAKE_PREFIX_PATH=${prefix} RESULT_VARIABLE rc)
 if(NOT rc EQUAL 0)

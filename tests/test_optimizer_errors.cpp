@@ -7,6 +7,7 @@
 #include <set>
 
 #include "optim_fixture.hpp"
+#include "tierswap/process_config.hpp"
 
 using namespace tierswap::optim_test;
 
@@ -162,4 +163,7 @@ void expect_documented(const char* what) {
 TEST(ShardedOptimizer, TheReadmeConfigurationTableMatchesTheSettings) {
   expect_documented<OptimizerConfig>("OptimizerConfig");
   expect_documented<TierConfig>("TierConfig");
+  expect_documented<IoEngineConfig>("IoEngineConfig");
+  expect_documented<SwapSpaceConfig>("SwapSpaceConfig");
+  expect_documented<ProcessConfig>("ProcessConfig");
 }

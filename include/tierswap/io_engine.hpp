@@ -21,6 +21,8 @@
 #include <span>
 #include <string>
 #include <string_view>
+#include <utility>
+#include <vector>
 
 #include "tierswap/swap_space.hpp"
 
@@ -40,13 +42,15 @@ struct IoEngineConfig {
   std::uint32_t posix_threads = 4;  ///< workers of the posix backend
   std::uint32_t max_retries = 64;   ///< EAGAIN/EINTR/no-progress retries per request
 
-  /// Overrides from TIERSWAP_IO_BACKEND, TIERSWAP_QUEUE_DEPTH, TIERSWAP_BLOCK_SIZE,
-  /// TIERSWAP_SQPOLL (0|1), TIERSWAP_POSIX_THREADS, TIERSWAP_IO_RETRIES.
+  /// Overrides from the environment: each setting's variable as keys() lists it (the README's
+  /// configuration table). A value that does not parse throws naming the variable.
   static IoEngineConfig from_env();
   static IoEngineConfig from_env(IoEngineConfig base);
-  /// Loads {"backend","queue_depth","block_size","sqpoll","sqpoll_idle_ms","posix_threads",
-  /// "max_retries"}; unknown keys or bad values throw std::invalid_argument naming the key.
+  /// Loads a JSON object of keys() (block_size a number or "1MiB"); unknown keys or bad values
+  /// throw std::invalid_argument naming the key (and, for an unknown one, every known key).
   static IoEngineConfig from_json(std::string_view json);
+  /// Every setting's JSON key and environment variable ("" when none), in the README's order.
+  static std::vector<std::pair<std::string, std::string>> keys();
   void validate() const;
 };
 

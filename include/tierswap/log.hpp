@@ -1,12 +1,13 @@
-// Minimal leveled logging to stderr. Level from TIERSWAP_LOG_LEVEL (error|warn|info|debug),
-// default warn. Thread-safe: one line is written with one write(2).
+// Minimal leveled logging to stderr. Level from TIERSWAP_LOG_LEVEL (off|error|warn|info|debug;
+// ProcessConfig), default warn. Thread-safe: one line is written with one write(2).
 #pragma once
 
 #include <string_view>
 
 namespace tierswap {
 
-enum class LogLevel { error = 0, warn = 1, info = 2, debug = 3 };
+/// `off` silences everything (a level to set, never one to log at).
+enum class LogLevel { off = -1, error = 0, warn = 1, info = 2, debug = 3 };
 
 /// Current level (read once from the environment, then settable).
 LogLevel log_level() noexcept;

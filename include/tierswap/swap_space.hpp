@@ -15,6 +15,7 @@
 #include <filesystem>
 #include <string>
 #include <string_view>
+#include <utility>
 #include <vector>
 
 namespace tierswap {
@@ -34,13 +35,15 @@ struct SwapSpaceConfig {
   /// Refuse to create files that would not fit in the free space of their filesystems.
   bool check_free_space = true;
 
-  /// Overrides from TIERSWAP_SWAP_DIRS (':'-separated), TIERSWAP_SWAP_CAPACITY,
-  /// TIERSWAP_STRIPE_SIZE, TIERSWAP_DIRECT_IO (auto|on|off).
+  /// Overrides from the environment: each setting's variable as keys() lists it
+  /// (TIERSWAP_SWAP_DIRS ':'-separated; the README's configuration table).
   static SwapSpaceConfig from_env();
   static SwapSpaceConfig from_env(SwapSpaceConfig base);
-  /// Loads {"dirs": [...], "capacity": "8GiB"|n, "stripe_size": ..., "direct": "auto|on|off",
-  /// "check_free_space": bool}; unknown keys are rejected with std::invalid_argument.
+  /// Loads a JSON object of keys() ("dirs": [...], "capacity": "8GiB" or a number, "direct":
+  /// "auto"|"on"|"off"); unknown keys or bad values throw std::invalid_argument naming the key.
   static SwapSpaceConfig from_json(std::string_view json);
+  /// Every setting's JSON key and environment variable ("" when none), in the README's order.
+  static std::vector<std::pair<std::string, std::string>> keys();
   /// Throws std::invalid_argument naming the offending key.
   void validate() const;
 };

@@ -4,7 +4,6 @@
 #endif
 
 #include <cmath>
-#include <cstdlib>
 #include <string>
 #include <vector>
 
@@ -12,6 +11,7 @@
 #include "kernels/cpu/kernel_table.hpp"
 #include "tierswap/error.hpp"
 #include "tierswap/kernels.hpp"
+#include "tierswap/process_config.hpp"
 #include "tierswap/thread_pool.hpp"
 
 namespace tierswap {
@@ -120,10 +120,17 @@ bool cpu_isa_supported(CpuIsa isa) noexcept {
 
 CpuIsa default_cpu_isa() {
   static const CpuIsa isa = [] {
-    if (const char* v = std::getenv("TIERSWAP_CPU_ISA")) {
-      CpuIsa want = parse_isa(v);
+    const std::string& name = ProcessConfig::current().cpu_isa;
+    if (name != "auto") {
+      CpuIsa want{};
+      try {
+        want = parse_isa(name);
+      } catch (const std::invalid_argument&) {
+        throw_invalid("TIERSWAP_CPU_ISA", name,
+                      "expected auto, scalar, avx2, avx512, avx512bf16, neon or sve");
+      }
       if (!cpu_isa_supported(want))
-        throw_invalid("TIERSWAP_CPU_ISA", v, "not supported by this CPU or this build");
+        throw_invalid("TIERSWAP_CPU_ISA", name, "not supported by this CPU or this build");
       return want;
     }
     for (CpuIsa c : {CpuIsa::avx512bf16, CpuIsa::avx512, CpuIsa::avx2, CpuIsa::sve, CpuIsa::neon})

@@ -3,24 +3,26 @@
 #include <unistd.h>
 
 #include <atomic>
-#include <cstdlib>
-#include <cstring>
 #include <string>
 
 #include "tierswap/error.hpp"
+#include "tierswap/process_config.hpp"
 
 #include <fmt/format.h>
 
 namespace tierswap {
 namespace {
 
+// The initial level; a bad TIERSWAP_* variable is reported once here and the level stays warn
+// (the call that needs the bad setting throws naming it).
 LogLevel level_from_env() noexcept {
-  const char* v = std::getenv("TIERSWAP_LOG_LEVEL");
-  if (v == nullptr) return LogLevel::warn;
-  if (std::strcmp(v, "error") == 0) return LogLevel::error;
-  if (std::strcmp(v, "info") == 0) return LogLevel::info;
-  if (std::strcmp(v, "debug") == 0) return LogLevel::debug;
-  return LogLevel::warn;
+  try {
+    return ProcessConfig::current().log_level;
+  } catch (const std::exception& e) {
+    const std::string line = std::string("tierswap[warn]: ") + e.what() + "\n";
+    [[maybe_unused]] auto r = ::write(STDERR_FILENO, line.data(), line.size());
+    return LogLevel::warn;
+  }
 }
 
 std::atomic<int>& level_ref() noexcept {
@@ -40,7 +42,9 @@ void set_log_level(LogLevel level) noexcept {
 }
 
 void log(LogLevel level, std::string_view message) noexcept {
-  if (static_cast<int>(level) > level_ref().load(std::memory_order_relaxed)) return;
+  if (level == LogLevel::off ||
+      static_cast<int>(level) > level_ref().load(std::memory_order_relaxed))
+    return;
   try {
     std::string line = fmt::format("tierswap[{}]: {}\n", kNames[static_cast<int>(level)], message);
     [[maybe_unused]] auto r = ::write(STDERR_FILENO, line.data(), line.size());

@@ -44,21 +44,6 @@ using detail::json_number, detail::json_string;
 using Field = detail::ConfigField<OptimizerConfig>;
 using detail::bool_field;
 
-void subgroup_json(OptimizerConfig& c, const nlohmann::json& v, const std::string& key) {
-  if (v.is_string())
-    c.subgroup_size = parse_size(v.get<std::string>(), key);
-  else if (v.is_number_unsigned())
-    c.subgroup_size = detail::json_int<std::uint64_t>(v);
-  else
-    throw_invalid(key, v.dump(), "expected a count (number or \"16M\")");
-}
-
-void prefetch_json(OptimizerConfig& c, const nlohmann::json& v, const std::string& key) {
-  if (!v.is_number_unsigned()) throw_invalid(key, v.dump(), "expected an integer >= 0");
-  c.prefetch_depth = static_cast<std::uint32_t>(
-      std::min<std::uint64_t>(detail::json_int<std::uint64_t>(v), 1u << 20));
-}
-
 void loss_scaler_json(OptimizerConfig& c, const nlohmann::json& v, const std::string& key) {
   if (!v.is_object()) throw_invalid(key, v.dump(), "expected an object");
   for (auto& [k2, v2] : v.items()) {
@@ -83,14 +68,11 @@ void loss_scaler_json(OptimizerConfig& c, const nlohmann::json& v, const std::st
 
 // Every setting of OptimizerConfig, in the README's order.
 const std::array<Field, 14> kFields = {{
-    {"subgroup_size", "TIERSWAP_SUBGROUP_SIZE", subgroup_json,
-     [](OptimizerConfig& c, const char* n) {
-       c.subgroup_size = detail::env_u64(n, c.subgroup_size, true);
-     }},
-    {"prefetch_depth", "TIERSWAP_PREFETCH_DEPTH", prefetch_json,
-     [](OptimizerConfig& c, const char* n) {
-       c.prefetch_depth = static_cast<std::uint32_t>(detail::env_u64(n, c.prefetch_depth, false));
-     }},
+    // Elements, read with the size grammar ("8Mi" or "8M" as parse_size reads them).
+    detail::size_field<OptimizerConfig, &OptimizerConfig::subgroup_size>("subgroup_size",
+                                                                         "TIERSWAP_SUBGROUP_SIZE"),
+    detail::count_field<OptimizerConfig, &OptimizerConfig::prefetch_depth>(
+        "prefetch_depth", "TIERSWAP_PREFETCH_DEPTH"),
     bool_field<OptimizerConfig, &OptimizerConfig::accumulate_fp32>("accumulate_fp32",
                                                                    "TIERSWAP_ACCUMULATE_FP32"),
     bool_field<OptimizerConfig, &OptimizerConfig::bf16_moments>("bf16_moments",
@@ -147,13 +129,7 @@ OptimizerConfig OptimizerConfig::from_env(OptimizerConfig c) {
 }
 
 OptimizerConfig OptimizerConfig::from_json(std::string_view text) {
-  nlohmann::json j;
-  try {
-    j = nlohmann::json::parse(text);
-  } catch (const nlohmann::json::parse_error& e) {
-    throw std::invalid_argument(fmt::format("optimizer config: invalid JSON: {}", e.what()));
-  }
-  if (!j.is_object()) throw std::invalid_argument("optimizer config: expected a JSON object");
+  const auto j = detail::parse_config_object(text, "optimizer config");
   OptimizerConfig c;
   detail::apply_json<OptimizerConfig>(c, kFields, j, "optimizer config");
   c.validate();
@@ -161,9 +137,7 @@ OptimizerConfig OptimizerConfig::from_json(std::string_view text) {
 }
 
 std::vector<std::pair<std::string, std::string>> OptimizerConfig::keys() {
-  std::vector<std::pair<std::string, std::string>> out;
-  for (const auto& f : kFields) out.emplace_back(f.key, f.env);
-  return out;
+  return detail::keys_of<OptimizerConfig>(kFields);
 }
 
 // ---- validation and names (moved from optimizer.cpp) ----

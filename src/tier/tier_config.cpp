@@ -106,25 +106,11 @@ namespace {
 using Field = detail::ConfigField<TierConfig>;
 using detail::bool_field;
 
-std::uint64_t size_of(const nlohmann::json& v, const std::string& key) {
-  if (v.is_string()) return parse_size(v.get<std::string>(), key);
-  if (!v.is_number_unsigned()) throw_invalid(key, v.dump(), "expected a size");
-  return detail::json_int<std::uint64_t>(v);
-}
-
-// A byte count from a JSON size ("1GiB" or a number) and a size variable (env_u64).
-template <std::uint64_t TierConfig::*M>
-Field size_field(std::string_view key, std::string_view env) {
-  return {
-      key, env,
-      [](TierConfig& c, const nlohmann::json& v, const std::string& k) { c.*M = size_of(v, k); },
-      [](TierConfig& c, const char* n) { c.*M = detail::env_u64(n, c.*M, true); }};
-}
-
 // Every setting of TierConfig, in the README's order.
 const std::array<Field, 13> kFields = {{
-    size_field<&TierConfig::host_budget>("host_budget", "TIERSWAP_HOST_BUDGET"),
-    size_field<&TierConfig::host_slab_size>("host_slab_size", "TIERSWAP_HOST_SLAB"),
+    detail::size_field<TierConfig, &TierConfig::host_budget>("host_budget", "TIERSWAP_HOST_BUDGET"),
+    detail::size_field<TierConfig, &TierConfig::host_slab_size>("host_slab_size",
+                                                                "TIERSWAP_HOST_SLAB"),
     bool_field<TierConfig, &TierConfig::lock_host_memory>("lock_host_memory", "TIERSWAP_LOCK_HOST"),
     {"numa_node", "TIERSWAP_NUMA_NODE",
      [](TierConfig& c, const nlohmann::json& v, const std::string& k) {
@@ -141,7 +127,8 @@ const std::array<Field, 13> kFields = {{
      [](TierConfig& c, const char* n) {
        if (const char* v = std::getenv(n)) c.device_mode = parse_device_mode(v, n);
      }},
-    size_field<&TierConfig::device_budget>("device_budget", "TIERSWAP_DEVICE_BUDGET"),
+    detail::size_field<TierConfig, &TierConfig::device_budget>("device_budget",
+                                                               "TIERSWAP_DEVICE_BUDGET"),
     {"simulated_device_gbps", "TIERSWAP_SIM_DEVICE_GBPS",
      [](TierConfig& c, const nlohmann::json& v, const std::string& k) {
        if (!v.is_number()) throw_invalid(k, v.dump(), "expected a number (GB/s)");
@@ -150,16 +137,9 @@ const std::array<Field, 13> kFields = {{
      [](TierConfig& c, const char* n) {
        c.simulated_device_gbps = detail::env_double(n, c.simulated_device_gbps);
      }},
-    size_field<&TierConfig::max_dirty_bytes>("max_dirty_bytes", "TIERSWAP_MAX_DIRTY"),
-    {"lookahead", "TIERSWAP_LOOKAHEAD",
-     [](TierConfig& c, const nlohmann::json& v, const std::string& k) {
-       if (!v.is_number_unsigned()) throw_invalid(k, v.dump(), "expected a positive integer");
-       c.lookahead = static_cast<std::uint32_t>(
-           std::min<std::uint64_t>(detail::json_int<std::uint64_t>(v), 1u << 30));
-     },
-     [](TierConfig& c, const char* n) {
-       c.lookahead = static_cast<std::uint32_t>(detail::env_u64(n, c.lookahead, false));
-     }},
+    detail::size_field<TierConfig, &TierConfig::max_dirty_bytes>("max_dirty_bytes",
+                                                                 "TIERSWAP_MAX_DIRTY"),
+    detail::count_field<TierConfig, &TierConfig::lookahead>("lookahead", "TIERSWAP_LOOKAHEAD"),
     bool_field<TierConfig, &TierConfig::shadow_slots>("shadow_slots", "TIERSWAP_SHADOW"),
     bool_field<TierConfig, &TierConfig::durable>("durable", "TIERSWAP_DURABLE"),
     {"verify_on_open", "",
@@ -189,13 +169,7 @@ TierConfig TierConfig::from_env(TierConfig c) {
 }
 
 TierConfig TierConfig::from_json(std::string_view text) {
-  nlohmann::json j;
-  try {
-    j = nlohmann::json::parse(text);
-  } catch (const nlohmann::json::parse_error& e) {
-    throw std::invalid_argument(fmt::format("tier config: invalid JSON: {}", e.what()));
-  }
-  if (!j.is_object()) throw std::invalid_argument("tier config: expected a JSON object");
+  const auto j = detail::parse_config_object(text, "tier config");
   TierConfig c;
   detail::apply_json<TierConfig>(c, kFields, j, "tier config");
   c.validate();
@@ -203,9 +177,7 @@ TierConfig TierConfig::from_json(std::string_view text) {
 }
 
 std::vector<std::pair<std::string, std::string>> TierConfig::keys() {
-  std::vector<std::pair<std::string, std::string>> out;
-  for (const auto& f : kFields) out.emplace_back(f.key, f.env);
-  return out;
+  return detail::keys_of<TierConfig>(kFields);
 }
 
 }  // namespace tierswap

@@ -1,5 +1,6 @@
 // A trainer-like consumer of the installed package: every public header (each must compile from
-// the installed tree), an engine round trip, and one optimizer step through the one-object setup.
+// the installed tree; package_config.cmake checks that none is missing here), an engine round
+// trip, and one optimizer step through the one-object setup.
 #include <tierswap/aligned_buffer.hpp>
 #include <tierswap/checksum.hpp>
 #include <tierswap/communicator.hpp>
@@ -13,11 +14,13 @@
 #include <tierswap/log.hpp>
 #include <tierswap/optimizer.hpp>
 #include <tierswap/placement.hpp>
+#include <tierswap/process_config.hpp>
 #include <tierswap/swap_space.hpp>
 #include <tierswap/telemetry.hpp>
 #include <tierswap/thread_pool.hpp>
 #include <tierswap/tier_manager.hpp>
 #include <tierswap/tiered_optimizer.hpp>
+#include <tierswap/types.hpp>
 #include <tierswap/units.hpp>
 
 #include <cstdio>

@@ -4,14 +4,20 @@
 // all come from it, so a setting is added in one place.
 #pragma once
 
+#include <algorithm>
+#include <cstdint>
 #include <cstdlib>
 #include <nlohmann/json.hpp>
 #include <span>
 #include <string>
 #include <string_view>
+#include <utility>
+#include <vector>
 
 #include "tierswap/detail/env.hpp"
+#include "tierswap/detail/json.hpp"
 #include "tierswap/error.hpp"
+#include "tierswap/units.hpp"
 
 namespace tierswap::detail {
 
@@ -32,6 +38,27 @@ std::string known_keys(std::span<const ConfigField<C>> table) {
     out += f.key;
   }
   return out;
+}
+
+/// Every field's JSON key and environment variable ("" when none), in table order (keys()).
+template <class C>
+std::vector<std::pair<std::string, std::string>> keys_of(std::span<const ConfigField<C>> table) {
+  std::vector<std::pair<std::string, std::string>> out;
+  for (const auto& f : table) out.emplace_back(f.key, f.env);
+  return out;
+}
+
+/// `text` parsed as a JSON object; anything else throws std::invalid_argument beginning with
+/// `what` ("tier config: invalid JSON: ...").
+inline nlohmann::json parse_config_object(std::string_view text, std::string_view what) {
+  nlohmann::json j;
+  try {
+    j = nlohmann::json::parse(text);
+  } catch (const nlohmann::json::parse_error& e) {
+    throw std::invalid_argument(std::string(what) + ": invalid JSON: " + e.what());
+  }
+  if (!j.is_object()) throw std::invalid_argument(std::string(what) + ": expected a JSON object");
+  return j;
 }
 
 /// Every field with an environment variable set in the environment, applied to c.
@@ -72,20 +99,44 @@ inline std::string json_string(const nlohmann::json& v, const std::string& key) 
   return v.get<std::string>();
 }
 
+/// A byte count: a JSON number or size string ("1GiB"), a variable parsed as a size.
+inline std::uint64_t json_size(const nlohmann::json& v, const std::string& key) {
+  if (v.is_string()) return parse_size(v.get<std::string>(), key);
+  if (!v.is_number_unsigned())
+    throw_invalid(key, v.dump(), "expected a size (a number or a string like \"8GiB\")");
+  return json_int<std::uint64_t>(v);
+}
+/// A count: a non-negative JSON integer, capped at 2^30 (validate() then names the range).
+inline std::uint32_t json_count(const nlohmann::json& v, const std::string& key) {
+  if (!v.is_number_unsigned()) throw_invalid(key, v.dump(), "expected a non-negative integer");
+  return static_cast<std::uint32_t>(std::min<std::uint64_t>(json_int<std::uint64_t>(v), 1u << 30));
+}
+
 /// A field set from a JSON boolean and from a "0"/"1" variable (env_bool).
-template <class C, bool C::*M>
-ConfigField<C> bool_field(std::string_view key, std::string_view env);
-
-/// A JSON key and its environment variable, for documentation checks.
-struct ConfigKey {
-  std::string key, env;
-};
-
 template <class C, bool C::*M>
 ConfigField<C> bool_field(std::string_view key, std::string_view env) {
   return {key, env,
           [](C& c, const nlohmann::json& v, const std::string& k) { c.*M = json_bool(v, k); },
           [](C& c, const char* name) { c.*M = env_bool(name, c.*M); }};
+}
+
+/// A byte count (json_size; the variable through env_u64 as a size).
+template <class C, std::uint64_t C::*M>
+ConfigField<C> size_field(std::string_view key, std::string_view env) {
+  return {key, env,
+          [](C& c, const nlohmann::json& v, const std::string& k) { c.*M = json_size(v, k); },
+          [](C& c, const char* n) { c.*M = env_u64(n, c.*M, true); }};
+}
+
+/// A count (json_count; the variable through env_u64, capped like it).
+template <class C, std::uint32_t C::*M>
+ConfigField<C> count_field(std::string_view key, std::string_view env) {
+  return {key, env,
+          [](C& c, const nlohmann::json& v, const std::string& k) { c.*M = json_count(v, k); },
+          [](C& c, const char* n) {
+            c.*M = static_cast<std::uint32_t>(
+                std::min<std::uint64_t>(env_u64(n, c.*M, false), 1u << 30));
+          }};
 }
 
 }  // namespace tierswap::detail

@@ -1,0 +1,42 @@
+// Settings that hold for the whole process rather than for one object: the log level, the
+// instruction set of the CPU kernels and whether large buffers ask for huge pages. They are read
+// from the environment once, at first use (ProcessConfig::current()). Like the other config
+// structs they are one table (src/common/process_config.cpp): the variables, the JSON keys, the
+// "unknown key" message and the README's rows come from it.
+#pragma once
+
+#include <string>
+#include <string_view>
+#include <utility>
+#include <vector>
+
+#include "tierswap/log.hpp"
+
+namespace tierswap {
+
+struct ProcessConfig {
+  /// Initial log level (TIERSWAP_LOG_LEVEL: off|error|warn|info|debug); set_log_level() changes it.
+  LogLevel log_level = LogLevel::warn;
+  /// "auto" (the best the CPU and build support) or an instruction set name as parse_isa()
+  /// reads it (TIERSWAP_CPU_ISA); default_cpu_isa() rejects an unknown or unsupported one.
+  std::string cpu_isa = "auto";
+  /// Buffers of 2 MiB or more ask for transparent huge pages (TIERSWAP_HUGE_PAGES=0: they do
+  /// not; a control for measurements, or where khugepaged's compaction costs more than it saves).
+  bool huge_pages = true;
+
+  /// Overrides from the environment, each setting's variable as keys() lists it. A value that
+  /// does not parse throws std::invalid_argument naming the variable.
+  static ProcessConfig from_env();
+  /// Loads a JSON object of keys(); unknown keys or bad values throw naming the key.
+  static ProcessConfig from_json(std::string_view json);
+  /// Every setting's JSON key and environment variable, in the README's order.
+  static std::vector<std::pair<std::string, std::string>> keys();
+  /// The process's settings: from_env() at the first call that succeeds, then the same object.
+  /// Throws as from_env() does while a variable is bad. Thread-safe.
+  static const ProcessConfig& current();
+};
+
+/// "off" | "error" | "warn" | "info" | "debug"; std::invalid_argument naming `key` otherwise.
+LogLevel parse_log_level(std::string_view text, std::string_view key);
+
+}  // namespace tierswap

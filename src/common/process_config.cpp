@@ -1,0 +1,68 @@
+#include "tierswap/process_config.hpp"
+
+#include <array>
+#include <cstdlib>
+#include <nlohmann/json.hpp>
+
+#include "tierswap/detail/config_table.hpp"
+#include "tierswap/error.hpp"
+
+namespace tierswap {
+
+LogLevel parse_log_level(std::string_view s, std::string_view key) {
+  if (s == "off") return LogLevel::off;
+  if (s == "error") return LogLevel::error;
+  if (s == "warn") return LogLevel::warn;
+  if (s == "info") return LogLevel::info;
+  if (s == "debug") return LogLevel::debug;
+  throw_invalid(key, s, "expected off, error, warn, info or debug");
+}
+
+namespace {
+
+using C = ProcessConfig;
+
+// Every setting of ProcessConfig, in the README's order.
+const std::array<detail::ConfigField<C>, 3> kFields = {{
+    {"log_level", "TIERSWAP_LOG_LEVEL",
+     [](C& c, const nlohmann::json& v, const std::string& k) {
+       c.log_level = parse_log_level(detail::json_string(v, k), k);
+     },
+     [](C& c, const char* n) {
+       if (const char* v = std::getenv(n)) c.log_level = parse_log_level(v, n);
+     }},
+    {"cpu_isa", "TIERSWAP_CPU_ISA",
+     [](C& c, const nlohmann::json& v, const std::string& k) {
+       c.cpu_isa = detail::json_string(v, k);
+     },
+     [](C& c, const char* n) {
+       if (const char* v = std::getenv(n)) c.cpu_isa = v;
+     }},
+    detail::bool_field<C, &C::huge_pages>("huge_pages", "TIERSWAP_HUGE_PAGES"),
+}};
+
+}  // namespace
+
+ProcessConfig ProcessConfig::from_env() {
+  ProcessConfig c;
+  detail::apply_env<ProcessConfig>(c, kFields);
+  return c;
+}
+
+ProcessConfig ProcessConfig::from_json(std::string_view text) {
+  const auto j = detail::parse_config_object(text, "process config");
+  ProcessConfig c;
+  detail::apply_json<ProcessConfig>(c, kFields, j, "process config");
+  return c;
+}
+
+std::vector<std::pair<std::string, std::string>> ProcessConfig::keys() {
+  return detail::keys_of<ProcessConfig>(kFields);
+}
+
+const ProcessConfig& ProcessConfig::current() {
+  static const ProcessConfig c = from_env();  // a throw leaves it to the next call
+  return c;
+}
+
+}  // namespace tierswap

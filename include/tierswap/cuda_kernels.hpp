@@ -24,7 +24,9 @@ void lion_step(const LionConfig& cfg, float* param, void* exp_avg, Dtype moment_
 void sgd_step(const SgdConfig& cfg, bool first_step, float* param, float* momentum_buffer,
               const GradView& grad, const Param16View& p16, std::size_t n, void* stream);
 
-/// Device scratch grad_stats() needs for n values.
+/// Device scratch grad_stats() needs for n values. (grad_stats is the whole-tensor form, kept for
+/// callers that want one norm and for the tests' check against the CPU; the optimizer itself uses
+/// grad_chunk_sums, whose partial sums it combines across sub-groups and ranks.)
 std::size_t grad_stats_workspace_bytes(std::size_t n) noexcept;
 /// Writes the sum of squares (same fixed order as the CPU: bit-identical) to *d_sum_sq and the
 /// non-finite flag (0/1) to *d_nonfinite, both device memory.

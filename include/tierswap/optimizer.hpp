@@ -392,8 +392,7 @@ class ShardedOptimizer {
   SubgroupInfo subgroup(std::size_t k) const;
   /// Elements of `group` owned by `rank`: [begin, end) of the group's flat space.
   std::pair<std::uint64_t, std::uint64_t> partition(int group, int rank) const;
-  /// Trainable elements (all ranks) and bytes of state of this rank.
-  std::uint64_t trainable_numel() const;
+  /// Bytes of state of this rank.
   std::uint64_t state_bytes() const;
   const OptimizerConfig& config() const noexcept;
 

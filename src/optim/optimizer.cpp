@@ -247,13 +247,6 @@ std::pair<std::uint64_t, std::uint64_t> ShardedOptimizer::partition(int group, i
   return m.rank_range(m.groups[group], rank);
 }
 
-std::uint64_t ShardedOptimizer::trainable_numel() const {
-  std::uint64_t n = 0;
-  for (const auto& p : impl_->params)
-    if (p.spec.requires_grad) n += p.numel;
-  return n;
-}
-
 std::uint64_t ShardedOptimizer::state_bytes() const {
   const Impl& m = *impl_;
   std::uint64_t n = 0;

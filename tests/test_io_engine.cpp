@@ -6,6 +6,7 @@
 #include <unistd.h>
 
 #include <cstring>
+#include <fstream>
 #include <random>
 #include <thread>
 #include <vector>
@@ -362,6 +363,45 @@ TEST(EngineConfig, ValidatesAndLoads) {
   ::unsetenv("TIERSWAP_QUEUE_DEPTH");
   EXPECT_EQ(e.backend, IoBackendKind::posix);
   EXPECT_EQ(e.queue_depth, 7u);
+}
+
+// TIERSWAP_IO_CONFIG names a JSON file of engine settings (what `tierswap tune` writes): its keys
+// apply first, single variables after them; a missing or bad file is an error naming it.
+TEST(EngineConfig, LoadsTheFileTierswapIoConfigNames) {
+  TempDir d;
+  const std::string path = (d.path() / "io.json").string();
+  { std::ofstream(path) << R"({"backend": "posix", "block_size": 262144, "queue_depth": 5})"; }
+  ::setenv("TIERSWAP_IO_CONFIG", path.c_str(), 1);
+  ::setenv("TIERSWAP_QUEUE_DEPTH", "9", 1);
+  const auto c = IoEngineConfig::from_env();
+  ::unsetenv("TIERSWAP_QUEUE_DEPTH");
+  EXPECT_EQ(c.backend, IoBackendKind::posix);
+  EXPECT_EQ(c.block_size, 256 * KiB);
+  EXPECT_EQ(c.queue_depth, 9u);  // the variable wins over the file
+  SwapSpace s = test::make_space({d.path()}, 4 * MiB);
+  IoEngine engine(s, IoEngineConfig::from_env());
+  EXPECT_EQ(engine.backend(), IoBackendKind::posix);
+  for (const char* text :
+       {R"({"queue_depth": 5, "colour": 1})", "{not json", R"({"queue_depth": 0})"}) {
+    { std::ofstream(path, std::ios::trunc) << text; }
+    try {
+      IoEngineConfig::from_env();
+      ADD_FAILURE() << "accepted " << text;
+    } catch (const std::invalid_argument& e) {
+      const std::string what = e.what();
+      EXPECT_TRUE(what.find(path) != std::string::npos ||
+                  what.find("queue_depth") != std::string::npos)
+          << what;
+    }
+  }
+  ::setenv("TIERSWAP_IO_CONFIG", (d.path() / "missing.json").c_str(), 1);
+  try {
+    IoEngineConfig::from_env();
+    ADD_FAILURE() << "a missing file was accepted";
+  } catch (const std::invalid_argument& e) {
+    EXPECT_NE(std::string(e.what()).find("missing.json"), std::string::npos) << e.what();
+  }
+  ::unsetenv("TIERSWAP_IO_CONFIG");
 }
 
 TEST(EngineProbe, AutoPicksTheFirstWorkingBackendAndSaysSo) {

@@ -48,6 +48,7 @@ int main(int argc, char** argv) {
   tierswap::cli::add_plan(app);
   tierswap::cli::add_probe(app);
   tierswap::cli::add_config(app);
+  tierswap::cli::add_tune(app);
 
   try {
     app.parse(argc, argv);

@@ -42,8 +42,9 @@ struct IoEngineConfig {
   std::uint32_t posix_threads = 4;  ///< workers of the posix backend
   std::uint32_t max_retries = 64;   ///< EAGAIN/EINTR/no-progress retries per request
 
-  /// Overrides from the environment: each setting's variable as keys() lists it (the README's
-  /// configuration table). A value that does not parse throws naming the variable.
+  /// Overrides from the environment: first the keys of the JSON file TIERSWAP_IO_CONFIG names
+  /// (what `tierswap tune` writes), then each setting's variable as keys() lists it (the README's
+  /// configuration table). A value that does not parse throws naming the variable or the file.
   static IoEngineConfig from_env();
   static IoEngineConfig from_env(IoEngineConfig base);
   /// Loads a JSON object of keys() (block_size a number or "1MiB"); unknown keys or bad values

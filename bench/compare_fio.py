@@ -1,5 +1,5 @@
 #!/usr/bin/python3
-"""tierswap's io_uring backend against fio (io_uring and libaio), interleaved, same disk.
+"""tierswap's io_uring backend against fio (io_uring and libaio), interleaved, same disk, equal buffer memory.
 
 Each repetition runs, on the same directory, with O_DIRECT, the same size, block size and queue
 depth (the engines' order rotates every repetition; sync and a pause separate the phases):
@@ -10,9 +10,19 @@ depth (the engines' order rotates every repetition; sync and a pause separate th
           so the reads compare engines, not file layouts fio's io_uring job uses fixed buffers and registered files, as tierswap does. It prints every run, the medians, and
 the ratios tierswap / best fio engine for throughput and CPU seconds per GiB.
 
-Usage: bench/compare_fio.py --tierswap build/tierswap --dir /var/tmp [--size 2GiB]
-       [--block-size 1MiB] [--queue-depth 32] [--repeats 6] [--settle 2] [--json]
-Needs fio (Debian package `fio`). Standard library only.
+Both sides get the same kind of buffer memory, in two cells (--pages):
+  4k:   4 KiB pages on both sides: fio --mem=malloc, tierswap with TIERSWAP_HUGE_PAGES=0;
+  huge: 2 MiB pages on both sides: fio --mem=shmhuge on hugetlb pages this script reserves
+        through /proc/sys/vm/nr_hugepages (and gives back), tierswap's own THP buffers.
+On both sides the buffers are registered before they are first written (fio's order, which
+tierswap's bench io follows): on 4 KiB pages the physical layout of the pages, and so the number
+of segments per request a virtio disk sees, depends on that order (bench/RESULTS.md).
+
+Usage: bench/compare_fio.py --tierswap build/tierswap --dir /var/tmp [--size 1GiB]
+       [--block-size 1MiB] [--queue-depth 32] [--repeats 6] [--settle 2] [--pages 4k,huge]
+       [--json]
+Needs fio (Debian package `fio`); the huge cell needs root (vm.nr_hugepages). Standard library
+only.
 """
 import argparse
 import json
@@ -35,7 +45,41 @@ def parse_size(text):
     return int(float(num) * units[t[len(num):].strip()])
 
 
-def run_tierswap(args, workdir, mode):
+HUGE_PAGE = 2 << 20
+
+
+class HugePages:
+    """Reserves `count` more hugetlb pages for the run and restores the old count after."""
+
+    PATH = "/proc/sys/vm/nr_hugepages"
+
+    def __init__(self, count):
+        self.count = count
+        self.old = None
+
+    def __enter__(self):
+        with open(self.PATH) as f:
+            self.old = int(f.read())
+        try:
+            with open(self.PATH, "w") as f:
+                f.write(str(self.old + self.count))
+        except OSError as e:
+            sys.exit(f"compare_fio.py: cannot reserve {self.count} huge pages ({self.PATH}: {e});"
+                     " run as root or leave out --pages huge")
+        with open(self.PATH) as f:
+            got = int(f.read()) - self.old
+        if got < self.count:
+            self.__exit__(None, None, None)
+            sys.exit(f"compare_fio.py: the kernel gave {got} of {self.count} huge pages "
+                     "(memory too fragmented?)")
+        return self
+
+    def __exit__(self, *exc):
+        with open(self.PATH, "w") as f:
+            f.write(str(self.old))
+
+
+def run_tierswap(args, workdir, mode, pages):
     tdir = os.path.join(workdir, "tierswap")
     swap = os.path.join(tdir, "tierswap.swap")
     if mode == "write" and os.path.exists(swap):
@@ -45,14 +89,15 @@ def run_tierswap(args, workdir, mode):
            "--block-size", args.block_size, "--queue-depth", str(args.queue_depth),
            "--backend", "uring", "--mode", mode, "--runs", "1", "--direct", "on", "--keep",
            "--json"]
-    out = subprocess.run(cmd, check=True, capture_output=True, text=True).stdout
+    env = dict(os.environ, TIERSWAP_HUGE_PAGES="0" if pages == "4k" else "1")
+    out = subprocess.run(cmd, check=True, capture_output=True, text=True, env=env).stdout
     r = json.loads(out)["runs"][0]
     assert r["mode"] == mode
     return {"gbps": r["gbps"], "cpu_s_per_gib": r["cpu_s_per_gib"],
             "latency_p50_us": r.get("latency_p50_us"), "latency_p99_us": r.get("latency_p99_us")}
 
 
-def run_fio(args, workdir, engine, mode, read_path=None):
+def run_fio(args, workdir, engine, mode, pages, read_path=None):
     path = os.path.join(workdir, "fio.dat")
     offset = 0
     if mode == "write" and os.path.exists(path):
@@ -63,10 +108,13 @@ def run_fio(args, workdir, engine, mode, read_path=None):
            f"--size={args.size_bytes}",
            f"--bs={args.block_size_bytes}", f"--iodepth={args.queue_depth}",
            f"--ioengine={engine}", "--direct=1", f"--rw={mode}", "--output-format=json",
-           "--fallocate=native"]
+           "--fallocate=native", "--mem=" + ("malloc" if pages == "4k" else "shmhuge")]
     if engine == "io_uring":
         cmd += ["--fixedbufs=1", "--registerfiles=1"]
-    out = subprocess.run(cmd, check=True, capture_output=True, text=True).stdout
+    res = subprocess.run(cmd, capture_output=True, text=True)
+    if res.returncode != 0:
+        sys.exit(f"compare_fio.py: {' '.join(cmd)} failed:\n{res.stdout}{res.stderr}")
+    out = res.stdout
     job = json.loads(out[out.index("{"):])["jobs"][0]
     side = job[mode]
     seconds = side["runtime"] / 1000.0
@@ -75,80 +123,105 @@ def run_fio(args, workdir, engine, mode, read_path=None):
     return {"gbps": moved / seconds / 1e9, "cpu_s_per_gib": cpu_s / (moved / GIB)}
 
 
-def main():
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--tierswap", default="build/tierswap")
-    p.add_argument("--dir", default=os.environ.get("TMPDIR", "/var/tmp"))
-    p.add_argument("--size", default="2GiB")
-    p.add_argument("--block-size", default="1MiB")
-    p.add_argument("--queue-depth", type=int, default=32)
-    p.add_argument("--repeats", type=int, default=6, help="a multiple of 3 balances the order")
-    p.add_argument("--settle", type=float, default=2.0,
-                   help="seconds of pause (after sync) between the write and the read phase")
-    p.add_argument("--json", action="store_true")
-    args = p.parse_args()
-    args.size_bytes = parse_size(args.size)
-    args.block_size_bytes = parse_size(args.block_size)
-    if shutil.which("fio") is None:
-        sys.exit("compare_fio.py: fio is not installed (apt-get install fio)")
+ENGINES = ["tierswap", "fio-io_uring", "fio-libaio"]
 
-    engines = ["tierswap", "fio-io_uring", "fio-libaio"]
-    samples = {e: {"write": [], "read": []} for e in engines}
+
+def run_cell(args, pages):
+    """Every repetition of one buffer-memory cell; {engine: {mode: [sample, ...]}}."""
+    samples = {e: {"write": [], "read": []} for e in ENGINES}
     workdir = tempfile.mkdtemp(prefix="tierswap-fio-", dir=args.dir)
     try:
         for rep in range(args.repeats):
             # Rotate who goes first: on a shared virtual disk the first run after the other
             # phase is penalized, so each engine takes each position equally often.
-            order = engines[rep % 3:] + engines[:rep % 3]
+            order = ENGINES[rep % 3:] + ENGINES[:rep % 3]
             for mode in ("write", "read"):
                 if mode == "read":
                     os.sync()
                     time.sleep(args.settle)  # let the disk absorb the write phase
                 for name in order:
                     if name == "tierswap":
-                        samples[name][mode].append(run_tierswap(args, workdir, mode))
+                        samples[name][mode].append(run_tierswap(args, workdir, mode, pages))
                         continue
                     path = os.path.join(workdir, name)
                     os.makedirs(path, exist_ok=True)
                     engine = name.split("-", 1)[1]
                     swap = os.path.join(workdir, "tierswap", "tierswap.swap")
-                    samples[name][mode].append(run_fio(args, path, engine, mode, swap))
+                    samples[name][mode].append(run_fio(args, path, engine, mode, pages, swap))
             if not args.json:
-                line = "  ".join(
-                    f"{e} {m} {samples[e][m][-1]['gbps']:.3f}" for e in engines
-                    for m in ("write", "read"))
-                print(f"rep {rep + 1}/{args.repeats}: GB/s {line}", file=sys.stderr)
+                line = "  ".join(f"{e} {m} {samples[e][m][-1]['gbps']:.3f}" for e in ENGINES
+                                 for m in ("write", "read"))
+                print(f"{pages} rep {rep + 1}/{args.repeats}: GB/s {line}", file=sys.stderr)
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
+    return samples
 
+
+def summarize(samples):
     def med(e, m, k):
         return statistics.median(s[k] for s in samples[e][m])
 
-    report = {"size": args.size_bytes, "block_size": args.block_size_bytes,
-              "queue_depth": args.queue_depth, "repeats": args.repeats, "modes": {}}
+    out = {}
     for m in ("write", "read"):
         best = max(("fio-io_uring", "fio-libaio"), key=lambda e: med(e, m, "gbps"))
-        report["modes"][m] = {
-            "median_gbps": {e: med(e, m, "gbps") for e in engines},
-            "median_cpu_s_per_gib": {e: med(e, m, "cpu_s_per_gib") for e in engines},
+        out[m] = {
+            "median_gbps": {e: med(e, m, "gbps") for e in ENGINES},
+            "median_cpu_s_per_gib": {e: med(e, m, "cpu_s_per_gib") for e in ENGINES},
             "best_fio": best,
             "throughput_ratio": med("tierswap", m, "gbps") / med(best, m, "gbps"),
             "cpu_ratio": med("tierswap", m, "cpu_s_per_gib") / med(best, m, "cpu_s_per_gib"),
-            "samples": {e: samples[e][m] for e in engines},
+            "samples": {e: samples[e][m] for e in ENGINES},
         }
+    return out
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--tierswap", default="build/tierswap")
+    p.add_argument("--dir", default=os.environ.get("TMPDIR", "/var/tmp"))
+    p.add_argument("--size", default="1GiB")
+    p.add_argument("--block-size", default="1MiB")
+    p.add_argument("--queue-depth", type=int, default=32)
+    p.add_argument("--repeats", type=int, default=6, help="a multiple of 3 balances the order")
+    p.add_argument("--settle", type=float, default=2.0,
+                   help="seconds of pause (after sync) between the write and the read phase")
+    p.add_argument("--pages", default="4k,huge", help="cells to run: 4k, huge or both")
+    p.add_argument("--json", action="store_true")
+    args = p.parse_args()
+    args.size_bytes = parse_size(args.size)
+    args.block_size_bytes = parse_size(args.block_size)
+    cells = [c.strip() for c in args.pages.split(",") if c.strip()]
+    if not cells or any(c not in ("4k", "huge") for c in cells):
+        sys.exit(f"compare_fio.py: --pages {args.pages}: expected 4k, huge or 4k,huge")
+    if shutil.which("fio") is None:
+        sys.exit("compare_fio.py: fio is not installed (apt-get install fio)")
+
+    report = {"size": args.size_bytes, "block_size": args.block_size_bytes,
+              "queue_depth": args.queue_depth, "repeats": args.repeats, "cells": {}}
+    for pages in cells:
+        if pages == "huge":
+            # fio's buffers (depth x block, in one shm segment, rounded up) plus slack.
+            need = -(-args.queue_depth * args.block_size_bytes // HUGE_PAGE) + 4
+            with HugePages(need):
+                report["cells"][pages] = summarize(run_cell(args, pages))
+        else:
+            report["cells"][pages] = summarize(run_cell(args, pages))
     if args.json:
         print(json.dumps(report, indent=2))
         return
     print(f"{args.repeats} interleaved repetitions, {args.size} O_DIRECT, block {args.block_size},"
           f" depth {args.queue_depth}; medians")
-    print(f"{'mode':<6} {'engine':<14} {'GB/s':>8} {'CPU s/GiB':>10}")
-    for m in ("write", "read"):
-        for e in engines:
-            print(f"{m:<6} {e:<14} {med(e, m, 'gbps'):>8.3f} {med(e, m, 'cpu_s_per_gib'):>10.4f}")
-    for m in ("write", "read"):
-        r = report["modes"][m]
-        print(f"{m}: tierswap/{r['best_fio']} throughput {r['throughput_ratio']:.3f}, "
-              f"CPU s/GiB {r['cpu_ratio']:.3f}")
+    print(f"{'pages':<5} {'mode':<6} {'engine':<14} {'GB/s':>8} {'CPU s/GiB':>10}")
+    for pages, cell in report["cells"].items():
+        for m in ("write", "read"):
+            for e in ENGINES:
+                print(f"{pages:<5} {m:<6} {e:<14} {cell[m]['median_gbps'][e]:>8.3f} "
+                      f"{cell[m]['median_cpu_s_per_gib'][e]:>10.4f}")
+    for pages, cell in report["cells"].items():
+        for m in ("write", "read"):
+            r = cell[m]
+            print(f"{pages} {m}: tierswap/{r['best_fio']} throughput {r['throughput_ratio']:.3f}, "
+                  f"CPU s/GiB {r['cpu_ratio']:.3f}")
 
 
 if __name__ == "__main__":

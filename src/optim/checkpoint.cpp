@@ -245,6 +245,49 @@ void ShardedOptimizer::save(const std::filesystem::path& dir) {
   }
 }
 
+namespace {
+
+// The saved state of every old rank, read piece by piece: each piece read is verified against its
+// checksum. Each old rank's data file is opened once.
+struct OldState {
+  std::vector<RankIndex> ranks;
+  std::vector<std::uint64_t> partition;  // per group: the old ranks' partition size
+  std::vector<File> files;
+  std::vector<std::byte> buf;
+
+  // Elements [x, end) of (group gi, slot) as dtype dt: verified, and copied to dst (element x at
+  // dst[0]) unless dst is null.
+  void read(std::size_t gi, int slot, Dtype dt, std::uint64_t x, std::uint64_t end,
+            std::byte* dst) {
+    const std::size_t es = dtype_size(dt);
+    const std::byte* const out0 = dst;
+    const std::uint64_t x0 = x;
+    while (x < end) {
+      const int q = static_cast<int>(std::min<std::uint64_t>(x / partition[gi], ranks.size() - 1));
+      const Section* sec = ranks[q].find(static_cast<int>(gi), slot);
+      if (sec == nullptr || x < sec->begin || x >= sec->end || sec->dtype != dt)
+        throw bad_file(ranks[q].data,
+                       fmt::format("no {} data for group {} element {}", slot_name(slot), gi, x));
+      const std::uint64_t pi = (x - sec->begin) / kPiece;
+      const std::uint64_t pb = sec->begin + pi * kPiece;
+      const std::uint64_t pn = std::min(kPiece, sec->end - pb);
+      buf.resize(pn * es);
+      if (!files[q]) files[q] = File::open(ranks[q].data, O_RDONLY);
+      files[q].pread_all(buf.data(), buf.size(), sec->offset + pi * kPiece * es);
+      if (checksum64(buf.data(), buf.size()) != sec->sums[pi])
+        throw bad_file(ranks[q].data,
+                       fmt::format("{} of group {}, elements [{}, {}): checksum mismatch "
+                                   "(corrupt data)",
+                                   slot_name(slot), gi, pb, pb + pn));
+      const std::uint64_t n = std::min(end, pb + pn) - x;
+      if (out0 != nullptr) std::memcpy(dst + (x - x0) * es, buf.data() + (x - pb) * es, n * es);
+      x += n;
+    }
+  }
+};
+
+}  // namespace
+
 void ShardedOptimizer::load(const std::filesystem::path& dir) {
   Impl& m = *impl_;
   m.require_finalized("load");
@@ -266,69 +309,44 @@ void ShardedOptimizer::load(const std::filesystem::path& dir) {
   }
   // ---- validate everything before touching the state --------------------------------------
   Head head;
-  std::vector<RankIndex> olds;
+  OldState old;
   std::vector<GroupConfig> cfgs;
-  std::vector<std::uint64_t> old_part;
   try {
     head = read_head(man, man_path, m.moment_dtype());
     cfgs = m.check_groups(
-        man.at("groups"), [&](const std::string& why) { return bad(man_path, why); }, &old_part);
+        man.at("groups"), [&](const std::string& why) { return bad(man_path, why); },
+        &old.partition);
     const auto& ranks = man.at("ranks");
     if (static_cast<int>(ranks.size()) != head.world || head.world < 1)
       throw bad(man_path, "rank table does not match the world size");
     for (int r = 0; r < head.world; ++r)
-      olds.push_back(read_rank_index(dir, ranks[r], r, m.groups.size()));
+      old.ranks.push_back(read_rank_index(dir, ranks[r], r, m.groups.size()));
   } catch (const std::runtime_error&) {
     throw;
   } catch (const std::exception& e) {
     throw bad(man_path, std::string("malformed: ") + e.what());
   }
+  old.files.resize(old.ranks.size());
 
   // ---- copy: each sub-group of this rank from the old ranks' pieces ------------------------
   // Pass 0 copies the state that lives in generations (a failure discards it) and only reads and
   // verifies what goes to memory-only state, which no discard can restore; pass 1 copies that
   // after the commit, once every piece has been verified.
-  std::vector<std::byte> buf;
-  std::vector<File> data_files(olds.size());  // each old rank's, opened once
   auto copy_pass = [&](int pass) {
     for (std::size_t gi = 0; gi < m.groups.size(); ++gi) {
       const OptGroup& g = m.groups[gi];
       for (int slot = 0; slot < kStateSlots; ++slot) {
         if (!g.has_slot(slot)) continue;
-        const Dtype dt = m.slot_dtype(slot);
-        const std::size_t es = dtype_size(dt);
         for (std::size_t k = 0; k < g.nsubs; ++k) {
           const OptSub& s = m.subs[g.first_sub + k];
           if (pass == 1 && !s.memory_only) continue;
-          const bool copy = pass == 1 || !s.memory_only;
-          BlockView v;
-          if (copy) v = m.tiers.acquire(s.state[slot], Tier::host, Access::overwrite);
-          std::uint64_t x = s.begin;
-          const std::uint64_t end = s.begin + s.numel;
-          while (x < end) {
-            const int q =
-                static_cast<int>(std::min<std::uint64_t>(x / old_part[gi], head.world - 1));
-            const Section* sec = olds[q].find(static_cast<int>(gi), slot);
-            if (sec == nullptr || x < sec->begin || x >= sec->end || sec->dtype != dt)
-              throw bad(olds[q].data,
-                        fmt::format("no {} data for group {} element {}", slot_name(slot), gi, x));
-            const std::uint64_t pi = (x - sec->begin) / kPiece;
-            const std::uint64_t pb = sec->begin + pi * kPiece;
-            const std::uint64_t pn = std::min(kPiece, sec->end - pb);
-            buf.resize(pn * es);
-            if (!data_files[q]) data_files[q] = File::open(olds[q].data, O_RDONLY);
-            data_files[q].pread_all(buf.data(), buf.size(), sec->offset + pi * kPiece * es);
-            if (checksum64(buf.data(), buf.size()) != sec->sums[pi])
-              throw bad(olds[q].data,
-                        fmt::format("{} of group {}, elements [{}, {}): checksum mismatch "
-                                    "(corrupt data)",
-                                    slot_name(slot), gi, pb, pb + pn));
-            const std::uint64_t n = std::min(end, pb + pn) - x;
-            if (copy)
-              std::memcpy(v.data() + (x - s.begin) * es, buf.data() + (x - pb) * es, n * es);
-            x += n;
+          const Dtype dt = m.slot_dtype(slot);
+          if (pass == 0 && s.memory_only) {  // verified only
+            old.read(gi, slot, dt, s.begin, s.begin + s.numel, nullptr);
+            continue;
           }
-          if (!copy) continue;
+          BlockView v = m.tiers.acquire(s.state[slot], Tier::host, Access::overwrite);
+          old.read(gi, slot, dt, s.begin, s.begin + s.numel, v.data());
           m.tiers.release(v, true);
           if (s.streaming) m.tiers.write_back(s.state[slot]);
           m.promote_memory_only_gpu(s, s.state[slot]);

@@ -1,6 +1,6 @@
 // IoEngine: splitting, queueing, the one completion path, bounce buffers.
 //
-// Locking: one mutex (mu_) guards the FIFO of tickets, the request slots, the bounce pool and every
+// Locking: one mutex (mu_) guards the FIFO of tickets, the requests, the bounce pool and every
 // call into the backend's submission side. The reaper thread blocks in backend->reap() without the
 // lock (the completion side has that single consumer), then takes the lock to run complete() on
 // each completion and to refill the queue.
@@ -58,7 +58,7 @@ namespace {
 
 enum class Phase : std::uint8_t { direct, bounce_read, bounce_write, rmw_read, rmw_write };
 
-struct Slot {
+struct Request {
   IoRequest req;  // must stay first: completions hand back &req
   TicketState* ticket = nullptr;
   Phase phase = Phase::direct;
@@ -74,9 +74,9 @@ struct Slot {
   int region = -1;            // registered region used, for unregister_buffer()
   int fixed = -1;             // fixed-buffer slot of the piece holding the buffer, or -1
   std::int64_t start_ns = 0;  // when the chunk was built, for the latency histogram
-  Slot* next = nullptr;       // free list / resubmit list
+  Request* next = nullptr;    // free list / resubmit list
 };
-static_assert(offsetof(Slot, req) == 0);
+static_assert(offsetof(Request, req) == 0);
 
 // A registered buffer, cut into pieces of `piece` bytes, each its own io_uring fixed-buffer
 // slot: the kernel's cost of a fixed-buffer request grows with its offset inside the registered
@@ -85,8 +85,8 @@ struct Region {
   std::byte* data = nullptr;
   std::size_t bytes = 0;
   std::size_t piece = 0;
-  std::uint32_t first_slot = 0;
-  std::uint32_t slots = 0;
+  std::uint32_t first_fixed = 0;  // its pieces are fixed-buffer slots first_fixed..+fixed_count
+  std::uint32_t fixed_count = 0;
   std::uint32_t inflight = 0;
   bool used = false;
 };
@@ -99,15 +99,16 @@ struct IoEngine::Impl {
   std::mutex mu;
   std::condition_variable done_cv;    // a ticket became ready
   std::condition_variable region_cv;  // a region's in-flight count dropped
-  std::vector<Slot> slots;
-  Slot* free_slots = nullptr;
-  Slot* resubmit = nullptr;  // slots whose request must go to the backend again
+  std::vector<Request> request_pool;  // queue_depth of them, free or in flight
+  Request* free_requests = nullptr;
+  Request* resubmit = nullptr;  // requests that must go to the backend again
   std::uint32_t inflight = 0;
   TicketState* fifo_head = nullptr;
   TicketState* fifo_tail = nullptr;
   std::vector<Region> regions;
-  std::vector<bool> slot_used;  // backend fixed-buffer slots
-  // Bounce buffers: one per slot, created on first need (registered as a fixed buffer if possible).
+  std::vector<bool> fixed_used;  // backend fixed-buffer slots
+  // Bounce buffers: one per request, created on first need (registered as a fixed buffer if
+  // possible).
   AlignedBuffer bounce_pool;
   std::size_t bounce_size = 0;
   int bounce_region = -1;
@@ -178,7 +179,7 @@ struct IoEngine::Impl {
     done_cv.notify_all();
   }
 
-  void fail(Slot* s, int err, std::string_view detail = {}) {
+  void fail(Request* s, int err, std::string_view detail = {}) {
     TicketState* t = s->ticket;
     if (!t->error) {
       const char* op = s->req.op == IoOp::read ? "read" : "write";
@@ -189,7 +190,7 @@ struct IoEngine::Impl {
     finish(s, /*ok=*/false);
   }
 
-  void finish(Slot* s, bool ok) {
+  void finish(Request* s, bool ok) {
     TicketState* t = s->ticket;
     if (ok) {
       t->done_bytes.fetch_add(s->user_len, std::memory_order_relaxed);
@@ -205,20 +206,20 @@ struct IoEngine::Impl {
     s->bounce = nullptr;
     s->region = -1;
     s->ticket = nullptr;
-    s->next = free_slots;
-    free_slots = s;
+    s->next = free_requests;
+    free_requests = s;
     --inflight;
     --t->inflight;
     maybe_finish(t);
   }
 
-  void requeue(Slot* s) {
+  void requeue(Request* s) {
     s->next = resubmit;
     resubmit = s;
   }
 
   // ---- the one completion path ----------------------------------------------------------------
-  void complete(Slot* s, std::int64_t res) {
+  void complete(Request* s, std::int64_t res) {
     IoRequest& r = s->req;
     if (res < 0) {
       const int err = static_cast<int>(-res);
@@ -290,7 +291,7 @@ struct IoEngine::Impl {
       const Region& g = regions[i];
       if (!g.used || p < g.data || p + n > g.data + g.bytes) continue;
       const std::size_t k = static_cast<std::size_t>(p - g.data) / g.piece;
-      if (p + n <= g.data + (k + 1) * g.piece) *fixed = static_cast<int>(g.first_slot + k);
+      if (p + n <= g.data + (k + 1) * g.piece) *fixed = static_cast<int>(g.first_fixed + k);
       return static_cast<int>(i);
     }
     return -1;
@@ -299,15 +300,16 @@ struct IoEngine::Impl {
   void ensure_bounce_pool() {
     if (bounce_pool) return;
     bounce_size = round_up(owner.config_.block_size + 2 * max_align, 4096);
-    bounce_pool = AlignedBuffer(bounce_size * slots.size(), std::max<std::size_t>(4096, max_align));
-    for (std::size_t i = 0; i < slots.size(); ++i)
+    bounce_pool =
+        AlignedBuffer(bounce_size * request_pool.size(), std::max<std::size_t>(4096, max_align));
+    for (std::size_t i = 0; i < request_pool.size(); ++i)
       free_bounce.push_back(bounce_pool.data() + i * bounce_size);
     bounce_region = register_locked(bounce_pool.data(), bounce_pool.size(), bounce_size);
   }
 
   // Does an in-flight read-modify-write touch [a0, a1) of file f?
   bool rmw_conflict(std::uint32_t f, std::uint64_t a0, std::uint64_t a1) const {
-    for (const Slot& s : slots) {
+    for (const Request& s : request_pool) {
       if (s.ticket && (s.phase == Phase::rmw_read || s.phase == Phase::rmw_write) &&
           s.req.file == f && s.aligned_offset < a1 && a0 < s.aligned_offset + s.aligned_len)
         return true;
@@ -315,8 +317,8 @@ struct IoEngine::Impl {
     return false;
   }
 
-  // Builds the next request of ticket t into a free slot; false when it must wait.
-  bool build(TicketState* t, Slot** out) {
+  // Builds the next request of ticket t into a free one; false when it must wait.
+  bool build(TicketState* t, Request** out) {
     const IoSegment& seg = t->segments[t->seg];
     const std::uint64_t remaining = seg.length - t->pos;
     const std::uint64_t logical = seg.offset + t->pos;
@@ -349,8 +351,8 @@ struct IoEngine::Impl {
         if (free_bounce.empty()) return false;
       }
     }
-    Slot* s = free_slots;
-    free_slots = s->next;
+    Request* s = free_requests;
+    free_requests = s->next;
     s->next = nullptr;
     s->ticket = t;
     s->phase = phase;
@@ -381,7 +383,7 @@ struct IoEngine::Impl {
       s->fixed = -1;
       if (bounce_region >= 0) {
         const Region& g = regions[bounce_region];
-        s->fixed = static_cast<int>(g.first_slot + (s->bounce - g.data) / g.piece);
+        s->fixed = static_cast<int>(g.first_fixed + (s->bounce - g.data) / g.piece);
       }
       bounce_requests.fetch_add(1, std::memory_order_relaxed);
     }
@@ -406,19 +408,19 @@ struct IoEngine::Impl {
     for (;;) {
       std::size_t n = 0;
       while (resubmit && n < std::size(batch)) {
-        Slot* s = resubmit;
+        Request* s = resubmit;
         resubmit = s->next;
         s->next = nullptr;
         batch[n++] = &s->req;
       }
-      while (n < std::size(batch) && free_slots && fifo_head) {
+      while (n < std::size(batch) && free_requests && fifo_head) {
         TicketState* t = fifo_head;
         if (t->error || t->split_done()) {
           pop_head();
           maybe_finish(t);
           continue;
         }
-        Slot* s = nullptr;
+        Request* s = nullptr;
         if (!build(t, &s)) break;
         batch[n++] = &s->req;
         if (t->split_done()) pop_head();
@@ -431,7 +433,7 @@ struct IoEngine::Impl {
   void submit_batch(IoRequest** batch, std::size_t n) {
     for (std::size_t i = 0; i < n; ++i) {
       IoRequest& r = *batch[i];
-      Slot* s = reinterpret_cast<Slot*>(batch[i]);
+      Request* s = reinterpret_cast<Request*>(batch[i]);
       r.buffer_index = -1;
       if (s->fixed >= 0) {
         r.buffer_index = s->fixed;
@@ -458,7 +460,7 @@ struct IoEngine::Impl {
     }
     requests.fetch_add(done, std::memory_order_relaxed);
     for (std::size_t i = done; i < n; ++i) {
-      Slot* s = reinterpret_cast<Slot*>(batch[i]);
+      Request* s = reinterpret_cast<Request*>(batch[i]);
       fail(s, -last, "the backend did not accept the request");
     }
   }
@@ -467,13 +469,13 @@ struct IoEngine::Impl {
   int register_locked(void* data, std::size_t bytes, std::size_t piece) {
     const std::uint32_t cap = backend->buffer_slots();
     if (cap == 0) return -1;
-    if (slot_used.size() < cap) slot_used.resize(cap);
+    if (fixed_used.size() < cap) fixed_used.resize(cap);
     piece = std::max<std::size_t>(piece, 4096);
     const std::size_t count = (bytes + piece - 1) / piece;
     // First fit of `count` consecutive free slots.
     std::size_t first = 0, run = 0;
     for (std::size_t i = 0; i < cap && run < count; ++i) {
-      if (slot_used[i]) {
+      if (fixed_used[i]) {
         run = 0;
         first = i + 1;
       } else {
@@ -498,7 +500,7 @@ struct IoEngine::Impl {
         return -1;
       }
     }
-    for (std::size_t k = 0; k < count; ++k) slot_used[first + k] = true;
+    for (std::size_t k = 0; k < count; ++k) fixed_used[first + k] = true;
     Region g{
         base, bytes, piece, static_cast<std::uint32_t>(first), static_cast<std::uint32_t>(count),
         0,    true};
@@ -514,9 +516,9 @@ struct IoEngine::Impl {
 
   void unregister_locked(int handle) {
     Region& g = regions[handle];
-    for (std::uint32_t k = 0; k < g.slots; ++k) {
-      backend->unregister_buffer(g.first_slot + k);
-      slot_used[g.first_slot + k] = false;
+    for (std::uint32_t k = 0; k < g.fixed_count; ++k) {
+      backend->unregister_buffer(g.first_fixed + k);
+      fixed_used[g.first_fixed + k] = false;
     }
     g = Region{};
   }
@@ -561,7 +563,7 @@ struct IoEngine::Impl {
       }
       for (int i = 0; i < n; ++i) {
         if (comps[i].request == nullptr) continue;  // wake-up
-        complete(reinterpret_cast<Slot*>(comps[i].request), comps[i].result);
+        complete(reinterpret_cast<Request*>(comps[i].request), comps[i].result);
       }
       if (!controls.empty()) {
         for (Control* c : controls) {
@@ -659,12 +661,12 @@ IoEngine::IoEngine(const SwapSpace& space, IoEngineConfig config,
   kind_ = backend->kind();
   impl_ = std::make_unique<Impl>(*this);
   impl_->backend = std::move(backend);
-  impl_->slots.resize(config_.queue_depth);
+  impl_->request_pool.resize(config_.queue_depth);
   for (std::uint32_t i = 0; i < config_.queue_depth; ++i) {
-    Slot& s = impl_->slots[config_.queue_depth - 1 - i];
+    Request& s = impl_->request_pool[config_.queue_depth - 1 - i];
     s.req.id = config_.queue_depth - 1 - i;
-    s.next = impl_->free_slots;
-    impl_->free_slots = &s;
+    s.next = impl_->free_requests;
+    impl_->free_requests = &s;
   }
   for (const auto& f : space.files())
     impl_->max_align = std::max({impl_->max_align, f.offset_align, f.mem_align});

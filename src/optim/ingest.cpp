@@ -106,7 +106,7 @@ void ShardedOptimizer::Impl::reduce_local(OptGroup& g) {
   const std::size_t es = dtype_size(dt);
   std::vector<std::size_t> counts(world);
   std::vector<std::byte> send, recv;
-  for (std::uint64_t k = 0; k < g.slots; ++k) {
+  for (std::uint64_t k = 0; k < g.subs_per_part; ++k) {
     std::size_t total = 0;
     for (int r = 0; r < world; ++r) total += counts[r] = piece(g, r, k).second;
     if (total == 0) continue;

@@ -113,12 +113,12 @@ void ShardedOptimizer::Impl::layout() {
     const std::uint64_t per = (g.numel + world - 1) / static_cast<std::uint64_t>(world);
     g.part = std::max<std::uint64_t>(kGradStatsChunk, round_up(per, kGradStatsChunk));
     std::tie(g.lo, g.hi) = rank_range(g, rank);
-    g.slots = (g.part + sub_size - 1) / sub_size;
+    g.subs_per_part = (g.part + sub_size - 1) / sub_size;
     g.chunk_base = chunks;
     chunks += (g.numel + kGradStatsChunk - 1) / kGradStatsChunk;
     g.p16.assign(g.numel, 0);
     g.first_sub = subs.size();
-    for (std::uint64_t k = 0; k < g.slots; ++k) {
+    for (std::uint64_t k = 0; k < g.subs_per_part; ++k) {
       const auto [b, n] = piece(g, rank, k);
       if (n == 0) break;
       OptSub s;
@@ -454,7 +454,7 @@ void ShardedOptimizer::Impl::gather_param16() {
   if (world == 1) return;
   std::vector<std::size_t> counts(world), displs(world);
   for (auto& g : groups) {
-    for (std::uint64_t k = 0; k < g.slots; ++k) {
+    for (std::uint64_t k = 0; k < g.subs_per_part; ++k) {
       bool any = false;
       for (int r = 0; r < world; ++r) {
         const auto [b, n] = piece(g, r, k);

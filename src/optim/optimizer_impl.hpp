@@ -105,7 +105,7 @@ struct OptGroup {
   std::uint64_t numel = 0;            // trainable elements
   std::uint64_t part = 0;             // elements per rank partition (multiple of kGradStatsChunk)
   std::uint64_t lo = 0, hi = 0;       // this rank's partition
-  std::uint64_t slots = 0;            // sub-group slots per partition: ceil(part / subgroup size)
+  std::uint64_t subs_per_part = 0;    // sub-groups per partition: ceil(part / subgroup size)
   std::vector<std::uint16_t> p16;     // the whole group's 16-bit parameters (flat)
   std::vector<std::byte> local_grad;  // world size > 1: unreduced local gradient (flat)
   bool local_dirty = false;

@@ -26,7 +26,7 @@ Block* TierManager::Impl::victim(int s, BlockId exclude, bool clean_only) {
   });
 }
 
-// Frees one copy in slot `s` (writing it down first when dirty). False when none can go.
+// Frees one copy `s` (writing it down first when dirty). False when none can go.
 bool TierManager::Impl::evict_one(std::unique_lock<std::mutex>& lk, int s, BlockId exclude) {
   Block* v = victim(s, exclude, false);
   if (v == nullptr) return false;
@@ -34,7 +34,7 @@ bool TierManager::Impl::evict_one(std::unique_lock<std::mutex>& lk, int s, Block
   return true;
 }
 
-// Drops block `id`'s copy in slot s, preserving its data below. A pinned copy is an error for
+// Drops block `id`'s copy s, preserving its data below. A pinned copy is an error for
 // an explicit evict (strict), and is left alone when making room (it got pinned meanwhile).
 void TierManager::Impl::evict_copy(std::unique_lock<std::mutex>& lk, BlockId id, int s,
                                    bool strict) {
@@ -79,7 +79,7 @@ void TierManager::Impl::evict_copy(std::unique_lock<std::mutex>& lk, BlockId id,
   }
 }
 
-// Memory for block b in slot s if the pool has it now; the bytes past the block's end (up to
+// Memory for block b as copy s if the pool has it now; the bytes past the block's end (up to
 // its NVMe extent's length) are zeroed, so what is written to NVMe is deterministic.
 std::byte* TierManager::Impl::try_take(int s, const Block& b) {
   std::byte* p = pool(s).try_allocate(b.alloc_bytes);
@@ -87,8 +87,8 @@ std::byte* TierManager::Impl::try_take(int s, const Block& b) {
   return p;
 }
 
-// Memory for block `id` in slot s, evicting others (LRU) as needed.
-std::byte* TierManager::Impl::alloc_slot(std::unique_lock<std::mutex>& lk, int s, BlockId id) {
+// Memory for block `id` as copy s, evicting others (LRU) as needed.
+std::byte* TierManager::Impl::alloc_copy(std::unique_lock<std::mutex>& lk, int s, BlockId id) {
   for (;;) {
     Block& b = *blocks[id];
     if (std::byte* p = try_take(s, b)) return p;

@@ -118,9 +118,9 @@ std::string TierManager::Impl::manifest_payload(const std::string& previous_reco
     e["numel"] = b.desc.numel;
     e["owner"] = {b.desc.owner.rank, b.desc.owner.group, b.desc.owner.subgroup};
     auto slots = nlohmann::json::array();
-    for (int s = 0; s < b.nslots; ++s) slots.push_back({b.slot[s].offset, b.slot[s].length});
+    for (int s = 0; s < b.nextents; ++s) slots.push_back({b.extent[s].offset, b.extent[s].length});
     e["slots"] = slots;
-    e["committed_slot"] = w ? b.write_slot() : b.committed;
+    e["committed_slot"] = w ? b.write_extent() : b.committed;
     e["has_data"] = data;
     if (b.desc.transient) e["transient"] = true;
     if (b.desc.memory_only) e["memory_only"] = true;
@@ -158,14 +158,14 @@ void TierManager::Impl::load_manifest() {
                m.memory_only};
     b->bytes = b->desc.bytes();
     b->alloc_bytes = round_up(b->bytes, align);
-    b->nslots = static_cast<int>(m.slots.size());
-    for (int s = 0; s < b->nslots; ++s) {
-      b->slot[s] = m.slots[s];
-      if (b->slot[s].length < b->alloc_bytes)
+    b->nextents = static_cast<int>(m.slots.size());
+    for (int s = 0; s < b->nextents; ++s) {
+      b->extent[s] = m.slots[s];
+      if (b->extent[s].length < b->alloc_bytes)
         throw bad(fmt::format("block '{}': slot {} is {} bytes, the block needs {}", m.name, s,
-                              b->slot[s].length, b->alloc_bytes));
+                              b->extent[s].length, b->alloc_bytes));
       try {
-        alloc.reserve(b->slot[s]);
+        alloc.reserve(b->extent[s]);
       } catch (const std::exception& x) {
         throw bad(fmt::format("block '{}': slot {}: {}", m.name, s, x.what()));
       }
@@ -184,17 +184,17 @@ void TierManager::Impl::load_manifest() {
   }
 }
 
-void TierManager::Impl::verify_extent(const Block& b, int slot, std::uint64_t sum,
+void TierManager::Impl::verify_extent(const Block& b, int extent, std::uint64_t sum,
                                       std::uint64_t gen) {
   AlignedBuffer buf(b.alloc_bytes, std::max<std::uint64_t>(4096, space.memory_alignment()));
-  engine.read(offset_of(b, slot), buf.data(), b.alloc_bytes).wait();
+  engine.read(offset_of(b, extent), buf.data(), b.alloc_bytes).wait();
   const std::uint64_t got = checksum64(buf.data(), b.bytes);
   if (got != sum)
     throw std::runtime_error(
         fmt::format("manifest {}: block '{}' (generation {}): data checksum {} does not match the "
                     "manifest's {} (extent @{}+{}): the swap file is corrupt",
                     manifest_path().string(), b.desc.name, gen, checksum_hex(got),
-                    checksum_hex(sum), b.slot[slot].offset, b.alloc_bytes));
+                    checksum_hex(sum), b.extent[extent].offset, b.alloc_bytes));
 }
 
 void TierManager::Impl::verify_blocks() {

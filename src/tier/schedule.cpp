@@ -27,7 +27,7 @@ void TierManager::Impl::ensure_host(std::unique_lock<std::mutex>& lk, BlockId id
       if (copy_down(lk, id)) return;
       continue;  // the block changed while memory was found: look again
     }
-    std::byte* p = alloc_slot(lk, kHost, id);
+    std::byte* p = alloc_copy(lk, kHost, id);
     Block& b2 = *blocks[id];
     if (b2.st[kHost] != CopyState::absent || b2.busy) {
       host.free(p);
@@ -149,7 +149,7 @@ bool TierManager::Impl::copy_down(std::unique_lock<std::mutex>& lk, BlockId id) 
   }
   if (b.writer || (b.st[kDev] != CopyState::valid && b.st[kDev] != CopyState::dirty)) return false;
   if (b.st[kHost] == CopyState::absent) {
-    std::byte* p = alloc_slot(lk, kHost, id);
+    std::byte* p = alloc_copy(lk, kHost, id);
     Block& b2 = *blocks[id];
     if (b2.st[kHost] != CopyState::absent || b2.busy || b2.op || b2.writer ||
         (b2.st[kDev] != CopyState::valid && b2.st[kDev] != CopyState::dirty)) {

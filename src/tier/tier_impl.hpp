@@ -46,9 +46,9 @@ namespace tierswap {
 namespace tier_internal {
 
 using Clock = std::chrono::steady_clock;
-constexpr int kDev = 0, kHost = 1;  // copy slots of a block (the NVMe tier is the home)
+constexpr int kDev = 0, kHost = 1;  // a block's copies: device and host (NVMe is its home)
 
-inline int slot_of(Tier t) {
+inline int copy_of(Tier t) {
   return t == Tier::device ? kDev : kHost;
 }
 
@@ -80,13 +80,13 @@ struct Block {
   bool writer = false;
   bool fresh[2] = {false, false};  // an overwrite view's copy, not yet released dirty
   bool busy = false;               // a host<->device copy is running without the lock
-  Extent slot[2];
-  int nslots = 2;
+  Extent extent[2];  // its NVMe extents: committed and write (one without shadow slots)
+  int nextents = 2;
   int committed = 0;
-  bool has_data = false;  // the committed slot holds data (else the block is all zeros)
+  bool has_data = false;  // the committed extent holds data (else the block is all zeros)
   std::uint64_t checksum = 0;
   std::uint64_t data_gen = 0;
-  bool written = false;  // the write slot holds data newer than the committed one
+  bool written = false;  // the write extent holds data newer than the committed one
   bool trimmed = false;  // trim()med since the last commit: reads as zeros
   std::uint64_t written_checksum = 0;
   bool prefetched = false;  // landed by a prefetch (counts a hit when acquired)
@@ -95,18 +95,18 @@ struct Block {
   std::shared_ptr<Op> op;  // in-flight transfer of the host copy
   std::uint64_t last_use = 0;
   // The committed data the last commit replaced (shadow slots), for roll_back_generation():
-  // still in its slot until the next generation writes there. Not valid when the last commit
+  // still in its extent until the next generation writes there. Not valid when the last commit
   // left the block as it was.
   struct Previous {
     bool valid = false;
-    int slot = 0;
+    int extent = 0;
     bool has_data = false;
     std::uint64_t gen = 0, checksum = 0;
   } prev;
 
-  int write_slot() const { return nslots == 2 ? 1 - committed : committed; }
+  int write_extent() const { return nextents == 2 ? 1 - committed : committed; }
   bool nvme_has_data() const { return (has_data && !trimmed) || written; }
-  int nvme_slot() const { return written ? write_slot() : committed; }
+  int nvme_extent() const { return written ? write_extent() : committed; }
   bool dirty_anywhere() const {
     return st[kDev] == CopyState::dirty || st[kHost] == CopyState::dirty ||
            st[kHost] == CopyState::writing;
@@ -196,7 +196,7 @@ struct TierManager::Impl {
 
   detail::SlabPool& pool(int s);
 
-  std::uint64_t offset_of(const Block& b, int slot) const;
+  std::uint64_t offset_of(const Block& b, int extent) const;
 
   // ---- transfers ---------------------------------------------------------------------------
   void count(Tier from, Tier to, std::uint64_t bytes, double secs);
@@ -265,7 +265,7 @@ struct TierManager::Impl {
         format_bytes(pinned_bytes(s))));
   }
 
-  // The least recently used settled copy in slot `s` (valid or dirty, unpinned, no transfer, no
+  // The least recently used settled copy `s` (valid or dirty, unpinned, no transfer, no
   // writer) that `ok` accepts, or null.
   template <class Pred>
   Block* lru(int s, Pred ok) {
@@ -285,19 +285,19 @@ struct TierManager::Impl {
   // (clean_only) never waits for a write-back and never drops another prefetched copy.
   Block* victim(int s, BlockId exclude, bool clean_only);
 
-  // Frees one copy in slot `s` (writing it down first when dirty). False when none can go.
+  // Frees one copy `s` (writing it down first when dirty). False when none can go.
   bool evict_one(std::unique_lock<std::mutex>& lk, int s, BlockId exclude);
 
-  // Drops block `id`'s copy in slot s, preserving its data below. A pinned copy is an error for
+  // Drops block `id`'s copy s, preserving its data below. A pinned copy is an error for
   // an explicit evict (strict), and is left alone when making room (it got pinned meanwhile).
   void evict_copy(std::unique_lock<std::mutex>& lk, BlockId id, int s, bool strict);
 
-  // Memory for block b in slot s if the pool has it now; the bytes past the block's end (up to
+  // Memory for block b as copy s if the pool has it now; the bytes past the block's end (up to
   // its NVMe extent's length) are zeroed, so what is written to NVMe is deterministic.
   std::byte* try_take(int s, const Block& b);
 
-  // Memory for block `id` in slot s, evicting others (LRU) as needed.
-  std::byte* alloc_slot(std::unique_lock<std::mutex>& lk, int s, BlockId id);
+  // Memory for block `id` as copy s, evicting others (LRU) as needed.
+  std::byte* alloc_copy(std::unique_lock<std::mutex>& lk, int s, BlockId id);
 
   // ---- residency ---------------------------------------------------------------------------
   // acquire()'s parts: misuse checks, an overwrite view's own copy, the copy made current.
@@ -335,8 +335,9 @@ struct TierManager::Impl {
   /// The block table as it will be once the open generation is committed; `previous_record`:
   /// the record of the generation it replaces (empty: none to roll back to).
   std::string manifest_payload(const std::string& previous_record) const;
-  /// Reads `slot` of b and compares its checksum with `sum`; throws naming the block otherwise.
-  void verify_extent(const Block& b, int slot, std::uint64_t sum, std::uint64_t gen);
+  /// Reads NVMe extent `extent` of b and compares its checksum with `sum`; throws naming the block
+  /// otherwise.
+  void verify_extent(const Block& b, int extent, std::uint64_t sum, std::uint64_t gen);
 
   void load_manifest();
 

@@ -17,11 +17,12 @@ detail::SlabPool& TierManager::Impl::pool(int s) {
   return host;
 }
 
-std::uint64_t TierManager::Impl::offset_of(const Block& b, int slot) const {
-  if (slot < 0 || slot >= b.nslots)  // a memory-only block has none: a bug if it gets here
-    throw std::logic_error(fmt::format(
-        "block '{}': no NVMe slot {} (memory-only blocks have no NVMe copy)", b.desc.name, slot));
-  return b.slot[slot].offset;
+std::uint64_t TierManager::Impl::offset_of(const Block& b, int extent) const {
+  if (extent < 0 || extent >= b.nextents)  // a memory-only block has none: a bug if it gets here
+    throw std::logic_error(
+        fmt::format("block '{}': no NVMe extent {} (memory-only blocks have no NVMe copy)",
+                    b.desc.name, extent));
+  return b.extent[extent].offset;
 }
 
 // ---- BlockView -------------------------------------------------------------------------------
@@ -144,13 +145,13 @@ BlockId TierManager::create(const BlockDesc& d) {
   b->bytes = d.bytes();
   b->alloc_bytes = round_up(b->bytes, m.align);
   // A memory-only block never has an NVMe copy: no extents for it.
-  b->nslots = d.memory_only ? 0 : m.cfg.shadow_slots ? 2 : 1;
-  if (b->nslots >= 1) b->slot[0] = m.alloc.allocate(b->alloc_bytes);
-  if (b->nslots == 2) {
+  b->nextents = d.memory_only ? 0 : m.cfg.shadow_slots ? 2 : 1;
+  if (b->nextents >= 1) b->extent[0] = m.alloc.allocate(b->alloc_bytes);
+  if (b->nextents == 2) {
     try {
-      b->slot[1] = m.alloc.allocate(b->alloc_bytes);
+      b->extent[1] = m.alloc.allocate(b->alloc_bytes);
     } catch (...) {
-      m.alloc.free(b->slot[0]);
+      m.alloc.free(b->extent[0]);
       throw;
     }
   }
@@ -202,14 +203,14 @@ void TierManager::Impl::check_no_conflict(const Block& b, bool writes) const {
         b.desc.name, b.pins[kDev] + b.pins[kHost]));
 }
 
-// Access::overwrite: memory for the copy in slot s with nothing read into it (a "fresh" copy,
+// Access::overwrite: memory for the copy s with nothing read into it (a "fresh" copy,
 // kept only if released dirty); a prefetch in flight lands first and is reused. False: the
 // block changed meanwhile, look again.
 bool TierManager::Impl::overwrite_copy(std::unique_lock<std::mutex>& lk, BlockId id, int s,
                                        bool* waited) {
   wait_not_busy(lk, id);
   if (blocks[id]->st[s] == CopyState::absent) {
-    std::byte* p = alloc_slot(lk, s, id);
+    std::byte* p = alloc_copy(lk, s, id);
     Block& b = *blocks[id];
     check_no_conflict(b, true);
     if (b.st[s] != CopyState::absent || b.busy) {
@@ -229,7 +230,7 @@ bool TierManager::Impl::overwrite_copy(std::unique_lock<std::mutex>& lk, BlockId
   return true;
 }
 
-// Makes block id's copy in slot s current: the host copy read (or zeros, or copied down), a
+// Makes block id's copy s current: the host copy read (or zeros, or copied down), a
 // device copy made from it, a write-back in flight waited for when the view writes. False: it
 // did one of those, look again.
 bool TierManager::Impl::make_current(std::unique_lock<std::mutex>& lk, BlockId id, int s,
@@ -267,7 +268,7 @@ void TierManager::Impl::make_device_copy(std::unique_lock<std::mutex>& lk, Block
   ++blocks[id]->pins[kHost];
   std::byte* p = nullptr;
   try {
-    p = alloc_slot(lk, kDev, id);
+    p = alloc_copy(lk, kDev, id);
   } catch (...) {
     --blocks[id]->pins[kHost];
     throw;
@@ -298,7 +299,7 @@ BlockView TierManager::acquire(BlockId id, Tier tier, Access access) {
   const bool was_prefetched = b0.prefetched || (b0.op && b0.op->prefetch);
   const bool needed_read = access != Access::overwrite && b0.st[kHost] == CopyState::absent &&
                            b0.st[kDev] == CopyState::absent && b0.nvme_has_data();
-  const int s = slot_of(tier);
+  const int s = copy_of(tier);
   while ((access == Access::overwrite && !m.overwrite_copy(lk, id, s, &waited)) ||
          !m.make_current(lk, id, s, writes, &waited)) {
   }
@@ -338,7 +339,7 @@ void TierManager::release(BlockView& v, bool dirty) {
   std::unique_lock lk(impl_->mu);
   Impl& m = *impl_;
   Block& b = m.blk(v.id_);
-  const int s = slot_of(v.tier_);
+  const int s = copy_of(v.tier_);
   --b.pins[s];
   if (v.writable_) b.writer = false;
   if (b.fresh[s]) {  // an overwrite view's own copy: kept only with new data in it
@@ -368,7 +369,7 @@ void TierManager::evict(BlockId id, Tier tier) {
   m.blk(id);
   if (tier == Tier::nvme) throw std::invalid_argument("evict: the nvme tier is the home of data");
   if (tier == Tier::device && !m.device) return;
-  m.evict_copy(lk, id, slot_of(tier), true);
+  m.evict_copy(lk, id, copy_of(tier), true);
   m.check_invariants();
 }
 
@@ -446,7 +447,7 @@ std::uint64_t TierManager::commit() {
       b.trimmed = false;
     }
     if (b.written) {
-      b.committed = b.write_slot();
+      b.committed = b.write_extent();
       b.has_data = true;
       b.checksum = b.written_checksum;
       b.data_gen = m.committed_gen;
@@ -491,13 +492,13 @@ bool TierManager::roll_back_generation() {
           "roll_back_generation: block '{}' is in use (only right after opening)", b->desc.name));
   for (auto& bp : m.blocks)  // every previous extent checked before anything changes
     if (bp->prev.valid && bp->prev.has_data)
-      m.verify_extent(*bp, bp->prev.slot, bp->prev.checksum, bp->prev.gen);
+      m.verify_extent(*bp, bp->prev.extent, bp->prev.checksum, bp->prev.gen);
   for (auto& bp : m.blocks) {
     Block& b = *bp;
     if (!b.prev.valid) continue;
     for (int s : {kDev, kHost})
       if (b.st[s] != CopyState::absent) m.drop(b, s);  // copies of the generation undone
-    b.committed = b.prev.slot;
+    b.committed = b.prev.extent;
     b.has_data = b.prev.has_data;
     b.data_gen = b.prev.gen;
     b.checksum = b.prev.checksum;

@@ -91,7 +91,7 @@ std::shared_ptr<Op> TierManager::Impl::start_read(BlockId id, std::byte* into, b
   b.op = op;
   if (prefetch) ++inflight_prefetch;
   try {
-    op->ticket = engine.read(offset_of(b, b.nvme_slot()), into, b.alloc_bytes);
+    op->ticket = engine.read(offset_of(b, b.nvme_extent()), into, b.alloc_bytes);
   } catch (...) {
     if (prefetch) --inflight_prefetch;
     b.op.reset();
@@ -124,7 +124,7 @@ std::shared_ptr<Op> TierManager::Impl::start_write(std::unique_lock<std::mutex>&
   op->bytes = b.alloc_bytes;
   op->checksum = sum;
   op->start = Clock::now();
-  op->ticket = engine.write(offset_of(b, b.write_slot()), b.data[kHost], b.alloc_bytes);
+  op->ticket = engine.write(offset_of(b, b.write_extent()), b.data[kHost], b.alloc_bytes);
   b.st[kHost] = CopyState::writing;
   b.op = op;
   inflight.push_back(op);
@@ -165,7 +165,7 @@ void TierManager::Impl::copy_between_tiers(std::unique_lock<std::mutex>& lk, Blo
 // block): made in device memory with the lock released (the block busy meanwhile). Returns
 // having done nothing when the block changed while memory was found (the caller looks again).
 void TierManager::Impl::zero_device(std::unique_lock<std::mutex>& lk, BlockId id) {
-  std::byte* p = alloc_slot(lk, kDev, id);
+  std::byte* p = alloc_copy(lk, kDev, id);
   Block& b = *blocks[id];
   if (b.busy || b.st[kDev] != CopyState::absent || b.st[kHost] != CopyState::absent ||
       b.nvme_has_data()) {

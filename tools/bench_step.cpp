@@ -63,6 +63,7 @@ struct StepOptions {
   double backward_ms = 2000;
   bool keep = false;
   bool json = false;
+  bool bf16_moments = false;  // also a stack with bf16 moments, alternated with the fp32 one
 };
 
 // The sub-directories the bench creates under each --dir, removed at exit unless --keep.
@@ -213,6 +214,9 @@ struct StepBench {
     if (grad_tier == Tier::device) throw std::invalid_argument("--grad-tier: host or nvme");
     if (n < 8192) throw std::invalid_argument("--params: at least 8K");
     if (o.runs < 1) throw std::invalid_argument("--runs: at least 1");
+    if (o.bf16_moments && o.overlap)
+      throw std::invalid_argument(
+          "--bf16-moments: not with --overlap (it compares ordinary steps)");
     if (o.memory_only && o.state != "host")
       throw std::invalid_argument(
           "--memory-only needs --state host (NVMe state is never memory-only)");
@@ -238,8 +242,9 @@ TierConfig step_tier_config(const StepBench& sb) {
   return tc;
 }
 
-OptimizerConfig step_optimizer_config(const StepBench& sb) {
+OptimizerConfig step_optimizer_config(const StepBench& sb, bool bf16_moments = false) {
   OptimizerConfig oc;
+  oc.bf16_moments = bf16_moments;
   oc.subgroup_size = sb.sg;
   oc.state_tier =
       sb.o.state == "host" ? OptimizerConfig::StateTier::host : OptimizerConfig::StateTier::nvme;
@@ -262,6 +267,37 @@ std::vector<ParamId> add_step_params(const StepBench& sb, ShardedOptimizer& opt)
                                     true}));
   return ids;
 }
+
+// (b) tierswap: a swap space (under --dir/<name>), engine, tier manager and optimizer of its own,
+// initialized; `ingest` hands the same bf16 gradient to every parameter.
+struct TierswapStack {
+  SwapSpace space;
+  IoEngine engine;
+  TierManager tiers;
+  std::unique_ptr<Communicator> comm;
+  ShardedOptimizer opt;
+  std::vector<ParamId> ids;
+
+  TierswapStack(const StepBench& sb, ThreadPool& pool, Created& created, const char* name,
+                bool bf16_moments)
+      : space(make_space(sb.dirs, name, 2 * sb.n * sb.state_pp + 2 * sb.n * 2 + (256ull << 20),
+                         created)),
+        engine(space, IoEngineConfig::from_env()),
+        tiers(space, engine, step_tier_config(sb)),
+        comm(make_single_communicator()),
+        opt(tiers, *comm, step_optimizer_config(sb, bf16_moments), &pool),
+        ids(add_step_params(sb, opt)) {
+    opt.finalize();
+    opt.initialize([](ParamId, std::uint64_t off, float* out, std::uint64_t k) {
+      for (std::uint64_t i = 0; i < k; ++i) out[i] = 0.01f * static_cast<float>((off + i) % 101);
+    });
+  }
+  void ingest(const std::vector<std::uint16_t>& grad) {
+    opt.begin_backward();
+    for (ParamId id : ids) opt.add_grad(id, grad.data(), Dtype::bf16);
+    opt.end_backward();
+  }
+};
 
 // (c) ZeRO-Infinity's traffic: state blocks plus an fp32 gradient block per sub-group; at the
 // accumulation boundary the fp32 gradient goes to NVMe, and the step reads it back with the state
@@ -445,6 +481,8 @@ double IoOnlyPass::run() {
 // The medians and per-run ratios of the three passes, and the last tierswap cycle's traffic.
 struct StepBenchRuns {
   std::vector<double> ts, zs, is, ins, r_step_io, r_zi_step;  // times; ratios within each run
+  std::vector<double> bfs, r_fp32_bf16;  // --bf16-moments: its step times; fp32 / bf16 per run
+  TierCounters bf_cycle0, bf_cycle1;     // around the last run's bf16-moment ingest + step
   nlohmann::json runs = nlohmann::json::array();
   StepResult last;
   TierCounters cycle0, cycle1;  // around the last run's ingest + step
@@ -461,6 +499,9 @@ void report_step_bench(const StepBench& sb, const StepBenchRuns& R, const TierMa
   const double io_s = median(R.is), step_s = median(R.ts), zi_s = median(R.zs);
   const double grad_nvme = rd + wr - 2.0 * static_cast<double>(sb.state_pp);
   const std::uint64_t peak = c.peak_reserved_bytes[static_cast<int>(Tier::host)];
+  const double bf_rd =
+      static_cast<double>(R.bf_cycle1.bytes_out[nv] - R.bf_cycle0.bytes_out[nv]) / n;
+  const double bf_wr = static_cast<double>(R.bf_cycle1.bytes_in[nv] - R.bf_cycle0.bytes_in[nv]) / n;
   if (!sb.o.json) {
     fmt::print(
         "median: io-only {:.3f} s, step {:.3f} s ({:.2f}x io-only), zero-infinity traffic {:.3f} s "
@@ -470,6 +511,11 @@ void report_step_bench(const StepBench& sb, const StepBenchRuns& R, const TierMa
         io_s, step_s, step_s / io_s, zi_s, zi_s / step_s, median(R.r_step_io), median(R.r_zi_step),
         rd, wr, grad_nvme, format_bytes(peak), format_bytes(sb.budget),
         format_bytes(sb.n * sb.state_pp));
+    if (!R.bfs.empty())
+      fmt::print(
+          "bf16 moments: step {:.3f} s (median); fp32 / bf16 moments {:.2f}x (median of the "
+          "per-run ratios); NVMe per parameter per step {:.1f} B read, {:.1f} B written\n",
+          median(R.bfs), median(R.r_fp32_bf16), bf_rd, bf_wr);
     return;
   }
   nlohmann::json j{{"params", sb.n},
@@ -494,7 +540,72 @@ void report_step_bench(const StepBench& sb, const StepBenchRuns& R, const TierMa
                    {"peak_pinned_bytes", peak},
                    {"host_budget_bytes", sb.budget},
                    {"state_bytes", sb.n * sb.state_pp}};
+  if (!R.bfs.empty()) {
+    j["step_bf16_moments_s"] = median(R.bfs);
+    j["fp32_over_bf16_moments"] = median(R.r_fp32_bf16);
+    j["bf16_moments_nvme_read_bytes_per_param"] = bf_rd;
+    j["bf16_moments_nvme_write_bytes_per_param"] = bf_wr;
+  }
   fmt::print("{}\n", j.dump(2));
+}
+
+// One run: the passes in a rotating order (each takes each position equally often), their times
+// and the ratios within the run.
+void run_step_round(int r, TierswapStack& ts, ZeroInfinityTraffic& zi, IoOnlyPass& io,
+                    TierswapStack* bf, const std::vector<std::uint16_t>& grad, StepBenchRuns& R,
+                    bool json) {
+  const int passes = bf ? 4 : 3;
+  double t = 0, z = 0, i = 0, i_s = 0, b = 0;
+  for (int k = 0; k < passes; ++k) {
+    switch ((r + k) % passes) {
+      case 0: {
+        R.cycle0 = ts.tiers.counters();
+        const auto t_in = Clock::now();
+        ts.ingest(grad);
+        i_s = since(t_in);
+        R.last = ts.opt.step();
+        R.cycle1 = ts.tiers.counters();
+        t = R.last.seconds;
+        break;
+      }
+      case 1:
+        z = zi.step(grad);
+        break;
+      case 2:
+        i = io.run();
+        break;
+      case 3: {
+        R.bf_cycle0 = bf->tiers.counters();
+        bf->ingest(grad);
+        b = bf->opt.step().seconds;
+        R.bf_cycle1 = bf->tiers.counters();
+        break;
+      }
+    }
+  }
+  R.ts.push_back(t);
+  R.ins.push_back(i_s);
+  R.zs.push_back(z);
+  R.is.push_back(i);
+  nlohmann::json run{{"io_only_s", i},
+                     {"step_s", t},
+                     {"ingest_s", i_s},
+                     {"zero_infinity_step_s", z},
+                     {"step_over_io_only", t / i},
+                     {"zero_infinity_over_step", z / t}};
+  R.r_step_io.push_back(t / i);
+  R.r_zi_step.push_back(z / t);
+  if (bf) {
+    R.bfs.push_back(b);
+    R.r_fp32_bf16.push_back(t / b);
+    run["step_bf16_moments_s"] = b;
+    run["fp32_over_bf16_moments"] = t / b;
+  }
+  R.runs.push_back(run);
+  if (!json)
+    fmt::print(
+        "run {}: io-only {:.3f} s, tierswap step {:.3f} s, zero-infinity traffic {:.3f} s{}\n",
+        r + 1, i, t, z, bf ? fmt::format(", bf16-moment step {:.3f} s", b) : "");
 }
 
 void run_step_bench(const StepOptions& o) {
@@ -508,87 +619,40 @@ void run_step_bench(const StepOptions& o) {
   ThreadPool pool(o.threads);
   Created created;
   created.keep = o.keep;
-
-  // (b) tierswap.
-  SwapSpace space = make_space(sb.dirs, "tierswap",
-                               2 * sb.n * sb.state_pp + 2 * sb.n * 2 + (256ull << 20), created);
-  IoEngine engine(space, IoEngineConfig::from_env());
-  const TierConfig tc = step_tier_config(sb);
-  TierManager tiers(space, engine, tc);
-  auto comm = make_single_communicator();
-  ShardedOptimizer opt(tiers, *comm, step_optimizer_config(sb), &pool);
-  const std::vector<ParamId> ids = add_step_params(sb, opt);
-  opt.finalize();
-  opt.initialize([](ParamId, std::uint64_t off, float* out, std::uint64_t k) {
-    for (std::uint64_t i = 0; i < k; ++i) out[i] = 0.01f * static_cast<float>((off + i) % 101);
-  });
+  TierswapStack ts(sb, pool, created, "tierswap", false);  // (b)
   std::vector<std::uint16_t> grad(std::min(sb.n, sb.per_param()));
   for (std::size_t i = 0; i < grad.size(); ++i)
     grad[i] = float_to_bf16(1e-3f * static_cast<float>(static_cast<int>(i % 17) - 8));
-  auto ingest = [&] {
-    opt.begin_backward();
-    for (ParamId id : ids) opt.add_grad(id, grad.data(), Dtype::bf16);
-    opt.end_backward();
-  };
   if (o.overlap) {
-    run_overlap_bench(o, tiers, opt, ids, grad, sb.n);
+    run_overlap_bench(o, ts.tiers, ts.opt, ts.ids, grad, sb.n);
     return;
   }
+  const TierConfig tc = step_tier_config(sb);
   ZeroInfinityTraffic zi(sb, tc, pool, created);  // (c)
   IoOnlyPass io(sb, zi.subs(), created);          // (a)
+  std::unique_ptr<TierswapStack> bf;              // (d) --bf16-moments
+  if (o.bf16_moments)
+    bf = std::make_unique<TierswapStack>(sb, pool, created, "tierswap-bf16", true);
 
   if (!o.json)
     fmt::print(
         "tierswap bench step: {} params ({}), {} of state on NVMe ({}), host budget {}, "
-        "sub-group {} params, gradients on {}\n",
+        "sub-group {} params, gradients on {}{}\n",
         sb.n, o.optimizer, format_bytes(sb.n * sb.state_pp), sb.dirs.front().string(),
-        format_bytes(sb.budget), sb.sub_rounded(), o.grad_tier);
+        format_bytes(sb.budget), sb.sub_rounded(), o.grad_tier,
+        bf ? "; and the same with bf16 moments" : "");
   // Warm-up: every block has data on NVMe afterwards.
-  ingest();
-  opt.step();
+  ts.ingest(grad);
+  ts.opt.step();
   zi.step(grad);
   io.run();
-  StepBenchRuns R;
-  for (int r = 0; r < o.runs; ++r) {
-    double t = 0, z = 0, i = 0, i_s = 0;
-    for (int k = 0; k < 3; ++k) {
-      switch ((r + k) % 3) {
-        case 0: {
-          R.cycle0 = tiers.counters();
-          const auto t_in = Clock::now();
-          ingest();
-          i_s = since(t_in);
-          R.last = opt.step();
-          R.cycle1 = tiers.counters();
-          t = R.last.seconds;
-          break;
-        }
-        case 1:
-          z = zi.step(grad);
-          break;
-        case 2:
-          i = io.run();
-          break;
-      }
-    }
-    R.ts.push_back(t);
-    R.ins.push_back(i_s);
-    R.zs.push_back(z);
-    R.is.push_back(i);
-    R.runs.push_back({{"io_only_s", i},
-                      {"step_s", t},
-                      {"ingest_s", i_s},
-                      {"zero_infinity_step_s", z},
-                      {"step_over_io_only", t / i},
-                      {"zero_infinity_over_step", z / t}});
-    R.r_step_io.push_back(t / i);
-    R.r_zi_step.push_back(z / t);
-    if (!o.json)
-      fmt::print(
-          "run {}: io-only {:.3f} s, tierswap step {:.3f} s, zero-infinity traffic {:.3f} s\n",
-          r + 1, i, t, z);
+  if (bf) {
+    bf->ingest(grad);
+    bf->opt.step();
   }
-  report_step_bench(sb, R, tiers);
+  StepBenchRuns R;
+  for (int r = 0; r < o.runs; ++r) run_step_round(r, ts, zi, io, bf.get(), grad, R, o.json);
+  report_step_bench(sb, R, ts.tiers);
   if (o.keep) {
     if (temp) fmt::print(stderr, "kept the swap directory {}\n", temp->keep().string());
     fmt::print(stderr, "inspect: tierswap residency --swap-dir {}\n",
@@ -632,6 +696,9 @@ void add_bench_step(CLI::App& bench) {
                 "--overlap: length of the simulated backward in milliseconds");
   b->add_flag("--keep", o->keep,
               "Durable mode (fsync'd manifest every step); keep the swap directory");
+  b->add_flag("--bf16-moments", o->bf16_moments,
+              "Also step a second optimizer whose moments are bf16 (16 B/param of NVMe traffic "
+              "instead of 24), alternated with the fp32 one in every run");
   b->add_flag("--json", o->json, "Print JSON on stdout instead of text");
   b->callback([o] { run_step_bench(*o); });
 }

@@ -97,6 +97,24 @@ def run_tierswap(args, workdir, mode, pages):
             "latency_p50_us": r.get("latency_p50_us"), "latency_p99_us": r.get("latency_p99_us")}
 
 
+def fio_job(cmd):
+    """Runs fio with --output-format=json; its one job's results (exits with fio's output on a
+    failure)."""
+    res = subprocess.run(cmd, capture_output=True, text=True)
+    if res.returncode != 0:
+        sys.exit(f"{os.path.basename(sys.argv[0])}: {' '.join(cmd)} failed:\n"
+                 f"{res.stdout}{res.stderr}")
+    return json.loads(res.stdout[res.stdout.index("{"):])["jobs"][0]
+
+
+def add_common_args(p):
+    """The options every script here shares."""
+    p.add_argument("--tierswap", default="build/tierswap")
+    p.add_argument("--dir", default=os.environ.get("TMPDIR", "/var/tmp"))
+    p.add_argument("--block-size", default="1MiB")
+    p.add_argument("--queue-depth", type=int, default=32)
+
+
 def run_fio(args, workdir, engine, mode, pages, read_path=None):
     path = os.path.join(workdir, "fio.dat")
     offset = 0
@@ -111,11 +129,7 @@ def run_fio(args, workdir, engine, mode, pages, read_path=None):
            "--fallocate=native", "--mem=" + ("malloc" if pages == "4k" else "shmhuge")]
     if engine == "io_uring":
         cmd += ["--fixedbufs=1", "--registerfiles=1"]
-    res = subprocess.run(cmd, capture_output=True, text=True)
-    if res.returncode != 0:
-        sys.exit(f"compare_fio.py: {' '.join(cmd)} failed:\n{res.stdout}{res.stderr}")
-    out = res.stdout
-    job = json.loads(out[out.index("{"):])["jobs"][0]
+    job = fio_job(cmd)
     side = job[mode]
     seconds = side["runtime"] / 1000.0
     cpu_s = (job["usr_cpu"] + job["sys_cpu"]) / 100.0 * seconds
@@ -177,11 +191,8 @@ def summarize(samples):
 
 def main():
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--tierswap", default="build/tierswap")
-    p.add_argument("--dir", default=os.environ.get("TMPDIR", "/var/tmp"))
+    add_common_args(p)
     p.add_argument("--size", default="1GiB")
-    p.add_argument("--block-size", default="1MiB")
-    p.add_argument("--queue-depth", type=int, default=32)
     p.add_argument("--repeats", type=int, default=6, help="a multiple of 3 balances the order")
     p.add_argument("--settle", type=float, default=2.0,
                    help="seconds of pause (after sync) between the write and the read phase")

@@ -25,7 +25,7 @@ import subprocess
 import sys
 import tempfile
 
-from compare_fio import HUGE_PAGE, HugePages, parse_size
+from compare_fio import HUGE_PAGE, HugePages, add_common_args, fio_job, parse_size
 
 
 def run_step(args, workdir):
@@ -48,10 +48,7 @@ def run_fio(args, path, read_bytes, write_bytes):
            f"--bs={args.block_size_bytes}", f"--iodepth={args.queue_depth}", "--ioengine=io_uring",
            "--fixedbufs=1", "--registerfiles=1", "--direct=1", "--rw=rw", f"--rwmixread={mix}",
            "--mem=shmhuge", "--fallocate=native", "--output-format=json"]
-    res = subprocess.run(cmd, capture_output=True, text=True)
-    if res.returncode != 0:
-        sys.exit(f"step_vs_fio.py: {' '.join(cmd)} failed:\n{res.stdout}{res.stderr}")
-    job = json.loads(res.stdout[res.stdout.index("{"):])["jobs"][0]
+    job = fio_job(cmd)
     seconds = max(job["read"]["runtime"], job["write"]["runtime"]) / 1000.0
     return {"seconds": seconds, "read_bytes": job["read"]["io_bytes"],
             "write_bytes": job["write"]["io_bytes"]}
@@ -59,13 +56,10 @@ def run_fio(args, path, read_bytes, write_bytes):
 
 def main():
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--tierswap", default="build/tierswap")
-    p.add_argument("--dir", default=os.environ.get("TMPDIR", "/var/tmp"))
+    add_common_args(p)
     p.add_argument("--params", default="256M")
     p.add_argument("--host-budget", default="1GiB")
     p.add_argument("--repeats", type=int, default=5)
-    p.add_argument("--block-size", default="1MiB")
-    p.add_argument("--queue-depth", type=int, default=32)
     p.add_argument("--json", action="store_true")
     args = p.parse_args()
     args.block_size_bytes = parse_size(args.block_size)

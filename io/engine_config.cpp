@@ -90,9 +90,7 @@ IoEngineConfig IoEngineConfig::from_env(IoEngineConfig c) {
 }
 
 IoEngineConfig IoEngineConfig::from_json(std::string_view text) {
-  const auto j = detail::parse_config_object(text, "I/O engine config");
-  IoEngineConfig c;
-  detail::apply_json<IoEngineConfig>(c, kFields, j, "I/O engine config");
+  auto c = detail::config_from_json<IoEngineConfig>(text, kFields, "I/O engine config");
   c.validate();
   return c;
 }

@@ -223,9 +223,7 @@ SwapSpaceConfig SwapSpaceConfig::from_env(SwapSpaceConfig c) {
 }
 
 SwapSpaceConfig SwapSpaceConfig::from_json(std::string_view text) {
-  const auto j = detail::parse_config_object(text, "swap space config");
-  SwapSpaceConfig c;
-  detail::apply_json<SwapSpaceConfig>(c, kSwapFields, j, "swap space config");
+  auto c = detail::config_from_json<SwapSpaceConfig>(text, kSwapFields, "swap space config");
   return c;
 }
 

@@ -50,9 +50,7 @@ ProcessConfig ProcessConfig::from_env() {
 }
 
 ProcessConfig ProcessConfig::from_json(std::string_view text) {
-  const auto j = detail::parse_config_object(text, "process config");
-  ProcessConfig c;
-  detail::apply_json<ProcessConfig>(c, kFields, j, "process config");
+  auto c = detail::config_from_json<ProcessConfig>(text, kFields, "process config");
   return c;
 }
 

@@ -129,9 +129,7 @@ OptimizerConfig OptimizerConfig::from_env(OptimizerConfig c) {
 }
 
 OptimizerConfig OptimizerConfig::from_json(std::string_view text) {
-  const auto j = detail::parse_config_object(text, "optimizer config");
-  OptimizerConfig c;
-  detail::apply_json<OptimizerConfig>(c, kFields, j, "optimizer config");
+  auto c = detail::config_from_json<OptimizerConfig>(text, kFields, "optimizer config");
   c.validate();
   return c;
 }

@@ -169,9 +169,7 @@ TierConfig TierConfig::from_env(TierConfig c) {
 }
 
 TierConfig TierConfig::from_json(std::string_view text) {
-  const auto j = detail::parse_config_object(text, "tier config");
-  TierConfig c;
-  detail::apply_json<TierConfig>(c, kFields, j, "tier config");
+  auto c = detail::config_from_json<TierConfig>(text, kFields, "tier config");
   c.validate();
   return c;
 }

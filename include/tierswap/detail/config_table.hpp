@@ -85,6 +85,16 @@ void apply_json(C& c, std::span<const ConfigField<C>> table, const nlohmann::jso
   }
 }
 
+/// A default C with the keys of the JSON object `text` applied (apply_json); `what` names the
+/// struct in errors ("tier config").
+template <class C>
+C config_from_json(std::string_view text, std::span<const ConfigField<C>> table,
+                   std::string_view what) {
+  C c;
+  apply_json<C>(c, table, parse_config_object(text, what), what);
+  return c;
+}
+
 // Typed readers for a field's JSON value; each throws naming the key.
 inline bool json_bool(const nlohmann::json& v, const std::string& key) {
   if (!v.is_boolean()) throw_invalid(key, v.dump(), "expected true or false");

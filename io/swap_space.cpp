@@ -285,7 +285,10 @@ PhysicalSpan SwapSpace::map(std::uint64_t logical, std::uint64_t max_length) con
   PhysicalSpan s;
   s.file = static_cast<std::uint32_t>(stripe_idx % n);
   s.offset = files_[s.file].data_offset + (stripe_idx / n) * stripe_ + within;
-  s.length = std::min({max_length, stripe_ - within, capacity_ - logical});
+  // With one file the stripes lie end to end in it, so a span may cross them (a request larger
+  // than the stripe stays one request); with several, a span ends at its stripe's end.
+  s.length = n == 1 ? std::min(max_length, capacity_ - logical)
+                    : std::min({max_length, stripe_ - within, capacity_ - logical});
   return s;
 }
 

@@ -96,6 +96,21 @@ TEST(SwapSpace, StripesLogicalOffsetsAcrossFiles) {
   EXPECT_EQ(p.length, 1u);
 }
 
+// With one file the stripes are contiguous in it: a span runs across them (so a request larger
+// than the stripe is not cut), up to the end of the space.
+TEST(SwapSpace, OneFileSpansCrossStripes) {
+  TempDir a;
+  SwapSpace s = test::make_space({a.path()}, 8 * 64 * KiB, 64 * KiB);
+  const auto d0 = s.files()[0].data_offset;
+  PhysicalSpan p = s.map(100, 1 * MiB);
+  EXPECT_EQ(p.file, 0u);
+  EXPECT_EQ(p.offset, d0 + 100);
+  EXPECT_EQ(p.length, 8 * 64 * KiB - 100);  // to the end of the space, not of the stripe
+  p = s.map(3 * 64 * KiB + 7, 200 * KiB);
+  EXPECT_EQ(p.offset, d0 + 3 * 64 * KiB + 7);
+  EXPECT_EQ(p.length, 200 * KiB);
+}
+
 TEST(SwapSpace, NeverOverwritesAnExistingFile) {
   TempDir a;
   { SwapSpace s = test::make_space({a.path()}, 4 * MiB); }

@@ -84,10 +84,7 @@ std::vector<Scored> score(const std::vector<IoRun>& runs, const std::vector<IoCo
 }
 
 nlohmann::json setting_json(const Scored& s) {
-  return {{"backend", std::string(to_string(s.combo.backend)) == "io_uring"
-                          ? "uring"
-                          : std::string(to_string(s.combo.backend))},
-          {"backend_name", to_string(s.combo.backend)},
+  return {{"backend", to_string(s.combo.backend)},  // as parse_backend reads it back
           {"block_size", s.combo.block},
           {"queue_depth", s.combo.depth},
           {"sqpoll", s.combo.sqpoll},
@@ -99,7 +96,7 @@ nlohmann::json setting_json(const Scored& s) {
 // The chosen setting as an IoEngineConfig file (IoEngineConfig::from_json reads it back), written
 // to a temporary name and renamed: an existing file is replaced whole or not at all.
 void write_config(const std::string& path, const Scored& s) {
-  const nlohmann::json j = {{"backend", setting_json(s)["backend"]},
+  const nlohmann::json j = {{"backend", to_string(s.combo.backend)},
                             {"block_size", s.combo.block},
                             {"queue_depth", s.combo.depth},
                             {"sqpoll", s.combo.sqpoll}};
@@ -159,7 +156,10 @@ void run_tune(const TuneOptions& o) {
   const std::uint64_t size = parse_size(o.size, "--size");
   if (size == 0) throw std::invalid_argument("--size must be > 0");
   const auto combos = grid(o);
-  SwapSpaceConfig sc;
+  // The stripe (and O_DIRECT mode) as the swap space will have them (TIERSWAP_STRIPE_SIZE,
+  // TIERSWAP_DIRECT_IO): across several drives no request crosses a stripe.
+  SwapSpaceConfig sc = SwapSpaceConfig::from_env();
+  sc.dirs.clear();
   for (const auto& d : o.dirs) sc.dirs.emplace_back(d);
   sc.capacity = size;
   SwapSpace space = SwapSpace::create(sc);

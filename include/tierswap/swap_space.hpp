@@ -98,7 +98,8 @@ class SwapSpace {
   /// 128-bit identity shared by all files of this space, hex.
   std::string uuid() const;
 
-  /// Maps [logical, logical + max_length) to its first piece inside one file.
+  /// Maps [logical, logical + max_length) to its first piece inside one file (up to the end of
+  /// its stripe when the space has several files; with one file the stripes are contiguous).
   /// Precondition: logical < capacity().
   PhysicalSpan map(std::uint64_t logical, std::uint64_t max_length) const noexcept;
 

@@ -35,7 +35,7 @@ def test_sweep_chooses_the_fastest_swap_and_writes_a_config_the_engine_reads(tmp
     assert len(settings) + len(sweep["skipped"]) == 8
     assert {s["backend"] for s in settings} >= {"posix"}
     for s in settings:
-        runs = [x for x in sweep["runs"] if x["backend"] == s["backend_name"]
+        runs = [x for x in sweep["runs"] if x["backend"] == s["backend"]
                 and x["block_size"] == s["block_size"] and x["queue_depth"] == s["queue_depth"]]
         assert len(runs) == 6  # 3 writes + 3 reads, every one moving the whole size
         assert all(x["bytes"] == 4 << 20 for x in runs)

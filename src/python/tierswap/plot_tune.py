@@ -15,7 +15,7 @@ def medians(settings, mode):
     tierswap tune computed ("settings": the upper median of each setting's runs)."""
     out = {}
     for st in settings:
-        key = (st["backend_name"], st["queue_depth"], st["sqpoll"])
+        key = (st["backend"], st["queue_depth"], st["sqpoll"])
         out.setdefault(key, {})[st["block_size"]] = st[f"{mode}_gbps"]
     return {k: dict(sorted(per.items())) for k, per in out.items()}
 
@@ -41,7 +41,7 @@ def plot(sweep, png):
                     label=f"{backend} qd{depth}{' sqpoll' if sqpoll else ''}")
         if chosen:
             per = medians(sweep["settings"], mode).get(
-                (chosen["backend_name"], chosen["queue_depth"], chosen["sqpoll"]), {})
+                (chosen["backend"], chosen["queue_depth"], chosen["sqpoll"]), {})
             if chosen["block_size"] in per:
                 ax.plot([chosen["block_size"]], [per[chosen["block_size"]]], marker="o",
                         markersize=16, markerfacecolor="none", color="black", label="chosen")

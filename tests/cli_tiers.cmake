@@ -143,8 +143,9 @@ if(NOT rc EQUAL 0 OR e OR e2 OR NOT wr EQUAL 14 OR rd GREATER 14 OR left)
 endif()
 file(REMOVE_RECURSE "${sdir}")
 
-# bench step --bf16-moments: the second stack moves 4 + 2 + 2 bytes per parameter each way, the
-# first still 12 + 12, both are timed in every run, and nothing is left behind.
+# bench step --bf16-moments: the second stack writes 4 + 2 + 2 bytes per parameter and reads at
+# most that (the budget may cache some), the first still writes 12, both are timed in every run,
+# and nothing is left behind.
 file(MAKE_DIRECTORY "${sdir}")
 execute_process(COMMAND ${CLI} bench step --params 2097152 --sub-group 262144 --host-budget 16MiB --runs 2
                         --dir ${sdir} --bf16-moments --json
@@ -154,7 +155,7 @@ string(JSON brd ERROR_VARIABLE e2 GET "${out}" bf16_moments_nvme_read_bytes_per_
 string(JSON wr ERROR_VARIABLE e3 GET "${out}" nvme_write_bytes_per_param)
 string(JSON ratio ERROR_VARIABLE e4 GET "${out}" runs 1 fp32_over_bf16_moments)
 file(GLOB left "${sdir}/*")
-if(NOT rc EQUAL 0 OR e OR e2 OR e3 OR e4 OR NOT bwr EQUAL 8 OR NOT brd EQUAL 8 OR NOT wr EQUAL 12
+if(NOT rc EQUAL 0 OR e OR e2 OR e3 OR e4 OR NOT bwr EQUAL 8 OR brd GREATER 8 OR NOT wr EQUAL 12
    OR NOT ratio GREATER 0 OR left)
   message(FATAL_ERROR "bench step --bf16-moments: ${rc} bf16 ${brd}/${bwr} fp32 written ${wr} "
                       "ratio ${ratio}, left: ${left} ${err}")

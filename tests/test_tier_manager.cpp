@@ -984,6 +984,60 @@ TEST(TierManager, TransientBlocksStayOutOfGenerations) {
   EXPECT_TRUE(all_zero(w));
 }
 
+// Pageable blocks (16-bit gradients waiting for a CPU step) live in a pool of their own beside
+// the pinned budget: filling it evicts nothing pinned, filling the pinned budget evicts no
+// pageable copy, each pool's peak stays within its budget, and a pageable copy that does not fit
+// spills to NVMe and comes back intact.
+TEST(TierManager, PageableBlocksUseTheirOwnBudgetAndSpillWhenItIsFull) {
+  const std::uint64_t n = 4096;  // 16 KiB blocks
+  TierConfig cfg = small_config(16 * kKiB, 2);
+  cfg.pageable_budget = 2 * 16 * kKiB;
+  Rig r(cfg);
+  std::vector<BlockId> grads, states;
+  for (int i = 0; i < 3; ++i) {
+    BlockDesc gd = desc("grad" + std::to_string(i), n, Dtype::f32, BlockClass::grad16, i);
+    gd.transient = gd.pageable = true;
+    grads.push_back(r.mgr->create(gd));
+    states.push_back(r.mgr->create(desc("state" + std::to_string(i), n, Dtype::f32,
+                                        BlockClass::master, i)));
+  }
+  auto write = [&](BlockId id, std::uint64_t seed) {
+    BlockView v = r.mgr->acquire(id, Tier::host, Access::overwrite);
+    fill(v, seed);
+    r.mgr->release(v, true);
+  };
+  write(states[0], 10);
+  write(states[1], 11);
+  const auto evictions = r.mgr->counters().evictions;
+  write(grads[0], 20);
+  write(grads[1], 21);
+  EXPECT_EQ(r.mgr->counters().evictions, evictions) << "the gradients took pinned memory";
+  const auto nvme_in = r.mgr->counters().bytes_in[static_cast<int>(Tier::nvme)];
+  write(grads[2], 22);  // the pageable pool is full: one gradient spills to NVMe
+  EXPECT_EQ(r.mgr->counters().bytes_in[static_cast<int>(Tier::nvme)], nvme_in + 16 * kKiB);
+  write(states[2], 12);  // the pinned pool is full: a state block goes, no gradient
+  for (int i = 0; i < 3; ++i) {
+    expect_pattern(*r.mgr, grads[i], 20 + i);
+    expect_pattern(*r.mgr, states[i], 10 + i);
+  }
+  const TierCounters c = r.mgr->counters();
+  EXPECT_LE(c.peak_reserved_bytes[static_cast<int>(Tier::host)], cfg.host_budget);
+  EXPECT_EQ(c.peak_pageable_bytes, cfg.pageable_budget);
+  // Without a pageable pool the same blocks share the pinned budget, as before.
+  TierConfig shared = small_config(16 * kKiB, 2);
+  Rig r2(shared);
+  BlockDesc gd = desc("grad", n, Dtype::f32, BlockClass::grad16);
+  gd.transient = gd.pageable = true;
+  const BlockId g = r2.mgr->create(gd);
+  {
+    BlockView v = r2.mgr->acquire(g, Tier::host, Access::overwrite);
+    fill(v, 1);
+    r2.mgr->release(v, true);
+  }
+  EXPECT_EQ(r2.mgr->counters().peak_pageable_bytes, 0u);
+  EXPECT_EQ(r2.mgr->counters().peak_reserved_bytes[static_cast<int>(Tier::host)], 16 * kKiB);
+}
+
 // write_back(): the write starts at once, and the block is the first to go afterwards.
 CopyState host_state(TierManager& m, const std::string& name) {
   for (const auto& row : m.snapshot().blocks)

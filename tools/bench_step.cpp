@@ -64,6 +64,7 @@ struct StepOptions {
   bool keep = false;
   bool json = false;
   bool bf16_moments = false;  // also a stack with bf16 moments, alternated with the fp32 one
+  bool pinned_grads = false;  // the gradients in the pinned budget (no pageable pool)
 };
 
 // The sub-directories the bench creates under each --dir, removed at exit unless --keep.
@@ -239,6 +240,9 @@ TierConfig step_tier_config(const StepBench& sb) {
   reads.subgroup_size = sb.sg;
   reads.prefetch_depth = sb.o.prefetch_depth;
   tune_tier_config(tc, reads, 1 + sb.moments);
+  // As the one-object setup does: the bf16 gradients wait in pageable memory beside the budget.
+  if (sb.grad_tier == Tier::host && !sb.o.pinned_grads)
+    tc.pageable_budget = sb.n * 2 + 2 * tc.host_slab_size;
   return tc;
 }
 
@@ -429,7 +433,7 @@ class IoOnlyPass {
         nblk_(subs.size() * per_sub_),
         space_(make_space(sb.dirs, "io-only", 2 * nblk_ * blk_ + (64ull << 20), created)),
         engine_(space_, IoEngineConfig::from_env()) {
-    const std::uint64_t grad_host = sb.grad_tier == Tier::host ? sb.n * 2 : 0;
+    const std::uint64_t grad_host = sb.grad_tier == Tier::host && sb.o.pinned_grads ? sb.n * 2 : 0;
     slots_ = std::max<std::size_t>(2 * per_sub_,
                                    (sb.budget > grad_host ? sb.budget - grad_host : 0) / blk_);
     ring_ = AlignedBuffer(slots_ * blk_);
@@ -507,10 +511,11 @@ void report_step_bench(const StepBench& sb, const StepBenchRuns& R, const TierMa
         "median: io-only {:.3f} s, step {:.3f} s ({:.2f}x io-only), zero-infinity traffic {:.3f} s "
         "({:.2f}x the step); median of the per-run ratios: {:.2f}x io-only, zero-infinity {:.2f}x"
         "\nNVMe per parameter per step: {:.1f} B read, {:.1f} B written ({:.1f} B "
-        "of it gradient, 0 fp32); peak pinned {} of a {} budget ({} of state)\n",
+        "of it gradient, 0 fp32); peak pinned {} of a {} budget ({} of state); gradients in "
+        "pageable memory: peak {}\n",
         io_s, step_s, step_s / io_s, zi_s, zi_s / step_s, median(R.r_step_io), median(R.r_zi_step),
         rd, wr, grad_nvme, format_bytes(peak), format_bytes(sb.budget),
-        format_bytes(sb.n * sb.state_pp));
+        format_bytes(sb.n * sb.state_pp), format_bytes(c.peak_pageable_bytes));
     if (!R.bfs.empty())
       fmt::print(
           "bf16 moments: step {:.3f} s (median); fp32 / bf16 moments {:.2f}x (median of the "
@@ -538,6 +543,7 @@ void report_step_bench(const StepBench& sb, const StepBenchRuns& R, const TierMa
                    {"step_nvme_gbps", (R.last.bytes_in[nv] + R.last.bytes_out[nv]) / step_s / 1e9},
                    {"io_wait_s", R.last.io_wait_seconds},
                    {"peak_pinned_bytes", peak},
+                   {"peak_pageable_bytes", c.peak_pageable_bytes},
                    {"host_budget_bytes", sb.budget},
                    {"state_bytes", sb.n * sb.state_pp}};
   if (!R.bfs.empty()) {
@@ -699,6 +705,9 @@ void add_bench_step(CLI::App& bench) {
   b->add_flag("--bf16-moments", o->bf16_moments,
               "Also step a second optimizer whose moments are bf16 (16 B/param of NVMe traffic "
               "instead of 24), alternated with the fp32 one in every run");
+  b->add_flag("--pinned-grads", o->pinned_grads,
+              "Keep the bf16 gradients in the pinned host budget (no pageable pool: the layout "
+              "before gradients moved out of it)");
   b->add_flag("--json", o->json, "Print JSON on stdout instead of text");
   b->callback([o] { run_step_bench(*o); });
 }

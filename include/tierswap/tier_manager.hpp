@@ -83,6 +83,10 @@ struct BlockDesc {
   /// only; a budget that cannot hold it is an error at acquire(), and evict() of its last copy is
   /// a std::logic_error. Implies `transient`.
   bool memory_only = false;
+  /// The host copy needs no pinning (16-bit gradients waiting for a CPU step): it lives in the
+  /// pageable host pool (TierConfig::pageable_budget) when the manager has one, else in the
+  /// pinned one like every other block.
+  bool pageable = false;
   std::uint64_t bytes() const noexcept { return numel * dtype_size(dtype); }
 };
 
@@ -101,6 +105,10 @@ inline constexpr std::uint64_t kDeviceSlabSize = 64ull << 20;
 struct TierConfig {
   std::uint64_t host_budget = std::uint64_t{1} << 30;  ///< pinned host bytes, never exceeded
   std::uint64_t host_slab_size = 64ull << 20;          ///< slab granularity of the host pool
+  /// Host bytes, beside the pinned budget, for the host copies of blocks marked `pageable`:
+  /// ordinary (unlocked, unregistered) memory, never exceeded either; under pressure such
+  /// copies spill to NVMe. 0: no pageable pool (those blocks share the pinned budget).
+  std::uint64_t pageable_budget = 0;
   bool lock_host_memory = true;  ///< pin host slabs (cudaHostRegister / mlock) when allowed
   int numa_node = -1;            ///< bind host slabs to this node (-1: no binding)
   DeviceTierMode device_mode = DeviceTierMode::automatic;
@@ -149,7 +157,8 @@ struct TierCounters {
   std::uint64_t discards = 0;
   /// Most pool memory (whole slabs) the host and device tiers ever held: never above the budget.
   std::uint64_t peak_reserved_bytes[kTierCount] = {};
-  std::uint32_t inflight_ops = 0;  ///< now
+  std::uint64_t peak_pageable_bytes = 0;  ///< the same for the pageable host pool
+  std::uint32_t inflight_ops = 0;         ///< now
   std::uint32_t queued_prefetches = 0;
 };
 
@@ -253,6 +262,9 @@ class TierManager {
   BlockId create(const BlockDesc& desc);
   std::optional<BlockId> find(std::string_view name) const;
   BlockDesc desc(BlockId id) const;
+  /// Sets BlockDesc::pageable of a block (not stored in the manifest: a reopened block's owner
+  /// says again where its host copy lives). Throws std::logic_error while it has a host copy.
+  void set_pageable(BlockId id, bool pageable);
   std::size_t block_count() const;
 
   /// Starts bringing the block into `tier` (queued behind demand reads, at most

@@ -238,8 +238,11 @@ ShardedOptimizer::Impl::TierBytes ShardedOptimizer::Impl::check_memory_only_budg
     }
   const TierConfig& tc = tiers.config();
   const int h = static_cast<int>(Tier::host), d = static_cast<int>(Tier::device);
-  held[h] =
-      (*mem)[h] + (cfg.grad_tier == Tier::host ? grads : mem_grads[h]) + tc.slab_slack(Tier::host);
+  held[h] = (*mem)[h] +
+            (cfg.grad_tier == Tier::host ? grads
+             : tc.pageable_budget > 0    ? 0
+                                         : mem_grads[h]) +
+            tc.slab_slack(Tier::host);
   held[d] = (*mem)[d] + mem_grads[d] + tc.slab_slack(Tier::device);
   if ((*mem)[h] > 0 && held[h] > tc.host_budget)
     throw std::invalid_argument(fmt::format(
@@ -366,7 +369,10 @@ void ShardedOptimizer::Impl::fit_prefetch_depth(std::uint64_t grads, std::uint64
         std::any_of(subs.begin(), subs.end(), [](const OptSub& s) { return s.step_gpu; });
     const std::uint64_t per = per_sub;
     const std::uint64_t budget = tiers.config().host_budget;
-    const std::uint64_t held = (cfg.grad_tier == Tier::host ? grads : 0) + (split ? 3 : 2) * per;
+    // The slab slack too: whole slabs, and a prefetch that finds no room drops another one's
+    // copy before its use (read twice).
+    const std::uint64_t held = (cfg.grad_tier == Tier::host ? grads : 0) + (split ? 3 : 2) * per +
+                               tiers.config().slab_slack(Tier::host);
     const std::uint64_t fit = budget > held ? (budget - held) / std::max<std::uint64_t>(per, 1) : 0;
     if (fit < depth) {
       log(LogLevel::info,
@@ -403,6 +409,7 @@ BlockId ShardedOptimizer::Impl::make_block(const BlockDesc& d) {
         d.name, to_string(b.cls), to_string(b.dtype), b.numel,
         b.memory_only ? " (memory-only)" : "", to_string(d.cls), to_string(d.dtype), d.numel,
         d.memory_only ? " (memory-only)" : ""));
+  tiers.set_pageable(*have, d.pageable);  // where the host copy lives is not stored
   return *have;
 }
 
@@ -432,13 +439,28 @@ void ShardedOptimizer::Impl::create_state_blocks() {
     gd.numel = s.numel;
     gd.owner = {rank, s.group, s.index};
     gd.transient = true;
+    // Gradients stepped by the CPU need no pinned memory (the pageable pool, when the tier
+    // manager has one); a GPU-stepped sub-group's are copied to the device from pinned memory.
+    gd.pageable = !s.step_gpu;
     s.grad = make_block(gd);
   }
 }
 
+// With a pageable pool (TierConfig::pageable_budget) the gradients of CPU-stepped sub-groups wait
+// outside the pinned budget: only GPU-stepped sub-groups' (none before placement) count in it.
+std::uint64_t ShardedOptimizer::Impl::pinned_grad_bytes(std::uint64_t grads) const {
+  if (tiers.config().pageable_budget == 0) return grads;
+  std::uint64_t n = 0;
+  for (const auto& s : subs)
+    if (s.step_gpu) n += grad_block_bytes(s);
+  return n;
+}
+
 void ShardedOptimizer::Impl::create_blocks() {
-  const auto [state, grads] = state_and_grad_bytes();
-  const bool any_streaming = apply_placement(default_streaming(state, grads));
+  const auto [state, all_grads] = state_and_grad_bytes();
+  const bool any_streaming =
+      apply_placement(default_streaming(state, pinned_grad_bytes(all_grads)));
+  const std::uint64_t grads = pinned_grad_bytes(all_grads);  // after placement
   const std::uint64_t per_sub = largest_state_bytes();
   TierBytes mem{};
   const TierBytes held = check_memory_only_budgets(grads, &mem);

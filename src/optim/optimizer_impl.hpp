@@ -243,6 +243,8 @@ struct ShardedOptimizer::Impl {
   std::pair<std::uint64_t, std::uint64_t> state_and_grad_bytes() const;
   /// Whether state streams from NVMe when no plan says otherwise (OptimizerConfig::state_tier).
   bool default_streaming(std::uint64_t state, std::uint64_t grads) const;
+  /// Of `grads` (all gradient bytes), those held in the pinned host budget.
+  std::uint64_t pinned_grad_bytes(std::uint64_t grads) const;
   /// Each sub-group's tier and step device (the plan's, else `streaming`); whether any streams.
   bool apply_placement(bool streaming);
   void place_by_plan(OptSub& s, const PlanSubgroup& d);

@@ -125,6 +125,23 @@ std::uint64_t swap_bytes_needed(const std::vector<std::pair<GroupConfig, std::ui
   return total + total / 64 + 16 * kMiB;
 }
 
+namespace {
+
+// Bytes of this rank's 16-bit (or fp32 accumulation) gradients, with the chunk rounding of the
+// partitions.
+std::uint64_t grad_bytes_needed(const std::vector<std::pair<GroupConfig, std::uint64_t>>& groups,
+                                int world, const OptimizerConfig& cfg) {
+  const std::uint64_t grad = cfg.accumulate_fp32 ? 4 : 2;
+  std::uint64_t total = 0;
+  for (const auto& [g, numel] : groups) {
+    const std::uint64_t per_rank = (numel + world - 1) / world;
+    total += (per_rank + kGradStatsChunk - 1) / kGradStatsChunk * kGradStatsChunk * grad;
+  }
+  return total;
+}
+
+}  // namespace
+
 void tune_tier_config(TierConfig& tc, const OptimizerConfig& oc, std::uint64_t state_blocks) {
   tc.lookahead = std::min<std::uint32_t>(
       4096, (oc.prefetch_depth + 1) *
@@ -186,6 +203,11 @@ void TieredOptimizer::Impl::build() {
   if (o.tune_tiers) tune_tier_config(tc, oc, blocks);
   if (tc.host_slab_size > tc.host_budget / 8)
     tc.host_slab_size = std::max<std::uint64_t>(4096, std::bit_floor(tc.host_budget / 8));
+  // The gradients of CPU-stepped sub-groups need no pinning on their way to the step: they wait
+  // in pageable memory beside the pinned budget, sized to hold them all (spilling them would cost
+  // 2 + 2 B/param of NVMe). A pageable_budget set by the caller stays.
+  if (o.tune_tiers && tc.pageable_budget == 0 && oc.grad_tier == Tier::host)
+    tc.pageable_budget = grad_bytes_needed(sizes, comm->size(), oc) + 2 * tc.host_slab_size;
   bool earlier = false;
   for (const auto& d : o.swap_dirs) dirs.push_back(rank_dir(d, comm->rank(), o.resume, &earlier));
   open_space(sizes, oc, tc, earlier);

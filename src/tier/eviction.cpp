@@ -5,7 +5,7 @@
 namespace tierswap {
 
 void TierManager::Impl::drop(Block& b, int s) {
-  pool(s).free(b.data[s]);
+  pool(b, s).free(b.data[s]);
   b.data[s] = nullptr;
   b.st[s] = CopyState::absent;
   if (s == kHost) b.prefetched = b.landed = false;
@@ -21,8 +21,10 @@ std::uint64_t TierManager::Impl::pinned_bytes(int s) const {
 // A copy that may go to make room for block `exclude`. Making room for a prefetch
 // (clean_only) never waits for a write-back and never drops another prefetched copy.
 Block* TierManager::Impl::victim(int s, BlockId exclude, bool clean_only) {
+  const Block& x = *blocks[exclude];
   return lru(s, [&](const Block& b) {
-    return b.id != exclude && !(clean_only && (b.st[s] == CopyState::dirty || b.landed));
+    return b.id != exclude && same_pool(b, x, s) &&
+           !(clean_only && (b.st[s] == CopyState::dirty || b.landed));
   });
 }
 
@@ -82,7 +84,7 @@ void TierManager::Impl::evict_copy(std::unique_lock<std::mutex>& lk, BlockId id,
 // Memory for block b as copy s if the pool has it now; the bytes past the block's end (up to
 // its NVMe extent's length) are zeroed, so what is written to NVMe is deterministic.
 std::byte* TierManager::Impl::try_take(int s, const Block& b) {
-  std::byte* p = pool(s).try_allocate(b.alloc_bytes);
+  std::byte* p = pool(b, s).try_allocate(b.alloc_bytes);
   if (p != nullptr && b.alloc_bytes > b.bytes) std::memset(p + b.bytes, 0, b.alloc_bytes - b.bytes);
   return p;
 }
@@ -92,12 +94,12 @@ std::byte* TierManager::Impl::alloc_copy(std::unique_lock<std::mutex>& lk, int s
   for (;;) {
     Block& b = *blocks[id];
     if (std::byte* p = try_take(s, b)) return p;
-    if (!pool(s).could_fit(b.alloc_bytes)) budget_error(s, b);
+    if (!pool(b, s).could_fit(b.alloc_bytes)) budget_error(s, b);
     // Cheapest first: a clean copy that nobody is about to use goes at once; else a
     // write-back in flight (write-behind) lands; only then does anything else go (a dirty copy
     // written back here, or a prefetched one).
     if (Block* v = lru(s, [&](const Block& c) {
-          return c.id != id && c.st[s] == CopyState::valid && !c.landed;
+          return c.id != id && same_pool(c, b, s) && c.st[s] == CopyState::valid && !c.landed;
         })) {
       evict_copy(lk, v->id, s, false);
       continue;
@@ -115,8 +117,9 @@ std::byte* TierManager::Impl::alloc_copy(std::unique_lock<std::mutex>& lk, int s
       }
     }
     // A clean prefetched copy (read again later) before a dirty one (written, then read).
-    if (Block* v =
-            lru(s, [&](const Block& c) { return c.id != id && c.st[s] == CopyState::valid; })) {
+    if (Block* v = lru(s, [&](const Block& c) {
+          return c.id != id && same_pool(c, b, s) && c.st[s] == CopyState::valid;
+        })) {
       evict_copy(lk, v->id, s, false);
       continue;
     }

@@ -30,7 +30,7 @@ void TierManager::Impl::ensure_host(std::unique_lock<std::mutex>& lk, BlockId id
     std::byte* p = alloc_copy(lk, kHost, id);
     Block& b2 = *blocks[id];
     if (b2.st[kHost] != CopyState::absent || b2.busy) {
-      host.free(p);
+      pool(b2, kHost).free(p);
       continue;
     }
     if (!b2.nvme_has_data()) {
@@ -153,7 +153,7 @@ bool TierManager::Impl::copy_down(std::unique_lock<std::mutex>& lk, BlockId id) 
     Block& b2 = *blocks[id];
     if (b2.st[kHost] != CopyState::absent || b2.busy || b2.op || b2.writer ||
         (b2.st[kDev] != CopyState::valid && b2.st[kDev] != CopyState::dirty)) {
-      host.free(p);
+      pool(b2, kHost).free(p);
       return false;
     }
     b2.data[kHost] = p;
@@ -184,7 +184,7 @@ void TierManager::Impl::check_invariants() const {
         fmt::format("tier manager invariant broken for '{}': {}", b.desc.name, what));
     std::abort();
   };
-  std::uint64_t used[2] = {0, 0};
+  std::uint64_t used[2] = {0, 0}, used_pageable = 0;
   for (auto& bp : blocks) {
     const Block& b = *bp;
     if (b.st[kDev] == CopyState::dirty &&
@@ -195,13 +195,15 @@ void TierManager::Impl::check_invariants() const {
       if (b.pins[s] > 0 && b.st[s] == CopyState::absent) fail(b, "a view of an absent copy");
       if ((b.st[s] == CopyState::absent) != (b.data[s] == nullptr))
         fail(b, "copy state and memory disagree");
-      if (b.data[s] != nullptr) used[s] += b.alloc_bytes;
+      if (b.data[s] != nullptr)
+        (&pool(b, s) == pageable.get() ? used_pageable : used[s]) += b.alloc_bytes;
     }
     if ((b.st[kHost] == CopyState::reading || b.st[kHost] == CopyState::writing) && !b.op)
       fail(b, "a transfer state without a transfer");
     if (b.op && b.op->done) fail(b, "a finished transfer still attached");
   }
-  if (used[kHost] > host.budget() || (device && used[kDev] > device->budget()))
+  if (used[kHost] > host.budget() || (device && used[kDev] > device->budget()) ||
+      (pageable && used_pageable > pageable->budget()))
     log(LogLevel::error, "tier manager: a budget is exceeded"), std::abort();
 #endif
 }

@@ -107,10 +107,12 @@ using Field = detail::ConfigField<TierConfig>;
 using detail::bool_field;
 
 // Every setting of TierConfig, in the README's order.
-const std::array<Field, 13> kFields = {{
+const std::array<Field, 14> kFields = {{
     detail::size_field<TierConfig, &TierConfig::host_budget>("host_budget", "TIERSWAP_HOST_BUDGET"),
     detail::size_field<TierConfig, &TierConfig::host_slab_size>("host_slab_size",
                                                                 "TIERSWAP_HOST_SLAB"),
+    detail::size_field<TierConfig, &TierConfig::pageable_budget>("pageable_budget",
+                                                                 "TIERSWAP_PAGEABLE_BUDGET"),
     bool_field<TierConfig, &TierConfig::lock_host_memory>("lock_host_memory", "TIERSWAP_LOCK_HOST"),
     {"numa_node", "TIERSWAP_NUMA_NODE",
      [](TierConfig& c, const nlohmann::json& v, const std::string& k) {

@@ -139,7 +139,8 @@ struct TierManager::Impl {
   TierConfig cfg;
   std::uint64_t align;
   ExtentAllocator alloc;
-  detail::HostPool host;
+  detail::HostPool host;                       // pinned: the host budget
+  std::unique_ptr<detail::HostPool> pageable;  // BlockDesc::pageable host copies, when configured
   std::unique_ptr<detail::DevicePool> device;
 
   mutable std::mutex mu;
@@ -169,6 +170,10 @@ struct TierManager::Impl {
                   std::max<std::uint64_t>(4096, s.alignment()),
               std::max<std::uint64_t>(4096, s.alignment())),
         host(c.host_budget, c.host_slab_size, c.lock_host_memory, c.numa_node, &e) {
+    // Unlocked and unregistered with the engine (a registration would pin it after all).
+    if (c.pageable_budget > 0)
+      pageable = std::make_unique<detail::HostPool>(c.pageable_budget, c.host_slab_size, false,
+                                                    c.numa_node, nullptr);
     const bool gpu = device_info().available;
     bool want = false, simulated = false;
     switch (c.device_mode) {
@@ -194,7 +199,12 @@ struct TierManager::Impl {
 
   Block& blk(BlockId id);
 
-  detail::SlabPool& pool(int s);
+  // The pool copy s of b lives in: the device pool, the pageable host pool (a pageable block,
+  // when there is one) or the pinned host pool.
+  detail::SlabPool& pool(const Block& b, int s);
+  const detail::SlabPool& pool(const Block& b, int s) const;
+  // Whether copies s of a and b come from the same pool (only such a copy can make room).
+  bool same_pool(const Block& a, const Block& b, int s) const { return &pool(a, s) == &pool(b, s); }
 
   std::uint64_t offset_of(const Block& b, int extent) const;
 
@@ -255,13 +265,14 @@ struct TierManager::Impl {
   std::uint64_t pinned_bytes(int s) const;
 
   [[noreturn]] void budget_error(int s, const Block& b) const {
-    const auto& p = s == kDev ? static_cast<const detail::SlabPool&>(*device)
-                              : static_cast<const detail::SlabPool&>(host);
+    const auto& p = pool(b, s);
     throw std::runtime_error(fmt::format(
         "{} tier budget exhausted: block '{}' needs {}, the budget is {}, {} is in use ({} of it "
         "pinned by views) and nothing more can be evicted",
-        s == kDev ? (device->simulated() ? "simulated gpu" : "gpu") : "host", b.desc.name,
-        format_bytes(b.alloc_bytes), format_bytes(p.budget()), format_bytes(p.used()),
+        s == kDev     ? (device->simulated() ? "simulated gpu" : "gpu")
+        : &p == &host ? "host"
+                      : "pageable host",
+        b.desc.name, format_bytes(b.alloc_bytes), format_bytes(p.budget()), format_bytes(p.used()),
         format_bytes(pinned_bytes(s))));
   }
 

@@ -12,8 +12,13 @@ Block& TierManager::Impl::blk(BlockId id) {
   return *blocks[id];
 }
 
-detail::SlabPool& TierManager::Impl::pool(int s) {
+detail::SlabPool& TierManager::Impl::pool(const Block& b, int s) {
+  return const_cast<detail::SlabPool&>(std::as_const(*this).pool(b, s));
+}
+
+const detail::SlabPool& TierManager::Impl::pool(const Block& b, int s) const {
   if (s == kDev) return *device;
+  if (b.desc.pageable && pageable) return *pageable;
   return host;
 }
 
@@ -175,6 +180,16 @@ BlockDesc TierManager::desc(BlockId id) const {
   return impl_->blk(id).desc;
 }
 
+void TierManager::set_pageable(BlockId id, bool pageable) {
+  std::lock_guard lk(impl_->mu);
+  Block& b = impl_->blk(id);
+  if (b.desc.pageable == pageable) return;
+  if (b.st[kHost] != CopyState::absent)
+    throw std::logic_error(fmt::format(
+        "set_pageable: block '{}' has a host copy (set it before the block is used)", b.desc.name));
+  b.desc.pageable = pageable;
+}
+
 std::size_t TierManager::block_count() const {
   std::lock_guard lk(impl_->mu);
   return impl_->blocks.size();
@@ -214,7 +229,7 @@ bool TierManager::Impl::overwrite_copy(std::unique_lock<std::mutex>& lk, BlockId
     Block& b = *blocks[id];
     check_no_conflict(b, true);
     if (b.st[s] != CopyState::absent || b.busy) {
-      pool(s).free(p);
+      pool(b, s).free(p);
       return false;
     }
     b.data[s] = p;
@@ -537,6 +552,7 @@ TierCounters TierManager::counters() const {
   c.inflight_ops = static_cast<std::uint32_t>(impl_->inflight.size());
   c.queued_prefetches = static_cast<std::uint32_t>(impl_->prefetch_q.size());
   c.peak_reserved_bytes[static_cast<int>(Tier::host)] = impl_->host.peak_reserved();
+  c.peak_pageable_bytes = impl_->pageable ? impl_->pageable->peak_reserved() : 0;
   if (impl_->device)
     c.peak_reserved_bytes[static_cast<int>(Tier::device)] = impl_->device->peak_reserved();
   return c;

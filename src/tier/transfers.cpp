@@ -28,7 +28,7 @@ void TierManager::Impl::complete_op(Op& op) {
   if (op.kind == Op::read) {
     if (op.prefetch) --inflight_prefetch;
     if (op.error || op.stale) {
-      host.free(b.data[kHost]);
+      pool(b, kHost).free(b.data[kHost]);
       b.data[kHost] = nullptr;
       b.st[kHost] = CopyState::absent;
     } else {
@@ -42,7 +42,7 @@ void TierManager::Impl::complete_op(Op& op) {
     }
   } else {
     if (op.stale) {  // a newer copy was released meanwhile: this one and its write are moot
-      host.free(b.data[kHost]);
+      pool(b, kHost).free(b.data[kHost]);
       b.data[kHost] = nullptr;
       b.st[kHost] = CopyState::absent;
     } else if (op.error) {
@@ -97,7 +97,7 @@ std::shared_ptr<Op> TierManager::Impl::start_read(BlockId id, std::byte* into, b
     b.op.reset();
     b.st[kHost] = CopyState::absent;
     b.data[kHost] = nullptr;
-    host.free(into);
+    pool(b, kHost).free(into);
     throw;
   }
   inflight.push_back(op);

@@ -315,7 +315,7 @@ class ZeroInfinityTraffic {
   ZeroInfinityTraffic(const StepBench& sb, const TierConfig& tc, ThreadPool& pool, Created& created)
       : sb_(sb),
         pool_(pool),
-        space_(make_space(sb.dirs, "zero-infinity", 2 * sb.n * (sb.state_pp + 4) + (256ull << 20),
+        space_(make_space(sb.dirs, "zero-infinity", sb.n * (sb.state_pp + 4) + (256ull << 20),
                           created)),
         engine_(space_, IoEngineConfig::from_env()),
         tiers_(space_, engine_, quiet(tc)),
@@ -327,9 +327,12 @@ class ZeroInfinityTraffic {
   double step(const std::vector<std::uint16_t>& grad);
 
  private:
+  // ZeRO-Infinity updates its swap files in place: one NVMe extent per block (the same bytes per
+  // step as two, half the disk).
   static TierConfig quiet(TierConfig tc) {
     tc.durable = false;
     tc.telemetry = false;
+    tc.shadow_slots = false;
     return tc;
   }
   BlockId make(std::size_t sub, const char* what, BlockClass c, std::uint64_t k) {

@@ -251,20 +251,21 @@ class ShardedOptimizer {
   /// finalize() that continues from the swap space after a crash (kill -9, power loss, an OOM
   /// kill) or a clean stop with the swap files kept. Every commit writes a record of the state
   /// (layout, sub-group size, hyper-parameters, step count, loss scaler) into the tier manager's
-  /// manifest, atomically with the generation. When the swap space holds one, resume() checks
-  /// it against this optimizer (the same groups and parameters, world size, rank, moment dtype
-  /// and tierswap version: std::runtime_error naming the difference otherwise), lays out with
-  /// the stored sub-group size, takes the stored blocks, restores hyper-parameters, step count
-  /// and loss scaler, recomputes the 16-bit parameters from the master weights and returns
-  /// true: the next step is step_count() + 1 (a step that was running at the crash never
-  /// committed and is redone). When it holds none it is finalize() and returns false
-  /// (initialize() or load() comes next). A loss-scale back-off of a skipped step is not
-  /// committed (the redone step skips again). Collective. The ranks commit a step one after
-  /// another: after a job killed between their commits, the ranks one step ahead roll back to
-  /// the generation before (TierManager::roll_back_generation(); its data is intact, since no
-  /// rank writes the next step's state before every rank has reduced its gradients), so all
-  /// resume the same step; ranks further apart are an error. Needs the state on NVMe
-  /// (persist_resident_state, the default).
+  /// manifest, atomically with the generation.
+  /// Returns: true when the swap space holds a record: resume() lays out with the stored
+  ///   sub-group size, takes the stored blocks, restores hyper-parameters, step count and loss
+  ///   scaler and recomputes the 16-bit parameters from the master weights; the next step is
+  ///   step_count() + 1 (a step that was running at the crash never committed and is redone).
+  ///   false when it holds none: it was finalize() (initialize() or load() comes next).
+  /// Throws: std::runtime_error naming the difference when the record is of another optimizer
+  ///   (groups and parameters, world size, rank, moment dtype, tierswap version), or when the
+  ///   state was not on NVMe (persist_resident_state off).
+  /// Collective. The ranks commit a step one after another: after a job killed between their
+  ///   commits, the ranks one step ahead roll back to the generation before
+  ///   (TierManager::roll_back_generation(); its data is intact, since no rank writes the next
+  ///   step's state before every rank has reduced its gradients), so all resume the same step;
+  ///   ranks further apart are an error.
+  /// Not restored: the loss-scale back-off of a skipped step (the redone step skips again).
   bool resume();
   bool finalized() const noexcept;
   /// Places sub-groups by `plan` (see OptimizerConfig::plan_file) at finalize(). Sub-groups the
@@ -332,33 +333,35 @@ class ShardedOptimizer {
   /// std::invalid_argument naming it.
   std::span<const std::uint16_t> param16(ParamId param) const;
   /// Called by step(), on its thread, with a trainable parameter's 16-bit values as soon as they
-  /// are final, so a trainer can start their copy to the GPU while the rest of the step runs. At
-  /// world size 1 that is right after the last sub-group holding a piece of the parameter was
-  /// stepped (or, in the overlapped mode, once the speculative result is kept), in step order and
-  /// before the generation is committed; at world size > 1, after the all-gather, for every
-  /// parameter. A skipped step (non-finite gradients) calls nothing: the values did not change.
-  /// If the step fails after it changed 16-bit values, it calls again, for every trainable
-  /// parameter, with the restored values before rethrowing; the last call for a parameter always
-  /// gives param16(). The span stays valid and unchanged until the next step() (with
-  /// overlap_param16_in_place, until the next final backward's speculation). An exception thrown
-  /// by the callback is an error of the step (rolled back at world size 1; at world size > 1 the
-  /// step is already committed when it propagates). An empty function removes the callback. On a
-  /// CUDA build with a usable GPU the 16-bit parameters live in page-locked memory
-  /// (cudaHostRegister), so asynchronous copies from them do not stage through a bounce buffer.
+  /// are final, so a trainer can start their copy to the GPU while the rest of the step runs.
+  /// When: at world size 1 right after the last sub-group holding a piece of the parameter was
+  ///   stepped (or, in the overlapped mode, once the speculative result is kept), in step order
+  ///   and before the generation is committed; at world size > 1, after the all-gather, for
+  ///   every parameter. A skipped step (non-finite gradients) calls nothing. If the step fails
+  ///   after it changed 16-bit values, it calls again, for every trainable parameter, with the
+  ///   restored values before rethrowing; the last call for a parameter always gives param16().
+  /// Lifetime: the span stays valid and unchanged until the next step() (with
+  ///   overlap_param16_in_place, until the next final backward's speculation). On a CUDA build
+  ///   with a usable GPU the values live in page-locked memory (cudaHostRegister), so
+  ///   asynchronous copies from them do not stage through a bounce buffer.
+  /// Throws: an exception thrown by the callback is an error of the step (rolled back at world
+  ///   size 1; at world size > 1 the step is already committed when it propagates).
+  /// An empty function removes the callback.
   using Param16Ready = std::function<void(ParamId, std::span<const std::uint16_t>)>;
   void on_param16_ready(Param16Ready fn);
   /// Binds the trainer's device copy of a trainable parameter's 16-bit values (param.numel()
   /// values of the group's 16-bit dtype in GPU memory; on a simulated device tier without a GPU,
-  /// host memory standing in for it), which the optimizer then keeps equal to param16(): filled
-  /// now, and at every step each sub-group's new values start going there as soon as the
-  /// sub-group is done, before on_param16_ready is called for the parameter — from its GPU step's
-  /// output device to device (nothing crosses the link), or from host memory for the CPU's
-  /// sub-groups — and after the all-gather at world size > 1; also after a rolled-back step,
-  /// initialize() and load(). Copies to GPU memory are stream-ordered on the step thread's
-  /// default stream (cudaStreamPerThread), so work the trainer queues there after the callback
-  /// sees them; step() returns after they completed. nullptr unbinds. std::invalid_argument for
-  /// a frozen or unknown parameter; std::runtime_error with neither a usable GPU nor a simulated
-  /// device tier.
+  /// host memory standing in for it), which the optimizer then keeps equal to param16().
+  /// When: filled now, and at every step each sub-group's new values start going there as soon
+  ///   as the sub-group is done, before on_param16_ready is called for the parameter (from its
+  ///   GPU step's output device to device, nothing crossing the link, or from host memory for
+  ///   the CPU's sub-groups), after the all-gather at world size > 1, and after a rolled-back
+  ///   step, initialize() and load().
+  /// Thread-safety: copies to GPU memory are stream-ordered on the step thread's default stream
+  ///   (cudaStreamPerThread), so work the trainer queues there after the callback sees them;
+  ///   step() returns after they completed.
+  /// Throws: std::invalid_argument for a frozen or unknown parameter; std::runtime_error with
+  ///   neither a usable GPU nor a simulated device tier. nullptr unbinds.
   void bind_param16_device(ParamId param, void* d_param16);
   /// This rank's state of `param` (fp32 master weights, or a moment: exp_avg, exp_avg_sq,
   /// max_exp_avg_sq, momentum), the part that falls in its partition, as runs of (offset in the

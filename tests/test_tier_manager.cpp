@@ -998,8 +998,8 @@ TEST(TierManager, PageableBlocksUseTheirOwnBudgetAndSpillWhenItIsFull) {
     BlockDesc gd = desc("grad" + std::to_string(i), n, Dtype::f32, BlockClass::grad16, i);
     gd.transient = gd.pageable = true;
     grads.push_back(r.mgr->create(gd));
-    states.push_back(r.mgr->create(desc("state" + std::to_string(i), n, Dtype::f32,
-                                        BlockClass::master, i)));
+    states.push_back(
+        r.mgr->create(desc("state" + std::to_string(i), n, Dtype::f32, BlockClass::master, i)));
   }
   auto write = [&](BlockId id, std::uint64_t seed) {
     BlockView v = r.mgr->acquire(id, Tier::host, Access::overwrite);
@@ -1023,6 +1023,13 @@ TEST(TierManager, PageableBlocksUseTheirOwnBudgetAndSpillWhenItIsFull) {
   const TierCounters c = r.mgr->counters();
   EXPECT_LE(c.peak_reserved_bytes[static_cast<int>(Tier::host)], cfg.host_budget);
   EXPECT_EQ(c.peak_pageable_bytes, cfg.pageable_budget);
+  const auto snap = r.mgr->snapshot();  // the host row: pinned and pageable together
+  EXPECT_EQ(snap.counters.peak_pageable_bytes, cfg.pageable_budget);
+  for (const auto& row : snap.tiers)
+    if (row.tier == Tier::host) {
+      EXPECT_EQ(row.capacity_bytes, cfg.host_budget + cfg.pageable_budget);
+      EXPECT_LE(row.resident_bytes, row.capacity_bytes);
+    }
   // Without a pageable pool the same blocks share the pinned budget, as before.
   TierConfig shared = small_config(16 * kKiB, 2);
   Rig r2(shared);

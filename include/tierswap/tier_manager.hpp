@@ -166,7 +166,7 @@ struct TierCounters {
 struct ResidencySnapshot {
   struct TierRow {
     Tier tier;
-    std::uint64_t capacity_bytes = 0;
+    std::uint64_t capacity_bytes = 0;  ///< the budget (host: pinned + TierConfig::pageable_budget)
     std::uint64_t resident_bytes = 0;  ///< blocks with a valid or dirty copy in the tier
     std::uint64_t dirty_bytes = 0;
     std::uint64_t inflight_bytes = 0;  ///< copies being read into or written from the tier

@@ -18,13 +18,16 @@ ResidencySnapshot TierManager::snapshot() const {
   r.counters.inflight_ops = static_cast<std::uint32_t>(m.inflight.size());
   r.counters.queued_prefetches = static_cast<std::uint32_t>(m.prefetch_q.size());
   r.counters.peak_reserved_bytes[static_cast<int>(Tier::host)] = m.host.peak_reserved();
+  r.counters.peak_pageable_bytes = m.pageable ? m.pageable->peak_reserved() : 0;
   if (m.device)
     r.counters.peak_reserved_bytes[static_cast<int>(Tier::device)] = m.device->peak_reserved();
   ResidencySnapshot::TierRow rows[kTierCount];
   rows[0].tier = Tier::device;
   rows[0].capacity_bytes = m.device ? m.device->budget() : 0;
   rows[1].tier = Tier::host;
-  rows[1].capacity_bytes = m.host.budget();
+  // The host tier: the pinned budget and the pageable pool beside it (pageable blocks' copies
+  // count as host-resident too).
+  rows[1].capacity_bytes = m.host.budget() + (m.pageable ? m.pageable->budget() : 0);
   rows[2].tier = Tier::nvme;
   rows[2].capacity_bytes = m.alloc.stats().capacity;
   std::map<std::pair<BlockClass, Tier>, std::uint64_t> by_class;

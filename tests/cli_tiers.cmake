@@ -30,8 +30,11 @@ string(JSON read2 GET "${out}" steps 1 nvme_read_bytes)
 string(JSON written2 GET "${out}" steps 1 nvme_written_bytes)
 math(EXPR state "${params} * 12")
 math(EXPR state_max "${state} + 65536")  # blocks round up to 4 KiB extents
-if(read2 LESS state OR read2 GREATER state_max OR written2 LESS state OR written2 GREATER state_max)
-  message(FATAL_ERROR "demo step 2: NVMe read ${read2} written ${written2}, expected ${state} each")
+# Every state byte is written once; it is read at most once, and at least all of it that the
+# 16 MiB pinned budget cannot have kept (the gradients wait outside it, in pageable memory).
+math(EXPR read_min "${state} - 16777216")
+if(read2 LESS read_min OR read2 GREATER state_max OR written2 LESS state OR written2 GREATER state_max)
+  message(FATAL_ERROR "demo step 2: NVMe read ${read2} (${read_min}..${state_max}) written ${written2}, expected ${state}")
 endif()
 string(JSON gen GET "${out}" residency generation committed)
 if(NOT gen EQUAL 3)

@@ -276,9 +276,17 @@ struct Avx512 {
 #endif
 
 #if defined(__AVX512BF16__)
-// AVX-512 with AVX512-BF16: only the bf16 statistics differ, done by the instruction the
-// reference's sq_pairs_bf16 describes.
+// AVX-512 with AVX512-BF16: the bf16 statistics, done by the instruction the reference's
+// sq_pairs_bf16 describes, and bf16 stores by VCVTNEPS2BF16, which rounds to nearest even as the
+// reference does but treats subnormal inputs as zero and may set other NaN payload bits: a vector
+// holding a subnormal or a NaN takes Avx512's integer rounding instead (one fpclass test).
 struct Avx512Bf16 : Avx512 {
+  static void store_bf16(std::uint16_t* p, F v) {
+    constexpr int kQnan = 0x01, kDenormal = 0x20, kSnan = 0x80;
+    if (_mm512_fpclass_ps_mask(v, kQnan | kDenormal | kSnan) != 0) return Avx512::store_bf16(p, v);
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(p),
+                        reinterpret_cast<__m256i>(_mm512_cvtneps_pbh(v)));
+  }
   static void sq_pairs_bf16(const std::uint16_t* p, F& acc) {
     const __m512bh w = reinterpret_cast<__m512bh>(_mm512_loadu_si512(p));
     acc = _mm512_dpbf16_ps(acc, w, w);

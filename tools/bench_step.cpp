@@ -239,10 +239,9 @@ TierConfig step_tier_config(const StepBench& sb) {
   OptimizerConfig reads;  // slabs, write-behind and prefetches as the one-object setup tunes them
   reads.subgroup_size = sb.sg;
   reads.prefetch_depth = sb.o.prefetch_depth;
+  reads.grad_tier = sb.grad_tier;
   tune_tier_config(tc, reads, 1 + sb.moments);
-  // As the one-object setup does: the bf16 gradients wait in pageable memory beside the budget.
-  if (sb.grad_tier == Tier::host && !sb.o.pinned_grads)
-    tc.pageable_budget = sb.n * 2 + 2 * tc.host_slab_size;
+  if (!sb.o.pinned_grads) size_pageable_budget(tc, reads, sb.n * 2);  // bf16 gradients
   return tc;
 }
 

@@ -87,6 +87,11 @@ std::uint64_t swap_bytes_needed(const std::vector<std::pair<GroupConfig, std::ui
 /// sub-group), write-behind from a quarter of the budget, host slabs of 4 sub-groups' fp32
 /// elements up to 64 MiB. What TieredOptions::tune_tiers applies and `tierswap bench step` uses.
 void tune_tier_config(TierConfig& tc, const OptimizerConfig& oc, std::uint64_t state_blocks);
+/// Sizes tc.pageable_budget to hold `grad_bytes` of this rank's gradients (plus two host slabs)
+/// when they wait on the host (oc.grad_tier) and no pageable budget is set: the gradients of
+/// CPU-stepped sub-groups then need no pinned memory. What TieredOptions::tune_tiers applies and
+/// `tierswap bench step` uses (its --pinned-grads skips it).
+void size_pageable_budget(TierConfig& tc, const OptimizerConfig& oc, std::uint64_t grad_bytes);
 
 class TieredOptimizer {
  public:

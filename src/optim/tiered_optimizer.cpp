@@ -151,6 +151,11 @@ void tune_tier_config(TierConfig& tc, const OptimizerConfig& oc, std::uint64_t s
       std::min<std::uint64_t>(64 * kMiB, (oc.subgroup_size * 4 + kMiB - 1) / kMiB * kMiB);
 }
 
+void size_pageable_budget(TierConfig& tc, const OptimizerConfig& oc, std::uint64_t grad_bytes) {
+  if (tc.pageable_budget == 0 && oc.grad_tier == Tier::host)
+    tc.pageable_budget = grad_bytes + 2 * tc.host_slab_size;
+}
+
 struct TieredOptimizer::Impl {
   TieredOptions o;
   std::shared_ptr<Communicator> comm;
@@ -206,8 +211,7 @@ void TieredOptimizer::Impl::build() {
   // The gradients of CPU-stepped sub-groups need no pinning on their way to the step: they wait
   // in pageable memory beside the pinned budget, sized to hold them all (spilling them would cost
   // 2 + 2 B/param of NVMe). A pageable_budget set by the caller stays.
-  if (o.tune_tiers && tc.pageable_budget == 0 && oc.grad_tier == Tier::host)
-    tc.pageable_budget = grad_bytes_needed(sizes, comm->size(), oc) + 2 * tc.host_slab_size;
+  if (o.tune_tiers) size_pageable_budget(tc, oc, grad_bytes_needed(sizes, comm->size(), oc));
   bool earlier = false;
   for (const auto& d : o.swap_dirs) dirs.push_back(rank_dir(d, comm->rank(), o.resume, &earlier));
   open_space(sizes, oc, tc, earlier);

@@ -14,13 +14,7 @@ ResidencySnapshot TierManager::snapshot() const {
   r.host_memory = m.host.memory_kind();
   r.committed_generation = m.committed_gen;
   r.checksums_verified = m.checksums_verified;
-  r.counters = m.ctr;
-  r.counters.inflight_ops = static_cast<std::uint32_t>(m.inflight.size());
-  r.counters.queued_prefetches = static_cast<std::uint32_t>(m.prefetch_q.size());
-  r.counters.peak_reserved_bytes[static_cast<int>(Tier::host)] = m.host.peak_reserved();
-  r.counters.peak_pageable_bytes = m.pageable ? m.pageable->peak_reserved() : 0;
-  if (m.device)
-    r.counters.peak_reserved_bytes[static_cast<int>(Tier::device)] = m.device->peak_reserved();
+  r.counters = m.counters_now();
   ResidencySnapshot::TierRow rows[kTierCount];
   rows[0].tier = Tier::device;
   rows[0].capacity_bytes = m.device ? m.device->budget() : 0;

@@ -263,6 +263,8 @@ struct TierManager::Impl {
   void drop(Block& b, int s);
 
   std::uint64_t pinned_bytes(int s) const;
+  // The counters with the live figures (transfers, queue, pool peaks) filled in; under `mu`.
+  TierCounters counters_now() const;
 
   [[noreturn]] void budget_error(int s, const Block& b) const {
     const auto& p = pool(b, s);

@@ -546,16 +546,19 @@ DeviceTierMode TierManager::device_tier() const noexcept {
   return impl_->device->simulated() ? DeviceTierMode::simulated : DeviceTierMode::gpu;
 }
 
+TierCounters TierManager::Impl::counters_now() const {
+  TierCounters c = ctr;
+  c.inflight_ops = static_cast<std::uint32_t>(inflight.size());
+  c.queued_prefetches = static_cast<std::uint32_t>(prefetch_q.size());
+  c.peak_reserved_bytes[static_cast<int>(Tier::host)] = host.peak_reserved();
+  c.peak_pageable_bytes = pageable ? pageable->peak_reserved() : 0;
+  if (device) c.peak_reserved_bytes[static_cast<int>(Tier::device)] = device->peak_reserved();
+  return c;
+}
+
 TierCounters TierManager::counters() const {
   std::lock_guard lk(impl_->mu);
-  TierCounters c = impl_->ctr;
-  c.inflight_ops = static_cast<std::uint32_t>(impl_->inflight.size());
-  c.queued_prefetches = static_cast<std::uint32_t>(impl_->prefetch_q.size());
-  c.peak_reserved_bytes[static_cast<int>(Tier::host)] = impl_->host.peak_reserved();
-  c.peak_pageable_bytes = impl_->pageable ? impl_->pageable->peak_reserved() : 0;
-  if (impl_->device)
-    c.peak_reserved_bytes[static_cast<int>(Tier::device)] = impl_->device->peak_reserved();
-  return c;
+  return impl_->counters_now();
 }
 
 }  // namespace tierswap

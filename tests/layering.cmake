@@ -24,7 +24,7 @@ function(header_layer header out)  # header: the path inside an #include "..."
   elseif(header MATCHES "^tierswap/(io_engine|swap_space|extent_allocator)\\.hpp$"
          OR header MATCHES "^tierswap/detail/io_backend\\.hpp$" OR header MATCHES "^io/")
     set(layer io)
-  elseif(header MATCHES "^tierswap/telemetry\\.hpp$")
+  elseif(header MATCHES "^tierswap/(telemetry|metrics)\\.hpp$")
     set(layer telemetry)
   elseif(header MATCHES "^tierswap/communicator\\.hpp$")
     set(layer comm)

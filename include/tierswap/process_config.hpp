@@ -1,7 +1,7 @@
 // Settings that hold for the whole process rather than for one object: the log level, the
-// instruction set of the CPU kernels and whether large buffers ask for huge pages. They are read
-// from the environment once, at first use (ProcessConfig::current()). Like the other config
-// structs they are one table (src/common/process_config.cpp): the variables, the JSON keys, the
+// instruction set of the CPU kernels, whether large buffers ask for huge pages and where the
+// Prometheus endpoint listens. They are read from the environment once, at first use
+// (ProcessConfig::current()). Like the other config structs they are one table (src/common/process_config.cpp): the variables, the JSON keys, the
 // "unknown key" message and the README's rows come from it.
 #pragma once
 
@@ -23,6 +23,9 @@ struct ProcessConfig {
   /// Buffers of 2 MiB or more ask for transparent huge pages (TIERSWAP_HUGE_PAGES=0: they do
   /// not; a control for measurements, or where khugepaged's compaction costs more than it saves).
   bool huge_pages = true;
+  /// Where the Prometheus endpoint listens (TIERSWAP_METRICS, "[HOST:]PORT" as
+  /// parse_listen_address() reads it); empty: no endpoint. See metrics.hpp.
+  std::string metrics;
 
   /// Overrides from the environment, each setting's variable as keys() lists it. A value that
   /// does not parse throws std::invalid_argument naming the variable.
@@ -35,6 +38,17 @@ struct ProcessConfig {
   /// Throws as from_env() does while a variable is bad. Thread-safe.
   static const ProcessConfig& current();
 };
+
+/// A TCP address to listen on.
+struct ListenAddress {
+  std::string host = "127.0.0.1";
+  int port = 0;  ///< 0: any free port
+};
+
+/// "[HOST:]PORT": HOST an IPv4 literal, a bracketed IPv6 literal or `localhost` (default
+/// 127.0.0.1, loopback), PORT 0..65535 (0: any free port). std::invalid_argument naming `key`
+/// otherwise.
+ListenAddress parse_listen_address(std::string_view text, std::string_view key);
 
 /// "off" | "error" | "warn" | "info" | "debug"; std::invalid_argument naming `key` otherwise.
 LogLevel parse_log_level(std::string_view text, std::string_view key);

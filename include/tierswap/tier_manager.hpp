@@ -171,6 +171,7 @@ struct ResidencySnapshot {
     std::uint64_t dirty_bytes = 0;
     std::uint64_t inflight_bytes = 0;  ///< copies being read into or written from the tier
     std::uint64_t pinned_bytes = 0;    ///< blocks with views
+    std::uint64_t reserved_bytes = 0;  ///< memory the tier's pools hold now (whole slabs)
   };
   struct ClassRow {
     BlockClass cls;
@@ -190,6 +191,8 @@ struct ResidencySnapshot {
   bool simulated_device = false;
   bool device_tier = false;
   std::string host_memory;  ///< "cuda-registered", "mlocked" or "pageable"
+  /// Page-locked host memory held now (the pinned pool's slabs; 0 when it is not locked).
+  std::uint64_t locked_host_bytes = 0;
   std::vector<TierRow> tiers;
   std::vector<ClassRow> classes;
   std::vector<BlockRow> blocks;
@@ -328,6 +331,9 @@ class TierManager {
   std::filesystem::path manifest_path() const;
   /// The telemetry socket, or empty when telemetry is off or could not start.
   std::filesystem::path telemetry_socket() const;
+  /// Unique in this process: the `manager` label of this manager's Prometheus samples (and of
+  /// the optimizer's above it). See metrics.hpp.
+  std::uint64_t instance() const noexcept;
 
  private:
   friend class BlockView;

@@ -18,12 +18,36 @@ LogLevel parse_log_level(std::string_view s, std::string_view key) {
   throw_invalid(key, s, "expected off, error, warn, info or debug");
 }
 
+ListenAddress parse_listen_address(std::string_view s, std::string_view key) {
+  ListenAddress a;
+  std::string_view port = s;
+  if (const auto colon = s.rfind(':'); colon != std::string_view::npos) {
+    std::string_view host = s.substr(0, colon);
+    port = s.substr(colon + 1);
+    const bool bracketed = host.size() > 2 && host.front() == '[' && host.back() == ']';
+    if (bracketed) host = host.substr(1, host.size() - 2);
+    const bool ok = host == "localhost" ||
+                    (bracketed ? host.find_first_not_of("0123456789abcdefABCDEF:.") ==
+                                     std::string_view::npos
+                               : host.find_first_not_of("0123456789.") == std::string_view::npos);
+    if (host.empty() || !ok)
+      throw_invalid(key, s, "expected [HOST:]PORT, HOST an IPv4 address, [IPv6] or localhost");
+    a.host = std::string(host);
+  }
+  const bool digits = !port.empty() && port.size() <= 5 &&
+                      port.find_first_not_of("0123456789") == std::string_view::npos;
+  if (!digits || std::stoi(std::string(port)) > 65535)
+    throw_invalid(key, s, "expected [HOST:]PORT with PORT in 0..65535");
+  a.port = std::stoi(std::string(port));
+  return a;
+}
+
 namespace {
 
 using C = ProcessConfig;
 
 // Every setting of ProcessConfig, in the README's order.
-const std::array<detail::ConfigField<C>, 3> kFields = {{
+const std::array<detail::ConfigField<C>, 4> kFields = {{
     {"log_level", "TIERSWAP_LOG_LEVEL",
      [](C& c, const nlohmann::json& v, const std::string& k) {
        c.log_level = parse_log_level(detail::json_string(v, k), k);
@@ -39,6 +63,17 @@ const std::array<detail::ConfigField<C>, 3> kFields = {{
        if (const char* v = std::getenv(n)) c.cpu_isa = v;
      }},
     detail::bool_field<C, &C::huge_pages>("huge_pages", "TIERSWAP_HUGE_PAGES"),
+    {"metrics", "TIERSWAP_METRICS",
+     [](C& c, const nlohmann::json& v, const std::string& k) {
+       c.metrics = detail::json_string(v, k);
+       if (!c.metrics.empty()) parse_listen_address(c.metrics, k);
+     },
+     [](C& c, const char* n) {
+       if (const char* v = std::getenv(n)) {
+         c.metrics = v;
+         if (!c.metrics.empty()) parse_listen_address(c.metrics, n);
+       }
+     }},
 }};
 
 }  // namespace

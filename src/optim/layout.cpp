@@ -77,6 +77,8 @@ ShardedOptimizer::Impl::Impl(TierManager& t, Communicator& c, OptimizerConfig o,
   world = comm.size();
   sub_size = round_up(cfg.subgroup_size, kGradStatsChunk);
   if (cfg.loss_scaler.mode != LossScaling::none) scale = cfg.loss_scaler.init_scale;
+  totals.loss_scale = scale;
+  register_metrics();
 }
 
 std::pair<std::uint64_t, std::uint64_t> ShardedOptimizer::Impl::rank_range(const OptGroup& g,

@@ -19,6 +19,7 @@
 
 #include "tierswap/communicator.hpp"
 #include "tierswap/cuda_runtime.hpp"
+#include "tierswap/metrics.hpp"
 #include "tierswap/optimizer.hpp"
 #include "tierswap/placement.hpp"
 #include "tierswap/tier_manager.hpp"
@@ -208,6 +209,17 @@ struct ShardedOptimizer::Impl {
   /// After writing block b of s in host memory: memory-only GPU state moves up at once (its host
   /// copy could not be evicted while it is the only one).
   void promote_memory_only_gpu(const OptSub& s, BlockId b);
+
+  // ---- Prometheus samples (src/optim/metrics.cpp) -----------------------------------------------
+  struct StepTotals {
+    std::mutex mu;  // step() writes, the metrics endpoint's thread reads
+    std::uint64_t steps = 0, skipped = 0;
+    double seconds = 0, io_wait_seconds = 0, last_seconds = 0, loss_scale = 1;
+  };
+  StepTotals totals;
+  MetricsRegistry::Source metrics;  // unregistered first (~Impl)
+  void register_metrics();
+  void record_step(const StepResult& r);
 
   Impl(TierManager& t, Communicator& c, OptimizerConfig o, ThreadPool* p);
   ~Impl();

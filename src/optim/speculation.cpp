@@ -23,6 +23,7 @@ namespace tierswap {
 
 // The speculative thread goes first: it may still write the page-locked 16-bit parameters.
 ShardedOptimizer::Impl::~Impl() {
+  metrics = {};
   spec.stop();
   for (void* p : p16_registered) cuda::host_unregister(p);
 }

@@ -425,6 +425,7 @@ void ShardedOptimizer::Impl::finish_result(StepResult& r, const TierCounters& c0
   r.next_loss_scale = scale;
   r.generation = tiers.committed_generation();
   r.seconds = std::chrono::duration<double>(Clock::now() - t0).count();
+  record_step(r);
 }
 
 StepResult ShardedOptimizer::step() {

@@ -12,6 +12,7 @@ ResidencySnapshot TierManager::snapshot() const {
   r.device_tier = m.device != nullptr;
   r.simulated_device = m.device && m.device->simulated();
   r.host_memory = m.host.memory_kind();
+  r.locked_host_bytes = r.host_memory == "pageable" ? 0 : m.host.reserved();
   r.committed_generation = m.committed_gen;
   r.checksums_verified = m.checksums_verified;
   r.counters = m.counters_now();
@@ -24,6 +25,9 @@ ResidencySnapshot TierManager::snapshot() const {
   rows[1].capacity_bytes = m.host.budget() + (m.pageable ? m.pageable->budget() : 0);
   rows[2].tier = Tier::nvme;
   rows[2].capacity_bytes = m.alloc.stats().capacity;
+  rows[0].reserved_bytes = m.device ? m.device->reserved() : 0;
+  rows[1].reserved_bytes = m.host.reserved() + (m.pageable ? m.pageable->reserved() : 0);
+  rows[2].reserved_bytes = m.alloc.stats().used;
   std::map<std::pair<BlockClass, Tier>, std::uint64_t> by_class;
   for (auto& bp : m.blocks) {
     const Block& b = *bp;
@@ -84,6 +88,7 @@ std::string ResidencySnapshot::to_json() const {
   j["simulated_device"] = simulated_device;
   j["device_tier"] = device_tier;
   j["host_memory"] = host_memory;
+  j["locked_host_bytes"] = locked_host_bytes;
   auto tiers_j = nlohmann::json::array();
   for (auto& t : tiers)
     tiers_j.push_back({{"tier", std::string(to_string(t.tier))},
@@ -91,7 +96,8 @@ std::string ResidencySnapshot::to_json() const {
                        {"resident_bytes", t.resident_bytes},
                        {"dirty_bytes", t.dirty_bytes},
                        {"inflight_bytes", t.inflight_bytes},
-                       {"pinned_bytes", t.pinned_bytes}});
+                       {"pinned_bytes", t.pinned_bytes},
+                       {"reserved_bytes", t.reserved_bytes}});
   j["tiers"] = tiers_j;
   auto classes_j = nlohmann::json::array();
   for (auto& c : classes)

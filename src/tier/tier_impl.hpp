@@ -36,6 +36,8 @@
 #include "tierswap/extent_allocator.hpp"
 #include "tierswap/io_engine.hpp"
 #include "tierswap/log.hpp"
+#include "tierswap/metrics.hpp"
+#include "tierswap/process_config.hpp"
 #include "tierswap/swap_space.hpp"
 #include "tierswap/telemetry.hpp"
 #include "tierswap/units.hpp"
@@ -159,7 +161,12 @@ struct TierManager::Impl {
   bool checksums_verified = false;
   bool stop = false;
   std::thread reaper;
+  std::uint64_t instance = 0;                   // the `manager` label of its metrics
+  MetricsRegistry::Source metrics;              // unregistered first (~TierManager)
   std::unique_ptr<TelemetryServer> telemetry;  // declared last: stopped first
+  /// Registers the manager's Prometheus samples (src/tier/metrics.cpp).
+  static MetricsRegistry::Source register_metrics(const TierManager& self,
+                                                  std::uint64_t instance);
 
   Impl(SwapSpace& s, IoEngine& e, const TierConfig& c)
       : space(s),

@@ -79,11 +79,14 @@ TierManager::TierManager(SwapSpace& space, IoEngine& engine, TierConfig cfg) {
   // Every setting is read before the reaper starts: a throw after it would destroy a joinable
   // thread (std::terminate).
   const TelemetryConfig tc = TelemetryConfig::from_env();
+  (void)ProcessConfig::current();  // TIERSWAP_METRICS among them
   impl_ = std::make_unique<Impl>(space, engine, cfg);
   if (std::filesystem::exists(impl_->manifest_path())) {
     impl_->load_manifest();
     if (cfg.verify_on_open) impl_->verify_blocks();
   }
+  impl_->instance = MetricsRegistry::process().next_instance();
+  impl_->metrics = Impl::register_metrics(*this, impl_->instance);
   impl_->reaper = std::thread([this] {
     Impl& m = *impl_;
     std::unique_lock lk(m.mu);
@@ -112,11 +115,14 @@ TierManager::TierManager(SwapSpace& space, IoEngine& engine, TierConfig cfg) {
   }
 }
 
+std::uint64_t TierManager::instance() const noexcept { return impl_->instance; }
+
 std::filesystem::path TierManager::telemetry_socket() const {
   return impl_->telemetry ? impl_->telemetry->socket_path() : std::filesystem::path();
 }
 
 TierManager::~TierManager() {
+  impl_->metrics = {};
   impl_->telemetry.reset();
   {
     std::unique_lock lk(impl_->mu);

@@ -12,6 +12,7 @@
 #include <tierswap/io_engine.hpp>
 #include <tierswap/kernels.hpp>
 #include <tierswap/log.hpp>
+#include <tierswap/metrics.hpp>
 #include <tierswap/optimizer.hpp>
 #include <tierswap/placement.hpp>
 #include <tierswap/process_config.hpp>

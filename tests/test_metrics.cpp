@@ -1,0 +1,175 @@
+// The Prometheus endpoint: the text writer's grammar and escaping, the listen address, and a live
+// optimizer's samples scraped over HTTP (cpp-httplib's client) with every line parsed strictly.
+#include <httplib.h>
+
+#include <map>
+#include <regex>
+#include <sstream>
+
+#include "optim_fixture.hpp"
+#include "tierswap/metrics.hpp"
+#include "tierswap/process_config.hpp"
+
+namespace tierswap {
+namespace {
+
+using optim_test::Rig;
+
+struct Scrape {
+  std::map<std::string, std::string> types;   // family -> counter | gauge
+  std::map<std::string, double> samples;       // "name{labels}" -> value
+};
+
+// The exposition format 0.0.4 as Prometheus reads it: every line is a HELP, a TYPE (before the
+// family's first sample, once) or a sample of a typed family; names and labels well formed.
+Scrape parse_exposition(const std::string& text) {
+  static const std::regex help(R"(^# HELP ([a-zA-Z_:][a-zA-Z0-9_:]*) .*$)");
+  static const std::regex type(R"(^# TYPE ([a-zA-Z_:][a-zA-Z0-9_:]*) (counter|gauge)$)");
+  static const std::regex sample(
+      R"(^([a-zA-Z_:][a-zA-Z0-9_:]*)(\{([a-zA-Z_][a-zA-Z0-9_]*="([^"\\\n]|\\[\\"n])*")(,[a-zA-Z_][a-zA-Z0-9_]*="([^"\\\n]|\\[\\"n])*")*\})? (\S+)$)");
+  Scrape s;
+  std::istringstream in(text);
+  std::string line;
+  std::smatch m;
+  EXPECT_FALSE(text.empty());
+  EXPECT_EQ(text.back(), '\n');
+  while (std::getline(in, line)) {
+    if (std::regex_match(line, m, help)) continue;
+    if (std::regex_match(line, m, type)) {
+      EXPECT_TRUE(s.types.emplace(m[1], m[2]).second) << "TYPE twice: " << line;
+      continue;
+    }
+    if (!std::regex_match(line, m, sample)) {
+      ADD_FAILURE() << "not a metric line: '" << line << "'";
+      continue;
+    }
+    EXPECT_TRUE(s.types.count(m[1])) << "sample before its TYPE: " << line;
+    if (s.types[m[1]] == "counter") EXPECT_TRUE(line.find("_total") != std::string::npos) << line;
+    std::size_t used = 0;
+    const double v = std::stod(m[m.size() - 1], &used);
+    EXPECT_EQ(used, m[m.size() - 1].length()) << line;
+    const std::string key = line.substr(0, line.rfind(' '));
+    EXPECT_TRUE(s.samples.emplace(key, v).second) << "sample twice: " << line;
+  }
+  return s;
+}
+
+TEST(Metrics, TheWriterFollowsTheExpositionFormat) {
+  MetricsWriter w;
+  w.family("tierswap_a_bytes", "Help with a \\ and a\nnewline.", MetricType::gauge);
+  w.sample(1.5, {{"k", "quote \" backslash \\ newline \n"}});
+  w.family("tierswap_b_total", "B.", MetricType::counter);
+  w.sample(3);
+  w.family("tierswap_a_bytes", "Help.", MetricType::gauge);  // a second source adds to it
+  w.sample(2, {{"k", "other"}});
+  const std::string t = w.text();
+  EXPECT_EQ(t,
+            "# HELP tierswap_a_bytes Help with a \\\\ and a\\nnewline.\n"
+            "# TYPE tierswap_a_bytes gauge\n"
+            "tierswap_a_bytes{k=\"quote \\\" backslash \\\\ newline \\n\"} 1.5\n"
+            "tierswap_a_bytes{k=\"other\"} 2\n"
+            "# HELP tierswap_b_total B.\n"
+            "# TYPE tierswap_b_total counter\n"
+            "tierswap_b_total 3\n");
+  const Scrape s = parse_exposition(t);
+  EXPECT_EQ(s.samples.size(), 3u);
+}
+
+TEST(Metrics, TheWriterRefusesBadNamesRepeatsAndTypeConflicts) {
+  MetricsWriter w;
+  EXPECT_THROW(w.sample(1), std::logic_error);  // no family yet
+  EXPECT_THROW(w.family("1bad", "", MetricType::gauge), std::logic_error);
+  EXPECT_THROW(w.family("bad-name", "", MetricType::gauge), std::logic_error);
+  w.family("ok", "", MetricType::gauge);
+  EXPECT_THROW(w.sample(1, {{"__reserved", "x"}}), std::logic_error);
+  EXPECT_THROW(w.sample(1, {{"a b", "x"}}), std::logic_error);
+  w.sample(1, {{"a", "x"}});
+  EXPECT_THROW(w.sample(2, {{"a", "x"}}), std::logic_error);
+  EXPECT_THROW(w.family("ok", "", MetricType::counter), std::logic_error);
+  MetricsWriter special;
+  special.family("v", "", MetricType::gauge);
+  special.sample(std::numeric_limits<double>::infinity(), {{"x", "1"}});
+  special.sample(std::nan(""), {{"x", "2"}});
+  EXPECT_NE(special.text().find("v{x=\"1\"} +Inf\nv{x=\"2\"} NaN\n"), std::string::npos);
+}
+
+TEST(Metrics, ListenAddressesAreCheckedNamingTheVariable) {
+  EXPECT_EQ(parse_listen_address("9464", "K").host, "127.0.0.1");
+  EXPECT_EQ(parse_listen_address("9464", "K").port, 9464);
+  EXPECT_EQ(parse_listen_address("0.0.0.0:80", "K").host, "0.0.0.0");
+  EXPECT_EQ(parse_listen_address("[::1]:0", "K").host, "::1");
+  EXPECT_EQ(parse_listen_address("localhost:1", "K").port, 1);
+  for (const char* bad : {"", "x", "65536", "127.0.0.1:", ":80", "host.example:80", "1:2:3",
+                          "127.0.0.1:-1", "[::1]:99999"}) {
+    try {
+      parse_listen_address(bad, "TIERSWAP_METRICS");
+      ADD_FAILURE() << "accepted '" << bad << "'";
+    } catch (const std::invalid_argument& e) {
+      EXPECT_NE(std::string(e.what()).find("TIERSWAP_METRICS"), std::string::npos) << e.what();
+    }
+  }
+  EXPECT_EQ(ProcessConfig::from_json(R"({"metrics": "127.0.0.1:9464"})").metrics,
+            "127.0.0.1:9464");
+  EXPECT_THROW(ProcessConfig::from_json(R"({"metrics": "nine"})"), std::invalid_argument);
+}
+
+TEST(Metrics, ABusyPortIsAnErrorNamingTheAddress) {
+  MetricsServer first({"127.0.0.1", 0}, [] { return std::string("x 1\n"); });
+  try {
+    MetricsServer second({"127.0.0.1", first.port()}, [] { return std::string(); });
+    ADD_FAILURE() << "two servers on port " << first.port();
+  } catch (const std::system_error& e) {
+    EXPECT_NE(std::string(e.what()).find(std::to_string(first.port())), std::string::npos);
+  }
+}
+
+TEST(Metrics, ALiveOptimizerIsScrapedOverHttpWithEveryLineParsed) {
+  OptimizerConfig oc = test::model_config();
+  oc.state_tier = OptimizerConfig::StateTier::nvme;
+  Rig r(optim_test::tier_config(2 * optim_test::kMiB, 128 * optim_test::kKiB), oc);
+  auto m = test::start_model(*r.opt);
+  const auto results = test::train(*r.opt, m, 1, 4, 0, 1);
+  MetricsServer server({"127.0.0.1", 0}, [] { return MetricsRegistry::process().render(); });
+  httplib::Client client("127.0.0.1", server.port());
+  const auto res = client.Get("/metrics");
+  ASSERT_TRUE(res) << "no answer from 127.0.0.1:" << server.port();
+  EXPECT_EQ(res->status, 200);
+  EXPECT_EQ(res->get_header_value("Content-Type"), "text/plain; version=0.0.4; charset=utf-8");
+  const Scrape s = parse_exposition(res->body);
+
+  const std::string mgr = std::to_string(r.tiers->instance());
+  const std::string lab = "{manager=\"" + mgr + "\",rank=\"0\"}";
+  std::uint64_t taken = 0, skipped = 0;
+  double seconds = 0;
+  for (const auto& x : results) {
+    (x.skipped ? skipped : taken) += 1;
+    seconds += x.seconds;
+  }
+  EXPECT_EQ(s.samples.at("tierswap_steps_total" + lab), taken);
+  EXPECT_EQ(s.samples.at("tierswap_skipped_steps_total" + lab), skipped);
+  EXPECT_NEAR(s.samples.at("tierswap_step_seconds_total" + lab), seconds, 1e-6 * seconds + 1e-9);
+  EXPECT_EQ(s.types.at("tierswap_steps_total"), "counter");
+
+  const TierCounters c = r.tiers->counters();
+  const std::string ml = "{manager=\"" + mgr + "\"}";
+  EXPECT_GT(s.samples.at("tierswap_nvme_written_bytes_total" + ml), 0);
+  EXPECT_EQ(s.samples.at("tierswap_nvme_read_bytes_total" + ml),
+            c.bytes_out[static_cast<int>(Tier::nvme)]);
+  EXPECT_EQ(s.samples.at("tierswap_nvme_written_bytes_total" + ml),
+            c.bytes_in[static_cast<int>(Tier::nvme)]);
+  EXPECT_EQ(s.samples.at("tierswap_commits_total" + ml), c.commits);
+  EXPECT_EQ(s.samples.at("tierswap_discards_total" + ml), c.discards);
+  EXPECT_EQ(s.samples.at("tierswap_tier_capacity_bytes{manager=\"" + mgr + "\",tier=\"host\"}"),
+            2 * optim_test::kMiB);
+  EXPECT_EQ(s.types.at("tierswap_tier_resident_bytes"), "gauge");
+  EXPECT_EQ(client.Get("/other")->status, 404);
+
+  // A destroyed source is gone from the next scrape.
+  r.opt.reset();
+  const Scrape after = parse_exposition(client.Get("/metrics")->body);
+  EXPECT_EQ(after.samples.count("tierswap_steps_total" + lab), 0u);
+  EXPECT_EQ(after.samples.count("tierswap_commits_total" + ml), 1u);
+}
+
+}  // namespace
+}  // namespace tierswap

@@ -31,6 +31,8 @@ void add_plan(CLI::App& app);
 void add_probe(CLI::App& app);
 /// `tierswap tune --dir DIR ...` (the I/O engine's best setting for these drives)
 void add_tune(CLI::App& app);
+/// `tierswap serve ...` (the node service)
+void add_serve(CLI::App& app);
 /// `tierswap config --from-deepspeed FILE`
 void add_config(CLI::App& app);
 /// Prints a residency snapshot (the telemetry JSON) as tables.

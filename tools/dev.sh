@@ -16,7 +16,8 @@ cd "$(dirname "$0")/.."
 PACKAGES=(cmake ninja-build g++ pkg-config liburing-dev libaio-dev libfmt-dev libcli11-dev
           nlohmann-json3-dev libxxhash-dev libnuma-dev libgtest-dev libgmock-dev libbenchmark-dev
           libopenmpi-dev openmpi-bin libhwloc-dev python3-dev pybind11-dev python3-torch
-          python3-pytest python3-matplotlib libcpp-httplib-dev)
+          python3-pytest python3-matplotlib libcpp-httplib-dev
+          libflatbuffers-dev libsystemd-dev)
 # Debian's interpreter: python3-torch is built for it (another python3 may come first on PATH).
 PYTHON=/usr/bin/python3
 # The test command also checks the NEON and SVE kernels on an x86 machine (cross compiler +

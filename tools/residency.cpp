@@ -199,6 +199,28 @@ void run_residency(const ResidencyOptions& o) {
 
 }  // namespace
 
+// Under a node service's line: its clients (job.rank, pid, memory, NVMe region, generation).
+void print_service_clients(const std::filesystem::path& socket) {
+  nlohmann::json j;
+  try {
+    j = nlohmann::json::parse(query_telemetry(socket));
+  } catch (const std::exception&) {
+    return;  // gone since it was listed, or not answering: the line above says enough
+  }
+  if (!j.value("service", false)) return;
+  fmt::print("{:>8}  node service: {} of {} shared memory granted, {} clients known\n", "",
+             format_bytes(j.value("memory_granted", 0ull)),
+             format_bytes(j.value("host_budget", 0ull)), j["clients"].size());
+  for (const auto& c : j["clients"])
+    fmt::print("{:>8}    {}.{}: {}, {} of NVMe, generation {}\n", "",
+               c.value("job", std::string()), c.value("rank", 0u),
+               c.value("attached", false)
+                   ? fmt::format("pid {}, {} shared", c.value("pid", 0),
+                                 format_bytes(c.value("memory_bytes", 0ull)))
+                   : std::string("detached"),
+               format_bytes(c.value("region_bytes", 0ull)), c.value("generation", 0ull));
+}
+
 void add_ps(CLI::App& app) {
   auto* ps = app.add_subcommand("ps", "List live tierswap processes (telemetry sockets)");
   auto json = std::make_shared<bool>(false);
@@ -218,7 +240,10 @@ void add_ps(CLI::App& app) {
       return;
     }
     fmt::print("{:>8}  {:<40}  {}\n", "PID", "SOCKET", "COMMAND");
-    for (auto& p : live) fmt::print("{:>8}  {:<40}  {}\n", p.pid, p.socket.string(), p.command);
+    for (auto& p : live) {
+      fmt::print("{:>8}  {:<40}  {}\n", p.pid, p.socket.string(), p.command);
+      print_service_clients(p.socket);
+    }
   });
 }
 

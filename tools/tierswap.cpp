@@ -49,6 +49,7 @@ int main(int argc, char** argv) {
   tierswap::cli::add_probe(app);
   tierswap::cli::add_config(app);
   tierswap::cli::add_tune(app);
+  tierswap::cli::add_serve(app);
 
   try {
     app.parse(argc, argv);

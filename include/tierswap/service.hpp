@@ -1,0 +1,116 @@
+// The node service (`tierswap serve`): one process per node owns the swap drives (one striped
+// swap space, one I/O engine) and one budget of shared memory for every client on the node.
+//
+// A client (job id + rank) connects over a Unix socket, is checked by its peer credentials
+// (SO_PEERCRED: another uid is refused unless allowed) and gets a memfd of shared memory mapped
+// by both sides (SCM_RIGHTS), within the node budget and the per-client quota, plus a region of
+// the swap space of its own. It then stores numbered blocks: put() writes a block from its shared
+// memory to NVMe, get() reads one back into it, commit() makes the open generation durable,
+// discard() forgets it. Bytes of state never cross the socket; control messages are versioned,
+// length-prefixed FlatBuffers (src/service/protocol.fbs), verified before use.
+//
+// Blocks are shadow-paged as the tier manager's: each has two extents in the client's region; a
+// put writes the one the committed generation does not use, and a commit (fdatasync, then the
+// client's manifest written to a temporary file, fsynced and renamed) flips them. A client that
+// dies (kill -9 included) loses only its open generation; the service frees its memory, keeps its
+// region and manifest, and a client with the same job id and rank reattaches to the committed
+// generation, also after the service itself was killed and restarted. Every block read back is
+// checked against the checksum its put recorded.
+//
+// Files in the first swap directory: tierswap.swap (the space), tierswap.service (the clients'
+// regions), service-clients/<job>.<rank>.manifest (each client's blocks). Formats: the manifest
+// container of detail/manifest.hpp with a JSON payload.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <filesystem>
+#include <memory>
+#include <span>
+#include <string>
+#include <vector>
+
+namespace tierswap {
+
+/// The service's socket: TIERSWAP_SERVICE when set, else "<runtime dir>/service.sock".
+std::filesystem::path default_service_socket();
+
+struct ServiceConfig {
+  std::vector<std::filesystem::path> swap_dirs;  ///< one per drive (striped)
+  /// Bytes of swap space to create when the directories hold none (0: open an existing one).
+  std::uint64_t capacity = 0;
+  /// Shared memory of all clients together (the node's one budget).
+  std::uint64_t host_budget = 1ull << 30;
+  /// Most shared memory one client may hold (0: the whole budget).
+  std::uint64_t client_quota = 0;
+  std::filesystem::path socket;  ///< empty: default_service_socket()
+  bool allow_other_users = false;
+  /// mlock the clients' shared memory (pinned); a failure is a warning, the memory stays usable.
+  bool lock_memory = true;
+  /// Throws std::invalid_argument naming the setting.
+  void validate() const;
+};
+
+/// The service. Listens from construction (or on `listen_fd`, a socket handed over by systemd's
+/// socket activation) on a thread per client, until destroyed. Throws std::system_error naming
+/// the path when the socket or the swap space cannot be set up, std::runtime_error naming the
+/// file when a registry or manifest is corrupt (nothing on disk is changed then).
+class SwapService {
+ public:
+  explicit SwapService(ServiceConfig cfg, int listen_fd = -1);
+  ~SwapService();
+  SwapService(const SwapService&) = delete;
+  SwapService& operator=(const SwapService&) = delete;
+
+  const std::filesystem::path& socket_path() const noexcept;
+  /// Clients, budget and traffic as JSON (what `tierswap serve --status` prints).
+  std::string status_json() const;
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+struct ServiceClientConfig {
+  std::filesystem::path socket;  ///< empty: default_service_socket()
+  std::string job;               ///< [A-Za-z0-9._-]{1,64}
+  std::uint32_t rank = 0;
+  std::uint64_t memory_bytes = 0;  ///< shared memory asked for (a multiple of 4 KiB)
+  std::uint64_t region_bytes = 0;  ///< NVMe bytes asked for at the first attach
+  /// How long a request may wait for the service before failing (a killed or hung service).
+  double timeout_seconds = 30;
+};
+
+/// A connection to the service. Every call throws std::system_error with the service's reason
+/// (or "service <socket> closed the connection" / "no answer within the timeout") on failure.
+/// Not thread-safe: one caller at a time.
+class ServiceClient {
+ public:
+  explicit ServiceClient(ServiceClientConfig cfg);
+  ~ServiceClient();
+  ServiceClient(const ServiceClient&) = delete;
+  ServiceClient& operator=(const ServiceClient&) = delete;
+
+  /// The shared memory (page-aligned), valid while the client lives.
+  std::span<std::byte> memory() const noexcept;
+  /// The committed generation when attached (0 for a new client).
+  std::uint64_t attached_generation() const noexcept;
+  bool reattached() const noexcept;
+
+  /// Writes memory()[offset, offset + length) as block `block` of the open generation (offset
+  /// and length multiples of 4 KiB; a block keeps its first length).
+  void put(std::uint64_t block, std::uint64_t offset, std::uint64_t length);
+  /// Reads block `block` (its open-generation value if put since the last commit) into
+  /// memory()[offset, ...); returns its length. ENOENT for a block never put.
+  std::uint64_t get(std::uint64_t block, std::uint64_t offset, std::uint64_t length);
+  /// Returns the new committed generation.
+  std::uint64_t commit();
+  void discard();
+  std::string status_json();
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace tierswap

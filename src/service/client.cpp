@@ -1,0 +1,171 @@
+// ServiceClient: connects, says hello, maps the memfd it is handed, and sends one request at a
+// time, each answered by a Reply.
+#include <sys/mman.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/un.h>
+#include <unistd.h>
+
+#include <cmath>
+#include <cstdlib>
+#include <cstring>
+#include <system_error>
+
+#include "src/service/protocol.hpp"
+#include "tierswap/service.hpp"
+#include "tierswap/telemetry.hpp"
+
+#include <fmt/format.h>
+
+namespace tierswap {
+
+using service::Connection;
+namespace wire = tierswap::wire;
+
+std::filesystem::path default_service_socket() {
+  if (const char* v = std::getenv("TIERSWAP_SERVICE"); v && *v) return v;
+  return default_runtime_dir() / "service.sock";
+}
+
+struct ServiceClient::Impl {
+  ServiceClientConfig cfg;
+  std::filesystem::path path;
+  std::unique_ptr<Connection> conn;
+  std::byte* data = nullptr;
+  std::uint64_t bytes = 0;
+  std::uint64_t generation = 0;
+  bool reattached = false;
+  std::vector<std::uint8_t> buf;
+  flatbuffers::FlatBufferBuilder fb;
+
+  [[noreturn]] void fail(int err, const std::string& what) const {
+    throw std::system_error(err, std::system_category(),
+                            fmt::format("tierswap service {}: {}", path.string(), what));
+  }
+  void connect();
+  // Sends the finished message and returns the verified answer (a Reply unless `welcome`).
+  const wire::Message& exchange(int* fd = nullptr);
+  const wire::Reply& request(wire::Body type, flatbuffers::Offset<void> body, const char* what);
+  ~Impl() {
+    if (data) ::munmap(data, bytes);
+  }
+};
+
+void ServiceClient::Impl::connect() {
+  sockaddr_un a{};
+  a.sun_family = AF_UNIX;
+  const std::string s = path.string();
+  if (s.size() >= sizeof a.sun_path) fail(ENAMETOOLONG, "socket path too long");
+  std::memcpy(a.sun_path, s.c_str(), s.size() + 1);
+  const int fd = ::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  if (fd < 0) fail(errno, "socket");
+  conn = std::make_unique<Connection>(fd);
+  timeval tv{};
+  tv.tv_sec = static_cast<time_t>(cfg.timeout_seconds);
+  tv.tv_usec = static_cast<suseconds_t>((cfg.timeout_seconds - std::floor(cfg.timeout_seconds)) * 1e6);
+  ::setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+  ::setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof tv);
+  if (::connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) != 0)
+    fail(errno, "cannot connect (is `tierswap serve` running?)");
+}
+
+const wire::Message& ServiceClient::Impl::exchange(int* fd) {
+  if (const int r = conn->send(fb); r != 0) fail(-r, "send failed");
+  const wire::Message* m = nullptr;
+  std::string why;
+  switch (conn->receive(buf, &m, fd, &why)) {
+    case Connection::Status::ok: return *m;
+    case Connection::Status::closed: fail(EPIPE, "closed the connection");
+    case Connection::Status::error: fail(EIO, why);
+    case Connection::Status::invalid: fail(EPROTO, "sent an invalid message: " + why);
+  }
+  fail(EPROTO, "unreachable");
+}
+
+const wire::Reply& ServiceClient::Impl::request(wire::Body type, flatbuffers::Offset<void> body,
+                                                const char* what) {
+  fb.Finish(conn->message(fb, type, body), wire::MessageIdentifier());
+  const wire::Message& m = exchange();
+  const wire::Reply* r = m.body_as_Reply();
+  if (!r) fail(EPROTO, fmt::format("{}: answered with {}", what, wire::EnumNameBody(m.body_type())));
+  if (r->error() != 0)
+    fail(r->error(), r->message() ? r->message()->str() : std::string("error without a message"));
+  return *r;
+}
+
+ServiceClient::ServiceClient(ServiceClientConfig cfg) : impl_(std::make_unique<Impl>()) {
+  Impl& m = *impl_;
+  m.cfg = std::move(cfg);
+  m.path = m.cfg.socket.empty() ? default_service_socket() : m.cfg.socket;
+  if (!(m.cfg.timeout_seconds > 0))
+    throw std::invalid_argument("ServiceClientConfig::timeout_seconds: must be positive");
+  m.connect();
+  const auto job = m.fb.CreateString(m.cfg.job);
+  const auto h = wire::CreateHello(m.fb, service::kProtocolVersion, job, m.cfg.rank,
+                                   m.cfg.memory_bytes, m.cfg.region_bytes);
+  m.fb.Finish(m.conn->message(m.fb, wire::Body::Hello, h.Union()), wire::MessageIdentifier());
+  int fd = -1;
+  const wire::Message& msg = m.exchange(&fd);
+  if (const auto* r = msg.body_as_Reply()) {
+    if (fd >= 0) ::close(fd);
+    m.fail(r->error() ? r->error() : EPROTO,
+           "refused: " + (r->message() ? r->message()->str() : std::string()));
+  }
+  const auto* w = msg.body_as_Welcome();
+  struct stat st {};
+  if (!w || fd < 0 || ::fstat(fd, &st) != 0 ||
+      static_cast<std::uint64_t>(st.st_size) != w->memory_bytes()) {
+    if (fd >= 0) ::close(fd);
+    m.fail(EPROTO, "hello was not answered with a welcome and its shared memory");
+  }
+  void* p = ::mmap(nullptr, w->memory_bytes(), PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+  const int err = errno;
+  ::close(fd);
+  if (p == MAP_FAILED) m.fail(err, "mmap of the shared memory");
+  m.data = static_cast<std::byte*>(p);
+  m.bytes = w->memory_bytes();
+  m.generation = w->generation();
+  m.reattached = w->reattached();
+}
+
+ServiceClient::~ServiceClient() = default;
+
+std::span<std::byte> ServiceClient::memory() const noexcept {
+  return {impl_->data, impl_->bytes};
+}
+std::uint64_t ServiceClient::attached_generation() const noexcept { return impl_->generation; }
+bool ServiceClient::reattached() const noexcept { return impl_->reattached; }
+
+void ServiceClient::put(std::uint64_t block, std::uint64_t offset, std::uint64_t length) {
+  Impl& m = *impl_;
+  m.fb.Clear();
+  m.request(wire::Body::Put, wire::CreatePut(m.fb, block, offset, length).Union(), "put");
+}
+
+std::uint64_t ServiceClient::get(std::uint64_t block, std::uint64_t offset, std::uint64_t length) {
+  Impl& m = *impl_;
+  m.fb.Clear();
+  return m.request(wire::Body::Get, wire::CreateGet(m.fb, block, offset, length).Union(), "get")
+      .value();
+}
+
+std::uint64_t ServiceClient::commit() {
+  Impl& m = *impl_;
+  m.fb.Clear();
+  return m.request(wire::Body::Commit, wire::CreateCommit(m.fb).Union(), "commit").value();
+}
+
+void ServiceClient::discard() {
+  Impl& m = *impl_;
+  m.fb.Clear();
+  m.request(wire::Body::Discard, wire::CreateDiscard(m.fb).Union(), "discard");
+}
+
+std::string ServiceClient::status_json() {
+  Impl& m = *impl_;
+  m.fb.Clear();
+  const auto& r = m.request(wire::Body::Status, wire::CreateStatus(m.fb).Union(), "status");
+  return r.text() ? r.text()->str() : "{}";
+}
+
+}  // namespace tierswap

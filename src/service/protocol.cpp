@@ -1,0 +1,168 @@
+#include "src/service/protocol.hpp"
+
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+
+#include <fmt/format.h>
+
+namespace tierswap::service {
+
+const wire::Message* verify_message(const std::uint8_t* data, std::size_t n, std::string* why) {
+  if (n < 8 || n > kMaxMessageBytes) {
+    *why = fmt::format("message of {} bytes (8..{} allowed)", n, kMaxMessageBytes);
+    return nullptr;
+  }
+  if (!flatbuffers::BufferHasIdentifier(data, wire::MessageIdentifier())) {
+    *why = "not a tierswap message (file identifier)";
+    return nullptr;
+  }
+  flatbuffers::Verifier v(data, n, /*max_depth=*/8, /*max_tables=*/16);
+  if (!wire::VerifyMessageBuffer(v)) {
+    *why = "malformed message (FlatBuffers verifier)";
+    return nullptr;
+  }
+  const wire::Message* m = wire::GetMessage(data);
+  if (m->body_type() == wire::Body::NONE || m->body() == nullptr) {
+    *why = "message without a body";
+    return nullptr;
+  }
+  return m;
+}
+
+Connection::Connection(Connection&& o) noexcept
+    : sock_(std::exchange(o.sock_, -1)), sent_(o.sent_), received_(o.received_) {}
+
+Connection::~Connection() {
+  if (sock_ >= 0) ::close(sock_);
+}
+
+flatbuffers::Offset<wire::Message> Connection::message(flatbuffers::FlatBufferBuilder& fb,
+                                                       wire::Body type,
+                                                       flatbuffers::Offset<void> body) {
+  return wire::CreateMessage(fb, sent_ + 1, type, body);
+}
+
+int Connection::send(flatbuffers::FlatBufferBuilder& fb, int fd) noexcept {
+  const std::uint32_t n = fb.GetSize();
+  std::uint8_t len[4];
+  std::memcpy(len, &n, 4);  // little-endian hosts only (x86-64, aarch64)
+  iovec iov[2] = {{len, 4}, {fb.GetBufferPointer(), n}};
+  msghdr mh{};
+  mh.msg_iov = iov;
+  mh.msg_iovlen = 2;
+  alignas(cmsghdr) char ctl[CMSG_SPACE(sizeof(int))] = {};
+  if (fd >= 0) {
+    mh.msg_control = ctl;
+    mh.msg_controllen = sizeof ctl;
+    cmsghdr* c = CMSG_FIRSTHDR(&mh);
+    c->cmsg_level = SOL_SOCKET;
+    c->cmsg_type = SCM_RIGHTS;
+    c->cmsg_len = CMSG_LEN(sizeof(int));
+    std::memcpy(CMSG_DATA(c), &fd, sizeof(int));
+  }
+  std::size_t total = 4 + n, done = 0;
+  while (done < total) {
+    ssize_t w = ::sendmsg(sock_, &mh, MSG_NOSIGNAL);
+    if (w < 0 && errno == EINTR) continue;
+    if (w < 0) return -errno;
+    done += static_cast<std::size_t>(w);
+    // The descriptor went with the first bytes; send the rest plainly.
+    mh.msg_control = nullptr;
+    mh.msg_controllen = 0;
+    std::size_t skip = static_cast<std::size_t>(w);
+    while (mh.msg_iovlen > 0 && skip >= mh.msg_iov[0].iov_len) {
+      skip -= mh.msg_iov[0].iov_len;
+      ++mh.msg_iov;
+      --mh.msg_iovlen;
+    }
+    if (mh.msg_iovlen > 0) {
+      mh.msg_iov[0].iov_base = static_cast<char*>(mh.msg_iov[0].iov_base) + skip;
+      mh.msg_iov[0].iov_len -= skip;
+    }
+  }
+  ++sent_;
+  return 0;
+}
+
+namespace {
+
+// Reads exactly n bytes; the first recvmsg may carry a descriptor. 1: done, 0: EOF, -errno.
+int read_exact(int sock, std::uint8_t* p, std::size_t n, int* fd) {
+  std::size_t got = 0;
+  while (got < n) {
+    iovec iov{p + got, n - got};
+    msghdr mh{};
+    mh.msg_iov = &iov;
+    mh.msg_iovlen = 1;
+    alignas(cmsghdr) char ctl[CMSG_SPACE(sizeof(int) * 4)];
+    mh.msg_control = ctl;
+    mh.msg_controllen = sizeof ctl;
+    const ssize_t r = ::recvmsg(sock, &mh, MSG_CMSG_CLOEXEC);
+    if (r < 0 && errno == EINTR) continue;
+    if (r < 0) return -errno;
+    for (cmsghdr* c = CMSG_FIRSTHDR(&mh); c; c = CMSG_NXTHDR(&mh, c)) {
+      if (c->cmsg_level != SOL_SOCKET || c->cmsg_type != SCM_RIGHTS) continue;
+      const std::size_t k = (c->cmsg_len - CMSG_LEN(0)) / sizeof(int);
+      for (std::size_t i = 0; i < k; ++i) {
+        int f;
+        std::memcpy(&f, CMSG_DATA(c) + i * sizeof(int), sizeof f);
+        if (fd && *fd < 0) *fd = f;
+        else ::close(f);  // only one descriptor is ever expected
+      }
+    }
+    if (r == 0) return got == 0 ? 0 : -EPIPE;
+    got += static_cast<std::size_t>(r);
+  }
+  return 1;
+}
+
+}  // namespace
+
+Connection::Status Connection::receive(std::vector<std::uint8_t>& buf, const wire::Message** msg,
+                                       int* fd, std::string* why) {
+  if (fd) *fd = -1;
+  std::uint8_t len[4];
+  int r = read_exact(sock_, len, 4, fd);
+  if (r == 0) return Status::closed;
+  auto fail = [&](int err) {
+    *why = err == -EAGAIN ? "no answer within the timeout" : std::strerror(-err);
+    if (fd && *fd >= 0) ::close(std::exchange(*fd, -1));
+    return Status::error;
+  };
+  if (r < 0) return fail(r);
+  std::uint32_t n;
+  std::memcpy(&n, len, 4);
+  if (n < 8 || n > kMaxMessageBytes) {
+    *why = fmt::format("message length {} (8..{} allowed)", n, kMaxMessageBytes);
+    if (fd && *fd >= 0) ::close(std::exchange(*fd, -1));
+    return Status::invalid;
+  }
+  buf.resize(n);
+  r = read_exact(sock_, buf.data(), n, fd);
+  if (r <= 0) return fail(r == 0 ? -EPIPE : r);
+  const wire::Message* m = verify_message(buf.data(), n, why);
+  if (m && m->seq() != received_ + 1) {
+    *why = fmt::format("message {} out of order (expected {})", m->seq(), received_ + 1);
+    m = nullptr;
+  }
+  if (!m) {
+    if (fd && *fd >= 0) ::close(std::exchange(*fd, -1));
+    return Status::invalid;
+  }
+  ++received_;
+  *msg = m;
+  return Status::ok;
+}
+
+void build_reply(Connection& c, flatbuffers::FlatBufferBuilder& fb, int error,
+                 const std::string& message, std::uint64_t value, const std::string& text) {
+  const auto msg = fb.CreateString(message);
+  const auto txt = fb.CreateString(text);
+  const auto body = wire::CreateReply(fb, error, msg, value, txt);
+  fb.Finish(c.message(fb, wire::Body::Reply, body.Union()), wire::MessageIdentifier());
+}
+
+}  // namespace tierswap::service

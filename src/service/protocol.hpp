@@ -1,0 +1,55 @@
+// The node service's wire: length-prefixed, versioned, verified FlatBuffers messages over a Unix
+// stream socket (schema: protocol.fbs), with a memfd passed by SCM_RIGHTS beside one of them.
+// Used by both ends; nothing here trusts the peer: every received message is bounded, verified
+// (flatbuffers::Verifier, file identifier) and in sequence before anyone reads a field.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "src/service/protocol_generated.h"
+
+namespace tierswap::service {
+
+inline constexpr std::uint32_t kProtocolVersion = 1;
+/// Largest message accepted (the length prefix excluded): control messages are small.
+inline constexpr std::uint32_t kMaxMessageBytes = 64 * 1024;
+
+/// Verifies one message (without its length prefix). Returns it, or nullptr with `*why` set.
+const wire::Message* verify_message(const std::uint8_t* data, std::size_t n, std::string* why);
+
+/// One end of a connection: owns the socket, numbers what it sends and checks the numbers of
+/// what it receives. Move-only; closes the socket when destroyed.
+class Connection {
+ public:
+  explicit Connection(int sock) noexcept : sock_(sock) {}
+  Connection(Connection&& o) noexcept;
+  Connection& operator=(Connection&&) = delete;
+  Connection(const Connection&) = delete;
+  ~Connection();
+
+  int fd() const noexcept { return sock_; }
+  /// A FlatBufferBuilder with the next sequence number: finish the body, then send().
+  flatbuffers::Offset<wire::Message> message(flatbuffers::FlatBufferBuilder& fb, wire::Body type,
+                                             flatbuffers::Offset<void> body);
+  /// Sends the finished message, with `fd` as SCM_RIGHTS when >= 0. 0 or -errno.
+  int send(flatbuffers::FlatBufferBuilder& fb, int fd = -1) noexcept;
+
+  enum class Status { ok, closed, error, invalid };
+  /// Receives one message into `buf` (verified and in sequence: `*msg` then points into `buf`).
+  /// A passed descriptor lands in `*fd` (else -1; one is closed when fd is null). On invalid or
+  /// error, `*why` says what was wrong.
+  Status receive(std::vector<std::uint8_t>& buf, const wire::Message** msg, int* fd,
+                 std::string* why);
+
+ private:
+  int sock_ = -1;
+  std::uint64_t sent_ = 0, received_ = 0;
+};
+
+/// Reply helpers: a Reply with `error` (0 or errno), `message`, `value`, `text`.
+void build_reply(Connection& c, flatbuffers::FlatBufferBuilder& fb, int error,
+                 const std::string& message, std::uint64_t value = 0, const std::string& text = {});
+
+}  // namespace tierswap::service

@@ -1,0 +1,598 @@
+// SwapService: the listening socket, one thread per connected client, the node's memory budget,
+// the clients' regions, and the requests (put, get, commit, discard, status) over one engine.
+#include <fcntl.h>
+#include <poll.h>
+#include <sys/eventfd.h>
+#include <sys/mman.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/un.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <cstring>
+#include <list>
+#include <mutex>
+#include <nlohmann/json.hpp>
+#include <system_error>
+#include <thread>
+
+#include "src/service/protocol.hpp"
+#include "src/service/store.hpp"
+#include "tierswap/checksum.hpp"
+#include "tierswap/io_engine.hpp"
+#include "tierswap/log.hpp"
+#include "tierswap/metrics.hpp"
+#include "tierswap/service.hpp"
+#include "tierswap/swap_space.hpp"
+#include "tierswap/telemetry.hpp"
+#include "tierswap/units.hpp"
+
+#include <fmt/format.h>
+
+namespace tierswap {
+
+using service::BlockRecord;
+using service::ClientRecord;
+using service::Connection;
+namespace wire = tierswap::wire;
+
+void ServiceConfig::validate() const {
+  if (swap_dirs.empty()) throw std::invalid_argument("service: swap_dirs: at least one directory");
+  if (host_budget < 4096) throw std::invalid_argument("service: host_budget: at least 4 KiB");
+  if (client_quota > host_budget)
+    throw std::invalid_argument(fmt::format("service: client_quota {} exceeds host_budget {}",
+                                            format_bytes(client_quota), format_bytes(host_budget)));
+}
+
+namespace {
+
+// A client's shared memory: a sealed memfd mapped here (and, through the passed fd, there).
+struct SharedMemory {
+  int fd = -1;
+  std::byte* data = nullptr;
+  std::uint64_t bytes = 0;
+  SharedMemory() = default;
+  SharedMemory(const SharedMemory&) = delete;
+  ~SharedMemory() {
+    if (data) ::munmap(data, bytes);
+    if (fd >= 0) ::close(fd);
+  }
+};
+
+std::unique_ptr<SharedMemory> make_shared_memory(const std::string& name, std::uint64_t bytes,
+                                                 bool lock) {
+  auto m = std::make_unique<SharedMemory>();
+  m->fd = ::memfd_create(("tierswap-" + name).c_str(), MFD_CLOEXEC | MFD_ALLOW_SEALING);
+  if (m->fd < 0) throw std::system_error(errno, std::system_category(), "memfd_create");
+  if (::ftruncate(m->fd, static_cast<off_t>(bytes)) != 0)
+    throw std::system_error(errno, std::system_category(), "ftruncate memfd");
+  // The client must not shrink it under our mapping (a SIGBUS here) or grow it.
+  if (::fcntl(m->fd, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL) != 0)
+    throw std::system_error(errno, std::system_category(), "seal memfd");
+  void* p = ::mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, m->fd, 0);
+  if (p == MAP_FAILED) throw std::system_error(errno, std::system_category(), "mmap memfd");
+  m->data = static_cast<std::byte*>(p);
+  m->bytes = bytes;
+  if (lock && ::mlock(p, bytes) != 0)
+    log(LogLevel::warn, fmt::format("service: client {}: mlock of {} failed ({}): unpinned", name,
+                                    format_bytes(bytes), std::strerror(errno)));
+  return m;
+}
+
+struct Peer {
+  Connection conn;
+  ucred cred{};
+  std::thread thread;
+  std::atomic<bool> done{false};
+  explicit Peer(int fd) : conn(fd) {}
+};
+
+}  // namespace
+
+struct SwapService::Impl {
+  ServiceConfig cfg;
+  std::unique_ptr<SwapSpace> space;
+  std::unique_ptr<IoEngine> engine;
+  service::ServiceFiles files;
+  std::uint64_t align = 4096;
+  std::string uuid;
+
+  mutable std::mutex mu;  // everything below
+  std::map<std::string, ClientRecord> clients;
+  std::unique_ptr<ExtentAllocator> regions;
+  struct Live {
+    std::uint64_t memory = 0;
+    pid_t pid = 0;
+    uid_t uid = 0;
+    std::uint64_t read_bytes = 0, written_bytes = 0;
+  };
+  std::map<std::string, Live> live;  // attached clients
+  std::uint64_t granted = 0;
+
+  std::filesystem::path socket_path;
+  bool inherited = false;  // systemd's socket: not ours to remove
+  int listen_fd = -1;
+  int wake_fd = -1;
+  std::thread acceptor;
+  std::list<std::unique_ptr<Peer>> peers;  // guarded by peers_mu
+  std::mutex peers_mu;
+  MetricsRegistry::Source metrics;
+  std::unique_ptr<TelemetryServer> telemetry;  // `tierswap ps` finds the service through it
+
+  void open_storage();
+  void listen_on(int inherited_fd);
+  ~Impl() {
+    if (listen_fd >= 0) ::close(listen_fd);
+    if (wake_fd >= 0) ::close(wake_fd);
+  }
+  void accept_loop();
+  void serve(Peer& p);
+  void reap_peers(bool all);
+  // Requests of an attached client (its record is only touched by its own connection).
+  struct Session {
+    ClientRecord* rec = nullptr;
+    std::unique_ptr<SharedMemory> mem;
+    std::string key;
+  };
+  bool hello(Peer& p, const wire::Hello& h, Session& s, std::string* why);
+  void handle(Peer& p, const wire::Message& m, Session& s, flatbuffers::FlatBufferBuilder& fb);
+  std::uint64_t put(Session& s, const wire::Put& r);
+  std::uint64_t get(Session& s, const wire::Get& r);
+  std::uint64_t commit(Session& s);
+  void detach(Session& s);
+  std::string status() const;
+  void fill_metrics(MetricsWriter& w) const;
+};
+
+// ---- storage -------------------------------------------------------------------------------
+void SwapService::Impl::open_storage() {
+  SwapSpaceConfig sc;
+  sc.dirs = cfg.swap_dirs;
+  if (cfg.capacity > 0) {
+    sc.capacity = cfg.capacity;
+    space = std::make_unique<SwapSpace>(SwapSpace::open_or_create(sc));
+  } else {
+    space = std::make_unique<SwapSpace>(SwapSpace::open(cfg.swap_dirs));
+  }
+  engine = std::make_unique<IoEngine>(*space);
+  align = std::max<std::uint64_t>(4096, space->alignment());
+  uuid = space->uuid();
+  files.dir = cfg.swap_dirs.front();
+  clients = service::load_clients(files, uuid, align);
+  regions = std::make_unique<ExtentAllocator>(space->capacity() / align * align, align);
+  for (auto& [k, c] : clients) {
+    try {
+      regions->reserve({c.base, c.bytes});
+    } catch (const std::exception& e) {
+      throw std::runtime_error(fmt::format("{}: region of client {} ({} at {}) overlaps another or "
+                                           "lies outside the swap space: {}",
+                                           files.registry().string(), k, format_bytes(c.bytes),
+                                           c.base, e.what()));
+    }
+  }
+}
+
+// ---- socket --------------------------------------------------------------------------------
+void SwapService::Impl::listen_on(int inherited_fd) {
+  wake_fd = ::eventfd(0, EFD_CLOEXEC);
+  if (wake_fd < 0) throw std::system_error(errno, std::system_category(), "eventfd");
+  if (inherited_fd >= 0) {
+    listen_fd = inherited_fd;
+    inherited = true;
+    return;
+  }
+  sockaddr_un a{};
+  a.sun_family = AF_UNIX;
+  const std::string s = socket_path.string();
+  if (s.size() >= sizeof a.sun_path)
+    throw std::system_error(ENAMETOOLONG, std::system_category(), "service socket " + s);
+  std::memcpy(a.sun_path, s.c_str(), s.size() + 1);
+  std::filesystem::create_directories(socket_path.parent_path());
+  listen_fd = ::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  if (listen_fd < 0) throw std::system_error(errno, std::system_category(), "socket");
+  // A socket file of a dead service is replaced; one that answers is another live service.
+  if (::connect(listen_fd, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0)
+    throw std::system_error(EADDRINUSE, std::system_category(),
+                            "another tierswap service listens on " + s);
+  ::close(listen_fd);
+  listen_fd = ::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  struct stat st {};
+  if (::lstat(a.sun_path, &st) == 0) {
+    if (!S_ISSOCK(st.st_mode))
+      throw std::system_error(EEXIST, std::system_category(),
+                              "service socket path " + s + " exists and is not a socket");
+    ::unlink(a.sun_path);
+  }
+  const mode_t old = ::umask(cfg.allow_other_users ? 0111 : 0177);
+  const int rc = ::bind(listen_fd, reinterpret_cast<sockaddr*>(&a), sizeof a);
+  const int err = errno;
+  ::umask(old);
+  if (rc != 0) throw std::system_error(err, std::system_category(), "bind " + s);
+  if (::listen(listen_fd, 64) != 0) throw std::system_error(errno, std::system_category(), "listen " + s);
+}
+
+void SwapService::Impl::accept_loop() {
+  for (;;) {
+    pollfd fds[2] = {{listen_fd, POLLIN, 0}, {wake_fd, POLLIN, 0}};
+    if (::poll(fds, 2, 1000) < 0 && errno != EINTR) return;
+    if (fds[1].revents) return;
+    reap_peers(false);
+    if (!(fds[0].revents & POLLIN)) continue;
+    const int fd = ::accept4(listen_fd, nullptr, nullptr, SOCK_CLOEXEC);
+    if (fd < 0) continue;
+    auto peer = std::make_unique<Peer>(fd);
+    socklen_t len = sizeof peer->cred;
+    if (::getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &peer->cred, &len) != 0) continue;
+    if (peer->cred.uid != ::getuid() && !cfg.allow_other_users) {
+      log(LogLevel::warn, fmt::format("service: refused pid {} of uid {} (not ours; "
+                                      "--allow-other-users to accept)",
+                                      peer->cred.pid, peer->cred.uid));
+      continue;  // closed by ~Peer
+    }
+    Peer& p = *peer;
+    std::lock_guard lk(peers_mu);
+    peers.push_back(std::move(peer));
+    p.thread = std::thread([this, &p] {
+      serve(p);
+      p.done = true;
+    });
+  }
+}
+
+void SwapService::Impl::reap_peers(bool all) {
+  std::lock_guard lk(peers_mu);
+  for (auto it = peers.begin(); it != peers.end();) {
+    if (all) ::shutdown((*it)->conn.fd(), SHUT_RDWR);
+    if (all || (*it)->done) {
+      (*it)->thread.join();
+      it = peers.erase(it);
+    } else {
+      ++it;
+    }
+  }
+}
+
+// ---- one connection ------------------------------------------------------------------------
+void SwapService::Impl::serve(Peer& p) {
+  std::vector<std::uint8_t> buf;
+  flatbuffers::FlatBufferBuilder fb;
+  Session s;
+  for (;;) {
+    const wire::Message* m = nullptr;
+    std::string why;
+    const auto st = p.conn.receive(buf, &m, nullptr, &why);
+    if (st != Connection::Status::ok) {
+      if (st == Connection::Status::invalid || st == Connection::Status::error)
+        log(LogLevel::warn, fmt::format("service: dropped pid {} ({}): {}", p.cred.pid,
+                                        s.key.empty() ? "before hello" : s.key, why));
+      break;
+    }
+    fb.Clear();
+    if (!s.rec) {
+      const auto* h = m->body_as_Hello();
+      if (!h) {
+        log(LogLevel::warn, fmt::format("service: dropped pid {}: first message is not hello",
+                                        p.cred.pid));
+        break;
+      }
+      if (!hello(p, *h, s, &why)) {
+        build_reply(p.conn, fb, EINVAL, why);
+        p.conn.send(fb);
+        break;
+      }
+      continue;
+    }
+    if (m->body_type() == wire::Body::Hello || m->body_type() == wire::Body::Welcome ||
+        m->body_type() == wire::Body::Reply) {
+      log(LogLevel::warn, fmt::format("service: dropped {}: unexpected {}", s.key,
+                                      wire::EnumNameBody(m->body_type())));
+      break;
+    }
+    handle(p, *m, s, fb);
+    if (p.conn.send(fb) != 0) break;
+  }
+  detach(s);
+  // The peer sees the end at once, after its memory and attachment are released (the socket
+  // itself is closed when the acceptor reaps this thread).
+  ::shutdown(p.conn.fd(), SHUT_RDWR);
+}
+
+bool SwapService::Impl::hello(Peer& p, const wire::Hello& h, Session& s, std::string* why) {
+  const std::string job = h.job() ? h.job()->str() : "";
+  if (h.protocol() != service::kProtocolVersion) {
+    *why = fmt::format("protocol {} (this service speaks {})", h.protocol(),
+                       service::kProtocolVersion);
+    return false;
+  }
+  if (!service::valid_job(job)) {
+    *why = fmt::format("job id '{}': expected 1-64 of [A-Za-z0-9._-]", job);
+    return false;
+  }
+  const std::uint64_t mem = h.memory_bytes();
+  if (mem == 0 || mem % 4096 != 0) {
+    *why = fmt::format("memory_bytes {}: a positive multiple of 4 KiB", mem);
+    return false;
+  }
+  std::unique_lock lk(mu);
+  const std::string key = job + "." + std::to_string(h.rank());
+  if (live.count(key)) {
+    *why = fmt::format("client {} is already attached (pid {})", key, live[key].pid);
+    return false;
+  }
+  const std::uint64_t quota = cfg.client_quota ? cfg.client_quota : cfg.host_budget;
+  if (mem > quota || granted + mem > cfg.host_budget) {
+    *why = fmt::format("client {} asks {} of shared memory: the per-client quota is {}, and {} of "
+                       "the node's {} is free",
+                       key, format_bytes(mem), format_bytes(quota),
+                       format_bytes(cfg.host_budget - granted), format_bytes(cfg.host_budget));
+    return false;
+  }
+  auto it = clients.find(key);
+  const bool reattached = it != clients.end();
+  if (!reattached) {
+    const std::uint64_t want = round_up(h.region_bytes(), align);
+    const auto e = want ? regions->try_allocate(want) : std::nullopt;
+    if (!e) {
+      *why = fmt::format("client {} asks {} of NVMe: {} of the swap space is free", key,
+                         format_bytes(want), format_bytes(regions->stats().free));
+      return false;
+    }
+    ClientRecord c;
+    c.job = job;
+    c.rank = h.rank();
+    c.base = e->offset;
+    c.bytes = e->length;
+    c.rebuild(align);
+    it = clients.emplace(key, std::move(c)).first;
+    save_registry(files, uuid, clients);
+  }
+  s.mem = make_shared_memory(key, mem, cfg.lock_memory);
+  s.rec = &it->second;
+  s.key = key;
+  granted += mem;
+  live[key] = Live{mem, p.cred.pid, p.cred.uid, 0, 0};
+  lk.unlock();
+  flatbuffers::FlatBufferBuilder fb;
+  const auto w = wire::CreateWelcome(fb, mem, s.rec->bytes, s.rec->generation, reattached);
+  fb.Finish(p.conn.message(fb, wire::Body::Welcome, w.Union()), wire::MessageIdentifier());
+  log(LogLevel::info, fmt::format("service: {} {} (pid {}): {} shared, {} of NVMe, generation {}",
+                                  key, reattached ? "reattached" : "attached", p.cred.pid,
+                                  format_bytes(mem), format_bytes(s.rec->bytes),
+                                  s.rec->generation));
+  return p.conn.send(fb, s.mem->fd) == 0;
+}
+
+void SwapService::Impl::handle(Peer& p, const wire::Message& m, Session& s,
+                               flatbuffers::FlatBufferBuilder& fb) {
+  std::uint64_t value = 0;
+  std::string text;
+  try {
+    switch (m.body_type()) {
+      case wire::Body::Put: value = put(s, *m.body_as_Put()); break;
+      case wire::Body::Get: value = get(s, *m.body_as_Get()); break;
+      case wire::Body::Commit: value = commit(s); break;
+      case wire::Body::Discard: {
+        std::lock_guard lk(mu);
+        for (auto& [id, b] : s.rec->blocks) b.open = false;
+        break;
+      }
+      default: text = status(); break;  // Status (the others were refused before)
+    }
+  } catch (const std::system_error& e) {
+    build_reply(p.conn, fb, e.code().value() ? e.code().value() : EIO, e.what());
+    return;
+  } catch (const std::exception& e) {
+    build_reply(p.conn, fb, EIO, e.what());
+    return;
+  }
+  build_reply(p.conn, fb, 0, "", value, text);
+}
+
+// ---- requests ------------------------------------------------------------------------------
+namespace {
+
+void check_range(const char* what, std::uint64_t offset, std::uint64_t length,
+                 std::uint64_t memory) {
+  if (length == 0 || offset % 4096 || length % 4096 || offset > memory || length > memory - offset)
+    throw std::system_error(EINVAL, std::system_category(),
+                            fmt::format("{} [{}, +{}): outside the shared memory of {} or not in "
+                                        "whole 4 KiB pages",
+                                        what, offset, length, format_bytes(memory)));
+}
+
+}  // namespace
+
+std::uint64_t SwapService::Impl::put(Session& s, const wire::Put& r) {
+  check_range("put", r.offset(), r.length(), s.mem->bytes);
+  ClientRecord& c = *s.rec;
+  BlockRecord b;
+  {
+    std::lock_guard lk(mu);  // status() reads the block table
+    auto it = c.blocks.find(r.block());
+    if (it == c.blocks.end()) {
+      c.place(r.block(), r.length(), align);
+      it = c.blocks.find(r.block());
+    }
+    if (it->second.length != r.length())
+      throw std::system_error(EINVAL, std::system_category(),
+                              fmt::format("put: block {} has {} bytes, not {}", r.block(),
+                                          it->second.length, r.length()));
+    b = it->second;
+  }
+  const std::byte* data = s.mem->data + r.offset();
+  const int slot = b.writable();
+  const std::uint64_t sum = checksum64(data, r.length());
+  engine->write(c.base + b.extent[slot], data, r.length()).wait();
+  std::lock_guard lk(mu);
+  BlockRecord& rb = c.blocks.at(r.block());
+  rb.sum[slot] = sum;
+  rb.open = true;
+  live[s.key].written_bytes += r.length();
+  return r.length();
+}
+
+std::uint64_t SwapService::Impl::get(Session& s, const wire::Get& r) {
+  check_range("get", r.offset(), r.length(), s.mem->bytes);
+  const auto it = s.rec->blocks.find(r.block());
+  if (it == s.rec->blocks.end() || it->second.readable() < 0)
+    throw std::system_error(ENOENT, std::system_category(),
+                            fmt::format("get: client {} has no block {}", s.key, r.block()));
+  const BlockRecord& b = it->second;
+  if (r.length() < b.length)
+    throw std::system_error(EINVAL, std::system_category(),
+                            fmt::format("get: block {} has {} bytes, room for {}", r.block(),
+                                        b.length, r.length()));
+  std::byte* data = s.mem->data + r.offset();
+  const int slot = b.readable();
+  engine->read(s.rec->base + b.extent[slot], data, b.length).wait();
+  if (checksum64(data, b.length) != b.sum[slot])
+    throw std::system_error(EIO, std::system_category(),
+                            fmt::format("get: block {} of client {} does not match its checksum "
+                                        "(slot {} at {} of the swap space)",
+                                        r.block(), s.key, slot, s.rec->base + b.extent[slot]));
+  std::lock_guard lk(mu);
+  live[s.key].read_bytes += b.length;
+  return b.length;
+}
+
+std::uint64_t SwapService::Impl::commit(Session& s) {
+  ClientRecord& c = *s.rec;
+  space->sync();
+  ClientRecord next;  // the manifest is written from a copy: a failed write changes nothing
+  next.job = c.job;
+  next.rank = c.rank;
+  next.generation = c.generation + 1;
+  for (const auto& [id, b] : c.blocks) {
+    BlockRecord n = b;
+    if (n.open) n.committed = n.writable();
+    n.open = false;
+    next.blocks.emplace(id, n);
+  }
+  save_manifest(files, uuid, next);
+  std::lock_guard lk(mu);
+  c.blocks = std::move(next.blocks);
+  c.generation = next.generation;
+  return c.generation;
+}
+
+void SwapService::Impl::detach(Session& s) {
+  if (!s.rec) return;
+  ClientRecord& c = *s.rec;
+  std::lock_guard lk(mu);
+  // The open generation is discarded: blocks never committed give their extents back.
+  for (auto it = c.blocks.begin(); it != c.blocks.end();) {
+    it->second.open = false;
+    if (it->second.committed < 0) {
+      for (std::uint64_t e : it->second.extent) c.alloc->free({e, round_up(it->second.length, align)});
+      it = c.blocks.erase(it);
+    } else {
+      ++it;
+    }
+  }
+  granted -= s.mem->bytes;
+  live.erase(s.key);
+  log(LogLevel::info, fmt::format("service: {} detached at generation {}", s.key, c.generation));
+  s.mem.reset();
+  s.rec = nullptr;
+}
+
+// ---- status and metrics --------------------------------------------------------------------
+std::string SwapService::Impl::status() const {
+  std::lock_guard lk(mu);
+  nlohmann::json j = {{"service", true},
+                      {"pid", ::getpid()},
+                      {"socket", socket_path.string()},
+                      {"swap_dirs", nlohmann::json::array()},
+                      {"host_budget", cfg.host_budget},
+                      {"memory_granted", granted},
+                      {"nvme_capacity", space->capacity()},
+                      {"nvme_free", regions->stats().free},
+                      {"backend", engine->backend_description()}};
+  for (const auto& d : cfg.swap_dirs) j["swap_dirs"].push_back(d.string());
+  j["clients"] = nlohmann::json::array();
+  for (const auto& [k, c] : clients) {
+    nlohmann::json e = {{"job", c.job},       {"rank", c.rank},
+                        {"region_bytes", c.bytes}, {"generation", c.generation},
+                        {"blocks", c.blocks.size()}, {"attached", live.count(k) > 0}};
+    if (const auto it = live.find(k); it != live.end())
+      e.update({{"pid", it->second.pid},
+                {"uid", it->second.uid},
+                {"memory_bytes", it->second.memory},
+                {"nvme_read_bytes", it->second.read_bytes},
+                {"nvme_written_bytes", it->second.written_bytes}});
+    j["clients"].push_back(e);
+  }
+  return j.dump();
+}
+
+void SwapService::Impl::fill_metrics(MetricsWriter& w) const {
+  std::lock_guard lk(mu);
+  w.family("tierswap_service_clients", "Clients attached to the node service.", MetricType::gauge);
+  w.sample(static_cast<double>(live.size()));
+  w.family("tierswap_service_memory_budget_bytes", "The node's shared-memory budget.",
+           MetricType::gauge);
+  w.sample(static_cast<double>(cfg.host_budget));
+  w.family("tierswap_service_memory_granted_bytes", "Shared memory granted to clients.",
+           MetricType::gauge);
+  w.sample(static_cast<double>(granted));
+  struct Col {
+    const char* name;
+    const char* help;
+    MetricType type;
+    std::uint64_t Live::*field;
+  };
+  static constexpr Col cols[] = {
+      {"tierswap_client_nvme_read_bytes_total", "Bytes a client read from NVMe (this attach).",
+       MetricType::counter, &Live::read_bytes},
+      {"tierswap_client_nvme_written_bytes_total", "Bytes a client wrote to NVMe (this attach).",
+       MetricType::counter, &Live::written_bytes},
+      {"tierswap_client_memory_bytes", "Shared memory a client holds.", MetricType::gauge,
+       &Live::memory},
+  };
+  for (const Col& col : cols) {
+    w.family(col.name, col.help, col.type);
+    for (const auto& [k, l] : live) w.sample(static_cast<double>(l.*col.field), {{"client", k}});
+  }
+  w.family("tierswap_client_generation", "A client's committed generation.", MetricType::gauge);
+  for (const auto& [k, c] : clients) w.sample(static_cast<double>(c.generation), {{"client", k}});
+}
+
+// ---- SwapService ---------------------------------------------------------------------------
+SwapService::SwapService(ServiceConfig cfg, int listen_fd) : impl_(std::make_unique<Impl>()) {
+  cfg.validate();
+  Impl& m = *impl_;
+  m.cfg = std::move(cfg);
+  m.socket_path = m.cfg.socket.empty() ? default_service_socket() : m.cfg.socket;
+  m.open_storage();
+  m.listen_on(listen_fd);
+  m.metrics = MetricsRegistry::process().add([&m](MetricsWriter& w) { m.fill_metrics(w); });
+  if (const TelemetryConfig tc = TelemetryConfig::from_env(); tc.enabled) {
+    try {
+      m.telemetry = std::make_unique<TelemetryServer>([&m] { return m.status(); }, tc);
+    } catch (const std::exception& e) {
+      log(LogLevel::warn, fmt::format("service: telemetry endpoint not started: {}", e.what()));
+    }
+  }
+  m.acceptor = std::thread([&m] { m.accept_loop(); });
+}
+
+SwapService::~SwapService() {
+  Impl& m = *impl_;
+  m.telemetry.reset();
+  m.metrics = {};
+  const std::uint64_t one = 1;
+  if (::write(m.wake_fd, &one, sizeof one) < 0) { /* the poll timeout ends the loop anyway */ }
+  m.acceptor.join();
+  m.reap_peers(true);
+  std::error_code ec;
+  if (!m.inherited) std::filesystem::remove(m.socket_path, ec);
+}
+
+const std::filesystem::path& SwapService::socket_path() const noexcept {
+  return impl_->socket_path;
+}
+
+std::string SwapService::status_json() const { return impl_->status(); }
+
+}  // namespace tierswap

@@ -1,0 +1,361 @@
+// The node service: blocks through shared memory and back, generations, isolation between
+// clients, the node budget, a client killed with kill -9, the service killed and restarted,
+// malformed and out-of-order messages, another uid, a corrupt registry, and its metrics.
+#include <gtest/gtest.h>
+#include <signal.h>
+#include <sys/socket.h>
+#include <sys/un.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstring>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <thread>
+
+#include "src/service/protocol.hpp"
+#include "test_util.hpp"
+#include "tierswap/metrics.hpp"
+#include "tierswap/service.hpp"
+
+namespace tierswap {
+namespace {
+
+using test::TempDir;
+constexpr std::uint64_t kKiB = 1024, kMiB = 1024 * 1024;
+
+ServiceConfig service_config(const TempDir& d, std::uint64_t budget = 4 * kMiB) {
+  ServiceConfig c;
+  c.swap_dirs = {d.path()};
+  c.capacity = 64 * kMiB;
+  c.host_budget = budget;
+  c.socket = d.path() / "service.sock";
+  return c;
+}
+
+ServiceClientConfig client_config(const ServiceConfig& s, std::string job, std::uint32_t rank = 0,
+                                  std::uint64_t memory = 256 * kKiB) {
+  ServiceClientConfig c;
+  c.socket = s.socket;
+  c.job = std::move(job);
+  c.rank = rank;
+  c.memory_bytes = memory;
+  c.region_bytes = 8 * kMiB;
+  c.timeout_seconds = 10;
+  return c;
+}
+
+void fill(ServiceClient& c, std::uint64_t offset, std::uint64_t length, std::uint8_t seed) {
+  auto m = c.memory().subspan(offset, length);
+  for (std::size_t i = 0; i < m.size(); ++i) m[i] = std::byte(static_cast<std::uint8_t>(seed + i * 7));
+}
+
+bool holds(ServiceClient& c, std::uint64_t offset, std::uint64_t length, std::uint8_t seed) {
+  auto m = c.memory().subspan(offset, length);
+  for (std::size_t i = 0; i < m.size(); ++i)
+    if (m[i] != std::byte(static_cast<std::uint8_t>(seed + i * 7))) return false;
+  return true;
+}
+
+std::string error_of(const std::function<void()>& f) {
+  try {
+    f();
+  } catch (const std::exception& e) {
+    return e.what();
+  }
+  return "(no error)";
+}
+
+TEST(Service, BlocksGoThroughSharedMemoryWithGenerations) {
+  TempDir d;
+  const auto sc = service_config(d);
+  SwapService svc(sc);
+  {
+    ServiceClient c(client_config(sc, "job1"));
+    EXPECT_FALSE(c.reattached());
+    EXPECT_EQ(c.memory().size(), 256 * kKiB);
+    fill(c, 0, 64 * kKiB, 1);
+    c.put(7, 0, 64 * kKiB);
+    EXPECT_EQ(c.commit(), 1u);
+    fill(c, 0, 64 * kKiB, 2);
+    c.put(7, 0, 64 * kKiB);  // the open generation
+    std::memset(c.memory().data() + 64 * kKiB, 0, 64 * kKiB);
+    EXPECT_EQ(c.get(7, 64 * kKiB, 64 * kKiB), 64 * kKiB);
+    EXPECT_TRUE(holds(c, 64 * kKiB, 64 * kKiB, 2));
+    c.discard();
+    EXPECT_EQ(c.get(7, 64 * kKiB, 64 * kKiB), 64 * kKiB);
+    EXPECT_TRUE(holds(c, 64 * kKiB, 64 * kKiB, 1));
+    fill(c, 0, 64 * kKiB, 3);
+    c.put(7, 0, 64 * kKiB);
+    fill(c, 0, 4 * kKiB, 9);
+    c.put(8, 0, 4 * kKiB);  // put, never committed: gone when the client detaches
+  }
+  ServiceClient again(client_config(sc, "job1"));
+  EXPECT_TRUE(again.reattached());
+  EXPECT_EQ(again.attached_generation(), 1u);
+  again.get(7, 0, 64 * kKiB);
+  EXPECT_TRUE(holds(again, 0, 64 * kKiB, 1));  // the open generation (seed 3) was discarded
+  EXPECT_NE(error_of([&] { again.get(8, 0, 4 * kKiB); }).find("no block 8"), std::string::npos);
+}
+
+TEST(Service, ClientsAreIsolatedAndBadRequestsAreErrorsNotCrashes) {
+  TempDir d;
+  const auto sc = service_config(d);
+  SwapService svc(sc);
+  ServiceClient a(client_config(sc, "job", 0)), b(client_config(sc, "job", 1));
+  fill(a, 0, 8 * kKiB, 10);
+  fill(b, 0, 8 * kKiB, 20);
+  a.put(1, 0, 8 * kKiB);
+  b.put(1, 0, 8 * kKiB);
+  a.commit();
+  b.commit();
+  a.get(1, 8 * kKiB, 8 * kKiB);
+  b.get(1, 8 * kKiB, 8 * kKiB);
+  EXPECT_TRUE(holds(a, 8 * kKiB, 8 * kKiB, 10));
+  EXPECT_TRUE(holds(b, 8 * kKiB, 8 * kKiB, 20));
+  EXPECT_NE(error_of([&] { a.put(2, 250 * kKiB, 8 * kKiB); }).find("outside the shared memory"),
+            std::string::npos);
+  EXPECT_NE(error_of([&] { a.put(2, 100, 4 * kKiB); }).find("4 KiB"), std::string::npos);
+  EXPECT_NE(error_of([&] { a.put(1, 0, 4 * kKiB); }).find("has 8192 bytes"), std::string::npos);
+  EXPECT_NE(error_of([&] { a.get(1, 0, 4 * kKiB); }).find("room for"), std::string::npos);
+  EXPECT_NE(error_of([&] { ServiceClient x(client_config(sc, "job", 0)); })
+                .find("already attached"),
+            std::string::npos);
+  EXPECT_NE(error_of([&] { ServiceClient x(client_config(sc, "../etc")); }).find("job id"),
+            std::string::npos);
+  auto big = client_config(sc, "big");
+  big.region_bytes = 1ull << 40;
+  EXPECT_NE(error_of([&] { ServiceClient x(big); }).find("of NVMe"), std::string::npos);
+  a.get(1, 0, 8 * kKiB);  // still served after its errors
+  EXPECT_TRUE(holds(a, 0, 8 * kKiB, 10));
+  const auto st = nlohmann::json::parse(a.status_json());
+  EXPECT_TRUE(st.at("service").get<bool>());
+  EXPECT_EQ(st.at("memory_granted").get<std::uint64_t>(), 512 * kKiB);
+}
+
+TEST(Service, TheNodeBudgetIsSharedAndGivenBack) {
+  TempDir d;
+  auto sc = service_config(d, 1 * kMiB);
+  sc.client_quota = 768 * kKiB;
+  SwapService svc(sc);
+  EXPECT_NE(error_of([&] { ServiceClient x(client_config(sc, "q", 0, 1 * kMiB)); })
+                .find("per-client quota is 768.00 KiB"),
+            std::string::npos);
+  auto a = std::make_unique<ServiceClient>(client_config(sc, "a", 0, 768 * kKiB));
+  const std::string why = error_of([&] { ServiceClient x(client_config(sc, "b", 0, 512 * kKiB)); });
+  EXPECT_NE(why.find("256.00 KiB of the node's 1.00 MiB is free"), std::string::npos) << why;
+  a.reset();
+  // The service frees a's memory when it sees the connection close.
+  for (int i = 0; i < 100; ++i) {
+    if (nlohmann::json::parse(svc.status_json()).at("memory_granted") == 0) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  ServiceClient b(client_config(sc, "b", 0, 512 * kKiB));
+  EXPECT_EQ(b.memory().size(), 512 * kKiB);
+}
+
+TEST(Service, AClientKilledMidStepKeepsItsCommittedGeneration) {
+  TempDir d;
+  const auto sc = service_config(d);
+  SwapService svc(sc);
+  const pid_t child = ::fork();
+  if (child == 0) {
+    ServiceClient c(client_config(sc, "victim"));
+    fill(c, 0, 16 * kKiB, 1);
+    c.put(1, 0, 16 * kKiB);
+    c.commit();
+    fill(c, 0, 16 * kKiB, 2);
+    c.put(1, 0, 16 * kKiB);  // mid-step: written, not committed
+    ::kill(::getpid(), SIGKILL);
+  }
+  int status = 0;
+  ASSERT_EQ(::waitpid(child, &status, 0), child);
+  ASSERT_TRUE(WIFSIGNALED(status));
+  std::unique_ptr<ServiceClient> c;
+  for (int i = 0; i < 100 && !c; ++i) {  // until the service has seen the connection close
+    try {
+      c = std::make_unique<ServiceClient>(client_config(sc, "victim"));
+    } catch (const std::system_error&) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    }
+  }
+  ASSERT_TRUE(c);
+  EXPECT_TRUE(c->reattached());
+  EXPECT_EQ(c->attached_generation(), 1u);
+  c->get(1, 0, 16 * kKiB);
+  EXPECT_TRUE(holds(*c, 0, 16 * kKiB, 1));
+}
+
+// Runs a service in a child process; returns its pid once it listens.
+pid_t spawn_service(const ServiceConfig& sc) {
+  int p[2];
+  if (::pipe(p) != 0) return -1;
+  const pid_t pid = ::fork();
+  if (pid == 0) {
+    ::close(p[0]);
+    try {
+      SwapService svc(sc);
+      const char ok = 1;
+      if (::write(p[1], &ok, 1) != 1) ::_exit(2);
+      for (;;) ::pause();
+    } catch (...) {
+      ::_exit(3);
+    }
+  }
+  ::close(p[1]);
+  char ok = 0;
+  const bool ready = ::read(p[0], &ok, 1) == 1;
+  ::close(p[0]);
+  return ready ? pid : -1;
+}
+
+TEST(Service, AKilledServiceFailsItsClientsPromptlyAndRestartsWithTheirState) {
+  TempDir d;
+  const auto sc = service_config(d);
+  pid_t svc = spawn_service(sc);
+  ASSERT_GT(svc, 0);
+  auto cc = client_config(sc, "survivor");
+  cc.timeout_seconds = 5;
+  auto c = std::make_unique<ServiceClient>(cc);
+  fill(*c, 0, 32 * kKiB, 5);
+  c->put(3, 0, 32 * kKiB);
+  c->commit();
+  fill(*c, 0, 32 * kKiB, 6);
+  c->put(3, 0, 32 * kKiB);
+  ::kill(svc, SIGKILL);
+  ::waitpid(svc, nullptr, 0);
+  const auto t0 = std::chrono::steady_clock::now();
+  const std::string why = error_of([&] { c->commit(); });
+  EXPECT_LT(std::chrono::steady_clock::now() - t0, std::chrono::seconds(6));
+  EXPECT_NE(why.find("tierswap service"), std::string::npos) << why;
+  c.reset();
+  svc = spawn_service(sc);  // a socket file of a dead service is replaced
+  ASSERT_GT(svc, 0);
+  ServiceClient again(cc);
+  EXPECT_TRUE(again.reattached());
+  EXPECT_EQ(again.attached_generation(), 1u);
+  again.get(3, 0, 32 * kKiB);
+  EXPECT_TRUE(holds(again, 0, 32 * kKiB, 5));
+  ::kill(svc, SIGKILL);
+  ::waitpid(svc, nullptr, 0);
+}
+
+// A raw connection sending whatever it is given; true when the service dropped it.
+bool dropped_after(const std::filesystem::path& socket, const std::vector<std::uint8_t>& bytes) {
+  const int fd = ::socket(AF_UNIX, SOCK_STREAM, 0);
+  sockaddr_un a{};
+  a.sun_family = AF_UNIX;
+  std::strcpy(a.sun_path, socket.c_str());
+  if (::connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) != 0) return false;
+  if (!bytes.empty()) (void)!::send(fd, bytes.data(), bytes.size(), MSG_NOSIGNAL);
+  timeval tv{5, 0};
+  ::setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+  char c;
+  ssize_t r;
+  while ((r = ::recv(fd, &c, 1, 0)) > 0) {
+  }
+  ::close(fd);
+  return r == 0;  // EOF: closed by the service (a timeout would be -1)
+}
+
+std::vector<std::uint8_t> framed(flatbuffers::FlatBufferBuilder& fb) {
+  const std::uint32_t n = fb.GetSize();
+  std::vector<std::uint8_t> v(4 + n);
+  std::memcpy(v.data(), &n, 4);
+  std::memcpy(v.data() + 4, fb.GetBufferPointer(), n);
+  return v;
+}
+
+std::vector<std::uint8_t> hello_frame(std::uint64_t seq, std::uint32_t protocol) {
+  flatbuffers::FlatBufferBuilder fb;
+  const auto job = fb.CreateString("raw");
+  const auto h = wire::CreateHello(fb, protocol, job, 0, 64 * kKiB, kMiB);
+  fb.Finish(wire::CreateMessage(fb, seq, wire::Body::Hello, h.Union()), wire::MessageIdentifier());
+  return framed(fb);
+}
+
+TEST(Service, MalformedOversizedAndOutOfOrderMessagesDropOnlyThatClient) {
+  TempDir d;
+  const auto sc = service_config(d);
+  SwapService svc(sc);
+  ServiceClient good(client_config(sc, "good"));
+  fill(good, 0, 4 * kKiB, 4);
+  good.put(1, 0, 4 * kKiB);
+  EXPECT_TRUE(dropped_after(sc.socket, {0xff, 0xff, 0xff, 0x7f}));        // 2 GiB length
+  EXPECT_TRUE(dropped_after(sc.socket, {16, 0, 0, 0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13,
+                                        14, 15, 16}));                    // garbage
+  EXPECT_TRUE(dropped_after(sc.socket, hello_frame(5, service::kProtocolVersion)));  // seq 5
+  EXPECT_TRUE(dropped_after(sc.socket, hello_frame(1, 99)));              // another protocol
+  {
+    flatbuffers::FlatBufferBuilder fb;  // a request before hello
+    fb.Finish(wire::CreateMessage(fb, 1, wire::Body::Commit, wire::CreateCommit(fb).Union()),
+              wire::MessageIdentifier());
+    EXPECT_TRUE(dropped_after(sc.socket, framed(fb)));
+  }
+  auto corrupt = hello_frame(1, service::kProtocolVersion);
+  corrupt[4] = 0xf0;  // the root table's offset points past the end of the message
+  EXPECT_TRUE(dropped_after(sc.socket, corrupt));
+  good.commit();  // unaffected
+  good.get(1, 8 * kKiB, 4 * kKiB);
+  EXPECT_TRUE(holds(good, 8 * kKiB, 4 * kKiB, 4));
+}
+
+TEST(Service, AnotherUidIsRefused) {
+  if (::getuid() != 0) GTEST_SKIP() << "needs root to connect as another uid";
+  TempDir d;
+  auto sc = service_config(d);
+  SwapService svc(sc);
+  ::chmod(d.path().c_str(), 0755);
+  ::chmod(sc.socket.c_str(), 0777);  // so only SO_PEERCRED stands in the way
+  const pid_t child = ::fork();
+  if (child == 0) {
+    if (::setuid(65534) != 0) ::_exit(2);
+    try {
+      ServiceClient c(client_config(sc, "intruder"));
+      ::_exit(1);
+    } catch (const std::system_error&) {
+      ::_exit(0);
+    }
+  }
+  int status = 0;
+  ASSERT_EQ(::waitpid(child, &status, 0), child);
+  ASSERT_TRUE(WIFEXITED(status));
+  EXPECT_EQ(WEXITSTATUS(status), 0);
+  EXPECT_TRUE(nlohmann::json::parse(svc.status_json()).at("clients").empty());
+}
+
+TEST(Service, ACorruptRegistryIsAnErrorAndLeftAlone) {
+  TempDir d;
+  const auto sc = service_config(d);
+  {
+    SwapService svc(sc);
+    ServiceClient c(client_config(sc, "j"));
+  }
+  const auto reg = d.path() / "tierswap.service";
+  std::filesystem::resize_file(reg, std::filesystem::file_size(reg) - 3);
+  const auto before = std::filesystem::file_size(reg);
+  const std::string why = error_of([&] { SwapService svc(sc); });
+  EXPECT_NE(why.find(reg.string()), std::string::npos) << why;
+  EXPECT_EQ(std::filesystem::file_size(reg), before);
+}
+
+TEST(Service, MetricsCountClientsAndTheirTraffic) {
+  TempDir d;
+  const auto sc = service_config(d);
+  SwapService svc(sc);
+  ServiceClient c(client_config(sc, "m", 3));
+  fill(c, 0, 12 * kKiB, 1);
+  c.put(1, 0, 12 * kKiB);
+  c.get(1, 0, 12 * kKiB);
+  const std::string t = MetricsRegistry::process().render();
+  EXPECT_NE(t.find("tierswap_service_clients 1\n"), std::string::npos) << t;
+  EXPECT_NE(t.find("tierswap_client_nvme_written_bytes_total{client=\"m.3\"} 12288\n"),
+            std::string::npos);
+  EXPECT_NE(t.find("tierswap_client_nvme_read_bytes_total{client=\"m.3\"} 12288\n"),
+            std::string::npos);
+  EXPECT_NE(t.find("tierswap_client_memory_bytes{client=\"m.3\"} 262144\n"), std::string::npos);
+}
+
+}  // namespace
+}  // namespace tierswap

@@ -1,0 +1,90 @@
+// `tierswap serve`: the node service (include/tierswap/service.hpp) in the foreground until
+// SIGINT or SIGTERM; under systemd it takes the socket it is handed (socket activation) and
+// reports readiness (sd_notify).
+#include <signal.h>
+#include <systemd/sd-daemon.h>
+
+#include <cstdio>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "tierswap/metrics.hpp"
+#include "tierswap/process_config.hpp"
+#include "tierswap/service.hpp"
+#include "tierswap/units.hpp"
+#include "tools/commands.hpp"
+
+#include <fmt/format.h>
+
+namespace tierswap::cli {
+namespace {
+
+struct ServeOptions {
+  std::vector<std::string> dirs;
+  std::string capacity, host_budget = "1GiB", quota, socket, metrics;
+  bool allow_other_users = false, no_lock = false;
+};
+
+int inherited_socket() {
+  const int n = sd_listen_fds(1);
+  if (n < 0) throw std::runtime_error(fmt::format("sd_listen_fds: error {}", -n));
+  if (n > 1) throw std::runtime_error("systemd handed over more than one socket; expected one");
+  if (n == 1 && sd_is_socket_unix(SD_LISTEN_FDS_START, SOCK_STREAM, 1, nullptr, 0) <= 0)
+    throw std::runtime_error("the socket systemd handed over is not a listening Unix stream socket");
+  return n == 1 ? SD_LISTEN_FDS_START : -1;
+}
+
+void run_serve(const ServeOptions& o) {
+  ServiceConfig c;
+  for (const auto& d : o.dirs) c.swap_dirs.emplace_back(d);
+  if (!o.capacity.empty()) c.capacity = parse_size(o.capacity, "--capacity");
+  c.host_budget = parse_size(o.host_budget, "--host-budget");
+  if (!o.quota.empty()) c.client_quota = parse_size(o.quota, "--client-quota");
+  c.socket = o.socket;
+  c.allow_other_users = o.allow_other_users;
+  c.lock_memory = !o.no_lock;
+  std::unique_ptr<MetricsServer> metrics;
+  if (!o.metrics.empty())
+    metrics = std::make_unique<MetricsServer>(parse_listen_address(o.metrics, "--metrics"),
+                                              [] { return MetricsRegistry::process().render(); });
+  // Block the signals before any thread starts, so only sigwait below sees them.
+  sigset_t set;
+  sigemptyset(&set);
+  sigaddset(&set, SIGINT);
+  sigaddset(&set, SIGTERM);
+  pthread_sigmask(SIG_BLOCK, &set, nullptr);
+  SwapService service(c, inherited_socket());
+  fmt::print(stderr, "tierswap serve: listening on {} ({} of shared memory for all clients{})\n",
+             service.socket_path().string(), format_bytes(c.host_budget),
+             metrics ? fmt::format(", metrics on port {}", metrics->port()) : std::string());
+  sd_notify(0, "READY=1");
+  int sig = 0;
+  sigwait(&set, &sig);
+  sd_notify(0, "STOPPING=1");
+  fmt::print(stderr, "tierswap serve: signal {}: stopping\n", sig);
+}
+
+}  // namespace
+
+void add_serve(CLI::App& app) {
+  auto o = std::make_shared<ServeOptions>();
+  auto* s = app.add_subcommand(
+      "serve", "The node service: one swap space and one memory budget for every rank and job");
+  s->add_option("--swap-dir", o->dirs, "A swap directory (repeat: one per drive, striped)")
+      ->required();
+  s->add_option("--capacity", o->capacity,
+                "Swap space to create when the directories hold none (e.g. 64GiB)");
+  s->add_option("--host-budget", o->host_budget, "Shared memory for all clients together")
+      ->capture_default_str();
+  s->add_option("--client-quota", o->quota, "Most shared memory one client may hold");
+  s->add_option("--socket", o->socket,
+                "Unix socket (default: TIERSWAP_SERVICE, else <runtime dir>/service.sock)");
+  s->add_option("--metrics", o->metrics, "Serve Prometheus metrics on [HOST:]PORT (loopback)");
+  s->add_flag("--allow-other-users", o->allow_other_users,
+              "Accept clients of other uids (the socket becomes world-connectable)");
+  s->add_flag("--no-lock", o->no_lock, "Do not mlock the clients' shared memory");
+  s->callback([o] { run_serve(*o); });
+}
+
+}  // namespace tierswap::cli

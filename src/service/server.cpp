@@ -180,6 +180,11 @@ void SwapService::Impl::listen_on(int inherited_fd) {
   if (inherited_fd >= 0) {
     listen_fd = inherited_fd;
     inherited = true;
+    sockaddr_un a{};
+    socklen_t len = sizeof a;
+    if (::getsockname(listen_fd, reinterpret_cast<sockaddr*>(&a), &len) == 0 &&
+        a.sun_family == AF_UNIX && a.sun_path[0] != '\0')
+      socket_path = a.sun_path;
     return;
   }
   sockaddr_un a{};

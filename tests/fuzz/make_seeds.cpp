@@ -8,7 +8,9 @@
 #include <sstream>
 
 #include "fuzz_model.hpp"
+#include "src/service/protocol.hpp"
 #include "tierswap/detail/manifest.hpp"
+#include "tierswap/service.hpp"
 #include "tierswap/placement.hpp"
 #include "tierswap/swap_space.hpp"
 
@@ -92,6 +94,61 @@ void text_seeds(int argc, char** argv) {
   }
 }
 
+// Frames as a client sends them: a hello (selector 0), requests after it (selector 1), and a real
+// registry payload (selector 2).
+std::string frame(flatbuffers::FlatBufferBuilder& fb) {
+  const std::uint32_t n = fb.GetSize();
+  std::string s(4, '\0');
+  std::memcpy(s.data(), &n, 4);
+  return s + std::string(reinterpret_cast<const char*>(fb.GetBufferPointer()), n);
+}
+
+void service_seeds() {
+  flatbuffers::FlatBufferBuilder fb;
+  const auto h = wire::CreateHello(fb, service::kProtocolVersion, fb.CreateString("seed"), 0,
+                                   64 << 10, 1 << 20);
+  fb.Finish(wire::CreateMessage(fb, 1, wire::Body::Hello, h.Union()), wire::MessageIdentifier());
+  seed("service_message", "hello", frame(fb), 0);
+  std::string reqs;
+  std::uint64_t seq = 2;
+  auto add = [&](wire::Body t, flatbuffers::Offset<void> body) {
+    fb.Finish(wire::CreateMessage(fb, seq++, t, body), wire::MessageIdentifier());
+    reqs += frame(fb);
+    fb.Clear();
+  };
+  fb.Clear();
+  add(wire::Body::Put, wire::CreatePut(fb, 1, 0, 4096).Union());
+  add(wire::Body::Commit, wire::CreateCommit(fb).Union());
+  add(wire::Body::Get, wire::CreateGet(fb, 1, 4096, 4096).Union());
+  add(wire::Body::Put, wire::CreatePut(fb, 2, 8192, 8192).Union());
+  add(wire::Body::Discard, wire::CreateDiscard(fb).Union());
+  add(wire::Body::Status, wire::CreateStatus(fb).Union());
+  seed("service_message", "requests", reqs, 1);
+  const auto dir = fuzz::scratch() / "service";
+  std::filesystem::create_directories(dir);
+  ServiceConfig c;
+  c.swap_dirs = {dir};
+  c.capacity = 16ull << 20;
+  c.host_budget = 1 << 20;
+  c.socket = dir / "s.sock";
+  c.lock_memory = false;
+  {
+    SwapService svc(c);
+    for (std::uint32_t r = 0; r < 2; ++r) {
+      ServiceClientConfig cc;
+      cc.socket = c.socket;
+      cc.job = "seed";
+      cc.rank = r;
+      cc.memory_bytes = 4096;
+      cc.region_bytes = 1 << 20;
+      ServiceClient cl(cc);
+      cl.put(1, 0, 4096);
+      cl.commit();
+    }
+  }
+  seed("service_message", "registry", detail::read_manifest_file(dir / "tierswap.service"), 2);
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -103,6 +160,7 @@ int main(int argc, char** argv) {
   try {
     tier_and_record_seeds();
     swap_seed();
+    service_seeds();
     text_seeds(argc - 1, argv + 1);
   } catch (const std::exception& e) {
     std::cerr << "make_seeds: " << e.what() << "\n";

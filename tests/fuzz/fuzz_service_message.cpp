@@ -1,0 +1,113 @@
+// The node service's messages from a peer, end to end against a live SwapService on a scratch
+// swap space. Selector 0: the input is everything a connection sends (length prefixes, FlatBuffers,
+// sequence numbers). Selector 1: a valid hello first, then the input (requests of an attached
+// client: put, get, commit, discard with any offsets, lengths and block ids). Selector 2: the
+// input is the registry payload (JSON in a valid container) a restarting service reads. Each
+// connection's answers are drained until the service closes it; a good client must then still
+// get a round trip, so a connection that poisons the service is a finding too.
+#include <sys/socket.h>
+#include <sys/un.h>
+#include <unistd.h>
+
+#include <cstring>
+#include <memory>
+
+#include "fuzz_util.hpp"
+#include "src/service/protocol.hpp"
+#include "tierswap/detail/manifest.hpp"
+#include "tierswap/service.hpp"
+
+using namespace tierswap;
+
+namespace {
+
+ServiceConfig config(const std::filesystem::path& dir) {
+  std::filesystem::create_directories(dir);
+  ServiceConfig c;
+  c.swap_dirs = {dir};
+  c.capacity = 16ull << 20;
+  c.host_budget = 4ull << 20;
+  c.socket = dir / "s.sock";
+  c.lock_memory = false;
+  return c;
+}
+
+std::string hello_frame() {
+  flatbuffers::FlatBufferBuilder fb;
+  const auto h = wire::CreateHello(fb, service::kProtocolVersion, fb.CreateString("fuzz"), 0,
+                                   64 << 10, 1 << 20);
+  fb.Finish(wire::CreateMessage(fb, 1, wire::Body::Hello, h.Union()), wire::MessageIdentifier());
+  std::string s(4, '\0');
+  const std::uint32_t n = fb.GetSize();
+  std::memcpy(s.data(), &n, 4);
+  return s + std::string(reinterpret_cast<const char*>(fb.GetBufferPointer()), n);
+}
+
+// Sends `bytes` on a new connection, half-closes, reads until the service closes it.
+void converse(const std::filesystem::path& socket, const std::string& bytes) {
+  const int fd = ::socket(AF_UNIX, SOCK_STREAM, 0);
+  sockaddr_un a{};
+  a.sun_family = AF_UNIX;
+  std::strcpy(a.sun_path, socket.c_str());
+  if (::connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) != 0) std::abort();
+  (void)!::send(fd, bytes.data(), bytes.size(), MSG_NOSIGNAL);
+  ::shutdown(fd, SHUT_WR);
+  char buf[4096];
+  while (::recv(fd, buf, sizeof buf, 0) > 0) {
+  }
+  ::close(fd);
+}
+
+void still_serves(const ServiceConfig& c) {
+  ServiceClientConfig cc;
+  cc.socket = c.socket;
+  cc.job = "witness";
+  cc.memory_bytes = 4096;
+  cc.region_bytes = 1 << 20;
+  for (int i = 0;; ++i) {  // the fuzz connection's detach may still be running
+    try {
+      ServiceClient w(cc);
+      std::memset(w.memory().data(), 0x5a, 4096);
+      w.put(1, 0, 4096);
+      if (w.get(1, 0, 4096) != 4096) std::abort();
+      return;
+    } catch (const std::system_error&) {
+      if (i == 1000) std::abort();
+      ::usleep(1000);
+    }
+  }
+}
+
+}  // namespace
+
+extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t n) {
+  static const ServiceConfig live_cfg = config(fuzz::scratch() / "live");
+  static SwapService live(live_cfg);
+  static const std::string hello = hello_frame();
+  const auto [which, bytes] = fuzz::split(data, n);
+  switch (which % 3) {
+    case 0:
+      converse(live_cfg.socket, std::string(bytes));
+      still_serves(live_cfg);
+      break;
+    case 1:
+      converse(live_cfg.socket, hello + std::string(bytes));
+      still_serves(live_cfg);
+      break;
+    default: {
+      static const ServiceConfig cfg = [] {
+        auto c = config(fuzz::scratch() / "restart");
+        SwapService make_space(c);  // creates the swap space once
+        return c;
+      }();
+      detail::write_manifest_file(cfg.swap_dirs.front() / "tierswap.service", std::string(bytes),
+                                  false);
+      try {
+        SwapService s(cfg);
+        (void)s.status_json();
+      } catch (const std::exception&) {
+      }
+    }
+  }
+  return 0;
+}

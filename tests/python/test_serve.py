@@ -1,0 +1,114 @@
+"""`tierswap serve` as systemd runs it: readiness through NOTIFY_SOCKET, the socket handed over by
+socket activation (LISTEN_FDS), `tierswap ps` listing the service, its Prometheus endpoint, a
+clean stop on SIGTERM; and bad options named."""
+import os
+import signal
+import socket
+import subprocess
+import time
+import urllib.request
+
+import pytest
+
+from test_metrics import free_port, parse
+from test_tune import cli_path
+
+
+def notify_socket(tmp_path):
+    s = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+    path = str(tmp_path / "notify")
+    s.bind(path)
+    s.settimeout(30)
+    return s, path
+
+
+def wait_for(s, word):
+    while True:
+        msg = s.recv(4096).decode()
+        if word in msg.split("\n"):
+            return
+
+
+def test_serve_under_systemd_notifies_lists_and_serves_metrics(tmp_path):
+    swap = tmp_path / "swap"
+    swap.mkdir()
+    run = tmp_path / "run"
+    run.mkdir(mode=0o700)
+    sock = str(tmp_path / "service.sock")
+    port = free_port()
+    note, note_path = notify_socket(tmp_path)
+    env = dict(os.environ, NOTIFY_SOCKET=note_path, TIERSWAP_RUNTIME_DIR=str(run))
+    svc = subprocess.Popen([cli_path(), "serve", "--swap-dir", str(swap), "--capacity", "64MiB",
+                            "--host-budget", "4MiB", "--socket", sock, "--no-lock",
+                            "--metrics", f"127.0.0.1:{port}"],
+                           env=env, stderr=subprocess.PIPE, text=True)
+    try:
+        wait_for(note, "READY=1")
+        assert os.path.exists(sock)
+        assert oct(os.stat(sock).st_mode & 0o777) == "0o600"
+        ps = subprocess.run([cli_path(), "ps"], env=env, capture_output=True, text=True, check=True)
+        assert str(svc.pid) in ps.stdout and "node service: 0 B of 4.00 MiB" in ps.stdout, ps.stdout
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as r:
+            types, samples = parse(r.read().decode())
+        assert samples["tierswap_service_clients"][""] == 0
+        assert samples["tierswap_service_memory_budget_bytes"][""] == 4 << 20
+        svc.send_signal(signal.SIGTERM)
+        wait_for(note, "STOPPING=1")
+        assert svc.wait(timeout=30) == 0
+        assert not os.path.exists(sock)  # its own socket is removed
+    finally:
+        if svc.poll() is None:
+            svc.kill()
+        svc.wait()
+
+
+def test_serve_takes_the_socket_systemd_hands_over(tmp_path):
+    swap = tmp_path / "swap"
+    swap.mkdir()
+    path = str(tmp_path / "activated.sock")
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    listener.bind(path)
+    listener.listen(8)
+    note, note_path = notify_socket(tmp_path)
+    env = dict(os.environ, NOTIFY_SOCKET=note_path, LISTEN_FDS="1",
+               TIERSWAP_RUNTIME_DIR=str(tmp_path))
+    os.chmod(tmp_path, 0o700)
+    # The socket becomes fd 3 (SD_LISTEN_FDS_START); LISTEN_PID must be the service's pid: the
+    # shell's, which exec keeps.
+    fd = listener.fileno()
+    cmd = (f'exec 3<&{fd} {fd}<&-; LISTEN_PID=$$ exec "{cli_path()}" serve --swap-dir "{swap}" '
+           f'--capacity 64MiB --no-lock')
+    svc = subprocess.Popen(["bash", "-c", cmd], env=env, pass_fds=(fd,), stdin=subprocess.DEVNULL,
+                           stderr=subprocess.PIPE, text=True)
+    try:
+        wait_for(note, "READY=1")
+        # A connection on the handed-over socket is the service's: garbage gets it dropped.
+        c = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        c.settimeout(10)
+        c.connect(path)
+        c.sendall(b"\xff\xff\xff\x7fgarbage")
+        assert c.recv(16) == b""
+        c.close()
+        svc.send_signal(signal.SIGTERM)
+        assert svc.wait(timeout=30) == 0
+        assert os.path.exists(path)  # systemd's socket: not the service's to remove
+        err = svc.stderr.read()
+        assert f"listening on {path}" in err, err
+        assert "dropped" in err and "message length" in err, err
+    finally:
+        if svc.poll() is None:
+            svc.kill()
+        svc.wait()
+
+
+@pytest.mark.parametrize("args,named", [
+    (["--host-budget", "lots"], "--host-budget"),
+    (["--metrics", "nine"], "--metrics"),
+    (["--client-quota", "8MiB"], "client_quota"),
+])
+def test_serve_names_a_bad_option(tmp_path, args, named):
+    r = subprocess.run([cli_path(), "serve", "--swap-dir", str(tmp_path), "--capacity", "64MiB",
+                        "--host-budget", "4MiB", "--socket", str(tmp_path / "s.sock"), *args],
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode != 0
+    assert named in r.stderr, r.stderr

@@ -793,3 +793,24 @@ IoStats IoEngine::stats() const noexcept {
 }
 
 }  // namespace tierswap
+
+namespace tierswap {
+
+void IoEngine::sync() {
+  const int r = impl_->backend->sync();
+  if (r == -EOPNOTSUPP) return space_.sync();
+  if (r < 0)
+    throw std::system_error(-r, std::system_category(),
+                            std::string("sync through the ") + std::string(to_string(kind_)) +
+                                " backend");
+}
+
+bool IoEngine::memory_is_shared() const noexcept { return impl_->backend->memory_is_shared(); }
+
+std::byte* IoEngine::allocate_shared(std::uint64_t bytes) noexcept {
+  return impl_->backend->allocate_shared(bytes);
+}
+
+void IoEngine::free_shared(std::byte* p) noexcept { impl_->backend->free_shared(p); }
+
+}  // namespace tierswap

@@ -24,6 +24,8 @@ std::string_view to_string(IoBackendKind kind) noexcept {
       return "libaio";
     case IoBackendKind::posix:
       return "posix";
+    case IoBackendKind::service:
+      return "service";
   }
   return "?";
 }

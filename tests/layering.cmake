@@ -9,10 +9,11 @@ set(rank_io 2)         # io/ (engine, backends, swap space, extent allocator)
 set(rank_telemetry 3)  # src/telemetry/
 set(rank_comm 4)       # src/comm/
 set(rank_tier 5)       # src/tier/
-set(rank_placement 6)  # src/placement/
-set(rank_optim 7)      # src/optim/
-set(rank_python 8)     # src/python/
-set(rank_tools 9)      # tools/
+set(rank_service 6)    # src/service/ (the node service and the tier manager's client side of it)
+set(rank_placement 7)  # src/placement/
+set(rank_optim 8)      # src/optim/
+set(rank_python 9)     # src/python/
+set(rank_tools 10)     # tools/
 
 function(header_layer header out)  # header: the path inside an #include "..."
   set(layer "")
@@ -31,6 +32,8 @@ function(header_layer header out)  # header: the path inside an #include "..."
   elseif(header MATCHES "^tierswap/tier_manager\\.hpp$" OR header MATCHES "^tierswap/detail/(manifest|tier_pools)\\.hpp$"
          OR header MATCHES "^src/tier/")
     set(layer tier)
+  elseif(header MATCHES "^tierswap/service\\.hpp$" OR header MATCHES "^src/service/")
+    set(layer service)
   elseif(header MATCHES "^tierswap/placement\\.hpp$" OR header MATCHES "^src/placement/")
     set(layer placement)
   elseif(header MATCHES "^tierswap/(optimizer|tiered_optimizer)\\.hpp$" OR header MATCHES "^src/optim/")
@@ -49,7 +52,7 @@ function(file_layer path out)  # path relative to the repository root
     set(layer kernels)
   elseif(path MATCHES "^io/")
     set(layer io)
-  elseif(path MATCHES "^src/(telemetry|comm|tier|placement|optim|python)/")
+  elseif(path MATCHES "^src/(telemetry|comm|tier|service|placement|optim|python)/")
     string(REGEX REPLACE "^src/([a-z]+)/.*" "\\1" layer "${path}")
   elseif(path MATCHES "^tools/")
     set(layer tools)

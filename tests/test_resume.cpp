@@ -5,6 +5,9 @@
 // left as it was; an empty directory starts afresh; a generation rolls back once, onto data that
 // still matches its checksums.
 #include <gtest/gtest.h>
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 #include <cstring>
 
@@ -14,6 +17,7 @@
 #include "tierswap/communicator.hpp"
 #include "tierswap/detail/manifest.hpp"
 #include "tierswap/io_engine.hpp"
+#include "tierswap/service.hpp"
 #include "tierswap/swap_space.hpp"
 #include "tierswap/tiered_optimizer.hpp"
 
@@ -330,4 +334,93 @@ TEST(Resume, RollingBackOntoOverwrittenDataIsRefusedByBlockName) {
     EXPECT_NE(std::string(e.what()).find(victim), std::string::npos) << e.what();
   }
   EXPECT_EQ(tiers->committed_generation(), 3u);  // nothing changed
+}
+
+// ---- through the node service ------------------------------------------------------------------
+namespace {
+
+// A service in a child process (so that the test process forks clients before any thread of its
+// own exists); killed with the returned pid.
+pid_t spawn_service(const ServiceConfig& sc) {
+  int p[2];
+  if (::pipe(p) != 0) return -1;
+  const pid_t pid = ::fork();
+  if (pid == 0) {
+    ::close(p[0]);
+    try {
+      SwapService svc(sc);
+      const char ok = 1;
+      if (::write(p[1], &ok, 1) != 1) ::_exit(2);
+      for (;;) ::pause();
+    } catch (...) {
+      ::_exit(3);
+    }
+  }
+  ::close(p[1]);
+  char ok = 0;
+  const bool ready = ::read(p[0], &ok, 1) == 1;
+  ::close(p[0]);
+  return ready ? pid : -1;
+}
+
+}  // namespace
+
+TEST(Resume, ThroughTheNodeServiceAKilledRunResumesBitForBit) {
+  const State ref = uninterrupted(7);
+  TempDir sdir, dir;
+  ServiceConfig sc;
+  sc.swap_dirs = {sdir.path()};
+  sc.capacity = 64ull << 20;
+  sc.host_budget = 32ull << 20;
+  sc.socket = sdir.path() / "service.sock";
+  sc.lock_memory = false;
+  const pid_t svc = spawn_service(sc);
+  ASSERT_GT(svc, 0);
+  struct Stop {
+    pid_t pid;
+    ~Stop() {
+      ::kill(pid, SIGKILL);
+      ::waitpid(pid, nullptr, 0);
+    }
+  } stop{svc};
+  auto through_service = [&] {
+    TieredOptions o = options(dir.path());
+    o.tiers.service = sc.socket.string();
+    o.tiers.service_job = "resume-test";
+    return o;
+  };
+  const pid_t victim = ::fork();
+  if (victim == 0) {  // 3 steps, then killed: no destructor runs
+    TieredOptimizer t(through_service());
+    const Model m = add_params(t);
+    t.finalize();
+    if (t.resumed() || t.engine().backend() != IoBackendKind::service) ::_exit(4);
+    init(t.optimizer());
+    if (t.tiers().snapshot().host_memory != "service-shared") ::_exit(5);
+    for (int i = 0; i < 3; ++i) step(t.optimizer(), m);
+    ::kill(::getpid(), SIGKILL);
+  }
+  int status = 0;
+  ASSERT_EQ(::waitpid(victim, &status, 0), victim);
+  ASSERT_TRUE(WIFSIGNALED(status)) << "the client exited with " << WEXITSTATUS(status);
+  for (int round = 0; round < 2; ++round) {  // resumed twice: 3 -> 5 -> 7
+    std::unique_ptr<TieredOptimizer> t;
+    for (int i = 0; i < 200 && !t; ++i) {  // until the service has seen the victim's socket close
+      try {
+        t = std::make_unique<TieredOptimizer>(through_service());
+        add_params(*t);
+        t->finalize();
+      } catch (const std::system_error& e) {
+        t.reset();
+        ASSERT_NE(std::string(e.what()).find("already attached"), std::string::npos) << e.what();
+        ::usleep(10000);
+      }
+    }
+    ASSERT_TRUE(t);
+    ASSERT_TRUE(t->resumed());
+    const Model m{0, 1};
+    step(t->optimizer(), m);
+    step(t->optimizer(), m);
+    if (round == 1) expect_same(state(*t, m), ref);
+  }
 }

@@ -255,8 +255,10 @@ bool dropped_after(const std::filesystem::path& socket, const std::vector<std::u
   ssize_t r;
   while ((r = ::recv(fd, &c, 1, 0)) > 0) {
   }
+  const int err = errno;
   ::close(fd);
-  return r == 0;  // EOF: closed by the service (a timeout would be -1)
+  // EOF or a reset: closed by the service (a timeout would be EAGAIN).
+  return r == 0 || (r < 0 && err == ECONNRESET);
 }
 
 std::vector<std::uint8_t> framed(flatbuffers::FlatBufferBuilder& fb) {

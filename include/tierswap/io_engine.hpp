@@ -28,7 +28,9 @@
 
 namespace tierswap {
 
-enum class IoBackendKind { automatic, uring, aio, posix };
+/// `service`: the requests are carried out by the node service (`tierswap serve`) in memory shared
+/// with it (service.hpp's ServiceStorage builds such an engine; never probed or chosen).
+enum class IoBackendKind { automatic, uring, aio, posix, service };
 std::string_view to_string(IoBackendKind kind) noexcept;
 /// "auto" | "uring" | "io_uring" | "aio" | "libaio" | "posix"; std::invalid_argument otherwise.
 IoBackendKind parse_backend(std::string_view text);
@@ -166,6 +168,15 @@ class IoEngine {
   void unregister_buffer(int handle);
 
   IoBackendKind backend() const noexcept { return kind_; }
+  /// Makes every write completed so far durable: the swap files' fdatasync, or, through the
+  /// node service, the service's. Throws std::system_error naming what failed.
+  void sync();
+  /// Through the node service, I/O buffers must lie in the memory shared with it: the host
+  /// pools then take their slabs from here. allocate_shared returns nullptr when that memory is
+  /// exhausted (or not shared). Thread-safe.
+  bool memory_is_shared() const noexcept;
+  std::byte* allocate_shared(std::uint64_t bytes) noexcept;
+  void free_shared(std::byte* p) noexcept;
   /// Human-readable: backend, features, and why earlier backends were skipped.
   const std::string& backend_description() const noexcept { return description_; }
   const IoEngineConfig& config() const noexcept { return config_; }

@@ -30,6 +30,9 @@
 #include <string>
 #include <vector>
 
+#include "tierswap/io_engine.hpp"
+#include "tierswap/swap_space.hpp"
+
 namespace tierswap {
 
 /// The service's socket: TIERSWAP_SERVICE when set, else "<runtime dir>/service.sock".
@@ -79,6 +82,9 @@ struct ServiceClientConfig {
   std::uint64_t region_bytes = 0;  ///< NVMe bytes asked for at the first attach
   /// How long a request may wait for the service before failing (a killed or hung service).
   double timeout_seconds = 30;
+  /// A raw client (a tier manager, through ServiceStorage) addresses its region itself; a block
+  /// client uses put/get/commit/discard. Fixed at the first attach of job + rank.
+  bool raw = false;
 };
 
 /// A connection to the service. Every call throws std::system_error with the service's reason
@@ -107,6 +113,33 @@ class ServiceClient {
   std::uint64_t commit();
   void discard();
   std::string status_json();
+
+ private:
+  friend class ServiceStorage;
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+/// A tier manager's storage through the node service: the client's region as a SwapSpace and an
+/// IoEngine whose requests the service carries out in the shared memory, which is where the tier
+/// manager's host pools then take their slabs from (ask memory_bytes >= host_budget +
+/// pageable_budget). A TierManager (and so an optimizer) built on space() and engine() runs
+/// unchanged; it keeps its manifest in `manifest_dir` and reopens from it after a crash, as on
+/// its own swap files. The service carries several requests at once; a killed service fails them
+/// (and every later one) with an error naming the socket, a silent one after timeout_seconds.
+class ServiceStorage {
+ public:
+  /// `cfg.raw` is implied. Throws as ServiceClient does.
+  ServiceStorage(ServiceClientConfig cfg, const std::filesystem::path& manifest_dir,
+                 IoEngineConfig engine = {});
+  ~ServiceStorage();
+  ServiceStorage(const ServiceStorage&) = delete;
+  ServiceStorage& operator=(const ServiceStorage&) = delete;
+
+  SwapSpace& space() noexcept;
+  IoEngine& engine() noexcept;
+  /// True when the service already knew this job + rank (its region kept what was committed).
+  bool reattached() const noexcept;
 
  private:
   struct Impl;

@@ -103,7 +103,15 @@ class SwapSpace {
   /// Precondition: logical < capacity().
   PhysicalSpan map(std::uint64_t logical, std::uint64_t max_length) const noexcept;
 
-  /// fdatasync every file; throws std::system_error naming the file on failure.
+  /// A space whose bytes live elsewhere: a region of the node service's swap space
+  /// (service.hpp's ServiceStorage). One file entry without a descriptor, named
+  /// `<dir>/tierswap.swap` (where a tier manager over it keeps its manifest), buffered (no
+  /// alignment of its own beyond `alignment`); the engine over it must run through the service.
+  static SwapSpace region(std::uint64_t capacity, std::uint32_t alignment,
+                          std::string_view uuid_hex, const std::filesystem::path& dir);
+
+  /// fdatasync every file (a region has none: its engine syncs through the service); throws
+  /// std::system_error naming the file on failure.
   void sync() const;
   /// Closes and unlinks the files (used for temporary spaces).
   void remove_files() noexcept;

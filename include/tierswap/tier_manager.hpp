@@ -122,6 +122,15 @@ struct TierConfig {
   /// Serve snapshot() on a Unix socket for `tierswap ps` / `tierswap residency` (telemetry.hpp;
   /// TIERSWAP_TELEMETRY=0 turns it off too). A socket that cannot be set up is a warning.
   bool telemetry = true;
+  /// The node service's socket (`tierswap serve`; TIERSWAP_SERVICE). When set, the one-object
+  /// setup (TieredOptimizer, and so tierswap.torch) keeps the state in a region of the service's
+  /// swap space through shared memory (service.hpp's ServiceStorage) instead of swap files of
+  /// its own; the swap directory then holds only the manifest. Empty: no service.
+  std::string service;
+  /// The job id the service knows this run by ([A-Za-z0-9._-], TIERSWAP_SERVICE_JOB); with the
+  /// rank it names the region a restarted run reattaches to. Empty: derived from the swap
+  /// directory's path.
+  std::string service_job;
   /// Overrides from the environment: each setting's variable as keys() lists it (the README's
   /// configuration table). A value that does not parse throws naming the variable.
   static TierConfig from_env();

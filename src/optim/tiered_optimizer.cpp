@@ -20,7 +20,9 @@
 #include "tierswap/communicator.hpp"
 #include "tierswap/detail/manifest.hpp"
 #include "tierswap/detail/paths.hpp"
+#include "tierswap/checksum.hpp"
 #include "tierswap/io_engine.hpp"
+#include "tierswap/service.hpp"
 #include "tierswap/swap_space.hpp"
 #include "tierswap/thread_pool.hpp"
 #include "tierswap/units.hpp"
@@ -164,9 +166,13 @@ struct TieredOptimizer::Impl {
   std::vector<std::uint64_t> group_numel;
   std::set<std::string> names;
   std::vector<std::filesystem::path> dirs;
-  // Built at finalize(), destroyed in reverse order.
-  std::unique_ptr<SwapSpace> space;
-  std::unique_ptr<IoEngine> engine;
+  // Built at finalize(), destroyed in reverse order. Through the node service (tiers.service),
+  // `storage` owns the space and the engine; `space` and `engine` then point into it.
+  std::unique_ptr<ServiceStorage> storage;
+  std::unique_ptr<SwapSpace> own_space;
+  std::unique_ptr<IoEngine> own_engine;
+  SwapSpace* space = nullptr;
+  IoEngine* engine = nullptr;
   std::unique_ptr<TierManager> tiers;
   std::unique_ptr<ThreadPool> pool;
   std::unique_ptr<ShardedOptimizer> opt;
@@ -181,10 +187,17 @@ struct TieredOptimizer::Impl {
   void build();
   void open_space(const std::vector<std::pair<GroupConfig, std::uint64_t>>& sizes,
                   const OptimizerConfig& oc, const TierConfig& tc, bool earlier);
+  void attach_service(std::uint64_t capacity, const TierConfig& tc, bool earlier);
+  void drop_storage() noexcept {
+    engine = nullptr;
+    space = nullptr;
+    own_engine.reset();
+    storage.reset();
+  }
 };
 
 void TieredOptimizer::Impl::remove_files() noexcept {
-  if (space) space->remove_files();
+  if (own_space) own_space->remove_files();
   std::error_code ec;
   for (const auto& d : dirs) {
     std::filesystem::remove(d / detail::kManifestName, ec);
@@ -215,7 +228,10 @@ void TieredOptimizer::Impl::build() {
   bool earlier = false;
   for (const auto& d : o.swap_dirs) dirs.push_back(rank_dir(d, comm->rank(), o.resume, &earlier));
   open_space(sizes, oc, tc, earlier);
-  engine = std::make_unique<IoEngine>(*space, IoEngineConfig::from_env());
+  if (!storage) {
+    own_engine = std::make_unique<IoEngine>(*space, IoEngineConfig::from_env());
+    engine = own_engine.get();
+  }
   tiers = std::make_unique<TierManager>(*space, *engine, tc);
   const unsigned threads =
       o.threads != 0 ? o.threads : std::max(1u, std::thread::hardware_concurrency());
@@ -233,9 +249,14 @@ void TieredOptimizer::Impl::build() {
 void TieredOptimizer::Impl::open_space(
     const std::vector<std::pair<GroupConfig, std::uint64_t>>& sizes, const OptimizerConfig& oc,
     const TierConfig& tc, bool earlier) {
+  const std::uint64_t capacity =
+      o.swap_capacity != 0 ? o.swap_capacity
+                           : swap_bytes_needed(sizes, comm->size(), oc, tc.shadow_slots);
+  if (!tc.service.empty()) return attach_service(capacity, tc, earlier);
   std::error_code ec;
   if (earlier && std::filesystem::exists(dirs.front() / SwapSpace::kFileName, ec)) {
-    space = std::make_unique<SwapSpace>(SwapSpace::open(dirs));
+    own_space = std::make_unique<SwapSpace>(SwapSpace::open(dirs));
+    space = own_space.get();
     return;
   }
   if (earlier)  // a manifest without its swap file: nothing to resume from
@@ -245,11 +266,37 @@ void TieredOptimizer::Impl::open_space(
         dirs.front().string(), SwapSpace::kFileName));
   SwapSpaceConfig sc;
   sc.dirs = dirs;
-  sc.capacity = o.swap_capacity != 0 ? o.swap_capacity
-                                     : swap_bytes_needed(sizes, comm->size(), oc, tc.shadow_slots);
+  sc.capacity = capacity;
   check_free_space(dirs, sc.capacity);
-  space = std::make_unique<SwapSpace>(SwapSpace::create(sc));
+  own_space = std::make_unique<SwapSpace>(SwapSpace::create(sc));
+  space = own_space.get();
   created = true;
+}
+
+// The state in a region of the node service's swap space, the host pools in the memory it
+// shares; the rank directory keeps the tier manager's manifest. The job id (tiers.service_job,
+// else one derived from the first swap directory's path) and the rank name the region.
+void TieredOptimizer::Impl::attach_service(std::uint64_t capacity, const TierConfig& tc,
+                                           bool earlier) {
+  ServiceClientConfig cc;
+  cc.socket = tc.service;
+  cc.job = tc.service_job;
+  if (cc.job.empty()) {
+    const std::string where = std::filesystem::weakly_canonical(o.swap_dirs.front()).string();
+    cc.job = "run-" + checksum_hex(checksum64(where.data(), where.size()));
+  }
+  cc.rank = static_cast<std::uint32_t>(comm->rank());
+  // Both host pools carve their slabs from the shared memory, with a slab of slack each.
+  cc.memory_bytes = round_up(tc.host_budget + tc.pageable_budget + 2 * tc.host_slab_size, 4096);
+  cc.region_bytes = capacity;
+  storage = std::make_unique<ServiceStorage>(cc, dirs.front(), IoEngineConfig::from_env());
+  if (earlier && !storage->reattached())
+    throw std::runtime_error(fmt::format(
+        "resume: {} holds a manifest, but the tierswap service at {} has no region for job {} "
+        "rank {}: the earlier run's state is gone (another service, or its files were removed)",
+        dirs.front().string(), tc.service, cc.job, cc.rank));
+  space = &storage->space();
+  engine = &storage->engine();
 }
 
 TieredOptimizer::TieredOptimizer(TieredOptions options) : impl_(std::make_unique<Impl>()) {
@@ -270,9 +317,9 @@ TieredOptimizer::~TieredOptimizer() {
   m.opt.reset();
   m.pool.reset();
   m.tiers.reset();
-  m.engine.reset();
+  m.drop_storage();
   if (!m.o.keep_swap_files) m.remove_files();
-  m.space.reset();
+  m.own_space.reset();
 }
 
 int TieredOptimizer::add_group(const GroupConfig& cfg, std::string name) {
@@ -313,11 +360,11 @@ void TieredOptimizer::finalize() {
     m.opt.reset();
     m.pool.reset();
     m.tiers.reset();
-    m.engine.reset();
+    m.drop_storage();
     if (m.created) m.remove_files();  // never an earlier run's files
     std::error_code ec;
     for (const auto& d : m.dirs) std::filesystem::remove(d, ec);  // only when empty
-    m.space.reset();
+    m.own_space.reset();
     m.dirs.clear();
     m.created = false;
     throw;

@@ -11,7 +11,7 @@
 #include <cstring>
 #include <system_error>
 
-#include "src/service/protocol.hpp"
+#include "src/service/client_impl.hpp"
 #include "tierswap/service.hpp"
 #include "tierswap/telemetry.hpp"
 
@@ -19,37 +19,11 @@
 
 namespace tierswap {
 
-using service::Connection;
-namespace wire = tierswap::wire;
 
 std::filesystem::path default_service_socket() {
   if (const char* v = std::getenv("TIERSWAP_SERVICE"); v && *v) return v;
   return default_runtime_dir() / "service.sock";
 }
-
-struct ServiceClient::Impl {
-  ServiceClientConfig cfg;
-  std::filesystem::path path;
-  std::unique_ptr<Connection> conn;
-  std::byte* data = nullptr;
-  std::uint64_t bytes = 0;
-  std::uint64_t generation = 0;
-  bool reattached = false;
-  std::vector<std::uint8_t> buf;
-  flatbuffers::FlatBufferBuilder fb;
-
-  [[noreturn]] void fail(int err, const std::string& what) const {
-    throw std::system_error(err, std::system_category(),
-                            fmt::format("tierswap service {}: {}", path.string(), what));
-  }
-  void connect();
-  // Sends the finished message and returns the verified answer (a Reply unless `welcome`).
-  const wire::Message& exchange(int* fd = nullptr);
-  const wire::Reply& request(wire::Body type, flatbuffers::Offset<void> body, const char* what);
-  ~Impl() {
-    if (data) ::munmap(data, bytes);
-  }
-};
 
 void ServiceClient::Impl::connect() {
   sockaddr_un a{};
@@ -102,7 +76,7 @@ ServiceClient::ServiceClient(ServiceClientConfig cfg) : impl_(std::make_unique<I
   m.connect();
   const auto job = m.fb.CreateString(m.cfg.job);
   const auto h = wire::CreateHello(m.fb, service::kProtocolVersion, job, m.cfg.rank,
-                                   m.cfg.memory_bytes, m.cfg.region_bytes);
+                                   m.cfg.memory_bytes, m.cfg.region_bytes, m.cfg.raw);
   m.fb.Finish(m.conn->message(m.fb, wire::Body::Hello, h.Union()), wire::MessageIdentifier());
   int fd = -1;
   const wire::Message& msg = m.exchange(&fd);
@@ -126,6 +100,11 @@ ServiceClient::ServiceClient(ServiceClientConfig cfg) : impl_(std::make_unique<I
   m.bytes = w->memory_bytes();
   m.generation = w->generation();
   m.reattached = w->reattached();
+  m.alignment = w->alignment();
+  m.region_bytes = w->region_bytes();
+  m.space_uuid = w->space_uuid() ? w->space_uuid()->str() : std::string();
+  if (m.alignment == 0 || (m.alignment & (m.alignment - 1)) != 0 || m.alignment > 1u << 20)
+    m.fail(EPROTO, fmt::format("welcome with alignment {}", m.alignment));
 }
 
 ServiceClient::~ServiceClient() = default;

@@ -158,10 +158,11 @@ Connection::Status Connection::receive(std::vector<std::uint8_t>& buf, const wir
 }
 
 void build_reply(Connection& c, flatbuffers::FlatBufferBuilder& fb, int error,
-                 const std::string& message, std::uint64_t value, const std::string& text) {
+                 const std::string& message, std::uint64_t value, const std::string& text,
+                 std::uint64_t tag) {
   const auto msg = fb.CreateString(message);
   const auto txt = fb.CreateString(text);
-  const auto body = wire::CreateReply(fb, error, msg, value, txt);
+  const auto body = wire::CreateReply(fb, error, msg, value, txt, tag);
   fb.Finish(c.message(fb, wire::Body::Reply, body.Union()), wire::MessageIdentifier());
 }
 

@@ -48,8 +48,9 @@ class Connection {
   std::uint64_t sent_ = 0, received_ = 0;
 };
 
-/// Reply helpers: a Reply with `error` (0 or errno), `message`, `value`, `text`.
+/// A Reply with `error` (0 or errno), `message`, `value`, `text` and the request's `tag`.
 void build_reply(Connection& c, flatbuffers::FlatBufferBuilder& fb, int error,
-                 const std::string& message, std::uint64_t value = 0, const std::string& text = {});
+                 const std::string& message, std::uint64_t value = 0, const std::string& text = {},
+                 std::uint64_t tag = 0);
 
 }  // namespace tierswap::service

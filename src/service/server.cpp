@@ -10,6 +10,7 @@
 #include <unistd.h>
 
 #include <atomic>
+#include <deque>
 #include <cstring>
 #include <list>
 #include <mutex>
@@ -19,6 +20,7 @@
 
 #include "src/service/protocol.hpp"
 #include "src/service/store.hpp"
+#include "tierswap/detail/paths.hpp"
 #include "tierswap/checksum.hpp"
 #include "tierswap/io_engine.hpp"
 #include "tierswap/log.hpp"
@@ -134,7 +136,16 @@ struct SwapService::Impl {
     ClientRecord* rec = nullptr;
     std::unique_ptr<SharedMemory> mem;
     std::string key;
+    struct Raw {
+      std::uint64_t tag = 0, length = 0;
+      bool write = false;
+      IoTicket ticket;
+    };
+    std::deque<Raw> inflight;  // raw I/O, answered oldest first
   };
+  static bool readable(int fd);
+  bool start_raw(Peer& p, Session& s, const wire::Message& m, flatbuffers::FlatBufferBuilder& fb);
+  bool finish_oldest(Peer& p, Session& s, flatbuffers::FlatBufferBuilder& fb);
   bool hello(Peer& p, const wire::Hello& h, Session& s, std::string* why);
   void handle(Peer& p, const wire::Message& m, Session& s, flatbuffers::FlatBufferBuilder& fb);
   std::uint64_t put(Session& s, const wire::Put& r);
@@ -264,6 +275,11 @@ void SwapService::Impl::serve(Peer& p) {
   flatbuffers::FlatBufferBuilder fb;
   Session s;
   for (;;) {
+    // Raw I/O in flight: take in what has arrived, else answer the oldest when it lands.
+    if (!s.inflight.empty() && !readable(p.conn.fd())) {
+      if (!finish_oldest(p, s, fb)) break;
+      continue;
+    }
     const wire::Message* m = nullptr;
     std::string why;
     const auto st = p.conn.receive(buf, &m, nullptr, &why);
@@ -288,19 +304,87 @@ void SwapService::Impl::serve(Peer& p) {
       }
       continue;
     }
-    if (m->body_type() == wire::Body::Hello || m->body_type() == wire::Body::Welcome ||
-        m->body_type() == wire::Body::Reply) {
+    const wire::Body type = m->body_type();
+    if (type == wire::Body::Hello || type == wire::Body::Welcome || type == wire::Body::Reply) {
       log(LogLevel::warn, fmt::format("service: dropped {}: unexpected {}", s.key,
-                                      wire::EnumNameBody(m->body_type())));
+                                      wire::EnumNameBody(type)));
       break;
     }
+    if (type == wire::Body::Read || type == wire::Body::Write) {
+      if (!start_raw(p, s, *m, fb)) break;
+      continue;
+    }
+    bool ok = true;
+    while (ok && !s.inflight.empty()) ok = finish_oldest(p, s, fb);  // everything before it
+    if (!ok) break;
+    fb.Clear();
     handle(p, *m, s, fb);
     if (p.conn.send(fb) != 0) break;
   }
+  for (auto& r : s.inflight) r.ticket = IoTicket{};  // waits: the memory must outlive its I/O
+  s.inflight.clear();
   detach(s);
   // The peer sees the end at once, after its memory and attachment are released (the socket
   // itself is closed when the acceptor reaps this thread).
   ::shutdown(p.conn.fd(), SHUT_RDWR);
+}
+
+// ---- raw I/O (a tier manager's region) ---------------------------------------------------------
+bool SwapService::Impl::readable(int fd) {
+  pollfd pf{fd, POLLIN, 0};
+  return ::poll(&pf, 1, 0) > 0;
+}
+
+bool SwapService::Impl::start_raw(Peer& p, Session& s, const wire::Message& m,
+                                  flatbuffers::FlatBufferBuilder& fb) {
+  const bool write = m.body_type() == wire::Body::Write;
+  std::uint64_t tag, off, len, moff;
+  if (write) {
+    const auto* r = m.body_as_Write();
+    tag = r->tag(), off = r->offset(), len = r->length(), moff = r->memory_offset();
+  } else {
+    const auto* r = m.body_as_Read();
+    tag = r->tag(), off = r->offset(), len = r->length(), moff = r->memory_offset();
+  }
+  std::string bad;
+  if (!s.rec->raw)
+    bad = "read/write: a block client (its hello did not ask for raw access)";
+  else if (len == 0 || off % align || len % align || moff % align)
+    bad = fmt::format("[{}, +{}) from memory {}: not in units of {} B", off, len, moff, align);
+  else if (off > s.rec->bytes || len > s.rec->bytes - off)
+    bad = fmt::format("[{}, +{}): outside the region of {}", off, len, s.rec->bytes);
+  else if (moff > s.mem->bytes || len > s.mem->bytes - moff)
+    bad = fmt::format("memory [{}, +{}): outside the shared memory of {}", moff, len,
+                      s.mem->bytes);
+  if (!bad.empty()) {
+    build_reply(p.conn, fb, EINVAL, bad, 0, {}, tag);
+    return p.conn.send(fb) == 0;
+  }
+  std::byte* mem = s.mem->data + moff;
+  try {
+    IoTicket t = write ? engine->write(s.rec->base + off, mem, len)
+                       : engine->read(s.rec->base + off, mem, len);
+    s.inflight.push_back({tag, len, write, std::move(t)});
+  } catch (const std::exception& e) {
+    build_reply(p.conn, fb, EIO, e.what(), 0, {}, tag);
+    return p.conn.send(fb) == 0;
+  }
+  return true;
+}
+
+bool SwapService::Impl::finish_oldest(Peer& p, Session& s, flatbuffers::FlatBufferBuilder& fb) {
+  Session::Raw r = std::move(s.inflight.front());
+  s.inflight.pop_front();
+  fb.Clear();
+  try {
+    r.ticket.wait();
+    build_reply(p.conn, fb, 0, {}, r.length, {}, r.tag);
+    std::lock_guard lk(mu);
+    (r.write ? live[s.key].written_bytes : live[s.key].read_bytes) += r.length;
+  } catch (const std::system_error& e) {
+    build_reply(p.conn, fb, e.code().value() ? e.code().value() : EIO, e.what(), 0, {}, r.tag);
+  }
+  return p.conn.send(fb) == 0;
 }
 
 bool SwapService::Impl::hello(Peer& p, const wire::Hello& h, Session& s, std::string* why) {
@@ -310,7 +394,7 @@ bool SwapService::Impl::hello(Peer& p, const wire::Hello& h, Session& s, std::st
                        service::kProtocolVersion);
     return false;
   }
-  if (!service::valid_job(job)) {
+  if (!detail::valid_job_id(job)) {
     *why = fmt::format("job id '{}': expected 1-64 of [A-Za-z0-9._-]", job);
     return false;
   }
@@ -335,6 +419,11 @@ bool SwapService::Impl::hello(Peer& p, const wire::Hello& h, Session& s, std::st
   }
   auto it = clients.find(key);
   const bool reattached = it != clients.end();
+  if (reattached && it->second.raw != h.raw()) {
+    *why = fmt::format("client {} was first attached as a {} client", key,
+                       it->second.raw ? "raw" : "block");
+    return false;
+  }
   if (!reattached) {
     const std::uint64_t want = round_up(h.region_bytes(), align);
     const auto e = want ? regions->try_allocate(want) : std::nullopt;
@@ -348,6 +437,7 @@ bool SwapService::Impl::hello(Peer& p, const wire::Hello& h, Session& s, std::st
     c.rank = h.rank();
     c.base = e->offset;
     c.bytes = e->length;
+    c.raw = h.raw();
     c.rebuild(align);
     it = clients.emplace(key, std::move(c)).first;
     save_registry(files, uuid, clients);
@@ -359,7 +449,8 @@ bool SwapService::Impl::hello(Peer& p, const wire::Hello& h, Session& s, std::st
   live[key] = Live{mem, p.cred.pid, p.cred.uid, 0, 0};
   lk.unlock();
   flatbuffers::FlatBufferBuilder fb;
-  const auto w = wire::CreateWelcome(fb, mem, s.rec->bytes, s.rec->generation, reattached);
+  const auto w = wire::CreateWelcome(fb, mem, s.rec->bytes, s.rec->generation, reattached,
+                                     static_cast<std::uint32_t>(align), fb.CreateString(uuid));
   fb.Finish(p.conn.message(fb, wire::Body::Welcome, w.Union()), wire::MessageIdentifier());
   log(LogLevel::info, fmt::format("service: {} {} (pid {}): {} shared, {} of NVMe, generation {}",
                                   key, reattached ? "reattached" : "attached", p.cred.pid,
@@ -368,12 +459,30 @@ bool SwapService::Impl::hello(Peer& p, const wire::Hello& h, Session& s, std::st
   return p.conn.send(fb, s.mem->fd) == 0;
 }
 
+namespace {
+std::uint64_t tag_of(const wire::Message& m) {
+  return m.body_type() == wire::Body::Sync ? m.body_as_Sync()->tag() : 0;
+}
+}  // namespace
+
 void SwapService::Impl::handle(Peer& p, const wire::Message& m, Session& s,
                                flatbuffers::FlatBufferBuilder& fb) {
   std::uint64_t value = 0;
   std::string text;
   try {
+    const bool block_op = m.body_type() == wire::Body::Put || m.body_type() == wire::Body::Get ||
+                          m.body_type() == wire::Body::Commit ||
+                          m.body_type() == wire::Body::Discard;
+    if (block_op && s.rec->raw)
+      throw std::system_error(EPERM, std::system_category(),
+                              "put/get/commit/discard: a raw client keeps its own blocks");
     switch (m.body_type()) {
+      case wire::Body::Sync:
+        if (!s.rec->raw)
+          throw std::system_error(EPERM, std::system_category(), "sync: not a raw client");
+        space->sync();
+        build_reply(p.conn, fb, 0, "", 0, "", m.body_as_Sync()->tag());
+        return;
       case wire::Body::Put: value = put(s, *m.body_as_Put()); break;
       case wire::Body::Get: value = get(s, *m.body_as_Get()); break;
       case wire::Body::Commit: value = commit(s); break;
@@ -385,10 +494,10 @@ void SwapService::Impl::handle(Peer& p, const wire::Message& m, Session& s,
       default: text = status(); break;  // Status (the others were refused before)
     }
   } catch (const std::system_error& e) {
-    build_reply(p.conn, fb, e.code().value() ? e.code().value() : EIO, e.what());
+    build_reply(p.conn, fb, e.code().value() ? e.code().value() : EIO, e.what(), 0, {}, tag_of(m));
     return;
   } catch (const std::exception& e) {
-    build_reply(p.conn, fb, EIO, e.what());
+    build_reply(p.conn, fb, EIO, e.what(), 0, {}, tag_of(m));
     return;
   }
   build_reply(p.conn, fb, 0, "", value, text);

@@ -5,20 +5,12 @@
 #include <system_error>
 
 #include "tierswap/detail/manifest.hpp"
+#include "tierswap/detail/paths.hpp"
 #include "tierswap/units.hpp"
 
 #include <fmt/format.h>
 
 namespace tierswap::service {
-
-bool valid_job(const std::string& job) noexcept {
-  if (job.empty() || job.size() > 64 || job == "." || job == "..") return false;
-  for (char c : job)
-    if (!((c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') ||
-          c == '.' || c == '_' || c == '-'))
-      return false;
-  return true;
-}
 
 void ClientRecord::place(std::uint64_t block, std::uint64_t length, std::uint64_t align) {
   BlockRecord r;
@@ -97,7 +89,8 @@ std::map<std::string, ClientRecord> load_clients(const ServiceFiles& f, const st
       c.rank = e.at("rank");
       c.base = e.at("base");
       c.bytes = e.at("bytes");
-      if (!valid_job(c.job)) corrupt(f.registry(), "bad job id '" + c.job + "'");
+      c.raw = e.value("raw", false);
+      if (!detail::valid_job_id(c.job)) corrupt(f.registry(), "bad job id '" + c.job + "'");
       load_blocks(f, uuid, c);
       try {
         c.rebuild(align);
@@ -117,7 +110,8 @@ void save_registry(const ServiceFiles& f, const std::string& uuid,
   nlohmann::json j = {{"format", "tierswap.service"}, {"version", 1}, {"space_uuid", uuid}};
   j["clients"] = nlohmann::json::array();
   for (const auto& [k, c] : clients)
-    j["clients"].push_back({{"job", c.job}, {"rank", c.rank}, {"base", c.base}, {"bytes", c.bytes}});
+    j["clients"].push_back({{"job", c.job}, {"rank", c.rank}, {"base", c.base}, {"bytes", c.bytes},
+                                 {"raw", c.raw}});
   detail::write_manifest_file(f.registry(), j.dump(), true);
 }
 

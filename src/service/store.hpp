@@ -6,6 +6,7 @@
 #include <cstdint>
 #include <filesystem>
 #include <map>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -30,6 +31,7 @@ struct ClientRecord {
   std::uint64_t base = 0;   ///< where the region starts in the swap space
   std::uint64_t bytes = 0;  ///< region size
   std::uint64_t generation = 0;
+  bool raw = false;  ///< addresses its region itself (a tier manager); no blocks here
   std::map<std::uint64_t, BlockRecord> blocks;
 
   std::string key() const { return job + "." + std::to_string(rank); }
@@ -40,9 +42,6 @@ struct ClientRecord {
 
   std::unique_ptr<ExtentAllocator> alloc;
 };
-
-/// "[A-Za-z0-9._-]{1,64}": a job id usable in a file name.
-bool valid_job(const std::string& job) noexcept;
 
 /// Where the service keeps its files (the first swap directory).
 struct ServiceFiles {

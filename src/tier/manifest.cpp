@@ -186,9 +186,29 @@ void TierManager::Impl::load_manifest() {
 
 void TierManager::Impl::verify_extent(const Block& b, int extent, std::uint64_t sum,
                                       std::uint64_t gen) {
-  AlignedBuffer buf(b.alloc_bytes, std::max<std::uint64_t>(4096, space.memory_alignment()));
-  engine.read(offset_of(b, extent), buf.data(), b.alloc_bytes).wait();
-  const std::uint64_t got = checksum64(buf.data(), b.bytes);
+  // Through the node service, I/O lands only in the memory shared with it.
+  AlignedBuffer own;
+  std::byte* data = nullptr;
+  if (engine.memory_is_shared()) {
+    data = engine.allocate_shared(b.alloc_bytes);
+    if (data == nullptr)
+      throw std::system_error(ENOMEM, std::system_category(),
+                              fmt::format("verifying block '{}': no room for {} in the memory "
+                                          "shared with the node service",
+                                          b.desc.name, format_bytes(b.alloc_bytes)));
+  } else {
+    own = AlignedBuffer(b.alloc_bytes, std::max<std::uint64_t>(4096, space.memory_alignment()));
+    data = own.data();
+  }
+  struct Release {
+    IoEngine& engine;
+    std::byte* shared;
+    ~Release() {
+      if (shared != nullptr) engine.free_shared(shared);
+    }
+  } release{engine, own ? nullptr : data};
+  engine.read(offset_of(b, extent), data, b.alloc_bytes).wait();
+  const std::uint64_t got = checksum64(data, b.bytes);
   if (got != sum)
     throw std::runtime_error(
         fmt::format("manifest {}: block '{}' (generation {}): data checksum {} does not match the "

@@ -87,8 +87,12 @@ void SlabPool::release_all() noexcept {
 }
 
 HostPool::HostPool(std::uint64_t budget, std::uint64_t slab_size, bool lock, int numa_node,
-                   IoEngine* engine)
-    : SlabPool(budget, slab_size), lock_(lock), numa_node_(numa_node), engine_(engine) {
+                   IoEngine* engine, bool register_buffers)
+    : SlabPool(budget, slab_size),
+      lock_(lock),
+      numa_node_(numa_node),
+      engine_(engine),
+      register_(register_buffers) {
   if (numa_node >= 0) {
     if (numa_available() < 0)
       throw std::invalid_argument(
@@ -105,6 +109,16 @@ HostPool::~HostPool() {
 }
 
 void HostPool::make_slab(Slab& s, std::uint64_t bytes) {
+  if (engine_ != nullptr && engine_->memory_is_shared()) {
+    s.base = engine_->allocate_shared(bytes);
+    if (s.base == nullptr)
+      throw std::system_error(ENOMEM, std::system_category(),
+                              fmt::format("host slab of {}: the memory shared with the node "
+                                          "service is exhausted",
+                                          format_bytes(bytes)));
+    s.shared = any_shared_ = true;
+    return;
+  }
   s.host = AlignedBuffer(bytes, 4096, false);
   s.base = s.host.data();
   if (numa_node_ >= 0 && !bind_to_node(s.base, bytes, numa_node_))
@@ -124,10 +138,11 @@ void HostPool::make_slab(Slab& s, std::uint64_t bytes) {
   any_cuda_ |= s.cuda_registered;
   any_mlocked_ |= s.mlocked;
   any_pageable_ |= !s.cuda_registered && !s.mlocked;
-  if (engine_ != nullptr) s.engine_handle = engine_->register_buffer(s.base, bytes);
+  if (engine_ != nullptr && register_) s.engine_handle = engine_->register_buffer(s.base, bytes);
 }
 
 void HostPool::drop_slab(Slab& s) noexcept {
+  if (s.shared) return engine_->free_shared(s.base);
   if (engine_ != nullptr && s.engine_handle >= 0) engine_->unregister_buffer(s.engine_handle);
   if (s.cuda_registered) cuda::host_unregister(s.base);
   if (s.mlocked) ::munlock(s.base, s.bytes);
@@ -135,6 +150,7 @@ void HostPool::drop_slab(Slab& s) noexcept {
 }
 
 std::string HostPool::memory_kind() const {
+  if (any_shared_) return "service-shared";
   if (any_pageable_) return "pageable";
   if (any_mlocked_) return "mlocked";
   if (any_cuda_) return "cuda-registered";

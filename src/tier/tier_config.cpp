@@ -5,6 +5,7 @@
 #include <string>
 
 #include "tierswap/detail/config_table.hpp"
+#include "tierswap/detail/paths.hpp"
 #include "tierswap/detail/env.hpp"
 #include "tierswap/error.hpp"
 #include "tierswap/tier_manager.hpp"
@@ -80,6 +81,8 @@ DeviceTierMode parse_device_mode(std::string_view s, const std::string& key) {
 }  // namespace
 
 void TierConfig::validate() const {
+  if (!service_job.empty() && !detail::valid_job_id(service_job))
+    throw_invalid("service_job", service_job, "expected 1-64 of [A-Za-z0-9._-]");
   if (host_budget < 4096)
     throw_invalid("host_budget", std::to_string(host_budget), "must be at least 4 KiB");
   if (host_slab_size < 4096 || host_slab_size % 4096 != 0)
@@ -107,7 +110,7 @@ using Field = detail::ConfigField<TierConfig>;
 using detail::bool_field;
 
 // Every setting of TierConfig, in the README's order.
-const std::array<Field, 14> kFields = {{
+const std::array<Field, 16> kFields = {{
     detail::size_field<TierConfig, &TierConfig::host_budget>("host_budget", "TIERSWAP_HOST_BUDGET"),
     detail::size_field<TierConfig, &TierConfig::host_slab_size>("host_slab_size",
                                                                 "TIERSWAP_HOST_SLAB"),
@@ -156,6 +159,20 @@ const std::array<Field, 14> kFields = {{
        c.telemetry = detail::json_bool(v, k);
      },
      nullptr},
+    {"service", "TIERSWAP_SERVICE",
+     [](TierConfig& c, const nlohmann::json& v, const std::string& k) {
+       c.service = detail::json_string(v, k);
+     },
+     [](TierConfig& c, const char* n) {
+       if (const char* v = std::getenv(n)) c.service = v;
+     }},
+    {"service_job", "TIERSWAP_SERVICE_JOB",
+     [](TierConfig& c, const nlohmann::json& v, const std::string& k) {
+       c.service_job = detail::json_string(v, k);
+     },
+     [](TierConfig& c, const char* n) {
+       if (const char* v = std::getenv(n)) c.service_job = v;
+     }},
 }};
 
 }  // namespace

@@ -180,7 +180,7 @@ struct TierManager::Impl {
     // Unlocked and unregistered with the engine (a registration would pin it after all).
     if (c.pageable_budget > 0)
       pageable = std::make_unique<detail::HostPool>(c.pageable_budget, c.host_slab_size, false,
-                                                    c.numa_node, nullptr);
+                                                    c.numa_node, &e, false);
     const bool gpu = device_info().available;
     bool want = false, simulated = false;
     switch (c.device_mode) {

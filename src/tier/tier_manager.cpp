@@ -454,7 +454,7 @@ std::uint64_t TierManager::commit() {
       throw std::logic_error(
           fmt::format("commit: block '{}' has a writable view; release it first", b->desc.name));
   m.flush_locked(lk);
-  if (m.cfg.durable) m.space.sync();
+  if (m.cfg.durable) m.engine.sync();
   detail::write_manifest_file(m.manifest_path(), m.manifest_payload(m.record), m.cfg.durable);
   ++m.committed_gen;
   m.prev_record = std::exchange(m.record, m.pending_record);

@@ -72,6 +72,13 @@ class IoBackend {
     return -EOPNOTSUPP;
   }
   virtual int unregister_buffer(std::uint32_t /*slot*/) noexcept { return -EOPNOTSUPP; }
+  /// Makes completed writes durable where the backend, not the swap files, owns the data (the
+  /// node service): 0 or -errno; -EOPNOTSUPP: the engine syncs the swap files itself.
+  virtual int sync() noexcept { return -EOPNOTSUPP; }
+  /// Memory that buffers must come from (the node service's shared memory); see IoEngine.
+  virtual bool memory_is_shared() const noexcept { return false; }
+  virtual std::byte* allocate_shared(std::uint64_t /*bytes*/) noexcept { return nullptr; }
+  virtual void free_shared(std::byte* /*p*/) noexcept {}
 };
 
 /// The parameters a backend over `space`'s files gets under `config`. `fds` is filled with the

@@ -16,4 +16,7 @@ namespace tierswap::detail {
 void check_trusted_dir(const std::filesystem::path& dir, std::string_view role,
                        bool private_dir = false);
 
+/// A node service's job id: 1-64 of [A-Za-z0-9._-], not "." or "..": usable as a file name.
+bool valid_job_id(std::string_view job) noexcept;
+
 }  // namespace tierswap::detail

@@ -37,6 +37,7 @@ class SlabPool {
     int engine_handle = -1;  // I/O engine registration
     bool cuda_registered = false;
     bool mlocked = false;
+    bool shared = false;  // carved from the memory shared with the node service
   };
   virtual ~SlabPool() = default;
   /// A piece of `bytes` (rounded up to 4 KiB), or nullptr when the budget cannot hold it now.
@@ -68,11 +69,14 @@ class SlabPool {
 
 class HostPool final : public SlabPool {
  public:
-  /// `engine` may be null (no fixed-buffer registration). numa_node -1: no binding.
+  /// `engine` may be null. With `register_buffers`, slabs are registered with it (fixed
+  /// buffers). When its memory is shared with the node service, slabs are carved from that
+  /// memory (the service pins it) and a slab that does not fit throws std::system_error(ENOMEM).
+  /// numa_node -1: no binding.
   HostPool(std::uint64_t budget, std::uint64_t slab_size, bool lock, int numa_node,
-           IoEngine* engine);
+           IoEngine* engine, bool register_buffers = true);
   ~HostPool() override;
-  /// "cuda-registered", "mlocked", "pageable" (the weakest of the slabs so far; "pinned" ones
+  /// "service-shared" (through the node service), "cuda-registered", "mlocked", "pageable" (the weakest of the slabs so far; "pinned" ones
   /// before any slab exists report what the configuration asks for).
   std::string memory_kind() const;
 
@@ -82,8 +86,9 @@ class HostPool final : public SlabPool {
   bool lock_;
   int numa_node_;
   IoEngine* engine_;
+  bool register_;
   bool warned_ = false;
-  bool any_pageable_ = false, any_mlocked_ = false, any_cuda_ = false;
+  bool any_pageable_ = false, any_mlocked_ = false, any_cuda_ = false, any_shared_ = false;
 };
 
 class DevicePool final : public SlabPool {

@@ -1,0 +1,50 @@
+// ServiceClient's internals (internal): the connection, the mapped shared memory and the
+// answers to hello; ServiceStorage's backend takes the connection over for raw I/O.
+#pragma once
+
+#include <sys/mman.h>
+
+#include <memory>
+#include <system_error>
+#include <string>
+#include <vector>
+
+#include "src/service/protocol.hpp"
+#include "tierswap/service.hpp"
+
+#include <fmt/format.h>
+
+namespace tierswap {
+
+using service::Connection;
+namespace wire = tierswap::wire;
+
+struct ServiceClient::Impl {
+  ServiceClientConfig cfg;
+  std::filesystem::path path;
+  std::unique_ptr<Connection> conn;
+  std::byte* data = nullptr;
+  std::uint64_t bytes = 0;
+  std::uint64_t generation = 0;
+  bool reattached = false;
+  std::uint32_t alignment = 4096;
+  std::uint64_t region_bytes = 0;
+  std::string space_uuid;
+  std::vector<std::uint8_t> buf;
+  flatbuffers::FlatBufferBuilder fb;
+
+  [[noreturn]] void fail(int err, const std::string& what) const {
+    throw std::system_error(err, std::system_category(),
+                            fmt::format("tierswap service {}: {}", path.string(), what));
+  }
+  void connect();
+  // Sends the finished message and returns the verified answer (a Reply unless `welcome`).
+  const wire::Message& exchange(int* fd = nullptr);
+  const wire::Reply& request(wire::Body type, flatbuffers::Offset<void> body, const char* what);
+  ~Impl() {
+    if (data) ::munmap(data, bytes);
+  }
+};
+
+
+}  // namespace tierswap

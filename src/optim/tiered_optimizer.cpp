@@ -224,7 +224,12 @@ void TieredOptimizer::Impl::build() {
   // The gradients of CPU-stepped sub-groups need no pinning on their way to the step: they wait
   // in pageable memory beside the pinned budget, sized to hold them all (spilling them would cost
   // 2 + 2 B/param of NVMe). A pageable_budget set by the caller stays.
-  if (o.tune_tiers) size_pageable_budget(tc, oc, grad_bytes_needed(sizes, comm->size(), oc));
+  // Through the node service every byte of host memory is the service's shared (pinned) memory,
+  // the gradients' included: host_budget is all this rank takes from the node's budget.
+  if (!tc.service.empty())
+    tc.pageable_budget = 0;
+  else if (o.tune_tiers)
+    size_pageable_budget(tc, oc, grad_bytes_needed(sizes, comm->size(), oc));
   bool earlier = false;
   for (const auto& d : o.swap_dirs) dirs.push_back(rank_dir(d, comm->rank(), o.resume, &earlier));
   open_space(sizes, oc, tc, earlier);
@@ -286,7 +291,8 @@ void TieredOptimizer::Impl::attach_service(std::uint64_t capacity, const TierCon
     cc.job = "run-" + checksum_hex(checksum64(where.data(), where.size()));
   }
   cc.rank = static_cast<std::uint32_t>(comm->rank());
-  // Both host pools carve their slabs from the shared memory, with a slab of slack each.
+  // The host pools carve their slabs from the shared memory; the slack holds what opening a
+  // committed space reads to verify it (one block at a time).
   cc.memory_bytes = round_up(tc.host_budget + tc.pageable_budget + 2 * tc.host_slab_size, 4096);
   cc.region_bytes = capacity;
   storage = std::make_unique<ServiceStorage>(cc, dirs.front(), IoEngineConfig::from_env());

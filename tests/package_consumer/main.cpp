@@ -16,6 +16,7 @@
 #include <tierswap/optimizer.hpp>
 #include <tierswap/placement.hpp>
 #include <tierswap/process_config.hpp>
+#include <tierswap/service.hpp>
 #include <tierswap/swap_space.hpp>
 #include <tierswap/telemetry.hpp>
 #include <tierswap/thread_pool.hpp>

@@ -112,3 +112,48 @@ def test_serve_names_a_bad_option(tmp_path, args, named):
                        capture_output=True, text=True, timeout=60)
     assert r.returncode != 0
     assert named in r.stderr, r.stderr
+
+
+def start_service(tmp_path, budget="256MiB"):
+    swap = tmp_path / "service-swap"
+    swap.mkdir()
+    sock = str(tmp_path / "service.sock")
+    note, note_path = notify_socket(tmp_path)
+    svc = subprocess.Popen([cli_path(), "serve", "--swap-dir", str(swap), "--capacity", "512MiB",
+                            "--host-budget", budget, "--socket", sock, "--no-lock"],
+                           env=dict(os.environ, NOTIFY_SOCKET=note_path), stderr=subprocess.PIPE,
+                           text=True)
+    wait_for(note, "READY=1")
+    return svc, sock
+
+
+def test_a_pytorch_job_on_the_service_trains_as_on_its_own_swap_files(tmp_path):
+    import torch
+
+    import tierswap.torch as tt
+    from tierswap import tinylm
+
+    svc, sock = start_service(tmp_path)
+    try:
+        runs = {}
+        for name, kw in (("own", {}), ("service", {"service": sock, "service_job": "lm"})):
+            (tmp_path / name).mkdir()
+            model = tinylm.make_model()
+            opt = tt.AdamW(tinylm.param_groups(model), swap_dir=str(tmp_path / name),
+                           host_budget="16MiB", state_tier="nvme", max_grad_norm=1.0,
+                           telemetry=False, **kw)
+            losses = tinylm.train_tierswap(model, opt, 4, total=4)
+            masters = opt.state_dict()["master_params"]
+            runs[name] = (losses, {k: v.clone() for k, v in masters.items()}, opt.residency())
+            opt.close()
+        assert runs["own"][0] == runs["service"][0]
+        assert runs["own"][1].keys() == runs["service"][1].keys()
+        for k, a in runs["own"][1].items():
+            assert torch.equal(a, runs["service"][1][k]), k
+        res = runs["service"][2]
+        assert res["host_memory"] == "service-shared"
+        assert res["counters"]["tiers"]["nvme"]["bytes_in"] > 0  # written through the service
+        assert not (tmp_path / "service" / "tierswap-rank0" / "tierswap.swap").exists()
+    finally:
+        svc.terminate()
+        assert svc.wait(timeout=30) == 0

@@ -45,6 +45,11 @@ Tier keywords (all optional; the defaults work untuned):
                   scheduler step_count times). Needs swap_dir, the same parameters, world size
   durable         fdatasync the swap files and fsync the manifest at every commit (default);
                   False: faster commits, still consistent after kill -9 but not after power loss
+  service         the node service's socket (``tierswap serve``; default TIERSWAP_SERVICE): the
+                  state lives in a region of the service's swap space, through memory shared
+                  with it, under the node's one budget; swap_dir then keeps only the manifest
+  service_job     the job id the service knows this run by (default TIERSWAP_SERVICE_JOB, else
+                  derived from swap_dir): with the rank, what a resumed run reattaches to
   persist_resident_state  host-resident state is also committed to NVMe every step (default:
                   crash-consistent, exact rollback); False keeps it in memory only (no NVMe I/O
                   for it, as torch.optim's state; save() is then its durability)
@@ -97,7 +102,8 @@ class _TieredOptimizer(Optimizer):
                  loss_scale=None, init_scale=65536.0, growth_factor=2.0, backoff_factor=0.5,
                  growth_interval=2000, bf16_moments=False, accumulate_fp32=False, telemetry=True,
                  hooks=False, threads=None, communicator="auto", keep_swap_files=False,
-                 swap_capacity=None, persist_resident_state=True, durable=True, resume=False):
+                 swap_capacity=None, persist_resident_state=True, durable=True, resume=False,
+                 service=None, service_job=None):
         self._native = None
         if overlap and not hooks:
             raise ValueError("overlap=True steps sub-groups during the backward: it needs hooks=True")
@@ -119,6 +125,12 @@ class _TieredOptimizer(Optimizer):
             raise ValueError("resume=True continues from a swap directory: give swap_dir")
         dirs, self._tmpdir = _swap_dirs(swap_dir)
         tier_cfg = {"telemetry": bool(telemetry), "device_mode": "off", "durable": bool(durable)}
+        service = os.environ.get("TIERSWAP_SERVICE") if service is None else service
+        if service:
+            tier_cfg["service"] = os.fspath(service)
+            job = os.environ.get("TIERSWAP_SERVICE_JOB") if service_job is None else service_job
+            if job:
+                tier_cfg["service_job"] = str(job)
         self._comm = default_communicator(communicator)  # kept alive beside the native side
         self._native = _tierswap.Optimizer(
             dirs, 0 if host_budget is None else parse_size(host_budget),
@@ -537,7 +549,7 @@ _TIER_KEYWORDS = {"swap_dir", "host_budget", "state_tier", "subgroup_size", "ove
                   "max_grad_norm", "loss_scale", "init_scale", "growth_factor", "backoff_factor",
                   "growth_interval", "bf16_moments", "accumulate_fp32", "telemetry", "hooks",
                   "threads", "communicator", "keep_swap_files", "swap_capacity",
-                  "persist_resident_state", "durable", "resume"}
+                  "persist_resident_state", "durable", "resume", "service", "service_job"}
 # torch.optim implementation switches: accepted and ignored (tierswap has one implementation).
 _TORCH_SWITCHES = {"foreach", "fused", "capturable", "differentiable"}
 

@@ -1,0 +1,174 @@
+#!/usr/bin/env python3
+"""N training processes on one node: each on its own swap files and pinned budget ("alone"), or
+all through one `tierswap serve` whose budget is what ONE of them takes alone ("service").
+
+Every client trains tierswap.tinylm (its own seed) with tierswap.torch.AdamW, state streamed from
+NVMe, for --steps steps, all N at once. Per mode and N it reports: whether every client's master
+weights are bit-identical to the same seed in the other mode, the aggregate throughput (tokens/s
+summed over the clients), each client's median optimizer step time (slowest / fastest), and the
+pinned host memory all clients held at their peak (per-process mode: the sum of each process's
+peak pinned pool; service mode: the service's budget, which bounds what it granted). Modes
+alternate per repetition; medians over repetitions.
+
+  PYTHONPATH=build/python /usr/bin/python3 bench/service_clients.py --tierswap build/tierswap \\
+      --clients 1,2,4 --steps 12 --budget 64MiB --reps 3 [--json]
+"""
+import argparse
+import hashlib
+import json
+import os
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+CLIENT = r"""
+import hashlib, json, sys, time, torch, tierswap.torch as tt
+from tierswap import tinylm
+a = json.loads(sys.argv[1])
+model = tinylm.make_model(seed=a["seed"])
+kw = {"service": a["service"], "service_job": a["job"]} if a["service"] else {}
+opt = tt.AdamW(tinylm.param_groups(model), swap_dir=a["dir"], host_budget=a["budget"],
+               state_tier="nvme", subgroup_size=a["subgroup"], max_grad_norm=1.0,
+               telemetry=False, **kw)
+steps = []
+sys.stdin.readline()  # every client starts together
+t0 = time.perf_counter()
+losses = tinylm.train_tierswap(model, opt, a["steps"],
+                               log=lambda s, l, tps, last: steps.append(last["seconds"]))
+wall = time.perf_counter() - t0
+h = hashlib.sha256()
+for k, v in sorted(opt.state_dict()["master_params"].items()):
+    h.update(v.float().numpy().tobytes())
+res = opt.residency()
+print(json.dumps({"losses": losses, "masters": h.hexdigest(), "step_seconds": steps,
+                  "wall": wall,
+                  "tokens": sum(x.numel() for s in range(a["steps"]) for x, _ in tinylm.batches(s)),
+                  "peak_pinned": res["counters"].get("peak_host_bytes", 0),
+                  "host_memory": res["host_memory"]}))
+opt.close()
+"""
+
+
+def parse_size(s):
+    units = {"KiB": 1 << 10, "MiB": 1 << 20, "GiB": 1 << 30}
+    for u, m in units.items():
+        if s.endswith(u):
+            return int(float(s[: -len(u)]) * m)
+    return int(s)
+
+
+def start_service(cli, root, budget):
+    swap = os.path.join(root, "service-swap")
+    os.makedirs(swap)
+    sock = os.path.join(root, "service.sock")
+    note = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+    note.bind(os.path.join(root, "notify"))
+    note.settimeout(60)
+    svc = subprocess.Popen([cli, "serve", "--swap-dir", swap, "--capacity", "2GiB",
+                            "--host-budget", str(budget), "--socket", sock],
+                           env=dict(os.environ, NOTIFY_SOCKET=os.path.join(root, "notify")))
+    while "READY=1" not in note.recv(4096).decode().split("\n"):
+        pass
+    return svc, sock
+
+
+def run_clients(n, mode, args, root):
+    """n clients at once; returns their JSON reports (and the service's budget)."""
+    svc, sock = (None, None)
+    per_client = args.budget
+    if mode == "service":
+        svc, sock = start_service(args.tierswap, root, args.budget)
+        # What each client takes from the node's one budget (its pools plus their slack).
+        per_client = (args.budget // n - 2 * args.slab) // 4096 * 4096
+    procs = []
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path))
+    try:
+        for i in range(n):
+            d = os.path.join(root, f"{mode}-{i}")
+            os.makedirs(d)
+            a = {"seed": 1000 + i, "dir": d, "budget": per_client, "subgroup": args.subgroup,
+                 "steps": args.steps, "service": sock, "job": f"bench{i}"}
+            procs.append(subprocess.Popen([sys.executable, "-c", CLIENT, json.dumps(a)], env=env,
+                                          stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                          text=True))
+        time.sleep(3)  # imports and set-up
+        for p in procs:
+            p.stdin.write("go\n")
+            p.stdin.flush()
+        out = []
+        for p in procs:
+            line = p.stdout.readline()
+            if p.wait() != 0 or not line:
+                raise RuntimeError(f"{mode} client failed")
+            out.append(json.loads(line))
+        return out, per_client
+    finally:
+        if svc:
+            svc.terminate()
+            svc.wait()
+
+
+def summary(reports, mode, budget, per_client):
+    med = [statistics.median(r["step_seconds"]) for r in reports]
+    pinned = budget if mode == "service" else sum(r["peak_pinned"] for r in reports)
+    return {"tokens_per_s": sum(r["tokens"] / r["wall"] for r in reports),
+            "step_s_fastest": min(med), "step_s_slowest": max(med),
+            "slowest_over_fastest": max(med) / min(med), "pinned_bytes": pinned,
+            "per_client_budget": per_client, "host_memory": reports[0]["host_memory"],
+            "masters": [r["masters"] for r in reports]}
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--tierswap", default="build/tierswap")
+    ap.add_argument("--clients", default="1,2,4")
+    ap.add_argument("--steps", type=int, default=12)
+    ap.add_argument("--budget", default="64MiB", help="one client's pinned budget alone")
+    ap.add_argument("--subgroup", type=int, default=131072)
+    ap.add_argument("--slab", default="1MiB")
+    ap.add_argument("--reps", type=int, default=3)
+    ap.add_argument("--dir", default=os.environ.get("TMPDIR", "/var/tmp"))
+    ap.add_argument("--json", action="store_true")
+    args = ap.parse_args()
+    args.budget, args.slab = parse_size(args.budget), parse_size(args.slab)
+    results = []
+    for n in (int(x) for x in args.clients.split(",")):
+        reps = {"alone": [], "service": []}
+        for r in range(args.reps):
+            for mode in (("alone", "service") if r % 2 == 0 else ("service", "alone")):
+                with tempfile.TemporaryDirectory(dir=args.dir) as root:
+                    reports, per = run_clients(n, mode, args, root)
+                reps[mode].append(summary(reports, mode, args.budget, per))
+                print(f"clients {n} rep {r} {mode}: "
+                      f"{reps[mode][-1]['tokens_per_s']:.0f} tokens/s", file=sys.stderr)
+        same = all(a["masters"] == s["masters"] for a in reps["alone"] for s in reps["service"])
+        row = {"clients": n, "bit_identical": same}
+        for mode in ("alone", "service"):
+            row[mode] = {k: statistics.median(x[k] for x in reps[mode])
+                         for k in ("tokens_per_s", "step_s_fastest", "step_s_slowest",
+                                   "slowest_over_fastest", "pinned_bytes", "per_client_budget")}
+            row[mode]["host_memory"] = reps[mode][0]["host_memory"]
+        row["throughput_service_over_alone"] = (row["service"]["tokens_per_s"] /
+                                                row["alone"]["tokens_per_s"])
+        row["pinned_service_over_alone"] = (row["service"]["pinned_bytes"] /
+                                            row["alone"]["pinned_bytes"])
+        results.append(row)
+    if args.json:
+        print(json.dumps({"steps": args.steps, "budget": args.budget, "reps": args.reps,
+                          "results": results}, indent=1))
+        return
+    print(f"{'clients':>7} {'identical':>9} {'tokens/s alone':>14} {'via service':>11} "
+          f"{'ratio':>6} {'pinned alone':>12} {'via service':>11} {'slowest/fastest':>15}")
+    for r in results:
+        print(f"{r['clients']:>7} {str(r['bit_identical']):>9} {r['alone']['tokens_per_s']:>14.0f} "
+              f"{r['service']['tokens_per_s']:>11.0f} {r['throughput_service_over_alone']:>6.3f} "
+              f"{r['alone']['pinned_bytes'] / 2**20:>10.1f}Mi "
+              f"{r['service']['pinned_bytes'] / 2**20:>9.1f}Mi "
+              f"{r['service']['slowest_over_fastest']:>15.2f}")
+
+
+if __name__ == "__main__":
+    main()

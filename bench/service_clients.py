@@ -7,7 +7,8 @@ NVMe, for --steps steps, all N at once. Per mode and N it reports: whether every
 weights are bit-identical to the same seed in the other mode, the aggregate throughput (tokens/s
 summed over the clients), each client's median optimizer step time (slowest / fastest), and the
 pinned host memory all clients held at their peak (per-process mode: the sum of each process's
-peak pinned pool; service mode: the service's budget, which bounds what it granted). Modes
+peak pinned pool; service mode: the shared memory the service granted and locked, within its
+one budget). Modes
 alternate per repetition; medians over repetitions.
 
   PYTHONPATH=build/python /usr/bin/python3 bench/service_clients.py --tierswap build/tierswap \\
@@ -113,7 +114,8 @@ def run_clients(n, mode, args, root):
 
 def summary(reports, mode, budget, per_client):
     med = [statistics.median(r["step_seconds"]) for r in reports]
-    pinned = budget if mode == "service" else sum(r["peak_pinned"] for r in reports)
+    # Service: what it granted (the clients' memfds, mlocked whole); alone: each process's peak.
+    pinned = len(reports) * per_client if mode == "service" else sum(r["peak_pinned"] for r in reports)
     return {"tokens_per_s": sum(r["tokens"] / r["wall"] for r in reports),
             "step_s_fastest": min(med), "step_s_slowest": max(med),
             "slowest_over_fastest": max(med) / min(med), "pinned_bytes": pinned,

@@ -8,7 +8,7 @@
 # `test` builds four times: the normal build (whole suite, the > 4 GiB transfers included, then
 # the Python tests with pytest), an ASan+UBSan build (whole suite but the > 4 GiB transfers), a
 # ThreadSanitizer build of the concurrent components (tier manager, I/O engine, thread pool, the
-# optimizer over them), and the libFuzzer targets (clang, ASan+UBSan): each replays its seed
+# optimizer over them, the node service without its fork()ing tests), and the libFuzzer targets (clang, ASan+UBSan): each replays its seed
 # corpus and fuzzes for TIERSWAP_FUZZ_SECONDS (default 30).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -72,10 +72,10 @@ case "$cmd" in
       -DTIERSWAP_BUILD_BENCHMARKS=OFF -DTIERSWAP_WITH_CUDA=OFF -DTIERSWAP_BUILD_PYTHON=OFF >/dev/null
     cmake --build build-tsan -j "$(nproc)" \
       --target test_tier_manager test_thread_pool test_io_engine test_io_faults test_optimizer \
-        test_fault_soak
+        test_fault_soak test_service
     (cd build-tsan && TIERSWAP_SKIP_LARGE=1 TSAN_OPTIONS=halt_on_error=1:second_deadlock_stack=1 \
        ctest --output-on-failure -j 2 --timeout 900 \
-       -R '^(TierManager|TierManagerCrash|Telemetry|ThreadPool|Backends/EngineTest|Backends/FaultTest|ShardedOptimizer|MemoryOnly|FaultSoak)[.]')
+       -R '^(TierManager|TierManagerCrash|Telemetry|ThreadPool|Backends/EngineTest|Backends/FaultTest|ShardedOptimizer|MemoryOnly|FaultSoak)[.]|^Service[.](BlocksGo|ClientsAre|TheNodeBudget|Malformed|Metrics)')
     CC=clang CXX=clang++ cmake -S . -B build-fuzz -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo \
       -DTIERSWAP_SANITIZE=fuzz -DTIERSWAP_BUILD_TESTS=OFF -DTIERSWAP_BUILD_BENCHMARKS=OFF \
       -DTIERSWAP_BUILD_PYTHON=OFF -DTIERSWAP_WITH_CUDA=OFF -DTIERSWAP_WITH_MPI=OFF >/dev/null

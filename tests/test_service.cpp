@@ -18,6 +18,7 @@
 #include "test_util.hpp"
 #include "tierswap/metrics.hpp"
 #include "tierswap/service.hpp"
+#include "tierswap/tier_manager.hpp"
 
 namespace tierswap {
 namespace {
@@ -357,6 +358,125 @@ TEST(Service, MetricsCountClientsAndTheirTraffic) {
   EXPECT_NE(t.find("tierswap_client_nvme_read_bytes_total{client=\"m.3\"} 12288\n"),
             std::string::npos);
   EXPECT_NE(t.find("tierswap_client_memory_bytes{client=\"m.3\"} 262144\n"), std::string::npos);
+}
+
+}  // namespace
+}  // namespace tierswap
+
+namespace tierswap {
+namespace {
+
+TierConfig raw_tier_config() {
+  TierConfig c;
+  c.host_budget = 1 * kMiB;
+  c.host_slab_size = 256 * kKiB;
+  c.device_mode = DeviceTierMode::off;
+  c.telemetry = false;
+  return c;
+}
+
+std::vector<std::byte> pattern(std::size_t n, std::uint8_t seed) {
+  std::vector<std::byte> v(n);
+  for (std::size_t i = 0; i < n; ++i) v[i] = std::byte(static_cast<std::uint8_t>(seed + i * 13));
+  return v;
+}
+
+// A tier manager on the service streams blocks through a budget smaller than them, commits, and
+// reopens (reattached) with every block's checksum verified; released, its region is gone.
+TEST(Service, ATierManagerRunsOnItAndItsRegionIsReleasedWhenAsked) {
+  TempDir d, mdir;
+  const auto sc = service_config(d, 8 * kMiB);
+  SwapService svc(sc);
+  auto cc = client_config(sc, "tm", 0, 2 * kMiB);
+  cc.region_bytes = 16 * kMiB;
+  std::vector<BlockId> ids;
+  {
+    ServiceStorage st(cc, mdir.path());
+    EXPECT_FALSE(st.reattached());
+    EXPECT_EQ(st.engine().backend(), IoBackendKind::service);
+    TierManager tm(st.space(), st.engine(), raw_tier_config());
+    for (int i = 0; i < 6; ++i) {  // 6 x 256 KiB through a 1 MiB budget
+      BlockDesc bd;
+      bd.name = "b" + std::to_string(i);
+      bd.cls = BlockClass::master;
+      bd.numel = 64 * 1024;
+      ids.push_back(tm.create(bd));
+      auto v = tm.acquire(ids.back(), Tier::host, Access::write);
+      const auto p = pattern(256 * kKiB, static_cast<std::uint8_t>(i));
+      std::memcpy(v.data(), p.data(), p.size());
+      v.mark_dirty();
+    }
+    tm.commit();
+    EXPECT_EQ(tm.snapshot().host_memory, "service-shared");
+    EXPECT_GT(tm.counters().bytes_in[static_cast<int>(Tier::nvme)], 0u);
+  }
+  {
+    ServiceStorage st(cc, mdir.path());
+    EXPECT_TRUE(st.reattached());
+    TierManager tm(st.space(), st.engine(), raw_tier_config());  // verifies every checksum
+    EXPECT_TRUE(tm.snapshot().checksums_verified);
+    for (int i = 0; i < 6; ++i) {
+      auto v = tm.acquire(*tm.find("b" + std::to_string(i)), Tier::host, Access::read);
+      const auto p = pattern(256 * kKiB, static_cast<std::uint8_t>(i));
+      EXPECT_EQ(std::memcmp(v.data(), p.data(), p.size()), 0) << i;
+    }
+    st.release_on_close();
+  }
+  for (int i = 0; i < 100; ++i) {
+    if (nlohmann::json::parse(svc.status_json()).at("clients").empty()) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  const auto st = nlohmann::json::parse(svc.status_json());
+  EXPECT_TRUE(st.at("clients").empty()) << st.dump();
+  EXPECT_EQ(st.at("nvme_free"), st.at("nvme_capacity"));
+}
+
+// Raw requests are checked against the client's region and shared memory (and refused with the
+// reason, the connection kept); the block API is refused to a raw client.
+TEST(Service, ARawClientCannotReachOutsideItsRegionOrMemory) {
+  TempDir d;
+  const auto sc = service_config(d);
+  SwapService svc(sc);
+  const int fd = ::socket(AF_UNIX, SOCK_STREAM, 0);
+  sockaddr_un a{};
+  a.sun_family = AF_UNIX;
+  std::strcpy(a.sun_path, sc.socket.c_str());
+  ASSERT_EQ(::connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof a), 0);
+  service::Connection c(fd);
+  flatbuffers::FlatBufferBuilder fb;
+  std::vector<std::uint8_t> buf;
+  const wire::Message* m = nullptr;
+  std::string why;
+  int memfd = -1;
+  const auto h = wire::CreateHello(fb, service::kProtocolVersion, fb.CreateString("raw"), 0,
+                                   64 * kKiB, kMiB, true);
+  fb.Finish(c.message(fb, wire::Body::Hello, h.Union()), wire::MessageIdentifier());
+  ASSERT_EQ(c.send(fb), 0);
+  ASSERT_EQ(c.receive(buf, &m, &memfd, &why), service::Connection::Status::ok) << why;
+  ASSERT_TRUE(m->body_as_Welcome());
+  EXPECT_GE(memfd, 0);
+  ::close(memfd);
+  auto ask = [&](std::uint64_t tag, std::uint64_t off, std::uint64_t len, std::uint64_t moff) {
+    fb.Clear();
+    fb.Finish(c.message(fb, wire::Body::Read, wire::CreateRead(fb, tag, off, len, moff).Union()),
+              wire::MessageIdentifier());
+    EXPECT_EQ(c.send(fb), 0);
+    EXPECT_EQ(c.receive(buf, &m, nullptr, &why), service::Connection::Status::ok) << why;
+    const wire::Reply* r = m->body_as_Reply();
+    EXPECT_TRUE(r && r->tag() == tag);
+    return std::pair<int, std::string>(r->error(), r->message() ? r->message()->str() : "");
+  };
+  EXPECT_EQ(ask(1, kMiB, 4096, 0).first, EINVAL);             // past the region
+  EXPECT_NE(ask(2, kMiB - 4096, 8192, 0).second.find("outside the region"), std::string::npos);
+  EXPECT_NE(ask(3, 0, 4096, 64 * kKiB).second.find("shared memory"), std::string::npos);
+  EXPECT_NE(ask(4, 100, 4096, 0).second.find("not in units"), std::string::npos);
+  EXPECT_EQ(ask(5, 0, 4096, 0).first, 0);                     // inside: served
+  fb.Clear();
+  fb.Finish(c.message(fb, wire::Body::Put, wire::CreatePut(fb, 1, 0, 4096).Union()),
+            wire::MessageIdentifier());
+  ASSERT_EQ(c.send(fb), 0);
+  ASSERT_EQ(c.receive(buf, &m, nullptr, &why), service::Connection::Status::ok);
+  EXPECT_EQ(m->body_as_Reply()->error(), EPERM);
 }
 
 }  // namespace

@@ -113,6 +113,9 @@ class ServiceClient {
   std::uint64_t commit();
   void discard();
   std::string status_json();
+  /// Asks the service to forget this client when it disconnects: its region, blocks and
+  /// manifest (a run that ended and keeps nothing; the next attach starts afresh).
+  void release();
 
  private:
   friend class ServiceStorage;
@@ -140,6 +143,9 @@ class ServiceStorage {
   IoEngine& engine() noexcept;
   /// True when the service already knew this job + rank (its region kept what was committed).
   bool reattached() const noexcept;
+  /// At destruction, after the engine stopped, ask the service to forget the region (see
+  /// ServiceClient::release): what removing its swap files is to a run on its own files.
+  void release_on_close() noexcept;
 
  private:
   struct Impl;

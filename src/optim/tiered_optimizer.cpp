@@ -323,6 +323,7 @@ TieredOptimizer::~TieredOptimizer() {
   m.opt.reset();
   m.pool.reset();
   m.tiers.reset();
+  if (m.storage && !m.o.keep_swap_files) m.storage->release_on_close();
   m.drop_storage();
   if (!m.o.keep_swap_files) m.remove_files();
   m.own_space.reset();
@@ -366,6 +367,7 @@ void TieredOptimizer::finalize() {
     m.opt.reset();
     m.pool.reset();
     m.tiers.reset();
+    if (m.storage && !m.storage->reattached()) m.storage->release_on_close();  // a fresh region
     m.drop_storage();
     if (m.created) m.remove_files();  // never an earlier run's files
     std::error_code ec;

@@ -140,6 +140,12 @@ void ServiceClient::discard() {
   m.request(wire::Body::Discard, wire::CreateDiscard(m.fb).Union(), "discard");
 }
 
+void ServiceClient::release() {
+  Impl& m = *impl_;
+  m.fb.Clear();
+  m.request(wire::Body::Release, wire::CreateRelease(m.fb).Union(), "release");
+}
+
 std::string ServiceClient::status_json() {
   Impl& m = *impl_;
   m.fb.Clear();

@@ -142,6 +142,7 @@ struct SwapService::Impl {
       IoTicket ticket;
     };
     std::deque<Raw> inflight;  // raw I/O, answered oldest first
+    bool release = false;      // forget the client at the disconnect
   };
   static bool readable(int fd);
   bool start_raw(Peer& p, Session& s, const wire::Message& m, flatbuffers::FlatBufferBuilder& fb);
@@ -152,6 +153,7 @@ struct SwapService::Impl {
   std::uint64_t get(Session& s, const wire::Get& r);
   std::uint64_t commit(Session& s);
   void detach(Session& s);
+  void forget(const std::string& key);  // under mu
   std::string status() const;
   void fill_metrics(MetricsWriter& w) const;
 };
@@ -483,6 +485,7 @@ void SwapService::Impl::handle(Peer& p, const wire::Message& m, Session& s,
         space->sync();
         build_reply(p.conn, fb, 0, "", 0, "", m.body_as_Sync()->tag());
         return;
+      case wire::Body::Release: s.release = true; break;
       case wire::Body::Put: value = put(s, *m.body_as_Put()); break;
       case wire::Body::Get: value = get(s, *m.body_as_Get()); break;
       case wire::Body::Commit: value = commit(s); break;
@@ -606,9 +609,26 @@ void SwapService::Impl::detach(Session& s) {
   }
   granted -= s.mem->bytes;
   live.erase(s.key);
+  if (s.release) forget(s.key);
   log(LogLevel::info, fmt::format("service: {} detached at generation {}", s.key, c.generation));
   s.mem.reset();
   s.rec = nullptr;
+}
+
+void SwapService::Impl::forget(const std::string& key) {
+  const auto it = clients.find(key);
+  if (it == clients.end()) return;
+  const ClientRecord& c = it->second;
+  std::error_code ec;
+  std::filesystem::remove(files.manifest(c), ec);
+  regions->free({c.base, c.bytes});
+  clients.erase(it);
+  try {
+    save_registry(files, uuid, clients);
+  } catch (const std::exception& e) {
+    log(LogLevel::error, fmt::format("service: releasing {}: {}", key, e.what()));
+  }
+  log(LogLevel::info, fmt::format("service: {} released", key));
 }
 
 // ---- status and metrics --------------------------------------------------------------------

@@ -219,7 +219,17 @@ struct ServiceStorage::Impl {
   ServiceClient client;
   std::unique_ptr<SwapSpace> space;
   std::unique_ptr<IoEngine> engine;
+  bool release = false;
   explicit Impl(ServiceClientConfig cfg) : client((cfg.raw = true, std::move(cfg))) {}
+  ~Impl() {
+    engine.reset();  // its reaper no longer reads the connection
+    if (!release) return;
+    try {
+      client.release();
+    } catch (const std::exception& e) {
+      log(LogLevel::warn, std::string("releasing the service region: ") + e.what());
+    }
+  }
 };
 
 ServiceStorage::ServiceStorage(ServiceClientConfig cfg, const std::filesystem::path& manifest_dir,
@@ -236,6 +246,7 @@ ServiceStorage::ServiceStorage(ServiceClientConfig cfg, const std::filesystem::p
 }
 
 ServiceStorage::~ServiceStorage() = default;
+void ServiceStorage::release_on_close() noexcept { impl_->release = true; }
 SwapSpace& ServiceStorage::space() noexcept { return *impl_->space; }
 IoEngine& ServiceStorage::engine() noexcept { return *impl_->engine; }
 bool ServiceStorage::reattached() const noexcept { return impl_->client.reattached(); }

@@ -183,7 +183,7 @@ struct IoEngine::Impl {
     TicketState* t = s->ticket;
     if (!t->error) {
       const char* op = s->req.op == IoOp::read ? "read" : "write";
-      t->error = std::make_exception_ptr(io_error(err, op, file(s->req.file).path.string(),
+      t->error = std::make_exception_ptr(io_error(err, op, file(s->req.file).name(),
                                                   s->first_offset, s->first_length, detail));
     }
     if (t->queued) unlink(t);

@@ -293,7 +293,8 @@ PhysicalSpan SwapSpace::map(std::uint64_t logical, std::uint64_t max_length) con
 }
 
 SwapSpace SwapSpace::region(std::uint64_t capacity, std::uint32_t alignment,
-                            std::string_view uuid_hex, const std::filesystem::path& dir) {
+                            std::string_view uuid_hex, const std::filesystem::path& dir,
+                            std::string label) {
   if (capacity == 0 || alignment == 0 || (alignment & (alignment - 1)) != 0 ||
       capacity % alignment != 0)
     throw std::invalid_argument(fmt::format("SwapSpace::region: capacity {} / alignment {}",
@@ -301,6 +302,7 @@ SwapSpace SwapSpace::region(std::uint64_t capacity, std::uint32_t alignment,
   SwapSpace s;
   SwapFile f;
   f.path = dir / kFileName;
+  f.label = std::move(label);
   f.data_bytes = capacity;
   s.files_.push_back(std::move(f));
   s.capacity_ = capacity;

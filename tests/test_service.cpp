@@ -479,5 +479,55 @@ TEST(Service, ARawClientCannotReachOutsideItsRegionOrMemory) {
   EXPECT_EQ(m->body_as_Reply()->error(), EPERM);
 }
 
+// A tier manager whose service is killed fails its next transfer promptly, naming the service,
+// and a restarted service gives the committed state back.
+TEST(Service, ATierManagerOfAKilledServiceFailsPromptlyAndReattaches) {
+  TempDir d, mdir;
+  const auto sc = service_config(d, 8 * kMiB);
+  pid_t svc = spawn_service(sc);
+  ASSERT_GT(svc, 0);
+  auto cc = client_config(sc, "tmk", 0, 2 * kMiB);
+  cc.timeout_seconds = 5;
+  BlockDesc bd;
+  bd.name = "w";
+  bd.cls = BlockClass::master;
+  bd.numel = 64 * 1024;
+  {
+    ServiceStorage st(cc, mdir.path());
+    TierManager tm(st.space(), st.engine(), raw_tier_config());
+    const BlockId id = tm.create(bd);
+    {
+      auto v = tm.acquire(id, Tier::host, Access::write);
+      const auto p = pattern(256 * kKiB, 7);
+      std::memcpy(v.data(), p.data(), p.size());
+      v.mark_dirty();
+    }
+    tm.commit();
+    {
+      auto v = tm.acquire(id, Tier::host, Access::write);
+      std::memset(v.data(), 0, 4096);
+      v.mark_dirty();
+    }
+    ::kill(svc, SIGKILL);
+    ::waitpid(svc, nullptr, 0);
+    const auto t0 = std::chrono::steady_clock::now();
+    const std::string why = error_of([&] { tm.commit(); });
+    EXPECT_LT(std::chrono::steady_clock::now() - t0, std::chrono::seconds(6));
+    EXPECT_NE(why.find("service"), std::string::npos) << why;
+  }
+  svc = spawn_service(sc);
+  ASSERT_GT(svc, 0);
+  {
+    ServiceStorage st(cc, mdir.path());
+    EXPECT_TRUE(st.reattached());
+    TierManager tm(st.space(), st.engine(), raw_tier_config());
+    auto v = tm.acquire(*tm.find("w"), Tier::host, Access::read);
+    const auto p = pattern(256 * kKiB, 7);
+    EXPECT_EQ(std::memcmp(v.data(), p.data(), p.size()), 0);
+  }
+  ::kill(svc, SIGKILL);
+  ::waitpid(svc, nullptr, 0);
+}
+
 }  // namespace
 }  // namespace tierswap

@@ -57,6 +57,9 @@ struct SwapFile {
   std::uint32_t offset_align = 1;  ///< required offset/length alignment (1 if buffered)
   std::uint64_t data_offset = 0;   ///< where stripe data starts in the file
   std::uint64_t data_bytes = 0;    ///< bytes of stripe data in this file
+  /// What error messages call it (a region of the node service: the service and the region).
+  std::string label;
+  std::string name() const { return label.empty() ? path.string() : label; }
 };
 
 /// A logical range's piece that lies in one file, up to the next stripe boundary.
@@ -108,7 +111,8 @@ class SwapSpace {
   /// `<dir>/tierswap.swap` (where a tier manager over it keeps its manifest), buffered (no
   /// alignment of its own beyond `alignment`); the engine over it must run through the service.
   static SwapSpace region(std::uint64_t capacity, std::uint32_t alignment,
-                          std::string_view uuid_hex, const std::filesystem::path& dir);
+                          std::string_view uuid_hex, const std::filesystem::path& dir,
+                          std::string label);
 
   /// fdatasync every file (a region has none: its engine syncs through the service); throws
   /// std::system_error naming the file on failure.

@@ -17,7 +17,6 @@
 namespace tierswap {
 
 using service::Connection;
-namespace wire = tierswap::wire;
 
 struct ServiceClient::Impl {
   ServiceClientConfig cfg;

@@ -37,7 +37,6 @@ namespace tierswap {
 using service::BlockRecord;
 using service::ClientRecord;
 using service::Connection;
-namespace wire = tierswap::wire;
 
 void ServiceConfig::validate() const {
   if (swap_dirs.empty()) throw std::invalid_argument("service: swap_dirs: at least one directory");
@@ -648,7 +647,8 @@ std::string SwapService::Impl::status() const {
   for (const auto& [k, c] : clients) {
     nlohmann::json e = {{"job", c.job},       {"rank", c.rank},
                         {"region_bytes", c.bytes}, {"generation", c.generation},
-                        {"blocks", c.blocks.size()}, {"attached", live.count(k) > 0}};
+                        {"blocks", c.blocks.size()}, {"attached", live.count(k) > 0},
+                        {"raw", c.raw}};
     if (const auto it = live.find(k); it != live.end())
       e.update({{"pid", it->second.pid},
                 {"uid", it->second.uid},

@@ -239,7 +239,9 @@ ServiceStorage::ServiceStorage(ServiceClientConfig cfg, const std::filesystem::p
   Link link{c.conn.get(), c.data, c.bytes, c.path, static_cast<int>(c.cfg.timeout_seconds * 1000)};
   std::filesystem::create_directories(manifest_dir);
   impl_->space = std::make_unique<SwapSpace>(
-      SwapSpace::region(c.region_bytes, c.alignment, c.space_uuid, manifest_dir));
+      SwapSpace::region(c.region_bytes, c.alignment, c.space_uuid, manifest_dir,
+                        fmt::format("the region of job {} rank {} at the tierswap service {}",
+                                    c.cfg.job, c.cfg.rank, c.path.string())));
   ec.backend = IoBackendKind::service;
   impl_->engine =
       std::make_unique<IoEngine>(*impl_->space, ec, std::make_unique<ServiceBackend>(link));

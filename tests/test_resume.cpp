@@ -13,6 +13,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "service_util.hpp"
 #include "test_util.hpp"
 #include "tierswap/communicator.hpp"
 #include "tierswap/detail/manifest.hpp"
@@ -337,34 +338,6 @@ TEST(Resume, RollingBackOntoOverwrittenDataIsRefusedByBlockName) {
 }
 
 // ---- through the node service ------------------------------------------------------------------
-namespace {
-
-// A service in a child process (so that the test process forks clients before any thread of its
-// own exists); killed with the returned pid.
-pid_t spawn_service(const ServiceConfig& sc) {
-  int p[2];
-  if (::pipe(p) != 0) return -1;
-  const pid_t pid = ::fork();
-  if (pid == 0) {
-    ::close(p[0]);
-    try {
-      SwapService svc(sc);
-      const char ok = 1;
-      if (::write(p[1], &ok, 1) != 1) ::_exit(2);
-      for (;;) ::pause();
-    } catch (...) {
-      ::_exit(3);
-    }
-  }
-  ::close(p[1]);
-  char ok = 0;
-  const bool ready = ::read(p[0], &ok, 1) == 1;
-  ::close(p[0]);
-  return ready ? pid : -1;
-}
-
-}  // namespace
-
 TEST(Resume, ThroughTheNodeServiceAKilledRunResumesBitForBit) {
   const State ref = uninterrupted(7);
   TempDir sdir, dir;
@@ -374,7 +347,7 @@ TEST(Resume, ThroughTheNodeServiceAKilledRunResumesBitForBit) {
   sc.host_budget = 32ull << 20;
   sc.socket = sdir.path() / "service.sock";
   sc.lock_memory = false;
-  const pid_t svc = spawn_service(sc);
+  const pid_t svc = test::spawn_service(sc);
   ASSERT_GT(svc, 0);
   struct Stop {
     pid_t pid;

@@ -15,6 +15,7 @@
 #include <thread>
 
 #include "src/service/protocol.hpp"
+#include "service_util.hpp"
 #include "test_util.hpp"
 #include "tierswap/metrics.hpp"
 #include "tierswap/service.hpp"
@@ -188,33 +189,11 @@ TEST(Service, AClientKilledMidStepKeepsItsCommittedGeneration) {
   EXPECT_TRUE(holds(*c, 0, 16 * kKiB, 1));
 }
 
-// Runs a service in a child process; returns its pid once it listens.
-pid_t spawn_service(const ServiceConfig& sc) {
-  int p[2];
-  if (::pipe(p) != 0) return -1;
-  const pid_t pid = ::fork();
-  if (pid == 0) {
-    ::close(p[0]);
-    try {
-      SwapService svc(sc);
-      const char ok = 1;
-      if (::write(p[1], &ok, 1) != 1) ::_exit(2);
-      for (;;) ::pause();
-    } catch (...) {
-      ::_exit(3);
-    }
-  }
-  ::close(p[1]);
-  char ok = 0;
-  const bool ready = ::read(p[0], &ok, 1) == 1;
-  ::close(p[0]);
-  return ready ? pid : -1;
-}
 
 TEST(Service, AKilledServiceFailsItsClientsPromptlyAndRestartsWithTheirState) {
   TempDir d;
   const auto sc = service_config(d);
-  pid_t svc = spawn_service(sc);
+  pid_t svc = test::spawn_service(sc);
   ASSERT_GT(svc, 0);
   auto cc = client_config(sc, "survivor");
   cc.timeout_seconds = 5;
@@ -231,7 +210,7 @@ TEST(Service, AKilledServiceFailsItsClientsPromptlyAndRestartsWithTheirState) {
   EXPECT_LT(std::chrono::steady_clock::now() - t0, std::chrono::seconds(6));
   EXPECT_NE(why.find("tierswap service"), std::string::npos) << why;
   c.reset();
-  svc = spawn_service(sc);  // a socket file of a dead service is replaced
+  svc = test::spawn_service(sc);  // a socket file of a dead service is replaced
   ASSERT_GT(svc, 0);
   ServiceClient again(cc);
   EXPECT_TRUE(again.reattached());
@@ -484,7 +463,7 @@ TEST(Service, ARawClientCannotReachOutsideItsRegionOrMemory) {
 TEST(Service, ATierManagerOfAKilledServiceFailsPromptlyAndReattaches) {
   TempDir d, mdir;
   const auto sc = service_config(d, 8 * kMiB);
-  pid_t svc = spawn_service(sc);
+  pid_t svc = test::spawn_service(sc);
   ASSERT_GT(svc, 0);
   auto cc = client_config(sc, "tmk", 0, 2 * kMiB);
   cc.timeout_seconds = 5;
@@ -515,7 +494,7 @@ TEST(Service, ATierManagerOfAKilledServiceFailsPromptlyAndReattaches) {
     EXPECT_LT(std::chrono::steady_clock::now() - t0, std::chrono::seconds(6));
     EXPECT_NE(why.find("service"), std::string::npos) << why;
   }
-  svc = spawn_service(sc);
+  svc = test::spawn_service(sc);
   ASSERT_GT(svc, 0);
   {
     ServiceStorage st(cc, mdir.path());

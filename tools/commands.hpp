@@ -35,7 +35,8 @@ void add_tune(CLI::App& app);
 void add_serve(CLI::App& app);
 /// `tierswap config --from-deepspeed FILE`
 void add_config(CLI::App& app);
-/// Prints a residency snapshot (the telemetry JSON) as tables.
+/// Prints a residency snapshot (the telemetry JSON) as tables; a node service's answer as its
+/// clients, one row each (print_service).
 void print_residency(const std::string& json, std::FILE* out);
 
 }  // namespace tierswap::cli

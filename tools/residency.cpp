@@ -31,8 +31,27 @@ std::string bytes_of(const nlohmann::json& v) {
 
 }  // namespace
 
+static void print_service(const nlohmann::json& j, std::FILE* out, const std::string& indent) {
+  const auto clients = j.value("clients", nlohmann::json::array());
+  fmt::print(out, "{}node service (pid {}): {} of {} shared memory granted, {} clients known\n",
+             indent, j.value("pid", 0), format_bytes(j.value("memory_granted", 0ull)),
+             format_bytes(j.value("host_budget", 0ull)), clients.size());
+  for (const auto& c : clients)
+    fmt::print(out, "{}  {}.{} ({}): {}, {} of NVMe, generation {}\n", indent,
+               c.value("job", std::string()), c.value("rank", 0u),
+               c.value("raw", false) ? "tier manager" : "blocks",
+               c.value("attached", false)
+                   ? fmt::format("pid {}, {} shared, {} read, {} written", c.value("pid", 0),
+                                 format_bytes(c.value("memory_bytes", 0ull)),
+                                 format_bytes(c.value("nvme_read_bytes", 0ull)),
+                                 format_bytes(c.value("nvme_written_bytes", 0ull)))
+                   : std::string("detached"),
+               format_bytes(c.value("region_bytes", 0ull)), c.value("generation", 0ull));
+}
+
 void print_residency(const std::string& json_text, std::FILE* out) {
   const auto j = nlohmann::json::parse(json_text);
+  if (j.is_object() && j.value("service", false)) return print_service(j, out, "");
   if (j.contains("error"))
     throw std::runtime_error("the process answered: " + j.at("error").get<std::string>());
   const auto& g = j.at("generation");
@@ -201,24 +220,14 @@ void run_residency(const ResidencyOptions& o) {
 
 // Under a node service's line: its clients (job.rank, pid, memory, NVMe region, generation).
 void print_service_clients(const std::filesystem::path& socket) {
-  nlohmann::json j;
+  std::string answer;
   try {
-    j = nlohmann::json::parse(query_telemetry(socket));
+    answer = query_telemetry(socket);
   } catch (const std::exception&) {
     return;  // gone since it was listed, or not answering: the line above says enough
   }
-  if (!j.value("service", false)) return;
-  fmt::print("{:>8}  node service: {} of {} shared memory granted, {} clients known\n", "",
-             format_bytes(j.value("memory_granted", 0ull)),
-             format_bytes(j.value("host_budget", 0ull)), j["clients"].size());
-  for (const auto& c : j["clients"])
-    fmt::print("{:>8}    {}.{}: {}, {} of NVMe, generation {}\n", "",
-               c.value("job", std::string()), c.value("rank", 0u),
-               c.value("attached", false)
-                   ? fmt::format("pid {}, {} shared", c.value("pid", 0),
-                                 format_bytes(c.value("memory_bytes", 0ull)))
-                   : std::string("detached"),
-               format_bytes(c.value("region_bytes", 0ull)), c.value("generation", 0ull));
+  const auto j = nlohmann::json::parse(answer, nullptr, false);
+  if (j.is_object() && j.value("service", false)) print_service(j, stdout, "          ");
 }
 
 void add_ps(CLI::App& app) {

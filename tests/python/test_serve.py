@@ -47,7 +47,10 @@ def test_serve_under_systemd_notifies_lists_and_serves_metrics(tmp_path):
         assert os.path.exists(sock)
         assert oct(os.stat(sock).st_mode & 0o777) == "0o600"
         ps = subprocess.run([cli_path(), "ps"], env=env, capture_output=True, text=True, check=True)
-        assert str(svc.pid) in ps.stdout and "node service: 0 B of 4.00 MiB" in ps.stdout, ps.stdout
+        assert str(svc.pid) in ps.stdout and "0 B of 4.00 MiB shared memory granted" in ps.stdout, ps.stdout
+        res = subprocess.run([cli_path(), "residency", str(svc.pid)], env=env, capture_output=True,
+                             text=True, check=True)
+        assert f"node service (pid {svc.pid}): 0 B of 4.00 MiB" in res.stdout, res.stdout
         with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as r:
             types, samples = parse(r.read().decode())
         assert samples["tierswap_service_clients"][""] == 0

@@ -600,7 +600,8 @@ void SwapService::Impl::detach(Session& s) {
   for (auto it = c.blocks.begin(); it != c.blocks.end();) {
     it->second.open = false;
     if (it->second.committed < 0) {
-      for (std::uint64_t e : it->second.extent) c.alloc->free({e, round_up(it->second.length, align)});
+      for (std::uint64_t e : it->second.extent)
+        c.alloc->free({e, round_up(it->second.length, align)});
       it = c.blocks.erase(it);
     } else {
       ++it;
@@ -608,10 +609,10 @@ void SwapService::Impl::detach(Session& s) {
   }
   granted -= s.mem->bytes;
   live.erase(s.key);
-  if (s.release) forget(s.key);
   log(LogLevel::info, fmt::format("service: {} detached at generation {}", s.key, c.generation));
-  s.mem.reset();
   s.rec = nullptr;
+  if (s.release) forget(s.key);  // destroys the record `c` refers to: last
+  s.mem.reset();
 }
 
 void SwapService::Impl::forget(const std::string& key) {

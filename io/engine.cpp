@@ -183,8 +183,8 @@ struct IoEngine::Impl {
     TicketState* t = s->ticket;
     if (!t->error) {
       const char* op = s->req.op == IoOp::read ? "read" : "write";
-      t->error = std::make_exception_ptr(io_error(err, op, file(s->req.file).name(),
-                                                  s->first_offset, s->first_length, detail));
+      t->error = std::make_exception_ptr(
+          io_error(err, op, file(s->req.file).name(), s->first_offset, s->first_length, detail));
     }
     if (t->queued) unlink(t);
     finish(s, /*ok=*/false);
@@ -800,17 +800,21 @@ void IoEngine::sync() {
   const int r = impl_->backend->sync();
   if (r == -EOPNOTSUPP) return space_.sync();
   if (r < 0)
-    throw std::system_error(-r, std::system_category(),
-                            std::string("sync through the ") + std::string(to_string(kind_)) +
-                                " backend");
+    throw std::system_error(
+        -r, std::system_category(),
+        std::string("sync through the ") + std::string(to_string(kind_)) + " backend");
 }
 
-bool IoEngine::memory_is_shared() const noexcept { return impl_->backend->memory_is_shared(); }
+bool IoEngine::memory_is_shared() const noexcept {
+  return impl_->backend->memory_is_shared();
+}
 
 std::byte* IoEngine::allocate_shared(std::uint64_t bytes) noexcept {
   return impl_->backend->allocate_shared(bytes);
 }
 
-void IoEngine::free_shared(std::byte* p) noexcept { impl_->backend->free_shared(p); }
+void IoEngine::free_shared(std::byte* p) noexcept {
+  impl_->backend->free_shared(p);
+}
 
 }  // namespace tierswap

@@ -297,8 +297,8 @@ SwapSpace SwapSpace::region(std::uint64_t capacity, std::uint32_t alignment,
                             std::string label) {
   if (capacity == 0 || alignment == 0 || (alignment & (alignment - 1)) != 0 ||
       capacity % alignment != 0)
-    throw std::invalid_argument(fmt::format("SwapSpace::region: capacity {} / alignment {}",
-                                            capacity, alignment));
+    throw std::invalid_argument(
+        fmt::format("SwapSpace::region: capacity {} / alignment {}", capacity, alignment));
   SwapSpace s;
   SwapFile f;
   f.path = dir / kFileName;
@@ -310,14 +310,15 @@ SwapSpace SwapSpace::region(std::uint64_t capacity, std::uint32_t alignment,
   s.alignment_ = alignment;
   s.mem_alignment_ = 4096;
   for (std::size_t i = 0; i < sizeof s.uuid_ && 2 * i + 1 < uuid_hex.size(); ++i)
-    s.uuid_[i] = static_cast<std::uint8_t>(
-        std::stoi(std::string(uuid_hex.substr(2 * i, 2)), nullptr, 16));
+    s.uuid_[i] =
+        static_cast<std::uint8_t>(std::stoi(std::string(uuid_hex.substr(2 * i, 2)), nullptr, 16));
   return s;
 }
 
 void SwapSpace::sync() const {
   for (const auto& f : files_)
-    if (f.fd >= 0 && ::fdatasync(f.fd) != 0) throw_errno(errno, fmt::format("fdatasync {}", f.path.string()));
+    if (f.fd >= 0 && ::fdatasync(f.fd) != 0)
+      throw_errno(errno, fmt::format("fdatasync {}", f.path.string()));
 }
 
 SwapSpace SwapSpace::create(const SwapSpaceConfig& config) {

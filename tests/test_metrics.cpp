@@ -16,8 +16,8 @@ namespace {
 using optim_test::Rig;
 
 struct Scrape {
-  std::map<std::string, std::string> types;   // family -> counter | gauge
-  std::map<std::string, double> samples;       // "name{labels}" -> value
+  std::map<std::string, std::string> types;  // family -> counter | gauge
+  std::map<std::string, double> samples;     // "name{labels}" -> value
 };
 
 // The exposition format 0.0.4 as Prometheus reads it: every line is a HELP, a TYPE (before the
@@ -108,8 +108,7 @@ TEST(Metrics, ListenAddressesAreCheckedNamingTheVariable) {
       EXPECT_NE(std::string(e.what()).find("TIERSWAP_METRICS"), std::string::npos) << e.what();
     }
   }
-  EXPECT_EQ(ProcessConfig::from_json(R"({"metrics": "127.0.0.1:9464"})").metrics,
-            "127.0.0.1:9464");
+  EXPECT_EQ(ProcessConfig::from_json(R"({"metrics": "127.0.0.1:9464"})").metrics, "127.0.0.1:9464");
   EXPECT_THROW(ProcessConfig::from_json(R"({"metrics": "nine"})"), std::invalid_argument);
 }
 

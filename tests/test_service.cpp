@@ -14,8 +14,8 @@
 #include <nlohmann/json.hpp>
 #include <thread>
 
-#include "src/service/protocol.hpp"
 #include "service_util.hpp"
+#include "src/service/protocol.hpp"
 #include "test_util.hpp"
 #include "tierswap/metrics.hpp"
 #include "tierswap/service.hpp"
@@ -50,7 +50,8 @@ ServiceClientConfig client_config(const ServiceConfig& s, std::string job, std::
 
 void fill(ServiceClient& c, std::uint64_t offset, std::uint64_t length, std::uint8_t seed) {
   auto m = c.memory().subspan(offset, length);
-  for (std::size_t i = 0; i < m.size(); ++i) m[i] = std::byte(static_cast<std::uint8_t>(seed + i * 7));
+  for (std::size_t i = 0; i < m.size(); ++i)
+    m[i] = std::byte(static_cast<std::uint8_t>(seed + i * 7));
 }
 
 bool holds(ServiceClient& c, std::uint64_t offset, std::uint64_t length, std::uint8_t seed) {
@@ -121,9 +122,9 @@ TEST(Service, ClientsAreIsolatedAndBadRequestsAreErrorsNotCrashes) {
   EXPECT_NE(error_of([&] { a.put(2, 100, 4 * kKiB); }).find("4 KiB"), std::string::npos);
   EXPECT_NE(error_of([&] { a.put(1, 0, 4 * kKiB); }).find("has 8192 bytes"), std::string::npos);
   EXPECT_NE(error_of([&] { a.get(1, 0, 4 * kKiB); }).find("room for"), std::string::npos);
-  EXPECT_NE(error_of([&] { ServiceClient x(client_config(sc, "job", 0)); })
-                .find("already attached"),
-            std::string::npos);
+  EXPECT_NE(
+      error_of([&] { ServiceClient x(client_config(sc, "job", 0)); }).find("already attached"),
+      std::string::npos);
   EXPECT_NE(error_of([&] { ServiceClient x(client_config(sc, "../etc")); }).find("job id"),
             std::string::npos);
   auto big = client_config(sc, "big");
@@ -141,8 +142,9 @@ TEST(Service, TheNodeBudgetIsSharedAndGivenBack) {
   auto sc = service_config(d, 1 * kMiB);
   sc.client_quota = 768 * kKiB;
   SwapService svc(sc);
-  EXPECT_NE(error_of([&] { ServiceClient x(client_config(sc, "q", 0, 1 * kMiB)); })
-                .find("per-client quota is 768.00 KiB"),
+  EXPECT_NE(error_of([&] {
+              ServiceClient x(client_config(sc, "q", 0, 1 * kMiB));
+            }).find("per-client quota is 768.00 KiB"),
             std::string::npos);
   auto a = std::make_unique<ServiceClient>(client_config(sc, "a", 0, 768 * kKiB));
   const std::string why = error_of([&] { ServiceClient x(client_config(sc, "b", 0, 512 * kKiB)); });
@@ -188,7 +190,6 @@ TEST(Service, AClientKilledMidStepKeepsItsCommittedGeneration) {
   c->get(1, 0, 16 * kKiB);
   EXPECT_TRUE(holds(*c, 0, 16 * kKiB, 1));
 }
-
 
 TEST(Service, AKilledServiceFailsItsClientsPromptlyAndRestartsWithTheirState) {
   TempDir d;
@@ -264,11 +265,11 @@ TEST(Service, MalformedOversizedAndOutOfOrderMessagesDropOnlyThatClient) {
   ServiceClient good(client_config(sc, "good"));
   fill(good, 0, 4 * kKiB, 4);
   good.put(1, 0, 4 * kKiB);
-  EXPECT_TRUE(dropped_after(sc.socket, {0xff, 0xff, 0xff, 0x7f}));        // 2 GiB length
-  EXPECT_TRUE(dropped_after(sc.socket, {16, 0, 0, 0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13,
-                                        14, 15, 16}));                    // garbage
-  EXPECT_TRUE(dropped_after(sc.socket, hello_frame(5, service::kProtocolVersion)));  // seq 5
-  EXPECT_TRUE(dropped_after(sc.socket, hello_frame(1, 99)));              // another protocol
+  EXPECT_TRUE(dropped_after(sc.socket, {0xff, 0xff, 0xff, 0x7f}));  // 2 GiB length
+  EXPECT_TRUE(dropped_after(
+      sc.socket, {16, 0, 0, 0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16}));  // garbage
+  EXPECT_TRUE(dropped_after(sc.socket, hello_frame(5, service::kProtocolVersion)));       // seq 5
+  EXPECT_TRUE(dropped_after(sc.socket, hello_frame(1, 99)));  // another protocol
   {
     flatbuffers::FlatBufferBuilder fb;  // a request before hello
     fb.Finish(wire::CreateMessage(fb, 1, wire::Body::Commit, wire::CreateCommit(fb).Union()),
@@ -445,11 +446,11 @@ TEST(Service, ARawClientCannotReachOutsideItsRegionOrMemory) {
     EXPECT_TRUE(r && r->tag() == tag);
     return std::pair<int, std::string>(r->error(), r->message() ? r->message()->str() : "");
   };
-  EXPECT_EQ(ask(1, kMiB, 4096, 0).first, EINVAL);             // past the region
+  EXPECT_EQ(ask(1, kMiB, 4096, 0).first, EINVAL);  // past the region
   EXPECT_NE(ask(2, kMiB - 4096, 8192, 0).second.find("outside the region"), std::string::npos);
   EXPECT_NE(ask(3, 0, 4096, 64 * kKiB).second.find("shared memory"), std::string::npos);
   EXPECT_NE(ask(4, 100, 4096, 0).second.find("not in units"), std::string::npos);
-  EXPECT_EQ(ask(5, 0, 4096, 0).first, 0);                     // inside: served
+  EXPECT_EQ(ask(5, 0, 4096, 0).first, 0);  // inside: served
   fb.Clear();
   fb.Finish(c.message(fb, wire::Body::Put, wire::CreatePut(fb, 1, 0, 4096).Union()),
             wire::MessageIdentifier());

@@ -31,7 +31,8 @@ int inherited_socket() {
   if (n < 0) throw std::runtime_error(fmt::format("sd_listen_fds: error {}", -n));
   if (n > 1) throw std::runtime_error("systemd handed over more than one socket; expected one");
   if (n == 1 && sd_is_socket_unix(SD_LISTEN_FDS_START, SOCK_STREAM, 1, nullptr, 0) <= 0)
-    throw std::runtime_error("the socket systemd handed over is not a listening Unix stream socket");
+    throw std::runtime_error(
+        "the socket systemd handed over is not a listening Unix stream socket");
   return n == 1 ? SD_LISTEN_FDS_START : -1;
 }
 

@@ -1,8 +1,9 @@
 // Settings that hold for the whole process rather than for one object: the log level, the
 // instruction set of the CPU kernels, whether large buffers ask for huge pages and where the
 // Prometheus endpoint listens. They are read from the environment once, at first use
-// (ProcessConfig::current()). Like the other config structs they are one table (src/common/process_config.cpp): the variables, the JSON keys, the
-// "unknown key" message and the README's rows come from it.
+// (ProcessConfig::current()). Like the other config structs they are one table
+// (src/common/process_config.cpp): the variables, the JSON keys, the "unknown key" message and the
+// README's rows come from it.
 #pragma once
 
 #include <string>

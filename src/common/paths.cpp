@@ -37,8 +37,8 @@ void check_trusted_dir(const std::filesystem::path& dir, std::string_view role, 
 bool valid_job_id(std::string_view job) noexcept {
   if (job.empty() || job.size() > 64 || job == "." || job == "..") return false;
   for (char c : job)
-    if (!((c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') ||
-          c == '.' || c == '_' || c == '-'))
+    if (!((c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '.' ||
+          c == '_' || c == '-'))
       return false;
   return true;
 }

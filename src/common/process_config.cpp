@@ -26,10 +26,10 @@ ListenAddress parse_listen_address(std::string_view s, std::string_view key) {
     port = s.substr(colon + 1);
     const bool bracketed = host.size() > 2 && host.front() == '[' && host.back() == ']';
     if (bracketed) host = host.substr(1, host.size() - 2);
-    const bool ok = host == "localhost" ||
-                    (bracketed ? host.find_first_not_of("0123456789abcdefABCDEF:.") ==
-                                     std::string_view::npos
-                               : host.find_first_not_of("0123456789.") == std::string_view::npos);
+    const bool ok =
+        host == "localhost" ||
+        (bracketed ? host.find_first_not_of("0123456789abcdefABCDEF:.") == std::string_view::npos
+                   : host.find_first_not_of("0123456789.") == std::string_view::npos);
     if (host.empty() || !ok)
       throw_invalid(key, s, "expected [HOST:]PORT, HOST an IPv4 address, [IPv6] or localhost");
     a.host = std::string(host);

@@ -17,10 +17,10 @@
 #include <thread>
 
 #include "src/optim/optimizer_impl.hpp"
+#include "tierswap/checksum.hpp"
 #include "tierswap/communicator.hpp"
 #include "tierswap/detail/manifest.hpp"
 #include "tierswap/detail/paths.hpp"
-#include "tierswap/checksum.hpp"
 #include "tierswap/io_engine.hpp"
 #include "tierswap/service.hpp"
 #include "tierswap/swap_space.hpp"
@@ -254,9 +254,9 @@ void TieredOptimizer::Impl::build() {
 void TieredOptimizer::Impl::open_space(
     const std::vector<std::pair<GroupConfig, std::uint64_t>>& sizes, const OptimizerConfig& oc,
     const TierConfig& tc, bool earlier) {
-  const std::uint64_t capacity =
-      o.swap_capacity != 0 ? o.swap_capacity
-                           : swap_bytes_needed(sizes, comm->size(), oc, tc.shadow_slots);
+  const std::uint64_t capacity = o.swap_capacity != 0
+                                     ? o.swap_capacity
+                                     : swap_bytes_needed(sizes, comm->size(), oc, tc.shadow_slots);
   if (!tc.service.empty()) return attach_service(capacity, tc, earlier);
   std::error_code ec;
   if (earlier && std::filesystem::exists(dirs.front() / SwapSpace::kFileName, ec)) {

@@ -19,7 +19,6 @@
 
 namespace tierswap {
 
-
 std::filesystem::path default_service_socket() {
   if (const char* v = std::getenv("TIERSWAP_SERVICE"); v && *v) return v;
   return default_runtime_dir() / "service.sock";
@@ -36,7 +35,8 @@ void ServiceClient::Impl::connect() {
   conn = std::make_unique<Connection>(fd);
   timeval tv{};
   tv.tv_sec = static_cast<time_t>(cfg.timeout_seconds);
-  tv.tv_usec = static_cast<suseconds_t>((cfg.timeout_seconds - std::floor(cfg.timeout_seconds)) * 1e6);
+  tv.tv_usec =
+      static_cast<suseconds_t>((cfg.timeout_seconds - std::floor(cfg.timeout_seconds)) * 1e6);
   ::setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
   ::setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof tv);
   if (::connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) != 0)
@@ -48,10 +48,14 @@ const wire::Message& ServiceClient::Impl::exchange(int* fd) {
   const wire::Message* m = nullptr;
   std::string why;
   switch (conn->receive(buf, &m, fd, &why)) {
-    case Connection::Status::ok: return *m;
-    case Connection::Status::closed: fail(EPIPE, "closed the connection");
-    case Connection::Status::error: fail(EIO, why);
-    case Connection::Status::invalid: fail(EPROTO, "sent an invalid message: " + why);
+    case Connection::Status::ok:
+      return *m;
+    case Connection::Status::closed:
+      fail(EPIPE, "closed the connection");
+    case Connection::Status::error:
+      fail(EIO, why);
+    case Connection::Status::invalid:
+      fail(EPROTO, "sent an invalid message: " + why);
   }
   fail(EPROTO, "unreachable");
 }
@@ -61,7 +65,8 @@ const wire::Reply& ServiceClient::Impl::request(wire::Body type, flatbuffers::Of
   fb.Finish(conn->message(fb, type, body), wire::MessageIdentifier());
   const wire::Message& m = exchange();
   const wire::Reply* r = m.body_as_Reply();
-  if (!r) fail(EPROTO, fmt::format("{}: answered with {}", what, wire::EnumNameBody(m.body_type())));
+  if (!r)
+    fail(EPROTO, fmt::format("{}: answered with {}", what, wire::EnumNameBody(m.body_type())));
   if (r->error() != 0)
     fail(r->error(), r->message() ? r->message()->str() : std::string("error without a message"));
   return *r;
@@ -112,8 +117,12 @@ ServiceClient::~ServiceClient() = default;
 std::span<std::byte> ServiceClient::memory() const noexcept {
   return {impl_->data, impl_->bytes};
 }
-std::uint64_t ServiceClient::attached_generation() const noexcept { return impl_->generation; }
-bool ServiceClient::reattached() const noexcept { return impl_->reattached; }
+std::uint64_t ServiceClient::attached_generation() const noexcept {
+  return impl_->generation;
+}
+bool ServiceClient::reattached() const noexcept {
+  return impl_->reattached;
+}
 
 void ServiceClient::put(std::uint64_t block, std::uint64_t offset, std::uint64_t length) {
   Impl& m = *impl_;

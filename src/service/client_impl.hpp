@@ -5,8 +5,8 @@
 #include <sys/mman.h>
 
 #include <memory>
-#include <system_error>
 #include <string>
+#include <system_error>
 #include <vector>
 
 #include "src/service/protocol.hpp"
@@ -44,6 +44,5 @@ struct ServiceClient::Impl {
     if (data) ::munmap(data, bytes);
   }
 };
-
 
 }  // namespace tierswap

@@ -109,8 +109,10 @@ int read_exact(int sock, std::uint8_t* p, std::size_t n, int* fd) {
       for (std::size_t i = 0; i < k; ++i) {
         int f;
         std::memcpy(&f, CMSG_DATA(c) + i * sizeof(int), sizeof f);
-        if (fd && *fd < 0) *fd = f;
-        else ::close(f);  // only one descriptor is ever expected
+        if (fd && *fd < 0)
+          *fd = f;
+        else
+          ::close(f);  // only one descriptor is ever expected
       }
     }
     if (r == 0) return got == 0 ? 0 : -EPIPE;

@@ -10,8 +10,8 @@
 #include <unistd.h>
 
 #include <atomic>
-#include <deque>
 #include <cstring>
+#include <deque>
 #include <list>
 #include <mutex>
 #include <nlohmann/json.hpp>
@@ -20,8 +20,8 @@
 
 #include "src/service/protocol.hpp"
 #include "src/service/store.hpp"
-#include "tierswap/detail/paths.hpp"
 #include "tierswap/checksum.hpp"
+#include "tierswap/detail/paths.hpp"
 #include "tierswap/io_engine.hpp"
 #include "tierswap/log.hpp"
 #include "tierswap/metrics.hpp"
@@ -177,10 +177,10 @@ void SwapService::Impl::open_storage() {
     try {
       regions->reserve({c.base, c.bytes});
     } catch (const std::exception& e) {
-      throw std::runtime_error(fmt::format("{}: region of client {} ({} at {}) overlaps another or "
-                                           "lies outside the swap space: {}",
-                                           files.registry().string(), k, format_bytes(c.bytes),
-                                           c.base, e.what()));
+      throw std::runtime_error(
+          fmt::format("{}: region of client {} ({} at {}) overlaps another or "
+                      "lies outside the swap space: {}",
+                      files.registry().string(), k, format_bytes(c.bytes), c.base, e.what()));
     }
   }
 }
@@ -226,7 +226,8 @@ void SwapService::Impl::listen_on(int inherited_fd) {
   const int err = errno;
   ::umask(old);
   if (rc != 0) throw std::system_error(err, std::system_category(), "bind " + s);
-  if (::listen(listen_fd, 64) != 0) throw std::system_error(errno, std::system_category(), "listen " + s);
+  if (::listen(listen_fd, 64) != 0)
+    throw std::system_error(errno, std::system_category(), "listen " + s);
 }
 
 void SwapService::Impl::accept_loop() {
@@ -294,8 +295,8 @@ void SwapService::Impl::serve(Peer& p) {
     if (!s.rec) {
       const auto* h = m->body_as_Hello();
       if (!h) {
-        log(LogLevel::warn, fmt::format("service: dropped pid {}: first message is not hello",
-                                        p.cred.pid));
+        log(LogLevel::warn,
+            fmt::format("service: dropped pid {}: first message is not hello", p.cred.pid));
         break;
       }
       if (!hello(p, *h, s, &why)) {
@@ -307,8 +308,8 @@ void SwapService::Impl::serve(Peer& p) {
     }
     const wire::Body type = m->body_type();
     if (type == wire::Body::Hello || type == wire::Body::Welcome || type == wire::Body::Reply) {
-      log(LogLevel::warn, fmt::format("service: dropped {}: unexpected {}", s.key,
-                                      wire::EnumNameBody(type)));
+      log(LogLevel::warn,
+          fmt::format("service: dropped {}: unexpected {}", s.key, wire::EnumNameBody(type)));
       break;
     }
     if (type == wire::Body::Read || type == wire::Body::Write) {
@@ -355,8 +356,7 @@ bool SwapService::Impl::start_raw(Peer& p, Session& s, const wire::Message& m,
   else if (off > s.rec->bytes || len > s.rec->bytes - off)
     bad = fmt::format("[{}, +{}): outside the region of {}", off, len, s.rec->bytes);
   else if (moff > s.mem->bytes || len > s.mem->bytes - moff)
-    bad = fmt::format("memory [{}, +{}): outside the shared memory of {}", moff, len,
-                      s.mem->bytes);
+    bad = fmt::format("memory [{}, +{}): outside the shared memory of {}", moff, len, s.mem->bytes);
   if (!bad.empty()) {
     build_reply(p.conn, fb, EINVAL, bad, 0, {}, tag);
     return p.conn.send(fb) == 0;
@@ -412,10 +412,11 @@ bool SwapService::Impl::hello(Peer& p, const wire::Hello& h, Session& s, std::st
   }
   const std::uint64_t quota = cfg.client_quota ? cfg.client_quota : cfg.host_budget;
   if (mem > quota || granted + mem > cfg.host_budget) {
-    *why = fmt::format("client {} asks {} of shared memory: the per-client quota is {}, and {} of "
-                       "the node's {} is free",
-                       key, format_bytes(mem), format_bytes(quota),
-                       format_bytes(cfg.host_budget - granted), format_bytes(cfg.host_budget));
+    *why = fmt::format(
+        "client {} asks {} of shared memory: the per-client quota is {}, and {} of "
+        "the node's {} is free",
+        key, format_bytes(mem), format_bytes(quota), format_bytes(cfg.host_budget - granted),
+        format_bytes(cfg.host_budget));
     return false;
   }
   auto it = clients.find(key);
@@ -453,10 +454,10 @@ bool SwapService::Impl::hello(Peer& p, const wire::Hello& h, Session& s, std::st
   const auto w = wire::CreateWelcome(fb, mem, s.rec->bytes, s.rec->generation, reattached,
                                      static_cast<std::uint32_t>(align), fb.CreateString(uuid));
   fb.Finish(p.conn.message(fb, wire::Body::Welcome, w.Union()), wire::MessageIdentifier());
-  log(LogLevel::info, fmt::format("service: {} {} (pid {}): {} shared, {} of NVMe, generation {}",
-                                  key, reattached ? "reattached" : "attached", p.cred.pid,
-                                  format_bytes(mem), format_bytes(s.rec->bytes),
-                                  s.rec->generation));
+  log(LogLevel::info,
+      fmt::format("service: {} {} (pid {}): {} shared, {} of NVMe, generation {}", key,
+                  reattached ? "reattached" : "attached", p.cred.pid, format_bytes(mem),
+                  format_bytes(s.rec->bytes), s.rec->generation));
   return p.conn.send(fb, s.mem->fd) == 0;
 }
 
@@ -484,16 +485,26 @@ void SwapService::Impl::handle(Peer& p, const wire::Message& m, Session& s,
         space->sync();
         build_reply(p.conn, fb, 0, "", 0, "", m.body_as_Sync()->tag());
         return;
-      case wire::Body::Release: s.release = true; break;
-      case wire::Body::Put: value = put(s, *m.body_as_Put()); break;
-      case wire::Body::Get: value = get(s, *m.body_as_Get()); break;
-      case wire::Body::Commit: value = commit(s); break;
+      case wire::Body::Release:
+        s.release = true;
+        break;
+      case wire::Body::Put:
+        value = put(s, *m.body_as_Put());
+        break;
+      case wire::Body::Get:
+        value = get(s, *m.body_as_Get());
+        break;
+      case wire::Body::Commit:
+        value = commit(s);
+        break;
       case wire::Body::Discard: {
         std::lock_guard lk(mu);
         for (auto& [id, b] : s.rec->blocks) b.open = false;
         break;
       }
-      default: text = status(); break;  // Status (the others were refused before)
+      default:
+        text = status();
+        break;  // Status (the others were refused before)
     }
   } catch (const std::system_error& e) {
     build_reply(p.conn, fb, e.code().value() ? e.code().value() : EIO, e.what(), 0, {}, tag_of(m));
@@ -556,9 +567,9 @@ std::uint64_t SwapService::Impl::get(Session& s, const wire::Get& r) {
                             fmt::format("get: client {} has no block {}", s.key, r.block()));
   const BlockRecord& b = it->second;
   if (r.length() < b.length)
-    throw std::system_error(EINVAL, std::system_category(),
-                            fmt::format("get: block {} has {} bytes, room for {}", r.block(),
-                                        b.length, r.length()));
+    throw std::system_error(
+        EINVAL, std::system_category(),
+        fmt::format("get: block {} has {} bytes, room for {}", r.block(), b.length, r.length()));
   std::byte* data = s.mem->data + r.offset();
   const int slot = b.readable();
   engine->read(s.rec->base + b.extent[slot], data, b.length).wait();
@@ -646,9 +657,12 @@ std::string SwapService::Impl::status() const {
   for (const auto& d : cfg.swap_dirs) j["swap_dirs"].push_back(d.string());
   j["clients"] = nlohmann::json::array();
   for (const auto& [k, c] : clients) {
-    nlohmann::json e = {{"job", c.job},       {"rank", c.rank},
-                        {"region_bytes", c.bytes}, {"generation", c.generation},
-                        {"blocks", c.blocks.size()}, {"attached", live.count(k) > 0},
+    nlohmann::json e = {{"job", c.job},
+                        {"rank", c.rank},
+                        {"region_bytes", c.bytes},
+                        {"generation", c.generation},
+                        {"blocks", c.blocks.size()},
+                        {"attached", live.count(k) > 0},
                         {"raw", c.raw}};
     if (const auto it = live.find(k); it != live.end())
       e.update({{"pid", it->second.pid},
@@ -717,7 +731,8 @@ SwapService::~SwapService() {
   m.telemetry.reset();
   m.metrics = {};
   const std::uint64_t one = 1;
-  if (::write(m.wake_fd, &one, sizeof one) < 0) { /* the poll timeout ends the loop anyway */ }
+  if (::write(m.wake_fd, &one, sizeof one) < 0) { /* the poll timeout ends the loop anyway */
+  }
   m.acceptor.join();
   m.reap_peers(true);
   std::error_code ec;
@@ -728,6 +743,8 @@ const std::filesystem::path& SwapService::socket_path() const noexcept {
   return impl_->socket_path;
 }
 
-std::string SwapService::status_json() const { return impl_->status(); }
+std::string SwapService::status_json() const {
+  return impl_->status();
+}
 
 }  // namespace tierswap

@@ -33,7 +33,8 @@ struct Link {
 
 class ServiceBackend final : public detail::IoBackend {
  public:
-  explicit ServiceBackend(Link l) : c_(std::move(l)), arena_(c_.bytes, 4096), timeout_ms_(c_.timeout_ms) {
+  explicit ServiceBackend(Link l)
+      : c_(std::move(l)), arena_(c_.bytes, 4096), timeout_ms_(c_.timeout_ms) {
     wake_ = ::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
     if (wake_ < 0) throw std::system_error(errno, std::system_category(), "eventfd");
   }
@@ -58,10 +59,9 @@ class ServiceBackend final : public detail::IoBackend {
       const auto body = r->op == IoOp::write
                             ? wire::CreateWrite(fb_, r->id, r->offset, r->length, moff).Union()
                             : wire::CreateRead(fb_, r->id, r->offset, r->length, moff).Union();
-      fb_.Finish(c_.conn->message(fb_, r->op == IoOp::write ? wire::Body::Write
-                                                                 : wire::Body::Read,
-                                    body),
-                   wire::MessageIdentifier());
+      fb_.Finish(
+          c_.conn->message(fb_, r->op == IoOp::write ? wire::Body::Write : wire::Body::Read, body),
+          wire::MessageIdentifier());
       if (const int e = c_.conn->send(fb_); e != 0) {
         die(-e);
         ready_.push_back({r, e});
@@ -105,7 +105,7 @@ class ServiceBackend final : public detail::IoBackend {
     const std::uint64_t tag = kSyncTag | ++sync_seq_;
     fb_.Clear();
     fb_.Finish(c_.conn->message(fb_, wire::Body::Sync, wire::CreateSync(fb_, tag).Union()),
-                 wire::MessageIdentifier());
+               wire::MessageIdentifier());
     if (const int e = c_.conn->send(fb_); e != 0) {
       die(-e);
       return e;
@@ -142,11 +142,10 @@ class ServiceBackend final : public detail::IoBackend {
   void die(int err) {
     if (dead_ != 0) return;
     dead_ = err;
-    log(LogLevel::error, fmt::format("tierswap service {}: {}: {} request(s) fail",
-                                     c_.path.string(),
-                                     err == ETIMEDOUT ? "no answer within the timeout"
-                                                      : "connection lost",
-                                     outstanding_.size()));
+    log(LogLevel::error,
+        fmt::format("tierswap service {}: {}: {} request(s) fail", c_.path.string(),
+                    err == ETIMEDOUT ? "no answer within the timeout" : "connection lost",
+                    outstanding_.size()));
     for (auto& [id, r] : outstanding_) ready_.push_back({r, -err});
     outstanding_.clear();
     cv_.notify_all();
@@ -191,8 +190,8 @@ class ServiceBackend final : public detail::IoBackend {
     if (it == outstanding_.end()) return die(EPROTO);  // an answer to nothing we asked
     if (res_err != 0 && r->message())
       log(LogLevel::warn, "tierswap service: request failed: " + r->message()->str());
-    ready_.push_back({it->second, res_err ? -std::int64_t{res_err}
-                                          : static_cast<std::int64_t>(r->value())});
+    ready_.push_back(
+        {it->second, res_err ? -std::int64_t{res_err} : static_cast<std::int64_t>(r->value())});
     outstanding_.erase(it);
   }
 
@@ -248,9 +247,17 @@ ServiceStorage::ServiceStorage(ServiceClientConfig cfg, const std::filesystem::p
 }
 
 ServiceStorage::~ServiceStorage() = default;
-void ServiceStorage::release_on_close() noexcept { impl_->release = true; }
-SwapSpace& ServiceStorage::space() noexcept { return *impl_->space; }
-IoEngine& ServiceStorage::engine() noexcept { return *impl_->engine; }
-bool ServiceStorage::reattached() const noexcept { return impl_->client.reattached(); }
+void ServiceStorage::release_on_close() noexcept {
+  impl_->release = true;
+}
+SwapSpace& ServiceStorage::space() noexcept {
+  return *impl_->space;
+}
+IoEngine& ServiceStorage::engine() noexcept {
+  return *impl_->engine;
+}
+bool ServiceStorage::reattached() const noexcept {
+  return impl_->client.reattached();
+}
 
 }  // namespace tierswap

@@ -110,19 +110,26 @@ void save_registry(const ServiceFiles& f, const std::string& uuid,
   nlohmann::json j = {{"format", "tierswap.service"}, {"version", 1}, {"space_uuid", uuid}};
   j["clients"] = nlohmann::json::array();
   for (const auto& [k, c] : clients)
-    j["clients"].push_back({{"job", c.job}, {"rank", c.rank}, {"base", c.base}, {"bytes", c.bytes},
-                                 {"raw", c.raw}});
+    j["clients"].push_back(
+        {{"job", c.job}, {"rank", c.rank}, {"base", c.base}, {"bytes", c.bytes}, {"raw", c.raw}});
   detail::write_manifest_file(f.registry(), j.dump(), true);
 }
 
 void save_manifest(const ServiceFiles& f, const std::string& uuid, const ClientRecord& c) {
-  nlohmann::json j = {{"format", "tierswap.service-client"}, {"version", 1}, {"space_uuid", uuid},
-                      {"job", c.job}, {"rank", c.rank}, {"generation", c.generation}};
+  nlohmann::json j = {{"format", "tierswap.service-client"},
+                      {"version", 1},
+                      {"space_uuid", uuid},
+                      {"job", c.job},
+                      {"rank", c.rank},
+                      {"generation", c.generation}};
   j["blocks"] = nlohmann::json::array();
   for (const auto& [id, b] : c.blocks) {
     if (b.committed < 0) continue;  // never committed: nothing to reopen
-    j["blocks"].push_back({{"id", id}, {"length", b.length}, {"committed", b.committed},
-                           {"extents", {b.extent[0], b.extent[1]}}, {"sums", {b.sum[0], b.sum[1]}}});
+    j["blocks"].push_back({{"id", id},
+                           {"length", b.length},
+                           {"committed", b.committed},
+                           {"extents", {b.extent[0], b.extent[1]}},
+                           {"sums", {b.sum[0], b.sum[1]}}});
   }
   std::filesystem::create_directories(f.manifest(c).parent_path());
   detail::write_manifest_file(f.manifest(c), j.dump(), true);

@@ -25,8 +25,8 @@ bool name_ok(std::string_view s, bool colon) {
   if (s.empty()) return false;
   for (std::size_t i = 0; i < s.size(); ++i) {
     const char c = s[i];
-    const bool alpha = (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || c == '_' ||
-                       (colon && c == ':');
+    const bool alpha =
+        (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || c == '_' || (colon && c == ':');
     if (!alpha && !(i > 0 && c >= '0' && c <= '9')) return false;
   }
   return true;
@@ -35,10 +35,14 @@ bool name_ok(std::string_view s, bool colon) {
 std::string escape(std::string_view s, bool quote) {
   std::string out;
   for (char c : s) {
-    if (c == '\\') out += "\\\\";
-    else if (c == '\n') out += "\\n";
-    else if (quote && c == '"') out += "\\\"";
-    else out += c;
+    if (c == '\\')
+      out += "\\\\";
+    else if (c == '\n')
+      out += "\\n";
+    else if (quote && c == '"')
+      out += "\\\"";
+    else
+      out += c;
   }
   return out;
 }
@@ -68,7 +72,8 @@ void MetricsWriter::family(std::string_view name, std::string_view help, MetricT
   if (!name_ok(name, true)) throw std::logic_error(fmt::format("metrics: bad name '{}'", name));
   current_name_ = std::string(name);
   auto [it, fresh] = families_.try_emplace(current_name_, Family{std::string(help), type, {}, {}});
-  if (fresh) order_.push_back(current_name_);
+  if (fresh)
+    order_.push_back(current_name_);
   else if (it->second.type != type)
     throw std::logic_error(fmt::format("metrics: '{}' registered with two types", name));
   current_ = &it->second;
@@ -124,9 +129,9 @@ MetricsServer::MetricsServer(const ListenAddress& addr, std::function<std::strin
   m.port = addr.port == 0 ? m.http.bind_to_any_port(addr.host)
                           : (m.http.bind_to_port(addr.host, addr.port) ? addr.port : -1);
   if (m.port <= 0)
-    throw std::system_error(EADDRNOTAVAIL, std::system_category(),
-                            fmt::format("metrics endpoint: cannot listen on {}:{}", addr.host,
-                                        addr.port));
+    throw std::system_error(
+        EADDRNOTAVAIL, std::system_category(),
+        fmt::format("metrics endpoint: cannot listen on {}:{}", addr.host, addr.port));
   m.thread = std::thread([&m] {
     m.http.listen_after_bind();
     m.finished = true;
@@ -141,7 +146,9 @@ MetricsServer::~MetricsServer() {
   impl_->thread.join();
 }
 
-int MetricsServer::port() const noexcept { return impl_->port; }
+int MetricsServer::port() const noexcept {
+  return impl_->port;
+}
 
 // ---- registry ------------------------------------------------------------------------------
 MetricsRegistry& MetricsRegistry::process() {

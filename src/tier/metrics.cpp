@@ -26,7 +26,8 @@ void tier_gauges(const ResidencySnapshot& s, const std::string& mgr, MetricsWrit
   for (const Row& r : rows) {
     w.family(r.name, r.help, MetricType::gauge);
     for (const auto& t : s.tiers)
-      w.sample(static_cast<double>(t.*r.field), {{"manager", mgr}, {"tier", std::string(to_string(t.tier))}});
+      w.sample(static_cast<double>(t.*r.field),
+               {{"manager", mgr}, {"tier", std::string(to_string(t.tier))}});
   }
   w.family("tierswap_pinned_host_bytes", "Page-locked host memory held by the pinned pool.",
            MetricType::gauge);
@@ -62,9 +63,8 @@ void scheduler(const TierCounters& c, const std::string& mgr, MetricsWriter& w) 
       {"tierswap_commits_total", "Generations committed."},
       {"tierswap_discards_total", "Generations discarded (rolled back)."},
   };
-  const double values[] = {double(c.stalls),          c.stall_seconds,
-                           double(c.prefetch_hits),   double(c.prefetch_misses),
-                           double(c.evictions),       double(c.write_behind),
+  const double values[] = {double(c.stalls),          c.stall_seconds,     double(c.prefetch_hits),
+                           double(c.prefetch_misses), double(c.evictions), double(c.write_behind),
                            double(c.commits),         double(c.discards)};
   for (std::size_t i = 0; i < std::size(names); ++i) {
     w.family(names[i].first, names[i].second, MetricType::counter);

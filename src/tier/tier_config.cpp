@@ -5,8 +5,8 @@
 #include <string>
 
 #include "tierswap/detail/config_table.hpp"
-#include "tierswap/detail/paths.hpp"
 #include "tierswap/detail/env.hpp"
+#include "tierswap/detail/paths.hpp"
 #include "tierswap/error.hpp"
 #include "tierswap/tier_manager.hpp"
 #include "tierswap/units.hpp"

@@ -161,12 +161,11 @@ struct TierManager::Impl {
   bool checksums_verified = false;
   bool stop = false;
   std::thread reaper;
-  std::uint64_t instance = 0;                   // the `manager` label of its metrics
-  MetricsRegistry::Source metrics;              // unregistered first (~TierManager)
+  std::uint64_t instance = 0;                  // the `manager` label of its metrics
+  MetricsRegistry::Source metrics;             // unregistered first (~TierManager)
   std::unique_ptr<TelemetryServer> telemetry;  // declared last: stopped first
   /// Registers the manager's Prometheus samples (src/tier/metrics.cpp).
-  static MetricsRegistry::Source register_metrics(const TierManager& self,
-                                                  std::uint64_t instance);
+  static MetricsRegistry::Source register_metrics(const TierManager& self, std::uint64_t instance);
 
   Impl(SwapSpace& s, IoEngine& e, const TierConfig& c)
       : space(s),

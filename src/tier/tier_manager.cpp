@@ -115,7 +115,9 @@ TierManager::TierManager(SwapSpace& space, IoEngine& engine, TierConfig cfg) {
   }
 }
 
-std::uint64_t TierManager::instance() const noexcept { return impl_->instance; }
+std::uint64_t TierManager::instance() const noexcept {
+  return impl_->instance;
+}
 
 std::filesystem::path TierManager::telemetry_socket() const {
   return impl_->telemetry ? impl_->telemetry->socket_path() : std::filesystem::path();

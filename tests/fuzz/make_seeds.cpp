@@ -10,8 +10,8 @@
 #include "fuzz_model.hpp"
 #include "src/service/protocol.hpp"
 #include "tierswap/detail/manifest.hpp"
-#include "tierswap/service.hpp"
 #include "tierswap/placement.hpp"
+#include "tierswap/service.hpp"
 #include "tierswap/swap_space.hpp"
 
 using namespace tierswap;

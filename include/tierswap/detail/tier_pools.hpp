@@ -76,8 +76,9 @@ class HostPool final : public SlabPool {
   HostPool(std::uint64_t budget, std::uint64_t slab_size, bool lock, int numa_node,
            IoEngine* engine, bool register_buffers = true);
   ~HostPool() override;
-  /// "service-shared" (through the node service), "cuda-registered", "mlocked", "pageable" (the weakest of the slabs so far; "pinned" ones
-  /// before any slab exists report what the configuration asks for).
+  /// "service-shared" (through the node service), "cuda-registered", "mlocked", "pageable" (the
+  /// weakest of the slabs so far; "pinned" ones before any slab exists report what the
+  /// configuration asks for).
   std::string memory_kind() const;
 
  private:

@@ -242,12 +242,9 @@ bool dropped_after(const std::filesystem::path& socket, const std::vector<std::u
   return r == 0 || (r < 0 && err == ECONNRESET);
 }
 
-std::vector<std::uint8_t> framed(flatbuffers::FlatBufferBuilder& fb) {
-  const std::uint32_t n = fb.GetSize();
-  std::vector<std::uint8_t> v(4 + n);
-  std::memcpy(v.data(), &n, 4);
-  std::memcpy(v.data() + 4, fb.GetBufferPointer(), n);
-  return v;
+std::vector<std::uint8_t> framed(const flatbuffers::FlatBufferBuilder& fb) {
+  const std::string f = service::frame(fb);
+  return {f.begin(), f.end()};
 }
 
 std::vector<std::uint8_t> hello_frame(std::uint64_t seq, std::uint32_t protocol) {

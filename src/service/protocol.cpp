@@ -32,6 +32,13 @@ const wire::Message* verify_message(const std::uint8_t* data, std::size_t n, std
   return m;
 }
 
+std::string frame(const flatbuffers::FlatBufferBuilder& fb) {
+  const std::uint32_t n = fb.GetSize();
+  std::string s(4, '\0');
+  std::memcpy(s.data(), &n, 4);  // little-endian hosts only (x86-64, aarch64)
+  return s.append(reinterpret_cast<const char*>(fb.GetBufferPointer()), n);
+}
+
 Connection::Connection(Connection&& o) noexcept
     : sock_(std::exchange(o.sock_, -1)), sent_(o.sent_), received_(o.received_) {}
 

@@ -16,6 +16,10 @@ inline constexpr std::uint32_t kProtocolVersion = 1;
 /// Largest message accepted (the length prefix excluded): control messages are small.
 inline constexpr std::uint32_t kMaxMessageBytes = 64 * 1024;
 
+/// A finished message as it goes on the wire: the little-endian u32 length, then the buffer
+/// (what Connection::send writes; tests and fuzz seeds build raw streams from it).
+std::string frame(const flatbuffers::FlatBufferBuilder& fb);
+
 /// Verifies one message (without its length prefix). Returns it, or nullptr with `*why` set.
 const wire::Message* verify_message(const std::uint8_t* data, std::size_t n, std::string* why);
 

@@ -33,8 +33,7 @@ struct Link {
 
 class ServiceBackend final : public detail::IoBackend {
  public:
-  explicit ServiceBackend(Link l)
-      : c_(std::move(l)), arena_(c_.bytes, 4096), timeout_ms_(c_.timeout_ms) {
+  explicit ServiceBackend(Link l) : c_(std::move(l)), arena_(c_.bytes, 4096) {
     wake_ = ::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
     if (wake_ < 0) throw std::system_error(errno, std::system_category(), "eventfd");
   }
@@ -81,7 +80,8 @@ class ServiceBackend final : public detail::IoBackend {
     int timeout = wait ? -1 : 0;
     {
       std::lock_guard lk(mu_);
-      if (wait && listening && (!outstanding_.empty() || syncs_waiting_ > 0)) timeout = timeout_ms_;
+      if (wait && listening && (!outstanding_.empty() || syncs_waiting_ > 0))
+        timeout = c_.timeout_ms;
     }
     const int p = ::poll(fds, 2, timeout);
     if (p < 0) return errno == EINTR ? 0 : -errno;
@@ -199,7 +199,6 @@ class ServiceBackend final : public detail::IoBackend {
   flatbuffers::FlatBufferBuilder fb_;
   ExtentAllocator arena_;
   std::map<std::uint64_t, std::uint64_t> slabs_;  // carved: offset -> length
-  int timeout_ms_;
   int wake_ = -1;
   std::mutex mu_;
   std::condition_variable cv_;

@@ -37,10 +37,7 @@ std::string hello_frame() {
   const auto h = wire::CreateHello(fb, service::kProtocolVersion, fb.CreateString("fuzz"), 0,
                                    64 << 10, 1 << 20);
   fb.Finish(wire::CreateMessage(fb, 1, wire::Body::Hello, h.Union()), wire::MessageIdentifier());
-  std::string s(4, '\0');
-  const std::uint32_t n = fb.GetSize();
-  std::memcpy(s.data(), &n, 4);
-  return s + std::string(reinterpret_cast<const char*>(fb.GetBufferPointer()), n);
+  return service::frame(fb);
 }
 
 // Sends `bytes` on a new connection, half-closes, reads until the service closes it.

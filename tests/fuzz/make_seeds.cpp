@@ -94,26 +94,19 @@ void text_seeds(int argc, char** argv) {
   }
 }
 
-// Frames as a client sends them: a hello (selector 0), requests after it (selector 1), and a real
-// registry payload (selector 2).
-std::string frame(flatbuffers::FlatBufferBuilder& fb) {
-  const std::uint32_t n = fb.GetSize();
-  std::string s(4, '\0');
-  std::memcpy(s.data(), &n, 4);
-  return s + std::string(reinterpret_cast<const char*>(fb.GetBufferPointer()), n);
-}
-
+// Frames as a client sends them (service::frame): a hello (selector 0), requests after it
+// (selector 1), and a real registry payload (selector 2).
 void service_seeds() {
   flatbuffers::FlatBufferBuilder fb;
   const auto h = wire::CreateHello(fb, service::kProtocolVersion, fb.CreateString("seed"), 0,
                                    64 << 10, 1 << 20);
   fb.Finish(wire::CreateMessage(fb, 1, wire::Body::Hello, h.Union()), wire::MessageIdentifier());
-  seed("service_message", "hello", frame(fb), 0);
+  seed("service_message", "hello", service::frame(fb), 0);
   std::string reqs;
   std::uint64_t seq = 2;
   auto add = [&](wire::Body t, flatbuffers::Offset<void> body) {
     fb.Finish(wire::CreateMessage(fb, seq++, t, body), wire::MessageIdentifier());
-    reqs += frame(fb);
+    reqs += service::frame(fb);
     fb.Clear();
   };
   fb.Clear();

@@ -3,6 +3,7 @@
 #pragma once
 
 #include <sys/mman.h>
+#include <sys/socket.h>
 
 #include <memory>
 #include <string>
@@ -40,7 +41,15 @@ struct ServiceClient::Impl {
   // Sends the finished message and returns the verified answer (a Reply unless `welcome`).
   const wire::Message& exchange(int* fd = nullptr);
   const wire::Reply& request(wire::Body type, flatbuffers::Offset<void> body, const char* what);
+  // An orderly goodbye: the service answers the end of our stream by detaching this client
+  // (freeing its memory, ending its attachment) and only then closing its side, so waiting for
+  // that close (at most the receive timeout) lets the same job + rank attach again at once.
   ~Impl() {
+    if (conn && conn->fd() >= 0 && ::shutdown(conn->fd(), SHUT_WR) == 0) {
+      char sink[256];
+      while (::recv(conn->fd(), sink, sizeof sink, 0) > 0) {
+      }
+    }
     if (data) ::munmap(data, bytes);
   }
 };

@@ -8,8 +8,10 @@ weights are bit-identical to the same seed in the other mode, the aggregate thro
 summed over the clients), each client's median optimizer step time (slowest / fastest), and the
 pinned host memory all clients held at their peak (per-process mode: the sum of each process's
 peak pinned pool; service mode: the shared memory the service granted and locked, within its
-one budget). Modes
-alternate per repetition; medians over repetitions.
+one budget) and the CPU seconds per token of the clients and the service together. A third mode,
+"share", runs independent processes each at the budget a client gets from the service: it tells
+the cost of the service itself from the cost of having 1/N of the memory. Modes alternate per
+repetition; medians over repetitions.
 
   PYTHONPATH=build/python /usr/bin/python3 bench/service_clients.py --tierswap build/tierswap \\
       --clients 1,2,4 --steps 12 --budget 64MiB --reps 3 [--json]
@@ -36,16 +38,16 @@ opt = tt.AdamW(tinylm.param_groups(model), swap_dir=a["dir"], host_budget=a["bud
                telemetry=False, **kw)
 steps = []
 sys.stdin.readline()  # every client starts together
-t0 = time.perf_counter()
+t0, c0 = time.perf_counter(), time.process_time()
 losses = tinylm.train_tierswap(model, opt, a["steps"],
                                log=lambda s, l, tps, last: steps.append(last["seconds"]))
-wall = time.perf_counter() - t0
+wall, cpu = time.perf_counter() - t0, time.process_time() - c0
 h = hashlib.sha256()
 for k, v in sorted(opt.state_dict()["master_params"].items()):
     h.update(v.float().numpy().tobytes())
 res = opt.residency()
 print(json.dumps({"losses": losses, "masters": h.hexdigest(), "step_seconds": steps,
-                  "wall": wall,
+                  "wall": wall, "cpu": cpu,
                   "tokens": sum(x.numel() for s in range(a["steps"]) for x, _ in tinylm.batches(s)),
                   "peak_pinned": res["counters"].get("peak_host_bytes", 0),
                   "host_memory": res["host_memory"]}))
@@ -76,14 +78,26 @@ def start_service(cli, root, budget):
     return svc, sock
 
 
+def cpu_seconds(proc):
+    """User + system CPU seconds of a running process (0 for none)."""
+    if proc is None:
+        return 0.0
+    with open(f"/proc/{proc.pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def share(args, n):
+    """What each of n clients takes from the node's one budget (its pools plus their slack)."""
+    return (args.budget // n - 2 * args.slab) // 4096 * 4096
+
+
 def run_clients(n, mode, args, root):
     """n clients at once; returns their JSON reports (and the service's budget)."""
     svc, sock = (None, None)
-    per_client = args.budget
+    per_client = args.budget if mode == "alone" else share(args, n)
     if mode == "service":
         svc, sock = start_service(args.tierswap, root, args.budget)
-        # What each client takes from the node's one budget (its pools plus their slack).
-        per_client = (args.budget // n - 2 * args.slab) // 4096 * 4096
     procs = []
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path))
     try:
@@ -96,27 +110,31 @@ def run_clients(n, mode, args, root):
                                           stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                                           text=True))
         time.sleep(3)  # imports and set-up
+        svc_cpu = cpu_seconds(svc)
         for p in procs:
             p.stdin.write("go\n")
             p.stdin.flush()
         out = []
         for p in procs:
             line = p.stdout.readline()
-            if p.wait() != 0 or not line:
-                raise RuntimeError(f"{mode} client failed")
-            out.append(json.loads(line))
-        return out, per_client
+            out.append(json.loads(line) if line else None)
+        svc_cpu = cpu_seconds(svc) - svc_cpu
+        if any(p.wait() != 0 for p in procs) or None in out:
+            raise RuntimeError(f"{mode} client failed")
+        return out, per_client, svc_cpu
     finally:
         if svc:
             svc.terminate()
             svc.wait()
 
 
-def summary(reports, mode, budget, per_client):
+def summary(reports, mode, per_client, svc_cpu):
     med = [statistics.median(r["step_seconds"]) for r in reports]
     # Service: what it granted (the clients' memfds, mlocked whole); alone: each process's peak.
     pinned = len(reports) * per_client if mode == "service" else sum(r["peak_pinned"] for r in reports)
+    tokens = sum(r["tokens"] for r in reports)
     return {"tokens_per_s": sum(r["tokens"] / r["wall"] for r in reports),
+            "cpu_us_per_token": 1e6 * (sum(r["cpu"] for r in reports) + svc_cpu) / tokens,
             "step_s_fastest": min(med), "step_s_slowest": max(med),
             "slowest_over_fastest": max(med) / min(med), "pinned_bytes": pinned,
             "per_client_budget": per_client, "host_memory": reports[0]["host_memory"],
@@ -137,24 +155,27 @@ def main():
     args = ap.parse_args()
     args.budget, args.slab = parse_size(args.budget), parse_size(args.slab)
     results = []
+    modes = ("alone", "share", "service")
     for n in (int(x) for x in args.clients.split(",")):
-        reps = {"alone": [], "service": []}
+        reps = {m: [] for m in modes}
         for r in range(args.reps):
-            for mode in (("alone", "service") if r % 2 == 0 else ("service", "alone")):
+            for mode in (modes if r % 2 == 0 else modes[::-1]):
                 with tempfile.TemporaryDirectory(dir=args.dir) as root:
-                    reports, per = run_clients(n, mode, args, root)
-                reps[mode].append(summary(reports, mode, args.budget, per))
+                    reports, per, svc_cpu = run_clients(n, mode, args, root)
+                reps[mode].append(summary(reports, mode, per, svc_cpu))
                 print(f"clients {n} rep {r} {mode}: "
                       f"{reps[mode][-1]['tokens_per_s']:.0f} tokens/s", file=sys.stderr)
-        same = all(a["masters"] == s["masters"] for a in reps["alone"] for s in reps["service"])
-        row = {"clients": n, "bit_identical": same}
-        for mode in ("alone", "service"):
+        masters = {tuple(x["masters"]) for m in modes for x in reps[m]}
+        row = {"clients": n, "bit_identical": len(masters) == 1}
+        for mode in modes:
             row[mode] = {k: statistics.median(x[k] for x in reps[mode])
-                         for k in ("tokens_per_s", "step_s_fastest", "step_s_slowest",
-                                   "slowest_over_fastest", "pinned_bytes", "per_client_budget")}
+                         for k in ("tokens_per_s", "cpu_us_per_token", "step_s_fastest",
+                                   "step_s_slowest", "slowest_over_fastest", "pinned_bytes",
+                                   "per_client_budget")}
             row[mode]["host_memory"] = reps[mode][0]["host_memory"]
-        row["throughput_service_over_alone"] = (row["service"]["tokens_per_s"] /
-                                                row["alone"]["tokens_per_s"])
+        for mode in ("alone", "share"):
+            row[f"throughput_service_over_{mode}"] = (row["service"]["tokens_per_s"] /
+                                                      row[mode]["tokens_per_s"])
         row["pinned_service_over_alone"] = (row["service"]["pinned_bytes"] /
                                             row["alone"]["pinned_bytes"])
         results.append(row)
@@ -162,15 +183,18 @@ def main():
         print(json.dumps({"steps": args.steps, "budget": args.budget, "reps": args.reps,
                           "results": results}, indent=1))
         return
-    print(f"{'clients':>7} {'identical':>9} {'tokens/s alone':>14} {'via service':>11} "
-          f"{'ratio':>6} {'pinned alone':>12} {'via service':>11} {'slowest/fastest':>15}")
+    print(f"{'clients':>7} {'identical':>9} {'tokens/s alone':>14} {'share':>6} {'service':>7} "
+          f"{'svc/alone':>9} {'svc/share':>9} {'us/token alone/share/svc':>24} "
+          f"{'pinned alone':>12} {'service':>7} {'slowest/fastest':>15}")
     for r in results:
+        cpu = "/".join(f"{r[m]['cpu_us_per_token']:.0f}" for m in modes)
         print(f"{r['clients']:>7} {str(r['bit_identical']):>9} {r['alone']['tokens_per_s']:>14.0f} "
-              f"{r['service']['tokens_per_s']:>11.0f} {r['throughput_service_over_alone']:>6.3f} "
+              f"{r['share']['tokens_per_s']:>6.0f} {r['service']['tokens_per_s']:>7.0f} "
+              f"{r['throughput_service_over_alone']:>9.3f} "
+              f"{r['throughput_service_over_share']:>9.3f} {cpu:>24} "
               f"{r['alone']['pinned_bytes'] / 2**20:>10.1f}Mi "
-              f"{r['service']['pinned_bytes'] / 2**20:>9.1f}Mi "
+              f"{r['service']['pinned_bytes'] / 2**20:>5.1f}Mi "
               f"{r['service']['slowest_over_fastest']:>15.2f}")
-
 
 if __name__ == "__main__":
     main()

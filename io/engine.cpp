@@ -40,6 +40,7 @@ struct TicketState {
   std::atomic<std::uint64_t> done_bytes{0};
   std::atomic<bool> ready{false};
   std::exception_ptr error;
+  std::function<void()> on_ready;  // IoEngine::submit's notification, called once
   bool queued = false;
   TicketState* next = nullptr;        // FIFO link
   std::shared_ptr<TicketState> self;  // keeps the state alive while the engine uses it
@@ -176,6 +177,7 @@ struct IoEngine::Impl {
     if (t->error) failed_tickets.fetch_add(1, std::memory_order_relaxed);
     t->ready.store(true, std::memory_order_release);
     auto keep = std::move(t->self);  // may free t when the user already dropped the ticket
+    if (t->on_ready) std::exchange(t->on_ready, nullptr)();
     done_cv.notify_all();
   }
 
@@ -695,6 +697,10 @@ IoEngine::~IoEngine() {
 }
 
 IoTicket IoEngine::submit(std::span<const IoSegment> segments) {
+  return submit(segments, nullptr);
+}
+
+IoTicket IoEngine::submit(std::span<const IoSegment> segments, std::function<void()> on_ready) {
   auto st = std::make_shared<TicketState>();
   st->segments.reserve(segments.size());
   for (std::size_t i = 0; i < segments.size(); ++i) {
@@ -710,8 +716,10 @@ IoTicket IoEngine::submit(std::span<const IoSegment> segments) {
   }
   if (st->segments.empty()) {
     st->ready.store(true);
+    if (on_ready) on_ready();
     return IoTicket(this, std::move(st));
   }
+  st->on_ready = std::move(on_ready);
   std::lock_guard lock(impl_->mu);
   st->self = st;
   impl_->push(st.get());
@@ -809,8 +817,8 @@ bool IoEngine::memory_is_shared() const noexcept {
   return impl_->backend->memory_is_shared();
 }
 
-std::byte* IoEngine::allocate_shared(std::uint64_t bytes) noexcept {
-  return impl_->backend->allocate_shared(bytes);
+std::byte* IoEngine::allocate_shared(std::uint64_t bytes, bool locked) noexcept {
+  return impl_->backend->allocate_shared(bytes, locked);
 }
 
 void IoEngine::free_shared(std::byte* p) noexcept {

@@ -8,6 +8,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstring>
 #include <fstream>
@@ -159,6 +160,48 @@ TEST(Service, TheNodeBudgetIsSharedAndGivenBack) {
   EXPECT_EQ(b.memory().size(), 512 * kKiB);
 }
 
+// Pageable shared memory is mapped by both sides but neither locked nor counted in the node's
+// budget; it has its own per-client quota, and a detach gives the budget back exactly.
+TEST(Service, PageableMemoryIsSharedButNeitherLockedNorInTheBudget) {
+  TempDir d;
+  auto sc = service_config(d, 1 * kMiB);
+  sc.pageable_quota = 2 * kMiB;
+  SwapService svc(sc);
+  const auto locked_kib = [] {  // this process's locked memory (the service runs in it)
+    std::ifstream f("/proc/self/status");
+    for (std::string l; std::getline(f, l);)
+      if (l.rfind("VmLck:", 0) == 0) return std::stoull(l.substr(6));
+    return 0ull;
+  };
+  const auto before = locked_kib();
+  auto ca = client_config(sc, "a", 0, 512 * kKiB);
+  ca.pageable_bytes = 2 * kMiB;
+  auto a = std::make_unique<ServiceClient>(ca);
+  EXPECT_EQ(a->memory().size(), 2560 * kKiB);
+  EXPECT_EQ(a->locked_bytes(), 512 * kKiB);
+  EXPECT_LE(locked_kib() - before, 512u) << "the pageable part was locked";
+  fill(*a, 1536 * kKiB, 64 * kKiB, 9);  // a block through the pageable part
+  a->put(1, 1536 * kKiB, 64 * kKiB);
+  a->get(1, 0, 64 * kKiB);
+  EXPECT_TRUE(holds(*a, 0, 64 * kKiB, 9));
+  auto st = nlohmann::json::parse(svc.status_json());
+  EXPECT_EQ(st.at("memory_granted"), 512 * kKiB);
+  EXPECT_EQ(st.at("clients").at(0).at("pageable_bytes"), 2 * kMiB);
+  ServiceClient b(client_config(sc, "b", 0, 512 * kKiB));  // the rest of the budget
+  auto cc = client_config(sc, "c", 0, 4 * kKiB);
+  cc.pageable_bytes = 3 * kMiB;
+  const std::string why = error_of([&] { ServiceClient x(cc); });
+  EXPECT_NE(why.find("pageable shared memory: the per-client quota is 2.00 MiB"), std::string::npos)
+      << why;
+  a.reset();
+  for (int i = 0; i < 100; ++i) {
+    if (nlohmann::json::parse(svc.status_json()).at("memory_granted") == 512 * kKiB) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  EXPECT_EQ(nlohmann::json::parse(svc.status_json()).at("memory_granted"), 512 * kKiB);
+  ServiceClient again(client_config(sc, "a", 0, 512 * kKiB));  // a's budget came back whole
+}
+
 TEST(Service, AClientKilledMidStepKeepsItsCommittedGeneration) {
   TempDir d;
   const auto sc = service_config(d);
@@ -234,8 +277,8 @@ bool dropped_after(const std::filesystem::path& socket, const std::vector<std::u
   ::setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
   char c;
   ssize_t r;
-  while ((r = ::recv(fd, &c, 1, 0)) > 0) {
-  }
+  while ((r = ::recv(fd, &c, 1, 0)) > 0 || (r < 0 && errno == EINTR)) {
+  }  // (EINTR: a signal for this process interrupted the wait: wait on)
   const int err = errno;
   ::close(fd);
   // EOF or a reset: closed by the service (a timeout would be EAGAIN).
@@ -408,38 +451,104 @@ TEST(Service, ATierManagerRunsOnItAndItsRegionIsReleasedWhenAsked) {
   EXPECT_EQ(st.at("nvme_free"), st.at("nvme_capacity"));
 }
 
+// A raw connection spoken by hand (what ServiceStorage's backend sends), for what the backend
+// never does on its own: a flood of requests, or requests outside the client's bounds.
+struct RawPeer {
+  service::Connection c;
+  flatbuffers::FlatBufferBuilder fb;
+  std::vector<std::uint8_t> buf;
+  const wire::Message* m = nullptr;
+  std::string why;
+  explicit RawPeer(const std::filesystem::path& socket, const char* job, std::uint64_t memory,
+                   std::uint64_t region)
+      : c(::socket(AF_UNIX, SOCK_STREAM, 0)) {
+    sockaddr_un a{};
+    a.sun_family = AF_UNIX;
+    std::strcpy(a.sun_path, socket.c_str());
+    EXPECT_EQ(::connect(c.fd(), reinterpret_cast<sockaddr*>(&a), sizeof a), 0);
+    const auto h = wire::CreateHello(fb, service::kProtocolVersion, fb.CreateString(job), 0, memory,
+                                     region, true);
+    fb.Finish(c.message(fb, wire::Body::Hello, h.Union()), wire::MessageIdentifier());
+    EXPECT_EQ(c.send(fb), 0);
+    int memfd = -1;
+    EXPECT_EQ(c.receive(buf, &m, &memfd, &why), service::Connection::Status::ok) << why;
+    EXPECT_TRUE(m->body_as_Welcome());
+    if (memfd >= 0) ::close(memfd);
+  }
+  void read(std::uint64_t tag, std::uint64_t off, std::uint64_t len, std::uint64_t moff) {
+    fb.Clear();
+    fb.Finish(c.message(fb, wire::Body::Read, wire::CreateRead(fb, tag, off, len, moff).Union()),
+              wire::MessageIdentifier());
+    EXPECT_EQ(c.send(fb), 0);
+  }
+  const wire::Reply* reply() {
+    EXPECT_EQ(c.receive(buf, &m, nullptr, &why), service::Connection::Status::ok) << why;
+    return m->body_as_Reply();
+  }
+};
+
+// A client that floods the service has at most the engine's queue in flight (the rest waits in
+// the service, counted as throttled), and every request is still answered, each once.
+TEST(Service, AFloodingRawClientHasAtMostItsShareOfTheQueueInFlight) {
+  TempDir d;
+  const auto sc = service_config(d, 8 * kMiB);
+  SwapService svc(sc);
+  const auto queue =
+      nlohmann::json::parse(svc.status_json()).at("queue_bytes").get<std::uint64_t>();
+  const std::uint64_t n = 3 * queue / kMiB;  // three queues' worth of 1 MiB reads
+  RawPeer p(sc.socket, "flood", kMiB, 8 * kMiB);
+  for (std::uint64_t i = 0; i < n; ++i) p.read(i + 1, (i % 8) * kMiB, kMiB, 0);
+  std::vector<int> answered(n + 1, 0);
+  for (std::uint64_t i = 0; i < n; ++i) {
+    const wire::Reply* r = p.reply();
+    ASSERT_TRUE(r && r->tag() >= 1 && r->tag() <= n);
+    EXPECT_EQ(r->error(), 0);
+    EXPECT_EQ(r->value(), kMiB);
+    ++answered[r->tag()];
+  }
+  EXPECT_EQ(std::count(answered.begin() + 1, answered.end(), 1), static_cast<long>(n));
+  const auto st = nlohmann::json::parse(svc.status_json()).at("clients").at(0);
+  EXPECT_LE(st.at("peak_inflight_bytes").get<std::uint64_t>(), queue) << st.dump();
+  EXPECT_GT(st.at("peak_inflight_bytes").get<std::uint64_t>(), 0u) << st.dump();
+  EXPECT_GT(st.at("throttled_requests").get<std::uint64_t>(), 0u) << st.dump();
+  EXPECT_EQ(st.at("nvme_read_bytes").get<std::uint64_t>(), n * kMiB);
+}
+
+// The pinned pools take the locked part of the shared memory, the pageable pool the rest.
+TEST(Service, PinnedAndPageableSlabsComeFromTheirOwnParts) {
+  TempDir d, mdir;
+  const auto sc = service_config(d, 8 * kMiB);
+  SwapService svc(sc);
+  auto cc = client_config(sc, "parts", 0, kMiB);
+  cc.pageable_bytes = kMiB;
+  ServiceStorage st(cc, mdir.path());
+  IoEngine& e = st.engine();
+  std::vector<std::byte*> locked, pageable;
+  for (int i = 0; i < 4; ++i) {
+    locked.push_back(e.allocate_shared(256 * kKiB, true));
+    pageable.push_back(e.allocate_shared(256 * kKiB, false));
+    ASSERT_NE(locked.back(), nullptr);
+    ASSERT_NE(pageable.back(), nullptr);
+    EXPECT_GE(pageable.back(), locked.front() + kMiB);  // after the locked part
+  }
+  EXPECT_EQ(e.allocate_shared(4 * kKiB, true), nullptr);
+  EXPECT_EQ(e.allocate_shared(4 * kKiB, false), nullptr);
+  e.free_shared(pageable[1]);
+  EXPECT_EQ(e.allocate_shared(256 * kKiB, false), pageable[1]);
+  for (auto* p : locked) e.free_shared(p);
+  st.release_on_close();
+}
+
 // Raw requests are checked against the client's region and shared memory (and refused with the
 // reason, the connection kept); the block API is refused to a raw client.
 TEST(Service, ARawClientCannotReachOutsideItsRegionOrMemory) {
   TempDir d;
   const auto sc = service_config(d);
   SwapService svc(sc);
-  const int fd = ::socket(AF_UNIX, SOCK_STREAM, 0);
-  sockaddr_un a{};
-  a.sun_family = AF_UNIX;
-  std::strcpy(a.sun_path, sc.socket.c_str());
-  ASSERT_EQ(::connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof a), 0);
-  service::Connection c(fd);
-  flatbuffers::FlatBufferBuilder fb;
-  std::vector<std::uint8_t> buf;
-  const wire::Message* m = nullptr;
-  std::string why;
-  int memfd = -1;
-  const auto h = wire::CreateHello(fb, service::kProtocolVersion, fb.CreateString("raw"), 0,
-                                   64 * kKiB, kMiB, true);
-  fb.Finish(c.message(fb, wire::Body::Hello, h.Union()), wire::MessageIdentifier());
-  ASSERT_EQ(c.send(fb), 0);
-  ASSERT_EQ(c.receive(buf, &m, &memfd, &why), service::Connection::Status::ok) << why;
-  ASSERT_TRUE(m->body_as_Welcome());
-  EXPECT_GE(memfd, 0);
-  ::close(memfd);
+  RawPeer p(sc.socket, "raw", 64 * kKiB, kMiB);
   auto ask = [&](std::uint64_t tag, std::uint64_t off, std::uint64_t len, std::uint64_t moff) {
-    fb.Clear();
-    fb.Finish(c.message(fb, wire::Body::Read, wire::CreateRead(fb, tag, off, len, moff).Union()),
-              wire::MessageIdentifier());
-    EXPECT_EQ(c.send(fb), 0);
-    EXPECT_EQ(c.receive(buf, &m, nullptr, &why), service::Connection::Status::ok) << why;
-    const wire::Reply* r = m->body_as_Reply();
+    p.read(tag, off, len, moff);
+    const wire::Reply* r = p.reply();
     EXPECT_TRUE(r && r->tag() == tag);
     return std::pair<int, std::string>(r->error(), r->message() ? r->message()->str() : "");
   };
@@ -448,12 +557,11 @@ TEST(Service, ARawClientCannotReachOutsideItsRegionOrMemory) {
   EXPECT_NE(ask(3, 0, 4096, 64 * kKiB).second.find("shared memory"), std::string::npos);
   EXPECT_NE(ask(4, 100, 4096, 0).second.find("not in units"), std::string::npos);
   EXPECT_EQ(ask(5, 0, 4096, 0).first, 0);  // inside: served
-  fb.Clear();
-  fb.Finish(c.message(fb, wire::Body::Put, wire::CreatePut(fb, 1, 0, 4096).Union()),
-            wire::MessageIdentifier());
-  ASSERT_EQ(c.send(fb), 0);
-  ASSERT_EQ(c.receive(buf, &m, nullptr, &why), service::Connection::Status::ok);
-  EXPECT_EQ(m->body_as_Reply()->error(), EPERM);
+  p.fb.Clear();
+  p.fb.Finish(p.c.message(p.fb, wire::Body::Put, wire::CreatePut(p.fb, 1, 0, 4096).Union()),
+              wire::MessageIdentifier());
+  ASSERT_EQ(p.c.send(p.fb), 0);
+  EXPECT_EQ(p.reply()->error(), EPERM);
 }
 
 // A tier manager whose service is killed fails its next transfer promptly, naming the service,

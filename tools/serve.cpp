@@ -22,7 +22,7 @@ namespace {
 
 struct ServeOptions {
   std::vector<std::string> dirs;
-  std::string capacity, host_budget = "1GiB", quota, socket, metrics;
+  std::string capacity, host_budget = "1GiB", quota, pageable_quota, socket, metrics;
   bool allow_other_users = false, no_lock = false;
 };
 
@@ -42,6 +42,8 @@ void run_serve(const ServeOptions& o) {
   if (!o.capacity.empty()) c.capacity = parse_size(o.capacity, "--capacity");
   c.host_budget = parse_size(o.host_budget, "--host-budget");
   if (!o.quota.empty()) c.client_quota = parse_size(o.quota, "--client-quota");
+  if (!o.pageable_quota.empty())
+    c.pageable_quota = parse_size(o.pageable_quota, "--pageable-quota");
   c.socket = o.socket;
   c.allow_other_users = o.allow_other_users;
   c.lock_memory = !o.no_lock;
@@ -79,6 +81,9 @@ void add_serve(CLI::App& app) {
   s->add_option("--host-budget", o->host_budget, "Shared memory for all clients together")
       ->capture_default_str();
   s->add_option("--client-quota", o->quota, "Most shared memory one client may hold");
+  s->add_option("--pageable-quota", o->pageable_quota,
+                "Most unlocked shared memory one client may hold beside it, outside the budget "
+                "(its gradients; default: a quarter of the node's memory)");
   s->add_option("--socket", o->socket,
                 "Unix socket (default: TIERSWAP_SERVICE, else <runtime dir>/service.sock)");
   s->add_option("--metrics", o->metrics, "Serve Prometheus metrics on [HOST:]PORT (loopback)");

@@ -17,6 +17,7 @@
 #include <array>
 #include <cstdint>
 #include <exception>
+#include <functional>
 #include <memory>
 #include <span>
 #include <string>
@@ -149,6 +150,12 @@ class IoEngine {
   /// Submits a batch. Segments must lie inside the space (std::out_of_range otherwise, nothing
   /// submitted), with non-null buffers. An empty batch returns a ready ticket.
   IoTicket submit(std::span<const IoSegment> segments);
+  /// The same, and `on_ready` is called once when the ticket becomes ready (an event loop's
+  /// wake-up: the node service answers its clients in completion order). It runs on the engine's
+  /// completion path with the engine's lock held: it must be quick, must not block and must not
+  /// call into the engine (signalling an eventfd is the intended use). An empty batch calls it
+  /// before submit returns.
+  IoTicket submit(std::span<const IoSegment> segments, std::function<void()> on_ready);
   IoTicket read(std::uint64_t offset, void* buffer, std::uint64_t length);
   IoTicket write(std::uint64_t offset, const void* buffer, std::uint64_t length);
 
@@ -175,7 +182,9 @@ class IoEngine {
   /// pools then take their slabs from here. allocate_shared returns nullptr when that memory is
   /// exhausted (or not shared). Thread-safe.
   bool memory_is_shared() const noexcept;
-  std::byte* allocate_shared(std::uint64_t bytes) noexcept;
+  /// `locked`: from the memory the service locks (pinned pools); else from the pageable part
+  /// when the client asked for one (the pinned part otherwise).
+  std::byte* allocate_shared(std::uint64_t bytes, bool locked = true) noexcept;
   void free_shared(std::byte* p) noexcept;
   /// Human-readable: backend, features, and why earlier backends were skipped.
   const std::string& backend_description() const noexcept { return description_; }

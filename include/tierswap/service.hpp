@@ -46,6 +46,9 @@ struct ServiceConfig {
   std::uint64_t host_budget = 1ull << 30;
   /// Most shared memory one client may hold (0: the whole budget).
   std::uint64_t client_quota = 0;
+  /// Most unlocked shared memory one client may hold beside it (its gradients on their way to a
+  /// CPU step; not counted in host_budget). 0: a quarter of the node's physical memory.
+  std::uint64_t pageable_quota = 0;
   std::filesystem::path socket;  ///< empty: default_service_socket()
   bool allow_other_users = false;
   /// mlock the clients' shared memory (pinned); a failure is a warning, the memory stays usable.
@@ -78,7 +81,9 @@ struct ServiceClientConfig {
   std::filesystem::path socket;  ///< empty: default_service_socket()
   std::string job;               ///< [A-Za-z0-9._-]{1,64}
   std::uint32_t rank = 0;
-  std::uint64_t memory_bytes = 0;  ///< shared memory asked for (a multiple of 4 KiB)
+  std::uint64_t memory_bytes = 0;  ///< locked shared memory asked for (a multiple of 4 KiB)
+  /// Unlocked shared memory asked for beside it (a multiple of 4 KiB; not in the node budget).
+  std::uint64_t pageable_bytes = 0;
   std::uint64_t region_bytes = 0;  ///< NVMe bytes asked for at the first attach
   /// How long a request may wait for the service before failing (a killed or hung service).
   double timeout_seconds = 30;
@@ -97,8 +102,10 @@ class ServiceClient {
   ServiceClient(const ServiceClient&) = delete;
   ServiceClient& operator=(const ServiceClient&) = delete;
 
-  /// The shared memory (page-aligned), valid while the client lives.
+  /// The shared memory (page-aligned), valid while the client lives: its first locked_bytes()
+  /// are locked by the service, the rest (pageable_bytes) is not.
   std::span<std::byte> memory() const noexcept;
+  std::uint64_t locked_bytes() const noexcept;
   /// The committed generation when attached (0 for a new client).
   std::uint64_t attached_generation() const noexcept;
   bool reattached() const noexcept;
@@ -125,11 +132,13 @@ class ServiceClient {
 
 /// A tier manager's storage through the node service: the client's region as a SwapSpace and an
 /// IoEngine whose requests the service carries out in the shared memory, which is where the tier
-/// manager's host pools then take their slabs from (ask memory_bytes >= host_budget +
-/// pageable_budget). A TierManager (and so an optimizer) built on space() and engine() runs
-/// unchanged; it keeps its manifest in `manifest_dir` and reopens from it after a crash, as on
-/// its own swap files. The service carries several requests at once; a killed service fails them
-/// (and every later one) with an error naming the socket, a silent one after timeout_seconds.
+/// manager's host pools then take their slabs from: the pinned pool from the locked part (ask
+/// memory_bytes >= host_budget), the pageable pool from the rest (pageable_bytes >=
+/// pageable_budget; without it, from the locked part). A TierManager (and so an optimizer) built on
+/// space() and engine() runs unchanged; it keeps its manifest in `manifest_dir` and reopens from it
+/// after a crash, as on its own swap files. The service carries several requests at once; a killed
+/// service fails them (and every later one) with an error naming the socket, a silent one after
+/// timeout_seconds.
 class ServiceStorage {
  public:
   /// `cfg.raw` is implied. Throws as ServiceClient does.

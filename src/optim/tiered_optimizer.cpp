@@ -224,12 +224,9 @@ void TieredOptimizer::Impl::build() {
   // The gradients of CPU-stepped sub-groups need no pinning on their way to the step: they wait
   // in pageable memory beside the pinned budget, sized to hold them all (spilling them would cost
   // 2 + 2 B/param of NVMe). A pageable_budget set by the caller stays.
-  // Through the node service every byte of host memory is the service's shared (pinned) memory,
-  // the gradients' included: host_budget is all this rank takes from the node's budget.
-  if (!tc.service.empty())
-    tc.pageable_budget = 0;
-  else if (o.tune_tiers)
-    size_pageable_budget(tc, oc, grad_bytes_needed(sizes, comm->size(), oc));
+  // Through the node service the pageable pool is shared memory the service does not lock and
+  // does not count in the node's budget: host_budget is all this rank takes from that budget.
+  if (o.tune_tiers) size_pageable_budget(tc, oc, grad_bytes_needed(sizes, comm->size(), oc));
   bool earlier = false;
   for (const auto& d : o.swap_dirs) dirs.push_back(rank_dir(d, comm->rank(), o.resume, &earlier));
   open_space(sizes, oc, tc, earlier);
@@ -291,9 +288,12 @@ void TieredOptimizer::Impl::attach_service(std::uint64_t capacity, const TierCon
     cc.job = "run-" + checksum_hex(checksum64(where.data(), where.size()));
   }
   cc.rank = static_cast<std::uint32_t>(comm->rank());
-  // The host pools carve their slabs from the shared memory; the slack holds what opening a
-  // committed space reads to verify it (one block at a time).
-  cc.memory_bytes = round_up(tc.host_budget + tc.pageable_budget + 2 * tc.host_slab_size, 4096);
+  // The host pools carve their slabs from the shared memory: the pinned pool from the locked part,
+  // whose slack holds what opening a committed space reads to verify it (one block at a time);
+  // the pageable pool from the unlocked part (one slab of slack: its last slab may be smaller).
+  cc.memory_bytes = round_up(tc.host_budget + 2 * tc.host_slab_size, 4096);
+  if (tc.pageable_budget > 0)
+    cc.pageable_bytes = round_up(tc.pageable_budget + tc.host_slab_size, 4096);
   cc.region_bytes = capacity;
   storage = std::make_unique<ServiceStorage>(cc, dirs.front(), IoEngineConfig::from_env());
   if (earlier && !storage->reattached())

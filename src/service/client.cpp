@@ -80,8 +80,9 @@ ServiceClient::ServiceClient(ServiceClientConfig cfg) : impl_(std::make_unique<I
     throw std::invalid_argument("ServiceClientConfig::timeout_seconds: must be positive");
   m.connect();
   const auto job = m.fb.CreateString(m.cfg.job);
-  const auto h = wire::CreateHello(m.fb, service::kProtocolVersion, job, m.cfg.rank,
-                                   m.cfg.memory_bytes, m.cfg.region_bytes, m.cfg.raw);
+  const auto h =
+      wire::CreateHello(m.fb, service::kProtocolVersion, job, m.cfg.rank, m.cfg.memory_bytes,
+                        m.cfg.region_bytes, m.cfg.raw, m.cfg.pageable_bytes);
   m.fb.Finish(m.conn->message(m.fb, wire::Body::Hello, h.Union()), wire::MessageIdentifier());
   int fd = -1;
   const wire::Message& msg = m.exchange(&fd);
@@ -93,16 +94,19 @@ ServiceClient::ServiceClient(ServiceClientConfig cfg) : impl_(std::make_unique<I
   const auto* w = msg.body_as_Welcome();
   struct stat st {};
   if (!w || fd < 0 || ::fstat(fd, &st) != 0 ||
-      static_cast<std::uint64_t>(st.st_size) != w->memory_bytes()) {
+      static_cast<std::uint64_t>(st.st_size) != w->memory_bytes() + w->pageable_bytes() ||
+      w->memory_bytes() + w->pageable_bytes() < w->memory_bytes()) {
     if (fd >= 0) ::close(fd);
     m.fail(EPROTO, "hello was not answered with a welcome and its shared memory");
   }
-  void* p = ::mmap(nullptr, w->memory_bytes(), PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+  const std::uint64_t total = w->memory_bytes() + w->pageable_bytes();
+  void* p = ::mmap(nullptr, total, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
   const int err = errno;
   ::close(fd);
   if (p == MAP_FAILED) m.fail(err, "mmap of the shared memory");
   m.data = static_cast<std::byte*>(p);
-  m.bytes = w->memory_bytes();
+  m.bytes = total;
+  m.locked_bytes = w->memory_bytes();
   m.generation = w->generation();
   m.reattached = w->reattached();
   m.alignment = w->alignment();
@@ -116,6 +120,9 @@ ServiceClient::~ServiceClient() = default;
 
 std::span<std::byte> ServiceClient::memory() const noexcept {
   return {impl_->data, impl_->bytes};
+}
+std::uint64_t ServiceClient::locked_bytes() const noexcept {
+  return impl_->locked_bytes;
 }
 std::uint64_t ServiceClient::attached_generation() const noexcept {
   return impl_->generation;

@@ -24,7 +24,8 @@ struct ServiceClient::Impl {
   std::filesystem::path path;
   std::unique_ptr<Connection> conn;
   std::byte* data = nullptr;
-  std::uint64_t bytes = 0;
+  std::uint64_t bytes = 0;  // mapped: locked_bytes, then the pageable part
+  std::uint64_t locked_bytes = 0;
   std::uint64_t generation = 0;
   bool reattached = false;
   std::uint32_t alignment = 4096;

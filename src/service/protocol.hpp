@@ -12,7 +12,7 @@
 
 namespace tierswap::service {
 
-inline constexpr std::uint32_t kProtocolVersion = 1;
+inline constexpr std::uint32_t kProtocolVersion = 2;  // 2: pageable shared memory
 /// Largest message accepted (the length prefix excluded): control messages are small.
 inline constexpr std::uint32_t kMaxMessageBytes = 64 * 1024;
 

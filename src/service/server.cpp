@@ -11,15 +11,12 @@
 
 #include <atomic>
 #include <cstring>
-#include <deque>
-#include <list>
 #include <mutex>
 #include <nlohmann/json.hpp>
 #include <system_error>
 #include <thread>
 
-#include "src/service/protocol.hpp"
-#include "src/service/store.hpp"
+#include "src/service/server_impl.hpp"
 #include "tierswap/checksum.hpp"
 #include "tierswap/detail/paths.hpp"
 #include "tierswap/io_engine.hpp"
@@ -46,23 +43,22 @@ void ServiceConfig::validate() const {
                                             format_bytes(client_quota), format_bytes(host_budget)));
 }
 
+namespace service {
+
+SharedMemory::~SharedMemory() {
+  if (data) ::munmap(data, bytes);
+  if (fd >= 0) ::close(fd);
+}
+
+}  // namespace service
+
 namespace {
 
-// A client's shared memory: a sealed memfd mapped here (and, through the passed fd, there).
-struct SharedMemory {
-  int fd = -1;
-  std::byte* data = nullptr;
-  std::uint64_t bytes = 0;
-  SharedMemory() = default;
-  SharedMemory(const SharedMemory&) = delete;
-  ~SharedMemory() {
-    if (data) ::munmap(data, bytes);
-    if (fd >= 0) ::close(fd);
-  }
-};
+using service::SharedMemory;
 
+// `bytes` in all, the first `locked` of them mlocked.
 std::unique_ptr<SharedMemory> make_shared_memory(const std::string& name, std::uint64_t bytes,
-                                                 bool lock) {
+                                                 std::uint64_t locked) {
   auto m = std::make_unique<SharedMemory>();
   m->fd = ::memfd_create(("tierswap-" + name).c_str(), MFD_CLOEXEC | MFD_ALLOW_SEALING);
   if (m->fd < 0) throw std::system_error(errno, std::system_category(), "memfd_create");
@@ -75,87 +71,13 @@ std::unique_ptr<SharedMemory> make_shared_memory(const std::string& name, std::u
   if (p == MAP_FAILED) throw std::system_error(errno, std::system_category(), "mmap memfd");
   m->data = static_cast<std::byte*>(p);
   m->bytes = bytes;
-  if (lock && ::mlock(p, bytes) != 0)
+  if (locked > 0 && ::mlock(p, locked) != 0)
     log(LogLevel::warn, fmt::format("service: client {}: mlock of {} failed ({}): unpinned", name,
-                                    format_bytes(bytes), std::strerror(errno)));
+                                    format_bytes(locked), std::strerror(errno)));
   return m;
 }
 
-struct Peer {
-  Connection conn;
-  ucred cred{};
-  std::thread thread;
-  std::atomic<bool> done{false};
-  explicit Peer(int fd) : conn(fd) {}
-};
-
 }  // namespace
-
-struct SwapService::Impl {
-  ServiceConfig cfg;
-  std::unique_ptr<SwapSpace> space;
-  std::unique_ptr<IoEngine> engine;
-  service::ServiceFiles files;
-  std::uint64_t align = 4096;
-  std::string uuid;
-
-  mutable std::mutex mu;  // everything below
-  std::map<std::string, ClientRecord> clients;
-  std::unique_ptr<ExtentAllocator> regions;
-  struct Live {
-    std::uint64_t memory = 0;
-    pid_t pid = 0;
-    uid_t uid = 0;
-    std::uint64_t read_bytes = 0, written_bytes = 0;
-  };
-  std::map<std::string, Live> live;  // attached clients
-  std::uint64_t granted = 0;
-
-  std::filesystem::path socket_path;
-  bool inherited = false;  // systemd's socket: not ours to remove
-  int listen_fd = -1;
-  int wake_fd = -1;
-  std::thread acceptor;
-  std::list<std::unique_ptr<Peer>> peers;  // guarded by peers_mu
-  std::mutex peers_mu;
-  MetricsRegistry::Source metrics;
-  std::unique_ptr<TelemetryServer> telemetry;  // `tierswap ps` finds the service through it
-
-  void open_storage();
-  void listen_on(int inherited_fd);
-  ~Impl() {
-    if (listen_fd >= 0) ::close(listen_fd);
-    if (wake_fd >= 0) ::close(wake_fd);
-  }
-  void accept_loop();
-  void serve(Peer& p);
-  void reap_peers(bool all);
-  // Requests of an attached client (its record is only touched by its own connection).
-  struct Session {
-    ClientRecord* rec = nullptr;
-    std::unique_ptr<SharedMemory> mem;
-    std::string key;
-    struct Raw {
-      std::uint64_t tag = 0, length = 0;
-      bool write = false;
-      IoTicket ticket;
-    };
-    std::deque<Raw> inflight;  // raw I/O, answered oldest first
-    bool release = false;      // forget the client at the disconnect
-  };
-  static bool readable(int fd);
-  bool start_raw(Peer& p, Session& s, const wire::Message& m, flatbuffers::FlatBufferBuilder& fb);
-  bool finish_oldest(Peer& p, Session& s, flatbuffers::FlatBufferBuilder& fb);
-  bool hello(Peer& p, const wire::Hello& h, Session& s, std::string* why);
-  void handle(Peer& p, const wire::Message& m, Session& s, flatbuffers::FlatBufferBuilder& fb);
-  std::uint64_t put(Session& s, const wire::Put& r);
-  std::uint64_t get(Session& s, const wire::Get& r);
-  std::uint64_t commit(Session& s);
-  void detach(Session& s);
-  void forget(const std::string& key);  // under mu
-  std::string status() const;
-  void fill_metrics(MetricsWriter& w) const;
-};
 
 // ---- storage -------------------------------------------------------------------------------
 void SwapService::Impl::open_storage() {
@@ -167,7 +89,12 @@ void SwapService::Impl::open_storage() {
   } else {
     space = std::make_unique<SwapSpace>(SwapSpace::open(cfg.swap_dirs));
   }
-  engine = std::make_unique<IoEngine>(*space);
+  engine = std::make_unique<IoEngine>(*space, IoEngineConfig::from_env());
+  queue_bytes = std::uint64_t{engine->config().queue_depth} * engine->config().block_size;
+  pageable_quota = cfg.pageable_quota
+                       ? cfg.pageable_quota
+                       : static_cast<std::uint64_t>(::sysconf(_SC_PHYS_PAGES)) *
+                             static_cast<std::uint64_t>(::sysconf(_SC_PAGESIZE)) / 4 / 4096 * 4096;
   align = std::max<std::uint64_t>(4096, space->alignment());
   uuid = space->uuid();
   files.dir = cfg.swap_dirs.front();
@@ -276,11 +203,18 @@ void SwapService::Impl::serve(Peer& p) {
   std::vector<std::uint8_t> buf;
   flatbuffers::FlatBufferBuilder fb;
   Session s;
+  s.done_fd = ::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
+  if (s.done_fd < 0) {
+    log(LogLevel::error,
+        fmt::format("service: pid {}: eventfd: {}", p.cred.pid, std::strerror(errno)));
+    return;
+  }
   for (;;) {
-    // Raw I/O in flight: take in what has arrived, else answer the oldest when it lands.
-    if (!s.inflight.empty() && !readable(p.conn.fd())) {
-      if (!finish_oldest(p, s, fb)) break;
-      continue;
+    // Raw I/O in flight: answer what completes and take in new requests, whichever comes first.
+    if (s.busy) {
+      bool request = false;
+      if (!wait_raw(p, s, fb, &request)) break;
+      if (!request) continue;
     }
     const wire::Message* m = nullptr;
     std::string why;
@@ -313,79 +247,20 @@ void SwapService::Impl::serve(Peer& p) {
       break;
     }
     if (type == wire::Body::Read || type == wire::Body::Write) {
-      if (!start_raw(p, s, *m, fb)) break;
+      if (!queue_raw(p, s, *m, fb)) break;
       continue;
     }
-    bool ok = true;
-    while (ok && !s.inflight.empty()) ok = finish_oldest(p, s, fb);  // everything before it
-    if (!ok) break;
+    if (!drain_raw(p, s, fb)) break;  // everything before it first (a Sync covers those writes)
     fb.Clear();
     handle(p, *m, s, fb);
     if (p.conn.send(fb) != 0) break;
   }
-  for (auto& r : s.inflight) r.ticket = IoTicket{};  // waits: the memory must outlive its I/O
-  s.inflight.clear();
+  abandon_raw(s);  // waits: the memory must outlive its I/O
+  ::close(s.done_fd);
   detach(s);
   // The peer sees the end at once, after its memory and attachment are released (the socket
   // itself is closed when the acceptor reaps this thread).
   ::shutdown(p.conn.fd(), SHUT_RDWR);
-}
-
-// ---- raw I/O (a tier manager's region) ---------------------------------------------------------
-bool SwapService::Impl::readable(int fd) {
-  pollfd pf{fd, POLLIN, 0};
-  return ::poll(&pf, 1, 0) > 0;
-}
-
-bool SwapService::Impl::start_raw(Peer& p, Session& s, const wire::Message& m,
-                                  flatbuffers::FlatBufferBuilder& fb) {
-  const bool write = m.body_type() == wire::Body::Write;
-  std::uint64_t tag, off, len, moff;
-  if (write) {
-    const auto* r = m.body_as_Write();
-    tag = r->tag(), off = r->offset(), len = r->length(), moff = r->memory_offset();
-  } else {
-    const auto* r = m.body_as_Read();
-    tag = r->tag(), off = r->offset(), len = r->length(), moff = r->memory_offset();
-  }
-  std::string bad;
-  if (!s.rec->raw)
-    bad = "read/write: a block client (its hello did not ask for raw access)";
-  else if (len == 0 || off % align || len % align || moff % align)
-    bad = fmt::format("[{}, +{}) from memory {}: not in units of {} B", off, len, moff, align);
-  else if (off > s.rec->bytes || len > s.rec->bytes - off)
-    bad = fmt::format("[{}, +{}): outside the region of {}", off, len, s.rec->bytes);
-  else if (moff > s.mem->bytes || len > s.mem->bytes - moff)
-    bad = fmt::format("memory [{}, +{}): outside the shared memory of {}", moff, len, s.mem->bytes);
-  if (!bad.empty()) {
-    build_reply(p.conn, fb, EINVAL, bad, 0, {}, tag);
-    return p.conn.send(fb) == 0;
-  }
-  std::byte* mem = s.mem->data + moff;
-  try {
-    IoTicket t = write ? engine->write(s.rec->base + off, mem, len)
-                       : engine->read(s.rec->base + off, mem, len);
-    s.inflight.push_back({tag, len, write, std::move(t)});
-  } catch (const std::exception& e) {
-    build_reply(p.conn, fb, EIO, e.what(), 0, {}, tag);
-    return p.conn.send(fb) == 0;
-  }
-  return true;
-}
-
-bool SwapService::Impl::finish_oldest(Peer& p, Session& s, flatbuffers::FlatBufferBuilder& fb) {
-  Session::Raw r = std::move(s.inflight.front());
-  s.inflight.pop_front();
-  fb.Clear();
-  try {
-    r.ticket.wait();
-    build_reply(p.conn, fb, 0, {}, r.length, {}, r.tag);
-    std::lock_guard lk(mu);
-    (r.write ? live[s.key].written_bytes : live[s.key].read_bytes) += r.length;
-  } catch (const std::system_error& e) {
-    build_reply(p.conn, fb, e.code().value() ? e.code().value() : EIO, e.what(), 0, {}, r.tag);
-  }
-  return p.conn.send(fb) == 0;
 }
 
 bool SwapService::Impl::hello(Peer& p, const wire::Hello& h, Session& s, std::string* why) {
@@ -399,9 +274,15 @@ bool SwapService::Impl::hello(Peer& p, const wire::Hello& h, Session& s, std::st
     *why = fmt::format("job id '{}': expected 1-64 of [A-Za-z0-9._-]", job);
     return false;
   }
-  const std::uint64_t mem = h.memory_bytes();
-  if (mem == 0 || mem % 4096 != 0) {
-    *why = fmt::format("memory_bytes {}: a positive multiple of 4 KiB", mem);
+  const std::uint64_t mem = h.memory_bytes(), pageable = h.pageable_bytes();
+  if (mem == 0 || mem % 4096 != 0 || pageable % 4096 != 0) {
+    *why = fmt::format("memory_bytes {}, pageable_bytes {}: multiples of 4 KiB (memory_bytes > 0)",
+                       mem, pageable);
+    return false;
+  }
+  if (pageable > pageable_quota) {
+    *why = fmt::format("client {}.{} asks {} of pageable shared memory: the per-client quota is {}",
+                       job, h.rank(), format_bytes(pageable), format_bytes(pageable_quota));
     return false;
   }
   std::unique_lock lk(mu);
@@ -444,15 +325,16 @@ bool SwapService::Impl::hello(Peer& p, const wire::Hello& h, Session& s, std::st
     it = clients.emplace(key, std::move(c)).first;
     save_registry(files, uuid, clients);
   }
-  s.mem = make_shared_memory(key, mem, cfg.lock_memory);
+  s.mem = make_shared_memory(key, mem + pageable, cfg.lock_memory ? mem : 0);
   s.rec = &it->second;
   s.key = key;
   granted += mem;
-  live[key] = Live{mem, p.cred.pid, p.cred.uid, 0, 0};
+  live[key] = Live{mem, pageable, p.cred.pid, p.cred.uid};
   lk.unlock();
   flatbuffers::FlatBufferBuilder fb;
-  const auto w = wire::CreateWelcome(fb, mem, s.rec->bytes, s.rec->generation, reattached,
-                                     static_cast<std::uint32_t>(align), fb.CreateString(uuid));
+  const auto w =
+      wire::CreateWelcome(fb, mem, s.rec->bytes, s.rec->generation, reattached,
+                          static_cast<std::uint32_t>(align), fb.CreateString(uuid), pageable);
   fb.Finish(p.conn.message(fb, wire::Body::Welcome, w.Union()), wire::MessageIdentifier());
   log(LogLevel::info,
       fmt::format("service: {} {} (pid {}): {} shared, {} of NVMe, generation {}", key,
@@ -618,7 +500,7 @@ void SwapService::Impl::detach(Session& s) {
       ++it;
     }
   }
-  granted -= s.mem->bytes;
+  granted -= live.at(s.key).memory;
   live.erase(s.key);
   log(LogLevel::info, fmt::format("service: {} detached at generation {}", s.key, c.generation));
   s.rec = nullptr;
@@ -651,6 +533,8 @@ std::string SwapService::Impl::status() const {
                       {"swap_dirs", nlohmann::json::array()},
                       {"host_budget", cfg.host_budget},
                       {"memory_granted", granted},
+                      {"pageable_quota", pageable_quota},
+                      {"queue_bytes", queue_bytes},
                       {"nvme_capacity", space->capacity()},
                       {"nvme_free", regions->stats().free},
                       {"backend", engine->backend_description()}};
@@ -668,8 +552,11 @@ std::string SwapService::Impl::status() const {
       e.update({{"pid", it->second.pid},
                 {"uid", it->second.uid},
                 {"memory_bytes", it->second.memory},
+                {"pageable_bytes", it->second.pageable},
                 {"nvme_read_bytes", it->second.read_bytes},
-                {"nvme_written_bytes", it->second.written_bytes}});
+                {"nvme_written_bytes", it->second.written_bytes},
+                {"peak_inflight_bytes", it->second.peak_inflight_bytes},
+                {"throttled_requests", it->second.throttled}});
     j["clients"].push_back(e);
   }
   return j.dump();
@@ -696,8 +583,16 @@ void SwapService::Impl::fill_metrics(MetricsWriter& w) const {
        MetricType::counter, &Live::read_bytes},
       {"tierswap_client_nvme_written_bytes_total", "Bytes a client wrote to NVMe (this attach).",
        MetricType::counter, &Live::written_bytes},
-      {"tierswap_client_memory_bytes", "Shared memory a client holds.", MetricType::gauge,
-       &Live::memory},
+      {"tierswap_client_memory_bytes", "Locked shared memory a client holds (in the node budget).",
+       MetricType::gauge, &Live::memory},
+      {"tierswap_client_pageable_bytes", "Unlocked shared memory a client holds beside it.",
+       MetricType::gauge, &Live::pageable},
+      {"tierswap_client_throttled_requests_total",
+       "A client's NVMe requests that waited for its share of the engine's queue.",
+       MetricType::counter, &Live::throttled},
+      {"tierswap_client_peak_inflight_bytes",
+       "Most bytes of a client's NVMe requests in the engine at once.", MetricType::gauge,
+       &Live::peak_inflight_bytes},
   };
   for (const Col& col : cols) {
     w.family(col.name, col.help, col.type);

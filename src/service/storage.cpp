@@ -25,15 +25,17 @@ constexpr std::uint64_t kSyncTag = 1ull << 63;  // tags of Sync requests; reques
 // What the backend takes over from the client after hello.
 struct Link {
   Connection* conn = nullptr;
-  std::byte* data = nullptr;  // the shared memory
+  std::byte* data = nullptr;  // the shared memory: locked, then pageable
   std::uint64_t bytes = 0;
+  std::uint64_t locked = 0;
   std::filesystem::path path;
   int timeout_ms = 30000;
 };
 
 class ServiceBackend final : public detail::IoBackend {
  public:
-  explicit ServiceBackend(Link l) : c_(std::move(l)), arena_(c_.bytes, 4096) {
+  explicit ServiceBackend(Link l)
+      : c_(std::move(l)), locked_(c_.locked, 4096), pageable_(c_.bytes - c_.locked, 4096) {
     wake_ = ::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
     if (wake_ < 0) throw std::system_error(errno, std::system_category(), "eventfd");
   }
@@ -122,18 +124,24 @@ class ServiceBackend final : public detail::IoBackend {
   }
 
   bool memory_is_shared() const noexcept override { return true; }
-  std::byte* allocate_shared(std::uint64_t bytes) noexcept override {
+  // The pageable pool takes the unlocked part when there is one; the pinned pools the locked one.
+  std::byte* allocate_shared(std::uint64_t bytes, bool locked) noexcept override {
     std::lock_guard lk(mu_);
-    const auto e = arena_.try_allocate(bytes);
+    const bool pageable = !locked && c_.bytes > c_.locked;
+    const auto e = (pageable ? pageable_ : locked_).try_allocate(bytes);
     if (!e) return nullptr;
-    slabs_[e->offset] = e->length;
-    return c_.data + e->offset;
+    const std::uint64_t off = e->offset + (pageable ? c_.locked : 0);
+    slabs_[off] = e->length;
+    return c_.data + off;
   }
   void free_shared(std::byte* p) noexcept override {
     std::lock_guard lk(mu_);
     const auto it = slabs_.find(static_cast<std::uint64_t>(p - c_.data));
     if (it == slabs_.end()) return;
-    arena_.free({it->first, it->second});
+    if (it->first >= c_.locked)
+      pageable_.free({it->first - c_.locked, it->second});
+    else
+      locked_.free({it->first, it->second});
     slabs_.erase(it);
   }
 
@@ -197,7 +205,7 @@ class ServiceBackend final : public detail::IoBackend {
 
   Link c_;
   flatbuffers::FlatBufferBuilder fb_;
-  ExtentAllocator arena_;
+  ExtentAllocator locked_, pageable_;             // the two parts' free space
   std::map<std::uint64_t, std::uint64_t> slabs_;  // carved: offset -> length
   int wake_ = -1;
   std::mutex mu_;
@@ -234,7 +242,8 @@ ServiceStorage::ServiceStorage(ServiceClientConfig cfg, const std::filesystem::p
                                IoEngineConfig ec)
     : impl_(std::make_unique<Impl>(std::move(cfg))) {
   ServiceClient::Impl& c = *impl_->client.impl_;
-  Link link{c.conn.get(), c.data, c.bytes, c.path, static_cast<int>(c.cfg.timeout_seconds * 1000)};
+  Link link{c.conn.get(),   c.data, c.bytes,
+            c.locked_bytes, c.path, static_cast<int>(c.cfg.timeout_seconds * 1000)};
   std::filesystem::create_directories(manifest_dir);
   impl_->space = std::make_unique<SwapSpace>(
       SwapSpace::region(c.region_bytes, c.alignment, c.space_uuid, manifest_dir,

@@ -110,7 +110,7 @@ HostPool::~HostPool() {
 
 void HostPool::make_slab(Slab& s, std::uint64_t bytes) {
   if (engine_ != nullptr && engine_->memory_is_shared()) {
-    s.base = engine_->allocate_shared(bytes);
+    s.base = engine_->allocate_shared(bytes, lock_);
     if (s.base == nullptr)
       throw std::system_error(ENOMEM, std::system_category(),
                               fmt::format("host slab of {}: the memory shared with the node "

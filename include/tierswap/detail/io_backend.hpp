@@ -77,7 +77,9 @@ class IoBackend {
   virtual int sync() noexcept { return -EOPNOTSUPP; }
   /// Memory that buffers must come from (the node service's shared memory); see IoEngine.
   virtual bool memory_is_shared() const noexcept { return false; }
-  virtual std::byte* allocate_shared(std::uint64_t /*bytes*/) noexcept { return nullptr; }
+  virtual std::byte* allocate_shared(std::uint64_t /*bytes*/, bool /*locked*/) noexcept {
+    return nullptr;
+  }
   virtual void free_shared(std::byte* /*p*/) noexcept {}
 };
 

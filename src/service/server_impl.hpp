@@ -1,0 +1,138 @@
+// The node service's insides, shared by server.cpp (socket, sessions, block requests, status) and
+// raw_io.cpp (a tier manager's raw reads and writes, scheduled across clients).
+#pragma once
+
+#include <sys/socket.h>
+
+#include <atomic>
+#include <cstdint>
+#include <deque>
+#include <list>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+
+#include "src/service/protocol.hpp"
+#include "src/service/store.hpp"
+#include "tierswap/extent_allocator.hpp"
+#include "tierswap/io_engine.hpp"
+#include "tierswap/metrics.hpp"
+#include "tierswap/service.hpp"
+#include "tierswap/swap_space.hpp"
+#include "tierswap/telemetry.hpp"
+
+namespace tierswap {
+namespace service {
+
+// A client's shared memory: a sealed memfd mapped here (and, through the passed fd, there).
+struct SharedMemory {
+  int fd = -1;
+  std::byte* data = nullptr;
+  std::uint64_t bytes = 0;
+  SharedMemory() = default;
+  SharedMemory(const SharedMemory&) = delete;
+  ~SharedMemory();
+};
+
+struct Peer {
+  Connection conn;
+  ucred cred{};
+  std::thread thread;
+  std::atomic<bool> done{false};
+  explicit Peer(int fd) : conn(fd) {}
+};
+
+}  // namespace service
+
+struct SwapService::Impl {
+  using Peer = service::Peer;
+  using SharedMemory = service::SharedMemory;
+  using ClientRecord = service::ClientRecord;
+  using Connection = service::Connection;
+  ServiceConfig cfg;
+  std::unique_ptr<SwapSpace> space;
+  std::unique_ptr<IoEngine> engine;
+  service::ServiceFiles files;
+  std::uint64_t align = 4096;
+  std::string uuid;
+
+  mutable std::mutex mu;  // everything below
+  std::map<std::string, ClientRecord> clients;
+  std::unique_ptr<ExtentAllocator> regions;
+  struct Live {
+    std::uint64_t memory = 0, pageable = 0;
+    pid_t pid = 0;
+    uid_t uid = 0;
+    std::uint64_t read_bytes = 0, written_bytes = 0;
+    std::uint64_t inflight_bytes = 0, peak_inflight_bytes = 0;
+    std::uint64_t throttled = 0;  // raw requests that waited for the client's share
+  };
+  std::map<std::string, Live> live;  // attached clients
+  std::uint64_t granted = 0;
+  std::uint64_t pageable_quota = 0;  // per client (cfg.pageable_quota or its default)
+
+  std::filesystem::path socket_path;
+  bool inherited = false;  // systemd's socket: not ours to remove
+  int listen_fd = -1;
+  int wake_fd = -1;
+  std::thread acceptor;
+  std::list<std::unique_ptr<Peer>> peers;  // guarded by peers_mu
+  std::mutex peers_mu;
+  MetricsRegistry::Source metrics;
+  std::unique_ptr<TelemetryServer> telemetry;  // `tierswap ps` finds the service through it
+
+  void open_storage();
+  void listen_on(int inherited_fd);
+  ~Impl() {
+    if (listen_fd >= 0) ::close(listen_fd);
+    if (wake_fd >= 0) ::close(wake_fd);
+  }
+  void accept_loop();
+  void serve(Peer& p);
+  void reap_peers(bool all);
+  // Requests of an attached client (its record is only touched by its own connection).
+  struct Session {
+    ClientRecord* rec = nullptr;
+    std::unique_ptr<SharedMemory> mem;
+    std::string key;
+    struct RawRequest {
+      std::uint64_t tag = 0, offset = 0, length = 0, memory_offset = 0;
+      bool write = false;
+    };
+    struct Raw {
+      RawRequest req;
+      IoTicket ticket;
+    };
+    std::deque<RawRequest> waiting;  // raw I/O beyond the client's share of the engine's queue
+    std::list<Raw> inflight;         // raw I/O in the engine, answered as each completes
+    std::uint64_t inflight_bytes = 0;
+    int done_fd = -1;      // eventfd: the engine signals each completion of this client's I/O
+    bool busy = false;     // counted in busy_clients
+    bool release = false;  // forget the client at the disconnect
+  };
+  // ---- raw I/O: each busy client's share of the engine's queue (raw_io.cpp) ----
+  std::uint64_t queue_bytes = 0;               // the engine's depth x block size
+  std::atomic<std::uint32_t> busy_clients{0};  // clients with raw I/O waiting or in flight
+  std::uint64_t raw_share() const;
+  bool queue_raw(Peer& p, Session& s, const wire::Message& m, flatbuffers::FlatBufferBuilder& fb);
+  bool submit_raw(Peer& p, Session& s, flatbuffers::FlatBufferBuilder& fb);
+  bool answer_raw(Peer& p, Session& s, flatbuffers::FlatBufferBuilder& fb);
+  bool drain_raw(Peer& p, Session& s, flatbuffers::FlatBufferBuilder& fb);
+  // Blocks until a request arrives (*request = true) or raw I/O completes (answered here).
+  bool wait_raw(Peer& p, Session& s, flatbuffers::FlatBufferBuilder& fb, bool* request);
+  void abandon_raw(Session& s);
+  void update_busy(Session& s);
+  bool hello(Peer& p, const wire::Hello& h, Session& s, std::string* why);
+  void handle(Peer& p, const wire::Message& m, Session& s, flatbuffers::FlatBufferBuilder& fb);
+  std::uint64_t put(Session& s, const wire::Put& r);
+  std::uint64_t get(Session& s, const wire::Get& r);
+  std::uint64_t commit(Session& s);
+  void detach(Session& s);
+  void forget(const std::string& key);  // under mu
+  std::string status() const;
+  void fill_metrics(MetricsWriter& w) const;
+};
+
+}  // namespace tierswap

@@ -256,6 +256,7 @@ void SwapService::Impl::serve(Peer& p) {
     if (p.conn.send(fb) != 0) break;
   }
   abandon_raw(s);  // waits: the memory must outlive its I/O
+  if (s.registered >= 0) engine->unregister_buffer(s.registered);
   ::close(s.done_fd);
   detach(s);
   // The peer sees the end at once, after its memory and attachment are released (the socket
@@ -331,6 +332,9 @@ bool SwapService::Impl::hello(Peer& p, const wire::Hello& h, Session& s, std::st
   granted += mem;
   live[key] = Live{mem, pageable, p.cred.pid, p.cred.uid};
   lk.unlock();
+  // The locked part as io_uring fixed buffers: no page pinning per request (the pageable part
+  // stays unregistered: a registration would pin it).
+  if (cfg.lock_memory) s.registered = engine->register_buffer(s.mem->data, mem);
   flatbuffers::FlatBufferBuilder fb;
   const auto w =
       wire::CreateWelcome(fb, mem, s.rec->bytes, s.rec->generation, reattached,

@@ -109,6 +109,7 @@ struct SwapService::Impl {
     std::list<Raw> inflight;         // raw I/O in the engine, answered as each completes
     std::uint64_t inflight_bytes = 0;
     int done_fd = -1;      // eventfd: the engine signals each completion of this client's I/O
+    int registered = -1;   // the locked memory as the engine's fixed buffers (-1: not)
     bool busy = false;     // counted in busy_clients
     bool release = false;  // forget the client at the disconnect
   };

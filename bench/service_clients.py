@@ -31,7 +31,7 @@ CLIENT = r"""
 import hashlib, json, sys, time, torch, tierswap.torch as tt
 from tierswap import tinylm
 a = json.loads(sys.argv[1])
-model = tinylm.make_model(seed=a["seed"])
+model = tinylm.make_model(seed=a["seed"], width=a["width"])
 kw = {"service": a["service"], "service_job": a["job"]} if a["service"] else {}
 opt = tt.AdamW(tinylm.param_groups(model), swap_dir=a["dir"], host_budget=a["budget"],
                state_tier="nvme", subgroup_size=a["subgroup"], max_grad_norm=1.0,
@@ -104,7 +104,8 @@ def run_clients(n, mode, args, root):
         for i in range(n):
             d = os.path.join(root, f"{mode}-{i}")
             os.makedirs(d)
-            a = {"seed": 1000 + i, "dir": d, "budget": per_client, "subgroup": args.subgroup,
+            a = {"seed": 1000 + i, "width": args.width, "dir": d, "budget": per_client,
+                 "subgroup": args.subgroup,
                  "steps": args.steps, "service": sock, "job": f"bench{i}"}
             procs.append(subprocess.Popen([sys.executable, "-c", CLIENT, json.dumps(a)], env=env,
                                           stdin=subprocess.PIPE, stdout=subprocess.PIPE,
@@ -148,6 +149,8 @@ def main():
     ap.add_argument("--steps", type=int, default=12)
     ap.add_argument("--budget", default="64MiB", help="one client's pinned budget alone")
     ap.add_argument("--subgroup", type=int, default=131072)
+    ap.add_argument("--width", type=int, default=256,
+                    help="tinylm's width (512: 13M parameters, 150 MiB of AdamW state)")
     ap.add_argument("--slab", default="1MiB")
     ap.add_argument("--reps", type=int, default=3)
     ap.add_argument("--dir", default=os.environ.get("TMPDIR", "/var/tmp"))
@@ -181,6 +184,7 @@ def main():
         results.append(row)
     if args.json:
         print(json.dumps({"steps": args.steps, "budget": args.budget, "reps": args.reps,
+                          "width": args.width,
                           "results": results}, indent=1))
         return
     print(f"{'clients':>7} {'identical':>9} {'tokens/s alone':>14} {'share':>6} {'service':>7} "

@@ -64,9 +64,10 @@ class TinyLM(nn.Module):
         return self.head(self.ln(x))
 
 
-def make_model(seed=0):
+def make_model(seed=0, width=256):
+    """The model in bf16, initialized from `seed` (width 512: 13M parameters instead of 3.3M)."""
     torch.manual_seed(seed)
-    return TinyLM().to(torch.bfloat16)
+    return TinyLM(width=width).to(torch.bfloat16)
 
 
 def param_groups(model, lr=3e-3, emb_lr=1e-2):

@@ -36,17 +36,19 @@ kw = {"service": a["service"], "service_job": a["job"]} if a["service"] else {}
 opt = tt.AdamW(tinylm.param_groups(model), swap_dir=a["dir"], host_budget=a["budget"],
                state_tier="nvme", subgroup_size=a["subgroup"], max_grad_norm=1.0,
                telemetry=False, **kw)
-steps = []
+steps, reads = [], []
 sys.stdin.readline()  # every client starts together
 t0, c0 = time.perf_counter(), time.process_time()
 losses = tinylm.train_tierswap(model, opt, a["steps"],
-                               log=lambda s, l, tps, last: steps.append(last["seconds"]))
+                               log=lambda s, l, tps, last: (steps.append(last["seconds"]),
+                                                            reads.append(last["nvme_bytes_read"])))
 wall, cpu = time.perf_counter() - t0, time.process_time() - c0
 h = hashlib.sha256()
 for k, v in sorted(opt.state_dict()["master_params"].items()):
     h.update(v.float().numpy().tobytes())
 res = opt.residency()
 print(json.dumps({"losses": losses, "masters": h.hexdigest(), "step_seconds": steps,
+                  "nvme_read_per_step": sorted(reads[1:] or reads)[len(reads[1:] or reads) // 2],
                   "wall": wall, "cpu": cpu,
                   "tokens": sum(x.numel() for s in range(a["steps"]) for x, _ in tinylm.batches(s)),
                   "peak_pinned": res["counters"].get("peak_host_bytes", 0),
@@ -136,6 +138,8 @@ def summary(reports, mode, per_client, svc_cpu):
     tokens = sum(r["tokens"] for r in reports)
     return {"tokens_per_s": sum(r["tokens"] / r["wall"] for r in reports),
             "cpu_us_per_token": 1e6 * (sum(r["cpu"] for r in reports) + svc_cpu) / tokens,
+            # NVMe bytes read per step (each client's median after its first step), summed.
+            "nvme_read_per_step": sum(r["nvme_read_per_step"] for r in reports),
             "step_s_fastest": min(med), "step_s_slowest": max(med),
             "slowest_over_fastest": max(med) / min(med), "pinned_bytes": pinned,
             "per_client_budget": per_client, "host_memory": reports[0]["host_memory"],
@@ -172,7 +176,8 @@ def main():
         row = {"clients": n, "bit_identical": len(masters) == 1}
         for mode in modes:
             row[mode] = {k: statistics.median(x[k] for x in reps[mode])
-                         for k in ("tokens_per_s", "cpu_us_per_token", "step_s_fastest",
+                         for k in ("tokens_per_s", "cpu_us_per_token", "nvme_read_per_step",
+                                   "step_s_fastest",
                                    "step_s_slowest", "slowest_over_fastest", "pinned_bytes",
                                    "per_client_budget")}
             row[mode]["host_memory"] = reps[mode][0]["host_memory"]

@@ -108,6 +108,7 @@ def test_serve_takes_the_socket_systemd_hands_over(tmp_path):
     (["--host-budget", "lots"], "--host-budget"),
     (["--metrics", "nine"], "--metrics"),
     (["--client-quota", "8MiB"], "client_quota"),
+    (["--pageable-quota", "much"], "--pageable-quota"),
 ])
 def test_serve_names_a_bad_option(tmp_path, args, named):
     r = subprocess.run([cli_path(), "serve", "--swap-dir", str(tmp_path), "--capacity", "64MiB",

@@ -3,6 +3,7 @@
 // malformed and out-of-order messages, another uid, a corrupt registry, and its metrics.
 #include <gtest/gtest.h>
 #include <signal.h>
+#include <sys/mman.h>
 #include <sys/socket.h>
 #include <sys/un.h>
 #include <sys/wait.h>
@@ -537,6 +538,52 @@ TEST(Service, PinnedAndPageableSlabsComeFromTheirOwnParts) {
   EXPECT_EQ(e.allocate_shared(256 * kKiB, false), pageable[1]);
   for (auto* p : locked) e.free_shared(p);
   st.release_on_close();
+}
+
+// The wire's reader takes every message that has arrived with one read (buffered() says so),
+// puts a frame split across writes back together, and hands a passed descriptor over with the
+// message it came with.
+TEST(Service, TheWireTakesSeveralMessagesPerReadAndReassemblesSplitOnes) {
+  int sv[2];
+  ASSERT_EQ(::socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sv), 0);
+  service::Connection a(sv[0]), b(sv[1]);
+  flatbuffers::FlatBufferBuilder fb;
+  auto send_status = [&](int fd = -1) {
+    fb.Clear();
+    fb.Finish(a.message(fb, wire::Body::Status, wire::CreateStatus(fb).Union()),
+              wire::MessageIdentifier());
+    ASSERT_EQ(a.send(fb, fd), 0);
+  };
+  for (int i = 0; i < 3; ++i) send_status();
+  std::vector<std::uint8_t> buf;
+  const wire::Message* m = nullptr;
+  std::string why;
+  for (int i = 0; i < 3; ++i) {
+    ASSERT_EQ(b.receive(buf, &m, nullptr, &why), service::Connection::Status::ok) << why;
+    EXPECT_EQ(m->seq(), static_cast<std::uint64_t>(i + 1));
+    EXPECT_EQ(b.buffered(), i < 2) << i;  // all three came with the first read
+  }
+  const int memfd = ::memfd_create("wire-test", MFD_CLOEXEC);
+  ASSERT_GE(memfd, 0);
+  send_status(memfd);
+  ::close(memfd);
+  int got = -1;
+  ASSERT_EQ(b.receive(buf, &m, &got, &why), service::Connection::Status::ok) << why;
+  EXPECT_GE(got, 0);
+  if (got >= 0) ::close(got);
+  fb.Clear();  // a frame in two writes, the second one later
+  fb.Finish(a.message(fb, wire::Body::Status, wire::CreateStatus(fb).Union()),
+            wire::MessageIdentifier());
+  const std::string f = service::frame(fb);
+  ASSERT_EQ(::write(sv[0], f.data(), 3), 3);
+  std::thread later([&] {
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    EXPECT_EQ(::write(sv[0], f.data() + 3, f.size() - 3), static_cast<ssize_t>(f.size() - 3));
+  });
+  EXPECT_FALSE(b.buffered());
+  EXPECT_EQ(b.receive(buf, &m, nullptr, &why), service::Connection::Status::ok) << why;
+  later.join();
+  EXPECT_EQ(m->seq(), 5u);
 }
 
 // Raw requests are checked against the client's region and shared memory (and refused with the

@@ -5,6 +5,7 @@
 
 #include <cerrno>
 #include <cstring>
+#include <utility>
 
 #include <fmt/format.h>
 
@@ -40,10 +41,17 @@ std::string frame(const flatbuffers::FlatBufferBuilder& fb) {
 }
 
 Connection::Connection(Connection&& o) noexcept
-    : sock_(std::exchange(o.sock_, -1)), sent_(o.sent_), received_(o.received_) {}
+    : sock_(std::exchange(o.sock_, -1)),
+      sent_(o.sent_),
+      received_(o.received_),
+      in_(std::move(o.in_)),
+      head_(std::exchange(o.head_, 0)),
+      tail_(std::exchange(o.tail_, 0)),
+      pending_fd_(std::exchange(o.pending_fd_, -1)) {}
 
 Connection::~Connection() {
   if (sock_ >= 0) ::close(sock_);
+  if (pending_fd_ >= 0) ::close(pending_fd_);
 }
 
 flatbuffers::Offset<wire::Message> Connection::message(flatbuffers::FlatBufferBuilder& fb,
@@ -96,70 +104,95 @@ int Connection::send(flatbuffers::FlatBufferBuilder& fb, int fd) noexcept {
 
 namespace {
 
-// Reads exactly n bytes; the first recvmsg may carry a descriptor. 1: done, 0: EOF, -errno.
-int read_exact(int sock, std::uint8_t* p, std::size_t n, int* fd) {
-  std::size_t got = 0;
-  while (got < n) {
-    iovec iov{p + got, n - got};
-    msghdr mh{};
-    mh.msg_iov = &iov;
-    mh.msg_iovlen = 1;
-    alignas(cmsghdr) char ctl[CMSG_SPACE(sizeof(int) * 4)];
-    mh.msg_control = ctl;
-    mh.msg_controllen = sizeof ctl;
-    const ssize_t r = ::recvmsg(sock, &mh, MSG_CMSG_CLOEXEC);
-    if (r < 0 && errno == EINTR) continue;
-    if (r < 0) return -errno;
-    for (cmsghdr* c = CMSG_FIRSTHDR(&mh); c; c = CMSG_NXTHDR(&mh, c)) {
-      if (c->cmsg_level != SOL_SOCKET || c->cmsg_type != SCM_RIGHTS) continue;
-      const std::size_t k = (c->cmsg_len - CMSG_LEN(0)) / sizeof(int);
-      for (std::size_t i = 0; i < k; ++i) {
-        int f;
-        std::memcpy(&f, CMSG_DATA(c) + i * sizeof(int), sizeof f);
-        if (fd && *fd < 0)
-          *fd = f;
-        else
-          ::close(f);  // only one descriptor is ever expected
-      }
-    }
-    if (r == 0) return got == 0 ? 0 : -EPIPE;
-    got += static_cast<std::size_t>(r);
+// One recvmsg into [p, p + room); a descriptor that comes with it replaces *fd (an earlier one
+// is closed: one is ever expected). >0: bytes read, 0: EOF, -errno.
+int fill(int sock, std::uint8_t* p, std::size_t room, int* fd) {
+  iovec iov{p, room};
+  msghdr mh{};
+  mh.msg_iov = &iov;
+  mh.msg_iovlen = 1;
+  alignas(cmsghdr) char ctl[CMSG_SPACE(sizeof(int) * 4)];
+  mh.msg_control = ctl;
+  mh.msg_controllen = sizeof ctl;
+  ssize_t r;
+  while ((r = ::recvmsg(sock, &mh, MSG_CMSG_CLOEXEC)) < 0 && errno == EINTR) {
   }
-  return 1;
+  if (r < 0) return -errno;
+  for (cmsghdr* c = CMSG_FIRSTHDR(&mh); c; c = CMSG_NXTHDR(&mh, c)) {
+    if (c->cmsg_level != SOL_SOCKET || c->cmsg_type != SCM_RIGHTS) continue;
+    const std::size_t k = (c->cmsg_len - CMSG_LEN(0)) / sizeof(int);
+    for (std::size_t i = 0; i < k; ++i) {
+      int f;
+      std::memcpy(&f, CMSG_DATA(c) + i * sizeof(int), sizeof f);
+      if (*fd >= 0) ::close(*fd);
+      *fd = f;
+    }
+  }
+  return static_cast<int>(r);
 }
 
 }  // namespace
 
+// Reads on until the buffer holds a whole frame (its length checked first). 1: it does, 0: EOF
+// before any byte of it, -errno (-EPIPE: EOF inside it), or -EMSGSIZE for a length out of bounds.
+int Connection::await_frame(std::uint32_t* n) {
+  if (in_.empty()) in_.resize(2 * (kMaxMessageBytes + 4));  // room for a whole frame after any
+  for (;;) {
+    const std::size_t have = tail_ - head_;
+    if (have >= 4) {
+      std::memcpy(n, in_.data() + head_, 4);  // little-endian hosts only (x86-64, aarch64)
+      if (*n < 8 || *n > kMaxMessageBytes) return -EMSGSIZE;
+      if (have >= 4 + std::size_t{*n}) return 1;
+    }
+    if (head_ > 0) {  // the unfinished frame to the front
+      std::memmove(in_.data(), in_.data() + head_, have);
+      head_ = 0;
+      tail_ = have;
+    }
+    const int r = fill(sock_, in_.data() + tail_, in_.size() - tail_, &pending_fd_);
+    if (r == 0) return have == 0 ? 0 : -EPIPE;
+    if (r < 0) return r;
+    tail_ += static_cast<std::size_t>(r);
+  }
+}
+
+bool Connection::buffered() const noexcept {
+  const std::size_t have = tail_ - head_;
+  if (have < 4) return false;
+  std::uint32_t n;
+  std::memcpy(&n, in_.data() + head_, 4);
+  return have >= 4 + std::size_t{n} || n < 8 || n > kMaxMessageBytes;  // a bad one: say so now
+}
+
 Connection::Status Connection::receive(std::vector<std::uint8_t>& buf, const wire::Message** msg,
                                        int* fd, std::string* why) {
   if (fd) *fd = -1;
-  std::uint8_t len[4];
-  int r = read_exact(sock_, len, 4, fd);
+  std::uint32_t n = 0;
+  const int r = await_frame(&n);
   if (r == 0) return Status::closed;
-  auto fail = [&](int err) {
-    *why = err == -EAGAIN ? "no answer within the timeout" : std::strerror(-err);
-    if (fd && *fd >= 0) ::close(std::exchange(*fd, -1));
-    return Status::error;
-  };
-  if (r < 0) return fail(r);
-  std::uint32_t n;
-  std::memcpy(&n, len, 4);
-  if (n < 8 || n > kMaxMessageBytes) {
+  if (r == -EMSGSIZE) {
     *why = fmt::format("message length {} (8..{} allowed)", n, kMaxMessageBytes);
-    if (fd && *fd >= 0) ::close(std::exchange(*fd, -1));
     return Status::invalid;
   }
-  buf.resize(n);
-  r = read_exact(sock_, buf.data(), n, fd);
-  if (r <= 0) return fail(r == 0 ? -EPIPE : r);
+  if (r < 0) {
+    *why = r == -EAGAIN ? "no answer within the timeout" : std::strerror(-r);
+    return Status::error;
+  }
+  buf.assign(in_.begin() + static_cast<std::ptrdiff_t>(head_ + 4),
+             in_.begin() + static_cast<std::ptrdiff_t>(head_ + 4 + n));
+  head_ += 4 + n;
+  // A descriptor goes with the message it came with (a welcome); one nobody asked for is closed.
+  const int passed = std::exchange(pending_fd_, -1);
   const wire::Message* m = verify_message(buf.data(), n, why);
   if (m && m->seq() != received_ + 1) {
     *why = fmt::format("message {} out of order (expected {})", m->seq(), received_ + 1);
     m = nullptr;
   }
-  if (!m) {
-    if (fd && *fd >= 0) ::close(std::exchange(*fd, -1));
-    return Status::invalid;
+  if (!m || !fd) {
+    if (passed >= 0) ::close(passed);
+    if (!m) return Status::invalid;
+  } else {
+    *fd = passed;
   }
   ++received_;
   *msg = m;

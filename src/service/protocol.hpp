@@ -46,10 +46,19 @@ class Connection {
   /// error, `*why` says what was wrong.
   Status receive(std::vector<std::uint8_t>& buf, const wire::Message** msg, int* fd,
                  std::string* why);
+  /// True when the next receive() needs no read from the socket: a whole message (or a length
+  /// that is refused at once) already waits in the buffer, which poll() on fd() does not see.
+  /// receive() reads as much as the socket has, so requests and answers sent back to back
+  /// arrive with one read.
+  bool buffered() const noexcept;
 
  private:
+  int await_frame(std::uint32_t* n);
   int sock_ = -1;
   std::uint64_t sent_ = 0, received_ = 0;
+  std::vector<std::uint8_t> in_;  // received bytes: in_[head_, tail_) not yet taken
+  std::size_t head_ = 0, tail_ = 0;
+  int pending_fd_ = -1;  // a descriptor received with bytes not yet taken
 };
 
 /// A Reply with `error` (0 or errno), `message`, `value`, `text` and the request's `tag`.

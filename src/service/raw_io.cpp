@@ -134,13 +134,14 @@ bool SwapService::Impl::answer_raw(Peer& p, Session& s, flatbuffers::FlatBufferB
 bool SwapService::Impl::wait_raw(Peer& p, Session& s, flatbuffers::FlatBufferBuilder& fb,
                                  bool* request) {
   pollfd fds[2] = {{p.conn.fd(), POLLIN, 0}, {s.done_fd, POLLIN, 0}};
-  if (::poll(fds, 2, -1) < 0) return errno == EINTR;
+  const bool buffered = p.conn.buffered();  // a request already read: only look at completions
+  if (::poll(fds, 2, buffered ? 0 : -1) < 0) return errno == EINTR;
   if (fds[1].revents & POLLIN) {
     std::uint64_t n;
     (void)!::read(s.done_fd, &n, sizeof n);
     if (!answer_raw(p, s, fb)) return false;
   }
-  *request = fds[0].revents != 0;  // a message, or the end of the stream
+  *request = buffered || fds[0].revents != 0;  // a message, or the end of the stream
   return true;
 }
 

@@ -5,6 +5,7 @@
 #include <sys/eventfd.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <cerrno>
 #include <condition_variable>
 #include <cstring>
@@ -78,6 +79,10 @@ class ServiceBackend final : public detail::IoBackend {
     std::size_t n = take_ready(out);
     if (n > 0) return static_cast<int>(n);
     const bool listening = dead_ == 0;
+    if (listening && c_.conn->buffered()) {  // answers already read with an earlier one
+      receive_all();
+      return static_cast<int>(take_ready(out));
+    }
     pollfd fds[2] = {{wake_, POLLIN, 0}, {listening ? c_.conn->fd() : -1, POLLIN, 0}};
     int timeout = wait ? -1 : 0;
     {
@@ -95,7 +100,7 @@ class ServiceBackend final : public detail::IoBackend {
       std::uint64_t v;
       (void)!::read(wake_, &v, sizeof v);
     }
-    if (fds[1].revents) receive_one();
+    if (fds[1].revents) receive_all();
     return static_cast<int>(take_ready(out));
   }
 
@@ -174,6 +179,13 @@ class ServiceBackend final : public detail::IoBackend {
     return n;
   }
 
+  // Every answer the socket holds (one read takes all that have arrived; the reaper thread only).
+  void receive_all() {
+    do {
+      receive_one();
+    } while (dead_ == 0 && c_.conn->buffered());
+  }
+
   // One answer from the service (the reaper thread only).
   void receive_one() {
     const wire::Message* m = nullptr;
@@ -215,7 +227,7 @@ class ServiceBackend final : public detail::IoBackend {
   std::map<std::uint64_t, int> sync_done_;
   std::uint64_t sync_seq_ = 0;
   int syncs_waiting_ = 0;
-  int dead_ = 0;  // errno once the connection is gone
+  std::atomic<int> dead_{0};  // errno once the connection is gone (set under mu_)
   std::vector<std::uint8_t> buf_;
 };
 

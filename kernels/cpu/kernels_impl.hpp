@@ -46,6 +46,27 @@ struct Mem<V, Dtype::f16> {
   }
 };
 
+// A 16-bit output the kernel only writes (the new parameters' 16-bit copy): stored with the
+// ISA's non-temporal store where the range is long enough (kStreamMin values), so a write-only
+// stream does not first read its lines into the cache. Same bits as store().
+template <class V>
+concept Streams16 = requires(std::uint16_t* p, typename V::F v) {
+  V::stream16(p, V::pack_bf16(v));
+  V::stream_fence();
+};
+constexpr std::size_t kStreamMin = std::size_t{1} << 17;
+
+template <class X, Dtype D, bool kNt>
+inline void store_out(void* p, std::size_t i, typename X::F v) {
+  auto* q = static_cast<std::uint16_t*>(p) + i;
+  if constexpr (kNt && Streams16<X> && D == Dtype::bf16)
+    X::stream16(q, X::pack_bf16(v));
+  else if constexpr (kNt && Streams16<X> && D == Dtype::f16)
+    X::stream16(q, X::pack_f16(v));
+  else
+    Mem<X, D>::store(p, i, v);
+}
+
 // Runs body.template operator()<V>(i) over full vectors, then <Scalar> over the tail.
 template <class V, class Body>
 inline void for_range(std::size_t b, std::size_t e, Body&& body) {
@@ -56,11 +77,31 @@ inline void for_range(std::size_t b, std::size_t e, Body&& body) {
   for (; i < e; ++i) body.template operator()<Scalar>(i);
 }
 
+// for_range for a kernel with a 16-bit output `out` (null: none): body.template
+// operator()<X, kNt>(i), kNt telling store_out to stream. When streaming, the values before the
+// first vector whose output is aligned go through <Scalar> (bit-identical to the vectors).
+template <class V, class Body>
+inline void for_range_out(std::size_t b, std::size_t e, const void* out, Body&& body) {
+  const auto addr = reinterpret_cast<std::uintptr_t>(out);
+  if constexpr (Streams16<V>) {
+    constexpr std::size_t kAlign = sizeof(typename V::P16);
+    if (out != nullptr && e - b >= kStreamMin && addr % 2 == 0) {
+      std::size_t i = b;
+      for (; i < e && (addr + 2 * i) % kAlign != 0; ++i) body.template operator()<Scalar, false>(i);
+      for (; i + V::W <= e; i += V::W) body.template operator()<V, true>(i);
+      for (; i < e; ++i) body.template operator()<Scalar, false>(i);
+      V::stream_fence();  // the stores are weakly ordered: done before the range is reported
+      return;
+    }
+  }
+  for_range<V>(b, e, [&]<class X>(std::size_t i) { body.template operator()<X, false>(i); });
+}
+
 // ---- Adam / AdamW ------------------------------------------------------------------------------
 template <class V, Dtype G, Dtype M, bool kP16, Dtype P>
 void adam_range(const AdamArgs& a, std::size_t b, std::size_t e) {
-  const AdamScalars& s = a.s;
-  for_range<V>(b, e, [&]<class X>(std::size_t i) {
+  const AdamScalars s = a.s;  // a copy: the stores through float* cannot alias it
+  for_range_out<V>(b, e, kP16 ? a.param16 : nullptr, [&]<class X, bool kNt>(std::size_t i) {
     using F = typename X::F;
     F g = X::mul(Mem<X, G>::load(a.grad, i), X::set1(s.grad_multiplier));
     if (s.maximize) g = X::neg(g);
@@ -89,7 +130,7 @@ void adam_range(const AdamArgs& a, std::size_t b, std::size_t e) {
     const F denom = X::add(X::div(X::sqrt(v), X::set1(s.bias_correction2_sqrt)), X::set1(s.eps));
     p = X::add(p, X::div(X::mul(X::set1(s.neg_step_size), m), denom));
     X::store(a.param + i, p);
-    if constexpr (kP16) Mem<X, P>::store(a.param16, i, p);
+    if constexpr (kP16) store_out<X, P, kNt>(a.param16, i, p);
   });
 }
 
@@ -97,8 +138,8 @@ void adam_range(const AdamArgs& a, std::size_t b, std::size_t e) {
 // ----------------------------------------------------------------------------------------
 template <class V, Dtype G, Dtype M, bool kP16, Dtype P>
 void lion_range(const LionArgs& a, std::size_t b, std::size_t e) {
-  const LionScalars& s = a.s;
-  for_range<V>(b, e, [&]<class X>(std::size_t i) {
+  const LionScalars s = a.s;  // a copy: the stores through float* cannot alias it
+  for_range_out<V>(b, e, kP16 ? a.param16 : nullptr, [&]<class X, bool kNt>(std::size_t i) {
     using F = typename X::F;
     F g = X::mul(Mem<X, G>::load(a.grad, i), X::set1(s.grad_multiplier));
     if (s.maximize) g = X::neg(g);
@@ -110,7 +151,7 @@ void lion_range(const LionArgs& a, std::size_t b, std::size_t e) {
     Mem<X, M>::store(a.exp_avg, i,
                      X::fma(g, X::set1(s.one_minus_beta2), X::mul(m, X::set1(s.beta2))));
     X::store(a.param + i, p);
-    if constexpr (kP16) Mem<X, P>::store(a.param16, i, p);
+    if constexpr (kP16) store_out<X, P, kNt>(a.param16, i, p);
   });
 }
 
@@ -118,8 +159,8 @@ void lion_range(const LionArgs& a, std::size_t b, std::size_t e) {
 // ---------------------------------------------------------------------------
 template <class V, Dtype G, bool kP16, Dtype P>
 void sgd_range(const SgdArgs& a, std::size_t b, std::size_t e) {
-  const SgdScalars& s = a.s;
-  for_range<V>(b, e, [&]<class X>(std::size_t i) {
+  const SgdScalars s = a.s;  // a copy: the stores through float* cannot alias it
+  for_range_out<V>(b, e, kP16 ? a.param16 : nullptr, [&]<class X, bool kNt>(std::size_t i) {
     using F = typename X::F;
     F g = X::mul(Mem<X, G>::load(a.grad, i), X::set1(s.grad_multiplier));
     if (s.maximize) g = X::neg(g);
@@ -134,7 +175,7 @@ void sgd_range(const SgdArgs& a, std::size_t b, std::size_t e) {
     }
     p = X::fma(g, X::set1(s.neg_lr), p);
     X::store(a.param + i, p);
-    if constexpr (kP16) Mem<X, P>::store(a.param16, i, p);
+    if constexpr (kP16) store_out<X, P, kNt>(a.param16, i, p);
   });
 }
 

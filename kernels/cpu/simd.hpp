@@ -92,7 +92,10 @@ struct Avx2 {
     __m256i w = _mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
     return _mm256_castsi256_ps(_mm256_slli_epi32(w, 16));
   }
-  static void store_bf16(std::uint16_t* p, F v) {
+  // 16-bit stores in two parts, the packing and the store, so that a kernel's write-only
+  // 16-bit output can take the non-temporal store (stream16: p aligned to sizeof(P16)).
+  using P16 = __m128i;
+  static P16 pack_bf16(F v) {
     const __m256i u = _mm256_castps_si256(v);
     const __m256i lsb = _mm256_and_si256(_mm256_srli_epi32(u, 16), _mm256_set1_epi32(1));
     __m256i r = _mm256_srli_epi32(
@@ -101,17 +104,23 @@ struct Avx2 {
     const __m256 is_nan = _mm256_cmp_ps(v, v, _CMP_UNORD_Q);
     r = _mm256_blendv_epi8(r, nan_bits, _mm256_castps_si256(is_nan));
     r = _mm256_and_si256(r, _mm256_set1_epi32(0xffff));
-    const __m128i packed =
-        _mm_packus_epi32(_mm256_castsi256_si128(r), _mm256_extracti128_si256(r, 1));
-    _mm_storeu_si128(reinterpret_cast<__m128i*>(p), packed);
+    return _mm_packus_epi32(_mm256_castsi256_si128(r), _mm256_extracti128_si256(r, 1));
   }
+  static P16 pack_f16(F v) {
+    return _mm256_cvtps_ph(v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  }
+  static void store16(std::uint16_t* p, P16 x) {
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(p), x);
+  }
+  static void stream16(std::uint16_t* p, P16 x) {
+    _mm_stream_si128(reinterpret_cast<__m128i*>(p), x);
+  }
+  static void stream_fence() { _mm_sfence(); }
+  static void store_bf16(std::uint16_t* p, F v) { store16(p, pack_bf16(v)); }
   static F load_f16(const std::uint16_t* p) {
     return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
   }
-  static void store_f16(std::uint16_t* p, F v) {
-    _mm_storeu_si128(reinterpret_cast<__m128i*>(p),
-                     _mm256_cvtps_ph(v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
-  }
+  static void store_f16(std::uint16_t* p, F v) { store16(p, pack_f16(v)); }
   static F set1(float x) { return _mm256_set1_ps(x); }
   static F add(F a, F b) { return _mm256_add_ps(a, b); }
   static F sub(F a, F b) { return _mm256_sub_ps(a, b); }
@@ -190,23 +199,33 @@ struct Avx512 {
     return _mm512_castsi512_ps(_mm512_slli_epi32(w, 16));
   }
   // Integer round-to-nearest-even rather than VCVTNEPS2BF16: that instruction treats subnormal
-  // inputs as zero, which would break bit-identity with the reference.
-  static void store_bf16(std::uint16_t* p, F v) {
+  // inputs as zero, which would break bit-identity with the reference. Packing and storing are
+  // apart as in Avx2 (stream16: p aligned to 32 bytes).
+  using P16 = __m256i;
+  static P16 pack_bf16(F v) {
     const __m512i u = _mm512_castps_si512(v);
     const __m512i lsb = _mm512_and_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(1));
     __m512i r = _mm512_srli_epi32(
         _mm512_add_epi32(_mm512_add_epi32(u, _mm512_set1_epi32(0x7fff)), lsb), 16);
     const __mmask16 is_nan = _mm512_cmp_ps_mask(v, v, _CMP_UNORD_Q);
     r = _mm512_mask_or_epi32(r, is_nan, _mm512_srli_epi32(u, 16), _mm512_set1_epi32(0x40));
-    _mm256_storeu_si256(reinterpret_cast<__m256i*>(p), _mm512_cvtepi32_epi16(r));
+    return _mm512_cvtepi32_epi16(r);
   }
+  static P16 pack_f16(F v) {
+    return _mm512_cvtps_ph(v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  }
+  static void store16(std::uint16_t* p, P16 x) {
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(p), x);
+  }
+  static void stream16(std::uint16_t* p, P16 x) {
+    _mm256_stream_si256(reinterpret_cast<__m256i*>(p), x);
+  }
+  static void stream_fence() { _mm_sfence(); }
+  static void store_bf16(std::uint16_t* p, F v) { store16(p, pack_bf16(v)); }
   static F load_f16(const std::uint16_t* p) {
     return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
   }
-  static void store_f16(std::uint16_t* p, F v) {
-    _mm256_storeu_si256(reinterpret_cast<__m256i*>(p),
-                        _mm512_cvtps_ph(v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
-  }
+  static void store_f16(std::uint16_t* p, F v) { store16(p, pack_f16(v)); }
   static F set1(float x) { return _mm512_set1_ps(x); }
   static F add(F a, F b) { return _mm512_add_ps(a, b); }
   static F sub(F a, F b) { return _mm512_sub_ps(a, b); }
@@ -281,12 +300,12 @@ struct Avx512 {
 // reference does but treats subnormal inputs as zero and may set other NaN payload bits: a vector
 // holding a subnormal or a NaN takes Avx512's integer rounding instead (one fpclass test).
 struct Avx512Bf16 : Avx512 {
-  static void store_bf16(std::uint16_t* p, F v) {
+  static P16 pack_bf16(F v) {
     constexpr int kQnan = 0x01, kDenormal = 0x20, kSnan = 0x80;
-    if (_mm512_fpclass_ps_mask(v, kQnan | kDenormal | kSnan) != 0) return Avx512::store_bf16(p, v);
-    _mm256_storeu_si256(reinterpret_cast<__m256i*>(p),
-                        reinterpret_cast<__m256i>(_mm512_cvtneps_pbh(v)));
+    if (_mm512_fpclass_ps_mask(v, kQnan | kDenormal | kSnan) != 0) return Avx512::pack_bf16(v);
+    return reinterpret_cast<__m256i>(_mm512_cvtneps_pbh(v));
   }
+  static void store_bf16(std::uint16_t* p, F v) { store16(p, pack_bf16(v)); }
   static void sq_pairs_bf16(const std::uint16_t* p, F& acc) {
     const __m512bh w = reinterpret_cast<__m512bh>(_mm512_loadu_si512(p));
     acc = _mm512_dpbf16_ps(acc, w, w);

@@ -5,6 +5,7 @@
 
 #include <cerrno>
 #include <cstring>
+#include <system_error>
 #include <utility>
 
 #include <fmt/format.h>
@@ -206,6 +207,17 @@ void build_reply(Connection& c, flatbuffers::FlatBufferBuilder& fb, int error,
   const auto txt = fb.CreateString(text);
   const auto body = wire::CreateReply(fb, error, msg, value, txt, tag);
   fb.Finish(c.message(fb, wire::Body::Reply, body.Union()), wire::MessageIdentifier());
+}
+
+void build_error_reply(Connection& c, flatbuffers::FlatBufferBuilder& fb, std::exception_ptr err,
+                       std::uint64_t tag) {
+  try {
+    std::rethrow_exception(std::move(err));
+  } catch (const std::system_error& e) {
+    build_reply(c, fb, e.code().value() ? e.code().value() : EIO, e.what(), 0, {}, tag);
+  } catch (const std::exception& e) {
+    build_reply(c, fb, EIO, e.what(), 0, {}, tag);
+  }
 }
 
 }  // namespace tierswap::service

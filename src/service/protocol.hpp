@@ -5,6 +5,7 @@
 #pragma once
 
 #include <cstdint>
+#include <exception>
 #include <string>
 #include <vector>
 
@@ -65,5 +66,10 @@ class Connection {
 void build_reply(Connection& c, flatbuffers::FlatBufferBuilder& fb, int error,
                  const std::string& message, std::uint64_t value = 0, const std::string& text = {},
                  std::uint64_t tag = 0);
+
+/// The error Reply for a failed request: a std::system_error's code (EIO if it has none) or EIO,
+/// and the exception's message.
+void build_error_reply(Connection& c, flatbuffers::FlatBufferBuilder& fb, std::exception_ptr err,
+                       std::uint64_t tag);
 
 }  // namespace tierswap::service

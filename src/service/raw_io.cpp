@@ -34,29 +34,34 @@ void SwapService::Impl::update_busy(Session& s) {
     busy_clients.fetch_sub(1);
 }
 
+SwapService::Impl::Session::RawRequest SwapService::Impl::parse_raw(const wire::Message& m) {
+  if (m.body_type() == wire::Body::Write) {
+    const auto* r = m.body_as_Write();
+    return {r->tag(), r->offset(), r->length(), r->memory_offset(), true};
+  }
+  const auto* r = m.body_as_Read();
+  return {r->tag(), r->offset(), r->length(), r->memory_offset(), false};
+}
+
+// Why the request cannot be done (empty: it can): the client's kind, units, the region's bounds
+// and the shared memory's.
+std::string SwapService::Impl::check_raw(const Session& s, const Session::RawRequest& q) const {
+  if (!s.rec->raw) return "read/write: a block client (its hello did not ask for raw access)";
+  if (q.length == 0 || q.offset % align || q.length % align || q.memory_offset % align)
+    return fmt::format("[{}, +{}) from memory {}: not in units of {} B", q.offset, q.length,
+                       q.memory_offset, align);
+  if (q.offset > s.rec->bytes || q.length > s.rec->bytes - q.offset)
+    return fmt::format("[{}, +{}): outside the region of {}", q.offset, q.length, s.rec->bytes);
+  if (q.memory_offset > s.mem->bytes || q.length > s.mem->bytes - q.memory_offset)
+    return fmt::format("memory [{}, +{}): outside the shared memory of {}", q.memory_offset,
+                       q.length, s.mem->bytes);
+  return {};
+}
+
 bool SwapService::Impl::queue_raw(Peer& p, Session& s, const wire::Message& m,
                                   flatbuffers::FlatBufferBuilder& fb) {
-  Session::RawRequest q;
-  q.write = m.body_type() == wire::Body::Write;
-  if (q.write) {
-    const auto* r = m.body_as_Write();
-    q = {r->tag(), r->offset(), r->length(), r->memory_offset(), true};
-  } else {
-    const auto* r = m.body_as_Read();
-    q = {r->tag(), r->offset(), r->length(), r->memory_offset(), false};
-  }
-  std::string bad;
-  if (!s.rec->raw)
-    bad = "read/write: a block client (its hello did not ask for raw access)";
-  else if (q.length == 0 || q.offset % align || q.length % align || q.memory_offset % align)
-    bad = fmt::format("[{}, +{}) from memory {}: not in units of {} B", q.offset, q.length,
-                      q.memory_offset, align);
-  else if (q.offset > s.rec->bytes || q.length > s.rec->bytes - q.offset)
-    bad = fmt::format("[{}, +{}): outside the region of {}", q.offset, q.length, s.rec->bytes);
-  else if (q.memory_offset > s.mem->bytes || q.length > s.mem->bytes - q.memory_offset)
-    bad = fmt::format("memory [{}, +{}): outside the shared memory of {}", q.memory_offset,
-                      q.length, s.mem->bytes);
-  if (!bad.empty()) {
+  const Session::RawRequest q = parse_raw(m);
+  if (const std::string bad = check_raw(s, q); !bad.empty()) {
     build_reply(p.conn, fb, EINVAL, bad, 0, {}, q.tag);
     return p.conn.send(fb) == 0;
   }
@@ -86,9 +91,9 @@ bool SwapService::Impl::submit_raw(Peer& p, Session& s, flatbuffers::FlatBufferB
       });
       s.inflight.push_back({q, std::move(t)});
       s.inflight_bytes += q.length;
-    } catch (const std::exception& e) {
+    } catch (...) {
       fb.Clear();
-      build_reply(p.conn, fb, EIO, e.what(), 0, {}, q.tag);
+      build_error_reply(p.conn, fb, std::current_exception(), q.tag);
       if (p.conn.send(fb) != 0) return false;
     }
   }
@@ -112,13 +117,7 @@ bool SwapService::Impl::answer_raw(Peer& p, Session& s, flatbuffers::FlatBufferB
     it = s.inflight.erase(it);
     fb.Clear();
     if (err) {
-      try {
-        std::rethrow_exception(err);
-      } catch (const std::system_error& e) {
-        build_reply(p.conn, fb, e.code().value() ? e.code().value() : EIO, e.what(), 0, {}, q.tag);
-      } catch (const std::exception& e) {
-        build_reply(p.conn, fb, EIO, e.what(), 0, {}, q.tag);
-      }
+      build_error_reply(p.conn, fb, err, q.tag);
     } else {
       build_reply(p.conn, fb, 0, {}, q.length, {}, q.tag);
       std::lock_guard lk(mu);

@@ -392,11 +392,8 @@ void SwapService::Impl::handle(Peer& p, const wire::Message& m, Session& s,
         text = status();
         break;  // Status (the others were refused before)
     }
-  } catch (const std::system_error& e) {
-    build_reply(p.conn, fb, e.code().value() ? e.code().value() : EIO, e.what(), 0, {}, tag_of(m));
-    return;
-  } catch (const std::exception& e) {
-    build_reply(p.conn, fb, EIO, e.what(), 0, {}, tag_of(m));
+  } catch (...) {
+    build_error_reply(p.conn, fb, std::current_exception(), tag_of(m));
     return;
   }
   build_reply(p.conn, fb, 0, "", value, text);

@@ -118,6 +118,8 @@ struct SwapService::Impl {
   std::atomic<std::uint32_t> busy_clients{0};  // clients with raw I/O waiting or in flight
   std::uint64_t raw_share() const;
   bool queue_raw(Peer& p, Session& s, const wire::Message& m, flatbuffers::FlatBufferBuilder& fb);
+  static Session::RawRequest parse_raw(const wire::Message& m);
+  std::string check_raw(const Session& s, const Session::RawRequest& q) const;
   bool submit_raw(Peer& p, Session& s, flatbuffers::FlatBufferBuilder& fb);
   bool answer_raw(Peer& p, Session& s, flatbuffers::FlatBufferBuilder& fb);
   bool drain_raw(Peer& p, Session& s, flatbuffers::FlatBufferBuilder& fb);

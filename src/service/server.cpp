@@ -11,8 +11,10 @@
 
 #include <atomic>
 #include <cstring>
+#include <filesystem>
 #include <mutex>
 #include <nlohmann/json.hpp>
+#include <stdexcept>
 #include <system_error>
 #include <thread>
 
@@ -87,6 +89,14 @@ void SwapService::Impl::open_storage() {
     sc.capacity = cfg.capacity;
     space = std::make_unique<SwapSpace>(SwapSpace::open_or_create(sc));
   } else {
+    for (const auto& d : cfg.swap_dirs) {
+      std::error_code ec;
+      if (!std::filesystem::exists(d / SwapSpace::kFileName, ec))
+        throw std::invalid_argument(fmt::format(
+            "swap directory {} holds no tierswap swap space ({}): give a capacity to create one "
+            "(tierswap serve --capacity SIZE)",
+            d.string(), SwapSpace::kFileName));
+    }
     space = std::make_unique<SwapSpace>(SwapSpace::open(cfg.swap_dirs));
   }
   engine = std::make_unique<IoEngine>(*space, IoEngineConfig::from_env());

@@ -118,6 +118,17 @@ def test_serve_names_a_bad_option(tmp_path, args, named):
     assert named in r.stderr, r.stderr
 
 
+def test_serve_without_a_swap_space_asks_for_a_capacity(tmp_path):
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    r = subprocess.run([cli_path(), "serve", "--swap-dir", str(empty), "--host-budget", "4MiB",
+                        "--socket", str(tmp_path / "s.sock")],
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode != 0
+    assert str(empty) in r.stderr and "--capacity" in r.stderr, r.stderr
+    assert list(empty.iterdir()) == []  # nothing created
+
+
 def start_service(tmp_path, budget="256MiB"):
     swap = tmp_path / "service-swap"
     swap.mkdir()

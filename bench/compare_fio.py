@@ -206,6 +206,12 @@ def main():
         sys.exit(f"compare_fio.py: --pages {args.pages}: expected 4k, huge or 4k,huge")
     if shutil.which("fio") is None:
         sys.exit("compare_fio.py: fio is not installed (apt-get install fio)")
+    if args.repeats < 1:
+        sys.exit(f"compare_fio.py: --repeats {args.repeats}: at least 1")
+    if args.repeats % len(ENGINES):
+        print(f"compare_fio.py: warning: --repeats {args.repeats} is not a multiple of "
+              f"{len(ENGINES)}: the engines do not take each position in the order equally often, "
+              "and on a shared disk the position moves the figures", file=sys.stderr)
 
     report = {"size": args.size_bytes, "block_size": args.block_size_bytes,
               "queue_depth": args.queue_depth, "repeats": args.repeats, "cells": {}}

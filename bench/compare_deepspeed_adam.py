@@ -63,15 +63,6 @@ BYTES = {"tierswap fused": 28, "tierswap fp32": 28, "DS fp32 step": 28, "DS step
          "DS pipeline": 40}
 
 
-def parse_count(text):
-    units = {"K": 10**3, "M": 10**6, "G": 10**9}
-    t = text.strip().upper()
-    try:
-        return int(float(t[:-1]) * units[t[-1]]) if t[-1] in units else int(t)
-    except (ValueError, IndexError):
-        sys.exit(f"compare_deepspeed_adam.py: --params '{text}' is not a count (e.g. 64M)")
-
-
 def build(args, workdir):
     from torch.utils.cpp_extension import load
     src = os.path.abspath(args.deepspeed_src)
@@ -153,7 +144,12 @@ def main():
     os.environ["OMP_NUM_THREADS"] = str(args.threads)
     import torch
     torch.set_num_threads(args.threads)
-    n = parse_count(args.params)
+    sys.path.insert(0, os.path.join(args.build, "python"))
+    import tierswap
+    try:
+        n = tierswap.parse_count(args.params)
+    except ValueError as e:
+        sys.exit(f"compare_deepspeed_adam.py: --params: {e}")
     with tempfile.TemporaryDirectory(prefix="tierswap-dsadam-") as work:
         ds, ts = build(args, work)
         times = measure(cases(ds, ts, n, args.threads), args.reps)

@@ -80,6 +80,16 @@ def start_service(cli, root, budget):
     return svc, sock
 
 
+def service_pages(cli, pid):
+    """The kind of page the service puts its clients' shared memory on, as `tierswap residency`
+    says it ("transparent huge pages (shmem_enabled: advise)", "4 KiB pages (...)")."""
+    out = subprocess.run([cli, "residency", str(pid)], capture_output=True, text=True).stdout
+    for line in out.splitlines():
+        if line.strip().startswith("shared memory on "):
+            return line.strip()[len("shared memory on "):]
+    return "unknown"
+
+
 def cpu_seconds(proc):
     """User + system CPU seconds of a running process (0 for none)."""
     if proc is None:
@@ -89,9 +99,23 @@ def cpu_seconds(proc):
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
+def slab_of(host_budget, subgroup):
+    """The host slab size tierswap picks for this budget and sub-group (tiered_optimizer.cpp:
+    whole 2 MiB pages, at most 64 MiB, at most an eighth of the budget)."""
+    two = 2 << 20
+    slab = min(64 << 20, -(-subgroup * 4 // two) * two)
+    if slab > host_budget // 8:
+        slab = max(4096, 1 << ((host_budget // 8).bit_length() - 1))
+    return slab
+
+
 def share(args, n):
-    """What each of n clients takes from the node's one budget (its pools plus their slack)."""
-    return (args.budget // n - 2 * args.slab) // 4096 * 4096
+    """The host budget each of n clients can have from the node's one budget: the largest whose
+    ask to the service (the budget and two slabs of slack) fits in 1/n of it."""
+    h = args.budget // n // 4096 * 4096
+    while h > 4096 and h + 2 * slab_of(h, args.subgroup) > args.budget // n:
+        h -= 4096
+    return h
 
 
 def run_clients(n, mode, args, root):
@@ -100,6 +124,7 @@ def run_clients(n, mode, args, root):
     per_client = args.budget if mode == "alone" else share(args, n)
     if mode == "service":
         svc, sock = start_service(args.tierswap, root, args.budget)
+        args.service_pages = service_pages(args.tierswap, svc.pid)
     procs = []
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path))
     try:
@@ -131,10 +156,12 @@ def run_clients(n, mode, args, root):
             svc.wait()
 
 
-def summary(reports, mode, per_client, svc_cpu):
+def summary(reports, mode, per_client, svc_cpu, subgroup):
     med = [statistics.median(r["step_seconds"]) for r in reports]
-    # Service: what it granted (the clients' memfds, mlocked whole); alone: each process's peak.
-    pinned = len(reports) * per_client if mode == "service" else sum(r["peak_pinned"] for r in reports)
+    # Service: what it granted (each client's memfd, mlocked whole: its host budget and two slabs
+    # of slack, within the node's budget); alone: each process's peak.
+    pinned = (len(reports) * (per_client + 2 * slab_of(per_client, subgroup)) if mode == "service"
+              else sum(r["peak_pinned"] for r in reports))
     tokens = sum(r["tokens"] for r in reports)
     return {"tokens_per_s": sum(r["tokens"] / r["wall"] for r in reports),
             "cpu_us_per_token": 1e6 * (sum(r["cpu"] for r in reports) + svc_cpu) / tokens,
@@ -155,12 +182,12 @@ def main():
     ap.add_argument("--subgroup", type=int, default=131072)
     ap.add_argument("--width", type=int, default=256,
                     help="tinylm's width (512: 13M parameters, 150 MiB of AdamW state)")
-    ap.add_argument("--slab", default="1MiB")
     ap.add_argument("--reps", type=int, default=3)
     ap.add_argument("--dir", default=os.environ.get("TMPDIR", "/var/tmp"))
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args()
-    args.budget, args.slab = parse_size(args.budget), parse_size(args.slab)
+    args.budget = parse_size(args.budget)
+    args.service_pages = None
     results = []
     modes = ("alone", "share", "service")
     for n in (int(x) for x in args.clients.split(",")):
@@ -169,7 +196,7 @@ def main():
             for mode in (modes if r % 2 == 0 else modes[::-1]):
                 with tempfile.TemporaryDirectory(dir=args.dir) as root:
                     reports, per, svc_cpu = run_clients(n, mode, args, root)
-                reps[mode].append(summary(reports, mode, per, svc_cpu))
+                reps[mode].append(summary(reports, mode, per, svc_cpu, args.subgroup))
                 print(f"clients {n} rep {r} {mode}: "
                       f"{reps[mode][-1]['tokens_per_s']:.0f} tokens/s", file=sys.stderr)
         masters = {tuple(x["masters"]) for m in modes for x in reps[m]}
@@ -189,9 +216,11 @@ def main():
         results.append(row)
     if args.json:
         print(json.dumps({"steps": args.steps, "budget": args.budget, "reps": args.reps,
-                          "width": args.width,
+                          "width": args.width, "service_shared_memory": args.service_pages,
+                          "huge_pages": os.environ.get("TIERSWAP_HUGE_PAGES", "1") != "0",
                           "results": results}, indent=1))
         return
+    print(f"service's shared memory on {args.service_pages}")
     print(f"{'clients':>7} {'identical':>9} {'tokens/s alone':>14} {'share':>6} {'service':>7} "
           f"{'svc/alone':>9} {'svc/share':>9} {'us/token alone/share/svc':>24} "
           f"{'pinned alone':>12} {'service':>7} {'slowest/fastest':>15}")

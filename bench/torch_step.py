@@ -55,7 +55,7 @@ def ts_model(n):
 
 
 def bench_torch(a):
-    n = tierswap.parse_size(a.params)
+    n = tierswap.parse_count(a.params)
     torch.set_num_threads(a.threads)
     tmp = tempfile.mkdtemp(prefix="tierswap-bench-", dir=a.dir)
     ps = ts_model(n)
@@ -96,7 +96,7 @@ def cpp_bench_step(a, n):
 
 
 def bench_overhead(a):
-    n = tierswap.parse_size(a.params)
+    n = tierswap.parse_count(a.params)
     torch.set_num_threads(a.threads)
     tmp = tempfile.mkdtemp(prefix="tierswap-bench-", dir=a.dir)
     ps = ts_model(n)

@@ -18,15 +18,14 @@ AlignedBuffer::AlignedBuffer(std::size_t bytes, std::size_t alignment, bool lock
   std::size_t n = round_up(bytes == 0 ? alignment : bytes, alignment);
   // Large buffers start on a 2 MiB boundary and ask for transparent huge pages (best effort;
   // THP is often "madvise" only): streaming kernels over them then miss the TLB 512x less.
-  constexpr std::size_t kHuge = std::size_t{2} << 20;
-  const bool huge = n >= kHuge && ProcessConfig::current().huge_pages;
+  const bool huge = n >= kHugePageBytes && ProcessConfig::current().huge_pages;
   void* p = nullptr;
-  if (::posix_memalign(&p, huge && alignment < kHuge ? kHuge : alignment, n) != 0)
+  if (::posix_memalign(&p, huge && alignment < kHugePageBytes ? kHugePageBytes : alignment, n) != 0)
     throw std::bad_alloc();
   data_ = static_cast<std::byte*>(p);
   size_ = n;
 #ifdef MADV_HUGEPAGE
-  if (huge) (void)::madvise(data_, n & ~(kHuge - 1), MADV_HUGEPAGE);
+  if (huge) (void)::madvise(data_, n & ~(kHugePageBytes - 1), MADV_HUGEPAGE);
 #endif
   if (lock) locked_ = ::mlock(data_, size_) == 0;
 }

@@ -40,7 +40,7 @@ struct TicketState {
   std::atomic<std::uint64_t> done_bytes{0};
   std::atomic<bool> ready{false};
   std::exception_ptr error;
-  std::function<void()> on_ready;  // IoEngine::submit's notification, called once
+  std::function<void(std::exception_ptr)> on_ready;  // IoEngine::submit's notification, once
   bool queued = false;
   TicketState* next = nullptr;        // FIFO link
   std::shared_ptr<TicketState> self;  // keeps the state alive while the engine uses it
@@ -175,9 +175,11 @@ struct IoEngine::Impl {
     if (t->inflight != 0 || t->queued) return;
     if (!t->split_done() && !t->error) return;
     if (t->error) failed_tickets.fetch_add(1, std::memory_order_relaxed);
+    // Before the ticket reads ready: whoever sees it ready (or destroys it) knows the
+    // notification has returned.
+    if (t->on_ready) std::exchange(t->on_ready, nullptr)(t->error);
     t->ready.store(true, std::memory_order_release);
     auto keep = std::move(t->self);  // may free t when the user already dropped the ticket
-    if (t->on_ready) std::exchange(t->on_ready, nullptr)();
     done_cv.notify_all();
   }
 
@@ -672,7 +674,9 @@ IoEngine::IoEngine(const SwapSpace& space, IoEngineConfig config,
   }
   for (const auto& f : space.files())
     impl_->max_align = std::max({impl_->max_align, f.offset_align, f.mem_align});
-  if (!space.all_direct()) description_ += ", buffered I/O on some files";
+  // A service client's region has no files of its own: how they are opened is the service's.
+  if (!space.all_direct() && kind_ != IoBackendKind::service)
+    description_ += ", buffered I/O on some files";
   log(LogLevel::info, "I/O engine: " + description_);
   impl_->owner_submits = impl_->backend->owner_thread_submits();
   std::promise<int> attached;
@@ -700,7 +704,8 @@ IoTicket IoEngine::submit(std::span<const IoSegment> segments) {
   return submit(segments, nullptr);
 }
 
-IoTicket IoEngine::submit(std::span<const IoSegment> segments, std::function<void()> on_ready) {
+IoTicket IoEngine::submit(std::span<const IoSegment> segments,
+                          std::function<void(std::exception_ptr)> on_ready) {
   auto st = std::make_shared<TicketState>();
   st->segments.reserve(segments.size());
   for (std::size_t i = 0; i < segments.size(); ++i) {
@@ -715,8 +720,8 @@ IoTicket IoEngine::submit(std::span<const IoSegment> segments, std::function<voi
     st->segments.push_back(s);
   }
   if (st->segments.empty()) {
+    if (on_ready) on_ready(nullptr);
     st->ready.store(true);
-    if (on_ready) on_ready();
     return IoTicket(this, std::move(st));
   }
   st->on_ready = std::move(on_ready);

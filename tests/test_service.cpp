@@ -3,6 +3,7 @@
 // malformed and out-of-order messages, another uid, a corrupt registry, and its metrics.
 #include <gtest/gtest.h>
 #include <signal.h>
+#include <sys/eventfd.h>
 #include <sys/mman.h>
 #include <sys/socket.h>
 #include <sys/un.h>
@@ -17,6 +18,7 @@
 #include <thread>
 
 #include "service_util.hpp"
+#include "src/service/outbox.hpp"
 #include "src/service/protocol.hpp"
 #include "test_util.hpp"
 #include "tierswap/metrics.hpp"
@@ -159,6 +161,33 @@ TEST(Service, TheNodeBudgetIsSharedAndGivenBack) {
   }
   ServiceClient b(client_config(sc, "b", 0, 512 * kKiB));
   EXPECT_EQ(b.memory().size(), 512 * kKiB);
+}
+
+// A client's region is fixed at its first attach: a reattach asking more is refused with both
+// figures (and the region kept), one asking as much or less gets it.
+TEST(Service, AReattachAskingALargerRegionIsRefusedAndTheRegionKept) {
+  TempDir d;
+  const auto sc = service_config(d, 1 * kMiB);
+  SwapService svc(sc);
+  auto first = client_config(sc, "grow");
+  { ServiceClient c(first); }
+  auto more = first;
+  more.region_bytes = 2 * first.region_bytes;
+  std::string why;
+  for (int i = 0; i < 100; ++i) {  // until the service has seen the first connection close
+    why = error_of([&] { ServiceClient c(more); });
+    if (why.find("already attached") == std::string::npos) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  EXPECT_NE(why.find("asks 16.00 MiB of NVMe, but its region from its first attach holds 8.00 MiB"),
+            std::string::npos)
+      << why;
+  auto less = first;
+  less.region_bytes = first.region_bytes / 2;
+  ServiceClient c(less);
+  EXPECT_TRUE(c.reattached());
+  EXPECT_EQ(nlohmann::json::parse(svc.status_json()).at("clients").at(0).at("region_bytes"),
+            first.region_bytes);
 }
 
 // Pageable shared memory is mapped by both sides but neither locked nor counted in the node's
@@ -584,6 +613,60 @@ TEST(Service, TheWireTakesSeveralMessagesPerReadAndReassemblesSplitOnes) {
   EXPECT_EQ(b.receive(buf, &m, nullptr, &why), service::Connection::Status::ok) << why;
   later.join();
   EXPECT_EQ(m->seq(), 5u);
+}
+
+// Replies posted by completion callbacks (other threads) never block, even when the peer reads
+// nothing and the socket is full: what the socket does not take is left for the session, which
+// is woken and sends it; every reply arrives once, numbered in sequence, with the session's own.
+TEST(Service, PostedRepliesNeverBlockAndAllArriveOnceInSequence) {
+  int sv[2];
+  ASSERT_EQ(::socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sv), 0);
+  const int small = 4096;
+  ASSERT_EQ(::setsockopt(sv[0], SOL_SOCKET, SO_SNDBUF, &small, sizeof small), 0);
+  service::Connection a(sv[0]), b(sv[1]);
+  const int wake = ::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
+  ASSERT_GE(wake, 0);
+  service::Outbox out(a, wake);
+  constexpr int kThreads = 4, kEach = 300, kOwn = 100;
+  auto post_all = [&](int base) {
+    std::vector<std::thread> ts;
+    for (int t = 0; t < kThreads; ++t)
+      ts.emplace_back([&, t] {
+        for (int i = 0; i < kEach; ++i) {
+          const std::uint64_t tag = static_cast<std::uint64_t>(base + t * kEach + i);
+          out.post({0, {}, tag * 3, {}, tag});
+        }
+      });
+    for (auto& t : ts) t.join();  // a post that blocked would hang here
+  };
+  post_all(1);  // nobody reads: the socket fills, the rest is left for the session
+  std::uint64_t woken = 0;
+  EXPECT_EQ(::read(wake, &woken, sizeof woken), static_cast<ssize_t>(sizeof woken));
+  EXPECT_GT(woken, 0u);
+  const int total = 2 * kThreads * kEach + kOwn;
+  std::vector<int> seen(total + 1, 0);
+  std::thread reader([&] {
+    std::vector<std::uint8_t> buf;
+    const wire::Message* m = nullptr;
+    std::string why;
+    for (int i = 0; i < total; ++i) {
+      ASSERT_EQ(b.receive(buf, &m, nullptr, &why), service::Connection::Status::ok) << why;
+      const wire::Reply* r = m->body_as_Reply();
+      ASSERT_TRUE(r && r->tag() >= 1 && r->tag() <= static_cast<std::uint64_t>(total));
+      EXPECT_EQ(r->value(), r->tag() * 3);
+      ++seen[r->tag()];
+    }
+  });
+  std::thread posters([&] { post_all(1 + kThreads * kEach); });  // while the session sends
+  for (int i = 0; i < kOwn; ++i) {
+    const std::uint64_t tag = 2 * kThreads * kEach + 1 + i;
+    ASSERT_EQ(out.send({0, {}, tag * 3, {}, tag}), 0);
+  }
+  posters.join();
+  EXPECT_EQ(out.flush(), 0);  // whatever the posters left after the session's last send
+  reader.join();
+  EXPECT_EQ(std::count(seen.begin() + 1, seen.end(), 1), total);
+  ::close(wake);
 }
 
 // Raw requests are checked against the client's region and shared memory (and refused with the

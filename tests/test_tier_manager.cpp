@@ -20,7 +20,9 @@
 #include "tierswap/aligned_buffer.hpp"
 #include "tierswap/detail/io_backend.hpp"
 #include "tierswap/detail/manifest.hpp"
+#include "tierswap/detail/tier_pools.hpp"
 #include "tierswap/io_engine.hpp"
+#include "tierswap/process_config.hpp"
 #include "tierswap/swap_space.hpp"
 #include "tierswap/telemetry.hpp"
 #include "tierswap/tier_manager.hpp"
@@ -1201,4 +1203,32 @@ TEST(TierManager, AConsistentChecksumIsNotConsistentFields) {
   expect_refused([](auto& j) { j["blocks"][1]["name"] = j["blocks"][0]["name"]; }, "twice");
   detail::write_manifest_file(path, good.dump(), false);
   EXPECT_NO_THROW(TierManager(*r.space, *r.engine, cfg));  // the original still opens
+}
+
+// Host slabs smaller than a huge page are carved in order from 2 MiB-aligned chunks (on
+// transparent huge pages), never beyond the budget, and never overlap.
+TEST(HostPool, SmallSlabsAreCarvedFromHugePageChunksWithinTheBudget) {
+  if (!ProcessConfig::current().huge_pages)
+    GTEST_SKIP() << "huge pages off (TIERSWAP_HUGE_PAGES=0)";
+  constexpr std::uint64_t M = 1 << 20;
+  detail::HostPool pool(8 * M, M, /*lock=*/false, /*numa_node=*/-1, /*engine=*/nullptr);
+  std::byte* a = pool.try_allocate(M);
+  std::byte* b = pool.try_allocate(M);
+  std::byte* c = pool.try_allocate(5 * M);  // a slab of its own size, from the same chunk
+  ASSERT_TRUE(a && b && c);
+  EXPECT_EQ(reinterpret_cast<std::uintptr_t>(a) % (2 * M), 0u);
+  EXPECT_EQ(b, a + M);
+  EXPECT_EQ(c, a + 2 * M);
+  EXPECT_EQ(pool.try_allocate(2 * M), nullptr);  // 7 MiB reserved: 2 more is over the budget
+  std::byte* d = pool.try_allocate(M);
+  ASSERT_NE(d, nullptr);
+  EXPECT_EQ(d, a + 7 * M);
+  EXPECT_EQ(pool.reserved(), 8 * M);
+  const std::pair<std::byte*, std::uint64_t> pieces[] = {{a, M}, {b, M}, {c, 5 * M}, {d, M}};
+  for (std::size_t i = 0; i < 4; ++i) std::memset(pieces[i].first, int(i + 1), pieces[i].second);
+  for (std::size_t i = 0; i < 4; ++i)
+    for (std::uint64_t k = 0; k < pieces[i].second; k += 4096)
+      ASSERT_EQ(pieces[i].first[k], std::byte(i + 1)) << i << " " << k;
+  pool.free(b);
+  EXPECT_EQ(pool.try_allocate(M), b);  // a freed piece is reused inside its slab
 }

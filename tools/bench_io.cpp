@@ -2,12 +2,16 @@
 // CPU seconds per GiB moved, per run; `--sweep` runs a grid of block sizes x depths x backends.
 
 #include <filesystem>
+#include <functional>
 #include <memory>
 #include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
 
+#include <unistd.h>
+
 #include "tierswap/io_engine.hpp"
+#include "tierswap/service.hpp"
 #include "tierswap/swap_space.hpp"
 #include "tierswap/units.hpp"
 #include "tools/commands.hpp"
@@ -21,6 +25,7 @@ namespace {
 
 struct BenchIoOptions {
   std::vector<std::string> dirs;
+  std::string service;  // a node service's socket: measure through it
   std::string size = "1GiB";
   std::string block_size = "1MiB";
   std::string stripe_size = "1MiB";
@@ -74,9 +79,9 @@ std::vector<IoCombo> combos_of(const BenchIoOptions& o) {
 
 // The best combination per direction: printed, and under "best" in `out`.
 void report_best(const BenchIoOptions& o, const std::vector<IoRun>& runs,
-                 const std::vector<IoCombo>& combos, const SweepOptions& so, nlohmann::json& out) {
+                 const std::vector<IoCombo>& combos, nlohmann::json& out) {
   for (const bool write : {true, false}) {
-    if (write ? !so.write : !so.read) continue;
+    if (o.mode == (write ? "read" : "write")) continue;
     const auto best = best_for(runs, combos, write);
     if (!best) continue;
     const char* mode = write ? "write" : "read";
@@ -91,13 +96,72 @@ void report_best(const BenchIoOptions& o, const std::vector<IoRun>& runs,
   }
 }
 
-void run_bench_io(const BenchIoOptions& o) {
-  const std::uint64_t size = parse_size(o.size, "--size");
-  if (size == 0) throw std::invalid_argument("--size must be > 0");
-  if (o.runs < 1) throw std::invalid_argument(fmt::format("--runs={}: must be >= 1", o.runs));
-  if (o.mode != "read" && o.mode != "write" && o.mode != "both")
-    throw std::invalid_argument(fmt::format("--mode={}: expected read, write or both", o.mode));
-  const auto combos = combos_of(o);
+// --service: the options that belong to the service's own engine and drives are refused.
+void check_service_options(const BenchIoOptions& o) {
+  const char* bad = !o.dirs.empty()           ? "--dir"
+                    : o.sweep                 ? "--sweep"
+                    : o.keep                  ? "--keep"
+                    : o.sqpoll                ? "--sqpoll"
+                    : o.backend != "auto"     ? "--backend"
+                    : o.direct != "auto"      ? "--direct"
+                    : o.stripe_size != "1MiB" ? "--stripe-size"
+                                              : nullptr;
+  if (bad)
+    throw std::invalid_argument(fmt::format(
+        "--service with {}: the service's drives and engine are its own (set them on `tierswap "
+        "serve`)",
+        bad));
+}
+
+// Each combination through the node service: a fresh raw client (job bench-io-PID) whose region
+// holds `size` bytes and whose locked shared memory holds the ring, released at the end.
+SweepOptions::Target open_service_target(const BenchIoOptions& o, std::uint64_t size,
+                                         const IoCombo& c, std::uint64_t ring_bytes) {
+  struct Held {
+    TempDir manifests{"tierswap-bench-io"};
+    std::unique_ptr<ServiceStorage> storage;
+  };
+  auto h = std::make_shared<Held>();
+  ServiceClientConfig cfg;
+  cfg.socket = o.service;
+  cfg.job = fmt::format("bench-io-{}", ::getpid());
+  cfg.memory_bytes = (ring_bytes + 4095) / 4096 * 4096;
+  cfg.region_bytes = size;
+  h->storage = std::make_unique<ServiceStorage>(cfg, h->manifests.path, c.config());
+  h->storage->release_on_close();
+  std::byte* ring = h->storage->engine().allocate_shared(ring_bytes, /*locked=*/true);
+  if (ring == nullptr)
+    throw std::runtime_error(fmt::format("bench io --service: no {} of shared memory for the ring",
+                                         format_bytes(ring_bytes)));
+  return {&h->storage->engine(), ring, h};
+}
+
+struct Measured {
+  std::vector<IoRun> runs;
+  std::string description;  // the engine's backend
+  nlohmann::json storage;   // where the bytes went
+};
+
+SweepOptions sweep_options(const BenchIoOptions& o, std::uint64_t size, Measured& m,
+                           std::function<void()> header) {
+  SweepOptions so;
+  so.size = size;
+  so.runs = o.runs;
+  so.write = o.mode != "read";
+  so.read = o.mode != "write";
+  so.on_engine = [&o, &m, header](const IoEngine& engine, bool registered) {
+    m.description = engine.backend_description();
+    if (o.json || o.sweep) return;
+    header();
+    fmt::print("backend: {}{}\n", m.description,
+               registered ? ", benchmark buffers registered" : "");
+  };
+  if (o.sweep && !o.json) so.progress = print_progress;
+  return so;
+}
+
+Measured measure_local(const BenchIoOptions& o, std::uint64_t size,
+                       const std::vector<IoCombo>& combos) {
   std::vector<std::unique_ptr<TempDir>> temps;
   bool created = true;
   SwapSpace space = open_space(o, size, temps, &created);
@@ -108,41 +172,58 @@ void run_bench_io(const BenchIoOptions& o) {
       if (!keep) s.remove_files();
     }
   } cleanup{space, o.keep};
-
-  SweepOptions so;
-  so.size = size;
-  so.runs = o.runs;
-  so.write = o.mode != "read";
-  so.read = o.mode != "write";
-  so.space_is_new = created;
-  std::string description;
-  so.on_engine = [&](const IoEngine& engine, bool registered) {
-    description = engine.backend_description();
-    if (o.json || o.sweep) return;
+  Measured m;
+  SweepOptions so = sweep_options(o, size, m, [&] {
     fmt::print("tierswap bench io: {} of {} in {} file(s), stripe {}\n", format_bytes(size),
                space.all_direct() ? "O_DIRECT" : "buffered", space.files().size(),
                format_bytes(space.stripe_size()));
-    fmt::print("backend: {}{}\n", description, registered ? ", benchmark buffers registered" : "");
-  };
-  if (o.sweep && !o.json) so.progress = print_progress;
-  const auto runs = sweep(space, combos, so);
+  });
+  so.space_is_new = created;
+  m.runs = sweep(space, combos, so);
+  m.storage = {{"direct_io", space.all_direct()}, {"files", space.files().size()}};
+  return m;
+}
 
-  nlohmann::json out;
+Measured measure_service(const BenchIoOptions& o, std::uint64_t size,
+                         const std::vector<IoCombo>& combos) {
+  check_service_options(o);
+  Measured m;
+  SweepOptions so = sweep_options(o, size, m, [&] {
+    fmt::print("tierswap bench io: {} through the node service at {}\n", format_bytes(size),
+               o.service);
+  });
+  so.open = [&](const IoCombo& c, std::uint64_t ring_bytes) {
+    return open_service_target(o, size, c, ring_bytes);
+  };
+  m.runs = sweep_targets(combos, so);
+  m.storage = {{"service", o.service}};
+  return m;
+}
+
+void run_bench_io(const BenchIoOptions& o) {
+  const std::uint64_t size = parse_size(o.size, "--size");
+  if (size == 0) throw std::invalid_argument("--size must be > 0");
+  if (o.runs < 1) throw std::invalid_argument(fmt::format("--runs={}: must be >= 1", o.runs));
+  if (o.mode != "read" && o.mode != "write" && o.mode != "both")
+    throw std::invalid_argument(fmt::format("--mode={}: expected read, write or both", o.mode));
+  const auto combos = combos_of(o);
+  const Measured m =
+      o.service.empty() ? measure_local(o, size, combos) : measure_service(o, size, combos);
+
+  nlohmann::json out = m.storage;
   out["runs"] = nlohmann::json::array();
-  for (const auto& r : runs) out["runs"].push_back(r.to_json());
+  for (const auto& r : m.runs) out["runs"].push_back(r.to_json());
   if (!o.json && !o.sweep) {
     print_run_header();
-    for (const auto& r : runs) print_run_row(r.run, r);
+    for (const auto& r : m.runs) print_run_row(r.run, r);
   }
-  report_best(o, runs, combos, so, out);
+  report_best(o, m.runs, combos, out);
   if (o.sweep && !o.json) {
     print_run_header();
     int i = 0;
-    for (const auto& r : runs) print_run_row(++i, r);
+    for (const auto& r : m.runs) print_run_row(++i, r);
   }
-  out["backend_description"] = description;
-  out["direct_io"] = space.all_direct();
-  out["files"] = space.files().size();
+  out["backend_description"] = m.description;
   if (o.json) fmt::print("{}\n", out.dump(2));
 }
 
@@ -155,6 +236,9 @@ void add_bench_io(CLI::App& bench) {
   io->add_option("--dir", opts->dirs,
                  "Swap directory, once per drive (default: a temporary directory under $TMPDIR "
                  "or /var/tmp)");
+  io->add_option("--service", opts->service,
+                 "Measure through the node service at this socket (a raw client of its own: the "
+                 "service's drives and engine; --block-size and --queue-depth are the client's)");
   io->add_option("--size", opts->size, "Bytes to move per phase (suffixes: KiB, MiB, GiB)")
       ->capture_default_str();
   io->add_option("--block-size", opts->block_size, "Request size")->capture_default_str();

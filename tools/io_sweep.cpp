@@ -6,6 +6,7 @@
 #include <chrono>
 #include <optional>
 #include <random>
+#include <span>
 
 #include "tierswap/aligned_buffer.hpp"
 #include "tierswap/units.hpp"
@@ -113,10 +114,30 @@ AlignedBuffer make_ring(const std::vector<IoCombo>& combos) {
   return AlignedBuffer(bytes, 4096);
 }
 
-void fill_ring(AlignedBuffer& ring) {
+void fill_ring(std::span<std::byte> ring) {
   std::mt19937_64 rng(12345);
   auto* w = reinterpret_cast<std::uint64_t*>(ring.data());
   for (std::size_t i = 0; i < ring.size() / 8; ++i) w[i] = rng();
+}
+
+// Every repetition of one combination on `engine`; `*has_data` says whether its storage holds
+// the bytes a read-only sweep reads (written first, unreported, when not).
+void run_combo(IoEngine& engine, const IoCombo& c, std::byte* ring, const SweepOptions& opt,
+               bool* has_data, std::size_t* done, std::size_t total, std::vector<IoRun>& out) {
+  for (int run = 1; run <= opt.runs; ++run) {
+    if (opt.write) {
+      out.push_back(run_phase(engine, c, true, opt.size, ring));
+      out.back().run = run;
+    } else if (!*has_data) {
+      run_phase(engine, c, true, opt.size, ring);
+    }
+    *has_data = true;
+    if (opt.read) {
+      out.push_back(run_phase(engine, c, false, opt.size, ring));
+      out.back().run = run;
+    }
+    if (opt.progress) opt.progress(++*done, total, c);
+  }
 }
 
 }  // namespace
@@ -139,24 +160,25 @@ std::vector<IoRun> sweep(const SwapSpace& space, const std::vector<IoCombo>& com
       continue;
     }
     const int handle = engine->register_buffer(ring.data(), ring.size());
-    if (!filled) fill_ring(ring);
+    if (!filled) fill_ring(std::span(ring.data(), ring.size()));
     filled = true;
     if (opt.on_engine) opt.on_engine(*engine, handle >= 0);
-    for (int run = 1; run <= opt.runs; ++run) {
-      if (opt.write) {
-        out.push_back(run_phase(*engine, c, true, opt.size, ring.data()));
-        out.back().run = run;
-      } else if (!has_data) {
-        run_phase(*engine, c, true, opt.size, ring.data());
-      }
-      has_data = true;
-      if (opt.read) {
-        out.push_back(run_phase(*engine, c, false, opt.size, ring.data()));
-        out.back().run = run;
-      }
-      if (opt.progress) opt.progress(++done, total, c);
-    }
+    run_combo(*engine, c, ring.data(), opt, &has_data, &done, total, out);
     if (handle >= 0) engine->unregister_buffer(handle);
+  }
+  return out;
+}
+
+std::vector<IoRun> sweep_targets(const std::vector<IoCombo>& combos, const SweepOptions& opt) {
+  std::vector<IoRun> out;
+  const std::size_t total = combos.size() * static_cast<std::size_t>(opt.runs);
+  std::size_t done = 0;
+  for (const auto& c : combos) {
+    const SweepOptions::Target t = opt.open(c, c.block * c.depth);
+    fill_ring(std::span(t.ring, c.block * c.depth));
+    if (opt.on_engine) opt.on_engine(*t.engine, false);
+    bool has_data = false;
+    run_combo(*t.engine, c, t.ring, opt, &has_data, &done, total, out);
   }
   return out;
 }

@@ -6,6 +6,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <memory>
 #include <nlohmann/json.hpp>
 #include <optional>
 #include <string>
@@ -53,11 +54,24 @@ struct SweepOptions {
   /// Called for a combination whose engine cannot be built (a backend this kernel or build does
   /// not offer); without it that error ends the sweep.
   std::function<void(const IoCombo&, const std::string& why)> on_skip;
+  /// What a combination runs on: an engine and a ring of depth x block bytes it moves data
+  /// through, both kept alive by `keep`.
+  struct Target {
+    IoEngine* engine = nullptr;
+    std::byte* ring = nullptr;
+    std::shared_ptr<void> keep;
+  };
+  /// sweep_targets(): builds each combination's target, whose storage holds no data yet.
+  std::function<Target(const IoCombo&, std::uint64_t ring_bytes)> open;
 };
 
 /// Runs every combination `runs` times on `space`; the runs in order.
 std::vector<IoRun> sweep(const SwapSpace& space, const std::vector<IoCombo>& combos,
                          const SweepOptions& opt);
+
+/// The same over targets opt.open builds (`bench io --service`: an engine through the node
+/// service, its ring in the shared memory), each filled before its runs.
+std::vector<IoRun> sweep_targets(const std::vector<IoCombo>& combos, const SweepOptions& opt);
 
 /// The median GB/s of one combination's runs in one direction (nullopt when it has none).
 std::optional<double> median_gbps(const std::vector<IoRun>& runs, const IoCombo& c, bool write);

@@ -36,6 +36,8 @@ static void print_service(const nlohmann::json& j, std::FILE* out, const std::st
   fmt::print(out, "{}node service (pid {}): {} of {} shared memory granted, {} clients known\n",
              indent, j.value("pid", 0), format_bytes(j.value("memory_granted", 0ull)),
              format_bytes(j.value("host_budget", 0ull)), clients.size());
+  if (j.contains("shared_memory_pages"))
+    fmt::print(out, "{}  shared memory on {}\n", indent, j.value("shared_memory_pages", ""));
   for (const auto& c : clients)
     fmt::print(out, "{}  {}.{} ({}): {}, {} of NVMe, generation {}\n", indent,
                c.value("job", std::string()), c.value("rank", 0u),

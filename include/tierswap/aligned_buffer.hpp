@@ -6,6 +6,10 @@
 
 namespace tierswap {
 
+/// A transparent huge page on x86-64 and aarch64 (4 KiB base pages): buffers of at least this
+/// much, aligned to it, ask for huge pages (see AlignedBuffer).
+inline constexpr std::size_t kHugePageBytes = std::size_t{2} << 20;
+
 class AlignedBuffer {
  public:
   AlignedBuffer() noexcept = default;

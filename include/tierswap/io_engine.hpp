@@ -150,12 +150,14 @@ class IoEngine {
   /// Submits a batch. Segments must lie inside the space (std::out_of_range otherwise, nothing
   /// submitted), with non-null buffers. An empty batch returns a ready ticket.
   IoTicket submit(std::span<const IoSegment> segments);
-  /// The same, and `on_ready` is called once when the ticket becomes ready (an event loop's
-  /// wake-up: the node service answers its clients in completion order). It runs on the engine's
-  /// completion path with the engine's lock held: it must be quick, must not block and must not
-  /// call into the engine (signalling an eventfd is the intended use). An empty batch calls it
-  /// before submit returns.
-  IoTicket submit(std::span<const IoSegment> segments, std::function<void()> on_ready);
+  /// The same, and `on_ready` is called once when the ticket completes, with its error (null
+  /// on success), before the ticket reads ready (an event loop's completion: the node service
+  /// answers its clients from it). It runs on the engine's completion path with the engine's
+  /// lock held: it must be quick, must not block and must not call into the engine (a
+  /// non-blocking send or an eventfd signal is the intended use). An empty batch calls it before
+  /// submit returns.
+  IoTicket submit(std::span<const IoSegment> segments,
+                  std::function<void(std::exception_ptr)> on_ready);
   IoTicket read(std::uint64_t offset, void* buffer, std::uint64_t length);
   IoTicket write(std::uint64_t offset, const void* buffer, std::uint64_t length);
 

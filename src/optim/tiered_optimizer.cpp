@@ -17,6 +17,7 @@
 #include <thread>
 
 #include "src/optim/optimizer_impl.hpp"
+#include "tierswap/aligned_buffer.hpp"
 #include "tierswap/checksum.hpp"
 #include "tierswap/communicator.hpp"
 #include "tierswap/detail/manifest.hpp"
@@ -149,8 +150,10 @@ void tune_tier_config(TierConfig& tc, const OptimizerConfig& oc, std::uint64_t s
       4096, (oc.prefetch_depth + 1) *
                 static_cast<std::uint32_t>(std::max<std::uint64_t>(1, state_blocks)));
   tc.max_dirty_bytes = tc.host_budget / 4;
-  tc.host_slab_size =
-      std::min<std::uint64_t>(64 * kMiB, (oc.subgroup_size * 4 + kMiB - 1) / kMiB * kMiB);
+  // Whole huge pages (HostPool carves slabs from huge-page chunks: a slab of whole pages shares
+  // none with the next, and the slab slack the service is asked for stays page-aligned).
+  tc.host_slab_size = std::min<std::uint64_t>(
+      64 * kMiB, round_up(oc.subgroup_size * 4, std::uint64_t{kHugePageBytes}));
 }
 
 void size_pageable_budget(TierConfig& tc, const OptimizerConfig& oc, std::uint64_t grad_bytes) {

@@ -357,4 +357,5 @@ PYBIND11_MODULE(_tierswap, m) {
            })
       .def("close", &PyOptimizer::close, Release());
   m.def("parse_size", [](const std::string& s) { return parse_size(s, "size"); });
+  m.def("parse_count", [](const std::string& s) { return parse_param_count(s, "count"); });
 }

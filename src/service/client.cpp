@@ -12,6 +12,8 @@
 #include <system_error>
 
 #include "src/service/client_impl.hpp"
+#include "src/service/shared_memory.hpp"
+#include "tierswap/process_config.hpp"
 #include "tierswap/service.hpp"
 #include "tierswap/telemetry.hpp"
 
@@ -104,6 +106,9 @@ ServiceClient::ServiceClient(ServiceClientConfig cfg) : impl_(std::make_unique<I
   const int err = errno;
   ::close(fd);
   if (p == MAP_FAILED) m.fail(err, "mmap of the shared memory");
+  // The pageable part is faulted in here: on huge pages too where the service's are (its
+  // locked part already is; shared_memory.cpp says why it matters).
+  if (ProcessConfig::current().huge_pages) service::advise_huge_pages(p, total);
   m.data = static_cast<std::byte*>(p);
   m.bytes = total;
   m.locked_bytes = w->memory_bytes();

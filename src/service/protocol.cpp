@@ -48,7 +48,9 @@ Connection::Connection(Connection&& o) noexcept
       in_(std::move(o.in_)),
       head_(std::exchange(o.head_, 0)),
       tail_(std::exchange(o.tail_, 0)),
-      pending_fd_(std::exchange(o.pending_fd_, -1)) {}
+      pending_fd_(std::exchange(o.pending_fd_, -1)),
+      out_(std::move(o.out_)),
+      out_head_(std::exchange(o.out_head_, 0)) {}
 
 Connection::~Connection() {
   if (sock_ >= 0) ::close(sock_);
@@ -61,7 +63,48 @@ flatbuffers::Offset<wire::Message> Connection::message(flatbuffers::FlatBufferBu
   return wire::CreateMessage(fb, sent_ + 1, type, body);
 }
 
+void Connection::queue(const flatbuffers::FlatBufferBuilder& fb) {
+  const std::uint32_t n = fb.GetSize();
+  std::uint8_t len[4];
+  std::memcpy(len, &n, 4);            // little-endian hosts only (x86-64, aarch64)
+  out_.reserve(out_.size() + 4 + n);  // all or nothing: the inserts below cannot throw
+  out_.insert(out_.end(), len, len + 4);
+  out_.insert(out_.end(), fb.GetBufferPointer(), fb.GetBufferPointer() + n);
+  ++sent_;
+}
+
+int Connection::write_out(int flags) noexcept {
+  while (out_head_ < out_.size()) {
+    const ssize_t w =
+        ::send(sock_, out_.data() + out_head_, out_.size() - out_head_, MSG_NOSIGNAL | flags);
+    if (w < 0 && errno == EINTR) continue;
+    if (w < 0 && (errno == EAGAIN || errno == EWOULDBLOCK) && (flags & MSG_DONTWAIT)) return 1;
+    if (w < 0) return -errno;
+    out_head_ += static_cast<std::size_t>(w);
+  }
+  out_.clear();
+  out_head_ = 0;
+  return 0;
+}
+
+int Connection::flush() noexcept {
+  return write_out(0);
+}
+
+int Connection::try_flush() noexcept {
+  return write_out(MSG_DONTWAIT);
+}
+
 int Connection::send(flatbuffers::FlatBufferBuilder& fb, int fd) noexcept {
+  if (fd < 0) {
+    try {
+      queue(fb);
+    } catch (...) {
+      return -ENOMEM;
+    }
+    return flush();
+  }
+  if (const int r = flush(); r != 0) return r;
   const std::uint32_t n = fb.GetSize();
   std::uint8_t len[4];
   std::memcpy(len, &n, 4);  // little-endian hosts only (x86-64, aarch64)
@@ -200,23 +243,22 @@ Connection::Status Connection::receive(std::vector<std::uint8_t>& buf, const wir
   return Status::ok;
 }
 
-void build_reply(Connection& c, flatbuffers::FlatBufferBuilder& fb, int error,
-                 const std::string& message, std::uint64_t value, const std::string& text,
-                 std::uint64_t tag) {
-  const auto msg = fb.CreateString(message);
-  const auto txt = fb.CreateString(text);
-  const auto body = wire::CreateReply(fb, error, msg, value, txt, tag);
+void build_reply(Connection& c, flatbuffers::FlatBufferBuilder& fb, const Answer& a) {
+  const auto msg = fb.CreateString(a.message);
+  const auto txt = fb.CreateString(a.text);
+  const auto body = wire::CreateReply(fb, a.error, msg, a.value, txt, a.tag);
   fb.Finish(c.message(fb, wire::Body::Reply, body.Union()), wire::MessageIdentifier());
 }
 
-void build_error_reply(Connection& c, flatbuffers::FlatBufferBuilder& fb, std::exception_ptr err,
-                       std::uint64_t tag) {
+Answer error_answer(std::exception_ptr err, std::uint64_t tag) {
   try {
     std::rethrow_exception(std::move(err));
   } catch (const std::system_error& e) {
-    build_reply(c, fb, e.code().value() ? e.code().value() : EIO, e.what(), 0, {}, tag);
+    return {e.code().value() ? e.code().value() : EIO, e.what(), 0, {}, tag};
   } catch (const std::exception& e) {
-    build_reply(c, fb, EIO, e.what(), 0, {}, tag);
+    return {EIO, e.what(), 0, {}, tag};
+  } catch (...) {
+    return {EIO, "unknown error", 0, {}, tag};
   }
 }
 

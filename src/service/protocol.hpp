@@ -38,8 +38,18 @@ class Connection {
   /// A FlatBufferBuilder with the next sequence number: finish the body, then send().
   flatbuffers::Offset<wire::Message> message(flatbuffers::FlatBufferBuilder& fb, wire::Body type,
                                              flatbuffers::Offset<void> body);
-  /// Sends the finished message, with `fd` as SCM_RIGHTS when >= 0. 0 or -errno.
+  /// Sends the finished message (after any queued output), with `fd` as SCM_RIGHTS when >= 0.
+  /// 0 or -errno.
   int send(flatbuffers::FlatBufferBuilder& fb, int fd = -1) noexcept;
+  /// Appends the finished message to the output, which flush() or try_flush() sends in order:
+  /// several messages in one write.
+  void queue(const flatbuffers::FlatBufferBuilder& fb);
+  /// Sends all queued output, blocking as the socket does (its send timeout). 0 or -errno.
+  int flush() noexcept;
+  /// Sends what the socket takes now without blocking: 0 when all went, 1 when some is left,
+  /// or -errno.
+  int try_flush() noexcept;
+  bool has_output() const noexcept { return out_head_ < out_.size(); }
 
   enum class Status { ok, closed, error, invalid };
   /// Receives one message into `buf` (verified and in sequence: `*msg` then points into `buf`).
@@ -55,21 +65,31 @@ class Connection {
 
  private:
   int await_frame(std::uint32_t* n);
+  int write_out(int flags) noexcept;
   int sock_ = -1;
   std::uint64_t sent_ = 0, received_ = 0;
   std::vector<std::uint8_t> in_;  // received bytes: in_[head_, tail_) not yet taken
   std::size_t head_ = 0, tail_ = 0;
-  int pending_fd_ = -1;  // a descriptor received with bytes not yet taken
+  int pending_fd_ = -1;            // a descriptor received with bytes not yet taken
+  std::vector<std::uint8_t> out_;  // queued frames: out_[out_head_, end) not yet sent
+  std::size_t out_head_ = 0;
 };
 
-/// A Reply with `error` (0 or errno), `message`, `value`, `text` and the request's `tag`.
-void build_reply(Connection& c, flatbuffers::FlatBufferBuilder& fb, int error,
-                 const std::string& message, std::uint64_t value = 0, const std::string& text = {},
-                 std::uint64_t tag = 0);
+/// What a Reply carries: `error` (0 or errno) with its `message`, or a `value` and `text`; `tag`
+/// names the request it answers (raw I/O and Sync; 0 for the others).
+struct Answer {
+  int error = 0;
+  std::string message;
+  std::uint64_t value = 0;
+  std::string text;
+  std::uint64_t tag = 0;
+};
 
-/// The error Reply for a failed request: a std::system_error's code (EIO if it has none) or EIO,
-/// and the exception's message.
-void build_error_reply(Connection& c, flatbuffers::FlatBufferBuilder& fb, std::exception_ptr err,
-                       std::uint64_t tag);
+/// The Answer to a failed request: a std::system_error's code (EIO if it has none) or EIO, and
+/// the exception's message.
+Answer error_answer(std::exception_ptr err, std::uint64_t tag = 0);
+
+/// Builds `a` as the next message of `c` in `fb` (finished, not sent).
+void build_reply(Connection& c, flatbuffers::FlatBufferBuilder& fb, const Answer& a);
 
 }  // namespace tierswap::service

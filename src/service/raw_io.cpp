@@ -1,9 +1,11 @@
 // The node service's raw I/O: a tier manager's reads and writes of its region, through the one
 // engine of the node, scheduled so that every client gets its share of the drives.
 //
-// Each connection's thread takes requests in as they arrive and answers each as soon as the engine
-// completes it (the engine signals the session's eventfd), in any order: a client's read-ahead is
-// never held behind an earlier request. The engine's queue (depth x block size) is shared fairly:
+// Each connection's thread takes requests in as they arrive; each is answered as soon as the engine
+// completes it, in any order (a client's read-ahead is never held behind an earlier request), by
+// the engine's completion callback itself (outbox.hpp): the session thread is not woken per
+// completion, only when it has something to do: requests waiting for their share, or the last
+// one in flight done (its accounting). The engine's queue (depth x block size) is shared fairly:
 // while k clients have raw I/O outstanding, each has at most 1/k of the queue's bytes in the
 // engine (at least one request), and the rest waits here, in its own queue. A client alone gets the
 // whole queue; a client that floods cannot fill the engine's FIFO ahead of the others' requests.
@@ -58,16 +60,14 @@ std::string SwapService::Impl::check_raw(const Session& s, const Session::RawReq
   return {};
 }
 
-bool SwapService::Impl::queue_raw(Peer& p, Session& s, const wire::Message& m,
-                                  flatbuffers::FlatBufferBuilder& fb) {
+bool SwapService::Impl::queue_raw(Session& s, const wire::Message& m) {
   const Session::RawRequest q = parse_raw(m);
-  if (const std::string bad = check_raw(s, q); !bad.empty()) {
-    build_reply(p.conn, fb, EINVAL, bad, 0, {}, q.tag);
-    return p.conn.send(fb) == 0;
-  }
+  if (const std::string bad = check_raw(s, q); !bad.empty())
+    return s.out->send({EINVAL, bad, 0, {}, q.tag}) == 0;
   s.waiting.push_back(q);
+  s.waiting_any.store(true);  // completions from here on wake the session
   update_busy(s);
-  if (!submit_raw(p, s, fb)) return false;
+  if (!submit_raw(s)) return false;
   if (!s.waiting.empty()) {  // this one waits for the client's share
     std::lock_guard lk(mu);
     ++live[s.key].throttled;
@@ -75,8 +75,17 @@ bool SwapService::Impl::queue_raw(Peer& p, Session& s, const wire::Message& m,
   return true;
 }
 
-// Moves waiting requests into the engine while the client is within its share.
-bool SwapService::Impl::submit_raw(Peer& p, Session& s, flatbuffers::FlatBufferBuilder& fb) {
+namespace {
+void signal(int fd) {
+  const std::uint64_t one = 1;
+  (void)!::write(fd, &one, sizeof one);
+}
+}  // namespace
+
+// Moves waiting requests into the engine while the client is within its share. Each is answered
+// by its completion callback; the session is woken by the last one in flight, or by any while
+// requests wait.
+bool SwapService::Impl::submit_raw(Session& s) {
   const std::uint64_t share = raw_share();
   while (!s.waiting.empty() &&
          (s.inflight.empty() || s.inflight_bytes + s.waiting.front().length <= share)) {
@@ -84,19 +93,26 @@ bool SwapService::Impl::submit_raw(Peer& p, Session& s, flatbuffers::FlatBufferB
     s.waiting.pop_front();
     std::byte* mem = s.mem->data + q.memory_offset;
     const IoSegment seg{q.write ? IoOp::write : IoOp::read, s.rec->base + q.offset, q.length, mem};
+    s.in_engine.fetch_add(1);
     try {
-      IoTicket t = engine->submit(std::span(&seg, 1), [fd = s.done_fd] {
-        const std::uint64_t one = 1;
-        (void)!::write(fd, &one, sizeof one);
+      IoTicket t = engine->submit(std::span(&seg, 1), [this, &s, q](std::exception_ptr err) {
+        if (!err) {  // counted before the client can see the answer (lock order: engine, mu)
+          std::lock_guard lk(mu);
+          Live& l = live[s.key];
+          (q.write ? l.written_bytes : l.read_bytes) += q.length;
+        }
+        s.out->post(err ? service::error_answer(err, q.tag)
+                        : service::Answer{0, {}, q.length, {}, q.tag});
+        if (s.in_engine.fetch_sub(1) == 1 || s.waiting_any.load()) signal(s.done_fd);
       });
       s.inflight.push_back({q, std::move(t)});
       s.inflight_bytes += q.length;
     } catch (...) {
-      fb.Clear();
-      build_error_reply(p.conn, fb, std::current_exception(), q.tag);
-      if (p.conn.send(fb) != 0) return false;
+      s.in_engine.fetch_sub(1);
+      if (s.out->send(service::error_answer(std::current_exception(), q.tag)) != 0) return false;
     }
   }
+  s.waiting_any.store(!s.waiting.empty());
   std::lock_guard lk(mu);
   Live& l = live[s.key];
   l.inflight_bytes = s.inflight_bytes;
@@ -104,59 +120,53 @@ bool SwapService::Impl::submit_raw(Peer& p, Session& s, flatbuffers::FlatBufferB
   return true;
 }
 
-// Answers every completed request, then lets waiting ones in.
-bool SwapService::Impl::answer_raw(Peer& p, Session& s, flatbuffers::FlatBufferBuilder& fb) {
+// Forgets every completed request (their callbacks answered and counted them), sends what the
+// callbacks could not send, then lets waiting requests in.
+bool SwapService::Impl::answer_raw(Session& s) {
+  // The last callback has run: its ticket reads ready a moment later (see IoEngine::submit).
+  if (s.in_engine.load() == 0)
+    for (auto& r : s.inflight) engine->wait_any(std::span(&r.ticket, 1));
   for (auto it = s.inflight.begin(); it != s.inflight.end();) {
     if (!it->ticket.ready()) {
       ++it;
       continue;
     }
-    const Session::RawRequest q = it->req;
-    const std::exception_ptr err = it->ticket.error();
-    s.inflight_bytes -= q.length;
+    s.inflight_bytes -= it->req.length;
     it = s.inflight.erase(it);
-    fb.Clear();
-    if (err) {
-      build_error_reply(p.conn, fb, err, q.tag);
-    } else {
-      build_reply(p.conn, fb, 0, {}, q.length, {}, q.tag);
-      std::lock_guard lk(mu);
-      (q.write ? live[s.key].written_bytes : live[s.key].read_bytes) += q.length;
-    }
-    if (p.conn.send(fb) != 0) return false;
   }
-  const bool ok = submit_raw(p, s, fb);
+  if (s.out->flush() != 0) return false;
+  const bool ok = submit_raw(s);
   update_busy(s);
   return ok;
 }
 
-bool SwapService::Impl::wait_raw(Peer& p, Session& s, flatbuffers::FlatBufferBuilder& fb,
-                                 bool* request) {
+bool SwapService::Impl::wait_raw(Peer& p, Session& s, bool* request) {
   pollfd fds[2] = {{p.conn.fd(), POLLIN, 0}, {s.done_fd, POLLIN, 0}};
   const bool buffered = p.conn.buffered();  // a request already read: only look at completions
   if (::poll(fds, 2, buffered ? 0 : -1) < 0) return errno == EINTR;
   if (fds[1].revents & POLLIN) {
     std::uint64_t n;
     (void)!::read(s.done_fd, &n, sizeof n);
-    if (!answer_raw(p, s, fb)) return false;
   }
+  if (!answer_raw(s)) return false;  // on every wake: a request's share needs the accounts
   *request = buffered || fds[0].revents != 0;  // a message, or the end of the stream
   return true;
 }
 
 // Every raw request answered (before a request that must follow them, e.g. a Sync).
-bool SwapService::Impl::drain_raw(Peer& p, Session& s, flatbuffers::FlatBufferBuilder& fb) {
+bool SwapService::Impl::drain_raw(Session& s) {
   while (s.busy) {
     if (!s.inflight.empty()) engine->wait_any(std::span(&s.inflight.front().ticket, 1));
-    if (!answer_raw(p, s, fb)) return false;
+    if (!answer_raw(s)) return false;
   }
   return true;
 }
 
 // The connection is gone: waiting requests are dropped, those in the engine waited for (the
-// memory they use is unmapped after this).
+// memory they use is unmapped after this, and their callbacks use the session).
 void SwapService::Impl::abandon_raw(Session& s) {
   s.waiting.clear();
+  s.waiting_any.store(false);
   for (auto& r : s.inflight) r.ticket = IoTicket{};
   s.inflight.clear();
   s.inflight_bytes = 0;

@@ -45,42 +45,6 @@ void ServiceConfig::validate() const {
                                             format_bytes(client_quota), format_bytes(host_budget)));
 }
 
-namespace service {
-
-SharedMemory::~SharedMemory() {
-  if (data) ::munmap(data, bytes);
-  if (fd >= 0) ::close(fd);
-}
-
-}  // namespace service
-
-namespace {
-
-using service::SharedMemory;
-
-// `bytes` in all, the first `locked` of them mlocked.
-std::unique_ptr<SharedMemory> make_shared_memory(const std::string& name, std::uint64_t bytes,
-                                                 std::uint64_t locked) {
-  auto m = std::make_unique<SharedMemory>();
-  m->fd = ::memfd_create(("tierswap-" + name).c_str(), MFD_CLOEXEC | MFD_ALLOW_SEALING);
-  if (m->fd < 0) throw std::system_error(errno, std::system_category(), "memfd_create");
-  if (::ftruncate(m->fd, static_cast<off_t>(bytes)) != 0)
-    throw std::system_error(errno, std::system_category(), "ftruncate memfd");
-  // The client must not shrink it under our mapping (a SIGBUS here) or grow it.
-  if (::fcntl(m->fd, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL) != 0)
-    throw std::system_error(errno, std::system_category(), "seal memfd");
-  void* p = ::mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, m->fd, 0);
-  if (p == MAP_FAILED) throw std::system_error(errno, std::system_category(), "mmap memfd");
-  m->data = static_cast<std::byte*>(p);
-  m->bytes = bytes;
-  if (locked > 0 && ::mlock(p, locked) != 0)
-    log(LogLevel::warn, fmt::format("service: client {}: mlock of {} failed ({}): unpinned", name,
-                                    format_bytes(locked), std::strerror(errno)));
-  return m;
-}
-
-}  // namespace
-
 // ---- storage -------------------------------------------------------------------------------
 void SwapService::Impl::open_storage() {
   SwapSpaceConfig sc;
@@ -211,7 +175,6 @@ void SwapService::Impl::reap_peers(bool all) {
 // ---- one connection ------------------------------------------------------------------------
 void SwapService::Impl::serve(Peer& p) {
   std::vector<std::uint8_t> buf;
-  flatbuffers::FlatBufferBuilder fb;
   Session s;
   s.done_fd = ::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
   if (s.done_fd < 0) {
@@ -219,11 +182,12 @@ void SwapService::Impl::serve(Peer& p) {
         fmt::format("service: pid {}: eventfd: {}", p.cred.pid, std::strerror(errno)));
     return;
   }
+  s.out = std::make_unique<service::Outbox>(p.conn, s.done_fd);
   for (;;) {
-    // Raw I/O in flight: answer what completes and take in new requests, whichever comes first.
+    // Raw I/O in flight: account what completed and take in new requests as they come.
     if (s.busy) {
       bool request = false;
-      if (!wait_raw(p, s, fb, &request)) break;
+      if (!wait_raw(p, s, &request)) break;
       if (!request) continue;
     }
     const wire::Message* m = nullptr;
@@ -235,7 +199,6 @@ void SwapService::Impl::serve(Peer& p) {
                                         s.key.empty() ? "before hello" : s.key, why));
       break;
     }
-    fb.Clear();
     if (!s.rec) {
       const auto* h = m->body_as_Hello();
       if (!h) {
@@ -244,8 +207,7 @@ void SwapService::Impl::serve(Peer& p) {
         break;
       }
       if (!hello(p, *h, s, &why)) {
-        build_reply(p.conn, fb, EINVAL, why);
-        p.conn.send(fb);
+        s.out->send({EINVAL, why});
         break;
       }
       continue;
@@ -257,13 +219,11 @@ void SwapService::Impl::serve(Peer& p) {
       break;
     }
     if (type == wire::Body::Read || type == wire::Body::Write) {
-      if (!queue_raw(p, s, *m, fb)) break;
+      if (!queue_raw(s, *m)) break;
       continue;
     }
-    if (!drain_raw(p, s, fb)) break;  // everything before it first (a Sync covers those writes)
-    fb.Clear();
-    handle(p, *m, s, fb);
-    if (p.conn.send(fb) != 0) break;
+    if (!drain_raw(s)) break;  // everything before it first (a Sync covers those writes)
+    if (s.out->send(handle(*m, s)) != 0) break;
   }
   abandon_raw(s);  // waits: the memory must outlive its I/O
   if (s.registered >= 0) engine->unregister_buffer(s.registered);
@@ -318,6 +278,14 @@ bool SwapService::Impl::hello(Peer& p, const wire::Hello& h, Session& s, std::st
                        it->second.raw ? "raw" : "block");
     return false;
   }
+  if (reattached && round_up(h.region_bytes(), align) > it->second.bytes) {
+    *why = fmt::format(
+        "client {} asks {} of NVMe, but its region from its first attach holds {}: a region "
+        "does not grow (a new job id gets a new one; releasing this one frees it, losing what "
+        "it holds)",
+        key, format_bytes(h.region_bytes()), format_bytes(it->second.bytes));
+    return false;
+  }
   if (!reattached) {
     const std::uint64_t want = round_up(h.region_bytes(), align);
     const auto e = want ? regions->try_allocate(want) : std::nullopt;
@@ -336,7 +304,8 @@ bool SwapService::Impl::hello(Peer& p, const wire::Hello& h, Session& s, std::st
     it = clients.emplace(key, std::move(c)).first;
     save_registry(files, uuid, clients);
   }
-  s.mem = make_shared_memory(key, mem + pageable, cfg.lock_memory ? mem : 0);
+  s.mem =
+      service::make_shared_memory(key, mem + pageable, cfg.lock_memory ? mem : 0, huge_pages.lent);
   s.rec = &it->second;
   s.key = key;
   granted += mem;
@@ -363,10 +332,8 @@ std::uint64_t tag_of(const wire::Message& m) {
 }
 }  // namespace
 
-void SwapService::Impl::handle(Peer& p, const wire::Message& m, Session& s,
-                               flatbuffers::FlatBufferBuilder& fb) {
-  std::uint64_t value = 0;
-  std::string text;
+service::Answer SwapService::Impl::handle(const wire::Message& m, Session& s) {
+  service::Answer a;
   try {
     const bool block_op = m.body_type() == wire::Body::Put || m.body_type() == wire::Body::Get ||
                           m.body_type() == wire::Body::Commit ||
@@ -379,19 +346,19 @@ void SwapService::Impl::handle(Peer& p, const wire::Message& m, Session& s,
         if (!s.rec->raw)
           throw std::system_error(EPERM, std::system_category(), "sync: not a raw client");
         space->sync();
-        build_reply(p.conn, fb, 0, "", 0, "", m.body_as_Sync()->tag());
-        return;
+        a.tag = m.body_as_Sync()->tag();
+        break;
       case wire::Body::Release:
         s.release = true;
         break;
       case wire::Body::Put:
-        value = put(s, *m.body_as_Put());
+        a.value = put(s, *m.body_as_Put());
         break;
       case wire::Body::Get:
-        value = get(s, *m.body_as_Get());
+        a.value = get(s, *m.body_as_Get());
         break;
       case wire::Body::Commit:
-        value = commit(s);
+        a.value = commit(s);
         break;
       case wire::Body::Discard: {
         std::lock_guard lk(mu);
@@ -399,14 +366,13 @@ void SwapService::Impl::handle(Peer& p, const wire::Message& m, Session& s,
         break;
       }
       default:
-        text = status();
+        a.text = status();
         break;  // Status (the others were refused before)
     }
   } catch (...) {
-    build_error_reply(p.conn, fb, std::current_exception(), tag_of(m));
-    return;
+    return service::error_answer(std::current_exception(), tag_of(m));
   }
-  build_reply(p.conn, fb, 0, "", value, text);
+  return a;
 }
 
 // ---- requests ------------------------------------------------------------------------------
@@ -548,7 +514,8 @@ std::string SwapService::Impl::status() const {
                       {"queue_bytes", queue_bytes},
                       {"nvme_capacity", space->capacity()},
                       {"nvme_free", regions->stats().free},
-                      {"backend", engine->backend_description()}};
+                      {"backend", engine->backend_description()},
+                      {"shared_memory_pages", huge_pages.describe()}};
   for (const auto& d : cfg.swap_dirs) j["swap_dirs"].push_back(d.string());
   j["clients"] = nlohmann::json::array();
   for (const auto& [k, c] : clients) {
@@ -620,6 +587,14 @@ SwapService::SwapService(ServiceConfig cfg, int listen_fd) : impl_(std::make_uni
   m.cfg = std::move(cfg);
   m.socket_path = m.cfg.socket.empty() ? default_service_socket() : m.cfg.socket;
   m.open_storage();
+  m.huge_pages = service::shmem_huge_pages();
+  if (m.huge_pages.asked && !m.huge_pages.lent)
+    log(LogLevel::warn,
+        fmt::format("service: the clients' shared memory will be on {}: NVMe reads "
+                    "into them run 2-3x slower than into huge pages. Allow them with `echo advise "
+                    "> /sys/kernel/mm/transparent_hugepage/shmem_enabled` (as root; "
+                    "tools/systemd/tierswap-thp.conf does it at boot)",
+                    m.huge_pages.describe()));
   m.listen_on(listen_fd);
   m.metrics = MetricsRegistry::process().add([&m](MetricsWriter& w) { m.fill_metrics(w); });
   if (const TelemetryConfig tc = TelemetryConfig::from_env(); tc.enabled) {

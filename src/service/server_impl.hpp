@@ -14,7 +14,9 @@
 #include <string>
 #include <thread>
 
+#include "src/service/outbox.hpp"
 #include "src/service/protocol.hpp"
+#include "src/service/shared_memory.hpp"
 #include "src/service/store.hpp"
 #include "tierswap/extent_allocator.hpp"
 #include "tierswap/io_engine.hpp"
@@ -25,16 +27,6 @@
 
 namespace tierswap {
 namespace service {
-
-// A client's shared memory: a sealed memfd mapped here (and, through the passed fd, there).
-struct SharedMemory {
-  int fd = -1;
-  std::byte* data = nullptr;
-  std::uint64_t bytes = 0;
-  SharedMemory() = default;
-  SharedMemory(const SharedMemory&) = delete;
-  ~SharedMemory();
-};
 
 struct Peer {
   Connection conn;
@@ -57,8 +49,11 @@ struct SwapService::Impl {
   service::ServiceFiles files;
   std::uint64_t align = 4096;
   std::string uuid;
+  service::ShmemHugePages huge_pages;
 
-  mutable std::mutex mu;  // everything below
+  // Everything below. Lock order: the engine's lock, then mu (raw I/O's completion callbacks
+  // count traffic); nothing that holds mu calls into the engine.
+  mutable std::mutex mu;
   std::map<std::string, ClientRecord> clients;
   std::unique_ptr<ExtentAllocator> regions;
   struct Live {
@@ -108,7 +103,10 @@ struct SwapService::Impl {
     std::deque<RawRequest> waiting;  // raw I/O beyond the client's share of the engine's queue
     std::list<Raw> inflight;         // raw I/O in the engine, answered as each completes
     std::uint64_t inflight_bytes = 0;
-    int done_fd = -1;      // eventfd: the engine signals each completion of this client's I/O
+    std::unique_ptr<service::Outbox> out;     // the replies (this thread's and the callbacks')
+    std::atomic<std::uint32_t> in_engine{0};  // raw requests whose callback has not run
+    std::atomic<bool> waiting_any{false};     // !waiting.empty(), for the callbacks
+    int done_fd = -1;      // eventfd: a callback wakes the session (see submit_raw)
     int registered = -1;   // the locked memory as the engine's fixed buffers (-1: not)
     bool busy = false;     // counted in busy_clients
     bool release = false;  // forget the client at the disconnect
@@ -117,18 +115,18 @@ struct SwapService::Impl {
   std::uint64_t queue_bytes = 0;               // the engine's depth x block size
   std::atomic<std::uint32_t> busy_clients{0};  // clients with raw I/O waiting or in flight
   std::uint64_t raw_share() const;
-  bool queue_raw(Peer& p, Session& s, const wire::Message& m, flatbuffers::FlatBufferBuilder& fb);
+  bool queue_raw(Session& s, const wire::Message& m);
   static Session::RawRequest parse_raw(const wire::Message& m);
   std::string check_raw(const Session& s, const Session::RawRequest& q) const;
-  bool submit_raw(Peer& p, Session& s, flatbuffers::FlatBufferBuilder& fb);
-  bool answer_raw(Peer& p, Session& s, flatbuffers::FlatBufferBuilder& fb);
-  bool drain_raw(Peer& p, Session& s, flatbuffers::FlatBufferBuilder& fb);
-  // Blocks until a request arrives (*request = true) or raw I/O completes (answered here).
-  bool wait_raw(Peer& p, Session& s, flatbuffers::FlatBufferBuilder& fb, bool* request);
+  bool submit_raw(Session& s);
+  bool answer_raw(Session& s);
+  bool drain_raw(Session& s);
+  // Blocks until a request arrives (*request = true) or the session is woken (accounts here).
+  bool wait_raw(Peer& p, Session& s, bool* request);
   void abandon_raw(Session& s);
   void update_busy(Session& s);
   bool hello(Peer& p, const wire::Hello& h, Session& s, std::string* why);
-  void handle(Peer& p, const wire::Message& m, Session& s, flatbuffers::FlatBufferBuilder& fb);
+  service::Answer handle(const wire::Message& m, Session& s);
   std::uint64_t put(Session& s, const wire::Put& r);
   std::uint64_t get(Session& s, const wire::Get& r);
   std::uint64_t commit(Session& s);

@@ -45,6 +45,7 @@ class ServiceBackend final : public detail::IoBackend {
   IoBackendKind kind() const noexcept override { return IoBackendKind::service; }
   std::string describe() const override { return "node service at " + c_.path.string(); }
 
+  // The batch goes out as one write (the service takes it in with one read).
   int submit(std::span<detail::IoRequest* const> reqs) noexcept override {
     std::lock_guard lk(mu_);
     for (detail::IoRequest* r : reqs) {
@@ -64,13 +65,16 @@ class ServiceBackend final : public detail::IoBackend {
       fb_.Finish(
           c_.conn->message(fb_, r->op == IoOp::write ? wire::Body::Write : wire::Body::Read, body),
           wire::MessageIdentifier());
-      if (const int e = c_.conn->send(fb_); e != 0) {
-        die(-e);
-        ready_.push_back({r, e});
+      try {
+        c_.conn->queue(fb_);
+      } catch (...) {
+        ready_.push_back({r, -ENOMEM});
         continue;
       }
       outstanding_[r->id] = r;
     }
+    if (dead_ == 0 && c_.conn->has_output())
+      if (const int e = c_.conn->flush(); e != 0) die(-e);  // fails the batch with the rest
     if (!ready_.empty()) kick();
     return static_cast<int>(reqs.size());
   }

@@ -29,6 +29,20 @@ def wait_for(s, word):
             return
 
 
+def shmem_lends_huge_pages():
+    """Whether this kernel gives shared memory that asks (MADV_HUGEPAGE) transparent huge pages:
+    the sysfs shmem_enabled selection, or its 2 MiB entry's when that is not "inherit"."""
+    def selected(path):
+        try:
+            text = open(path).read()
+        except OSError:
+            return ""
+        return text[text.index("[") + 1:text.index("]")] if "[" in text else ""
+    thp = "/sys/kernel/mm/transparent_hugepage"
+    top, two = selected(f"{thp}/shmem_enabled"), selected(f"{thp}/hugepages-2048kB/shmem_enabled")
+    return (top if two in ("", "inherit") else two) in ("always", "within_size", "advise")
+
+
 def test_serve_under_systemd_notifies_lists_and_serves_metrics(tmp_path):
     swap = tmp_path / "swap"
     swap.mkdir()
@@ -48,6 +62,8 @@ def test_serve_under_systemd_notifies_lists_and_serves_metrics(tmp_path):
         assert oct(os.stat(sock).st_mode & 0o777) == "0o600"
         ps = subprocess.run([cli_path(), "ps"], env=env, capture_output=True, text=True, check=True)
         assert str(svc.pid) in ps.stdout and "0 B of 4.00 MiB shared memory granted" in ps.stdout, ps.stdout
+        pages = "transparent huge pages" if shmem_lends_huge_pages() else "4 KiB pages"
+        assert f"shared memory on {pages} (shmem_enabled: " in ps.stdout, ps.stdout
         res = subprocess.run([cli_path(), "residency", str(svc.pid)], env=env, capture_output=True,
                              text=True, check=True)
         assert f"node service (pid {svc.pid}): 0 B of 4.00 MiB" in res.stdout, res.stdout
@@ -74,7 +90,7 @@ def test_serve_takes_the_socket_systemd_hands_over(tmp_path):
     listener.listen(8)
     note, note_path = notify_socket(tmp_path)
     env = dict(os.environ, NOTIFY_SOCKET=note_path, LISTEN_FDS="1",
-               TIERSWAP_RUNTIME_DIR=str(tmp_path))
+               TIERSWAP_RUNTIME_DIR=str(tmp_path), TIERSWAP_HUGE_PAGES="0")
     os.chmod(tmp_path, 0o700)
     # The socket becomes fd 3 (SD_LISTEN_FDS_START); LISTEN_PID must be the service's pid: the
     # shell's, which exec keeps.
@@ -98,6 +114,7 @@ def test_serve_takes_the_socket_systemd_hands_over(tmp_path):
         err = svc.stderr.read()
         assert f"listening on {path}" in err, err
         assert "dropped" in err and "message length" in err, err
+        assert "4 KiB pages" not in err, err  # no warning about pages it was told not to use
     finally:
         if svc.poll() is None:
             svc.kill()
@@ -172,3 +189,45 @@ def test_a_pytorch_job_on_the_service_trains_as_on_its_own_swap_files(tmp_path):
     finally:
         svc.terminate()
         assert svc.wait(timeout=30) == 0
+
+
+def test_bench_io_measures_through_the_service_and_gives_its_region_back(tmp_path):
+    import json
+
+    svc, sock = start_service(tmp_path, budget="8MiB")
+    try:
+        r = subprocess.run([cli_path(), "bench", "io", "--service", sock, "--size", "8MiB",
+                            "--block-size", "256KiB", "--queue-depth", "3", "--runs", "2", "--json"],
+                           capture_output=True, text=True, timeout=120)
+        assert r.returncode == 0, r.stderr
+        out = json.loads(r.stdout)
+        assert out["service"] == sock and out["backend_description"].startswith("service (")
+        assert "buffered" not in out["backend_description"]  # the region's files are the service's
+        runs = out["runs"]
+        assert [(x["mode"], x["run"]) for x in runs] == [("write", 1), ("read", 1), ("write", 2),
+                                                         ("read", 2)]
+        for x in runs:
+            assert x["bytes"] == 8 << 20 and x["requests"] == 32 and x["queue_depth"] == 3, x
+        # Each combination's client released its region and memory: the service is as it was.
+        ps = subprocess.run([cli_path(), "residency", str(svc.pid)], capture_output=True,
+                            text=True, check=True)
+        assert "0 B of 8.00 MiB shared memory granted, 0 clients known" in ps.stdout, ps.stdout
+        # A ring larger than the client's share of the budget is refused with the service's reason.
+        r = subprocess.run([cli_path(), "bench", "io", "--service", sock, "--size", "8MiB",
+                            "--block-size", "4MiB", "--queue-depth", "4", "--runs", "1"],
+                           capture_output=True, text=True, timeout=120)
+        assert r.returncode != 0 and "refused" in r.stderr, r.stderr
+    finally:
+        svc.kill()
+        svc.wait()
+
+
+@pytest.mark.parametrize("extra,named", [
+    (["--dir", "/var/tmp"], "--dir"),
+    (["--sweep"], "--sweep"),
+    (["--backend", "posix"], "--backend"),
+])
+def test_bench_io_through_the_service_refuses_the_service_s_own_settings(tmp_path, extra, named):
+    r = subprocess.run([cli_path(), "bench", "io", "--service", str(tmp_path / "none.sock"),
+                        "--size", "1MiB"] + extra, capture_output=True, text=True, timeout=60)
+    assert r.returncode != 0 and named in r.stderr and "tierswap serve" in r.stderr, r.stderr

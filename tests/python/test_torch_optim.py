@@ -556,3 +556,18 @@ def test_parameters_alias_the_new_values_and_get_their_own_storage_back_at_close
         lin.weight.add_(1)  # its own storage again: usable after the optimizer is gone
     assert torch.equal(lin.weight, after + 1)
     assert lin(torch.ones(2, 32, dtype=torch.bfloat16)).shape == (2, 16)
+
+
+def test_sizes_and_counts_follow_the_cli_grammar():
+    import tierswap
+
+    assert tierswap.parse_size("8MiB") == 8 << 20 and tierswap.parse_size(4096) == 4096
+    assert tierswap.parse_count("64M") == 64_000_000 and tierswap.parse_count("1.5B") == 1_500_000_000
+    assert tierswap.parse_count("7e3") == 7000 and tierswap.parse_count(12) == 12
+    for bad in ("many", "64MiB", "-3", ""):
+        with pytest.raises(ValueError, match="count"):
+            tierswap.parse_count(bad)
+    with pytest.raises(TypeError):
+        tierswap.parse_count(True)
+    with pytest.raises(ValueError):
+        tierswap.parse_count(-1)

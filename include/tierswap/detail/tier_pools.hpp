@@ -84,6 +84,11 @@ class HostPool final : public SlabPool {
  private:
   void make_slab(Slab& s, std::uint64_t bytes) override;
   void drop_slab(Slab& s) noexcept override;
+  std::byte* carve(std::uint64_t bytes);
+  // Slabs are carved in order from chunks of whole 2 MiB pages (transparent huge pages: see
+  // carve()); a slab owns its memory only when huge pages are off or no chunk could be had.
+  std::vector<AlignedBuffer> chunks_;
+  std::uint64_t chunk_used_ = 0;  // bytes of chunks_.back() carved
   bool lock_;
   int numa_node_;
   IoEngine* engine_;

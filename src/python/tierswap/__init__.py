@@ -10,14 +10,26 @@ __all__ = ["torch", "deepspeed"]
 __version__ = "0.1.0"
 
 
-def parse_size(text):
-    """'8GiB', '512M', '1e9' or an int -> bytes (the CLI's size grammar)."""
+def _parse(text, what, example, native):
+    """An int (>= 0) as it is, a string through the native parser; anything else a TypeError."""
     if isinstance(text, bool):
-        raise TypeError("a size must be an int or a string such as '8GiB', not a bool")
+        raise TypeError(f"a {what} must be an int or a string such as '{example}', not a bool")
     if isinstance(text, int):
         if text < 0:
-            raise ValueError(f"a size must be >= 0, not {text}")
+            raise ValueError(f"a {what} must be >= 0, not {text}")
         return text
     if not isinstance(text, str):
-        raise TypeError(f"a size must be an int or a string such as '8GiB', not {type(text).__name__}")
-    return _tierswap.parse_size(text)
+        raise TypeError(f"a {what} must be an int or a string such as '{example}', "
+                        f"not {type(text).__name__}")
+    return native(text)
+
+
+def parse_size(text):
+    """'8GiB', '512M', '1e9' or an int -> bytes (the CLI's size grammar)."""
+    return _parse(text, "size", "8GiB", _tierswap.parse_size)
+
+
+def parse_count(text):
+    """'64M', '1.5B', '7e9' or an int -> a count, decimal as model sizes are named (the CLI's
+    --params grammar: K, M, B or G, T)."""
+    return _parse(text, "count", "64M", _tierswap.parse_count)

@@ -126,6 +126,10 @@ struct IoEngine::Impl {
   };
   std::vector<Control*> controls;  // one per waiting caller
   std::uint32_t max_align = 1;
+  // Requests per backend call (0: all): IoEngineConfig::submit_batch where the backend hands
+  // each call to the kernel as one submission (io_uring, libaio), which Linux plugs from 3
+  // requests on, merging those adjacent on disk into ones larger than block_size.
+  std::uint32_t submit_per_call = 0;
 
   std::atomic<std::uint64_t> bytes_read{0}, bytes_written{0}, requests{0}, short_transfers{0},
       retries{0}, bounce_requests{0}, fixed_requests{0}, failed_tickets{0};
@@ -447,8 +451,10 @@ struct IoEngine::Impl {
     std::size_t done = 0;
     std::uint32_t attempts = 0;
     int last = 0;
+    const std::size_t per_call = submit_per_call ? submit_per_call : n;
     while (done < n) {
-      int r = backend->submit(std::span<IoRequest* const>(batch + done, n - done));
+      const std::size_t k = std::min(per_call, n - done);
+      int r = backend->submit(std::span<IoRequest* const>(batch + done, k));
       if (r > 0) {
         done += static_cast<std::size_t>(r);
         attempts = 0;
@@ -679,6 +685,8 @@ IoEngine::IoEngine(const SwapSpace& space, IoEngineConfig config,
     description_ += ", buffered I/O on some files";
   log(LogLevel::info, "I/O engine: " + description_);
   impl_->owner_submits = impl_->backend->owner_thread_submits();
+  if (kind_ == IoBackendKind::uring || kind_ == IoBackendKind::aio)
+    impl_->submit_per_call = config_.submit_batch;
   std::promise<int> attached;
   auto result = attached.get_future();
   impl_->reaper = std::thread([this, &attached] { impl_->reap_loop(attached); });

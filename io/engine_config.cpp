@@ -46,6 +46,8 @@ void IoEngineConfig::validate() const {
                   "must be a multiple of 4096 between 4 KiB and 64 MiB");
   if (posix_threads < 1 || posix_threads > 256)
     throw_invalid("posix_threads", std::to_string(posix_threads), "must be in 1..256");
+  if (submit_batch > 4096)
+    throw_invalid("submit_batch", std::to_string(submit_batch), "must be in 0..4096");
 }
 
 namespace {
@@ -54,7 +56,7 @@ using Field = detail::ConfigField<IoEngineConfig>;
 using C = IoEngineConfig;
 
 // Every setting of IoEngineConfig, in the README's order.
-const std::array<Field, 7> kFields = {{
+const std::array<Field, 8> kFields = {{
     {"backend", "TIERSWAP_IO_BACKEND",
      [](C& c, const nlohmann::json& v, const std::string& k) {
        c.backend = parse_backend(detail::json_string(v, k));
@@ -68,6 +70,7 @@ const std::array<Field, 7> kFields = {{
     detail::count_field<C, &C::sqpoll_idle_ms>("sqpoll_idle_ms", ""),
     detail::count_field<C, &C::posix_threads>("posix_threads", "TIERSWAP_POSIX_THREADS"),
     detail::count_field<C, &C::max_retries>("max_retries", "TIERSWAP_IO_RETRIES"),
+    detail::count_field<C, &C::submit_batch>("submit_batch", "TIERSWAP_SUBMIT_BATCH"),
 }};
 
 }  // namespace

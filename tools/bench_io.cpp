@@ -38,6 +38,7 @@ struct BenchIoOptions {
   bool sweep = false;
   bool sqpoll = false;
   bool keep = false;
+  std::uint32_t submit_batch = IoEngineConfig{}.submit_batch;
 };
 
 // The swap space of the measurement: --dir (or a temporary directory), --size, --stripe-size,
@@ -69,11 +70,12 @@ std::vector<IoCombo> combos_of(const BenchIoOptions& o) {
   std::vector<IoCombo> combos;
   if (!o.sweep)
     return {{parse_backend(o.backend), parse_size(o.block_size, "--block-size"), o.queue_depth,
-             o.sqpoll}};
+             o.sqpoll, o.submit_batch}};
   // ds_nvme_tune sweeps {1M, 8M} x {32, 128}; this grid covers it and more.
   for (auto b : {IoBackendKind::uring, IoBackendKind::aio, IoBackendKind::posix})
     for (std::uint64_t bs : {128 * KiB, 256 * KiB, 1 * MiB, 4 * MiB, 8 * MiB})
-      for (std::uint32_t d : {8u, 32u, 128u}) combos.push_back({b, bs, d, o.sqpoll});
+      for (std::uint32_t d : {8u, 32u, 128u})
+        combos.push_back({b, bs, d, o.sqpoll, o.submit_batch});
   return combos;
 }
 
@@ -98,14 +100,15 @@ void report_best(const BenchIoOptions& o, const std::vector<IoRun>& runs,
 
 // --service: the options that belong to the service's own engine and drives are refused.
 void check_service_options(const BenchIoOptions& o) {
-  const char* bad = !o.dirs.empty()           ? "--dir"
-                    : o.sweep                 ? "--sweep"
-                    : o.keep                  ? "--keep"
-                    : o.sqpoll                ? "--sqpoll"
-                    : o.backend != "auto"     ? "--backend"
-                    : o.direct != "auto"      ? "--direct"
-                    : o.stripe_size != "1MiB" ? "--stripe-size"
-                                              : nullptr;
+  const char* bad = !o.dirs.empty()                                   ? "--dir"
+                    : o.sweep                                         ? "--sweep"
+                    : o.keep                                          ? "--keep"
+                    : o.sqpoll                                        ? "--sqpoll"
+                    : o.backend != "auto"                             ? "--backend"
+                    : o.direct != "auto"                              ? "--direct"
+                    : o.stripe_size != "1MiB"                         ? "--stripe-size"
+                    : o.submit_batch != IoEngineConfig{}.submit_batch ? "--submit-batch"
+                                                                      : nullptr;
   if (bad)
     throw std::invalid_argument(fmt::format(
         "--service with {}: the service's drives and engine are its own (set them on `tierswap "
@@ -250,6 +253,11 @@ void add_bench_io(CLI::App& bench) {
       ->capture_default_str();
   io->add_option("--direct", opts->direct, "O_DIRECT: auto|on|off")->capture_default_str();
   io->add_flag("--sqpoll", opts->sqpoll, "io_uring SQPOLL thread");
+  io->add_option("--submit-batch", opts->submit_batch,
+                 "Requests per submission system call (0: all ready at once; from 3 on Linux "
+                 "merges requests adjacent on disk)")
+      ->capture_default_str()
+      ->check(CLI::Range(0, 4096));
   io->add_flag("--sweep", opts->sweep,
                "Grid of block sizes x depths x backends; prints the best configuration");
   io->add_flag("--keep", opts->keep,

@@ -22,6 +22,7 @@ IoEngineConfig IoCombo::config() const {
   c.block_size = block;
   c.queue_depth = depth;
   c.sqpoll = sqpoll;
+  c.submit_batch = submit_batch;
   return c;
 }
 
@@ -31,7 +32,8 @@ std::string IoCombo::label() const {
 }
 
 bool operator==(const IoCombo& a, const IoCombo& b) {
-  return a.backend == b.backend && a.block == b.block && a.depth == b.depth && a.sqpoll == b.sqpoll;
+  return a.backend == b.backend && a.block == b.block && a.depth == b.depth &&
+         a.sqpoll == b.sqpoll && a.submit_batch == b.submit_batch;
 }
 
 double IoRun::cpu_s_per_gib() const {
@@ -44,6 +46,7 @@ nlohmann::json IoRun::to_json() const {
           {"block_size", combo.block},
           {"queue_depth", combo.depth},
           {"sqpoll", combo.sqpoll},
+          {"submit_batch", combo.submit_batch},
           {"run", run},
           {"bytes", bytes},
           {"seconds", seconds},

@@ -22,6 +22,7 @@ struct IoCombo {
   std::uint64_t block = 0;
   std::uint32_t depth = 0;
   bool sqpoll = false;
+  std::uint32_t submit_batch = IoEngineConfig{}.submit_batch;  ///< requests per system call
   IoEngineConfig config() const;  ///< this combination as an engine config
   std::string label() const;      ///< "io_uring 1 MiB qd32 sqpoll"
 };

@@ -44,6 +44,10 @@ struct IoEngineConfig {
   std::uint32_t sqpoll_idle_ms = 50;
   std::uint32_t posix_threads = 4;  ///< workers of the posix backend
   std::uint32_t max_retries = 64;   ///< EAGAIN/EINTR/no-progress retries per request
+  /// Requests handed to the kernel per system call (0: all that are ready at once). Linux plugs
+  /// a submission of 3 or more and merges requests adjacent on disk into larger ones (up to the
+  /// device's max_sectors_kb): block_size would not be the size the device sees. At 2 it is.
+  std::uint32_t submit_batch = 2;
 
   /// Overrides from the environment: first the keys of the JSON file TIERSWAP_IO_CONFIG names
   /// (what `tierswap tune` writes), then each setting's variable as keys() lists it (the README's

@@ -164,7 +164,9 @@ class UringBackend final : public IoBackend {
       ++prepared;
     }
     if (prepared == 0) return reqs.empty() ? 0 : -EBUSY;
-    if (!single_) flush();  // single issuer: reap() submits them with its wait
+    // Each call's requests go to the kernel in one system call of their own (the engine sizes
+    // the calls: IoEngineConfig::submit_batch); a single issuer is the only caller.
+    flush();
     return static_cast<int>(prepared);
   }
 

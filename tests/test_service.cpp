@@ -15,7 +15,9 @@
 #include <cstring>
 #include <fstream>
 #include <nlohmann/json.hpp>
+#include <system_error>
 #include <thread>
+#include <utility>
 
 #include "service_util.hpp"
 #include "src/service/outbox.hpp"
@@ -188,6 +190,56 @@ TEST(Service, AReattachAskingALargerRegionIsRefusedAndTheRegionKept) {
   EXPECT_TRUE(c.reattached());
   EXPECT_EQ(nlohmann::json::parse(svc.status_json()).at("clients").at(0).at("region_bytes"),
             first.region_bytes);
+}
+
+// A refused hello says why by its errno too (the reason in its message): ENOENT for a client the
+// service does not know that asks for no region, EBUSY while the client is attached, EPROTOTYPE
+// for the other kind than its first attach's. `tierswap release` attaches as a known client with
+// no region, as either kind, and releases it: then the service does not know it any more.
+TEST(Service, RefusedHellosSayWhyAndAKnownClientIsReleasedWithoutItsRegion) {
+  TempDir d;
+  const auto sc = service_config(d, 1 * kMiB);
+  SwapService svc(sc);
+  auto refusal = [](const ServiceClientConfig& c) {
+    for (int i = 0; i < 100; ++i) {  // until the service has seen an earlier connection close
+      try {
+        ServiceClient x(c);
+        return std::pair<int, std::string>(0, "");
+      } catch (const std::system_error& e) {
+        if (e.code().value() != EBUSY || i == 99)
+          return std::pair<int, std::string>(e.code().value(), e.what());
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    }
+    return std::pair<int, std::string>(-1, "");
+  };
+  auto blocks = client_config(sc, "kind");
+  auto known = blocks;
+  known.region_bytes = 0;
+  const auto unknown = refusal(known);
+  EXPECT_EQ(unknown.first, ENOENT) << unknown.second;
+  EXPECT_NE(unknown.second.find("kind.0 is not known"), std::string::npos) << unknown.second;
+  auto held = std::make_unique<ServiceClient>(blocks);
+  held->commit();
+  const std::string busy = error_of([&] { ServiceClient x(known); });
+  EXPECT_NE(busy.find("already attached"), std::string::npos) << busy;
+  held.reset();
+  auto raw = known;
+  raw.raw = true;
+  const auto other = refusal(raw);
+  EXPECT_EQ(other.first, EPROTOTYPE) << other.second;
+  EXPECT_NE(other.second.find("first attached as a block client"), std::string::npos);
+  EXPECT_EQ(refusal(known).first, 0);  // the right kind and no region: attached
+  {
+    ServiceClient c(known);
+    EXPECT_TRUE(c.reattached());
+    EXPECT_EQ(c.attached_generation(), 1u);
+    c.release();
+  }
+  EXPECT_EQ(refusal(known).first, ENOENT);  // forgotten, its region free again
+  const auto st = nlohmann::json::parse(svc.status_json());
+  EXPECT_EQ(st.at("nvme_free"), st.at("nvme_capacity"));
+  EXPECT_TRUE(st.at("clients").empty());
 }
 
 // Pageable shared memory is mapped by both sides but neither locked nor counted in the node's

@@ -33,6 +33,8 @@ void add_probe(CLI::App& app);
 void add_tune(CLI::App& app);
 /// `tierswap serve ...` (the node service)
 void add_serve(CLI::App& app);
+/// `tierswap release JOB.RANK` (forget a node-service client)
+void add_release(CLI::App& app);
 /// `tierswap config --from-deepspeed FILE`
 void add_config(CLI::App& app);
 /// Prints a residency snapshot (the telemetry JSON) as tables; a node service's answer as its

@@ -1,12 +1,17 @@
 // `tierswap serve`: the node service (include/tierswap/service.hpp) in the foreground until
 // SIGINT or SIGTERM; under systemd it takes the socket it is handed (socket activation) and
-// reports readiness (sd_notify).
+// reports readiness (sd_notify). `tierswap release JOB.RANK`: an operator frees the region of a
+// client that ended without releasing it (a job that kept its swap files, or one that died).
+#include <errno.h>
 #include <signal.h>
 #include <systemd/sd-daemon.h>
 
 #include <cstdio>
 #include <memory>
 #include <string>
+#include <system_error>
+#include <tuple>
+#include <utility>
 #include <vector>
 
 #include "tierswap/metrics.hpp"
@@ -68,7 +73,64 @@ void run_serve(const ServeOptions& o) {
   fmt::print(stderr, "tierswap serve: signal {}: stopping\n", sig);
 }
 
+struct ReleaseOptions {
+  std::string client, socket;
+  double timeout = 30;
+};
+
+// "JOB.RANK" (the key `tierswap ps` and the service's log show): the rank follows the last dot.
+std::pair<std::string, std::uint32_t> parse_client_key(const std::string& key) {
+  const auto dot = key.rfind('.');
+  const std::string rank = dot == std::string::npos ? "" : key.substr(dot + 1);
+  if (dot == 0 || rank.empty() || rank.size() > 9 ||
+      rank.find_first_not_of("0123456789") != std::string::npos)
+    throw std::invalid_argument(fmt::format(
+        "release: client '{}': expected JOB.RANK, as `tierswap ps` lists it (e.g. lm.0)", key));
+  return {key.substr(0, dot), static_cast<std::uint32_t>(std::stoul(rank))};
+}
+
+// Attaches as the client (the service refuses while it is attached) and asks to be forgotten:
+// its region, blocks and manifest go, as at the end of a run that keeps nothing. A client's kind
+// (block or raw) is fixed at its first attach; the service names the other kind with EPROTOTYPE.
+void run_release(const ReleaseOptions& o) {
+  ServiceClientConfig c;
+  std::tie(c.job, c.rank) = parse_client_key(o.client);
+  c.socket = o.socket;
+  c.memory_bytes = 4096;  // the least an attach asks; no region: only a known client attaches
+  c.timeout_seconds = o.timeout;
+  for (const bool raw : {false, true}) {
+    c.raw = raw;
+    try {
+      ServiceClient client(c);
+      const std::uint64_t generation = client.attached_generation();
+      client.release();
+      fmt::print(
+          "tierswap release: {} released (its region and its committed generation {} "
+          "are gone)\n",
+          o.client, generation);
+      return;
+    } catch (const std::system_error& e) {
+      if (raw || e.code().value() != EPROTOTYPE) throw;
+    }
+  }
+}
+
 }  // namespace
+
+void add_release(CLI::App& app) {
+  auto o = std::make_shared<ReleaseOptions>();
+  auto* r = app.add_subcommand(
+      "release",
+      "Free a node-service client's NVMe region and state (one that ended without releasing it)");
+  r->add_option("client", o->client, "The client as `tierswap ps` lists it: JOB.RANK")->required();
+  r->add_option("--socket", o->socket,
+                "The service's Unix socket (default: TIERSWAP_SERVICE, else <runtime "
+                "dir>/service.sock)");
+  r->add_option("--timeout", o->timeout, "Seconds to wait for the service")
+      ->capture_default_str()
+      ->check(CLI::PositiveNumber);
+  r->callback([o] { run_release(*o); });
+}
 
 void add_serve(CLI::App& app) {
   auto o = std::make_shared<ServeOptions>();

@@ -50,6 +50,7 @@ int main(int argc, char** argv) {
   tierswap::cli::add_config(app);
   tierswap::cli::add_tune(app);
   tierswap::cli::add_serve(app);
+  tierswap::cli::add_release(app);
 
   try {
     app.parse(argc, argv);

@@ -206,8 +206,8 @@ void SwapService::Impl::serve(Peer& p) {
             fmt::format("service: dropped pid {}: first message is not hello", p.cred.pid));
         break;
       }
-      if (!hello(p, *h, s, &why)) {
-        s.out->send({EINVAL, why});
+      if (const int refused = hello(p, *h, s, &why); refused != 0) {
+        s.out->send({refused, why});
         break;
       }
       continue;
@@ -234,33 +234,33 @@ void SwapService::Impl::serve(Peer& p) {
   ::shutdown(p.conn.fd(), SHUT_RDWR);
 }
 
-bool SwapService::Impl::hello(Peer& p, const wire::Hello& h, Session& s, std::string* why) {
+int SwapService::Impl::hello(Peer& p, const wire::Hello& h, Session& s, std::string* why) {
   const std::string job = h.job() ? h.job()->str() : "";
   if (h.protocol() != service::kProtocolVersion) {
     *why = fmt::format("protocol {} (this service speaks {})", h.protocol(),
                        service::kProtocolVersion);
-    return false;
+    return EINVAL;
   }
   if (!detail::valid_job_id(job)) {
     *why = fmt::format("job id '{}': expected 1-64 of [A-Za-z0-9._-]", job);
-    return false;
+    return EINVAL;
   }
   const std::uint64_t mem = h.memory_bytes(), pageable = h.pageable_bytes();
   if (mem == 0 || mem % 4096 != 0 || pageable % 4096 != 0) {
     *why = fmt::format("memory_bytes {}, pageable_bytes {}: multiples of 4 KiB (memory_bytes > 0)",
                        mem, pageable);
-    return false;
+    return EINVAL;
   }
   if (pageable > pageable_quota) {
     *why = fmt::format("client {}.{} asks {} of pageable shared memory: the per-client quota is {}",
                        job, h.rank(), format_bytes(pageable), format_bytes(pageable_quota));
-    return false;
+    return EINVAL;
   }
   std::unique_lock lk(mu);
   const std::string key = job + "." + std::to_string(h.rank());
   if (live.count(key)) {
     *why = fmt::format("client {} is already attached (pid {})", key, live[key].pid);
-    return false;
+    return EBUSY;
   }
   const std::uint64_t quota = cfg.client_quota ? cfg.client_quota : cfg.host_budget;
   if (mem > quota || granted + mem > cfg.host_budget) {
@@ -269,14 +269,21 @@ bool SwapService::Impl::hello(Peer& p, const wire::Hello& h, Session& s, std::st
         "the node's {} is free",
         key, format_bytes(mem), format_bytes(quota), format_bytes(cfg.host_budget - granted),
         format_bytes(cfg.host_budget));
-    return false;
+    return EINVAL;
   }
   auto it = clients.find(key);
   const bool reattached = it != clients.end();
   if (reattached && it->second.raw != h.raw()) {
     *why = fmt::format("client {} was first attached as a {} client", key,
                        it->second.raw ? "raw" : "block");
-    return false;
+    return EPROTOTYPE;  // the other kind: `tierswap release` asks again as that kind
+  }
+  if (!reattached && h.region_bytes() == 0) {
+    *why = fmt::format(
+        "client {} is not known to this service (a first attach asks for an "
+        "NVMe region)",
+        key);
+    return ENOENT;
   }
   if (reattached && round_up(h.region_bytes(), align) > it->second.bytes) {
     *why = fmt::format(
@@ -284,7 +291,7 @@ bool SwapService::Impl::hello(Peer& p, const wire::Hello& h, Session& s, std::st
         "does not grow (a new job id gets a new one; releasing this one frees it, losing what "
         "it holds)",
         key, format_bytes(h.region_bytes()), format_bytes(it->second.bytes));
-    return false;
+    return EINVAL;
   }
   if (!reattached) {
     const std::uint64_t want = round_up(h.region_bytes(), align);
@@ -292,7 +299,7 @@ bool SwapService::Impl::hello(Peer& p, const wire::Hello& h, Session& s, std::st
     if (!e) {
       *why = fmt::format("client {} asks {} of NVMe: {} of the swap space is free", key,
                          format_bytes(want), format_bytes(regions->stats().free));
-      return false;
+      return EINVAL;
     }
     ClientRecord c;
     c.job = job;
@@ -323,7 +330,7 @@ bool SwapService::Impl::hello(Peer& p, const wire::Hello& h, Session& s, std::st
       fmt::format("service: {} {} (pid {}): {} shared, {} of NVMe, generation {}", key,
                   reattached ? "reattached" : "attached", p.cred.pid, format_bytes(mem),
                   format_bytes(s.rec->bytes), s.rec->generation));
-  return p.conn.send(fb, s.mem->fd) == 0;
+  return p.conn.send(fb, s.mem->fd) == 0 ? 0 : EPIPE;
 }
 
 namespace {

@@ -125,7 +125,8 @@ struct SwapService::Impl {
   bool wait_raw(Peer& p, Session& s, bool* request);
   void abandon_raw(Session& s);
   void update_busy(Session& s);
-  bool hello(Peer& p, const wire::Hello& h, Session& s, std::string* why);
+  /// Attaches the client a Hello names; 0, or the errno of the refusal (`why` says it).
+  int hello(Peer& p, const wire::Hello& h, Session& s, std::string* why);
   service::Answer handle(const wire::Message& m, Session& s);
   std::uint64_t put(Session& s, const wire::Put& r);
   std::uint64_t get(Session& s, const wire::Get& r);

@@ -191,6 +191,46 @@ def test_a_pytorch_job_on_the_service_trains_as_on_its_own_swap_files(tmp_path):
         assert svc.wait(timeout=30) == 0
 
 
+def test_release_frees_the_region_of_a_job_that_kept_it(tmp_path):
+    import tierswap.torch as tt
+    from tierswap import tinylm
+
+    svc, sock = start_service(tmp_path)
+
+    def release(client):
+        return subprocess.run([cli_path(), "release", client, "--socket", sock, "--timeout", "10"],
+                              capture_output=True, text=True, timeout=60)
+
+    def service_lines():
+        return subprocess.run([cli_path(), "residency", str(svc.pid)], capture_output=True,
+                              text=True, check=True).stdout
+
+    try:
+        (tmp_path / "job").mkdir()
+        model = tinylm.make_model()
+        opt = tt.AdamW(tinylm.param_groups(model), swap_dir=str(tmp_path / "job"),
+                       host_budget="16MiB", state_tier="nvme", telemetry=False, service=sock,
+                       service_job="kept", keep_swap_files=True)
+        tinylm.train_tierswap(model, opt, 1, total=1)
+        r = release("kept.0")  # while the job runs: refused, nothing lost
+        assert r.returncode != 0 and "kept.0 is already attached" in r.stderr, r.stderr
+        opt.close()
+        assert "kept.0 (tier manager): detached" in service_lines()
+        for bad, named in (("ghost.0", "ghost.0 is not known"), ("kept", "JOB.RANK"),
+                           ("kept.x", "JOB.RANK"), ("kept.1", "kept.1 is not known")):
+            r = release(bad)
+            assert r.returncode != 0 and named in r.stderr, (bad, r.stderr)
+        assert "kept.0 (tier manager): detached" in service_lines()
+        r = release("kept.0")
+        assert r.returncode == 0 and "kept.0 released" in r.stdout, r.stderr
+        assert "0 clients known" in service_lines()
+        r = release("kept.0")
+        assert r.returncode != 0 and "kept.0 is not known" in r.stderr, r.stderr
+    finally:
+        svc.terminate()
+        assert svc.wait(timeout=30) == 0
+
+
 def test_bench_io_measures_through_the_service_and_gives_its_region_back(tmp_path):
     import json
 

@@ -79,7 +79,8 @@ class HugePages:
             f.write(str(self.old))
 
 
-def run_tierswap(args, workdir, mode, pages):
+def run_tierswap(args, workdir, mode, pages, env=None):
+    """One `tierswap bench io --runs 1` of `mode`; `env`: more variables for it."""
     tdir = os.path.join(workdir, "tierswap")
     swap = os.path.join(tdir, "tierswap.swap")
     if mode == "write" and os.path.exists(swap):
@@ -89,7 +90,7 @@ def run_tierswap(args, workdir, mode, pages):
            "--block-size", args.block_size, "--queue-depth", str(args.queue_depth),
            "--backend", "uring", "--mode", mode, "--runs", "1", "--direct", "on", "--keep",
            "--json"]
-    env = dict(os.environ, TIERSWAP_HUGE_PAGES="0" if pages == "4k" else "1")
+    env = dict(os.environ, **(env or {}), TIERSWAP_HUGE_PAGES="0" if pages == "4k" else "1")
     out = subprocess.run(cmd, check=True, capture_output=True, text=True, env=env).stdout
     r = json.loads(out)["runs"][0]
     assert r["mode"] == mode

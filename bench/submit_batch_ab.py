@@ -47,10 +47,10 @@ def disk_counters(sys_dev):
     return {"read": (f[0], f[1], f[3]), "write": (f[4], f[5], f[7])}
 
 
-def one_run(args, workdir, mode, pages, batch, sys_dev):
-    os.environ["TIERSWAP_SUBMIT_BATCH"] = str(batch)
+def one_run(args, workdir, mode, batch, sys_dev):
     before = disk_counters(sys_dev)[mode]
-    r = compare_fio.run_tierswap(args, workdir, mode, pages)
+    r = compare_fio.run_tierswap(args, workdir, mode, args.pages,
+                                 env={"TIERSWAP_SUBMIT_BATCH": str(batch)})
     after = disk_counters(sys_dev)[mode]
     gib = args.size_bytes / GIB
     ios, merges, ticks = (a - b for a, b in zip(after, before))
@@ -59,7 +59,7 @@ def one_run(args, workdir, mode, pages, batch, sys_dev):
     return r
 
 
-def run(args, pages, sys_dev):
+def run(args, sys_dev):
     samples = {b: {"write": [], "read": []} for b in args.batch_list}
     workdir = tempfile.mkdtemp(prefix="tierswap-sb-", dir=args.dir)
     try:
@@ -70,11 +70,10 @@ def run(args, pages, sys_dev):
                     if mode == "read":
                         os.sync()
                         time.sleep(args.settle)
-                    samples[batch][mode].append(one_run(args, workdir, mode, pages, batch,
-                                                        sys_dev))
+                    samples[batch][mode].append(one_run(args, workdir, mode, batch, sys_dev))
                 if not args.json:
                     w, r = samples[batch]["write"][-1], samples[batch]["read"][-1]
-                    print(f"{pages} rep {rep + 1}/{args.repeats} submit_batch {batch}: write "
+                    print(f"{args.pages} rep {rep + 1}/{args.repeats} submit_batch {batch}: write "
                           f"{w['gbps']:.3f} GB/s ({w['device_requests_per_gib']:.0f} req/GiB), "
                           f"read {r['gbps']:.3f} GB/s ({r['device_requests_per_gib']:.0f} "
                           "req/GiB)", file=sys.stderr)
@@ -122,7 +121,7 @@ def main():
     if not os.access(args.tierswap, os.X_OK):
         sys.exit(f"submit_batch_ab.py: --tierswap {args.tierswap}: not an executable")
     sys_dev = block_device(args.dir)
-    result = summarize(run(args, args.pages, sys_dev), args.batch_list[0])
+    result = summarize(run(args, sys_dev), args.batch_list[0])
     report = {"device": os.path.basename(sys_dev), "size": args.size_bytes,
               "block_size": args.block_size, "queue_depth": args.queue_depth,
               "repeats": args.repeats, "pages": args.pages,

@@ -143,6 +143,21 @@ TEST(Service, ClientsAreIsolatedAndBadRequestsAreErrorsNotCrashes) {
   EXPECT_EQ(st.at("memory_granted").get<std::uint64_t>(), 512 * kKiB);
 }
 
+// Attaches and detaches a client as `c`: {0, ""} when attached, else the refusal's errno and
+// message. While the service has not yet seen an earlier connection of the same client close it
+// refuses with EBUSY ("already attached"): retried for up to 2 s.
+std::pair<int, std::string> attach_refusal(const ServiceClientConfig& c) {
+  for (int i = 0;; ++i) {
+    try {
+      ServiceClient x(c);
+      return {0, ""};
+    } catch (const std::system_error& e) {
+      if (e.code().value() != EBUSY || i == 99) return {e.code().value(), e.what()};
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+}
+
 TEST(Service, TheNodeBudgetIsSharedAndGivenBack) {
   TempDir d;
   auto sc = service_config(d, 1 * kMiB);
@@ -175,12 +190,7 @@ TEST(Service, AReattachAskingALargerRegionIsRefusedAndTheRegionKept) {
   { ServiceClient c(first); }
   auto more = first;
   more.region_bytes = 2 * first.region_bytes;
-  std::string why;
-  for (int i = 0; i < 100; ++i) {  // until the service has seen the first connection close
-    why = error_of([&] { ServiceClient c(more); });
-    if (why.find("already attached") == std::string::npos) break;
-    std::this_thread::sleep_for(std::chrono::milliseconds(20));
-  }
+  const std::string why = attach_refusal(more).second;
   EXPECT_NE(why.find("asks 16.00 MiB of NVMe, but its region from its first attach holds 8.00 MiB"),
             std::string::npos)
       << why;
@@ -200,23 +210,10 @@ TEST(Service, RefusedHellosSayWhyAndAKnownClientIsReleasedWithoutItsRegion) {
   TempDir d;
   const auto sc = service_config(d, 1 * kMiB);
   SwapService svc(sc);
-  auto refusal = [](const ServiceClientConfig& c) {
-    for (int i = 0; i < 100; ++i) {  // until the service has seen an earlier connection close
-      try {
-        ServiceClient x(c);
-        return std::pair<int, std::string>(0, "");
-      } catch (const std::system_error& e) {
-        if (e.code().value() != EBUSY || i == 99)
-          return std::pair<int, std::string>(e.code().value(), e.what());
-      }
-      std::this_thread::sleep_for(std::chrono::milliseconds(20));
-    }
-    return std::pair<int, std::string>(-1, "");
-  };
   auto blocks = client_config(sc, "kind");
   auto known = blocks;
   known.region_bytes = 0;
-  const auto unknown = refusal(known);
+  const auto unknown = attach_refusal(known);
   EXPECT_EQ(unknown.first, ENOENT) << unknown.second;
   EXPECT_NE(unknown.second.find("kind.0 is not known"), std::string::npos) << unknown.second;
   auto held = std::make_unique<ServiceClient>(blocks);
@@ -226,17 +223,17 @@ TEST(Service, RefusedHellosSayWhyAndAKnownClientIsReleasedWithoutItsRegion) {
   held.reset();
   auto raw = known;
   raw.raw = true;
-  const auto other = refusal(raw);
+  const auto other = attach_refusal(raw);
   EXPECT_EQ(other.first, EPROTOTYPE) << other.second;
   EXPECT_NE(other.second.find("first attached as a block client"), std::string::npos);
-  EXPECT_EQ(refusal(known).first, 0);  // the right kind and no region: attached
+  EXPECT_EQ(attach_refusal(known).first, 0);  // the right kind and no region: attached
   {
     ServiceClient c(known);
     EXPECT_TRUE(c.reattached());
     EXPECT_EQ(c.attached_generation(), 1u);
     c.release();
   }
-  EXPECT_EQ(refusal(known).first, ENOENT);  // forgotten, its region free again
+  EXPECT_EQ(attach_refusal(known).first, ENOENT);  // forgotten, its region free again
   const auto st = nlohmann::json::parse(svc.status_json());
   EXPECT_EQ(st.at("nvme_free"), st.at("nvme_capacity"));
   EXPECT_TRUE(st.at("clients").empty());

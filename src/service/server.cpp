@@ -276,13 +276,11 @@ int SwapService::Impl::hello(Peer& p, const wire::Hello& h, Session& s, std::str
   if (reattached && it->second.raw != h.raw()) {
     *why = fmt::format("client {} was first attached as a {} client", key,
                        it->second.raw ? "raw" : "block");
-    return EPROTOTYPE;  // the other kind: `tierswap release` asks again as that kind
+    return EPROTOTYPE;  // distinct: a caller that does not know the kind may ask as the other
   }
   if (!reattached && h.region_bytes() == 0) {
-    *why = fmt::format(
-        "client {} is not known to this service (a first attach asks for an "
-        "NVMe region)",
-        key);
+    *why = fmt::format("client {} is not known to this service (a first attach asks for a region)",
+                       key);
     return ENOENT;
   }
   if (reattached && round_up(h.region_bytes(), align) > it->second.bytes) {

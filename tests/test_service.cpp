@@ -554,11 +554,16 @@ struct RawPeer {
     EXPECT_TRUE(m->body_as_Welcome());
     if (memfd >= 0) ::close(memfd);
   }
-  void read(std::uint64_t tag, std::uint64_t off, std::uint64_t len, std::uint64_t moff) {
+  /// Sends a read now, or (`now` false) queues it for flush(): a burst the service reads at once.
+  void read(std::uint64_t tag, std::uint64_t off, std::uint64_t len, std::uint64_t moff,
+            bool now = true) {
     fb.Clear();
     fb.Finish(c.message(fb, wire::Body::Read, wire::CreateRead(fb, tag, off, len, moff).Union()),
               wire::MessageIdentifier());
-    EXPECT_EQ(c.send(fb), 0);
+    if (now)
+      EXPECT_EQ(c.send(fb), 0);
+    else
+      c.queue(fb);
   }
   const wire::Reply* reply() {
     EXPECT_EQ(c.receive(buf, &m, nullptr, &why), service::Connection::Status::ok) << why;
@@ -567,16 +572,24 @@ struct RawPeer {
 };
 
 // A client that floods the service has at most the engine's queue in flight (the rest waits in
-// the service, counted as throttled), and every request is still answered, each once.
+// the service, counted as throttled), and every request is still answered, each once. The queue
+// is one 1 MiB request deep and the flood arrives in one write, so that requests wait whatever the
+// disk's speed (a 32-deep queue on a fast disk could drain as fast as the requests came in).
 TEST(Service, AFloodingRawClientHasAtMostItsShareOfTheQueueInFlight) {
   TempDir d;
   const auto sc = service_config(d, 8 * kMiB);
+  ::setenv("TIERSWAP_QUEUE_DEPTH", "1", 1);
+  ::setenv("TIERSWAP_BLOCK_SIZE", "1M", 1);
   SwapService svc(sc);
+  ::unsetenv("TIERSWAP_QUEUE_DEPTH");
+  ::unsetenv("TIERSWAP_BLOCK_SIZE");
   const auto queue =
       nlohmann::json::parse(svc.status_json()).at("queue_bytes").get<std::uint64_t>();
-  const std::uint64_t n = 3 * queue / kMiB;  // three queues' worth of 1 MiB reads
+  ASSERT_EQ(queue, kMiB);
+  const std::uint64_t n = 64;
   RawPeer p(sc.socket, "flood", kMiB, 8 * kMiB);
-  for (std::uint64_t i = 0; i < n; ++i) p.read(i + 1, (i % 8) * kMiB, kMiB, 0);
+  for (std::uint64_t i = 0; i < n; ++i) p.read(i + 1, (i % 8) * kMiB, kMiB, 0, false);
+  ASSERT_EQ(p.c.flush(), 0);
   std::vector<int> answered(n + 1, 0);
   for (std::uint64_t i = 0; i < n; ++i) {
     const wire::Reply* r = p.reply();

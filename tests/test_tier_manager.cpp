@@ -1160,6 +1160,45 @@ TEST(TierManager, ABadSettingThrowsFromTheConstructorInsteadOfAborting) {
   EXPECT_EQ(ok.committed_generation(), 0u);
 }
 
+// A manifest rewritten with `recycle` keeps the file it replaces as the next write's ".tmp" (no
+// commit frees disk blocks, whose discard a rename can wait for), cuts a longer recycled file to
+// the new size, survives a ".old" left by a cut-off write, and is removed with its spare. Without
+// `recycle` no spare is left.
+TEST(Manifest, ARewriteRecyclesTheFileItReplacesInsteadOfFreeingIt) {
+  TempDir d;
+  const auto path = d.path() / "m";
+  const std::string spare = path.string() + ".tmp", old = path.string() + ".old";
+  auto ino = [](const std::string& p) {
+    struct stat st {};
+    return ::stat(p.c_str(), &st) == 0 ? st.st_ino : ino_t{0};
+  };
+  const std::string big(10000, 'b'), small(700, 's'), tiny = "t";
+  detail::write_manifest_file(path, big, false, true);
+  const ino_t first = ino(path.string());
+  EXPECT_EQ(ino(spare), 0u);  // nothing replaced yet
+  detail::write_manifest_file(path, small, true, true);
+  const ino_t second = ino(path.string());
+  EXPECT_NE(second, first);
+  EXPECT_EQ(ino(spare), first);
+  EXPECT_EQ(ino(old), 0u);
+  EXPECT_EQ(detail::read_manifest_file(path), small);
+  detail::write_manifest_file(path, tiny, false, true);  // into the 10 KB file: cut to size
+  EXPECT_EQ(ino(path.string()), first);
+  EXPECT_EQ(ino(spare), second);
+  EXPECT_EQ(detail::read_manifest_file(path), tiny);
+  std::ofstream(old) << "left by a write that was cut off";
+  detail::write_manifest_file(path, big, false, true);
+  EXPECT_EQ(detail::read_manifest_file(path), big);
+  EXPECT_EQ(ino(old), 0u);
+  EXPECT_EQ(ino(spare), first);
+  detail::remove_manifest_file(path);
+  EXPECT_TRUE(std::filesystem::is_empty(d.path()));
+  detail::write_manifest_file(path, small, false);
+  detail::write_manifest_file(path, tiny, false);
+  EXPECT_EQ(detail::read_manifest_file(path), tiny);
+  EXPECT_EQ(ino(spare), 0u);
+}
+
 // A manifest whose checksum is valid but whose fields disagree (sizes against slots and dtype,
 // the two slots, names) is refused naming the block and the field, before anything reads data
 // (before the fix a huge numel overflowed the size and verify_blocks read past its buffer).

@@ -564,6 +564,7 @@ void run_step_round(int r, TierswapStack& ts, ZeroInfinityTraffic& zi, IoOnlyPas
                     bool json) {
   const int passes = bf ? 4 : 3;
   double t = 0, z = 0, i = 0, i_s = 0, b = 0;
+  IoStats e0, e1;  // the engine around the tierswap step (how its requests went)
   for (int k = 0; k < passes; ++k) {
     switch ((r + k) % passes) {
       case 0: {
@@ -571,7 +572,9 @@ void run_step_round(int r, TierswapStack& ts, ZeroInfinityTraffic& zi, IoOnlyPas
         const auto t_in = Clock::now();
         ts.ingest(grad);
         i_s = since(t_in);
+        e0 = ts.engine.stats();
         R.last = ts.opt.step();
+        e1 = ts.engine.stats();
         R.cycle1 = ts.tiers.counters();
         t = R.last.seconds;
         break;
@@ -597,6 +600,10 @@ void run_step_round(int r, TierswapStack& ts, ZeroInfinityTraffic& zi, IoOnlyPas
   R.is.push_back(i);
   nlohmann::json run{{"io_only_s", i},
                      {"step_s", t},
+                     {"step_io_wait_s", R.last.io_wait_seconds},
+                     {"step_requests", e1.requests - e0.requests},
+                     {"step_fixed_requests", e1.fixed_requests - e0.fixed_requests},
+                     {"step_bounce_requests", e1.bounce_requests - e0.bounce_requests},
                      {"ingest_s", i_s},
                      {"zero_infinity_step_s", z},
                      {"step_over_io_only", t / i},

@@ -203,7 +203,7 @@ void TieredOptimizer::Impl::remove_files() noexcept {
   if (own_space) own_space->remove_files();
   std::error_code ec;
   for (const auto& d : dirs) {
-    std::filesystem::remove(d / detail::kManifestName, ec);
+    detail::remove_manifest_file(d / detail::kManifestName);
     std::filesystem::remove(d, ec);  // only when empty
   }
 }

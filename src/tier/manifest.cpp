@@ -38,8 +38,19 @@ T get(const unsigned char* p) {
 
 }  // namespace
 
+namespace {
+// Links the manifest about to be replaced as `old`, so that the rename does not free it. False when
+// there is none yet, or the file system refuses hard links (the rename frees it then).
+bool keep_replaced(const std::string& path, const std::string& old) noexcept {
+  if (::link(path.c_str(), old.c_str()) == 0) return true;
+  if (errno != EEXIST) return false;
+  ::unlink(old.c_str());  // left by a write that was cut off
+  return ::link(path.c_str(), old.c_str()) == 0;
+}
+}  // namespace
+
 void write_manifest_file(const std::filesystem::path& path, const std::string& payload,
-                         bool durable) {
+                         bool durable, bool recycle) {
   unsigned char h[kHeader] = {};
   std::memcpy(h, kMagic, 8);
   put<std::uint32_t>(h + 8, kManifestVersion);
@@ -47,22 +58,31 @@ void write_manifest_file(const std::filesystem::path& path, const std::string& p
   put<std::uint64_t>(h + 16, payload.size());
   put<std::uint64_t>(h + 24, checksum64(payload.data(), payload.size()));
   put<std::uint64_t>(h + 56, checksum64(h, 56));
-  const std::string tmp = path.string() + ".tmp";
-  try {
-    const File f = File::open(tmp, O_WRONLY | O_CREAT | O_TRUNC);
-    f.write_all(h, kHeader);
-    f.write_all(payload.data(), payload.size());
+  const std::string tmp = path.string() + ".tmp", old = path.string() + ".old";
+  try {  // a recycled file is overwritten, then cut to size (no O_TRUNC: that would free it)
+    const File f = File::open(tmp, O_WRONLY | O_CREAT | (recycle ? 0 : O_TRUNC));
+    f.pwrite_all(h, kHeader, 0);
+    f.pwrite_all(payload.data(), payload.size(), kHeader);
+    if (::ftruncate(f.fd(), static_cast<off_t>(kHeader + payload.size())) != 0)
+      throw_errno(errno, "truncate " + tmp);
     if (durable) f.sync();
   } catch (...) {
     ::unlink(tmp.c_str());
     throw;
   }
+  const bool kept = recycle && keep_replaced(path.string(), old);
   if (::rename(tmp.c_str(), path.c_str()) != 0) {
     const int err = errno;
     ::unlink(tmp.c_str());
+    if (kept) ::unlink(old.c_str());
     throw_errno(err, fmt::format("rename {} -> {}", tmp, path.string()));
   }
+  if (kept && ::rename(old.c_str(), tmp.c_str()) != 0) ::unlink(old.c_str());
   if (durable) fsync_directory(path.parent_path().empty() ? "." : path.parent_path());
+}
+
+void remove_manifest_file(const std::filesystem::path& path) noexcept {
+  for (const char* suffix : {"", ".tmp", ".old"}) ::unlink((path.string() + suffix).c_str());
 }
 
 std::string read_manifest_file(const std::filesystem::path& path) {

@@ -457,7 +457,8 @@ std::uint64_t TierManager::commit() {
           fmt::format("commit: block '{}' has a writable view; release it first", b->desc.name));
   m.flush_locked(lk);
   if (m.cfg.durable) m.engine.sync();
-  detail::write_manifest_file(m.manifest_path(), m.manifest_payload(m.record), m.cfg.durable);
+  detail::write_manifest_file(m.manifest_path(), m.manifest_payload(m.record), m.cfg.durable,
+                              /*recycle=*/true);
   ++m.committed_gen;
   m.prev_record = std::exchange(m.record, m.pending_record);
   for (auto& bp : m.blocks) {
@@ -528,7 +529,8 @@ bool TierManager::roll_back_generation() {
     b.prev.valid = false;
   }
   m.record = m.pending_record = std::exchange(m.prev_record, {});
-  detail::write_manifest_file(m.manifest_path(), m.manifest_payload({}), m.cfg.durable);
+  detail::write_manifest_file(m.manifest_path(), m.manifest_payload({}), m.cfg.durable,
+                              /*recycle=*/true);
   ++m.committed_gen;
   m.check_invariants();
   return true;

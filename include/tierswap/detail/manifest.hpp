@@ -8,7 +8,7 @@
 // old manifest stays linked as "<path>.old" across the rename and becomes the next "<path>.tmp",
 // overwritten in place. A commit then frees no disk blocks. Freeing them is not free: on ext4
 // mounted with `discard` and no journal, the rename's eviction of the old file waits for a
-// discard, which took 0.1-1.4 s per commit on a virtio disk (bench/RESULTS.md, issue 16).
+// discard, which took up to seconds per commit on a virtio disk (bench/RESULTS.md, issue 16).
 #pragma once
 
 #include <filesystem>

@@ -1,7 +1,9 @@
 // A real full disk: the swap directory and the checkpoint directory on a small tmpfs that the test
 // mounts (in a child process with a private mount namespace, so nothing outlives the test), then
-// fills. A step whose commit finds no room fails with an error naming the file, the previous
-// generation stays valid (resume() reopens it), and once space is freed the same step succeeds;
+// fills. A step whose commit rewrites its manifest into the file the previous commit replaced
+// needs no room; one whose commit finds no room (no such file to recycle) fails with an error
+// naming the file, the previous generation stays valid (resume() reopens it), and once space is
+// freed the same step succeeds;
 // a save() into a full filesystem fails naming the file and the previous checkpoint still loads.
 // Skipped, with the reason, where no mount namespace can be made (not root, no user namespaces).
 #include <gtest/gtest.h>
@@ -69,8 +71,8 @@ void check(bool ok, const std::string& what) {
 }
 
 // Fills the filesystem of `dir` with a file until writing fails; returns its path.
-std::filesystem::path fill(const std::filesystem::path& dir) {
-  const auto p = dir / "filler";
+std::filesystem::path fill(const std::filesystem::path& dir, const char* name = "filler") {
+  const auto p = dir / name;
   std::ofstream f(p, std::ios::binary);
   const std::string chunk(1 << 16, 'x');
   while (f.write(chunk.data(), chunk.size()) && f.flush()) {
@@ -130,20 +132,25 @@ TEST(FullDisk, AStepWithoutRoomFailsNamingTheFileAndTheNextOneAfterFreeingSuccee
     {
       Model m(swap);
       m.step();
-      before = m.t.optimizer().gather(m.w);
       const auto filler = fill(mnt.path());
+      m.step();  // its manifest goes into the file the last commit replaced: no room needed
+      check(m.t.optimizer().step_count() == 2, "a step with a manifest to recycle needs no room");
+      before = m.t.optimizer().gather(m.w);
+      std::filesystem::remove(swap / "tierswap-rank0" / "tierswap.manifest.tmp");
+      const auto filler2 = fill(mnt.path(), "filler2");  // and the room it held is taken too
       const std::string e = error_of([&] { m.step(); });
       check(!e.empty(), "a step on a full filesystem succeeded");
       check(e.find("tierswap.manifest") != std::string::npos, "the error names the file: " + e);
       check(e.find("No space left") != std::string::npos, "the error says ENOSPC: " + e);
-      check(m.t.optimizer().step_count() == 1, "the failed step was rolled back");
+      check(m.t.optimizer().step_count() == 2, "the failed step was rolled back");
       check(m.t.optimizer().gather(m.w) == before, "the committed state is unchanged");
       std::filesystem::remove(filler);
+      std::filesystem::remove(filler2);
       m.step();  // room again: the same step succeeds
-      check(m.t.optimizer().step_count() == 2, "the step after freeing space succeeded");
+      check(m.t.optimizer().step_count() == 3, "the step after freeing space succeeded");
     }
-    Model again(swap);  // what is on disk is the committed generation of step 2
-    check(again.t.resumed() && again.t.optimizer().step_count() == 2, "resumed at step 2");
+    Model again(swap);  // what is on disk is the committed generation of step 3
+    check(again.t.resumed() && again.t.optimizer().step_count() == 3, "resumed at step 3");
   });
   if (r.rfind("skip:", 0) == 0) GTEST_SKIP() << r;
   EXPECT_EQ(r, "");

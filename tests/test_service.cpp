@@ -578,11 +578,8 @@ struct RawPeer {
 TEST(Service, AFloodingRawClientHasAtMostItsShareOfTheQueueInFlight) {
   TempDir d;
   const auto sc = service_config(d, 8 * kMiB);
-  ::setenv("TIERSWAP_QUEUE_DEPTH", "1", 1);
-  ::setenv("TIERSWAP_BLOCK_SIZE", "1M", 1);
-  SwapService svc(sc);
-  ::unsetenv("TIERSWAP_QUEUE_DEPTH");
-  ::unsetenv("TIERSWAP_BLOCK_SIZE");
+  const test::ScopedEnv depth("TIERSWAP_QUEUE_DEPTH", "1"), block("TIERSWAP_BLOCK_SIZE", "1M");
+  SwapService svc(sc);  // its engine reads them
   const auto queue =
       nlohmann::json::parse(svc.status_json()).at("queue_bytes").get<std::uint64_t>();
   ASSERT_EQ(queue, kMiB);

@@ -1134,11 +1134,6 @@ TEST(TierManager, WriteBackStartsAtOnceAndDemotes) {
 // A constructor given a bad setting throws, naming it, and leaves no thread behind (before the
 // fix, TIERSWAP_TELEMETRY=yes aborted the process: the reaper was running when it was parsed).
 TEST(TierManager, ABadSettingThrowsFromTheConstructorInsteadOfAborting) {
-  struct EnvGuard {
-    const char* name;
-    EnvGuard(const char* n, const char* v) : name(n) { ::setenv(n, v, 1); }
-    ~EnvGuard() { ::unsetenv(name); }
-  };
   TempDir dir;
   SwapSpaceConfig sc;
   sc.dirs = {dir.path()};
@@ -1148,7 +1143,7 @@ TEST(TierManager, ABadSettingThrowsFromTheConstructorInsteadOfAborting) {
   TierConfig cfg = small_config(64 * kKiB, 4);
   cfg.telemetry = true;
   {
-    EnvGuard bad("TIERSWAP_TELEMETRY", "yes");
+    test::ScopedEnv bad("TIERSWAP_TELEMETRY", "yes");
     try {
       TierManager mgr(space, engine, cfg);
       ADD_FAILURE() << "TIERSWAP_TELEMETRY=yes accepted";

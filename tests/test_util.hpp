@@ -54,6 +54,19 @@ class TempDir {
   std::filesystem::path path_;
 };
 
+/// Sets an environment variable for its lifetime (a setting read at construction, e.g. by
+/// IoEngineConfig::from_env()), and unsets it at the end.
+class ScopedEnv {
+ public:
+  ScopedEnv(const char* name, const char* value) : name_(name) { ::setenv(name, value, 1); }
+  ~ScopedEnv() { ::unsetenv(name_); }
+  ScopedEnv(const ScopedEnv&) = delete;
+  ScopedEnv& operator=(const ScopedEnv&) = delete;
+
+ private:
+  const char* name_;
+};
+
 /// Deterministic bytes: the value at absolute offset `off` of stream `seed`.
 inline std::uint8_t pattern_byte(std::uint64_t seed, std::uint64_t off) {
   std::uint64_t x = (off >> 3) * 0x9E3779B97F4A7C15ull + seed * 0xD1B54A32D192ED03ull;

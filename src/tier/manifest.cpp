@@ -36,9 +36,6 @@ T get(const unsigned char* p) {
   return v;
 }
 
-}  // namespace
-
-namespace {
 // Links the manifest about to be replaced as `old`, so that the rename does not free it. False when
 // there is none yet, or the file system refuses hard links (the rename frees it then).
 bool keep_replaced(const std::string& path, const std::string& old) noexcept {

@@ -218,6 +218,9 @@ TEST(Service, RefusedHellosSayWhyAndAKnownClientIsReleasedWithoutItsRegion) {
   EXPECT_NE(unknown.second.find("kind.0 is not known"), std::string::npos) << unknown.second;
   auto held = std::make_unique<ServiceClient>(blocks);
   held->commit();
+  held->commit();  // its manifest rewritten: the one replaced is kept as the next write's file
+  const auto manifests = d.path() / "service-clients";
+  EXPECT_TRUE(std::filesystem::exists(manifests / "kind.0.manifest.tmp"));
   const std::string busy = error_of([&] { ServiceClient x(known); });
   EXPECT_NE(busy.find("already attached"), std::string::npos) << busy;
   held.reset();
@@ -230,10 +233,11 @@ TEST(Service, RefusedHellosSayWhyAndAKnownClientIsReleasedWithoutItsRegion) {
   {
     ServiceClient c(known);
     EXPECT_TRUE(c.reattached());
-    EXPECT_EQ(c.attached_generation(), 1u);
+    EXPECT_EQ(c.attached_generation(), 2u);
     c.release();
   }
-  EXPECT_EQ(attach_refusal(known).first, ENOENT);  // forgotten, its region free again
+  EXPECT_EQ(attach_refusal(known).first, ENOENT);     // forgotten, its region free again
+  EXPECT_TRUE(std::filesystem::is_empty(manifests));  // the manifest and its spare
   const auto st = nlohmann::json::parse(svc.status_json());
   EXPECT_EQ(st.at("nvme_free"), st.at("nvme_capacity"));
   EXPECT_TRUE(st.at("clients").empty());

@@ -64,11 +64,17 @@ case "$cmd" in
     PYTHONPATH=build/python "$PYTHON" -m pytest -q -p no:cacheprovider tests/python
     # The sanitizer builds skip the Python module: an instrumented extension cannot be loaded
     # into an uninstrumented interpreter. Its C++ underneath (TieredOptimizer) is in the suite.
-    build build-asan -DTIERSWAP_SANITIZE=ON -DTIERSWAP_BUILD_BENCHMARKS=OFF -DTIERSWAP_BUILD_PYTHON=OFF
+    # The sanitizer builds compile at -O1 with line tables only (-g1: file:line in every report):
+    # test_tier_manager.cpp under ASan builds in 29 s instead of 52 s at -O2 -g, and the suite
+    # stays within CI's 45 minutes on two cores.
+    san_flags=(-DCMAKE_CXX_FLAGS_RELWITHDEBINFO="-O1 -g1 -DNDEBUG")
+    build build-asan "${san_flags[@]}" -DTIERSWAP_SANITIZE=ON -DTIERSWAP_BUILD_BENCHMARKS=OFF \
+      -DTIERSWAP_BUILD_PYTHON=OFF
     (cd build-asan && TIERSWAP_SKIP_LARGE=1 ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 \
        UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
        ctest --output-on-failure -j 2 --timeout 900 -LE slow)
-    cmake -S . -B build-tsan -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DTIERSWAP_SANITIZE=thread \
+    cmake -S . -B build-tsan -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo "${san_flags[@]}" \
+      -DTIERSWAP_SANITIZE=thread \
       -DTIERSWAP_BUILD_BENCHMARKS=OFF -DTIERSWAP_WITH_CUDA=OFF -DTIERSWAP_BUILD_PYTHON=OFF >/dev/null
     cmake --build build-tsan -j "$(nproc)" \
       --target test_tier_manager test_thread_pool test_io_engine test_io_faults test_optimizer \

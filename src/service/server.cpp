@@ -20,6 +20,7 @@
 
 #include "src/service/server_impl.hpp"
 #include "tierswap/checksum.hpp"
+#include "tierswap/detail/manifest.hpp"
 #include "tierswap/detail/paths.hpp"
 #include "tierswap/io_engine.hpp"
 #include "tierswap/log.hpp"
@@ -494,8 +495,7 @@ void SwapService::Impl::forget(const std::string& key) {
   const auto it = clients.find(key);
   if (it == clients.end()) return;
   const ClientRecord& c = it->second;
-  std::error_code ec;
-  std::filesystem::remove(files.manifest(c), ec);
+  detail::remove_manifest_file(files.manifest(c));  // with its recycled spare
   regions->free({c.base, c.bytes});
   clients.erase(it);
   try {

@@ -112,7 +112,7 @@ void save_registry(const ServiceFiles& f, const std::string& uuid,
   for (const auto& [k, c] : clients)
     j["clients"].push_back(
         {{"job", c.job}, {"rank", c.rank}, {"base", c.base}, {"bytes", c.bytes}, {"raw", c.raw}});
-  detail::write_manifest_file(f.registry(), j.dump(), true);
+  detail::write_manifest_file(f.registry(), j.dump(), true, /*recycle=*/true);
 }
 
 void save_manifest(const ServiceFiles& f, const std::string& uuid, const ClientRecord& c) {
@@ -132,7 +132,8 @@ void save_manifest(const ServiceFiles& f, const std::string& uuid, const ClientR
                            {"sums", {b.sum[0], b.sum[1]}}});
   }
   std::filesystem::create_directories(f.manifest(c).parent_path());
-  detail::write_manifest_file(f.manifest(c), j.dump(), true);
+  // Recycled: written at every commit, and freeing the file it replaces can wait for a discard.
+  detail::write_manifest_file(f.manifest(c), j.dump(), true, /*recycle=*/true);
 }
 
 }  // namespace tierswap::service

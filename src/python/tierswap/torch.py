@@ -48,6 +48,7 @@ Tier keywords (all optional; the defaults work untuned):
   service         the node service's socket (``tierswap serve``; default TIERSWAP_SERVICE): the
                   state lives in a region of the service's swap space, through memory shared
                   with it, under the node's one budget; swap_dir then keeps only the manifest
+                  (and the previous one, recycled as the next commit's file)
   service_job     the job id the service knows this run by (default TIERSWAP_SERVICE_JOB, else
                   derived from swap_dir): with the rank, what a resumed run reattaches to
   persist_resident_state  host-resident state is also committed to NVMe every step (default:

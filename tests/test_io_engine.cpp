@@ -428,14 +428,13 @@ TEST(EngineConfig, ValidatesAndLoads) {
   } catch (const std::invalid_argument& e) {
     EXPECT_NE(std::string(e.what()).find("submit_batch"), std::string::npos) << e.what();
   }
-  ::setenv("TIERSWAP_SUBMIT_BATCH", "8", 1);
-  EXPECT_EQ(IoEngineConfig::from_env().submit_batch, 8u);
-  ::unsetenv("TIERSWAP_SUBMIT_BATCH");
-  ::setenv("TIERSWAP_IO_BACKEND", "posix", 1);
-  ::setenv("TIERSWAP_QUEUE_DEPTH", "7", 1);
-  auto e = IoEngineConfig::from_env();
-  ::unsetenv("TIERSWAP_IO_BACKEND");
-  ::unsetenv("TIERSWAP_QUEUE_DEPTH");
+  {
+    const test::ScopedEnv batch("TIERSWAP_SUBMIT_BATCH", "8");
+    EXPECT_EQ(IoEngineConfig::from_env().submit_batch, 8u);
+  }
+  const test::ScopedEnv backend("TIERSWAP_IO_BACKEND", "posix");
+  const test::ScopedEnv depth("TIERSWAP_QUEUE_DEPTH", "7");
+  const auto e = IoEngineConfig::from_env();
   EXPECT_EQ(e.backend, IoBackendKind::posix);
   EXPECT_EQ(e.queue_depth, 7u);
 }
@@ -446,10 +445,11 @@ TEST(EngineConfig, LoadsTheFileTierswapIoConfigNames) {
   TempDir d;
   const std::string path = (d.path() / "io.json").string();
   { std::ofstream(path) << R"({"backend": "posix", "block_size": 262144, "queue_depth": 5})"; }
-  ::setenv("TIERSWAP_IO_CONFIG", path.c_str(), 1);
-  ::setenv("TIERSWAP_QUEUE_DEPTH", "9", 1);
-  const auto c = IoEngineConfig::from_env();
-  ::unsetenv("TIERSWAP_QUEUE_DEPTH");
+  const test::ScopedEnv config("TIERSWAP_IO_CONFIG", path.c_str());
+  const auto c = [] {
+    const test::ScopedEnv depth("TIERSWAP_QUEUE_DEPTH", "9");
+    return IoEngineConfig::from_env();
+  }();
   EXPECT_EQ(c.backend, IoBackendKind::posix);
   EXPECT_EQ(c.block_size, 256 * KiB);
   EXPECT_EQ(c.queue_depth, 9u);  // the variable wins over the file
@@ -469,14 +469,13 @@ TEST(EngineConfig, LoadsTheFileTierswapIoConfigNames) {
           << what;
     }
   }
-  ::setenv("TIERSWAP_IO_CONFIG", (d.path() / "missing.json").c_str(), 1);
+  const test::ScopedEnv missing("TIERSWAP_IO_CONFIG", (d.path() / "missing.json").c_str());
   try {
     IoEngineConfig::from_env();
     ADD_FAILURE() << "a missing file was accepted";
   } catch (const std::invalid_argument& e) {
     EXPECT_NE(std::string(e.what()).find("missing.json"), std::string::npos) << e.what();
   }
-  ::unsetenv("TIERSWAP_IO_CONFIG");
 }
 
 TEST(EngineProbe, AutoPicksTheFirstWorkingBackendAndSaysSo) {

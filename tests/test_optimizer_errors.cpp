@@ -85,24 +85,21 @@ TEST(ShardedOptimizer, ConfigFromJsonAndEnvironment) {
       EXPECT_FALSE(std::string(e.what()).empty());
     }
   }
-  ::setenv("TIERSWAP_STATE_TIER", "nvme", 1);
-  ::setenv("TIERSWAP_SUBGROUP_SIZE", "1M", 1);
-  ::setenv("TIERSWAP_OVERLAP", "1", 1);
-  ::setenv("TIERSWAP_OVERLAP_PARAM16_IN_PLACE", "1", 1);
-  ::setenv("TIERSWAP_CONCURRENT_GPU_STEP", "0", 1);
-  const auto e = OptimizerConfig::from_env();
-  ::unsetenv("TIERSWAP_OVERLAP");
-  ::unsetenv("TIERSWAP_OVERLAP_PARAM16_IN_PLACE");
-  ::unsetenv("TIERSWAP_CONCURRENT_GPU_STEP");
+  const test::ScopedEnv subgroup("TIERSWAP_SUBGROUP_SIZE", "1M");
+  const auto e = [] {
+    const test::ScopedEnv tier("TIERSWAP_STATE_TIER", "nvme");
+    const test::ScopedEnv overlap("TIERSWAP_OVERLAP", "1");
+    const test::ScopedEnv in_place("TIERSWAP_OVERLAP_PARAM16_IN_PLACE", "1");
+    const test::ScopedEnv gpu("TIERSWAP_CONCURRENT_GPU_STEP", "0");
+    return OptimizerConfig::from_env();
+  }();
   EXPECT_FALSE(e.concurrent_gpu_step);
   EXPECT_TRUE(e.overlap);
   EXPECT_TRUE(e.overlap_param16_in_place);
   EXPECT_EQ(e.state_tier, OptimizerConfig::StateTier::nvme);
   EXPECT_EQ(e.subgroup_size, 1u << 20);
-  ::setenv("TIERSWAP_STATE_TIER", "ssd", 1);
+  const test::ScopedEnv bad_tier("TIERSWAP_STATE_TIER", "ssd");
   EXPECT_THROW(OptimizerConfig::from_env(), std::invalid_argument);
-  ::unsetenv("TIERSWAP_STATE_TIER");
-  ::unsetenv("TIERSWAP_SUBGROUP_SIZE");
 }
 
 namespace {

@@ -222,11 +222,9 @@ TEST(SwapSpaceConfig, JsonAndEnv) {
             std::string::npos);
   EXPECT_THROW(SwapSpaceConfig::from_json("{"), std::invalid_argument);
 
-  ::setenv("TIERSWAP_SWAP_DIRS", "/x:/y:/z", 1);
-  ::setenv("TIERSWAP_SWAP_CAPACITY", "3GiB", 1);
-  auto e = SwapSpaceConfig::from_env();
-  ::unsetenv("TIERSWAP_SWAP_DIRS");
-  ::unsetenv("TIERSWAP_SWAP_CAPACITY");
+  const test::ScopedEnv dirs("TIERSWAP_SWAP_DIRS", "/x:/y:/z");
+  const test::ScopedEnv capacity("TIERSWAP_SWAP_CAPACITY", "3GiB");
+  const auto e = SwapSpaceConfig::from_env();
   EXPECT_EQ(e.dirs.size(), 3u);
   EXPECT_EQ(e.capacity, 3 * GiB);
 }

@@ -378,7 +378,7 @@ TEST(TieredOptimizer, GarbageInAnyEnvironmentSettingThrowsOrIsIgnoredNeverAborts
   int threw = 0;
   for (const char* var : vars) {
     TempDir dir;
-    ::setenv(var, "bogus!", 1);
+    const test::ScopedEnv bogus(var, "bogus!");
     try {
       TieredOptions o;  // its defaults read the environment
       o.swap_dirs = {dir.path()};
@@ -394,7 +394,6 @@ TEST(TieredOptimizer, GarbageInAnyEnvironmentSettingThrowsOrIsIgnoredNeverAborts
       EXPECT_TRUE(what.find(var) != std::string::npos || what.find("bogus!") != std::string::npos)
           << var << ": " << what;
     }
-    ::unsetenv(var);
   }
   EXPECT_GT(threw, 20);  // most settings are parsed strictly
 }

@@ -86,19 +86,17 @@ TEST(ShardedOptimizer, ConfigFromJsonAndEnvironment) {
     }
   }
   const test::ScopedEnv subgroup("TIERSWAP_SUBGROUP_SIZE", "1M");
-  const auto e = [] {
-    const test::ScopedEnv tier("TIERSWAP_STATE_TIER", "nvme");
-    const test::ScopedEnv overlap("TIERSWAP_OVERLAP", "1");
-    const test::ScopedEnv in_place("TIERSWAP_OVERLAP_PARAM16_IN_PLACE", "1");
-    const test::ScopedEnv gpu("TIERSWAP_CONCURRENT_GPU_STEP", "0");
-    return OptimizerConfig::from_env();
-  }();
+  const test::ScopedEnv tier("TIERSWAP_STATE_TIER", "nvme");
+  const test::ScopedEnv overlap("TIERSWAP_OVERLAP", "1");
+  const test::ScopedEnv in_place("TIERSWAP_OVERLAP_PARAM16_IN_PLACE", "1");
+  const test::ScopedEnv gpu("TIERSWAP_CONCURRENT_GPU_STEP", "0");
+  const auto e = OptimizerConfig::from_env();
   EXPECT_FALSE(e.concurrent_gpu_step);
   EXPECT_TRUE(e.overlap);
   EXPECT_TRUE(e.overlap_param16_in_place);
   EXPECT_EQ(e.state_tier, OptimizerConfig::StateTier::nvme);
   EXPECT_EQ(e.subgroup_size, 1u << 20);
-  const test::ScopedEnv bad_tier("TIERSWAP_STATE_TIER", "ssd");
+  const test::ScopedEnv bad_tier("TIERSWAP_STATE_TIER", "ssd");  // over "nvme" until its end
   EXPECT_THROW(OptimizerConfig::from_env(), std::invalid_argument);
 }
 

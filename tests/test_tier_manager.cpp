@@ -700,11 +700,8 @@ TEST(Telemetry, ALiveManagerServesItsSnapshotOnAPrivateSocket) {
   TempDir runtime;
   TierConfig cfg = small_config(64 * kKiB, 4, 2);
   cfg.telemetry = true;
-  auto rig = [&] {  // the manager reads the variable when it starts serving
-    const test::ScopedEnv dir("TIERSWAP_RUNTIME_DIR", (runtime.path() / "rt").c_str());
-    return std::make_unique<Rig>(cfg);
-  }();
-  Rig& r = *rig;
+  const test::ScopedEnv dir("TIERSWAP_RUNTIME_DIR", (runtime.path() / "rt").c_str());
+  Rig r(cfg);
   r.mgr->create(desc("served", 1000, Dtype::bf16, BlockClass::grad16, 2));
   const auto sock = r.mgr->telemetry_socket();
   ASSERT_FALSE(sock.empty());

@@ -8,6 +8,7 @@
 #include <cstdint>
 #include <filesystem>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -55,16 +56,26 @@ class TempDir {
 };
 
 /// Sets an environment variable for its lifetime (a setting read at construction, e.g. by
-/// IoEngineConfig::from_env()), and unsets it at the end.
+/// IoEngineConfig::from_env()), then restores what it was: unset, or its earlier value (so
+/// guards of one variable nest, and a setting the test run was started with survives).
 class ScopedEnv {
  public:
-  ScopedEnv(const char* name, const char* value) : name_(name) { ::setenv(name, value, 1); }
-  ~ScopedEnv() { ::unsetenv(name_); }
+  ScopedEnv(const char* name, const char* value) : name_(name) {
+    if (const char* was = std::getenv(name)) was_ = was;
+    ::setenv(name, value, 1);
+  }
+  ~ScopedEnv() {
+    if (was_)
+      ::setenv(name_.c_str(), was_->c_str(), 1);
+    else
+      ::unsetenv(name_.c_str());
+  }
   ScopedEnv(const ScopedEnv&) = delete;
   ScopedEnv& operator=(const ScopedEnv&) = delete;
 
  private:
-  const char* name_;
+  std::string name_;
+  std::optional<std::string> was_;
 };
 
 /// Deterministic bytes: the value at absolute offset `off` of stream `seed`.

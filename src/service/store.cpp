@@ -132,7 +132,6 @@ void save_manifest(const ServiceFiles& f, const std::string& uuid, const ClientR
                            {"sums", {b.sum[0], b.sum[1]}}});
   }
   std::filesystem::create_directories(f.manifest(c).parent_path());
-  // Recycled: written at every commit, and freeing the file it replaces can wait for a discard.
   detail::write_manifest_file(f.manifest(c), j.dump(), true, /*recycle=*/true);
 }
 

@@ -20,7 +20,9 @@
 //
 // Thread-safety: every member may be called from any number of threads. A BlockView keeps its
 // block resident (pinned) in its tier until it is released; two writable views of one block never
-// coexist, and a block with views can be neither evicted nor discarded.
+// coexist, and a block with views can be neither evicted nor discarded. Two threads of its own:
+// a reaper finalizes transfers as they land, and a hasher checksums (XXH3-64) each block written
+// back while its write runs, so that the thread releasing a dirty block (a step) never hashes.
 #pragma once
 
 #include <chrono>

@@ -66,6 +66,12 @@ struct Op {
   bool prefetch = false;
   bool stale = false;          // read: a newer copy was released meanwhile; drop what arrives
   std::uint64_t checksum = 0;  // write: of the data written
+  // A write ends when its I/O has landed and the hasher has checksummed its buffer (both read
+  // the same immutable copy at once); whichever comes second finalizes it.
+  bool hashed = true;              // write: checksum computed (false until the hasher is done)
+  bool io_landed = false;          // its ticket is ready; finalizing waits for the checksum
+  const std::byte* src = nullptr;  // write: the buffer to hash
+  std::uint64_t hash_bytes = 0;    // write: how much of it (the block's bytes)
   std::uint64_t bytes = 0;
   Clock::time_point start;
   std::exception_ptr error;
@@ -161,6 +167,12 @@ struct TierManager::Impl {
   bool checksums_verified = false;
   bool stop = false;
   std::thread reaper;
+  // Checksums the writes' buffers off the threads that start them (the step's among them),
+  // while their I/O runs; stopped last (~TierManager), once nothing is in flight.
+  std::deque<std::shared_ptr<Op>> hash_q;
+  std::condition_variable hash_cv;
+  bool stop_hasher = false;
+  std::thread hasher;
   std::uint64_t instance = 0;                  // the `manager` label of its metrics
   MetricsRegistry::Source metrics;             // unregistered first (~TierManager)
   std::unique_ptr<TelemetryServer> telemetry;  // declared last: stopped first
@@ -232,10 +244,14 @@ struct TierManager::Impl {
 
   std::shared_ptr<Op> start_read(BlockId id, std::byte* into, bool prefetch);
 
-  // Starts writing block id's dirty host copy back. Its checksum is computed with the lock
-  // released (the block is busy meanwhile: nobody else touches its copies), so that transfers
-  // keep landing and memory keeps being freed while a large block is hashed.
+  // Starts writing block id's dirty host copy back; its checksum is computed by the hasher
+  // thread while the write runs (the copy is immutable until the op ends), so that the thread
+  // that starts it (a step releasing blocks) does not spend the time.
   std::shared_ptr<Op> start_write(std::unique_lock<std::mutex>& lk, BlockId id);
+  /// The hasher thread's loop (checksums queued writes, finalizes those whose I/O landed).
+  void run_hasher();
+  /// The reaper thread's loop (finalizes transfers as their I/O lands).
+  void run_reaper();
 
   // Runs fn() with the lock released and block id marked busy (nobody else touches its copies
   // meanwhile); an exception from fn() is rethrown once the block is settled again.

@@ -87,24 +87,8 @@ TierManager::TierManager(SwapSpace& space, IoEngine& engine, TierConfig cfg) {
   }
   impl_->instance = MetricsRegistry::process().next_instance();
   impl_->metrics = Impl::register_metrics(*this, impl_->instance);
-  impl_->reaper = std::thread([this] {
-    Impl& m = *impl_;
-    std::unique_lock lk(m.mu);
-    for (;;) {
-      m.cv.wait(lk, [&] { return m.stop || !m.inflight.empty(); });
-      if (m.stop) return;
-      // Whichever transfer lands first is finalized first (a write-back that frees memory
-      // must not wait behind a slower read).
-      std::vector<std::shared_ptr<Op>> ops(m.inflight.begin(), m.inflight.end());
-      std::vector<IoTicket*> tickets;
-      for (auto& op : ops) tickets.push_back(&op->ticket);
-      lk.unlock();
-      m.engine.wait_any(tickets);
-      lk.lock();
-      for (auto& op : ops)
-        if (op->ticket.ready()) m.complete_op(*op);
-    }
-  });
+  impl_->reaper = std::thread([this] { impl_->run_reaper(); });
+  impl_->hasher = std::thread([this] { impl_->run_hasher(); });
   if (cfg.telemetry && tc.enabled) {
     try {
       impl_->telemetry =
@@ -134,6 +118,10 @@ TierManager::~TierManager() {
   impl_->reaper.join();
   std::unique_lock lk(impl_->mu);
   impl_->wait_all(lk);
+  impl_->stop_hasher = true;
+  impl_->hash_cv.notify_all();
+  lk.unlock();
+  impl_->hasher.join();
 }
 
 const TierConfig& TierManager::config() const noexcept {

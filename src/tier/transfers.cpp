@@ -16,6 +16,10 @@ void TierManager::Impl::count(Tier from, Tier to, std::uint64_t bytes, double se
 
 void TierManager::Impl::complete_op(Op& op) {
   if (op.done) return;
+  if (!op.hashed) {  // the hasher finalizes it once the checksum is known
+    op.io_landed = true;
+    return;
+  }
   op.done = true;
   for (auto it = inflight.begin(); it != inflight.end(); ++it)
     if (it->get() == &op) {
@@ -63,6 +67,10 @@ void TierManager::Impl::complete_op(Op& op) {
 // Waits for `op` (finalizing it if nobody has) and rethrows its error.
 void TierManager::Impl::wait_op(std::unique_lock<std::mutex>& lk, const std::shared_ptr<Op>& op) {
   while (!op->done) {
+    if (op->io_landed) {  // waits for the hasher
+      cv.wait(lk);
+      continue;
+    }
     lk.unlock();
     try {
       op->ticket.wait();
@@ -105,31 +113,65 @@ std::shared_ptr<Op> TierManager::Impl::start_read(BlockId id, std::byte* into, b
   return op;
 }
 
-// Starts writing block id's dirty host copy back. Its checksum is computed with the lock
-// released (the block is busy meanwhile: nobody else touches its copies), so that transfers
-// keep landing and memory keeps being freed while a large block is hashed.
-std::shared_ptr<Op> TierManager::Impl::start_write(std::unique_lock<std::mutex>& lk, BlockId id) {
+std::shared_ptr<Op> TierManager::Impl::start_write(std::unique_lock<std::mutex>&, BlockId id) {
   Block& b = *blocks[id];
-  b.busy = true;
-  const std::byte* data = b.data[kHost];
-  const std::uint64_t n = b.bytes;
-  lk.unlock();
-  const std::uint64_t sum = checksum64(data, n);
-  lk.lock();
-  b.busy = false;
-  cv.notify_all();
   auto op = std::make_shared<Op>();
   op->kind = Op::write;
   op->id = id;
   op->bytes = b.alloc_bytes;
-  op->checksum = sum;
+  op->src = b.data[kHost];
+  op->hash_bytes = b.bytes;
   op->start = Clock::now();
   op->ticket = engine.write(offset_of(b, b.write_extent()), b.data[kHost], b.alloc_bytes);
+  op->hashed = false;
+  hash_q.push_back(op);
+  hash_cv.notify_one();
   b.st[kHost] = CopyState::writing;
   b.op = op;
   inflight.push_back(op);
   cv.notify_all();
   return op;
+}
+
+void TierManager::Impl::run_hasher() {
+  std::unique_lock lk(mu);
+  for (;;) {
+    hash_cv.wait(lk, [&] { return stop_hasher || !hash_q.empty(); });
+    if (hash_q.empty()) return;  // stopped, and nothing left to hash
+    const std::shared_ptr<Op> op = hash_q.front();
+    hash_q.pop_front();
+    lk.unlock();
+    const std::uint64_t sum = checksum64(op->src, op->hash_bytes);
+    lk.lock();
+    op->checksum = sum;
+    op->hashed = true;
+    if (op->io_landed) complete_op(*op);
+  }
+}
+
+void TierManager::Impl::run_reaper() {
+  std::unique_lock lk(mu);
+  const auto unlanded = [&] {
+    return std::any_of(inflight.begin(), inflight.end(), [](auto& op) { return !op->io_landed; });
+  };
+  for (;;) {
+    cv.wait(lk, [&] { return stop || unlanded(); });
+    if (stop) return;
+    // Whichever transfer lands first is finalized first (a write-back that frees memory must
+    // not wait behind a slower read).
+    std::vector<std::shared_ptr<Op>> ops;
+    std::vector<IoTicket*> tickets;
+    for (auto& op : inflight)
+      if (!op->io_landed) {
+        ops.push_back(op);
+        tickets.push_back(&op->ticket);
+      }
+    lk.unlock();
+    engine.wait_any(tickets);
+    lk.lock();
+    for (auto& op : ops)
+      if (op->ticket.ready()) complete_op(*op);
+  }
 }
 
 // Copies a block between its host and device copies with the lock released (the block is

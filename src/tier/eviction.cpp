@@ -70,7 +70,7 @@ void TierManager::Impl::evict_copy(std::unique_lock<std::mutex>& lk, BlockId id,
       continue;
     }
     if (s == kHost && b.st[kHost] == CopyState::dirty && b.st[kDev] != CopyState::dirty) {
-      auto op = start_write(lk, id);
+      auto op = start_write(id);
       wait_op(lk, op);
       continue;
     }

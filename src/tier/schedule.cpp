@@ -80,14 +80,14 @@ std::uint64_t TierManager::Impl::dirty_host_bytes() const {
   return n;
 }
 
-void TierManager::Impl::write_behind(std::unique_lock<std::mutex>& lk) {
+void TierManager::Impl::write_behind() {
   std::uint64_t dirty = dirty_host_bytes();
   while (dirty > cfg.max_dirty_bytes) {
     Block* v = lru(kHost, [](const Block& b) {
       return b.st[kHost] == CopyState::dirty && b.st[kDev] != CopyState::dirty && !b.desc.transient;
     });
     if (v == nullptr) return;
-    start_write(lk, v->id);
+    start_write(v->id);
     ++ctr.write_behind;
     dirty -= v->alloc_bytes;
   }
@@ -111,7 +111,7 @@ void TierManager::Impl::flush_locked(std::unique_lock<std::mutex>& lk) {
     std::vector<std::shared_ptr<Op>> mine;
     for (BlockId id = 0; id < blocks.size(); ++id) {
       wait_not_busy(lk, id);
-      if (needs_write(*blocks[id]) && !blocks[id]->op) mine.push_back(start_write(lk, id));
+      if (needs_write(*blocks[id]) && !blocks[id]->op) mine.push_back(start_write(id));
     }
     std::exception_ptr first = wait_writes(lk);            // the write-behind's too
     for (auto& op : mine) wait_op_noting(lk, op, &first);  // (finalized ones are not in flight)

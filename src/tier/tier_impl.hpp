@@ -247,7 +247,7 @@ struct TierManager::Impl {
   // Starts writing block id's dirty host copy back; its checksum is computed by the hasher
   // thread while the write runs (the copy is immutable until the op ends), so that the thread
   // that starts it (a step releasing blocks) does not spend the time.
-  std::shared_ptr<Op> start_write(std::unique_lock<std::mutex>& lk, BlockId id);
+  std::shared_ptr<Op> start_write(BlockId id);
   /// The hasher thread's loop (checksums queued writes, finalizes those whose I/O landed).
   void run_hasher();
   /// The reaper thread's loop (finalizes transfers as their I/O lands).
@@ -347,7 +347,7 @@ struct TierManager::Impl {
 
   std::uint64_t dirty_host_bytes() const;
 
-  void write_behind(std::unique_lock<std::mutex>& lk);
+  void write_behind();
 
   void flush_locked(std::unique_lock<std::mutex>& lk);
   std::exception_ptr wait_writes(std::unique_lock<std::mutex>& lk);

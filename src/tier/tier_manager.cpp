@@ -368,7 +368,7 @@ void TierManager::release(BlockView& v, bool dirty) {
   }
   b.last_use = ++m.tick;
   v.mgr_ = nullptr;
-  if (dirty) m.write_behind(lk);
+  if (dirty) m.write_behind();
   m.pump_prefetch();
   m.check_invariants();
   m.cv.notify_all();
@@ -391,7 +391,7 @@ void TierManager::write_back(BlockId id) {
   b.last_use = 0;  // the first copy to go once it is clean
   if (b.st[kHost] == CopyState::dirty && b.st[kDev] != CopyState::dirty && !b.writer && !b.op &&
       !b.busy && !b.desc.transient) {
-    m.start_write(lk, id);
+    m.start_write(id);
     ++m.ctr.write_behind;
   }
   m.check_invariants();

@@ -113,7 +113,7 @@ std::shared_ptr<Op> TierManager::Impl::start_read(BlockId id, std::byte* into, b
   return op;
 }
 
-std::shared_ptr<Op> TierManager::Impl::start_write(std::unique_lock<std::mutex>&, BlockId id) {
+std::shared_ptr<Op> TierManager::Impl::start_write(BlockId id) {
   Block& b = *blocks[id];
   auto op = std::make_shared<Op>();
   op->kind = Op::write;

@@ -88,7 +88,17 @@ TierManager::TierManager(SwapSpace& space, IoEngine& engine, TierConfig cfg) {
   impl_->instance = MetricsRegistry::process().next_instance();
   impl_->metrics = Impl::register_metrics(*this, impl_->instance);
   impl_->reaper = std::thread([this] { impl_->run_reaper(); });
-  impl_->hasher = std::thread([this] { impl_->run_hasher(); });
+  try {
+    impl_->hasher = std::thread([this] { impl_->run_hasher(); });
+  } catch (...) {  // no thread to be had: the reaper stopped, so that the error reaches the caller
+    {
+      std::lock_guard lk(impl_->mu);
+      impl_->stop = true;
+    }
+    impl_->cv.notify_all();
+    impl_->reaper.join();
+    throw;
+  }
   if (cfg.telemetry && tc.enabled) {
     try {
       impl_->telemetry =

@@ -28,6 +28,7 @@ import argparse
 import json
 import os
 import shutil
+import signal
 import statistics
 import subprocess
 import sys
@@ -49,17 +50,20 @@ HUGE_PAGE = 2 << 20
 
 
 class HugePages:
-    """Reserves `count` more hugetlb pages for the run and restores the old count after."""
+    """Reserves `count` more hugetlb pages for the run and restores the old count after (also
+    when the script is stopped with SIGTERM, which then exits through the `with`)."""
 
     PATH = "/proc/sys/vm/nr_hugepages"
 
     def __init__(self, count):
         self.count = count
         self.old = None
+        self.old_handler = None
 
     def __enter__(self):
         with open(self.PATH) as f:
             self.old = int(f.read())
+        self.old_handler = signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
         try:
             with open(self.PATH, "w") as f:
                 f.write(str(self.old + self.count))
@@ -77,6 +81,7 @@ class HugePages:
     def __exit__(self, *exc):
         with open(self.PATH, "w") as f:
             f.write(str(self.old))
+        signal.signal(signal.SIGTERM, self.old_handler)
 
 
 def run_tierswap(args, workdir, mode, pages, env=None):

@@ -7,9 +7,9 @@
 // A manifest rewritten at every commit (the tier manager's; the node service's client manifests
 // and registry) recycles the file it replaces: the old manifest stays linked as "<path>.old"
 // across the rename and becomes the next "<path>.tmp", overwritten in place. A commit then frees
-// no disk blocks. Freeing them is not free: on ext4
-// mounted with `discard` and no journal, the rename's eviction of the old file waits for a
-// discard, which took up to seconds per commit on a virtio disk (bench/RESULTS.md, issue 16).
+// no disk blocks. Freeing them is not free: on ext4 mounted with `discard` and no journal, the
+// rename's eviction of the old file waits for a discard, which took up to seconds per commit on
+// a virtio disk (bench/RESULTS.md, issue 16).
 #pragma once
 
 #include <filesystem>

@@ -252,6 +252,9 @@ struct TierManager::Impl {
   void run_hasher();
   /// The reaper thread's loop (finalizes transfers as their I/O lands).
   void run_reaper();
+  /// Tells the reaper to stop and joins it (~TierManager, and the constructor when the hasher
+  /// cannot be started).
+  void stop_reaper();
 
   // Runs fn() with the lock released and block id marked busy (nobody else touches its copies
   // meanwhile); an exception from fn() is rethrown once the block is settled again.

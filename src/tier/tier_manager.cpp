@@ -91,12 +91,7 @@ TierManager::TierManager(SwapSpace& space, IoEngine& engine, TierConfig cfg) {
   try {
     impl_->hasher = std::thread([this] { impl_->run_hasher(); });
   } catch (...) {  // no thread to be had: the reaper stopped, so that the error reaches the caller
-    {
-      std::lock_guard lk(impl_->mu);
-      impl_->stop = true;
-    }
-    impl_->cv.notify_all();
-    impl_->reaper.join();
+    impl_->stop_reaper();
     throw;
   }
   if (cfg.telemetry && tc.enabled) {
@@ -120,12 +115,7 @@ std::filesystem::path TierManager::telemetry_socket() const {
 TierManager::~TierManager() {
   impl_->metrics = {};
   impl_->telemetry.reset();
-  {
-    std::unique_lock lk(impl_->mu);
-    impl_->stop = true;
-    impl_->cv.notify_all();
-  }
-  impl_->reaper.join();
+  impl_->stop_reaper();
   std::unique_lock lk(impl_->mu);
   impl_->wait_all(lk);
   impl_->stop_hasher = true;

@@ -174,6 +174,15 @@ void TierManager::Impl::run_reaper() {
   }
 }
 
+void TierManager::Impl::stop_reaper() {
+  {
+    std::lock_guard lk(mu);
+    stop = true;
+  }
+  cv.notify_all();
+  reaper.join();
+}
+
 // Copies a block between its host and device copies with the lock released (the block is
 // marked busy: nobody else touches its copies meanwhile).
 void TierManager::Impl::copy_between_tiers(std::unique_lock<std::mutex>& lk, BlockId id, int from,

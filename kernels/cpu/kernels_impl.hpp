@@ -114,8 +114,8 @@ void adam_range(const AdamArgs& a, std::size_t b, std::size_t e) {
     }
     F m = X::fma(g, X::set1(s.one_minus_beta1),
                  X::mul(Mem<X, M>::load(a.exp_avg, i), X::set1(s.beta1)));
-    F v = X::add(X::mul(Mem<X, M>::load(a.exp_avg_sq, i), X::set1(s.beta2)),
-                 X::mul(X::mul(X::set1(s.one_minus_beta2), g), g));
+    F v = X::fma(X::mul(X::set1(s.one_minus_beta2), g), g,
+                 X::mul(Mem<X, M>::load(a.exp_avg_sq, i), X::set1(s.beta2)));
     Mem<X, M>::store(a.exp_avg, i, m);
     Mem<X, M>::store(a.exp_avg_sq, i, v);
     if constexpr (M != Dtype::f32) {  // continue with the values as stored

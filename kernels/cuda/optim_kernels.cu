@@ -113,8 +113,8 @@ __global__ void adam_kernel(AdamArgs a, std::size_t n) {
         g = __fmaf_rn(p, s.weight_decay, g);
     }
     float m = __fmaf_rn(g, s.one_minus_beta1, __fmul_rn(Mem<M>::load(a.exp_avg, i), s.beta1));
-    float v = __fadd_rn(__fmul_rn(Mem<M>::load(a.exp_avg_sq, i), s.beta2),
-                        __fmul_rn(__fmul_rn(s.one_minus_beta2, g), g));
+    float v = __fmaf_rn(__fmul_rn(s.one_minus_beta2, g), g,
+                        __fmul_rn(Mem<M>::load(a.exp_avg_sq, i), s.beta2));
     Mem<M>::store(a.exp_avg, i, m);
     Mem<M>::store(a.exp_avg_sq, i, v);
     if (M != Dtype::f32) {

@@ -161,6 +161,53 @@ TEST(ShardedOptimizer, LionAndSgdGroupsStepLikeTheirKernels) {
   EXPECT_THROW(r.opt->shard(a, BlockClass::exp_avg_sq), std::invalid_argument);
 }
 
+// step(clip_factor): the caller's clip factor (torch's clip_grad_norm_ coefficient, for
+// tierswap.torch's clip_grad_norm_) is applied as the native one would be, and only to that step.
+TEST(ShardedOptimizer, ACallersClipFactorStepsAsTheNativeClipWithThatFactor) {
+  OptimizerConfig clipped;
+  clipped.subgroup_size = 8192;
+  clipped.max_grad_norm = 1.0;
+  OptimizerConfig plain = clipped;
+  plain.max_grad_norm = 0;
+  Rig a(tier_config(2 * kMiB, 128 * kKiB), clipped), b(tier_config(2 * kMiB, 128 * kKiB), plain);
+  const std::uint64_t n = 10007;
+  std::vector<float> init(n);
+  for (std::uint64_t i = 0; i < n; ++i) init[i] = std::sin(0.1f * i);
+  ParamId ids[2];
+  for (Rig* r : {&a, &b}) {
+    r->opt->add_group(GroupConfig{});
+    ids[r == &b] = r->opt->add_param(0, {"w", {n}, Dtype::bf16, true});
+    r->opt->finalize();
+    r->opt->initialize([&](ParamId, std::uint64_t off, float* out, std::uint64_t k) {
+      std::memcpy(out, init.data() + off, k * 4);
+    });
+  }
+  EXPECT_THROW(a.opt->step(0.5), std::invalid_argument);  // max_grad_norm set: twice
+  for (double bad : {0.0, -0.5, 1.5, std::nan("")})
+    EXPECT_THROW(b.opt->step(bad), std::invalid_argument) << bad;
+  std::vector<std::uint16_t> g(n);
+  for (int t = 1; t <= 4; ++t) {
+    for (std::uint64_t i = 0; i < n; ++i) g[i] = float_to_bf16(std::cos(0.37f * i * t));
+    for (Rig* r : {&a, &b}) {
+      r->opt->begin_backward();
+      r->opt->add_grad(ids[r == &b], g.data(), Dtype::bf16);
+    }
+    // A step() refused mid-backward does not keep its factor for the next one.
+    EXPECT_THROW(b.opt->step(0.25), std::logic_error);
+    for (Rig* r : {&a, &b}) r->opt->end_backward();
+    const StepResult ra = a.opt->step();
+    ASSERT_LT(ra.clip_factor, 1.0);  // norm ~70: clipped
+    const StepResult rb = t == 4 ? b.opt->step() : b.opt->step(ra.clip_factor);
+    if (t < 4) {
+      EXPECT_EQ(rb.clip_factor, ra.clip_factor);
+      EXPECT_TRUE(same_bits(full(*a.opt, ids[0]), full(*b.opt, ids[1]))) << "step " << t;
+    } else {
+      EXPECT_EQ(rb.clip_factor, 1.0);  // no factor: unclipped
+      EXPECT_FALSE(same_bits(full(*a.opt, ids[0]), full(*b.opt, ids[1])));
+    }
+  }
+}
+
 TEST(ShardedOptimizer, AFailedStepLeavesThePreviousStateIntact) {
   // A clean run to compare with: a failed step drops its gradients, so redoing step 3 must give
   // the same bits as a run that never failed.

@@ -321,6 +321,12 @@ class ShardedOptimizer {
   /// The scale the trainer multiplies the loss by (1 without loss scaling).
   double loss_scale() const;
   StepResult step();
+  /// step() clipped by the factor the caller computed from its own norm of the same unscaled
+  /// gradients, in (0, 1], instead of by max_grad_norm (which must be 0: clipping twice throws
+  /// std::invalid_argument, as a factor out of range does). For torch.nn.utils.clip_grad_norm_'s
+  /// fp32 coefficient: the fused kernel multiplies each fp32 gradient by it as torch's g.mul_()
+  /// does, so without loss scaling a torch recipe is reproduced bit for bit.
+  StepResult step(double clip_factor);
   std::uint64_t step_count() const;
   /// Switches the overlapped step on or off (between steps: not during a backward, nor while
   /// speculative results wait for step()). std::logic_error otherwise, or in in-place mode.

@@ -349,6 +349,7 @@ struct ShardedOptimizer::Impl {
   cuda::DeviceBuffer gpu_sums;  // statistics chunk sums of a device-resident gradient (ingest)
   // add_grad_device's slices of device memory for host-side accumulation (the caller's thread).
   cuda::PinnedBuffer grad_staging;
+  std::optional<double> given_clip;  // step(clip_factor)'s, taken by step()
   // ---- step(), in pieces (step.cpp) ----------------------------------------------------------
   struct Speculation {
     std::exception_ptr error;  // the first failure of a speculative step

@@ -428,8 +428,23 @@ void ShardedOptimizer::Impl::finish_result(StepResult& r, const TierCounters& c0
   record_step(r);
 }
 
+StepResult ShardedOptimizer::step(double clip_factor) {
+  if (!(clip_factor > 0 && clip_factor <= 1))
+    throw std::invalid_argument(
+        fmt::format("step: clip factor {} is not in (0, 1] (max_norm / (norm + 1e-6), at most 1)",
+                    clip_factor));
+  if (impl_->cfg.max_grad_norm > 0)
+    throw std::invalid_argument(fmt::format(
+        "step: a clip factor was given and max_grad_norm is {}: the gradients would be clipped "
+        "twice (set max_grad_norm to 0 to clip by the caller's norm)",
+        impl_->cfg.max_grad_norm));
+  impl_->given_clip = clip_factor;
+  return step();
+}
+
 StepResult ShardedOptimizer::step() {
   Impl& m = *impl_;
+  const std::optional<double> given_clip = std::exchange(m.given_clip, std::nullopt);
   m.require_finalized("step");
   if (m.in_backward) throw std::logic_error("step: end_backward() first");
   m.require_current_param16("step");
@@ -463,7 +478,9 @@ StepResult ShardedOptimizer::step() {
     m.finish_result(r, c0, t0);
     return r;
   }
-  if (m.cfg.max_grad_norm > 0) {
+  if (given_clip) {
+    r.clip_factor = *given_clip;
+  } else if (m.cfg.max_grad_norm > 0) {
     const double c = m.cfg.max_grad_norm / (r.grad_norm + 1e-6);
     if (c < 1) r.clip_factor = c;
   }

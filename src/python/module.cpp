@@ -307,15 +307,17 @@ PYBIND11_MODULE(_tierswap, m) {
       .def("add_grad", &PyOptimizer::add_grad, Release())
       .def(
           "end_backward", [](PyOptimizer& s) { s.opt().end_backward(); }, Release())
-      .def("step",
-           [](PyOptimizer& s) {
-             StepResult r;
-             {
-               py::gil_scoped_release nogil;
-               r = s.opt().step();
-             }
-             return step_dict(r);
-           })
+      .def(
+          "step",
+          [](PyOptimizer& s, std::optional<double> clip_factor) {
+            StepResult r;
+            {
+              py::gil_scoped_release nogil;
+              r = clip_factor ? s.opt().step(*clip_factor) : s.opt().step();
+            }
+            return step_dict(r);
+          },
+          py::arg("clip_factor") = py::none())
       // param16() itself, writable, for the trainer's tensors to alias (zero-copy); valid until
       // close(). The optimizer writes it at every step, load() and import_state().
       .def("param16_view",

@@ -113,12 +113,14 @@ def loss_of(model, x, y):
     return nn.functional.cross_entropy(logits.float().view(-1, logits.shape[-1]), y.view(-1))
 
 
-def train_tierswap(model, opt, steps, start=0, sched=None, log=None, total=None):
+def train_tierswap(model, opt, steps, start=0, sched=None, log=None, total=None, clip=None):
     """Steps [start, steps) with tierswap's optimizer: accumulation over the micro-batches (the
-    loss divided by their number), clipping inside the step. `sched`: the schedule's LambdaLR
-    when resuming (made before load(), which restores the scheduled lr, and stepped `start`
-    times); made here otherwise, for a run of `total` steps (default `steps`: a prefix of a
-    longer run passes its length). Returns the loss per step."""
+    loss divided by their number), clipping inside the step (max_grad_norm), or by `clip` at
+    max norm `clip` where the recipe clips (opt.clip_grad_norm_: torch's norm, for a run bit for
+    bit the recipe's). `sched`: the schedule's LambdaLR when resuming (made before load(), which
+    restores the scheduled lr, and stepped `start` times); made here otherwise, for a run of
+    `total` steps (default `steps`: a prefix of a longer run passes its length). Returns the
+    loss per step."""
     if sched is None:
         sched = torch.optim.lr_scheduler.LambdaLR(opt, schedule(total=total or steps))
     losses = []
@@ -131,6 +133,8 @@ def train_tierswap(model, opt, steps, start=0, sched=None, log=None, total=None)
                 loss = loss_of(model, x, y) / len(mbs)
                 loss.backward()
             total += loss.item()
+        if clip is not None:
+            opt.clip_grad_norm_(model.parameters(), clip)
         opt.step()
         opt.zero_grad()
         sched.step()

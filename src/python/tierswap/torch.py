@@ -26,7 +26,9 @@ Tier keywords (all optional; the defaults work untuned):
   subgroup_size   elements per sub-group (default: from the budget, at most 8M)
   overlap         sub-groups step during the backward (hooks=True): the bit-exact overlapped step
   plan            a placement plan file (``tierswap plan --out``)
-  max_grad_norm   clip the global gradient norm inside the step (0: off)
+  max_grad_norm   clip the global gradient norm inside the step (0: off); or keep it 0 and call
+                  opt.clip_grad_norm_(params, max_norm) where a torch recipe clips (torch's
+                  norm: the recipe reproduced bit for bit)
   loss_scale      None (bf16), "dynamic" (fp16, GradScaler's rules) or a number (fixed)
   init_scale, growth_factor, backoff_factor, growth_interval   the dynamic scaler's settings
   bf16_moments    moments stored in bf16 (fewer bytes; changes results)
@@ -66,6 +68,7 @@ a RuntimeError (or ValueError) with its message.
 
 import contextlib
 import json
+import math
 import os
 import shutil
 import tempfile
@@ -143,6 +146,8 @@ class _TieredOptimizer(Optimizer):
         self._closer = weakref.finalize(self, _close_native, self._native, self._tmpdir,
                                         [p for p, _ in self._ids])
         self._hooks = bool(hooks)
+        self._max_grad_norm = opt_cfg["max_grad_norm"]
+        self._clip_factor = None  # clip_grad_norm_'s, for the next step
         self._handles = []
         self._in_backward = False
         self._final = True
@@ -297,12 +302,55 @@ class _TieredOptimizer(Optimizer):
             finally:
                 self._end()
         handover = time.perf_counter() - t0
-        self.last_step = self._native.step()  # p (aliasing param16) now holds the new values
+        clip, self._clip_factor = self._clip_factor, None
+        self.last_step = self._native.step(clip)  # p (aliasing param16) now holds the new values
         self.last_step["handover_seconds"] = handover
         self.last_step["skip_reason"] = (
             f"non-finite gradient (inf or nan); loss scale {self.last_step['loss_scale']:g} -> "
             f"{self.last_step['next_loss_scale']:g}" if self.last_step["skipped"] else None)
         return loss
+
+    @torch.no_grad()
+    def clip_grad_norm_(self, parameters, max_norm, norm_type=2.0):
+        """torch.nn.utils.clip_grad_norm_ for this optimizer, to put where a torch recipe calls
+        it (between the backward and step()): the total norm of the parameters' gradients and
+        the clip coefficient computed as torch computes them, in fp32 and in torch's order, on
+        fp32 copies of the gradients (what the mixed-precision recipe clips: its fp32 master
+        gradients). The next step() applies the coefficient inside the fused kernel, as torch's
+        ``g.mul_(coef)`` on fp32 gradients would, so a bf16 recipe is reproduced bit for bit.
+        Returns the total norm (a tensor), as torch does. Takes ``p.grad`` as it is now: it
+        needs step-time hand-over (hooks=False), max_grad_norm=0 (the native clipping, whose
+        norm is the same at any world size) and one process (ranks hold local gradients)."""
+        if self._hooks:
+            raise RuntimeError("clip_grad_norm_ reads p.grad before step(); with hooks=True the "
+                               "gradients were handed over and freed during the backward: clip "
+                               "with max_grad_norm instead")
+        if self._max_grad_norm > 0:
+            raise RuntimeError(f"clip_grad_norm_ with max_grad_norm={self._max_grad_norm} set: "
+                               "the gradients would be clipped twice (construct with "
+                               "max_grad_norm=0 to clip as torch does)")
+        if self._native.world() > 1:
+            raise RuntimeError("clip_grad_norm_ needs the global gradients, and each of the "
+                               f"{self._native.world()} ranks holds its local ones: clip with "
+                               "max_grad_norm (its norm is the same at any world size)")
+        if isinstance(parameters, torch.Tensor):
+            parameters = [parameters]
+        grads = [p.grad for p in parameters if p.grad is not None]
+        max_norm, norm_type = float(max_norm), float(norm_type)
+        if not (max_norm > 0):
+            raise ValueError(f"clip_grad_norm_: max_norm {max_norm} must be > 0")
+        if not grads:
+            return torch.tensor(0.0)
+        fp32 = [g.detach().float() for g in grads]
+        if norm_type == math.inf:
+            norms = [g.abs().max() for g in fp32]
+            total = norms[0] if len(norms) == 1 else torch.max(torch.stack(norms))
+        else:
+            total = torch.norm(torch.stack([torch.norm(g, norm_type) for g in fp32]), norm_type)
+        coef = float(torch.clamp(max_norm / (total + 1e-6), max=1.0))
+        # A non-finite norm comes from a non-finite gradient, which makes step() skip.
+        self._clip_factor = coef if math.isfinite(coef) and coef > 0 else None
+        return total
 
     def zero_grad(self, set_to_none=True):
         super().zero_grad(set_to_none=set_to_none)

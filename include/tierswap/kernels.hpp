@@ -15,11 +15,11 @@
 //   p += (-lr / (1 - beta1^t)) * m / denom
 // The fused multiply-adds sit where torch's CPU path uses one: `add_(x, alpha=a)` is fmadd in
 // its vectorized kernel, and `addcmul_(g, g, value=1 - beta2)` (`self + value * t1 * t2`) is
-// contracted by the compiler into fma(value * g, g, self) in Debian's torch 1.13 (checked on
-// every element, tail included, by TorchReference.MatchesTorchOptimBitForBitAfter12Steps); everything
-// else is a separately rounded fp32 operation. Every variant
-// (scalar, AVX2+F16C, AVX-512, CUDA) evaluates exactly these operations in this order and nothing
-// else is contracted, so all of them are bit-identical to the scalar reference.
+// contracted by the compiler into fma(value * g, g, self) in Debian's torch 1.13 (every element,
+// tail included: TorchReference.MatchesTorchOptimBitForBitAfter12Steps); everything else is a
+// separately rounded fp32 operation. Every variant (scalar, AVX2+F16C, AVX-512, CUDA) evaluates
+// exactly these operations in this order and nothing else is contracted, so all of them are
+// bit-identical to the scalar reference.
 // Conversions to 16 bits round to nearest even; NaN stays NaN (quieted).
 //
 // Thread-safety: kernels may run concurrently on disjoint buffers. With a ThreadPool the work is

@@ -121,6 +121,11 @@ def test_clip_grad_norm_refuses_what_it_cannot_do(tmp_path):
     with pytest.raises(ValueError, match="max_norm"):
         opt.clip_grad_norm_(model.parameters(), 0.0)
     assert opt.clip_grad_norm_(model.parameters(), 1.0).item() == 0.0  # no gradients yet
+    for p in model.parameters():
+        p.grad = torch.full_like(p, 1.0)
+    assert opt.clip_grad_norm_(model.parameters(), 1.0).item() > 1 and opt._clip_factor < 1
+    opt.zero_grad()  # the coefficient was those gradients': gone with them
+    assert opt._clip_factor is None
     with pytest.raises(ValueError, match="clip factor"):
         opt._native.step(1.5)
     opt.close()

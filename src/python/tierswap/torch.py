@@ -348,11 +348,14 @@ class _TieredOptimizer(Optimizer):
         else:
             total = torch.norm(torch.stack([torch.norm(g, norm_type) for g in fp32]), norm_type)
         coef = float(torch.clamp(max_norm / (total + 1e-6), max=1.0))
-        # A non-finite norm comes from a non-finite gradient, which makes step() skip.
+        # 0 or NaN: the fp32 norm is inf or NaN. A non-finite gradient makes step() skip; finite
+        # gradients whose fp32 norm overflowed (above 3.4e38) step unclipped, where torch would
+        # zero them.
         self._clip_factor = coef if math.isfinite(coef) and coef > 0 else None
         return total
 
     def zero_grad(self, set_to_none=True):
+        self._clip_factor = None  # it was these gradients'
         super().zero_grad(set_to_none=set_to_none)
 
     @property

@@ -115,9 +115,9 @@ def loss_of(model, x, y):
 
 def train_tierswap(model, opt, steps, start=0, sched=None, log=None, total=None, clip=None):
     """Steps [start, steps) with tierswap's optimizer: accumulation over the micro-batches (the
-    loss divided by their number), clipping inside the step (max_grad_norm), or by `clip` at
-    max norm `clip` where the recipe clips (opt.clip_grad_norm_: torch's norm, for a run bit for
-    bit the recipe's). `sched`: the schedule's LambdaLR when resuming (made before load(), which
+    loss divided by their number). Clipping: inside the step (the optimizer's max_grad_norm),
+    or, with `clip` = a max norm, by opt.clip_grad_norm_ where the recipe clips (torch's norm: the
+    recipe's run bit for bit). `sched`: the schedule's LambdaLR when resuming (made before load(), which
     restores the scheduled lr, and stepped `start` times); made here otherwise, for a run of
     `total` steps (default `steps`: a prefix of a longer run passes its length). Returns the
     loss per step."""

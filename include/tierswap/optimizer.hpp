@@ -224,6 +224,8 @@ struct StepResult {
   /// from the first to the last of them; with concurrent_gpu_step it overlapped the CPU's part.
   std::uint32_t gpu_subgroups = 0;
   double gpu_seconds = 0;
+  /// Sub-groups whose gradient the step read where the trainer left it (lend_grad), no copy.
+  std::uint32_t lent_subgroups = 0;
 };
 
 /// Fills `count` fp32 values of parameter `param` starting at element `offset`.
@@ -311,8 +313,22 @@ class ShardedOptimizer {
   /// A bucket: consecutive trainable parameters of one group, starting at `first`, their
   /// gradients back to back in `grad` (`count` parameters).
   void add_grad_bucket(ParamId first, std::size_t count, const void* grad, Dtype dtype);
+  /// add_grad without the copy where it can: the step reads the gradient where it is. Lent are
+  /// the slices of a final backward at world size 1, without the overlapped mode, in the
+  /// accumulation dtype, for sub-groups the CPU steps, whose gradient is still empty; the rest
+  /// (and a second gradient of a lent slice) is copied as add_grad copies it. The statistics are
+  /// taken from the caller's memory once a sub-group's slices are all lent; a sub-group lent in
+  /// part is copied in at step(). The caller keeps `grad` alive and unchanged until the step
+  /// that takes it returns or throws (a step that throws before it stepped copies the lent
+  /// gradients in first, so they are still there for the next one), or the gradients are
+  /// dropped (load, initialize). Bit-identical to add_grad.
+  void lend_grad(ParamId param, const void* grad, Dtype dtype);
   /// Ends the backward pass (reduces now unless `coalesce`).
   void end_backward();
+  /// Drops every gradient handed over since the last step (a hand-over that failed part-way,
+  /// a trainer's zero_grad between steps): speculative steps taken from them are discarded, the
+  /// committed state stays as it is. Between backward passes (std::logic_error during one).
+  void drop_grads();
   /// Whether sub-group k's gradient is final for this step (the hook for stepping a sub-group as
   /// soon as its gradients are complete).
   bool gradient_final(std::size_t k) const;

@@ -61,6 +61,7 @@ void ShardedOptimizer::Impl::ingest(OptSub& s, Tier tier, Access access, Add&& a
 
 void ShardedOptimizer::Impl::drop_grad(OptSub& s) {
   tiers.trim(s.grad);
+  s.lent.clear();
   s.sums.clear();
   std::fill(s.slice_written.begin(), s.slice_written.end(), 0);
   s.grad_zero = true;
@@ -165,37 +166,44 @@ void ShardedOptimizer::begin_backward(bool final) {
   m.spec.start([&m] { m.spec_loop(); });
 }
 
+void ShardedOptimizer::Impl::add_slice(OptSub& s, ParamId id, std::uint64_t b, std::uint64_t e,
+                                       const void* grad, Dtype dtype) {
+  materialize_lent(s);
+  const OptParam& p = params[id];
+  const Dtype acc = acc_dtype(groups[s.group]);
+  const std::size_t in_es = dtype_size(dtype), acc_es = dtype_size(acc);
+  // A slice's first gradient since the drop lands on zeros: copied (cast), not added; over the
+  // whole block, without zero-filling it first.
+  char& written = s.slice_written[s.slice_of(id)];
+  const bool whole = b == s.begin && e == s.begin + s.numel;
+  const Access access = !written && whole ? Access::overwrite : Access::write;
+  // Host memory goes to the gradient's host copy (the tier manager moves it up for a GPU step).
+  ingest(s, Tier::host, access, [&](std::byte* v) {
+    std::byte* dst = v + (b - s.begin) * acc_es;
+    const auto* src = static_cast<const std::byte*>(grad) + (b - p.offset) * in_es;
+    if (written)
+      accumulate(dst, acc, src, dtype, e - b, ctx());
+    else
+      cast(src, dtype, dst, acc, e - b, ctx());
+  });
+  written = 1;
+}
+
 void ShardedOptimizer::add_grad(ParamId id, const void* grad, Dtype dtype) {
   Impl& m = *impl_;
   const OptParam& p = m.grad_param("add_grad", id, grad);
   OptGroup& g = m.groups[p.group];
-  const Dtype acc = m.acc_dtype(g);
-  const std::size_t in_es = dtype_size(dtype), acc_es = dtype_size(acc);
   if (m.world > 1) {
-    accumulate(g.local_grad.data() + p.offset * acc_es, acc, grad, dtype, p.numel, m.ctx());
+    const Dtype acc = m.acc_dtype(g);
+    accumulate(g.local_grad.data() + p.offset * dtype_size(acc), acc, grad, dtype, p.numel,
+               m.ctx());
     g.local_dirty = true;
     return;
   }
   for (std::size_t k = 0; k < g.nsubs; ++k) {
     OptSub& s = m.subs[g.first_sub + k];
-    const auto range = Impl::slice(p, s);  // not a structured binding: lambdas capture it
-    const std::uint64_t b = range.first, e = range.second;
-    if (b >= e) continue;
-    // A slice's first gradient since the drop lands on zeros: copied (cast), not added; over
-    // the whole block, without zero-filling it first.
-    char& written = s.slice_written[s.slice_of(id)];
-    const bool whole = b == s.begin && e == s.begin + s.numel;
-    const Access access = !written && whole ? Access::overwrite : Access::write;
-    // Host memory goes to the gradient's host copy (the tier manager moves it up for a GPU step).
-    m.ingest(s, Tier::host, access, [&](std::byte* v) {
-      std::byte* dst = v + (b - s.begin) * acc_es;
-      const auto* src = static_cast<const std::byte*>(grad) + (b - p.offset) * in_es;
-      if (written)
-        accumulate(dst, acc, src, dtype, e - b, m.ctx());
-      else
-        cast(src, dtype, dst, acc, e - b, m.ctx());
-    });
-    written = 1;
+    const auto [b, e] = Impl::slice(p, s);
+    if (b < e) m.add_slice(s, id, b, e, grad, dtype);
   }
 }
 
@@ -241,6 +249,7 @@ void ShardedOptimizer::add_grad_device(ParamId id, const void* d_grad, Dtype dty
     const std::uint64_t b = range.first, e = range.second;
     if (b >= e) continue;
     const std::size_t at = (b - s.begin) * acc_es;
+    m.materialize_lent(s);  // (never lent: a sub-group the GPU steps) added to in the block
     const Tier tier = s.grad_gpu ? Tier::device : Tier::host;  // where it accumulates
     if (tier == Tier::device && gpu && !m.gpu_simulated) {
       // A sub-group the GPU steps: its gradient is accumulated where it is stepped (never
@@ -285,6 +294,21 @@ void ShardedOptimizer::end_backward() {
   m.in_backward = false;
   if (m.world > 1 && (!m.cfg.coalesce || m.final_backward))
     for (auto& g : m.groups) m.reduce_local(g);
+}
+
+void ShardedOptimizer::drop_grads() {
+  Impl& m = *impl_;
+  m.require_finalized("drop_grads");
+  if (m.in_backward) throw std::logic_error("drop_grads: end_backward() first");
+  if (m.cfg.overlap) {
+    m.spec_drain();
+    if (m.spec_pending()) m.spec_discard();  // the committed state, bit for bit
+  }
+  for (auto& g : m.groups) {
+    std::fill(g.local_grad.begin(), g.local_grad.end(), std::byte{0});
+    g.local_dirty = false;
+  }
+  m.drop_all_grads();
 }
 
 bool ShardedOptimizer::gradient_final(std::size_t k) const {

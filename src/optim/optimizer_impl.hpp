@@ -87,6 +87,16 @@ struct OptSub {
     return static_cast<std::size_t>(std::lower_bound(pids.begin(), pids.end(), id) - pids.begin());
   }
   std::uint32_t seen = 0;  // of them, ingested in this backward
+  // lend_grad(): slices of the gradient the step reads from the caller's memory, in the
+  // accumulation dtype ([b, e) in the group's flat space, one per parameter). Non-empty only
+  // while the gradient block holds nothing (grad_zero); all of pids' slices at step time, or
+  // copied into the block first (Impl::materialize_lent).
+  struct Lent {
+    std::uint64_t b = 0, e = 0;
+    const std::byte* data = nullptr;
+  };
+  std::vector<Lent> lent;
+  bool all_lent() const { return !lent.empty() && lent.size() == pids.size(); }
   // Statistics chunk sums of the final gradient, taken while it was in memory at ingest (so a
   // gradient spilled to NVMe is not read back for them). Non-empty exactly when the sub-group's
   // gradient is final for this step (gradient_final); any later ingest clears them.
@@ -310,8 +320,26 @@ struct ShardedOptimizer::Impl {
   /// a `whole` one (reduce_local: a reduce-scatter's result holds every parameter's share).
   template <class Add>
   void ingest(OptSub& s, Tier tier, Access access, Add&& add, bool whole = false);
-  /// Drops s's gradient (the block trimmed: zeros again, no I/O), its statistics and the
-  /// written-slice marks: the one way a step, a rollback, initialize() and load() end a gradient.
+  /// lend_grad()'s parts (lend.cpp; step_lent in step.cpp): whether s may read slice [b, e) of a
+  /// gradient in `dtype` from the caller's memory; s's lent slices copied into its gradient block
+  /// (nothing lent afterwards); the same for every sub-group, on a step that throws (a slice that
+  /// cannot be copied drops that gradient, logged); the statistics chunk sums of all-lent s into
+  /// out, each chunk that spans two slices gathered first; and the fused kernel over each lent
+  /// slice.
+  bool may_lend(const OptSub& s, Dtype dtype) const;
+  void materialize_lent(OptSub& s);
+  void materialize_all_lent() noexcept;
+  void lent_chunk_sums(const OptSub& s, double* out);
+  void step_lent(const OptSub& s, const GroupConfig& gc, void* const* ptr, float multiplier,
+                 std::uint64_t t, std::uint16_t* p16, const CpuKernelContext& kc);
+  /// add_grad() at world size 1, one sub-group: parameter id's slice [b, e) of `grad` (the whole
+  /// parameter, host memory) copied or added into s's gradient block (s's lent slices copied in
+  /// first).
+  void add_slice(OptSub& s, ParamId id, std::uint64_t b, std::uint64_t e, const void* grad,
+                 Dtype dtype);
+  /// Drops s's gradient (the block trimmed: zeros again, no I/O), what it lent, its statistics
+  /// and the written-slice marks: the one way a step, a rollback, initialize() and load() end a
+  /// gradient.
   void drop_grad(OptSub& s);
   /// The checks add_grad and add_grad_device share (finalized, in a backward, a trainable
   /// parameter, a non-null gradient); returns the parameter.
@@ -349,7 +377,10 @@ struct ShardedOptimizer::Impl {
   cuda::DeviceBuffer gpu_sums;  // statistics chunk sums of a device-resident gradient (ingest)
   // add_grad_device's slices of device memory for host-side accumulation (the caller's thread).
   cuda::PinnedBuffer grad_staging;
-  std::optional<double> given_clip;  // step(clip_factor)'s, taken by step()
+  /// step() and step(clip_factor): the caller's clip factor, if any, instead of max_grad_norm.
+  /// A step that throws copies the gradients still lent into their blocks (materialize_all_lent).
+  StepResult run_step(std::optional<double> given_clip);
+  StepResult step_once(std::optional<double> given_clip);
   // ---- step(), in pieces (step.cpp) ----------------------------------------------------------
   struct Speculation {
     std::exception_ptr error;  // the first failure of a speculative step

@@ -185,15 +185,18 @@ void ShardedOptimizer::Impl::step_sub(OptSub& s, const GroupConfig& gc, float mu
       st[slot] = tiers.acquire(s.state[slot], tier, Access::write);
       ptr[slot] = st[slot].data();
     }
-    BlockView gv = tiers.acquire(s.grad, grad_tier_of(s));
-    const GradView gview{gv.data(), acc_dtype(g), multiplier};
-    const Param16View out{p16, g.dtype16};
     if (wrote16) *wrote16 = true;
     // A simulated GPU is a processor of its own: one thread, not the CPU's workers (the same
     // bits for any thread count), so a split step's two parts do not share them.
     CpuKernelContext kc = ctx();
     if (s.step_gpu) kc.pool = nullptr;
-    if (s.step_gpu && !gpu_simulated)
+    BlockView gv;  // the gradient block, unless the step reads the caller's memory (lend_grad)
+    if (!s.all_lent()) gv = tiers.acquire(s.grad, grad_tier_of(s));
+    const GradView gview{gv ? gv.data() : nullptr, acc_dtype(g), multiplier};
+    const Param16View out{p16, g.dtype16};
+    if (s.all_lent())
+      step_lent(s, gc, ptr, multiplier, t, p16, kc);
+    else if (s.step_gpu && !gpu_simulated)
       gpu_step(s, gc, gview, ptr, t, p16, speculative);
     else
       run_kernel(gc, t, ptr, moment_dtype(), gview, out, s.numel, kc);
@@ -203,6 +206,23 @@ void ShardedOptimizer::Impl::step_sub(OptSub& s, const GroupConfig& gc, float mu
   if (s.streaming)
     for (BlockId b : s.state)
       if (b != kNoBlock) tiers.write_back(b);
+}
+
+// The kernel is elementwise: slice by slice it computes what it computes on the whole block.
+void ShardedOptimizer::Impl::step_lent(const OptSub& s, const GroupConfig& gc, void* const* ptr,
+                                       float multiplier, std::uint64_t t, std::uint16_t* p16,
+                                       const CpuKernelContext& kc) {
+  const Dtype dt = acc_dtype(groups[s.group]);
+  const Dtype dt16 = groups[s.group].dtype16;
+  for (const OptSub::Lent& l : s.lent) {
+    const std::uint64_t at = l.b - s.begin;
+    void* sp[kStateSlots] = {};
+    for (int slot = 0; slot < kStateSlots; ++slot)
+      if (ptr[slot] != nullptr)
+        sp[slot] = static_cast<std::byte*>(ptr[slot]) + at * dtype_size(slot_dtype(slot));
+    run_kernel(gc, t, sp, moment_dtype(), GradView{l.data, dt, multiplier},
+               Param16View{p16 + at, dt16}, l.e - l.b, kc);
+  }
 }
 
 template <class Step, class After>
@@ -351,8 +371,9 @@ void ShardedOptimizer::Impl::run_pipeline_and_commit(const StepPlan& sp, bool ke
         },
         &p16_changed, r);
     late_grads->resize(subs.size());
-    for (std::size_t k : sp.late)  // where the step reads it
-      (*late_grads)[k] = tiers.acquire(subs[k].grad, grad_tier_of(subs[k]));
+    for (std::size_t k : sp.late)  // where the step reads it (a lent one: the caller's memory)
+      if (!subs[k].all_lent())
+        (*late_grads)[k] = tiers.acquire(subs[k].grad, grad_tier_of(subs[k]));
     step_count = sp.t;
     commit();
   } catch (...) {
@@ -438,16 +459,35 @@ StepResult ShardedOptimizer::step(double clip_factor) {
         "step: a clip factor was given and max_grad_norm is {}: the gradients would be clipped "
         "twice (set max_grad_norm to 0 to clip by the caller's norm)",
         impl_->cfg.max_grad_norm));
-  impl_->given_clip = clip_factor;
-  return step();
+  return impl_->run_step(clip_factor);
 }
 
 StepResult ShardedOptimizer::step() {
-  Impl& m = *impl_;
-  const std::optional<double> given_clip = std::exchange(m.given_clip, std::nullopt);
+  return impl_->run_step(std::nullopt);
+}
+
+// A step that throws leaves no gradient in the caller's memory: it was dropped (a failure
+// mid-step) or is copied in now (one before the pipeline), for the next step to take.
+StepResult ShardedOptimizer::Impl::run_step(std::optional<double> given_clip) {
+  try {
+    return step_once(given_clip);
+  } catch (...) {
+    materialize_all_lent();
+    throw;
+  }
+}
+
+StepResult ShardedOptimizer::Impl::step_once(std::optional<double> given_clip) {
+  Impl& m = *this;
   m.require_finalized("step");
   if (m.in_backward) throw std::logic_error("step: end_backward() first");
   m.require_current_param16("step");
+  // A sub-group lent in part: the rest of its gradient is zeros, which the block holds.
+  std::uint32_t lent = 0;
+  for (auto& s : m.subs) {
+    if (!s.lent.empty() && !s.all_lent()) m.materialize_lent(s);
+    lent += s.all_lent();
+  }
   const auto t0 = Clock::now();
   const TierCounters c0 = m.tiers.counters();
   if (m.world > 1)
@@ -464,6 +504,7 @@ StepResult ShardedOptimizer::step() {
 
   // The verdict: skip (non-finite), clip, keep or redo the speculative results.
   StepResult r;
+  r.lent_subgroups = lent;
   r.loss_scale = m.scale;
   const double inv = 1.0 / m.scale;
   r.grad_norm = std::sqrt(sum_sq) * inv;

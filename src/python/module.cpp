@@ -94,6 +94,7 @@ py::dict step_dict(const StepResult& r) {
   d["seconds"] = r.seconds;
   d["generation"] = r.generation;
   d["overlapped_subgroups"] = r.overlapped_subgroups;
+  d["lent_subgroups"] = r.lent_subgroups;
   d["redone"] = r.redone;
   return d;
 }
@@ -220,6 +221,12 @@ class PyOptimizer {
     opt().add_grad(id, reinterpret_cast<const void*>(ptr), parse_dtype(dt));
   }
 
+  // The caller keeps the tensor alive and unchanged until step() returns (tierswap.torch does).
+  void lend_grad(ParamId id, std::uintptr_t ptr, const std::string& dt, std::uint64_t n) {
+    checked(id, n, "gradient of");
+    opt().lend_grad(id, reinterpret_cast<const void*>(ptr), parse_dtype(dt));
+  }
+
   void gather(ParamId id, const std::string& cls, std::uintptr_t ptr, std::uint64_t n) {
     checked(id, n, "gather");
     const auto v = opt().gather(id, parse_block_class(cls));
@@ -305,6 +312,9 @@ PYBIND11_MODULE(_tierswap, m) {
           "begin_backward", [](PyOptimizer& s, bool final) { s.opt().begin_backward(final); },
           Release())
       .def("add_grad", &PyOptimizer::add_grad, Release())
+      .def("lend_grad", &PyOptimizer::lend_grad, Release())
+      .def(
+          "drop_grads", [](PyOptimizer& s) { s.opt().drop_grads(); }, Release())
       .def(
           "end_backward", [](PyOptimizer& s) { s.opt().end_backward(); }, Release())
       .def(

@@ -303,6 +303,36 @@ def test_a_missing_gradient_counts_as_zero(tmp_path):
         assert torch.equal(outs[0][i], outs[1][i])
 
 
+def test_the_step_reads_p_grad_in_place_and_a_failed_hand_over_leaves_nothing(tmp_path):
+    """Step-time hand-over lends p.grad: the step reads it where it is (no copy). A hand-over
+    that fails part-way (a bad gradient after good ones) drops what it had handed over, so the
+    step after the fix takes each gradient once."""
+    outs = []
+    for fail_first in (False, True):
+        torch.manual_seed(0)
+        model = torch.nn.Sequential(torch.nn.Linear(16, 8), torch.nn.Linear(8, 4))
+        model = model.to(torch.bfloat16)
+        (tmp_path / str(fail_first)).mkdir()
+        opt = tt.AdamW(model.parameters(), swap_dir=str(tmp_path / str(fail_first)),
+                       telemetry=False)
+        ps = list(model.parameters())
+        for i, p in enumerate(ps):
+            p.grad = torch.full_like(p, 0.25 * (i + 1))
+        if fail_first:
+            good = ps[-1].grad
+            ps[-1].grad = good.to_sparse()
+            with pytest.raises(TypeError, match="is sparse"):
+                opt.step()
+            ps[-1].grad = good
+        opt.step()
+        assert opt.last_step["lent_subgroups"] > 0
+        assert opt.last_step["step"] == 1
+        outs.append(masters(opt))
+        opt.close()
+    for i in outs[0]:
+        assert torch.equal(outs[0][i], outs[1][i])
+
+
 def _compare_with_torch(tmp_path, ts_cls, torch_cls, steps=4, **hyper):
     torch.manual_seed(0)
     model = torch.nn.Linear(33, 17).to(torch.bfloat16)

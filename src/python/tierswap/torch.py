@@ -228,10 +228,12 @@ class _TieredOptimizer(Optimizer):
                 self._hyper_sent[gi] = h
 
     # ---- gradients ----------------------------------------------------------------------------
-    def _add_grad(self, p, nid):
+    def _add_grad(self, p, nid, lend=False):
+        """Hands p.grad over: copied (hooks: p.grad is freed next), or lent (step-time: the
+        step reads it in place; returned, for the caller to keep alive until the step is done)."""
         g = p.grad
         if g is None:
-            return
+            return None
         if g.is_sparse:
             raise TypeError(f"the gradient of parameter {nid} (shape {tuple(p.shape)}) is sparse")
         if g.dtype not in _DTYPE_NAMES:
@@ -242,7 +244,9 @@ class _TieredOptimizer(Optimizer):
                              f"for a {tuple(p.shape)} CPU parameter")
         if not g.is_contiguous():
             g = g.contiguous()
-        self._native.add_grad(nid, g.data_ptr(), _DTYPE_NAMES[g.dtype], g.numel())
+        hand = self._native.lend_grad if lend else self._native.add_grad
+        hand(nid, g.data_ptr(), _DTYPE_NAMES[g.dtype], g.numel())
+        return g
 
     def _begin(self, final):
         self._sync_groups()
@@ -292,18 +296,24 @@ class _TieredOptimizer(Optimizer):
             with torch.enable_grad():
                 loss = closure()
         t0 = time.perf_counter()
+        lent = []  # gradients the step reads in place: alive until it returns
         if self._hooks:
             self._end()
         else:
             self._begin(True)
             try:
                 for p, nid in self._ids:
-                    self._add_grad(p, nid)
+                    lent.append(self._add_grad(p, nid, lend=True))
+            except BaseException:
+                self._end()
+                self._native.drop_grads()  # none half handed over (nor lent past this call)
+                raise
             finally:
                 self._end()
         handover = time.perf_counter() - t0
         clip, self._clip_factor = self._clip_factor, None
         self.last_step = self._native.step(clip)  # p (aliasing param16) now holds the new values
+        del lent
         self.last_step["handover_seconds"] = handover
         self.last_step["skip_reason"] = (
             f"non-finite gradient (inf or nan); loss scale {self.last_step['loss_scale']:g} -> "

@@ -11,11 +11,15 @@ What it measures (medians of alternating repetitions in one run; figures go to b
             and step) against `tierswap bench step`'s ingest + step (C++, same parameters, host
             budget, sub-group and threads, state on NVMe), run alternately as a subprocess; and
             against the time the native step reports for itself (StepResult.seconds).
+  handover  step-time hand-over lending p.grad (the step reads it in place: the default) against
+            copying it into tierswap's gradient blocks first (as hooks=True must), two optimizers
+            on equal terms in one process (host state in memory only), alternating.
   tinylm    tokens/s of tierswap.tinylm: tierswap (host state, NVMe state) against the
             torch.optim.AdamW mixed-precision recipe.
 
     PYTHONPATH=build/python /usr/bin/python3 bench/torch_step.py torch --params 256M --reps 5
     PYTHONPATH=build/python /usr/bin/python3 bench/torch_step.py overhead --params 64M
+    PYTHONPATH=build/python /usr/bin/python3 bench/torch_step.py handover --params 256M --reps 15
     PYTHONPATH=build/python /usr/bin/python3 bench/torch_step.py tinylm
 """
 
@@ -132,6 +136,45 @@ def bench_overhead(a):
     return out
 
 
+class _CopyingAdamW(tt.AdamW):
+    """tierswap.torch.AdamW whose step-time hand-over copies p.grad (the hooks' way)."""
+
+    def _add_grad(self, p, nid, lend=False):
+        return super()._add_grad(p, nid, lend=False)
+
+
+def bench_handover(a):
+    n = tierswap.parse_count(a.params)
+    torch.set_num_threads(a.threads)
+    sides = {}
+    for name, cls in (("lend", tt.AdamW), ("copy", _CopyingAdamW)):
+        ps = ts_model(n)
+        opt = cls(ps, swap_dir=tempfile.mkdtemp(prefix="tierswap-bench-", dir=a.dir),
+                  state_tier="host", host_budget=a.host_budget, threads=a.threads,
+                  telemetry=False, persist_resident_state=False)
+        opt.step()  # first touch outside the timing
+        sides[name] = opt
+    runs = {name: {"wall": [], "native": [], "handover": []} for name in sides}
+    for r in range(a.reps):
+        for name in (("lend", "copy") if r % 2 == 0 else ("copy", "lend")):
+            t0 = time.perf_counter()
+            sides[name].step()
+            runs[name]["wall"].append(time.perf_counter() - t0)
+            runs[name]["native"].append(sides[name].last_step["seconds"])
+            runs[name]["handover"].append(sides[name].last_step["handover_seconds"])
+    lent = sides["lend"].last_step["lent_subgroups"]
+    for opt in sides.values():
+        opt.close()
+    out = {"params": n, "threads": a.threads, "lent_subgroups": lent, "runs": runs}
+    for name, v in runs.items():
+        for k, x in v.items():
+            out[f"{name}_{k}_s"] = statistics.median(x)
+    out["copy_over_lend_per_rep"] = [c / l for c, l in zip(runs["copy"]["wall"],
+                                                            runs["lend"]["wall"])]
+    out["copy_over_lend_median"] = statistics.median(out["copy_over_lend_per_rep"])
+    return out
+
+
 def bench_tinylm(a):
     torch.set_num_threads(a.threads)
     steps = a.steps
@@ -158,7 +201,7 @@ def bench_tinylm(a):
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("what", choices=("torch", "overhead", "tinylm"))
+    ap.add_argument("what", choices=("torch", "overhead", "handover", "tinylm"))
     ap.add_argument("--params", default="256M")
     ap.add_argument("--host-budget", default="6GiB")
     ap.add_argument("--sub-group", default="8M")
@@ -173,7 +216,8 @@ def main():
     ap.add_argument("--cli", default=os.path.join(os.path.dirname(__file__), "..", "build",
                                                   "tierswap"))
     a = ap.parse_args()
-    fn = {"torch": bench_torch, "overhead": bench_overhead, "tinylm": bench_tinylm}[a.what]
+    fn = {"torch": bench_torch, "overhead": bench_overhead, "handover": bench_handover,
+          "tinylm": bench_tinylm}[a.what]
     print(json.dumps(fn(a), indent=2))
 
 

@@ -10,7 +10,8 @@
 //      OptimizerConfig::subgroup_size elements. Every sub-group has one TierManager block per
 //      state (fp32 master, moments) and one transient 16-bit (or fp32) gradient block.
 //   3. initialize() (or load()) writes the master weights and commits generation 1.
-//   4. Per step: begin_backward(); add_grad() per parameter (or add_grad_bucket()); end_backward();
+//   4. Per step: begin_backward(); add_grad() per parameter (or add_grad_bucket(), or lend_grad():
+//      no copy); end_backward();
 //      repeated for gradient accumulation; then step().
 //
 // Gradients. The trainer hands each rank's *local* (unreduced) gradient of every trainable

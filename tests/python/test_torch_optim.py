@@ -148,6 +148,29 @@ def test_hooks_and_overlap_are_bit_identical_to_step_time_hand_over(tmp_path, mo
     opt.close()
 
 
+@pytest.mark.parametrize("overlap", [False, True])
+def test_zero_grad_forgets_what_the_hooks_handed_over(tmp_path, overlap):
+    """torch's zero_grad forgets p.grad; with hooks=True the gradients already went to
+    tierswap, which forgets them too: a backward, zero_grad, a backward, step takes the second."""
+    outs = []
+    for discarded in (False, True):
+        torch.manual_seed(0)
+        model = torch.nn.Linear(16, 8).to(torch.bfloat16)
+        x = torch.randn(4, 16).to(torch.bfloat16)
+        (tmp_path / str(discarded)).mkdir()
+        opt = tt.AdamW(model.parameters(), swap_dir=str(tmp_path / str(discarded)),
+                       telemetry=False, hooks=True, overlap=overlap)
+        if discarded:
+            (model(x) * -3).float().sum().backward()  # kept, it would flip the sum
+            opt.zero_grad()
+        model(x).float().sum().backward()
+        opt.step()
+        outs.append(masters(opt))
+        opt.close()
+    for i in outs[0]:
+        assert torch.equal(outs[0][i], outs[1][i])
+
+
 RESUME = r"""
 import sys, torch, tierswap.torch as tt
 from tierswap import tinylm

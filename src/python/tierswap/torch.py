@@ -366,6 +366,11 @@ class _TieredOptimizer(Optimizer):
 
     def zero_grad(self, set_to_none=True):
         self._clip_factor = None  # it was these gradients'
+        if self._hooks and self._closer.alive:
+            # The gradients the hooks handed over are tierswap's now: forgotten, as torch's
+            # zero_grad forgets p.grad (a backward, zero_grad, a backward, step: the second only).
+            self._end()
+            self._native.drop_grads()
         super().zero_grad(set_to_none=set_to_none)
 
     @property

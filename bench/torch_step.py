@@ -92,7 +92,8 @@ def bench_torch(a):
 
 def cpp_bench_step(a, n):
     cmd = [a.cli, "bench", "step", "--params", str(n), "--host-budget", a.host_budget,
-           "--sub-group", a.sub_group, "--threads", str(a.threads), "--runs", "1", "--json"]
+           "--sub-group", a.sub_group, "--threads", str(a.threads), "--runs", "1", "--json",
+           "--lend"]  # as the Python step's hand-over
     if a.dir:
         cmd += ["--dir", a.dir]
     r = json.loads(subprocess.run(cmd, check=True, capture_output=True, text=True).stdout)

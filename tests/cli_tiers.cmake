@@ -126,6 +126,15 @@ string(JSON fp32 GET "${out}" fp32_grad_bytes)
 if(NOT wr EQUAL 12 OR rd GREATER 12 OR rd LESS 6 OR peak GREATER budget OR NOT fp32 EQUAL 0)
   message(FATAL_ERROR "bench step: read ${rd} written ${wr} B/param, peak ${peak} of ${budget}")
 endif()
+# --lend: the step reads the gradients where the bench left them; the same state bytes move.
+execute_process(COMMAND ${CLI} bench step --params 2097152 --sub-group 262144 --host-budget 12MiB --runs 1
+                        --lend --json
+                RESULT_VARIABLE rc OUTPUT_VARIABLE lout ERROR_VARIABLE err)
+string(JSON lend ERROR_VARIABLE e GET "${lout}" lend)
+string(JSON lwr ERROR_VARIABLE e2 GET "${lout}" nvme_write_bytes_per_param)
+if(NOT rc EQUAL 0 OR e OR e2 OR NOT lend OR NOT lwr EQUAL 12)
+  message(FATAL_ERROR "bench step --lend: ${rc} ${lout} ${err}")
+endif()
 execute_process(COMMAND ${CLI} residency --swap-dir ${sdir}/tierswap --json
                 RESULT_VARIABLE rc OUTPUT_VARIABLE out ERROR_VARIABLE err)
 string(JSON gen ERROR_VARIABLE e GET "${out}" generation committed)

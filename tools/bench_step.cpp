@@ -65,6 +65,7 @@ struct StepOptions {
   bool json = false;
   bool bf16_moments = false;  // also a stack with bf16 moments, alternated with the fp32 one
   bool pinned_grads = false;  // the gradients in the pinned budget (no pageable pool)
+  bool lend = false;          // tierswap's gradients lent (lend_grad: read in place), not copied
 };
 
 // The sub-directories the bench creates under each --dir, removed at exit unless --keep.
@@ -289,7 +290,8 @@ struct TierswapStack {
         tiers(space, engine, step_tier_config(sb)),
         comm(make_single_communicator()),
         opt(tiers, *comm, step_optimizer_config(sb, bf16_moments), &pool),
-        ids(add_step_params(sb, opt)) {
+        ids(add_step_params(sb, opt)),
+        lend(sb.o.lend) {
     opt.finalize();
     opt.initialize([](ParamId, std::uint64_t off, float* out, std::uint64_t k) {
       for (std::uint64_t i = 0; i < k; ++i) out[i] = 0.01f * static_cast<float>((off + i) % 101);
@@ -297,9 +299,15 @@ struct TierswapStack {
   }
   void ingest(const std::vector<std::uint16_t>& grad) {
     opt.begin_backward();
-    for (ParamId id : ids) opt.add_grad(id, grad.data(), Dtype::bf16);
+    for (ParamId id : ids) {
+      if (lend)
+        opt.lend_grad(id, grad.data(), Dtype::bf16);  // `grad` outlives the step
+      else
+        opt.add_grad(id, grad.data(), Dtype::bf16);
+    }
     opt.end_backward();
   }
+  bool lend = false;
 };
 
 // (c) ZeRO-Infinity's traffic: state blocks plus an fp32 gradient block per sub-group; at the
@@ -528,6 +536,7 @@ void report_step_bench(const StepBench& sb, const StepBenchRuns& R, const TierMa
   nlohmann::json j{{"params", sb.n},
                    {"optimizer", sb.o.optimizer},
                    {"grad_tier", sb.o.grad_tier},
+                   {"lend", sb.o.lend},
                    {"sub_group", sb.sub_rounded()},
                    {"runs", R.runs},
                    {"io_only_s", io_s},
@@ -717,6 +726,9 @@ void add_bench_step(CLI::App& bench) {
   b->add_flag("--pinned-grads", o->pinned_grads,
               "Keep the bf16 gradients in the pinned host budget (no pageable pool: the layout "
               "before gradients moved out of it)");
+  b->add_flag("--lend", o->lend,
+              "Hand tierswap's gradients over with lend_grad (the step reads them where they "
+              "are, as tierswap.torch's step-time hand-over does) instead of add_grad's copy");
   b->add_flag("--json", o->json, "Print JSON on stdout instead of text");
   b->callback([o] { run_step_bench(*o); });
 }

@@ -320,7 +320,7 @@ struct ShardedOptimizer::Impl {
   /// a `whole` one (reduce_local: a reduce-scatter's result holds every parameter's share).
   template <class Add>
   void ingest(OptSub& s, Tier tier, Access access, Add&& add, bool whole = false);
-  /// lend_grad()'s parts (lend.cpp; step_lent in step.cpp): whether s may read slice [b, e) of a
+  /// lend_grad()'s parts (lend.cpp; step_lent in step.cpp): whether s may read a slice of a
   /// gradient in `dtype` from the caller's memory; s's lent slices copied into its gradient block
   /// (nothing lent afterwards); the same for every sub-group, on a step that throws (a slice that
   /// cannot be copied drops that gradient, logged); the statistics chunk sums of all-lent s into

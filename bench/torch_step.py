@@ -9,7 +9,8 @@ What it measures (medians of alternating repetitions in one run; figures go to b
             it in memory only, as torch's (equal terms).
   overhead  the Python layer's cost: tierswap.torch's opt.step() wall time (gradient hand-over
             and step) against `tierswap bench step`'s ingest + step (C++, same parameters, host
-            budget, sub-group and threads, state on NVMe), run alternately as a subprocess; and
+            budget, sub-group, threads and --state; both lend their gradients; host state in
+            memory only on both sides), run alternately as a subprocess; and
             against the time the native step reports for itself (StepResult.seconds).
   handover  step-time hand-over lending p.grad (the step reads it in place: the default) against
             copying it into tierswap's gradient blocks first (as hooks=True must), two optimizers
@@ -94,6 +95,8 @@ def cpp_bench_step(a, n):
     cmd = [a.cli, "bench", "step", "--params", str(n), "--host-budget", a.host_budget,
            "--sub-group", a.sub_group, "--threads", str(a.threads), "--runs", "1", "--json",
            "--lend"]  # as the Python step's hand-over
+    if a.state == "host":
+        cmd += ["--state", "host", "--memory-only"]  # as the Python side's
     if a.dir:
         cmd += ["--dir", a.dir]
     r = json.loads(subprocess.run(cmd, check=True, capture_output=True, text=True).stdout)
@@ -117,8 +120,7 @@ def bench_overhead(a):
         wall.append(time.perf_counter() - t0)
         native.append(ts.last_step["seconds"])
         handover.append(ts.last_step["handover_seconds"])
-        if a.state == "nvme":
-            cpp.append(cpp_bench_step(a, n))
+        cpp.append(cpp_bench_step(a, n))
     ts.close()
     # The Python layer's own cost: the step's wall time against what the native calls took
     # (gradient hand-over, whose time is the native ingest's plus the loop, and the step).

@@ -76,7 +76,8 @@ foreach(bad "residency;99999999" "residency" "residency;--swap-dir;/nonexistent/
             "plan;--params;20B;--profile;no-such-profile" "plan;--params;20X;--profile;gh200"
             "plan;--params;2T;--profile;pcie4-workstation" "plan;--params;1B;--profile;gh200;--gpus;4"
             "bench;step;--memory-only" "bench;step;--overlap;--state;gpu"
-            "bench;step;--overlap;--memory-only" "bench;step;--state;host"
+            "bench;step;--overlap;--memory-only"
+            "bench;step;--state;host;--memory-only;--params;64M;--host-budget;1MiB"
             "bench;step;--param16-in-place")
   execute_process(COMMAND ${CLI} ${bad} RESULT_VARIABLE rc ERROR_VARIABLE err OUTPUT_QUIET)
   if(rc EQUAL 0 OR err STREQUAL "")
@@ -134,6 +135,23 @@ string(JSON lend ERROR_VARIABLE e GET "${lout}" lend)
 string(JSON lwr ERROR_VARIABLE e2 GET "${lout}" nvme_write_bytes_per_param)
 if(NOT rc EQUAL 0 OR e OR e2 OR NOT lend OR NOT lwr EQUAL 12)
   message(FATAL_ERROR "bench step --lend: ${rc} ${lout} ${err}")
+endif()
+# --state host (no --overlap): tierswap's ingest + step alone, with host-resident state; not with
+# --bf16-moments (which compares NVMe bytes).
+execute_process(COMMAND ${CLI} bench step --params 2097152 --sub-group 262144 --host-budget 64MiB --runs 2
+                        --state host --memory-only --json
+                RESULT_VARIABLE rc OUTPUT_VARIABLE hout ERROR_VARIABLE err)
+string(JSON hstate ERROR_VARIABLE e GET "${hout}" state)
+string(JSON hstep ERROR_VARIABLE e2 GET "${hout}" step_s)
+string(JSON hruns ERROR_VARIABLE e3 LENGTH "${hout}" runs_step_s)
+if(NOT rc EQUAL 0 OR e OR e2 OR e3 OR NOT hstate STREQUAL "host" OR NOT hstep GREATER 0
+   OR NOT hruns EQUAL 2)
+  message(FATAL_ERROR "bench step --state host: ${rc} ${hout} ${err}")
+endif()
+execute_process(COMMAND ${CLI} bench step --params 2097152 --state host --bf16-moments --runs 1
+                RESULT_VARIABLE rc ERROR_VARIABLE err)
+if(rc EQUAL 0 OR NOT err MATCHES "not with --state host")
+  message(FATAL_ERROR "bench step --state host --bf16-moments: ${rc} ${err}")
 endif()
 execute_process(COMMAND ${CLI} residency --swap-dir ${sdir}/tierswap --json
                 RESULT_VARIABLE rc OUTPUT_VARIABLE out ERROR_VARIABLE err)

@@ -222,6 +222,9 @@ struct StepBench {
     if (o.memory_only && o.state != "host")
       throw std::invalid_argument(
           "--memory-only needs --state host (NVMe state is never memory-only)");
+    if (o.bf16_moments && o.state == "host")
+      throw std::invalid_argument(
+          "--bf16-moments: not with --state host (it compares the NVMe bytes of the two)");
     moments = kind == OptimizerKind::adamw ? 2 : 1;
     state_pp = 4ull * (1 + moments);
   }
@@ -632,6 +635,42 @@ void run_step_round(int r, TierswapStack& ts, ZeroInfinityTraffic& zi, IoOnlyPas
         r + 1, i, t, z, bf ? fmt::format(", bf16-moment step {:.3f} s", b) : "");
 }
 
+// --state host without --overlap: tierswap's ingest + step alone, its state in host memory (no
+// NVMe pass to set beside it): what a trainer with host-resident state pays per step.
+void run_host_state_bench(const StepBench& sb, TierswapStack& ts,
+                          const std::vector<std::uint16_t>& grad) {
+  const StepOptions& o = sb.o;
+  ts.ingest(grad);  // warm-up: first touch of every block
+  ts.opt.step();
+  std::vector<double> ins, steps;
+  for (int r = 0; r < o.runs; ++r) {
+    const auto t0 = Clock::now();
+    ts.ingest(grad);
+    ins.push_back(since(t0));
+    steps.push_back(ts.opt.step().seconds);
+    if (!o.json)
+      fmt::print("run {}: ingest {:.3f} s, tierswap step {:.3f} s\n", r + 1, ins.back(),
+                 steps.back());
+  }
+  if (!o.json) {
+    fmt::print("median: ingest {:.3f} s, step {:.3f} s ({} params, host state{}, {} threads)\n",
+               median(ins), median(steps), sb.n, o.memory_only ? " in memory only" : "", o.threads);
+    return;
+  }
+  nlohmann::json j{{"params", sb.n},
+                   {"optimizer", o.optimizer},
+                   {"state", o.state},
+                   {"memory_only", o.memory_only},
+                   {"lend", o.lend},
+                   {"sub_group", sb.sub_rounded()},
+                   {"subgroups", ts.opt.subgroup_count()},
+                   {"ingest_s", median(ins)},
+                   {"step_s", median(steps)},
+                   {"runs_ingest_s", ins},
+                   {"runs_step_s", steps}};
+  fmt::print("{}\n", j.dump(2));
+}
+
 void run_step_bench(const StepOptions& o) {
   StepBench sb(o);
   std::unique_ptr<TempDir> temp;
@@ -649,6 +688,10 @@ void run_step_bench(const StepOptions& o) {
     grad[i] = float_to_bf16(1e-3f * static_cast<float>(static_cast<int>(i % 17) - 8));
   if (o.overlap) {
     run_overlap_bench(o, ts.tiers, ts.opt, ts.ids, grad, sb.n);
+    return;
+  }
+  if (o.state == "host") {
+    run_host_state_bench(sb, ts, grad);
     return;
   }
   const TierConfig tc = step_tier_config(sb);
@@ -705,13 +748,12 @@ void add_bench_step(CLI::App& bench) {
       "--overlap", o->overlap,
       "Ordinary vs overlapped step after a simulated backward (how much of the step hides)");
   b->add_option("--state", o->state,
-                "--overlap: where the optimizer state lives: nvme (default) | host")
-      ->check(CLI::IsMember({"nvme", "host"}))
-      ->needs(overlap);
+                "Where the optimizer state lives: nvme (default) | host (without --overlap: "
+                "tierswap's ingest + step alone, no NVMe pass beside it)")
+      ->check(CLI::IsMember({"nvme", "host"}));
   b->add_flag("--memory-only", o->memory_only,
-              "--overlap --state host: memory-only resident state (undo copies where the host "
-              "budget holds them)")
-      ->needs(overlap);
+              "--state host: memory-only resident state (with --overlap, undo copies where the "
+              "host budget holds them)");
   b->add_flag("--param16-in-place", o->param16_in_place,
               "--overlap: speculative steps write the 16-bit parameters in place "
               "(OptimizerConfig::overlap_param16_in_place; no copy after the verdict)")

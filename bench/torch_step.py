@@ -92,15 +92,18 @@ def bench_torch(a):
 
 
 def cpp_bench_step(a, n):
+    """ingest + step of each of the C++ bench's --block runs (after its own warm-up)."""
     cmd = [a.cli, "bench", "step", "--params", str(n), "--host-budget", a.host_budget,
-           "--sub-group", a.sub_group, "--threads", str(a.threads), "--runs", "1", "--json",
-           "--lend"]  # as the Python step's hand-over
+           "--sub-group", a.sub_group, "--threads", str(a.threads), "--runs", str(a.block),
+           "--json", "--lend"]  # as the Python step's hand-over
     if a.state == "host":
         cmd += ["--state", "host", "--memory-only"]  # as the Python side's
     if a.dir:
         cmd += ["--dir", a.dir]
     r = json.loads(subprocess.run(cmd, check=True, capture_output=True, text=True).stdout)
-    return r["ingest_s"] + r["step_s"]
+    if a.state == "host":
+        return [i + s for i, s in zip(r["runs_ingest_s"], r["runs_step_s"])]
+    return [x["ingest_s"] + x["step_s"] for x in r["runs"]]
 
 
 def bench_overhead(a):
@@ -113,14 +116,16 @@ def bench_overhead(a):
                   durable=False,  # as bench step (without --keep)
                   persist_resident_state=a.state != "host")
     ts.step()
-    wall, native, cpp, handover = [], [], [], []
-    for _ in range(a.reps):
-        t0 = time.perf_counter()
-        ts.step()
-        wall.append(time.perf_counter() - t0)
-        native.append(ts.last_step["seconds"])
-        handover.append(ts.last_step["handover_seconds"])
-        cpp.append(cpp_bench_step(a, n))
+    wall, native, cpp, handover, pairs = [], [], [], [], []
+    for _ in range(a.reps):  # a block of --block steps on each side in turn
+        for _ in range(a.block):
+            t0 = time.perf_counter()
+            ts.step()
+            wall.append(time.perf_counter() - t0)
+            native.append(ts.last_step["seconds"])
+            handover.append(ts.last_step["handover_seconds"])
+        cpp += cpp_bench_step(a, n)
+        pairs.append(statistics.median(wall[-a.block:]) / statistics.median(cpp[-a.block:]))
     ts.close()
     # The Python layer's own cost: the step's wall time against what the native calls took
     # (gradient hand-over, whose time is the native ingest's plus the loop, and the step).
@@ -136,6 +141,8 @@ def bench_overhead(a):
         out["cpp_bench_ingest_plus_step_s"] = statistics.median(cpp)
         out["runs_cpp"] = cpp
         out["python_over_cpp_bench"] = out["python_step_s"] / out["cpp_bench_ingest_plus_step_s"]
+        out["block"] = a.block
+        out["python_over_cpp_bench_per_block"] = pairs
     return out
 
 
@@ -211,6 +218,9 @@ def main():
     ap.add_argument("--threads", type=int, default=os.cpu_count())
     ap.add_argument("--reps", type=int, default=5)
     ap.add_argument("--steps", type=int, default=10)
+    ap.add_argument("--block", type=int, default=1,
+                    help="overhead: steps per side in turn (the C++ bench's --runs), so both "
+                         "sides are timed in a process that has stepped before")
     ap.add_argument("--state", default="nvme", choices=("nvme", "host"),
                     help="overhead: where the state lives (host: in memory only, no NVMe I/O)")
     ap.add_argument("--memory-only", action="store_true",

@@ -530,6 +530,35 @@ TEST(TierManager, ThePrefetchQueueServesAcquiresAhead) {
   EXPECT_LE(c.prefetch_misses, 2u);
 }
 
+// A prefetch of a copy already in host memory reads nothing and counts it as just used: the LRU
+// eviction takes another one first (the optimizer's read-ahead keeps the state it will step next).
+TEST(TierManager, APrefetchOfAResidentCopyKeepsItUnderEviction) {
+  const std::uint64_t bytes = 256 * kKiB;
+  Rig r(small_config(bytes, 2));
+  std::vector<BlockId> ids;
+  for (int i = 0; i < 3; ++i)
+    ids.push_back(r.mgr->create(desc("b" + std::to_string(i), bytes / 4)));
+  for (int i = 0; i < 2; ++i) {
+    BlockView v = r.mgr->acquire(ids[i], Tier::host, Access::write);
+    fill(v, 700 + i);
+    r.mgr->release(v, true);
+  }
+  r.mgr->commit();  // both clean; b0 is the least recently used
+  const int nv = static_cast<int>(Tier::nvme);
+  const std::uint64_t read0 = r.mgr->counters().bytes_out[nv];
+  r.mgr->prefetch(ids[0], Tier::host);
+  EXPECT_EQ(r.mgr->counters().bytes_out[nv], read0) << "a resident copy is not read again";
+  {
+    BlockView v = r.mgr->acquire(ids[2], Tier::host, Access::write);  // one of the two must go
+    fill(v, 702);
+    r.mgr->release(v, true);
+  }
+  expect_pattern(*r.mgr, ids[0], 700);
+  EXPECT_EQ(r.mgr->counters().bytes_out[nv], read0) << "b0 stayed: b1 was evicted instead";
+  expect_pattern(*r.mgr, ids[1], 701);
+  EXPECT_EQ(r.mgr->counters().bytes_out[nv], read0 + bytes) << "b1 is read back";
+}
+
 TEST(TierManager, ManyThreadsOverThreeTiersWithTinyBudgets) {
   const std::uint64_t bytes = 64 * kKiB;
   constexpr int kThreads = 6, kOwn = 3, kShared = 4;

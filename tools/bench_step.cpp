@@ -1,8 +1,11 @@
 // `tierswap bench step`: the optimizer step with its state on NVMe, against what bounds it and
 // against the traffic ZeRO-Infinity has. In one process, on a synthetic model (one AdamW or Lion
 // group, parameters of at most 64M elements, bf16 gradients held in host memory or on NVMe):
-//   (a) io-only: the engine alone moves exactly the bytes a step moves (read master and moments,
-//       write them back to another extent), sub-group by sub-group, with the same look-ahead;
+//   (a) io-only: the engine alone moves the bytes a step moves (read master and moments, write
+//       them back to another extent), sub-group by sub-group, in the step's order (ascending and
+//       descending in turn, unless --ascending); as the step begins with state its budget still
+//       holds from the step before, the pass begins with as many bytes (those the last timed
+//       step did not read) from its buffers, and reads the rest;
 //   (b) tierswap: ShardedOptimizer::step() (statistics, pipelined fused kernel, commit);
 //   (c) zero-infinity: the same pipeline with ZeRO-Infinity's traffic: the fp32 gradient is
 //       written to NVMe at the accumulation boundary and read back in the step (timed together).
@@ -66,6 +69,7 @@ struct StepOptions {
   bool bf16_moments = false;  // also a stack with bf16 moments, alternated with the fp32 one
   bool pinned_grads = false;  // the gradients in the pinned budget (no pageable pool)
   bool lend = false;          // tierswap's gradients lent (lend_grad: read in place), not copied
+  bool ascending = false;     // alternate_step_order off: every step (and io-only pass) ascends
 };
 
 // The sub-directories the bench creates under each --dir, removed at exit unless --keep.
@@ -260,6 +264,7 @@ OptimizerConfig step_optimizer_config(const StepBench& sb, bool bf16_moments = f
   oc.overlap_param16_in_place = sb.o.param16_in_place;
   oc.grad_tier = sb.grad_tier;
   oc.prefetch_depth = sb.o.prefetch_depth;
+  oc.alternate_step_order = !sb.o.ascending;
   return oc;
 }
 
@@ -436,12 +441,16 @@ double ZeroInfinityTraffic::step(const std::vector<std::uint16_t>& grad) {
 // pinned memory the step has for state, the host budget less the gradients waiting in it (both
 // passes run under the same budget), at least two sub-groups' worth. Two regions, read from one
 // and written to the other, alternating per pass; region 0 is written first, so no pass reads an
-// unwritten extent (the filesystem would return zeros without touching the disk).
+// unwritten extent (the filesystem would return zeros without touching the disk). In the step's
+// alternating order every other pass runs backwards: it begins with the blocks the pass before
+// ended with, which the ring (block b in slot b % slots) still holds; run(kept) takes as many of
+// them as make up `kept` bytes (what the step kept) instead of reading them.
 class IoOnlyPass {
  public:
   IoOnlyPass(const StepBench& sb, const std::vector<ZeroInfinityTraffic::Sub>& subs,
              Created& created)
-      : blk_(round_up(sb.sub_rounded() * 4, 1ull << 20)),
+      : alternate_(!sb.o.ascending),
+        blk_(round_up(sb.sub_rounded() * 4, 1ull << 20)),
         per_sub_(1 + sb.moments),
         nblk_(subs.size() * per_sub_),
         space_(make_space(sb.dirs, "io-only", 2 * nblk_ * blk_ + (64ull << 20), created)),
@@ -457,11 +466,14 @@ class IoOnlyPass {
       engine_.write(b * blk_, ring_.data(), bytes(b)).wait();
     }
   }
-  double run();
+  double run(std::uint64_t kept = 0);
+  /// Bytes the last run() read.
+  std::uint64_t read_bytes() const { return read_bytes_; }
 
  private:
   std::uint64_t bytes(std::size_t b) const { return numel_[b / per_sub_] * 4; }
 
+  bool alternate_;
   std::uint64_t blk_;
   std::size_t per_sub_, nblk_, slots_ = 0;
   SwapSpace space_;
@@ -469,29 +481,38 @@ class IoOnlyPass {
   AlignedBuffer ring_;
   std::vector<std::uint64_t> numel_;
   int flip_ = 0;
+  std::size_t held_ = 0;  // blocks the ring holds from the last pass, in this pass's order
+  std::uint64_t read_bytes_ = 0;
 };
 
-double IoOnlyPass::run() {
+double IoOnlyPass::run(std::uint64_t kept) {
   const std::uint64_t from = flip_ * nblk_ * blk_, to = (1 - flip_) * nblk_ * blk_;
+  const bool down = alternate_ && flip_ == 1;
   flip_ ^= 1;
+  const auto block = [&](std::size_t i) { return down ? nblk_ - 1 - i : i; };
+  std::size_t reuse = 0;
+  for (; reuse < held_ && bytes(block(reuse)) <= kept; ++reuse) kept -= bytes(block(reuse));
   const auto t0 = Clock::now();
   std::vector<std::optional<IoTicket>> rd(slots_), wr(slots_);
   std::size_t issued = 0;
-  auto issue = [&](std::size_t b) {
-    const std::size_t s = b % slots_;
+  read_bytes_ = 0;
+  auto issue = [&](std::size_t i) {
+    const std::size_t b = block(i), s = b % slots_;
     if (wr[s]) wr[s]->wait(), wr[s].reset();
+    if (i < reuse) return;  // still in its slot from the last pass
     rd[s] = engine_.read(from + b * blk_, ring_.data() + s * blk_, bytes(b));
+    read_bytes_ += bytes(b);
   };
   const std::size_t ahead = slots_ - per_sub_;  // the rest holds writes in flight
-  for (std::size_t b = 0; b < nblk_; ++b) {
-    while (issued < nblk_ && issued < b + ahead) issue(issued++);
-    const std::size_t s = b % slots_;
-    rd[s]->wait();
-    rd[s].reset();
+  for (std::size_t i = 0; i < nblk_; ++i) {
+    while (issued < nblk_ && issued < i + ahead) issue(issued++);
+    const std::size_t b = block(i), s = b % slots_;
+    if (rd[s]) rd[s]->wait(), rd[s].reset();
     wr[s] = engine_.write(to + b * blk_, ring_.data() + s * blk_, bytes(b));
   }
   for (auto& w : wr)
     if (w) w->wait();
+  held_ = alternate_ ? std::min(slots_, nblk_) : 0;
   return since(t0);
 }
 
@@ -503,7 +524,24 @@ struct StepBenchRuns {
   nlohmann::json runs = nlohmann::json::array();
   StepResult last;
   TierCounters cycle0, cycle1;  // around the last run's ingest + step
+  std::uint64_t io_read = 0;    // what the last io-only pass read
+  std::uint64_t step_kept =
+      0;  // state bytes the last timed step did not read (its budget held them)
 };
+
+// Bytes of state a step (between the two counters) found in host memory. It writes all of its
+// state; what it wrote beyond that was gradients spilled at ingest (--grad-tier nvme), each read
+// back once: the reads less those are the state it read.
+std::uint64_t state_bytes_kept(const StepBench& sb, const TierCounters& c0,
+                               const TierCounters& c1) {
+  const int nv = static_cast<int>(Tier::nvme);
+  const std::uint64_t state = sb.n * sb.state_pp;
+  const std::uint64_t wr = c1.bytes_in[nv] - c0.bytes_in[nv],
+                      rd = c1.bytes_out[nv] - c0.bytes_out[nv];
+  const std::uint64_t grad = wr > state ? wr - state : 0;
+  const std::uint64_t state_read = rd > grad ? rd - grad : 0;
+  return state > state_read ? state - state_read : 0;
+}
 
 void report_step_bench(const StepBench& sb, const StepBenchRuns& R, const TierManager& tiers) {
   const int nv = static_cast<int>(Tier::nvme);
@@ -514,7 +552,7 @@ void report_step_bench(const StepBench& sb, const StepBenchRuns& R, const TierMa
   const double wr = static_cast<double>(R.cycle1.bytes_in[nv] - R.cycle0.bytes_in[nv]) / n;
   const TierCounters c = tiers.counters();
   const double io_s = median(R.is), step_s = median(R.ts), zi_s = median(R.zs);
-  const double grad_nvme = rd + wr - 2.0 * static_cast<double>(sb.state_pp);
+  const double grad_nvme = 2 * (wr - static_cast<double>(sb.state_pp));  // written, read back
   const std::uint64_t peak = c.peak_reserved_bytes[static_cast<int>(Tier::host)];
   const double bf_rd =
       static_cast<double>(R.bf_cycle1.bytes_out[nv] - R.bf_cycle0.bytes_out[nv]) / n;
@@ -523,12 +561,14 @@ void report_step_bench(const StepBench& sb, const StepBenchRuns& R, const TierMa
     fmt::print(
         "median: io-only {:.3f} s, step {:.3f} s ({:.2f}x io-only), zero-infinity traffic {:.3f} s "
         "({:.2f}x the step); median of the per-run ratios: {:.2f}x io-only, zero-infinity {:.2f}x"
-        "\nNVMe per parameter per step: {:.1f} B read, {:.1f} B written ({:.1f} B "
+        "\nNVMe per parameter per step: {:.1f} B read (io-only {:.1f} B), {:.1f} B written ({:.1f} "
+        "B "
         "of it gradient, 0 fp32); peak pinned {} of a {} budget ({} of state); gradients in "
         "pageable memory: peak {}\n",
         io_s, step_s, step_s / io_s, zi_s, zi_s / step_s, median(R.r_step_io), median(R.r_zi_step),
-        rd, wr, grad_nvme, format_bytes(peak), format_bytes(sb.budget),
-        format_bytes(sb.n * sb.state_pp), format_bytes(c.peak_pageable_bytes));
+        rd, static_cast<double>(R.io_read) / n, wr, grad_nvme, format_bytes(peak),
+        format_bytes(sb.budget), format_bytes(sb.n * sb.state_pp),
+        format_bytes(c.peak_pageable_bytes));
     if (!R.bfs.empty())
       fmt::print(
           "bf16 moments: step {:.3f} s (median); fp32 / bf16 moments {:.2f}x (median of the "
@@ -551,6 +591,8 @@ void report_step_bench(const StepBench& sb, const StepBenchRuns& R, const TierMa
                    {"median_run_step_over_io_only", median(R.r_step_io)},
                    {"median_run_zero_infinity_over_step", median(R.r_zi_step)},
                    {"nvme_read_bytes_per_param", rd},
+                   {"io_only_read_bytes_per_param", static_cast<double>(R.io_read) / n},
+                   {"alternate_step_order", !sb.o.ascending},
                    {"nvme_write_bytes_per_param", wr},
                    {"grad_nvme_bytes_per_param", grad_nvme},
                    {"fp32_grad_bytes", 0},
@@ -571,9 +613,9 @@ void report_step_bench(const StepBench& sb, const StepBenchRuns& R, const TierMa
 
 // One run: the passes in a rotating order (each takes each position equally often), their times
 // and the ratios within the run.
-void run_step_round(int r, TierswapStack& ts, ZeroInfinityTraffic& zi, IoOnlyPass& io,
-                    TierswapStack* bf, const std::vector<std::uint16_t>& grad, StepBenchRuns& R,
-                    bool json) {
+void run_step_round(int r, const StepBench& sb, TierswapStack& ts, ZeroInfinityTraffic& zi,
+                    IoOnlyPass& io, TierswapStack* bf, const std::vector<std::uint16_t>& grad,
+                    StepBenchRuns& R) {
   const int passes = bf ? 4 : 3;
   double t = 0, z = 0, i = 0, i_s = 0, b = 0;
   IoStats e0, e1;  // the engine around the tierswap step (how its requests went)
@@ -588,6 +630,7 @@ void run_step_round(int r, TierswapStack& ts, ZeroInfinityTraffic& zi, IoOnlyPas
         R.last = ts.opt.step();
         e1 = ts.engine.stats();
         R.cycle1 = ts.tiers.counters();
+        R.step_kept = state_bytes_kept(sb, R.cycle0, R.cycle1);
         t = R.last.seconds;
         break;
       }
@@ -595,7 +638,8 @@ void run_step_round(int r, TierswapStack& ts, ZeroInfinityTraffic& zi, IoOnlyPas
         z = zi.step(grad);
         break;
       case 2:
-        i = io.run();
+        i = io.run(R.step_kept);
+        R.io_read = io.read_bytes();
         break;
       case 3: {
         R.bf_cycle0 = bf->tiers.counters();
@@ -610,8 +654,11 @@ void run_step_round(int r, TierswapStack& ts, ZeroInfinityTraffic& zi, IoOnlyPas
   R.ins.push_back(i_s);
   R.zs.push_back(z);
   R.is.push_back(i);
+  const int nv = static_cast<int>(Tier::nvme);
   nlohmann::json run{{"io_only_s", i},
                      {"step_s", t},
+                     {"step_nvme_read_bytes", R.cycle1.bytes_out[nv] - R.cycle0.bytes_out[nv]},
+                     {"io_only_read_bytes", R.io_read},
                      {"step_io_wait_s", R.last.io_wait_seconds},
                      {"step_requests", e1.requests - e0.requests},
                      {"step_fixed_requests", e1.fixed_requests - e0.fixed_requests},
@@ -629,7 +676,7 @@ void run_step_round(int r, TierswapStack& ts, ZeroInfinityTraffic& zi, IoOnlyPas
     run["fp32_over_bf16_moments"] = t / b;
   }
   R.runs.push_back(run);
-  if (!json)
+  if (!sb.o.json)
     fmt::print(
         "run {}: io-only {:.3f} s, tierswap step {:.3f} s, zero-infinity traffic {:.3f} s{}\n",
         r + 1, i, t, z, bf ? fmt::format(", bf16-moment step {:.3f} s", b) : "");
@@ -718,7 +765,7 @@ void run_step_bench(const StepOptions& o) {
     bf->opt.step();
   }
   StepBenchRuns R;
-  for (int r = 0; r < o.runs; ++r) run_step_round(r, ts, zi, io, bf.get(), grad, R, o.json);
+  for (int r = 0; r < o.runs; ++r) run_step_round(r, sb, ts, zi, io, bf.get(), grad, R);
   report_step_bench(sb, R, ts.tiers);
   if (o.keep) {
     if (temp) fmt::print(stderr, "kept the swap directory {}\n", temp->keep().string());
@@ -771,6 +818,9 @@ void add_bench_step(CLI::App& bench) {
   b->add_flag("--lend", o->lend,
               "Hand tierswap's gradients over with lend_grad (the step reads them where they "
               "are, as tierswap.torch's step-time hand-over does) instead of add_grad's copy");
+  b->add_flag("--ascending", o->ascending,
+              "Step the sub-groups in ascending order every step (alternate_step_order off), "
+              "and the io-only pass with them: every step reads all of its state");
   b->add_flag("--json", o->json, "Print JSON on stdout instead of text");
   b->callback([o] { run_step_bench(*o); });
 }

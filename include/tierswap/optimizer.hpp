@@ -30,7 +30,9 @@
 // the scale); max-norm clipping and the loss-scale inverse fold into the kernel's gradient
 // multiplier. Sub-groups are stepped as a pipeline: the state of the next `prefetch_depth`
 // sub-groups is read ahead while the fused kernel runs on the current one, and the previous one
-// is written behind, so pinned memory stays within the host budget whatever the model size. The
+// is written behind, so pinned memory stays within the host budget whatever the model size
+// (in ascending and descending order on alternate steps: a step starts where the last one
+// ended, on the state the budget still holds). The
 // new state is written as a new generation and committed at the end of the step: an error
 // mid-step leaves the previous step's state intact (discarded) and drops the step's gradients
 // (the trainer redoes the backward).
@@ -117,6 +119,14 @@ struct OptimizerConfig {
   std::uint64_t subgroup_size = kDefaultSubgroupSize;
   /// Sub-groups whose state is read ahead of the one being stepped.
   std::uint32_t prefetch_depth = 2;
+  /// Step the sub-groups in ascending order on odd steps and in descending order on even ones,
+  /// so that a step begins with the sub-groups the last one ended with: the state the host
+  /// budget still holds from it is used instead of read again. With the state streamed from
+  /// NVMe under a budget that holds a fraction f of it, a step reads about (1 - f) of the state
+  /// instead of all of it (least-recently-used eviction against a cyclic order keeps nothing).
+  /// The order changes no bits (each sub-group's update depends only on its own state and
+  /// gradient, the norm is summed in one fixed order). false: always ascending.
+  bool alternate_step_order = true;
   /// Gradient accumulation dtype: the 16-bit dtype of each group's parameters (default, 2 bytes
   /// per parameter), or f32 (exact accumulation over micro-steps, 4 bytes).
   bool accumulate_fp32 = false;

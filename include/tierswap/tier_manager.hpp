@@ -282,7 +282,10 @@ class TierManager {
   std::size_t block_count() const;
 
   /// Starts bringing the block into `tier` (queued behind demand reads, at most
-  /// TierConfig::lookahead in flight). A no-op when it is already there or on its way.
+  /// TierConfig::lookahead in flight). When it is already there or on its way nothing is read;
+  /// a host copy already there is kept as a copy the prefetch had read would be (just used, and
+  /// never dropped to make room for another prefetch), so a caller's read-ahead window keeps
+  /// what the budget holds of it.
   void prefetch(BlockId id, Tier tier);
   /// Makes the block resident in `tier` (host or device) and pins it there; waits for an
   /// in-flight read rather than issuing a second one. Access::write requires that no other view of

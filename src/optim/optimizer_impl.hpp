@@ -435,7 +435,7 @@ struct ShardedOptimizer::Impl {
     std::uint64_t t = 0;                  // the step number being taken
     std::vector<std::size_t> todo, late;  // stepped before the commit; memory-only, after it
   };
-  void partition_todo_late(bool keep, std::vector<std::size_t>* todo,
+  void partition_todo_late(bool keep, std::uint64_t t, std::vector<std::size_t>* todo,
                            std::vector<std::size_t>* late) const;
   void keep_speculative_param16(StepResult& r, bool* p16_changed);
   void roll_back_failed_step(bool p16_changed);

@@ -317,12 +317,16 @@ std::vector<GroupConfig> ShardedOptimizer::Impl::group_configs() const {
 
 // The sub-groups still to step (all of them, except those kept from the overlapped backward).
 // Memory-only sub-groups (`late`) step after the commit, from gradients pinned before it (except
-// those kept from the overlapped backward: their undo copies restore them on failure).
-void ShardedOptimizer::Impl::partition_todo_late(bool keep, std::vector<std::size_t>* todo,
+// those kept from the overlapped backward: their undo copies restore them on failure). Step t
+// (counted from 1) takes them in descending order when t is even (alternate_step_order): it
+// begins with the sub-groups step t - 1 ended with, whose state the budget may still hold.
+void ShardedOptimizer::Impl::partition_todo_late(bool keep, std::uint64_t t,
+                                                 std::vector<std::size_t>* todo,
                                                  std::vector<std::size_t>* late) const {
   for (std::size_t k = 0; k < subs.size(); ++k)
     if (!keep || subs[k].spec != OptSub::Spec::stepped)
       (subs[k].memory_only ? *late : *todo).push_back(k);
+  if (cfg.alternate_step_order && t % 2 == 0) std::reverse(todo->begin(), todo->end());
 }
 
 // The speculative results kept: their 16-bit parameters are final now.
@@ -535,7 +539,7 @@ StepResult ShardedOptimizer::Impl::step_once(std::optional<double> given_clip) {
     m.spec_discard();
     r.redone = true;
   }
-  m.partition_todo_late(spec.keep, &sp.todo, &sp.late);
+  m.partition_todo_late(spec.keep, sp.t, &sp.todo, &sp.late);
 
   std::vector<BlockView> late_grads;  // a view destroyed unreleased is released clean
   // The scaler after this step goes into the generation the step commits (its commit record).

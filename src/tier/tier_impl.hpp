@@ -98,7 +98,8 @@ struct Block {
   bool trimmed = false;  // trim()med since the last commit: reads as zeros
   std::uint64_t written_checksum = 0;
   bool prefetched = false;  // landed by a prefetch (counts a hit when acquired)
-  bool landed = false;      // a read landed and its acquirer has not pinned it yet
+  bool landed = false;      // a read landed (or a prefetch found the copy there) and its acquirer
+                            // has not pinned it yet: wanted soon, kept from a prefetch's eviction
   bool queued = false;
   std::shared_ptr<Op> op;  // in-flight transfer of the host copy
   std::uint64_t last_use = 0;

@@ -198,7 +198,12 @@ void TierManager::prefetch(BlockId id, Tier tier) {
   if (tier == Tier::nvme) return;
   if (tier == Tier::device && !m.device)
     throw std::invalid_argument("prefetch: no device tier configured");
-  if (b.st[kHost] != CopyState::absent || b.queued || !b.nvme_has_data()) return;
+  if (b.st[kHost] != CopyState::absent) {  // wanted soon: kept as a copy a prefetch read would be
+    b.landed = true;
+    b.last_use = ++m.tick;
+    return;
+  }
+  if (b.queued || !b.nvme_has_data()) return;
   b.queued = true;
   m.prefetch_q.push_back(id);
   m.pump_prefetch();

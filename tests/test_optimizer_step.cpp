@@ -112,11 +112,11 @@ TEST(ShardedOptimizer, AlternateStepOrderReadsOnlyWhatTheBudgetDoesNotHoldWithTh
     oc.state_tier = OptimizerConfig::StateTier::nvme;
     oc.max_grad_norm = 0.5;  // the norm, summed in one order whatever the step order
     oc.alternate_step_order = alternate;
-    Run x;
     TierConfig tc = tier_config(budget, 128 * kKiB);  // tuned as the one-object setup does it
     tune_tier_config(tc, oc, 3);
     tc.host_slab_size = 128 * kKiB;  // not whole huge pages: they would not fit the budget
     size_pageable_budget(tc, oc, 2 * n);
+    Run x;
     x.r = std::make_unique<Rig>(tc, oc);
     x.r->opt->add_group(GroupConfig{});
     x.p = x.r->opt->add_param(0, {"w", {512, 512}, Dtype::bf16, true});
@@ -141,27 +141,23 @@ TEST(ShardedOptimizer, AlternateStepOrderReadsOnlyWhatTheBudgetDoesNotHoldWithTh
       EXPECT_LT(s.clip_factor, 1.0) << "step " << step;
       x->reads.push_back(x->r->tiers->counters().bytes_out[nv] - r0);
     }
-    ASSERT_TRUE(same_bits(full(*alt.r->opt, alt.p), full(*asc.r->opt, asc.p))) << "step " << step;
-    for (auto cls : {BlockClass::exp_avg, BlockClass::exp_avg_sq})
-      ASSERT_TRUE(same_bits(full(*alt.r->opt, alt.p, cls), full(*asc.r->opt, asc.p, cls)))
-          << to_string(cls) << ", step " << step;
+    // The 16-bit output is in memory (the state is compared once at the end: reading it goes
+    // through the same budget and would evict what the next step finds).
     const auto a16 = alt.r->opt->param16(alt.p), b16 = asc.r->opt->param16(asc.p);
     ASSERT_TRUE(std::equal(a16.begin(), a16.end(), b16.begin(), b16.end())) << "step " << step;
   }
-  // From step 3 on (step 1 reads no moments: they are zeros), the steps in ascending order read
-  // nearly all of the state every time. In alternating order they read less: at this scale by
-  // 0.6-1 budget over the five steps, mostly in the descending ones (the state of 3 sub-groups
-  // is the read-ahead window, and what the write-behind has not cleaned yet cannot make room);
-  // bench step at 16M parameters: 6.05 and 6.71 of 12 B/param, in turn.
-  std::uint64_t alt_total = 0, asc_total = 0;
-  for (std::size_t t = 2; t < alt.reads.size(); ++t) {
+  EXPECT_TRUE(same_bits(full(*alt.r->opt, alt.p), full(*asc.r->opt, asc.p)));
+  for (auto cls : {BlockClass::exp_avg, BlockClass::exp_avg_sq})
+    EXPECT_TRUE(same_bits(full(*alt.r->opt, alt.p, cls), full(*asc.r->opt, asc.p, cls)))
+        << to_string(cls);
+  // From step 2 on, the steps in ascending order read nearly all of the state every time; in
+  // alternating order they read what the budget did not keep: the budget holds 8 of the 16
+  // sub-groups, the read-ahead window is 3 of them.
+  for (std::size_t t = 1; t < alt.reads.size(); ++t) {
     SCOPED_TRACE(fmt::format("step {}", t + 1));
-    EXPECT_GE(asc.reads[t], 12 * n - budget / 2);
-    alt_total += alt.reads[t];
-    asc_total += asc.reads[t];
+    EXPECT_GE(asc.reads[t], 12 * n - budget / 8);
+    EXPECT_LE(alt.reads[t], 12 * n - budget * 3 / 4);
   }
-  EXPECT_LE(alt_total, asc_total - budget / 4)
-      << "alternating " << alt_total << " B, ascending " << asc_total << " B";
 }
 
 TEST(ShardedOptimizer, StateTierAndThreadCountDoNotChangeResults) {

@@ -530,33 +530,56 @@ TEST(TierManager, ThePrefetchQueueServesAcquiresAhead) {
   EXPECT_LE(c.prefetch_misses, 2u);
 }
 
-// A prefetch of a copy already in host memory reads nothing and counts it as just used: the LRU
-// eviction takes another one first (the optimizer's read-ahead keeps the state it will step next).
-TEST(TierManager, APrefetchOfAResidentCopyKeepsItUnderEviction) {
-  const std::uint64_t bytes = 256 * kKiB;
-  Rig r(small_config(bytes, 2));
+// Three blocks under a budget of two: put() writes one; the third, written last, makes one of
+// the first two go, and expect_third_evicts(gone) checks which (the other is not read again).
+struct TwoOfThree {
+  static constexpr std::uint64_t kBytes = 256 * kKiB;
+  Rig r{small_config(kBytes, 2)};
   std::vector<BlockId> ids;
-  for (int i = 0; i < 3; ++i)
-    ids.push_back(r.mgr->create(desc("b" + std::to_string(i), bytes / 4)));
-  for (int i = 0; i < 2; ++i) {
+  TwoOfThree() {
+    for (int i = 0; i < 3; ++i)
+      ids.push_back(r.mgr->create(desc("b" + std::to_string(i), kBytes / 4)));
+  }
+  void put(int i) {
     BlockView v = r.mgr->acquire(ids[i], Tier::host, Access::write);
     fill(v, 700 + i);
     r.mgr->release(v, true);
   }
-  r.mgr->commit();  // both clean; b0 is the least recently used
-  const int nv = static_cast<int>(Tier::nvme);
-  const std::uint64_t read0 = r.mgr->counters().bytes_out[nv];
-  r.mgr->prefetch(ids[0], Tier::host);
-  EXPECT_EQ(r.mgr->counters().bytes_out[nv], read0) << "a resident copy is not read again";
-  {
-    BlockView v = r.mgr->acquire(ids[2], Tier::host, Access::write);  // one of the two must go
-    fill(v, 702);
-    r.mgr->release(v, true);
+  std::uint64_t reads() const { return r.mgr->counters().bytes_out[static_cast<int>(Tier::nvme)]; }
+  void expect_third_evicts(int gone) {
+    const int kept = 1 - gone;
+    const std::uint64_t read0 = reads();
+    put(2);
+    expect_pattern(*r.mgr, ids[kept], 700 + kept);
+    EXPECT_EQ(reads(), read0) << "b" << kept << " stayed";
+    expect_pattern(*r.mgr, ids[gone], 700 + gone);
+    EXPECT_EQ(reads(), read0 + kBytes) << "b" << gone << " went and is read back";
   }
-  expect_pattern(*r.mgr, ids[0], 700);
-  EXPECT_EQ(r.mgr->counters().bytes_out[nv], read0) << "b0 stayed: b1 was evicted instead";
-  expect_pattern(*r.mgr, ids[1], 701);
-  EXPECT_EQ(r.mgr->counters().bytes_out[nv], read0 + bytes) << "b1 is read back";
+};
+
+// A prefetch of a copy already in host memory reads nothing and counts it as just used: the LRU
+// eviction takes another one first (the optimizer's read-ahead keeps the state it will step next).
+TEST(TierManager, APrefetchOfAResidentCopyKeepsItUnderEviction) {
+  TwoOfThree t;
+  t.put(0);
+  t.put(1);
+  t.r.mgr->commit();  // both clean; b0 is the least recently used
+  const std::uint64_t read0 = t.reads();
+  t.r.mgr->prefetch(t.ids[0], Tier::host);
+  EXPECT_EQ(t.reads(), read0) << "a resident copy is not read again";
+  t.expect_third_evicts(1);
+}
+
+// Copies written back go before any other, in the order they were written back (not by block
+// id): a caller that steps its blocks backwards keeps the ones it finished last.
+TEST(TierManager, WrittenBackCopiesGoInTheOrderTheyWereWrittenBack) {
+  TwoOfThree t;
+  for (int i : {1, 0}) {  // b1 finished (and written back) first, then b0
+    t.put(i);
+    t.r.mgr->write_back(t.ids[i]);
+  }
+  t.r.mgr->commit();
+  t.expect_third_evicts(1);
 }
 
 TEST(TierManager, ManyThreadsOverThreeTiersWithTinyBudgets) {

@@ -300,8 +300,10 @@ class TierManager {
   /// Throws std::logic_error when the block is pinned there.
   void evict(BlockId id, Tier tier);
   /// Write-behind for a block the caller is done with: starts writing its dirty host copy to
-  /// NVMe (into the open generation's slot) without waiting, and makes the copy the first to be
-  /// evicted once it is clean. A write error surfaces at the next flush()/commit().
+  /// NVMe (into the open generation's slot) without waiting, and makes the copy one of the first
+  /// to be evicted once it is clean: before every copy not written back, after those written back
+  /// before it (a caller that walks its blocks in one order and then back keeps the ones it
+  /// finished last). A write error surfaces at the next flush()/commit().
   void write_back(BlockId id);
   /// Declares the block's contents dead: every copy is dropped without being written, and the
   /// block reads as zeros until written again. Committed data stays on NVMe until the next

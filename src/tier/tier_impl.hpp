@@ -159,7 +159,11 @@ struct TierManager::Impl {
   std::deque<std::shared_ptr<Op>> inflight;
   std::deque<BlockId> prefetch_q;
   std::uint32_t inflight_prefetch = 0;
-  std::uint64_t tick = 0;
+  // Recency for the LRU: every use takes ++tick; write_back() takes ++wb_tick instead, below
+  // every use, so written-back copies go first, the one written back first before the others.
+  static constexpr std::uint64_t kUseTicks = std::uint64_t{1} << 62;
+  std::uint64_t tick = kUseTicks;
+  std::uint64_t wb_tick = 0;
   TierCounters ctr;
   std::uint64_t committed_gen = 0;
   std::string record;          // commit record of the committed generation

@@ -393,7 +393,7 @@ void TierManager::write_back(BlockId id) {
   std::unique_lock lk(impl_->mu);
   Impl& m = *impl_;
   Block& b = m.blk(id);
-  b.last_use = 0;  // the first copy to go once it is clean
+  b.last_use = ++m.wb_tick;  // before every other copy once it is clean, after older write-backs
   if (b.st[kHost] == CopyState::dirty && b.st[kDev] != CopyState::dirty && !b.writer && !b.op &&
       !b.busy && !b.desc.transient) {
     m.start_write(id);

@@ -190,16 +190,16 @@ void ShardedOptimizer::Impl::step_sub(OptSub& s, const GroupConfig& gc, float mu
     // bits for any thread count), so a split step's two parts do not share them.
     CpuKernelContext kc = ctx();
     if (s.step_gpu) kc.pool = nullptr;
-    BlockView gv;  // the gradient block, unless the step reads the caller's memory (lend_grad)
-    if (!s.all_lent()) gv = tiers.acquire(s.grad, grad_tier_of(s));
-    const GradView gview{gv ? gv.data() : nullptr, acc_dtype(g), multiplier};
-    const Param16View out{p16, g.dtype16};
-    if (s.all_lent())
+    if (s.all_lent()) {  // the step reads the caller's memory (lend_grad)
       step_lent(s, gc, ptr, multiplier, t, p16, kc);
-    else if (s.step_gpu && !gpu_simulated)
-      gpu_step(s, gc, gview, ptr, t, p16, speculative);
-    else
-      run_kernel(gc, t, ptr, moment_dtype(), gview, out, s.numel, kc);
+    } else {
+      const BlockView gv = tiers.acquire(s.grad, grad_tier_of(s));
+      const GradView gview{gv.data(), acc_dtype(g), multiplier};
+      if (s.step_gpu && !gpu_simulated)
+        gpu_step(s, gc, gview, ptr, t, p16, speculative);
+      else
+        run_kernel(gc, t, ptr, moment_dtype(), gview, Param16View{p16, g.dtype16}, s.numel, kc);
+    }
     for (auto& h : st)
       if (h) h.mark_dirty();
   }
@@ -482,84 +482,82 @@ StepResult ShardedOptimizer::Impl::run_step(std::optional<double> given_clip) {
 }
 
 StepResult ShardedOptimizer::Impl::step_once(std::optional<double> given_clip) {
-  Impl& m = *this;
-  m.require_finalized("step");
-  if (m.in_backward) throw std::logic_error("step: end_backward() first");
-  m.require_current_param16("step");
+  require_finalized("step");
+  if (in_backward) throw std::logic_error("step: end_backward() first");
+  require_current_param16("step");
   // A sub-group lent in part: the rest of its gradient is zeros, which the block holds.
   std::uint32_t lent = 0;
-  for (auto& s : m.subs) {
-    if (!s.lent.empty() && !s.all_lent()) m.materialize_lent(s);
+  for (auto& s : subs) {
+    if (!s.lent.empty() && !s.all_lent()) materialize_lent(s);
     lent += s.all_lent();
   }
   const auto t0 = Clock::now();
-  const TierCounters c0 = m.tiers.counters();
-  if (m.world > 1)
-    for (auto& g : m.groups) m.reduce_local(g);  // whatever was not reduced yet
+  const TierCounters c0 = tiers.counters();
+  if (world > 1)
+    for (auto& g : groups) reduce_local(g);  // whatever was not reduced yet
 
   // Overlapped mode: the speculative steps finish first (they overlap the statistics below). A
   // failed step leaves the state as it was before the backward and drops the gradients.
-  Impl::Speculation spec = m.drain_speculation();
-  if (spec.error) {
-    m.roll_back_failed_step(false);
-    std::rethrow_exception(spec.error);
+  Speculation left = drain_speculation();
+  if (left.error) {
+    roll_back_failed_step(false);
+    std::rethrow_exception(left.error);
   }
-  const auto [sum_sq, nonfinite] = m.global_grad_stats();
+  const auto [sum_sq, nonfinite] = global_grad_stats();
 
   // The verdict: skip (non-finite), clip, keep or redo the speculative results.
   StepResult r;
   r.lent_subgroups = lent;
-  r.loss_scale = m.scale;
-  const double inv = 1.0 / m.scale;
+  r.loss_scale = scale;
+  const double inv = 1.0 / scale;
   r.grad_norm = std::sqrt(sum_sq) * inv;
-  const auto& ls = m.cfg.loss_scaler;
+  const auto& ls = cfg.loss_scaler;
   if (nonfinite) {
     r.skipped = true;
-    if (spec.any) m.spec_discard();  // the committed generation is bit for bit intact
+    if (left.any) spec_discard();  // the committed generation is bit for bit intact
     if (ls.mode == LossScaling::dynamic) {
-      m.scale *= ls.backoff_factor;
-      m.growth_tracker = 0;
+      scale *= ls.backoff_factor;
+      growth_tracker = 0;
     }
-    m.finish_result(r, c0, t0);
+    finish_result(r, c0, t0);
     return r;
   }
   if (given_clip) {
     r.clip_factor = *given_clip;
-  } else if (m.cfg.max_grad_norm > 0) {
-    const double c = m.cfg.max_grad_norm / (r.grad_norm + 1e-6);
+  } else if (cfg.max_grad_norm > 0) {
+    const double c = cfg.max_grad_norm / (r.grad_norm + 1e-6);
     if (c < 1) r.clip_factor = c;
   }
   Impl::StepPlan sp;
   sp.multiplier = static_cast<float>(inv * r.clip_factor);
-  sp.t = m.step_count + 1;
-  if (spec.keep)
-    spec.keep =
-        sp.multiplier == m.spec.mult && sp.t == m.spec.t && m.group_configs() == m.spec.cfgs;
-  if (spec.any && !spec.keep) {  // clipping (or a change) discovered late: discard and redo
-    m.spec_discard();
+  sp.t = step_count + 1;
+  if (left.keep)
+    left.keep = sp.multiplier == spec.mult && sp.t == spec.t && group_configs() == spec.cfgs;
+  if (left.any && !left.keep) {  // clipping (or a change) discovered late: discard and redo
+    spec_discard();
     r.redone = true;
   }
-  m.partition_todo_late(spec.keep, sp.t, &sp.todo, &sp.late);
+  partition_todo_late(left.keep, sp.t, &sp.todo, &sp.late);
 
   std::vector<BlockView> late_grads;  // a view destroyed unreleased is released clean
   // The scaler after this step goes into the generation the step commits (its commit record).
-  const std::pair scaler_before{m.scale, m.growth_tracker};
-  if (ls.mode == LossScaling::dynamic && ++m.growth_tracker >= ls.growth_interval) {
-    m.scale *= ls.growth_factor;
-    m.growth_tracker = 0;
+  const std::pair scaler_before{scale, growth_tracker};
+  if (ls.mode == LossScaling::dynamic && ++growth_tracker >= ls.growth_interval) {
+    scale *= ls.growth_factor;
+    growth_tracker = 0;
   }
   try {
-    m.run_pipeline_and_commit(sp, spec.keep, &late_grads, r);
+    run_pipeline_and_commit(sp, left.keep, &late_grads, r);
   } catch (...) {
-    std::tie(m.scale, m.growth_tracker) = scaler_before;
+    std::tie(scale, growth_tracker) = scaler_before;
     throw;
   }
-  m.step_memory_only_after_commit(sp, &late_grads, r);
-  if (spec.keep) m.spec_reset();
-  m.gather_param16();
-  m.finish_result(r, c0, t0);
-  if (m.world > 1) m.p16_all();  // the step is complete: an exception here leaves it done
-  m.p16_sync();
+  step_memory_only_after_commit(sp, &late_grads, r);
+  if (left.keep) spec_reset();
+  gather_param16();
+  finish_result(r, c0, t0);
+  if (world > 1) p16_all();  // the step is complete: an exception here leaves it done
+  p16_sync();
   return r;
 }
 

@@ -308,8 +308,7 @@ class _TieredOptimizer(Optimizer):
                 self._end()
                 self._native.drop_grads()  # none half handed over (nor lent past this call)
                 raise
-            finally:
-                self._end()
+            self._end()
         handover = time.perf_counter() - t0
         clip, self._clip_factor = self._clip_factor, None
         self.last_step = self._native.step(clip)  # p (aliasing param16) now holds the new values

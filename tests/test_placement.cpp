@@ -49,6 +49,14 @@ void expect_within_budgets(const Plan& p) {
   EXPECT_GE(p.bytes[kHost], 12 * by_tier[kHost]);
 }
 
+// The workstation's profile without its GPU (what `tierswap probe` reports on a CPU-only host).
+HardwareProfile cpu_only_profile() {
+  auto j = nlohmann::json::parse(HardwareProfile::load("pcie4-workstation").to_json());
+  j["name"] = "cpu-only";
+  j["gpus"] = nlohmann::json::array();
+  return HardwareProfile::from_json(j.dump(), "cpu-only");
+}
+
 }  // namespace
 
 TEST(Placement, ShippedProfilesParseAndDescribeTheirMachines) {
@@ -206,10 +214,7 @@ TEST(Placement, PcieWorkstationStreamsTenTimesItsMemoryFromNvmeAndNeverStepsOver
 // stepped by the CPU, nothing over a link; host memory first, NVMe for the rest; --gpus > 1
 // refused.
 TEST(Placement, ProfilesWithoutAGpuPlanACpuStepOnHostAndNvme) {
-  auto j = nlohmann::json::parse(HardwareProfile::load("pcie4-workstation").to_json());
-  j["name"] = "cpu-only";
-  j["gpus"] = nlohmann::json::array();
-  const HardwareProfile hw = HardwareProfile::from_json(j.dump(), "cpu-only");
+  const HardwareProfile hw = cpu_only_profile();
   PlanOptions o;
   o.backward_s = 10;
   std::uint64_t host_only_params = 0;
@@ -245,6 +250,55 @@ TEST(Placement, ProfilesWithoutAGpuPlanACpuStepOnHostAndNvme) {
   } catch (const std::invalid_argument& e) {
     EXPECT_NE(std::string(e.what()).find("no GPU"), std::string::npos) << e.what();
   }
+}
+
+// The ordinary step in alternating order (the optimizer's default) begins with the streamed
+// sub-groups the step before ended with: the plan reads none of the state that the host memory
+// beside its other bytes still holds (whole sub-groups, as many as fit), and predicts a shorter
+// step. Ascending order, or the overlapped step (speculation in the backward's order, the same
+// every step), reads all of it. The placement itself does not change.
+TEST(Placement, WithoutOverlapTheAlternatingStepReadsOnlyTheStreamedStateTheHostDoesNotHold) {
+  const HardwareProfile hw = cpu_only_profile();
+  PlanOptions o;
+  o.params = 100'000'000'001ull;  // a ragged last sub-group (the first one streamed)
+  o.overlap = false;
+  const Plan alt = make_plan(hw, o);
+  o.alternate_step_order = false;
+  const Plan asc = make_plan(hw, o);
+  ASSERT_EQ(alt.subgroups.size(), asc.subgroups.size());
+  std::uint64_t streamed = 0;             // state and spilled gradients, read back per step
+  std::vector<std::uint64_t> nvme_numel;  // highest id first
+  for (std::size_t i = alt.subgroups.size(); i-- > 0;) {
+    const auto& s = alt.subgroups[i];
+    ASSERT_EQ(s.state_tier, asc.subgroups[i].state_tier) << s.id;
+    ASSERT_EQ(s.grad_tier, asc.subgroups[i].grad_tier) << s.id;
+    if (s.state_tier != Tier::nvme) continue;
+    streamed += (12 + (s.grad_tier == Tier::nvme ? 2 : 0)) * s.numel;
+    nvme_numel.push_back(s.numel);
+  }
+  ASSERT_GT(nvme_numel.size(), 8u);
+  EXPECT_EQ(asc.links.nvme_read, streamed) << "ascending: every streamed byte read every step";
+  EXPECT_EQ(alt.links.nvme_write, asc.links.nvme_write);
+  EXPECT_EQ(alt.bytes[kHost], asc.bytes[kHost]);
+  // What the host holds beside the plan's other bytes: its staging (the sub-group stepped, one
+  // written behind, prefetch_depth read ahead) and what the plan leaves free.
+  const std::uint64_t staging = (o.prefetch_depth + 2) * 12 * alt.subgroup_numel;
+  std::uint64_t left = alt.budget[kHost] - (alt.bytes[kHost] - staging), kept = 0;
+  std::size_t whole = 0;
+  for (; whole < nvme_numel.size() && 12 * nvme_numel[whole] <= left; ++whole) {
+    left -= 12 * nvme_numel[whole];
+    kept += 12 * nvme_numel[whole];
+  }
+  EXPECT_GE(whole, o.prefetch_depth + 2);
+  EXPECT_EQ(alt.links.nvme_read, streamed - kept);
+  EXPECT_LT(alt.predicted_step_s, asc.predicted_step_s);
+  // Overlapped: the same bytes in both orders.
+  o.overlap = true;
+  const Plan ov_asc = make_plan(hw, o);
+  o.alternate_step_order = true;
+  const Plan ov_alt = make_plan(hw, o);
+  EXPECT_EQ(ov_alt.links.nvme_read, ov_asc.links.nvme_read);
+  EXPECT_DOUBLE_EQ(ov_alt.predicted_step_s, ov_asc.predicted_step_s);
 }
 
 TEST(Placement, EveryPlanRespectsItsBudgetsAndTimeGrowsWithModelSize) {

@@ -481,7 +481,7 @@ class IoOnlyPass {
   AlignedBuffer ring_;
   std::vector<std::uint64_t> numel_;
   int flip_ = 0;
-  std::size_t held_ = 0;  // blocks the ring holds from the last pass, in this pass's order
+  bool ran_ = false;  // the ring holds the last pass's final blocks (this pass's first ones)
   std::uint64_t read_bytes_ = 0;
 };
 
@@ -490,8 +490,9 @@ double IoOnlyPass::run(std::uint64_t kept) {
   const bool down = alternate_ && flip_ == 1;
   flip_ ^= 1;
   const auto block = [&](std::size_t i) { return down ? nblk_ - 1 - i : i; };
+  const std::size_t held = alternate_ && ran_ ? std::min(slots_, nblk_) : 0;
   std::size_t reuse = 0;
-  for (; reuse < held_ && bytes(block(reuse)) <= kept; ++reuse) kept -= bytes(block(reuse));
+  for (; reuse < held && bytes(block(reuse)) <= kept; ++reuse) kept -= bytes(block(reuse));
   const auto t0 = Clock::now();
   std::vector<std::optional<IoTicket>> rd(slots_), wr(slots_);
   std::size_t issued = 0;
@@ -512,7 +513,7 @@ double IoOnlyPass::run(std::uint64_t kept) {
   }
   for (auto& w : wr)
     if (w) w->wait();
-  held_ = alternate_ ? std::min(slots_, nblk_) : 0;
+  ran_ = true;
   return since(t0);
 }
 
@@ -525,20 +526,26 @@ struct StepBenchRuns {
   StepResult last;
   TierCounters cycle0, cycle1;  // around the last run's ingest + step
   std::uint64_t io_read = 0;    // what the last io-only pass read
-  std::uint64_t step_kept =
-      0;  // state bytes the last timed step did not read (its budget held them)
+  // State bytes the last timed step did not read (its budget held them).
+  std::uint64_t step_kept = 0;
 };
 
-// Bytes of state a step (between the two counters) found in host memory. It writes all of its
-// state; what it wrote beyond that was gradients spilled at ingest (--grad-tier nvme), each read
-// back once: the reads less those are the state it read.
+// Gradient bytes a cycle (between the two counters) spilled to NVMe at ingest (--grad-tier nvme):
+// the step writes all of its state, so what was written beyond that was gradients.
+std::uint64_t gradient_bytes_spilled(const StepBench& sb, const TierCounters& c0,
+                                     const TierCounters& c1) {
+  const int nv = static_cast<int>(Tier::nvme);
+  const std::uint64_t state = sb.n * sb.state_pp, wr = c1.bytes_in[nv] - c0.bytes_in[nv];
+  return wr > state ? wr - state : 0;
+}
+
+// Bytes of state a step (between the two counters) found in host memory: each spilled gradient
+// byte was read back once, so the reads less those are the state it read.
 std::uint64_t state_bytes_kept(const StepBench& sb, const TierCounters& c0,
                                const TierCounters& c1) {
   const int nv = static_cast<int>(Tier::nvme);
-  const std::uint64_t state = sb.n * sb.state_pp;
-  const std::uint64_t wr = c1.bytes_in[nv] - c0.bytes_in[nv],
-                      rd = c1.bytes_out[nv] - c0.bytes_out[nv];
-  const std::uint64_t grad = wr > state ? wr - state : 0;
+  const std::uint64_t state = sb.n * sb.state_pp, rd = c1.bytes_out[nv] - c0.bytes_out[nv];
+  const std::uint64_t grad = gradient_bytes_spilled(sb, c0, c1);
   const std::uint64_t state_read = rd > grad ? rd - grad : 0;
   return state > state_read ? state - state_read : 0;
 }
@@ -552,7 +559,8 @@ void report_step_bench(const StepBench& sb, const StepBenchRuns& R, const TierMa
   const double wr = static_cast<double>(R.cycle1.bytes_in[nv] - R.cycle0.bytes_in[nv]) / n;
   const TierCounters c = tiers.counters();
   const double io_s = median(R.is), step_s = median(R.ts), zi_s = median(R.zs);
-  const double grad_nvme = 2 * (wr - static_cast<double>(sb.state_pp));  // written, read back
+  const double grad_nvme =  // written, read back
+      2 * static_cast<double>(gradient_bytes_spilled(sb, R.cycle0, R.cycle1)) / n;
   const std::uint64_t peak = c.peak_reserved_bytes[static_cast<int>(Tier::host)];
   const double bf_rd =
       static_cast<double>(R.bf_cycle1.bytes_out[nv] - R.bf_cycle0.bytes_out[nv]) / n;

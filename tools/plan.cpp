@@ -23,6 +23,7 @@ struct PlanArgs {
   std::string gpu_reserve;
   bool no_overlap = false;
   bool persist = false;
+  bool ascending = false;
   bool json = false;
   std::string out;
 };
@@ -50,6 +51,7 @@ void run_plan(const PlanArgs& a) {
   o.tokens_per_gpu = a.tokens;
   o.overlap = !a.no_overlap;
   o.persist_resident_state = a.persist;
+  o.alternate_step_order = !a.ascending;
   if (!a.gpu_reserve.empty()) o.gpu_reserve_bytes = parse_size(a.gpu_reserve, "--gpu-reserve");
   const Plan p = make_plan(hw, o);
   const std::string text = p.to_json();
@@ -129,6 +131,10 @@ void add_plan(CLI::App& app) {
   c->add_flag("--persist-resident-state", a->persist,
               "Plan for persist_resident_state=true (resident state also written to NVMe every "
               "step); default: memory-only resident state");
+  c->add_flag("--ascending", a->ascending,
+              "Plan for alternate_step_order=false (every step in ascending order); default: "
+              "without overlap, a step reads no streamed state the host still holds from the "
+              "step before");
   c->add_option("--out", a->out, "Also write the plan (JSON) to this file");
   c->add_flag("--json", a->json, "Print JSON on stdout instead of text");
   c->callback([a] { run_plan(*a); });

@@ -134,6 +134,12 @@ struct PlanOptions {
   /// final first), which step during the backward. true: every sub-group steps during the
   /// backward, and resident state is written to NVMe at every step (GPU state through the link).
   bool persist_resident_state = false;
+  /// The optimizer's OptimizerConfig::alternate_step_order the plan is for. true (the default):
+  /// without overlap, each step begins with the streamed sub-groups the step before ended with,
+  /// and reads none of the state the host memory beside the plan's other bytes still holds.
+  /// false, or with overlap (speculation steps them in the order gradients become final, the
+  /// same every step): every streamed sub-group reads its state every step.
+  bool alternate_step_order = true;
   /// GPU memory kept for the model's 16-bit weights, activations and workspace, per GPU
   /// (~0: 2 B per parameter + 20% of the GPU's memory).
   std::uint64_t gpu_reserve_bytes = ~std::uint64_t{0};

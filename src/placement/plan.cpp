@@ -56,6 +56,11 @@ struct Model {
   std::uint64_t slack[kTierCount] = {};  // bytes undo copies leave free (slab granularity)
 };
 
+// Host bytes that stage streamed state: the sub-group stepped, one written behind, the read-ahead.
+std::uint64_t staging_bytes(const Model& m) {
+  return (m.opt.prefetch_depth + 2) * static_cast<std::uint64_t>(m.state_b) * m.sub;
+}
+
 struct Sim {
   double makespan = 0;
   std::vector<double> ready, done;
@@ -106,8 +111,9 @@ bool waits_for_commit(const Model& m, Option o, bool undo_copy) {
 // order gradients become final, after a backward of `backward` seconds (0: the step alone).
 class Simulation {
  public:
-  Simulation(const Model& m, const Shape& s, double backward, const std::vector<char>& undo)
-      : m_(m), s_(s), r_(m.rates.r), backward_(backward), undo_(undo) {
+  Simulation(const Model& m, const Shape& s, double backward, const std::vector<char>& undo,
+             std::size_t kept_from)
+      : m_(m), s_(s), r_(m.rates.r), backward_(backward), undo_(undo), kept_from_(kept_from) {
     free_[kGpu] = backward;
   }
   Sim run();
@@ -133,6 +139,7 @@ class Simulation {
   const double* r_;  // m.rates.r
   double backward_;
   const std::vector<char>& undo_;
+  std::size_t kept_from_;  // streamed sub-groups from this id up find their state in memory
   std::array<double, kResources> free_{};
   std::vector<double> cpu_end_nvme_;  // CPU-stage ends of NVMe sub-groups, in processing order
 };
@@ -174,7 +181,8 @@ double Simulation::step_resident(std::size_t id, double ready) {
 }
 
 // An NVMe sub-group whose gradient is on the host at `at`: its state read ahead (at most
-// prefetch_depth sub-groups ahead of the CPU), stepped, its 16-bit output up, its state written.
+// prefetch_depth sub-groups ahead of the CPU) unless kept from the step before, stepped, its
+// 16-bit output up, its state written.
 double Simulation::step_streamed(std::size_t id, double at) {
   const double n = x(id);
   if (s_.grad_nvme)  // spilled on arrival, read back for the step
@@ -182,9 +190,10 @@ double Simulation::step_streamed(std::size_t id, double at) {
   const std::size_t j = cpu_end_nvme_.size();
   const std::size_t depth = m_.opt.prefetch_depth;
   const double slot_free = j > depth ? cpu_end_nvme_[j - depth - 1] : 0.0;
-  const double state_at =
-      stage({{kNvmeRead, (m_.state_b + (s_.grad_nvme ? 2 : 0)) * n / r_[kNvmeRead]}},
-            std::max(slot_free, s_.grad_nvme ? at : 0.0));
+  const double read_b = (id >= kept_from_ ? 0 : m_.state_b) + (s_.grad_nvme ? 2 : 0);
+  const double state_at = read_b == 0 ? 0.0
+                                      : stage({{kNvmeRead, read_b * n / r_[kNvmeRead]}},
+                                              std::max(slot_free, s_.grad_nvme ? at : 0.0));
   const double cpu_end =
       stage({{kCpu, m_.kernel_b * n / r_[kCpu]}, {kHostMem, m_.kernel_b * n / r_[kHostMem]}},
             std::max(at, state_at));
@@ -235,10 +244,6 @@ Sim Simulation::run() {
   return out;
 }
 
-Sim simulate(const Model& m, const Shape& s, double backward, const std::vector<char>& undo) {
-  return Simulation(m, s, backward, undo).run();
-}
-
 struct Usage {
   std::uint64_t bytes[kTierCount] = {};
 };
@@ -273,14 +278,36 @@ Usage usage(const Model& m, const Shape& s) {
         break;
     }
   }
-  // Staging for streamed state: the sub-group stepped, one written behind, the read-ahead.
-  if (any_nvme)
-    u.bytes[host] += (m.opt.prefetch_depth + 2) * static_cast<std::uint64_t>(m.state_b) * m.sub;
+  if (any_nvme) u.bytes[host] += staging_bytes(m);
   if (m.persist)  // resident state committed to NVMe too, in two shadow slots
     for (std::size_t id = 0; id < n; ++id)
       if (resident(option_of(m, s, id)))
         u.bytes[nv] += 2 * static_cast<std::uint64_t>(m.state_b) * m.numel[id];
   return u;
+}
+
+// The lowest id of the streamed sub-groups whose state a step finds in host memory (n: none).
+// The ordinary step in alternating order (PlanOptions::alternate_step_order) begins with the
+// sub-groups the step before ended with; the host memory beside the shape's other bytes (its
+// staging for streamed state, and what the shape leaves free) still holds as many of them as
+// fit, whole. The model processes the highest ids first, so those are the ones it keeps.
+std::size_t kept_streamed_from(const Model& m, const Shape& s) {
+  const std::size_t n = m.numel.size();
+  if (m.opt.overlap || !m.opt.alternate_step_order || s.nvme == 0) return n;
+  const int host = static_cast<int>(Tier::host);
+  const std::uint64_t other = usage(m, s).bytes[host] - staging_bytes(m);
+  std::uint64_t left = m.budget[host] > other ? m.budget[host] - other : 0;
+  std::size_t id = n;
+  for (; id > n - s.nvme; --id) {
+    const auto b = static_cast<std::uint64_t>(m.state_b) * m.numel[id - 1];
+    if (b > left) break;
+    left -= b;
+  }
+  return id;
+}
+
+Sim simulate(const Model& m, const Shape& s, double backward, const std::vector<char>& undo) {
+  return Simulation(m, s, backward, undo, kept_streamed_from(m, s)).run();
 }
 
 // Memory-only resident state with overlap: undo copies for resident sub-groups, the ones final
@@ -551,7 +578,7 @@ Best search(const Model& m) {
 // Sub-group id of the chosen shape: where its state lives and steps, and the bytes it moves over
 // each link per step (added to *links).
 PlanSubgroup describe_subgroup(const Model& m, const Shape& shape, std::size_t id, bool undo,
-                               PlanLinks* links) {
+                               std::size_t kept_from, PlanLinks* links) {
   PlanSubgroup s;
   s.id = static_cast<std::uint32_t>(id);
   s.numel = m.numel[id];
@@ -594,7 +621,7 @@ PlanSubgroup describe_subgroup(const Model& m, const Shape& shape, std::size_t i
       }
       links->host_memory += static_cast<std::uint64_t>(m.kernel_b) * x;
       if (nv) {
-        links->nvme_read += st + (shape.grad_nvme ? 2 * x : 0);
+        links->nvme_read += (id >= kept_from ? 0 : st) + (shape.grad_nvme ? 2 * x : 0);
         links->nvme_write += st + (shape.grad_nvme ? 2 * x : 0);
       }
       break;
@@ -630,8 +657,9 @@ Plan make_plan(const HardwareProfile& hw, const PlanOptions& o) {
   const std::vector<char> undo = undo_copies(m, best.shape, u);
   for (int t = 0; t < kTierCount; ++t) p.bytes[t] = u.bytes[t];
   const Sim sim = simulate(m, best.shape, o.overlap ? m.backward : 0, undo);
+  const std::size_t kept_from = kept_streamed_from(m, best.shape);
   for (std::size_t id = 0; id < m.numel.size(); ++id) {
-    PlanSubgroup s = describe_subgroup(m, best.shape, id, undo[id], &p.links);
+    PlanSubgroup s = describe_subgroup(m, best.shape, id, undo[id], kept_from, &p.links);
     s.ready_s = sim.ready[id];
     s.done_s = sim.done[id];
     p.subgroups.push_back(s);

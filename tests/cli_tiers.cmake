@@ -259,6 +259,25 @@ string(JSON w ERROR_VARIABLE e2 GET "${out}" link_bytes_per_step nvme_write)
 if(NOT rc EQUAL 0 OR e OR e2 OR NOT mode OR NOT w EQUAL 240000000000)
   message(FATAL_ERROR "plan --persist-resident-state: ${rc} ${err} ${mode} ${w}")
 endif()
+# Without overlap, the alternating order (default) reads less than --ascending, writes as much.
+foreach(order alt asc)
+  set(flag "")
+  if(order STREQUAL "asc")
+    set(flag "--ascending")
+  endif()
+  execute_process(COMMAND ${CLI} plan --params 70B --profile pcie4-workstation --no-overlap --json
+                          ${flag}
+                  RESULT_VARIABLE rc OUTPUT_VARIABLE out ERROR_VARIABLE err)
+  string(JSON r_${order} ERROR_VARIABLE e GET "${out}" link_bytes_per_step nvme_read)
+  string(JSON w_${order} ERROR_VARIABLE e2 GET "${out}" link_bytes_per_step nvme_write)
+  if(NOT rc EQUAL 0 OR e OR e2)
+    message(FATAL_ERROR "plan --no-overlap ${flag}: ${rc} ${err} ${out}")
+  endif()
+endforeach()
+if(r_alt STREQUAL r_asc OR NOT w_alt STREQUAL w_asc)
+  message(FATAL_ERROR "plan --ascending: NVMe read ${r_asc} / write ${w_asc}, alternating: "
+                      "read ${r_alt} / write ${w_alt}")
+endif()
 execute_process(COMMAND ${CLI} plan --params 120B --profile pcie4-workstation
                 RESULT_VARIABLE rc OUTPUT_VARIABLE out ERROR_VARIABLE err)
 if(NOT rc EQUAL 0 OR NOT out MATCHES "state nvme step cpu" OR NOT out MATCHES "predicted step")

@@ -139,14 +139,18 @@ TEST(Metrics, ALiveOptimizerIsScrapedOverHttpWithEveryLineParsed) {
   const std::string mgr = std::to_string(r.tiers->instance());
   const std::string lab = "{manager=\"" + mgr + "\",rank=\"0\"}";
   std::uint64_t taken = 0, skipped = 0;
-  double seconds = 0;
+  double seconds = 0, commit = 0;
   for (const auto& x : results) {
     (x.skipped ? skipped : taken) += 1;
     seconds += x.seconds;
+    commit += x.commit_seconds;
   }
   EXPECT_EQ(s.samples.at("tierswap_steps_total" + lab), taken);
   EXPECT_EQ(s.samples.at("tierswap_skipped_steps_total" + lab), skipped);
   EXPECT_NEAR(s.samples.at("tierswap_step_seconds_total" + lab), seconds, 1e-6 * seconds + 1e-9);
+  EXPECT_GT(commit, 0);
+  EXPECT_NEAR(s.samples.at("tierswap_step_commit_seconds_total" + lab), commit,
+              1e-6 * commit + 1e-9);
   EXPECT_EQ(s.types.at("tierswap_steps_total"), "counter");
 
   const TierCounters c = r.tiers->counters();

@@ -87,6 +87,10 @@ TEST(ShardedOptimizer, NvmeTrafficIs12BytesReadAnd12WrittenPerParameterAndNoFp32
     if (step > 1)
       EXPECT_GE(c1.bytes_out[nv] - c0.bytes_out[nv], 12 * n - budget) << "step " << step;
     EXPECT_EQ(s.bytes_in[nv], 12 * n);
+    // The commit waited for those writes: its time is part of the step's, and counted apart
+    // from the acquires' waits.
+    EXPECT_GT(s.commit_seconds, 0) << "step " << step;
+    EXPECT_LE(s.commit_seconds + s.io_wait_seconds, s.seconds) << "step " << step;
   }
   const TierCounters c = r.tiers->counters();
   EXPECT_LE(c.peak_reserved_bytes[static_cast<int>(Tier::host)], budget);

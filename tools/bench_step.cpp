@@ -668,6 +668,7 @@ void run_step_round(int r, const StepBench& sb, TierswapStack& ts, ZeroInfinityT
                      {"step_nvme_read_bytes", R.cycle1.bytes_out[nv] - R.cycle0.bytes_out[nv]},
                      {"io_only_read_bytes", R.io_read},
                      {"step_io_wait_s", R.last.io_wait_seconds},
+                     {"step_commit_s", R.last.commit_seconds},
                      {"step_requests", e1.requests - e0.requests},
                      {"step_fixed_requests", e1.fixed_requests - e0.fixed_requests},
                      {"step_bounce_requests", e1.bounce_requests - e0.bounce_requests},

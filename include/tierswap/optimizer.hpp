@@ -223,7 +223,11 @@ struct StepResult {
   double next_loss_scale = 1;  ///< the scale for the next step
   std::uint64_t bytes_in[kTierCount] = {};  ///< moved into each tier during the step
   std::uint64_t bytes_out[kTierCount] = {};
-  double io_wait_seconds = 0;    ///< time the step waited for transfers
+  /// Time the step's acquires waited for a transfer (a read landing, or a block's own
+  /// write-back before a writable view); not the commit's wait (commit_seconds).
+  double io_wait_seconds = 0;
+  /// The commit: waiting for the step's write-backs to land and writing the manifest.
+  double commit_seconds = 0;
   double seconds = 0;            ///< wall time of step()
   std::uint64_t generation = 0;  ///< the committed generation holding the new state
   /// Overlapped mode: sub-groups stepped during the backward whose result was kept.

@@ -9,6 +9,7 @@ void ShardedOptimizer::Impl::record_step(const StepResult& r) {
   ++(r.skipped ? totals.skipped : totals.steps);
   totals.seconds += r.seconds;
   totals.io_wait_seconds += r.io_wait_seconds;
+  totals.commit_seconds += r.commit_seconds;
   totals.last_seconds = r.seconds;
   totals.loss_scale = r.next_loss_scale;
 }
@@ -26,9 +27,13 @@ void ShardedOptimizer::Impl::register_metrics() {
     w.family("tierswap_step_seconds_total", "Wall time of step(), taken and skipped.",
              MetricType::counter);
     w.sample(totals.seconds, labels);
-    w.family("tierswap_step_io_wait_seconds_total", "Time step() waited for transfers.",
-             MetricType::counter);
+    w.family("tierswap_step_io_wait_seconds_total",
+             "Time step()'s acquires waited for transfers (reads landing).", MetricType::counter);
     w.sample(totals.io_wait_seconds, labels);
+    w.family("tierswap_step_commit_seconds_total",
+             "Time step()'s commits took (the last writes landing, the manifest).",
+             MetricType::counter);
+    w.sample(totals.commit_seconds, labels);
     w.family("tierswap_last_step_seconds", "Wall time of the last step().", MetricType::gauge);
     w.sample(totals.last_seconds, labels);
     w.family("tierswap_loss_scale", "The loss scale of the next step.", MetricType::gauge);

@@ -224,7 +224,7 @@ struct ShardedOptimizer::Impl {
   struct StepTotals {
     std::mutex mu;  // step() writes, the metrics endpoint's thread reads
     std::uint64_t steps = 0, skipped = 0;
-    double seconds = 0, io_wait_seconds = 0, last_seconds = 0, loss_scale = 1;
+    double seconds = 0, io_wait_seconds = 0, commit_seconds = 0, last_seconds = 0, loss_scale = 1;
   };
   StepTotals totals;
   MetricsRegistry::Source metrics;  // unregistered first (~Impl)

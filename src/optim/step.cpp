@@ -379,7 +379,9 @@ void ShardedOptimizer::Impl::run_pipeline_and_commit(const StepPlan& sp, bool ke
       if (!subs[k].all_lent())
         (*late_grads)[k] = tiers.acquire(subs[k].grad, grad_tier_of(subs[k]));
     step_count = sp.t;
+    const auto c0 = Clock::now();
     commit();
+    r.commit_seconds = std::chrono::duration<double>(Clock::now() - c0).count();
   } catch (...) {
     late_grads->clear();
     step_count = sp.t - 1;

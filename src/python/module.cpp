@@ -91,6 +91,7 @@ py::dict step_dict(const StepResult& r) {
   d["nvme_bytes_read"] = r.bytes_out[nvme];  // out of the NVMe tier
   d["nvme_bytes_written"] = r.bytes_in[nvme];
   d["io_wait_seconds"] = r.io_wait_seconds;
+  d["commit_seconds"] = r.commit_seconds;
   d["seconds"] = r.seconds;
   d["generation"] = r.generation;
   d["overlapped_subgroups"] = r.overlapped_subgroups;

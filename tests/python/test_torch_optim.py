@@ -350,6 +350,7 @@ def test_the_step_reads_p_grad_in_place_and_a_failed_hand_over_leaves_nothing(tm
         opt.step()
         assert opt.last_step["lent_subgroups"] > 0
         assert opt.last_step["step"] == 1
+        assert 0 < opt.last_step["commit_seconds"] <= opt.last_step["seconds"]
         outs.append(masters(opt))
         opt.close()
     for i in outs[0]:

@@ -72,10 +72,9 @@ void time_kernels(std::vector<Kernel>& ks, int reps) {
   for (auto& k : ks) k.fn();  // warm-up: caches, page tables, thread wake-up paths
   for (int r = 0; r < reps; ++r) {
     for (auto& k : ks) {
-      const auto t0 = std::chrono::steady_clock::now();
+      const auto t0 = Clock::now();
       k.fn();
-      k.seconds.push_back(
-          std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+      k.seconds.push_back(since(t0));
     }
   }
 }

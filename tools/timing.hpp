@@ -3,15 +3,16 @@
 #pragma once
 
 #include <algorithm>
-#include <chrono>
 #include <vector>
+
+#include "tierswap/detail/clock.hpp"
 
 namespace tierswap::cli {
 
-using Clock = std::chrono::steady_clock;
+using detail::Clock;
 
 inline double since(Clock::time_point t0) {
-  return std::chrono::duration<double>(Clock::now() - t0).count();
+  return detail::seconds_since(t0);
 }
 
 /// The upper median for an even count (as every figure in bench/RESULTS.md); 0 for none.

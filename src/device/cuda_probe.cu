@@ -38,6 +38,7 @@ DeviceInfo probe_cuda_device() {
 #include <vector>
 
 #include "tierswap/cuda_runtime.hpp"
+#include "tierswap/detail/clock.hpp"
 
 namespace tierswap::cuda {
 
@@ -87,11 +88,11 @@ double measure_copy_gbps(int device, bool to_device, std::size_t bytes, int reps
   }
   double best = 0;
   for (int r = 0; r < reps + 1; ++r) {  // the first copy warms up
-    const auto t0 = std::chrono::steady_clock::now();
+    const auto t0 = detail::Clock::now();
     e = to_device ? cudaMemcpy(dev, host, bytes, cudaMemcpyHostToDevice)
                   : cudaMemcpy(host, dev, bytes, cudaMemcpyDeviceToHost);
     if (e != cudaSuccess) break;
-    const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    const double s = detail::seconds_since(t0);
     if (r > 0) best = std::max(best, static_cast<double>(bytes) / s / 1e9);
   }
   cudaFree(dev);

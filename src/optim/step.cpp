@@ -17,6 +17,7 @@
 
 #include "src/optim/optimizer_impl.hpp"
 #include "tierswap/cuda_kernels.hpp"
+#include "tierswap/detail/clock.hpp"
 #include "tierswap/device.hpp"
 #include "tierswap/log.hpp"
 #include "tierswap/thread_pool.hpp"
@@ -25,7 +26,8 @@
 namespace tierswap {
 namespace {
 
-using Clock = std::chrono::steady_clock;
+using detail::Clock;
+using detail::seconds_since;
 
 // The optimizer-kind dispatch for both processors: `on` is a CpuKernelContext (the CPU kernels)
 // or a stream (void*: the CUDA launchers); the kernels' signatures differ only in it.
@@ -127,7 +129,7 @@ class GpuLane {
       cv_.notify_all();
     }
     std::lock_guard lk(mu_);
-    seconds_ = std::chrono::duration<double>(Clock::now() - t0).count();
+    seconds_ = seconds_since(t0);
     ended_ = true;
     cv_.notify_all();
   }
@@ -254,7 +256,7 @@ void ShardedOptimizer::Impl::run_steps(const std::vector<std::size_t>& ks, Step&
     const std::size_t k = here[i];
     const auto t0 = Clock::now();
     step(k, wrote16);
-    if (on_gpu(k)) r.gpu_seconds += std::chrono::duration<double>(Clock::now() - t0).count();
+    if (on_gpu(k)) r.gpu_seconds += seconds_since(t0);
     after(k);
     if (lane) {
       drain(false);
@@ -381,7 +383,7 @@ void ShardedOptimizer::Impl::run_pipeline_and_commit(const StepPlan& sp, bool ke
     step_count = sp.t;
     const auto c0 = Clock::now();
     commit();
-    r.commit_seconds = std::chrono::duration<double>(Clock::now() - c0).count();
+    r.commit_seconds = seconds_since(c0);
   } catch (...) {
     late_grads->clear();
     step_count = sp.t - 1;
@@ -451,7 +453,7 @@ void ShardedOptimizer::Impl::finish_result(StepResult& r, const TierCounters& c0
   r.step = step_count;
   r.next_loss_scale = scale;
   r.generation = tiers.committed_generation();
-  r.seconds = std::chrono::duration<double>(Clock::now() - t0).count();
+  r.seconds = seconds_since(t0);
   record_step(r);
 }
 

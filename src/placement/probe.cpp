@@ -20,6 +20,7 @@
 
 #include "tierswap/aligned_buffer.hpp"
 #include "tierswap/cuda_runtime.hpp"
+#include "tierswap/detail/clock.hpp"
 #include "tierswap/io_engine.hpp"
 #include "tierswap/kernels.hpp"
 #include "tierswap/log.hpp"
@@ -31,11 +32,8 @@
 namespace tierswap {
 namespace {
 
-using Clock = std::chrono::steady_clock;
-
-double seconds_since(Clock::time_point t0) {
-  return std::chrono::duration<double>(Clock::now() - t0).count();
-}
+using detail::Clock;
+using detail::seconds_since;
 
 // The machine's topology, loaded once per process and kept: it does not change while we run,
 // loading it costs milliseconds, and hwloc's PCI plugin (libpciaccess) keeps allocations that are

@@ -30,6 +30,7 @@
 #include "tierswap/aligned_buffer.hpp"
 #include "tierswap/checksum.hpp"
 #include "tierswap/cuda_runtime.hpp"
+#include "tierswap/detail/clock.hpp"
 #include "tierswap/detail/manifest.hpp"
 #include "tierswap/detail/tier_pools.hpp"
 #include "tierswap/device.hpp"
@@ -47,15 +48,12 @@
 namespace tierswap {
 namespace tier_internal {
 
-using Clock = std::chrono::steady_clock;
+using detail::Clock;
+using detail::seconds_since;
 constexpr int kDev = 0, kHost = 1;  // a block's copies: device and host (NVMe is its home)
 
 inline int copy_of(Tier t) {
   return t == Tier::device ? kDev : kHost;
-}
-
-inline double seconds_since(Clock::time_point t0) {
-  return std::chrono::duration<double>(Clock::now() - t0).count();
 }
 
 struct Op {

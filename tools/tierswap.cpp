@@ -2,19 +2,34 @@
 #include <cstdio>
 #include <exception>
 #include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
 
 #include "tierswap/device.hpp"
 #include "tierswap/io_engine.hpp"
+#include "tierswap/kernels.hpp"
 #include "tools/commands.hpp"
 
 #include <fmt/format.h>
+
+namespace {
+// The CPU kernel sets this CPU and this build can run, and the one a step uses.
+std::vector<std::string> runnable_isas() {
+  using tierswap::CpuIsa;
+  std::vector<std::string> out;
+  for (CpuIsa i : {CpuIsa::scalar, CpuIsa::avx2, CpuIsa::avx512, CpuIsa::avx512bf16, CpuIsa::neon,
+                   CpuIsa::sve})
+    if (tierswap::cpu_isa_supported(i)) out.emplace_back(tierswap::to_string(i));
+  return out;
+}
+}  // namespace
 
 int main(int argc, char** argv) {
   CLI::App app{"tierswap: NVMe-tiered memory manager and swap engine for large-model training"};
   app.require_subcommand(1);
   app.set_version_flag("--version", std::string("tierswap 0.1.0"));
 
-  auto* info = app.add_subcommand("info", "Show what this machine offers: GPU, I/O backends");
+  auto* info = app.add_subcommand("info", "Show what this machine offers: GPU, CPU kernels");
   bool info_json = false;
   info->add_flag("--json", info_json, "Print JSON on stdout instead of text");
   info->callback([&] {
@@ -23,7 +38,9 @@ int main(int argc, char** argv) {
                      {"gpu_available", d.available},
                      {"gpu_count", d.device_count},
                      {"gpu_name", d.name},
-                     {"gpu_reason", d.reason}};
+                     {"gpu_reason", d.reason},
+                     {"cpu_isa", tierswap::to_string(tierswap::default_cpu_isa())},
+                     {"cpu_isas", runnable_isas()}};
     if (info_json) {
       fmt::print("{}\n", j.dump(2));
       return;
@@ -33,6 +50,8 @@ int main(int argc, char** argv) {
       fmt::print("GPU: {} device(s), first: {}\n", d.device_count, d.name);
     else
       fmt::print("GPU: none ({}); CPU paths are used\n", d.reason);
+    fmt::print("CPU kernels: {} (this CPU and build run: {})\n", j["cpu_isa"].get<std::string>(),
+               fmt::join(runnable_isas(), ", "));
   });
 
   auto* bench = app.add_subcommand("bench", "Benchmarks: io, kernels, tier, step, resume");

@@ -91,10 +91,9 @@ bool has_f16c() noexcept {
   return __get_cpuid(1, &a, &b, &c, &d) != 0 && (c & bit_F16C) != 0;
 }
 #endif
-}  // namespace
 
-bool cpu_isa_supported(CpuIsa isa) noexcept {
-  if (table_of(isa) == nullptr) return false;
+// What the CPU can run, from its feature flags alone: nothing compiled for the ISA runs here.
+bool cpu_runs(CpuIsa isa) noexcept {
   switch (isa) {
     case CpuIsa::scalar:
       return true;
@@ -105,7 +104,7 @@ bool cpu_isa_supported(CpuIsa isa) noexcept {
       return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
              __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq") && has_f16c();
     case CpuIsa::avx512bf16:
-      return cpu_isa_supported(CpuIsa::avx512) && __builtin_cpu_supports("avx512bf16");
+      return cpu_runs(CpuIsa::avx512) && __builtin_cpu_supports("avx512bf16");
 #endif
 #if defined(__aarch64__)
     case CpuIsa::neon:
@@ -116,6 +115,13 @@ bool cpu_isa_supported(CpuIsa isa) noexcept {
     default:
       return false;
   }
+}
+}  // namespace
+
+// The CPU's flags first: a table is built by code compiled for its ISA (the compiler may copy it
+// with that ISA's instructions), so asking an AVX2-only CPU for the AVX-512 table would fault.
+bool cpu_isa_supported(CpuIsa isa) noexcept {
+  return cpu_runs(isa) && table_of(isa) != nullptr;
 }
 
 CpuIsa default_cpu_isa() {

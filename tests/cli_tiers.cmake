@@ -148,6 +148,20 @@ if(NOT rc EQUAL 0 OR e OR e2 OR e3 OR NOT hstate STREQUAL "host" OR NOT hstep GR
    OR NOT hruns EQUAL 2)
   message(FATAL_ERROR "bench step --state host: ${rc} ${hout} ${err}")
 endif()
+# Without --sub-group: the size TieredOptimizer picks for the budget (64 MiB / (3 x 4 x 12 B),
+# whole 8192-element chunks), as a tierswap.torch user gets.
+execute_process(COMMAND ${CLI} bench step --params 2097152 --host-budget 64MiB --runs 1
+                        --state host --memory-only --json
+                RESULT_VARIABLE rc OUTPUT_VARIABLE aout ERROR_VARIABLE err)
+string(JSON asg ERROR_VARIABLE e GET "${aout}" sub_group)
+if(NOT rc EQUAL 0 OR e OR NOT asg EQUAL 458752)
+  message(FATAL_ERROR "bench step --sub-group auto: ${rc} ${aout} ${err}")
+endif()
+execute_process(COMMAND ${CLI} bench step --params 2097152 --sub-group lots --runs 1
+                RESULT_VARIABLE rc ERROR_VARIABLE err)
+if(rc EQUAL 0 OR NOT err MATCHES "--sub-group 'lots'.*or auto")
+  message(FATAL_ERROR "bench step --sub-group lots: ${rc} ${err}")
+endif()
 execute_process(COMMAND ${CLI} bench step --params 2097152 --state host --bf16-moments --runs 1
                 RESULT_VARIABLE rc ERROR_VARIABLE err)
 if(rc EQUAL 0 OR NOT err MATCHES "not with --state host")

@@ -105,6 +105,28 @@ TEST(TieredOptimizer, BuildsEverythingFromOptionsAndRemovesItsFiles) {
   EXPECT_FALSE(std::filesystem::exists(sub));
 }
 
+TEST(TieredOptimizer, AutomaticSubgroupFitsTheReadAheadInAThirdOfTheBudget) {
+  OptimizerConfig oc;  // prefetch_depth 2: 4 sub-groups of state in a third of the budget
+  EXPECT_EQ(automatic_subgroup_size(1ull << 30, oc, 12), 7454720u);  // 2^30 / 144, whole chunks
+  EXPECT_EQ(automatic_subgroup_size(64ull << 30, oc, 12), kDefaultSubgroupSize);  // at most 8M
+  EXPECT_EQ(automatic_subgroup_size(1ull << 20, oc, 12), kGradStatsChunk);        // at least one
+  oc.prefetch_depth = 6;  // deeper read-ahead, smaller sub-groups
+  EXPECT_EQ(automatic_subgroup_size(1ull << 30, oc, 12), 3727360u);
+  EXPECT_EQ(automatic_subgroup_size(1ull << 30, oc, 0), automatic_subgroup_size(1ull << 30, oc, 4));
+  // What finalize() picks when subgroup_size is 0.
+  TempDir dir;
+  TieredOptions o = options(dir.path());
+  o.optimizer.subgroup_size = 0;
+  o.host_budget = 256ull << 20;
+  TieredOptimizer t(o);
+  t.add_group(GroupConfig::defaults(OptimizerKind::adamw));
+  t.add_param(0, {"w", {100000}, Dtype::bf16});
+  t.finalize();
+  OptimizerConfig want;
+  want.prefetch_depth = o.optimizer.prefetch_depth;
+  EXPECT_EQ(t.optimizer().config().subgroup_size, automatic_subgroup_size(256ull << 20, want, 12));
+}
+
 TEST(TieredOptimizer, SwapSizeSufficesForEveryKindAndSubgroupSize) {
   for (auto kind :
        {OptimizerKind::adamw, OptimizerKind::adam, OptimizerKind::sgd, OptimizerKind::lion}) {

@@ -53,7 +53,7 @@ struct StepOptions {
   std::vector<std::string> dirs;
   std::string params = "256M";
   std::string host_budget = "1GiB";
-  std::string sub_group = "16M";
+  std::string sub_group = "auto";
   std::string optimizer = "adamw";
   std::string grad_tier = "host";
   int runs = 3;
@@ -131,8 +131,8 @@ void run_overlap_bench(const StepOptions& o, TierManager& tiers, ShardedOptimize
     fmt::print(
         "tierswap bench step --overlap: {} params ({}), sub-group {} params ({} sub-groups), "
         "simulated backward {:.0f} ms, host budget {}, state on {}{}{}\n",
-        n, o.optimizer, round_up(parse_param_count(o.sub_group, "--sub-group"), kGradStatsChunk),
-        opt.subgroup_count(), o.backward_ms, o.host_budget, o.state,
+        n, o.optimizer, opt.config().subgroup_size, opt.subgroup_count(), o.backward_ms,
+        o.host_budget, o.state,
         o.state == "host" ? (o.memory_only ? " (memory-only)" : " (persisted to NVMe each step)")
                           : "",
         o.param16_in_place ? ", speculative 16-bit output in place" : "");
@@ -176,20 +176,19 @@ void run_overlap_bench(const StepOptions& o, TierManager& tiers, ShardedOptimize
           r + 1, t_ord, b_ovl, t_ovl, kept, opt.subgroup_count(), format_bytes(nvme_written),
           100 * hidden.back());
   }
-  nlohmann::json j{
-      {"params", n},
-      {"optimizer", o.optimizer},
-      {"sub_group", round_up(parse_param_count(o.sub_group, "--sub-group"), kGradStatsChunk)},
-      {"subgroups", opt.subgroup_count()},
-      {"backward_ms", o.backward_ms},
-      {"state", o.state},
-      {"memory_only", o.memory_only},
-      {"param16_in_place", o.param16_in_place},
-      {"runs", runs},
-      {"backward_s", median(bwd)},
-      {"ordinary_step_s", median(ord)},
-      {"overlapped_step_s", median(ovl)},
-      {"hidden_fraction", median(hidden)}};
+  nlohmann::json j{{"params", n},
+                   {"optimizer", o.optimizer},
+                   {"sub_group", opt.config().subgroup_size},
+                   {"subgroups", opt.subgroup_count()},
+                   {"backward_ms", o.backward_ms},
+                   {"state", o.state},
+                   {"memory_only", o.memory_only},
+                   {"param16_in_place", o.param16_in_place},
+                   {"runs", runs},
+                   {"backward_s", median(bwd)},
+                   {"ordinary_step_s", median(ord)},
+                   {"overlapped_step_s", median(ovl)},
+                   {"hidden_fraction", median(hidden)}};
   if (o.json)
     fmt::print("{}\n", j.dump(2));
   else
@@ -212,7 +211,6 @@ struct StepBench {
   explicit StepBench(const StepOptions& opts) : o(opts) {
     n = parse_param_count(o.params, "--params");
     budget = parse_size(o.host_budget, "--host-budget");
-    sg = parse_param_count(o.sub_group, "--sub-group");
     kind = parse_optimizer_kind(o.optimizer);
     if (kind != OptimizerKind::adamw && kind != OptimizerKind::lion)
       throw std::invalid_argument("--optimizer: adamw or lion");
@@ -231,6 +229,20 @@ struct StepBench {
           "--bf16-moments: not with --state host (it compares the NVMe bytes of the two)");
     moments = kind == OptimizerKind::adamw ? 2 : 1;
     state_pp = 4ull * (1 + moments);
+    sg = sub_group_size();
+  }
+  // --sub-group auto: what TieredOptimizer (and tierswap.torch) picks for this budget.
+  std::uint64_t sub_group_size() const {
+    if (o.sub_group != "auto") {
+      try {
+        return parse_param_count(o.sub_group, "--sub-group");
+      } catch (const std::invalid_argument& e) {
+        throw std::invalid_argument(std::string(e.what()) + ", or auto");
+      }
+    }
+    OptimizerConfig oc;
+    oc.prefetch_depth = o.prefetch_depth;
+    return automatic_subgroup_size(budget, oc, state_pp);
   }
   std::uint64_t sub_rounded() const { return round_up(sg, kGradStatsChunk); }
   // Parameters of at most 64M elements; for --overlap one sub-group each, so that the simulated
@@ -794,7 +806,8 @@ void add_bench_step(CLI::App& bench) {
   b->add_option("--params", o->params, kParamsHelp);
   b->add_option("--host-budget", o->host_budget, "Pinned host bytes");
   b->add_option("--sub-group", o->sub_group,
-                "Parameters per sub-group (decimal suffixes, as --params)");
+                "Parameters per sub-group (decimal suffixes, as --params), or auto: what "
+                "TieredOptimizer and tierswap.torch pick for --host-budget (at most 8M)");
   b->add_option("--optimizer", o->optimizer, "adamw | lion");
   b->add_option("--grad-tier", o->grad_tier, "Where the bf16 gradients wait: host | nvme");
   b->add_option("--runs", o->runs, "Repetitions (medians reported)");

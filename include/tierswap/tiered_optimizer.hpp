@@ -82,6 +82,12 @@ struct TieredOptions {
 std::uint64_t swap_bytes_needed(const std::vector<std::pair<GroupConfig, std::uint64_t>>& groups,
                                 int world, const OptimizerConfig& cfg, bool shadow_slots);
 
+/// The sub-group size TieredOptimizer picks when subgroup_size is 0: (prefetch_depth + 2)
+/// sub-groups of state (`state_bytes_per_param`, 12 for AdamW's fp32 master and moments) fit in a
+/// third of the host budget; at most kDefaultSubgroupSize (8M) elements, at least one statistics
+/// chunk, a whole number of chunks. `tierswap bench step --sub-group auto` uses it too.
+std::uint64_t automatic_subgroup_size(std::uint64_t host_budget, const OptimizerConfig& oc,
+                                      std::uint64_t state_bytes_per_param);
 /// Tunes `tc` (its host_budget set) to the optimizer's sub-group size and read-ahead: prefetches
 /// in flight for the state blocks of (prefetch_depth + 1) sub-groups (`state_blocks` per
 /// sub-group), write-behind from a quarter of the budget, host slabs of 4 sub-groups' fp32

@@ -50,15 +50,6 @@ std::uint64_t state_bytes_per_element(const GroupConfig& g, const OptimizerConfi
   return bytes;
 }
 
-// The sub-group size for a host budget: (read-ahead + 2) sub-groups of state fit in a third of
-// it, at most 8M elements, at least one statistics chunk.
-std::uint64_t automatic_subgroup(std::uint64_t budget, const OptimizerConfig& c,
-                                 std::uint64_t state_bpe) {
-  const std::uint64_t per = 3 * (c.prefetch_depth + 2ull) * std::max<std::uint64_t>(state_bpe, 4);
-  const std::uint64_t sg = std::clamp<std::uint64_t>(budget / per, kGradStatsChunk, 8ull << 20);
-  return sg / kGradStatsChunk * kGradStatsChunk;
-}
-
 void check_free_space(const std::vector<std::filesystem::path>& dirs, std::uint64_t capacity) {
   const std::uint64_t per_dir = (capacity + dirs.size() - 1) / dirs.size() + kMiB;
   for (const auto& d : dirs) {
@@ -145,6 +136,15 @@ std::uint64_t grad_bytes_needed(const std::vector<std::pair<GroupConfig, std::ui
 
 }  // namespace
 
+std::uint64_t automatic_subgroup_size(std::uint64_t host_budget, const OptimizerConfig& oc,
+                                      std::uint64_t state_bytes_per_param) {
+  const std::uint64_t per =
+      3 * (oc.prefetch_depth + 2ull) * std::max<std::uint64_t>(state_bytes_per_param, 4);
+  const std::uint64_t sg =
+      std::clamp<std::uint64_t>(host_budget / per, kGradStatsChunk, kDefaultSubgroupSize);
+  return sg / kGradStatsChunk * kGradStatsChunk;
+}
+
 void tune_tier_config(TierConfig& tc, const OptimizerConfig& oc, std::uint64_t state_blocks) {
   tc.lookahead = std::min<std::uint32_t>(
       4096, (oc.prefetch_depth + 1) *
@@ -220,7 +220,7 @@ void TieredOptimizer::Impl::build() {
     bpe = std::max(bpe, state_bytes_per_element(groups[g].first, oc, &b));
     blocks = std::max(blocks, b - 1);  // state blocks (the gradient's is not read ahead)
   }
-  if (oc.subgroup_size == 0) oc.subgroup_size = automatic_subgroup(tc.host_budget, oc, bpe);
+  if (oc.subgroup_size == 0) oc.subgroup_size = automatic_subgroup_size(tc.host_budget, oc, bpe);
   if (o.tune_tiers) tune_tier_config(tc, oc, blocks);
   if (tc.host_slab_size > tc.host_budget / 8)
     tc.host_slab_size = std::max<std::uint64_t>(4096, std::bit_floor(tc.host_budget / 8));

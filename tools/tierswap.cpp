@@ -13,13 +13,11 @@
 #include <fmt/format.h>
 
 namespace {
-// The CPU kernel sets this CPU and this build can run, and the one a step uses.
+// The names of the CPU kernel sets this CPU and this build can run.
 std::vector<std::string> runnable_isas() {
-  using tierswap::CpuIsa;
   std::vector<std::string> out;
-  for (CpuIsa i : {CpuIsa::scalar, CpuIsa::avx2, CpuIsa::avx512, CpuIsa::avx512bf16, CpuIsa::neon,
-                   CpuIsa::sve})
-    if (tierswap::cpu_isa_supported(i)) out.emplace_back(tierswap::to_string(i));
+  for (tierswap::CpuIsa i : tierswap::supported_cpu_isas())
+    out.emplace_back(tierswap::to_string(i));
   return out;
 }
 }  // namespace

@@ -29,6 +29,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <string_view>
+#include <vector>
 
 #include "tierswap/types.hpp"
 
@@ -44,6 +45,8 @@ std::string_view to_string(CpuIsa isa) noexcept;
 CpuIsa parse_isa(std::string_view text);
 /// Whether this build and this CPU (CPUID/HWCAP, OS state support) can run `isa`.
 bool cpu_isa_supported(CpuIsa isa) noexcept;
+/// Every ISA cpu_isa_supported() accepts, scalar first (what `tierswap info` lists).
+std::vector<CpuIsa> supported_cpu_isas();
 /// The best supported ISA, or TIERSWAP_CPU_ISA when set (std::invalid_argument when it names an
 /// unknown or unsupported ISA). Evaluated once.
 CpuIsa default_cpu_isa();

@@ -124,6 +124,14 @@ bool cpu_isa_supported(CpuIsa isa) noexcept {
   return cpu_runs(isa) && table_of(isa) != nullptr;
 }
 
+std::vector<CpuIsa> supported_cpu_isas() {
+  std::vector<CpuIsa> out;
+  for (CpuIsa i : {CpuIsa::scalar, CpuIsa::avx2, CpuIsa::avx512, CpuIsa::avx512bf16, CpuIsa::neon,
+                   CpuIsa::sve})
+    if (cpu_isa_supported(i)) out.push_back(i);
+  return out;
+}
+
 CpuIsa default_cpu_isa() {
   static const CpuIsa isa = [] {
     const std::string& name = ProcessConfig::current().cpu_isa;

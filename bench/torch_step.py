@@ -39,21 +39,21 @@ import tierswap
 import tierswap.torch as tt
 from tierswap import tinylm
 
-TENSOR = 16 << 20  # elements per tensor of the synthetic model
+TENSOR = 16 << 20  # elements per tensor of the synthetic model (default of --tensor)
 
 
-def shapes(n):
+def shapes(n, tensor):
     out, left = [], n
     while left > 0:
-        k = min(TENSOR, left)
+        k = min(tensor, left)
         out.append(k)
         left -= k
     return out
 
 
-def ts_model(n):
+def ts_model(n, tensor):
     params = [torch.empty(k, dtype=torch.bfloat16).uniform_(-0.02, 0.02).requires_grad_()
-              for k in shapes(n)]
+              for k in shapes(n, tensor)]
     for p in params:
         p.grad = torch.empty_like(p).normal_(0, 1e-3)
     return params
@@ -63,7 +63,7 @@ def bench_torch(a):
     n = tierswap.parse_count(a.params)
     torch.set_num_threads(a.threads)
     tmp = tempfile.mkdtemp(prefix="tierswap-bench-", dir=a.dir)
-    ps = ts_model(n)
+    ps = ts_model(n, tierswap.parse_count(a.tensor))
     ts = tt.AdamW(ps, swap_dir=tmp, state_tier="host", host_budget=a.host_budget,
                   threads=a.threads, telemetry=False, persist_resident_state=not a.memory_only)
     fp = [p.detach().float().requires_grad_() for p in ps]
@@ -110,7 +110,7 @@ def bench_overhead(a):
     n = tierswap.parse_count(a.params)
     torch.set_num_threads(a.threads)
     tmp = tempfile.mkdtemp(prefix="tierswap-bench-", dir=a.dir)
-    ps = ts_model(n)
+    ps = ts_model(n, tierswap.parse_count(a.tensor))
     ts = tt.AdamW(ps, lr=1e-3, swap_dir=tmp, state_tier=a.state, host_budget=a.host_budget,
                   subgroup_size=a.sub_group, threads=a.threads, telemetry=False,
                   durable=False,  # as bench step (without --keep)
@@ -131,7 +131,7 @@ def bench_overhead(a):
     # (gradient hand-over, whose time is the native ingest's plus the loop, and the step).
     own = [w - h - s for w, h, s in zip(wall, handover, native)]
     out = {"params": n, "state": a.state, "host_budget": a.host_budget, "sub_group": a.sub_group,
-           "threads": a.threads, "python_step_s": statistics.median(wall),
+           "threads": a.threads, "tensor": tierswap.parse_count(a.tensor), "python_step_s": statistics.median(wall),
            "handover_s": statistics.median(handover), "native_step_s": statistics.median(native),
            "python_layer_s": statistics.median(own), "runs_python": wall, "runs_native": native,
            "runs_handover": handover}
@@ -158,7 +158,7 @@ def bench_handover(a):
     torch.set_num_threads(a.threads)
     sides = {}
     for name, cls in (("lend", tt.AdamW), ("copy", _CopyingAdamW)):
-        ps = ts_model(n)
+        ps = ts_model(n, tierswap.parse_count(a.tensor))
         opt = cls(ps, swap_dir=tempfile.mkdtemp(prefix="tierswap-bench-", dir=a.dir),
                   state_tier="host", host_budget=a.host_budget, threads=a.threads,
                   telemetry=False, persist_resident_state=False)
@@ -228,6 +228,9 @@ def main():
     ap.add_argument("--dir", default=os.environ.get("TMPDIR", "/var/tmp"))
     ap.add_argument("--cli", default=os.path.join(os.path.dirname(__file__), "..", "build",
                                                   "tierswap"))
+    ap.add_argument("--tensor", default=str(TENSOR),
+                    help="elements per tensor of the synthetic model (default 16Mi; bench step's "
+                         "parameters have 64Mi: 67108864)")
     a = ap.parse_args()
     fn = {"torch": bench_torch, "overhead": bench_overhead, "handover": bench_handover,
           "tinylm": bench_tinylm}[a.what]

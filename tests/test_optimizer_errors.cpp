@@ -62,7 +62,7 @@ TEST(ShardedOptimizer, ConfigFromJsonAndEnvironment) {
       R"({"subgroup_size": "4M", "prefetch_depth": 3, "state_tier": "host", "grad_tier": "nvme",
           "max_grad_norm": 1.5, "overlap": true, "overlap_param16_in_place": true,
           "concurrent_gpu_step": false, "loss_scaler": {"mode": "dynamic", "growth_interval": 10}})");
-  EXPECT_EQ(c.subgroup_size, 4u << 20);
+  EXPECT_EQ(c.subgroup_size, 4'000'000u);  // a count, as --sub-group reads it
   EXPECT_TRUE(c.overlap);
   EXPECT_TRUE(c.overlap_param16_in_place);
   EXPECT_FALSE(c.concurrent_gpu_step);
@@ -74,9 +74,9 @@ TEST(ShardedOptimizer, ConfigFromJsonAndEnvironment) {
   EXPECT_EQ(c.loss_scaler.mode, LossScaling::dynamic);
   EXPECT_EQ(c.loss_scaler.growth_interval, 10u);
   for (const char* bad :
-       {R"({"subgroup": 1})", R"({"grad_tier": "gpu"})",
-        R"({"loss_scaler": {"mode": "sometimes"}})", R"({"max_grad_norm": -1})",
-        R"({"loss_scaler": {"backoff": 0.5}})", R"({"overlap": "yes"})",
+       {R"({"subgroup": 1})", R"({"subgroup_size": "4MiB"})", R"({"subgroup_size": -4})",
+        R"({"grad_tier": "gpu"})", R"({"loss_scaler": {"mode": "sometimes"}})",
+        R"({"max_grad_norm": -1})", R"({"loss_scaler": {"backoff": 0.5}})", R"({"overlap": "yes"})",
         R"({"overlap_param16_in_place": 1})", R"({"concurrent_gpu_step": "no"})", "[1]", "{"}) {
     try {
       OptimizerConfig::from_json(bad);
@@ -95,7 +95,7 @@ TEST(ShardedOptimizer, ConfigFromJsonAndEnvironment) {
   EXPECT_TRUE(e.overlap);
   EXPECT_TRUE(e.overlap_param16_in_place);
   EXPECT_EQ(e.state_tier, OptimizerConfig::StateTier::nvme);
-  EXPECT_EQ(e.subgroup_size, 1u << 20);
+  EXPECT_EQ(e.subgroup_size, 1'000'000u);
   const test::ScopedEnv bad_tier("TIERSWAP_STATE_TIER", "ssd");  // over "nvme" until its end
   EXPECT_THROW(OptimizerConfig::from_env(), std::invalid_argument);
 }

@@ -45,7 +45,7 @@ void run_plan(const PlanArgs& a) {
   PlanOptions o;
   o.params = parse_param_count(a.params, "--params");
   o.gpus = a.gpus;
-  if (!a.sub_group.empty()) o.subgroup_size = parse_size(a.sub_group, "--sub-group");
+  if (!a.sub_group.empty()) o.subgroup_size = parse_param_count(a.sub_group, "--sub-group");
   o.optimizer = parse_optimizer_kind(a.optimizer);
   o.backward_s = a.backward_s;
   o.tokens_per_gpu = a.tokens;

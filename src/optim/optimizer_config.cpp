@@ -68,9 +68,9 @@ void loss_scaler_json(OptimizerConfig& c, const nlohmann::json& v, const std::st
 
 // Every setting of OptimizerConfig, in the README's order.
 const std::array<Field, 15> kFields = {{
-    // Elements, read with the size grammar ("8Mi" or "8M" as parse_size reads them).
-    detail::size_field<OptimizerConfig, &OptimizerConfig::subgroup_size>("subgroup_size",
-                                                                         "TIERSWAP_SUBGROUP_SIZE"),
+    // Elements, read with the count grammar ("8M" = 8,000,000, as --sub-group reads it).
+    detail::elements_field<OptimizerConfig, &OptimizerConfig::subgroup_size>(
+        "subgroup_size", "TIERSWAP_SUBGROUP_SIZE"),
     detail::count_field<OptimizerConfig, &OptimizerConfig::prefetch_depth>(
         "prefetch_depth", "TIERSWAP_PREFETCH_DEPTH"),
     bool_field<OptimizerConfig, &OptimizerConfig::alternate_step_order>(

@@ -667,3 +667,17 @@ def test_sizes_and_counts_follow_the_cli_grammar():
         tierswap.parse_count(True)
     with pytest.raises(ValueError):
         tierswap.parse_count(-1)
+
+
+def test_subgroup_size_is_a_count_as_the_cli_reads_it(tmp_path):
+    """subgroup_size="100K" is 100,000 elements, as `--sub-group 100K` and the config file read
+    it (rounded up to 8192 by the layout: 106,496), not 100 KiB; a byte size is refused."""
+    p = torch.zeros(1 << 20, dtype=torch.bfloat16, requires_grad=True)
+    for d in ("a", "b"):
+        (tmp_path / d).mkdir()
+    opt = tt.AdamW([p], swap_dir=str(tmp_path / "a"), subgroup_size="100K", telemetry=False)
+    assert opt._native.subgroup_size() == 100_000
+    assert opt._native.subgroup_count() == -(-(1 << 20) // 106_496)  # 10; 100 KiB would give 11
+    opt.close()
+    with pytest.raises(ValueError, match="count"):
+        tt.AdamW([p], swap_dir=str(tmp_path / "b"), subgroup_size="4MiB", telemetry=False)

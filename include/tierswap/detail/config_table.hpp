@@ -122,6 +122,15 @@ inline std::uint32_t json_count(const nlohmann::json& v, const std::string& key)
   return static_cast<std::uint32_t>(std::min<std::uint64_t>(json_int<std::uint64_t>(v), 1u << 30));
 }
 
+/// An element count: a non-negative JSON integer or a string in the CLI's count grammar
+/// (parse_param_count: "8M" = 8,000,000, as `--sub-group` reads it), not the byte-size grammar.
+inline std::uint64_t json_elements(const nlohmann::json& v, const std::string& key) {
+  if (v.is_string()) return parse_param_count(v.get<std::string>(), key);
+  if (!v.is_number_unsigned())
+    throw_invalid(key, v.dump(), "expected an element count (a number or a string like \"8M\")");
+  return json_int<std::uint64_t>(v);
+}
+
 /// A field set from a JSON boolean and from a "0"/"1" variable (env_bool).
 template <class C, bool C::*M>
 ConfigField<C> bool_field(std::string_view key, std::string_view env) {
@@ -136,6 +145,16 @@ ConfigField<C> size_field(std::string_view key, std::string_view env) {
   return {key, env,
           [](C& c, const nlohmann::json& v, const std::string& k) { c.*M = json_size(v, k); },
           [](C& c, const char* n) { c.*M = env_u64(n, c.*M, true); }};
+}
+
+/// An element count (json_elements; the variable in the same grammar).
+template <class C, std::uint64_t C::*M>
+ConfigField<C> elements_field(std::string_view key, std::string_view env) {
+  return {key, env,
+          [](C& c, const nlohmann::json& v, const std::string& k) { c.*M = json_elements(v, k); },
+          [](C& c, const char* n) {
+            if (const char* v = std::getenv(n)) c.*M = parse_param_count(v, n);
+          }};
 }
 
 /// A count (json_count; the variable through env_u64, capped like it).

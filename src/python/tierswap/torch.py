@@ -23,7 +23,8 @@ Tier keywords (all optional; the defaults work untuned):
                   a private temporary directory under $TMPDIR or /var/tmp, removed at close()
   host_budget     pinned host bytes, "8GiB" or an int (default 1 GiB, or TIERSWAP_HOST_BUDGET)
   state_tier      "auto" (host memory when everything fits in half the budget), "host", "nvme"
-  subgroup_size   elements per sub-group (default: from the budget, at most 8M)
+  subgroup_size   elements per sub-group, a count as the CLI's --sub-group ("4M" = 4,000,000,
+                  rounded up to a multiple of 8192; default: from the budget, at most 8Mi)
   overlap         sub-groups step during the backward (hooks=True): the bit-exact overlapped step
   plan            a placement plan file (``tierswap plan --out``)
   max_grad_norm   clip the global gradient norm inside the step (0: off); or keep it 0 and call
@@ -78,7 +79,7 @@ import weakref
 import torch
 from torch.optim import Optimizer
 
-from . import _tierswap, parse_size
+from . import _tierswap, parse_count, parse_size
 from .distributed import default_communicator
 
 __all__ = ["AdamW", "Adam", "SGD", "Lion", "from_deepspeed_config"]
@@ -141,7 +142,7 @@ class _TieredOptimizer(Optimizer):
             "single" if self._comm is not None else str(communicator), self._comm,
             0 if threads is None else int(threads), json.dumps(opt_cfg), json.dumps(tier_cfg),
             bool(keep_swap_files), 0 if swap_capacity is None else parse_size(swap_capacity),
-            0 if subgroup_size is None else parse_size(subgroup_size), bool(resume))
+            0 if subgroup_size is None else parse_count(subgroup_size), bool(resume))
         self._register()
         self._closer = weakref.finalize(self, _close_native, self._native, self._tmpdir,
                                         [p for p, _ in self._ids])

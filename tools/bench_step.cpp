@@ -807,7 +807,7 @@ void add_bench_step(CLI::App& bench) {
   b->add_option("--host-budget", o->host_budget, "Pinned host bytes");
   b->add_option("--sub-group", o->sub_group,
                 "Parameters per sub-group (decimal suffixes, as --params), or auto: what "
-                "TieredOptimizer and tierswap.torch pick for --host-budget (at most 8M)");
+                "TieredOptimizer and tierswap.torch pick for --host-budget (at most 8388608)");
   b->add_option("--optimizer", o->optimizer, "adamw | lion");
   b->add_option("--grad-tier", o->grad_tier, "Where the bf16 gradients wait: host | nvme");
   b->add_option("--runs", o->runs, "Repetitions (medians reported)");

@@ -119,7 +119,8 @@ void add_plan(CLI::App& app) {
                 "(tierswap probe writes one)")
       ->required();
   c->add_option("--gpus", a->gpus, "GPU ranks on the node (default: all of the profile's)");
-  c->add_option("--sub-group", a->sub_group, "Parameters per sub-group (default 8M)");
+  c->add_option("--sub-group", a->sub_group,
+                "Parameters per sub-group (decimal suffixes, as --params; default 8388608)");
   c->add_option("--optimizer", a->optimizer, "adamw | adam | lion | sgd");
   c->add_option("--backward-s", a->backward_s,
                 "Length of the backward in seconds (default: estimated from the GPU's bf16 "

@@ -2,8 +2,9 @@
 
 The main job of the README (``tools/dev.sh run``) and the model of the Python tests: 4 layers,
 width 256, 4 heads, byte-level tokens, bf16 parameters, gradients and activations (the matrix
-products in fp32, see `Linear`), trained on a text every Debian machine has (/usr/share/common-licenses/GPL-3) with three parameter groups (decay, no-decay, embeddings
-with their own learning rate), a cosine schedule with warm-up, gradient accumulation over 2
+products in fp32, see `Linear`), trained on a text every Debian machine has
+(/usr/share/common-licenses/GPL-3) with three parameter groups (decay, no-decay, embeddings with
+their own learning rate), a cosine schedule with warm-up, gradient accumulation over 2
 micro-batches and clipping at 1.0.
 
     python3 -m tierswap.tinylm --steps 30 --state-tier nvme --host-budget 16MiB

@@ -63,7 +63,7 @@ def bench_torch(a):
     n = tierswap.parse_count(a.params)
     torch.set_num_threads(a.threads)
     tmp = tempfile.mkdtemp(prefix="tierswap-bench-", dir=a.dir)
-    ps = ts_model(n, tierswap.parse_count(a.tensor))
+    ps = ts_model(n, a.tensor)
     ts = tt.AdamW(ps, swap_dir=tmp, state_tier="host", host_budget=a.host_budget,
                   threads=a.threads, telemetry=False, persist_resident_state=not a.memory_only)
     fp = [p.detach().float().requires_grad_() for p in ps]
@@ -110,7 +110,7 @@ def bench_overhead(a):
     n = tierswap.parse_count(a.params)
     torch.set_num_threads(a.threads)
     tmp = tempfile.mkdtemp(prefix="tierswap-bench-", dir=a.dir)
-    ps = ts_model(n, tierswap.parse_count(a.tensor))
+    ps = ts_model(n, a.tensor)
     ts = tt.AdamW(ps, lr=1e-3, swap_dir=tmp, state_tier=a.state, host_budget=a.host_budget,
                   subgroup_size=a.sub_group, threads=a.threads, telemetry=False,
                   durable=False,  # as bench step (without --keep)
@@ -131,7 +131,7 @@ def bench_overhead(a):
     # (gradient hand-over, whose time is the native ingest's plus the loop, and the step).
     own = [w - h - s for w, h, s in zip(wall, handover, native)]
     out = {"params": n, "state": a.state, "host_budget": a.host_budget, "sub_group": a.sub_group,
-           "threads": a.threads, "tensor": tierswap.parse_count(a.tensor), "python_step_s": statistics.median(wall),
+           "threads": a.threads, "tensor": a.tensor, "python_step_s": statistics.median(wall),
            "handover_s": statistics.median(handover), "native_step_s": statistics.median(native),
            "python_layer_s": statistics.median(own), "runs_python": wall, "runs_native": native,
            "runs_handover": handover}
@@ -158,7 +158,7 @@ def bench_handover(a):
     torch.set_num_threads(a.threads)
     sides = {}
     for name, cls in (("lend", tt.AdamW), ("copy", _CopyingAdamW)):
-        ps = ts_model(n, tierswap.parse_count(a.tensor))
+        ps = ts_model(n, a.tensor)
         opt = cls(ps, swap_dir=tempfile.mkdtemp(prefix="tierswap-bench-", dir=a.dir),
                   state_tier="host", host_budget=a.host_budget, threads=a.threads,
                   telemetry=False, persist_resident_state=False)
@@ -232,6 +232,7 @@ def main():
                     help="elements per tensor of the synthetic model (default 16Mi; bench step's "
                          "parameters have 64Mi: 67108864)")
     a = ap.parse_args()
+    a.tensor = tierswap.parse_count(a.tensor)
     fn = {"torch": bench_torch, "overhead": bench_overhead, "handover": bench_handover,
           "tinylm": bench_tinylm}[a.what]
     print(json.dumps(fn(a), indent=2))

@@ -540,3 +540,46 @@ TEST(ShardedOptimizer, FinalizePlacesSubgroupsByAPlanFile) {
     EXPECT_NE(std::string(err.what()).find("missing.json"), std::string::npos) << err.what();
   }
 }
+
+// A plan records the modes it was made for; finalize() warns when the optimizer runs another
+// (its predicted times and NVMe bytes do not apply) and says how to match them. The step order
+// of an overlapped plan is the backward's, so no order warning for it.
+TEST(ShardedOptimizer, FinalizeWarnsWhenThePlanWasMadeForOtherModes) {
+  const auto plan_with = [](const char* modes) {
+    return Plan::from_json(fmt::format(R"({{"format": "tierswap.plan", "version": 1, {}
+        "subgroups": [{{"numel": 1000, "state_tier": "host", "step_device": "cpu"}}]}})",
+                                       modes));
+  };
+  const auto finalize_log = [](const Plan& plan, bool persist, bool alternate) {
+    OptimizerConfig oc = test::model_config();
+    oc.persist_resident_state = persist;
+    oc.alternate_step_order = alternate;
+    Rig r(tier_config(2 * kMiB, 128 * kKiB), oc);
+    r.opt->set_plan(plan);
+    testing::internal::CaptureStderr();
+    test::build_model(*r.opt);
+    return testing::internal::GetCapturedStderr();
+  };
+  const Plan both = plan_with(
+      R"("overlap": false, "persist_resident_state": false, "alternate_step_order": false,)");
+  std::string log = finalize_log(both, false, false);
+  EXPECT_EQ(log.find("plan: it was made for"), std::string::npos) << log;
+  log = finalize_log(both, true, true);
+  EXPECT_NE(log.find("made for persist_resident_state=false but the optimizer runs with true"),
+            std::string::npos)
+      << log;
+  EXPECT_NE(log.find("make the plan with --persist-resident-state"), std::string::npos) << log;
+  EXPECT_NE(log.find("made for alternate_step_order=false but the optimizer runs with true"),
+            std::string::npos)
+      << log;
+  EXPECT_NE(log.find("TIERSWAP_ALTERNATE_STEP_ORDER=0, or make the plan without --ascending"),
+            std::string::npos)
+      << log;
+  // Overlapped plan: the order is not the plan's business. A file that does not say: no warning.
+  log = finalize_log(plan_with(R"("overlap": true, "alternate_step_order": false,)"), true, true);
+  EXPECT_EQ(log.find("alternate_step_order"), std::string::npos) << log;
+  log = finalize_log(plan_with(R"("overlap": false,)"), false, false);
+  EXPECT_EQ(log.find("plan: it was made for"), std::string::npos) << log;
+  // make_plan records the order it planned for, and the file keeps it.
+  EXPECT_FALSE(*Plan::from_json(both.to_json()).alternate_step_order);
+}

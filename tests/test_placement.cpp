@@ -266,6 +266,8 @@ TEST(Placement, WithoutOverlapTheAlternatingStepReadsOnlyTheStreamedStateTheHost
   o.alternate_step_order = false;
   const Plan asc = make_plan(hw, o);
   ASSERT_EQ(alt.subgroups.size(), asc.subgroups.size());
+  EXPECT_TRUE(Plan::from_json(alt.to_json()).alternate_step_order.value_or(false));
+  EXPECT_FALSE(Plan::from_json(asc.to_json()).alternate_step_order.value_or(true));
   std::uint64_t streamed = 0;             // state and spilled gradients, read back per step
   std::vector<std::uint64_t> nvme_numel;  // highest id first
   for (std::size_t i = alt.subgroups.size(); i-- > 0;) {
@@ -362,6 +364,8 @@ TEST(Placement, PlanFilesRoundTripAndBadOnesAreRefused) {
         head + R"({"numel": 5, "state_tier": "host"}]})",
         head + R"({"numel": 5, "state_tier": "host", "step_device": "cpu", "speculative": 1}]})",
         std::string(R"({"format": "tierswap.plan", "version": 1, "persist_resident_state": "yes",
+            "subgroups": [{"numel": 5, "state_tier": "host", "step_device": "cpu"}]})"),
+        std::string(R"({"format": "tierswap.plan", "version": 1, "alternate_step_order": 1,
             "subgroups": [{"numel": 5, "state_tier": "host", "step_device": "cpu"}]})")}) {
     try {
       Plan::from_json(bad, "edited.json");
@@ -371,9 +375,10 @@ TEST(Placement, PlanFilesRoundTripAndBadOnesAreRefused) {
     }
   }
   // A plan file without the mode (written before it was recorded) reads as "unknown".
-  EXPECT_FALSE(
-      Plan::from_json(head + R"({"numel": 5, "state_tier": "host", "step_device": "cpu"}]})")
-          .persist_resident_state.has_value());
+  const Plan unsaid =
+      Plan::from_json(head + R"({"numel": 5, "state_tier": "host", "step_device": "cpu"}]})");
+  EXPECT_FALSE(unsaid.persist_resident_state.has_value());
+  EXPECT_FALSE(unsaid.alternate_step_order.has_value());
   EXPECT_THROW(Plan::load("/nonexistent/plan.json"), std::invalid_argument);
 }
 

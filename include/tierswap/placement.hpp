@@ -181,6 +181,9 @@ struct Plan {
   bool overlap = true;
   /// The mode it was made for (PlanOptions); unset in a plan file that does not say.
   std::optional<bool> persist_resident_state;
+  /// The step order it was made for (PlanOptions::alternate_step_order; what the ordinary step
+  /// reads back depends on it); unset in a plan file that does not say.
+  std::optional<bool> alternate_step_order;
   double predicted_step_s = 0;  ///< the step alone (no overlap)
   double backward_s = 0;
   double exposed_step_s = 0;  ///< step time left after the backward (overlap), else the step

@@ -652,6 +652,7 @@ Plan make_plan(const HardwareProfile& hw, const PlanOptions& o) {
   p.predicted_step_s = best.alone;
   p.exposed_step_s = best.objective;
   p.persist_resident_state = o.persist_resident_state;
+  p.alternate_step_order = o.alternate_step_order;
   for (int t = 0; t < kTierCount; ++t) p.budget[t] = m.budget[t];
   Usage u = usage(m, best.shape);
   const std::vector<char> undo = undo_copies(m, best.shape, u);
@@ -673,6 +674,7 @@ std::string Plan::to_json() const {
                 {"host", v[static_cast<int>(Tier::host)]},
                 {"nvme", v[static_cast<int>(Tier::nvme)]}};
   };
+  auto mode = [](const std::optional<bool>& v) { return v ? json(*v) : json(nullptr); };
   json j{{"format", "tierswap.plan"},
          {"version", 1},
          {"profile", profile},
@@ -681,8 +683,8 @@ std::string Plan::to_json() const {
          {"optimizer", to_string(optimizer)},
          {"subgroup_numel", subgroup_numel},
          {"overlap", overlap},
-         {"persist_resident_state",
-          persist_resident_state ? json(*persist_resident_state) : json(nullptr)},
+         {"persist_resident_state", mode(persist_resident_state)},
+         {"alternate_step_order", mode(alternate_step_order)},
          {"predicted_step_s", predicted_step_s},
          {"backward_s", backward_s},
          {"exposed_step_s", exposed_step_s},
@@ -738,11 +740,14 @@ Plan Plan::from_json(std::string_view text, std::string_view origin) {
   p.params = int_or("params", std::uint64_t{0});
   p.gpus = int_or("gpus", 1);
   p.overlap = j.value("overlap", true);
-  if (j.contains("persist_resident_state") && !j["persist_resident_state"].is_null()) {
-    if (!j["persist_resident_state"].is_boolean())
-      fail("persist_resident_state", "expected true, false or null");
-    p.persist_resident_state = j["persist_resident_state"].get<bool>();
-  }
+  // The modes it was made for; null or absent: a plan file that does not say.
+  auto mode = [&](const char* key, std::optional<bool>& out) {
+    if (!j.contains(key) || j[key].is_null()) return;
+    if (!j[key].is_boolean()) fail(key, "expected true, false or null");
+    out = j[key].get<bool>();
+  };
+  mode("persist_resident_state", p.persist_resident_state);
+  mode("alternate_step_order", p.alternate_step_order);
   p.predicted_step_s = j.value("predicted_step_s", 0.0);
   p.backward_s = j.value("backward_s", 0.0);
   p.exposed_step_s = j.value("exposed_step_s", 0.0);

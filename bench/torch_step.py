@@ -10,7 +10,9 @@ What it measures (medians of alternating repetitions in one run; figures go to b
   overhead  the Python layer's cost: tierswap.torch's opt.step() wall time (gradient hand-over
             and step) against `tierswap bench step`'s ingest + step (C++, same parameters, host
             budget, sub-group, threads and --state; both lend their gradients; host state in
-            memory only on both sides), run alternately as a subprocess; and
+            memory only on both sides), run alternately as a subprocess, each side's block after
+            a sync and --settle seconds (the subprocess deletes its swap files at exit, and the
+            steps right after that ran ~1.3x slower on a disk mounted with discard); and
             against the time the native step reports for itself (StepResult.seconds).
   handover  step-time hand-over lending p.grad (the step reads it in place: the default) against
             copying it into tierswap's gradient blocks first (as hooks=True must), two optimizers
@@ -106,6 +108,14 @@ def cpp_bench_step(a, n):
     return [x["ingest_s"] + x["step_s"] for x in r["runs"]]
 
 
+def settle(seconds):
+    """Flush and wait out the file system's delayed work (ext4 commits, and discards of freed
+    blocks with -o discard, every 5 s by default) before a side's block is timed."""
+    if seconds > 0:
+        os.sync()
+        time.sleep(seconds)
+
+
 def bench_overhead(a):
     n = tierswap.parse_count(a.params)
     torch.set_num_threads(a.threads)
@@ -118,12 +128,14 @@ def bench_overhead(a):
     ts.step()
     wall, native, cpp, handover, pairs = [], [], [], [], []
     for _ in range(a.reps):  # a block of --block steps on each side in turn
+        settle(a.settle)
         for _ in range(a.block):
             t0 = time.perf_counter()
             ts.step()
             wall.append(time.perf_counter() - t0)
             native.append(ts.last_step["seconds"])
             handover.append(ts.last_step["handover_seconds"])
+        settle(a.settle)
         cpp += cpp_bench_step(a, n)
         pairs.append(statistics.median(wall[-a.block:]) / statistics.median(cpp[-a.block:]))
     ts.close()
@@ -131,7 +143,8 @@ def bench_overhead(a):
     # (gradient hand-over, whose time is the native ingest's plus the loop, and the step).
     own = [w - h - s for w, h, s in zip(wall, handover, native)]
     out = {"params": n, "state": a.state, "host_budget": a.host_budget, "sub_group": a.sub_group,
-           "threads": a.threads, "tensor": a.tensor, "python_step_s": statistics.median(wall),
+           "threads": a.threads, "tensor": a.tensor, "settle_s": a.settle,
+           "python_step_s": statistics.median(wall),
            "handover_s": statistics.median(handover), "native_step_s": statistics.median(native),
            "python_layer_s": statistics.median(own), "runs_python": wall, "runs_native": native,
            "runs_handover": handover}
@@ -225,6 +238,11 @@ def main():
                     help="overhead: where the state lives (host: in memory only, no NVMe I/O)")
     ap.add_argument("--memory-only", action="store_true",
                     help="torch: host state kept in memory only (persist_resident_state=False)")
+    ap.add_argument("--settle", type=float, default=7,
+                    help="overhead: sync and wait this many seconds before each side's block "
+                         "(the C++ bench deletes its swap files at exit, and the file system "
+                         "finishes that work, e.g. ext4's discards at its next 5 s commit, "
+                         "while the next block runs); 0: none")
     ap.add_argument("--dir", default=os.environ.get("TMPDIR", "/var/tmp"))
     ap.add_argument("--cli", default=os.path.join(os.path.dirname(__file__), "..", "build",
                                                   "tierswap"))

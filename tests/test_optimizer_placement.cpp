@@ -2,6 +2,7 @@
 // gradients, the split step, memory-only resident state, plans from a file.
 // (Multi-rank runs: optimizer_mpi under mpirun.)
 #include "optim_fixture.hpp"
+#include "tierswap/log.hpp"
 
 using namespace tierswap::optim_test;
 
@@ -560,6 +561,8 @@ TEST(ShardedOptimizer, FinalizeWarnsWhenThePlanWasMadeForOtherModes) {
     test::build_model(*r.opt);
     return testing::internal::GetCapturedStderr();
   };
+  const LogLevel level = log_level();  // the warnings are what this test reads
+  set_log_level(LogLevel::warn);
   const Plan both = plan_with(
       R"("overlap": false, "persist_resident_state": false, "alternate_step_order": false,)");
   std::string log = finalize_log(both, false, false);
@@ -580,6 +583,7 @@ TEST(ShardedOptimizer, FinalizeWarnsWhenThePlanWasMadeForOtherModes) {
   EXPECT_EQ(log.find("alternate_step_order"), std::string::npos) << log;
   log = finalize_log(plan_with(R"("overlap": false,)"), false, false);
   EXPECT_EQ(log.find("plan: it was made for"), std::string::npos) << log;
-  // make_plan records the order it planned for, and the file keeps it.
+  set_log_level(level);
+  // The plan file keeps the order it says (make_plan's: test_placement.cpp).
   EXPECT_FALSE(*Plan::from_json(both.to_json()).alternate_step_order);
 }

@@ -351,25 +351,23 @@ void warn_plan_mode(const char* key, const char* env, const char* flag, bool fla
 
 // A plan made for other modes, or for more host memory than this budget.
 void ShardedOptimizer::Impl::warn_plan_mismatch(std::uint64_t grads) const {
-  if (plan) {
-    warn_plan_mode("persist_resident_state", "TIERSWAP_PERSIST_RESIDENT_STATE",
-                   "--persist-resident-state", false, plan->persist_resident_state,
-                   cfg.persist_resident_state);
-    if (!plan->overlap)  // the overlapped step's order is the backward's, whatever this says
-      warn_plan_mode("alternate_step_order", "TIERSWAP_ALTERNATE_STEP_ORDER", "--ascending", true,
-                     plan->alternate_step_order, cfg.alternate_step_order);
-  }
-  if (plan) {  // a plan made for more host memory than this tier manager's budget
-    std::uint64_t resident = cfg.grad_tier == Tier::host ? grads : 0;
-    for (const auto& s : subs)
-      if (!s.streaming && !s.on_gpu) resident += state_block_bytes(s);
-    if (resident > tiers.config().host_budget)
-      log(LogLevel::warn,
-          fmt::format("plan: it keeps {} of state and gradients in host memory but the host "
-                      "budget is {}: sub-groups will be evicted and read back every step (make "
-                      "the plan for this budget, or raise TierConfig::host_budget)",
-                      format_bytes(resident), format_bytes(tiers.config().host_budget)));
-  }
+  if (!plan) return;
+  warn_plan_mode("persist_resident_state", "TIERSWAP_PERSIST_RESIDENT_STATE",
+                 "--persist-resident-state", false, plan->persist_resident_state,
+                 cfg.persist_resident_state);
+  if (!plan->overlap)  // the overlapped step's order is the backward's, whatever this says
+    warn_plan_mode("alternate_step_order", "TIERSWAP_ALTERNATE_STEP_ORDER", "--ascending", true,
+                   plan->alternate_step_order, cfg.alternate_step_order);
+  // A plan made for more host memory than this tier manager's budget.
+  std::uint64_t resident = cfg.grad_tier == Tier::host ? grads : 0;
+  for (const auto& s : subs)
+    if (!s.streaming && !s.on_gpu) resident += state_block_bytes(s);
+  if (resident > tiers.config().host_budget)
+    log(LogLevel::warn,
+        fmt::format("plan: it keeps {} of state and gradients in host memory but the host "
+                    "budget is {}: sub-groups will be evicted and read back every step (make "
+                    "the plan for this budget, or raise TierConfig::host_budget)",
+                    format_bytes(resident), format_bytes(tiers.config().host_budget)));
 }
 
 // Read-ahead within the budget: host-resident gradients, the sub-group being stepped, one being

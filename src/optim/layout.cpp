@@ -336,15 +336,15 @@ void ShardedOptimizer::Impl::choose_device_gradients() {
 namespace {
 
 // A plan made for another value of a mode the optimizer reads (`key`, its environment variable
-// `env`); `flag` is `tierswap plan`'s option for true (or for false when `flag_sets_false`).
-void warn_plan_mode(const char* key, const char* env, const char* flag, bool flag_sets_false,
+// `env`); `flag` is `tierswap plan`'s option that plans for `flag_plans_for`.
+void warn_plan_mode(const char* key, const char* env, const char* flag, bool flag_plans_for,
                     std::optional<bool> planned, bool runs) {
   if (!planned || *planned == runs) return;
   log(LogLevel::warn,
       fmt::format("plan: it was made for {}={} but the optimizer runs with {}: its predicted "
                   "times and NVMe bytes do not apply (set {} / {}={}, or make the plan {} {})",
                   key, *planned, runs, key, env, *planned ? 1 : 0,
-                  runs != flag_sets_false ? "with" : "without", flag));
+                  runs == flag_plans_for ? "with" : "without", flag));
 }
 
 }  // namespace
@@ -353,10 +353,10 @@ void warn_plan_mode(const char* key, const char* env, const char* flag, bool fla
 void ShardedOptimizer::Impl::warn_plan_mismatch(std::uint64_t grads) const {
   if (!plan) return;
   warn_plan_mode("persist_resident_state", "TIERSWAP_PERSIST_RESIDENT_STATE",
-                 "--persist-resident-state", false, plan->persist_resident_state,
+                 "--persist-resident-state", true, plan->persist_resident_state,
                  cfg.persist_resident_state);
   if (!plan->overlap)  // the overlapped step's order is the backward's, whatever this says
-    warn_plan_mode("alternate_step_order", "TIERSWAP_ALTERNATE_STEP_ORDER", "--ascending", true,
+    warn_plan_mode("alternate_step_order", "TIERSWAP_ALTERNATE_STEP_ORDER", "--ascending", false,
                    plan->alternate_step_order, cfg.alternate_step_order);
   // A plan made for more host memory than this tier manager's budget.
   std::uint64_t resident = cfg.grad_tier == Tier::host ? grads : 0;

@@ -127,6 +127,36 @@ string(JSON fp32 GET "${out}" fp32_grad_bytes)
 if(NOT wr EQUAL 12 OR rd GREATER 12 OR rd LESS 6 OR peak GREATER budget OR NOT fp32 EQUAL 0)
   message(FATAL_ERROR "bench step: read ${rd} written ${wr} B/param, peak ${peak} of ${budget}")
 endif()
+# --disk-busy: each pass's fraction of time with a request in flight on the disk under --dir, in
+# [0, 1] for each of the three passes; refused where there is no block device or with --overlap.
+set(bdir "${WORK}/cli-step-busy")
+file(REMOVE_RECURSE "${bdir}")
+file(MAKE_DIRECTORY "${bdir}")
+execute_process(COMMAND ${CLI} bench step --params 2097152 --sub-group 262144 --host-budget 12MiB --runs 1
+                        --dir ${bdir} --disk-busy --json
+                RESULT_VARIABLE rc OUTPUT_VARIABLE bout ERROR_VARIABLE err)
+if(rc EQUAL 0)
+  foreach(pass io_only step zero_infinity)
+    string(JSON busy ERROR_VARIABLE e GET "${bout}" median_disk_busy ${pass})
+    string(JSON run_busy ERROR_VARIABLE e2 GET "${bout}" runs 0 disk_busy ${pass})
+    string(JSON depth ERROR_VARIABLE e3 GET "${bout}" runs 0 disk_mean_inflight ${pass})
+    if(e OR e2 OR e3 OR busy LESS 0 OR busy GREATER 1 OR NOT busy STREQUAL run_busy OR depth LESS 0)
+      message(FATAL_ERROR "bench step --disk-busy: ${pass}: ${busy} ${run_busy} ${depth}: ${bout}")
+    endif()
+  endforeach()
+elseif(NOT err MATCHES "--disk-busy: .* is not on a block device")
+  message(FATAL_ERROR "bench step --disk-busy failed (${rc}): ${err}")
+endif()
+execute_process(COMMAND ${CLI} bench step --params 2097152 --runs 1 --overlap --disk-busy
+                RESULT_VARIABLE rc ERROR_VARIABLE err)
+if(rc EQUAL 0 OR NOT err MATCHES "--disk-busy: not with --overlap")
+  message(FATAL_ERROR "bench step --overlap --disk-busy: ${rc} ${err}")
+endif()
+execute_process(COMMAND ${CLI} bench step --params 2097152 --runs 1 --dir ${bdir}/missing --disk-busy
+                RESULT_VARIABLE rc ERROR_VARIABLE err)
+if(rc EQUAL 0 OR NOT err MATCHES "--disk-busy: .*missing: cannot stat it")
+  message(FATAL_ERROR "bench step --disk-busy --dir missing: ${rc} ${err}")
+endif()
 # --lend: the step reads the gradients where the bench left them; the same state bytes move.
 execute_process(COMMAND ${CLI} bench step --params 2097152 --sub-group 262144 --host-budget 12MiB --runs 1
                         --lend --json

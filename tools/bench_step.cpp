@@ -41,6 +41,7 @@
 #include "tierswap/tiered_optimizer.hpp"
 #include "tierswap/units.hpp"
 #include "tools/commands.hpp"
+#include "tools/disk_busy.hpp"
 #include "tools/temp_dir.hpp"
 #include "tools/timing.hpp"
 
@@ -70,6 +71,7 @@ struct StepOptions {
   bool pinned_grads = false;  // the gradients in the pinned budget (no pageable pool)
   bool lend = false;          // tierswap's gradients lent (lend_grad: read in place), not copied
   bool ascending = false;     // alternate_step_order off: every step (and io-only pass) ascends
+  bool disk_busy = false;     // sample the disks' requests in flight during each pass
 };
 
 // The sub-directories the bench creates under each --dir, removed at exit unless --keep.
@@ -227,6 +229,9 @@ struct StepBench {
     if (o.bf16_moments && o.state == "host")
       throw std::invalid_argument(
           "--bf16-moments: not with --state host (it compares the NVMe bytes of the two)");
+    if (o.disk_busy && (o.overlap || o.state == "host"))
+      throw std::invalid_argument(
+          "--disk-busy: not with --overlap or --state host (it samples the three NVMe passes)");
     moments = kind == OptimizerKind::adamw ? 2 : 1;
     state_pp = 4ull * (1 + moments);
     sg = sub_group_size();
@@ -540,6 +545,24 @@ struct StepBenchRuns {
   std::uint64_t io_read = 0;    // what the last io-only pass read
   // State bytes the last timed step did not read (its budget held them).
   std::uint64_t step_kept = 0;
+  std::vector<double> busy_io, busy_step, busy_zi;  // --disk-busy: per run
+};
+
+// --disk-busy: the inflight counters of the disks under the swap directories.
+std::vector<std::filesystem::path> disks_to_sample(const std::vector<std::filesystem::path>& dirs) {
+  std::string why;
+  auto files = disk_inflight_files(dirs, &why);
+  if (files.empty()) throw std::runtime_error("--disk-busy: " + why);
+  return files;
+}
+
+// --disk-busy: samples the disks while one pass runs (does nothing without the flag).
+struct PassSampler {
+  DiskBusySampler* s;
+  void begin() const {
+    if (s) s->start();
+  }
+  DiskBusy end() const { return s ? s->stop() : DiskBusy{}; }
 };
 
 // Gradient bytes a cycle (between the two counters) spilled to NVMe at ingest (--grad-tier nvme):
@@ -594,6 +617,11 @@ void report_step_bench(const StepBench& sb, const StepBenchRuns& R, const TierMa
           "bf16 moments: step {:.3f} s (median); fp32 / bf16 moments {:.2f}x (median of the "
           "per-run ratios); NVMe per parameter per step {:.1f} B read, {:.1f} B written\n",
           median(R.bfs), median(R.r_fp32_bf16), bf_rd, bf_wr);
+    if (!R.busy_step.empty())
+      fmt::print(
+          "disk busy (a request in flight), median: io-only {:.1f}%, step {:.1f}%, "
+          "zero-infinity {:.1f}%\n",
+          100 * median(R.busy_io), 100 * median(R.busy_step), 100 * median(R.busy_zi));
     return;
   }
   nlohmann::json j{{"params", sb.n},
@@ -622,6 +650,10 @@ void report_step_bench(const StepBench& sb, const StepBenchRuns& R, const TierMa
                    {"peak_pageable_bytes", c.peak_pageable_bytes},
                    {"host_budget_bytes", sb.budget},
                    {"state_bytes", sb.n * sb.state_pp}};
+  if (!R.busy_step.empty())
+    j["median_disk_busy"] = {{"io_only", median(R.busy_io)},
+                             {"step", median(R.busy_step)},
+                             {"zero_infinity", median(R.busy_zi)}};
   if (!R.bfs.empty()) {
     j["step_bf16_moments_s"] = median(R.bfs);
     j["fp32_over_bf16_moments"] = median(R.r_fp32_bf16);
@@ -635,9 +667,11 @@ void report_step_bench(const StepBench& sb, const StepBenchRuns& R, const TierMa
 // and the ratios within the run.
 void run_step_round(int r, const StepBench& sb, TierswapStack& ts, ZeroInfinityTraffic& zi,
                     IoOnlyPass& io, TierswapStack* bf, const std::vector<std::uint16_t>& grad,
-                    StepBenchRuns& R) {
+                    DiskBusySampler* disk, StepBenchRuns& R) {
   const int passes = bf ? 4 : 3;
   double t = 0, z = 0, i = 0, i_s = 0, b = 0;
+  const PassSampler ps{disk};
+  DiskBusy dt, dz, di;
   IoStats e0, e1;  // the engine around the tierswap step (how its requests went)
   for (int k = 0; k < passes; ++k) {
     switch ((r + k) % passes) {
@@ -647,7 +681,9 @@ void run_step_round(int r, const StepBench& sb, TierswapStack& ts, ZeroInfinityT
         ts.ingest(grad);
         i_s = since(t_in);
         e0 = ts.engine.stats();
+        ps.begin();
         R.last = ts.opt.step();
+        dt = ps.end();
         e1 = ts.engine.stats();
         R.cycle1 = ts.tiers.counters();
         R.step_kept = state_bytes_kept(sb, R.cycle0, R.cycle1);
@@ -655,10 +691,14 @@ void run_step_round(int r, const StepBench& sb, TierswapStack& ts, ZeroInfinityT
         break;
       }
       case 1:
+        ps.begin();
         z = zi.step(grad);
+        dz = ps.end();
         break;
       case 2:
+        ps.begin();
         i = io.run(R.step_kept);
+        di = ps.end();
         R.io_read = io.read_bytes();
         break;
       case 3: {
@@ -696,11 +736,23 @@ void run_step_round(int r, const StepBench& sb, TierswapStack& ts, ZeroInfinityT
     run["step_bf16_moments_s"] = b;
     run["fp32_over_bf16_moments"] = t / b;
   }
+  if (disk) {
+    R.busy_io.push_back(di.busy);
+    R.busy_step.push_back(dt.busy);
+    R.busy_zi.push_back(dz.busy);
+    run["disk_busy"] = {{"io_only", di.busy}, {"step", dt.busy}, {"zero_infinity", dz.busy}};
+    run["disk_mean_inflight"] = {{"io_only", di.mean_inflight},
+                                 {"step", dt.mean_inflight},
+                                 {"zero_infinity", dz.mean_inflight}};
+  }
   R.runs.push_back(run);
   if (!sb.o.json)
     fmt::print(
-        "run {}: io-only {:.3f} s, tierswap step {:.3f} s, zero-infinity traffic {:.3f} s{}\n",
-        r + 1, i, t, z, bf ? fmt::format(", bf16-moment step {:.3f} s", b) : "");
+        "run {}: io-only {:.3f} s, tierswap step {:.3f} s, zero-infinity traffic {:.3f} s{}{}\n",
+        r + 1, i, t, z, bf ? fmt::format(", bf16-moment step {:.3f} s", b) : "",
+        disk ? fmt::format("; disk busy {:.1f}% / {:.1f}% / {:.1f}% of each", 100 * di.busy,
+                           100 * dt.busy, 100 * dz.busy)
+             : "");
 }
 
 // --state host without --overlap: tierswap's ingest + step alone, its state in host memory (no
@@ -747,6 +799,8 @@ void run_step_bench(const StepOptions& o) {
     temp = std::make_unique<TempDir>("tierswap-bench-step");
     sb.dirs = {temp->path};
   }
+  std::unique_ptr<DiskBusySampler> disk;  // --disk-busy, checked before anything is created
+  if (o.disk_busy) disk = std::make_unique<DiskBusySampler>(disks_to_sample(sb.dirs));
   ThreadPool pool(o.threads);
   Created created;
   created.keep = o.keep;
@@ -792,7 +846,7 @@ void run_step_bench(const StepOptions& o) {
     }
   }
   StepBenchRuns R;
-  for (int r = 0; r < o.runs; ++r) run_step_round(r, sb, ts, zi, io, bf.get(), grad, R);
+  for (int r = 0; r < o.runs; ++r) run_step_round(r, sb, ts, zi, io, bf.get(), grad, disk.get(), R);
   report_step_bench(sb, R, ts.tiers);
   if (o.keep) {
     if (temp) fmt::print(stderr, "kept the swap directory {}\n", temp->keep().string());
@@ -849,6 +903,10 @@ void add_bench_step(CLI::App& bench) {
   b->add_flag("--ascending", o->ascending,
               "Step the sub-groups in ascending order every step (alternate_step_order off), "
               "and the io-only pass with them: every step reads all of its state");
+  b->add_flag("--disk-busy", o->disk_busy,
+              "Sample /sys/block/DISK/inflight every millisecond during each pass: the fraction "
+              "of the pass with a request in flight on the disks under --dir (was a slower pass "
+              "the software or the disk?)");
   b->add_flag("--json", o->json, "Print JSON on stdout instead of text");
   b->callback([o] { run_step_bench(*o); });
 }

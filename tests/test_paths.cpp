@@ -118,3 +118,20 @@ TEST(HostilePaths, CheckpointDirectoriesAreCheckedOnSaveAndLoad) {
   ::chmod(real.c_str(), 0700);
   EXPECT_NO_THROW(opt.load(real));
 }
+
+// The block device a directory lives on: /proc has none (an anonymous device), a missing path
+// cannot be stat'ed; a directory on a disk resolves to its sysfs entry (where the test tree is
+// on one).
+TEST(BlockDeviceSysfs, NamesTheDeviceOrSaysWhyThereIsNone) {
+  std::string why;
+  EXPECT_TRUE(detail::block_device_sysfs("/proc", &why).empty());
+  EXPECT_TRUE(has(why, "/proc is not on a block device (/sys/dev/block/0:")) << why;
+  TempDir d;
+  EXPECT_TRUE(detail::block_device_sysfs(d.path() / "missing", &why).empty());
+  EXPECT_TRUE(has(why, "missing: cannot stat it")) << why;
+  why.clear();
+  const auto dev = detail::block_device_sysfs(d.path(), &why);
+  if (dev.empty()) GTEST_SKIP() << "the test directory is not on a block device: " << why;
+  EXPECT_TRUE(why.empty()) << why;
+  EXPECT_TRUE(std::filesystem::exists(dev / "dev")) << dev;  // "MAJ:MIN", as every block device
+}

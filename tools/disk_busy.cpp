@@ -2,8 +2,6 @@
 #include "tools/disk_busy.hpp"
 
 #include <fcntl.h>
-#include <sys/stat.h>
-#include <sys/sysmacros.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -13,6 +11,8 @@
 
 #include <fmt/format.h>
 
+#include "tierswap/detail/paths.hpp"
+
 namespace tierswap::cli {
 
 namespace fs = std::filesystem;
@@ -21,19 +21,8 @@ namespace {
 
 // /sys/block/<disk>/inflight of the whole disk holding `dir`; empty with `why` if there is none.
 fs::path inflight_file(const fs::path& dir, std::string* why) {
-  struct stat st {};
-  if (::stat(dir.c_str(), &st) != 0) {
-    *why = fmt::format("{}: cannot stat it", dir.string());
-    return {};
-  }
-  const fs::path link = fmt::format("/sys/dev/block/{}:{}", major(st.st_dev), minor(st.st_dev));
-  std::error_code ec;
-  fs::path dev = fs::canonical(link, ec);
-  if (ec) {
-    *why =
-        fmt::format("{} is not on a block device ({} does not exist)", dir.string(), link.string());
-    return {};
-  }
+  fs::path dev = detail::block_device_sysfs(dir, why);
+  if (dev.empty()) return {};
   if (fs::exists(dev / "partition")) dev = dev.parent_path();  // the whole disk's counters
   if (!fs::exists(dev / "inflight")) {
     *why =

@@ -1,8 +1,10 @@
-// check_trusted_dir: the ownership and permission checks on directories holding tierswap's state.
+// check_trusted_dir: the ownership and permission checks on directories holding tierswap's state;
+// block_device_sysfs: the block device a directory lives on.
 #include "tierswap/detail/paths.hpp"
 
 #include <fmt/format.h>
 #include <sys/stat.h>
+#include <sys/sysmacros.h>
 #include <unistd.h>
 
 #include <cerrno>
@@ -41,6 +43,24 @@ bool valid_job_id(std::string_view job) noexcept {
           c == '_' || c == '-'))
       return false;
   return true;
+}
+
+std::filesystem::path block_device_sysfs(const std::filesystem::path& path, std::string* why) {
+  struct stat st {};
+  if (::stat(path.c_str(), &st) != 0) {
+    *why = fmt::format("{}: cannot stat it ({})", path.string(), std::strerror(errno));
+    return {};
+  }
+  const std::filesystem::path link =
+      fmt::format("/sys/dev/block/{}:{}", major(st.st_dev), minor(st.st_dev));
+  std::error_code ec;
+  auto dev = std::filesystem::canonical(link, ec);
+  if (ec) {
+    *why = fmt::format("{} is not on a block device ({} does not exist)", path.string(),
+                       link.string());
+    return {};
+  }
+  return dev;
 }
 
 }  // namespace tierswap::detail

@@ -6,8 +6,6 @@
 #include <fmt/format.h>
 #include <hwloc.h>
 #include <sys/resource.h>
-#include <sys/stat.h>
-#include <sys/sysmacros.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -21,6 +19,7 @@
 #include "tierswap/aligned_buffer.hpp"
 #include "tierswap/cuda_runtime.hpp"
 #include "tierswap/detail/clock.hpp"
+#include "tierswap/detail/paths.hpp"
 #include "tierswap/io_engine.hpp"
 #include "tierswap/kernels.hpp"
 #include "tierswap/log.hpp"
@@ -89,12 +88,9 @@ int numa_of_pci(hwloc_topology_t t, const std::string& bus_id) {
 
 // The NUMA node of the block device holding `dir`, from sysfs (-1 when unknown).
 int numa_of_path(const std::filesystem::path& dir) {
-  struct stat st {};
-  if (::stat(dir.c_str(), &st) != 0) return -1;
-  std::error_code ec;
-  auto p = std::filesystem::canonical(
-      fmt::format("/sys/dev/block/{}:{}", major(st.st_dev), minor(st.st_dev)), ec);
-  for (int up = 0; !ec && up < 8 && p.has_parent_path(); ++up, p = p.parent_path()) {
+  std::string why;
+  auto p = detail::block_device_sysfs(dir, &why);
+  for (int up = 0; !p.empty() && up < 8 && p.has_parent_path(); ++up, p = p.parent_path()) {
     for (const auto& f : {p / "numa_node", p / "device" / "numa_node"}) {
       std::ifstream in(f);
       int n = -1;

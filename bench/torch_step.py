@@ -53,6 +53,11 @@ def shapes(n, tensor):
     return out
 
 
+def scratch(a, name):
+    """A swap directory for one optimizer, inside the run's temporary directory."""
+    return tempfile.mkdtemp(prefix=name + "-", dir=a.scratch)
+
+
 def ts_model(n, tensor):
     params = [torch.empty(k, dtype=torch.bfloat16).uniform_(-0.02, 0.02).requires_grad_()
               for k in shapes(n, tensor)]
@@ -64,10 +69,10 @@ def ts_model(n, tensor):
 def bench_torch(a):
     n = tierswap.parse_count(a.params)
     torch.set_num_threads(a.threads)
-    tmp = tempfile.mkdtemp(prefix="tierswap-bench-", dir=a.dir)
     ps = ts_model(n, a.tensor)
-    ts = tt.AdamW(ps, swap_dir=tmp, state_tier="host", host_budget=a.host_budget,
-                  threads=a.threads, telemetry=False, persist_resident_state=not a.memory_only)
+    ts = tt.AdamW(ps, swap_dir=scratch(a, "torch"), state_tier="host",
+                  host_budget=a.host_budget, threads=a.threads, telemetry=False,
+                  persist_resident_state=not a.memory_only)
     fp = [p.detach().float().requires_grad_() for p in ps]
     for q, p in zip(fp, ps):
         q.grad = p.grad.float()
@@ -119,10 +124,10 @@ def settle(seconds):
 def bench_overhead(a):
     n = tierswap.parse_count(a.params)
     torch.set_num_threads(a.threads)
-    tmp = tempfile.mkdtemp(prefix="tierswap-bench-", dir=a.dir)
     ps = ts_model(n, a.tensor)
-    ts = tt.AdamW(ps, lr=1e-3, swap_dir=tmp, state_tier=a.state, host_budget=a.host_budget,
-                  subgroup_size=a.sub_group, threads=a.threads, telemetry=False,
+    ts = tt.AdamW(ps, lr=1e-3, swap_dir=scratch(a, "overhead"), state_tier=a.state,
+                  host_budget=a.host_budget, subgroup_size=a.sub_group, threads=a.threads,
+                  telemetry=False,
                   durable=False,  # as bench step (without --keep)
                   persist_resident_state=a.state != "host")
     ts.step()
@@ -172,7 +177,7 @@ def bench_handover(a):
     sides = {}
     for name, cls in (("lend", tt.AdamW), ("copy", _CopyingAdamW)):
         ps = ts_model(n, a.tensor)
-        opt = cls(ps, swap_dir=tempfile.mkdtemp(prefix="tierswap-bench-", dir=a.dir),
+        opt = cls(ps, swap_dir=scratch(a, name),
                   state_tier="host", host_budget=a.host_budget, threads=a.threads,
                   telemetry=False, persist_resident_state=False)
         opt.step()  # first touch outside the timing
@@ -206,7 +211,7 @@ def bench_tinylm(a):
     for _ in range(a.reps):
         for tier in ("host", "nvme"):
             model = tinylm.make_model()
-            with tempfile.TemporaryDirectory(dir=a.dir) as d:
+            with tempfile.TemporaryDirectory(dir=a.scratch) as d:
                 opt = tt.AdamW(tinylm.param_groups(model), swap_dir=d, state_tier=tier,
                                host_budget="16MiB" if tier == "nvme" else "256MiB",
                                max_grad_norm=1.0, threads=a.threads, telemetry=False)
@@ -253,7 +258,10 @@ def main():
     a.tensor = tierswap.parse_count(a.tensor)
     fn = {"torch": bench_torch, "overhead": bench_overhead, "handover": bench_handover,
           "tinylm": bench_tinylm}[a.what]
-    print(json.dumps(fn(a), indent=2))
+    # Every swap directory lives in one temporary directory, removed at exit whatever happens.
+    with tempfile.TemporaryDirectory(prefix="tierswap-bench-", dir=a.dir) as a.scratch:
+        out = fn(a)
+    print(json.dumps(out, indent=2))
 
 
 if __name__ == "__main__":

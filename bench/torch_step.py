@@ -12,8 +12,10 @@ What it measures (medians of alternating repetitions in one run; figures go to b
             budget, sub-group, threads and --state; both lend their gradients; host state in
             memory only on both sides), run alternately as a subprocess, each side's block after
             a sync and --settle seconds (the subprocess deletes its swap files at exit, and the
-            steps right after that ran ~1.3x slower on a disk mounted with discard); and
-            against the time the native step reports for itself (StepResult.seconds).
+            steps right after that ran ~1.3x slower on a disk mounted with discard), each
+            block's timed steps after the untimed warm-up the C++ bench takes (1 step with host
+            state, 2 with NVMe state); and against the time the native step reports for itself
+            (StepResult.seconds).
   handover  step-time hand-over lending p.grad (the step reads it in place: the default) against
             copying it into tierswap's gradient blocks first (as hooks=True must), two optimizers
             on equal terms in one process (host state in memory only), alternating.
@@ -27,13 +29,16 @@ What it measures (medians of alternating repetitions in one run; figures go to b
 """
 
 import argparse
+import ctypes
 import json
+import mmap
 import os
 import statistics
 import subprocess
 import sys
 import tempfile
 import time
+import warnings
 
 import torch
 
@@ -42,6 +47,7 @@ import tierswap.torch as tt
 from tierswap import tinylm
 
 TENSOR = 16 << 20  # elements per tensor of the synthetic model (default of --tensor)
+HUGE_PAGE = 2 << 20
 
 
 def shapes(n, tensor):
@@ -58,9 +64,25 @@ def scratch(a, name):
     return tempfile.mkdtemp(prefix=name + "-", dir=a.scratch)
 
 
-def ts_model(n, tensor):
-    params = [torch.empty(k, dtype=torch.bfloat16).uniform_(-0.02, 0.02).requires_grad_()
-              for k in shapes(n, tensor)]
+def huge_page_tensor(numel, dtype):
+    """An uninitialized tensor on transparent huge pages: a private anonymous mapping advised
+    MADV_HUGEPAGE, 2 MiB-aligned (torch's allocator gives large tensors 4 KiB pages where THP
+    is `madvise`, the common setting). The tensor keeps the mapping alive."""
+    size = numel * torch.empty(0, dtype=dtype).element_size()
+    m = mmap.mmap(-1, size + HUGE_PAGE, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+    m.madvise(mmap.MADV_HUGEPAGE)
+    base = ctypes.addressof(ctypes.c_char.from_buffer(m))
+    with warnings.catch_warnings():  # "The given buffer is not writable": it is (MAP_PRIVATE)
+        warnings.simplefilter("ignore")
+        return torch.frombuffer(m, dtype=dtype, count=numel, offset=-base % HUGE_PAGE)
+
+
+def ts_model(n, tensor, huge_params=False):
+    """bf16 parameters of `tensor` elements each with bf16 gradients (torch's allocator); the
+    parameters on transparent huge pages with huge_params (as the C++ bench's 16-bit copies)."""
+    new = (lambda k: huge_page_tensor(k, torch.bfloat16)) if huge_params else (
+        lambda k: torch.empty(k, dtype=torch.bfloat16))
+    params = [new(k).uniform_(-0.02, 0.02).requires_grad_() for k in shapes(n, tensor)]
     for p in params:
         p.grad = torch.empty_like(p).normal_(0, 1e-3)
     return params
@@ -124,7 +146,7 @@ def settle(seconds):
 def bench_overhead(a):
     n = tierswap.parse_count(a.params)
     torch.set_num_threads(a.threads)
-    ps = ts_model(n, a.tensor)
+    ps = ts_model(n, a.tensor, a.param_pages == "huge")
     ts = tt.AdamW(ps, lr=1e-3, swap_dir=scratch(a, "overhead"), state_tier=a.state,
                   host_budget=a.host_budget, subgroup_size=a.sub_group, threads=a.threads,
                   telemetry=False,
@@ -132,8 +154,15 @@ def bench_overhead(a):
                   persist_resident_state=a.state != "host")
     ts.step()
     wall, native, cpp, handover, pairs = [], [], [], [], []
+    # Each side's block: the untimed warm-up steps the C++ bench takes in its process (one with
+    # host state, two with NVMe state), then --block timed steps. The first step after a pause
+    # runs slower (0.37-0.59 s against 0.24 s at 256M with host state, the C++ subprocess or an
+    # idle wait before it), and without the warm-up only the Python side timed it.
+    warm = a.warmup if a.warmup is not None else 1 if a.state == "host" else 2
     for _ in range(a.reps):  # a block of --block steps on each side in turn
         settle(a.settle)
+        for _ in range(warm):
+            ts.step()
         for _ in range(a.block):
             t0 = time.perf_counter()
             ts.step()
@@ -149,6 +178,7 @@ def bench_overhead(a):
     own = [w - h - s for w, h, s in zip(wall, handover, native)]
     out = {"params": n, "state": a.state, "host_budget": a.host_budget, "sub_group": a.sub_group,
            "threads": a.threads, "tensor": a.tensor, "settle_s": a.settle,
+           "warmup_steps_per_block": warm, "param_pages": a.param_pages,
            "python_step_s": statistics.median(wall),
            "handover_s": statistics.median(handover), "native_step_s": statistics.median(native),
            "python_layer_s": statistics.median(own), "runs_python": wall, "runs_native": native,
@@ -248,6 +278,13 @@ def main():
                          "(the C++ bench deletes its swap files at exit, and the file system "
                          "finishes that work, e.g. ext4's discards at its next 5 s commit, "
                          "while the next block runs); 0: none")
+    ap.add_argument("--warmup", type=int, default=None,
+                    help="overhead: untimed Python steps at the start of each block (default: "
+                         "what the C++ bench takes, 1 with host state, 2 with NVMe state)")
+    ap.add_argument("--param-pages", choices=("4k", "huge"), default="4k",
+                    help="overhead: the parameters' memory (what the step writes its new 16-bit "
+                         "values into): torch's allocator (4 KiB pages where THP is `madvise`) "
+                         "or transparent huge pages, as the C++ bench's own 16-bit copies")
     ap.add_argument("--dir", default=os.environ.get("TMPDIR", "/var/tmp"))
     ap.add_argument("--cli", default=os.path.join(os.path.dirname(__file__), "..", "build",
                                                   "tierswap"))

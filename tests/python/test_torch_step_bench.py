@@ -1,0 +1,56 @@
+"""bench/torch_step.py: the overhead mode's blocks (warm-up, the C++ side), the parameters on huge
+pages, and nothing left behind in --dir."""
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+SCRIPT = os.path.join(os.path.dirname(__file__), "..", "..", "bench", "torch_step.py")
+
+
+def cli_path():
+    import tierswap
+    cli = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(tierswap.__file__))),
+                       "tierswap")
+    if not os.access(cli, os.X_OK):
+        pytest.skip(f"no tierswap CLI beside the package ({cli}): not a build tree")
+    return cli
+
+
+def run(tmp_path, *args):
+    r = subprocess.run([sys.executable, SCRIPT, *args, "--dir", str(tmp_path), "--threads", "1"],
+                       capture_output=True, text=True, env=dict(os.environ))
+    assert r.returncode == 0, r.stderr
+    assert os.listdir(tmp_path) == [], "the script left files in --dir"
+    return json.loads(r.stdout)
+
+
+@pytest.mark.parametrize("pages", ["4k", "huge"])
+def test_overhead_blocks_time_the_steps_after_the_cpp_benchs_warm_up(tmp_path, pages):
+    out = run(tmp_path, "overhead", "--params", "3M", "--tensor", "1M", "--state", "host",
+              "--host-budget", "64MiB", "--sub-group", "1M", "--reps", "2", "--block", "3",
+              "--settle", "0", "--cli", cli_path(), "--param-pages", pages)
+    assert out["warmup_steps_per_block"] == 1  # the C++ bench's with host state
+    assert out["param_pages"] == pages
+    assert len(out["runs_python"]) == len(out["runs_cpp"]) == 6  # reps x block, no warm-up
+    assert len(out["python_over_cpp_bench_per_block"]) == 2
+    assert all(t > 0 for t in out["runs_python"] + out["runs_cpp"])
+    # The Python layer's own cost is a small part of each step on any host.
+    assert 1.0 <= out["python_over_handover_plus_native"] < 2.0
+
+
+def test_overhead_takes_two_warm_up_steps_with_nvme_state_unless_told(tmp_path):
+    common = ["overhead", "--params", "2M", "--tensor", "1M", "--host-budget", "32MiB",
+              "--sub-group", "1M", "--reps", "1", "--block", "2", "--settle", "0",
+              "--cli", cli_path()]
+    assert run(tmp_path, *common)["warmup_steps_per_block"] == 2
+    assert run(tmp_path, *common, "--warmup", "0")["warmup_steps_per_block"] == 0
+
+
+def test_torch_mode_compares_with_torch_and_cleans_up(tmp_path):
+    out = run(tmp_path, "torch", "--params", "2M", "--tensor", "1M", "--reps", "2",
+              "--memory-only")
+    assert len(out["runs_tierswap"]) == len(out["runs_torch"]) == 2
+    assert out["speedup"] > 0

@@ -7,16 +7,9 @@ import sys
 
 import pytest
 
+from test_tune import cli_path
+
 SCRIPT = os.path.join(os.path.dirname(__file__), "..", "..", "bench", "torch_step.py")
-
-
-def cli_path():
-    import tierswap
-    cli = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(tierswap.__file__))),
-                       "tierswap")
-    if not os.access(cli, os.X_OK):
-        pytest.skip(f"no tierswap CLI beside the package ({cli}): not a build tree")
-    return cli
 
 
 def run(tmp_path, *args):

@@ -292,6 +292,8 @@ def main():
                     help="elements per tensor of the synthetic model (default 16Mi; bench step's "
                          "parameters have 64Mi: 67108864)")
     a = ap.parse_args()
+    if a.warmup is not None and a.warmup < 0:
+        ap.error(f"--warmup {a.warmup}: must be >= 0")
     a.tensor = tierswap.parse_count(a.tensor)
     fn = {"torch": bench_torch, "overhead": bench_overhead, "handover": bench_handover,
           "tinylm": bench_tinylm}[a.what]

@@ -80,9 +80,13 @@ def huge_page_tensor(numel, dtype):
 def ts_model(n, tensor, huge_params=False):
     """bf16 parameters of `tensor` elements each with bf16 gradients (torch's allocator); the
     parameters on transparent huge pages with huge_params (as the C++ bench's 16-bit copies)."""
-    new = (lambda k: huge_page_tensor(k, torch.bfloat16)) if huge_params else (
-        lambda k: torch.empty(k, dtype=torch.bfloat16))
-    params = [new(k).uniform_(-0.02, 0.02).requires_grad_() for k in shapes(n, tensor)]
+    params = []
+    for k in shapes(n, tensor):
+        if huge_params:
+            p = huge_page_tensor(k, torch.bfloat16)
+        else:
+            p = torch.empty(k, dtype=torch.bfloat16)
+        params.append(p.uniform_(-0.02, 0.02).requires_grad_())
     for p in params:
         p.grad = torch.empty_like(p).normal_(0, 1e-3)
     return params
@@ -158,7 +162,9 @@ def bench_overhead(a):
     # host state, two with NVMe state), then --block timed steps. The first step after a pause
     # runs slower (0.37-0.59 s against 0.24 s at 256M with host state, the C++ subprocess or an
     # idle wait before it), and without the warm-up only the Python side timed it.
-    warm = a.warmup if a.warmup is not None else 1 if a.state == "host" else 2
+    warm = a.warmup
+    if warm is None:
+        warm = 1 if a.state == "host" else 2
     for _ in range(a.reps):  # a block of --block steps on each side in turn
         settle(a.settle)
         for _ in range(warm):

@@ -30,7 +30,8 @@ int main(int argc, char** argv) {
           nanosleep(&s, NULL);
         }
       }
-      if (now() > report) fprintf(stderr, "load: %.2f GB/s\n", moved / (now() - t0) / 1e9), report += 5;
+      if (now() > report)
+        fprintf(stderr, "load: %.2f GB/s\n", moved / (now() - t0) / 1e9), report += 5;
     }
   }
   volatile unsigned long x = 1;

@@ -16,6 +16,7 @@
 #include "tierswap/kernels.hpp"
 #include "tierswap/thread_pool.hpp"
 #include "tierswap/units.hpp"
+#include "tools/bench_kernels_gpu.hpp"
 #include "tools/commands.hpp"
 #include "tools/timing.hpp"
 
@@ -30,6 +31,7 @@ struct Options {
   std::string isa;
   int reps = 5;
   bool json = false;
+  std::string device = "cpu";
 };
 
 // A read-only reference for the statistics pass: each thread ORs its share of `bytes` as 8
@@ -136,6 +138,7 @@ void run(const Options& o) {
   if (o.threads < 1 || o.threads > 1024)
     throw std::invalid_argument(fmt::format("--threads={}: must be in 1..1024", o.threads));
   if (o.reps < 1) throw std::invalid_argument(fmt::format("--reps={}: must be >= 1", o.reps));
+  if (o.device == "gpu") return run_gpu_kernels(n, o.reps, o.json);
   const CpuIsa isa = o.isa.empty() ? default_cpu_isa() : parse_isa(o.isa);
   if (!cpu_isa_supported(isa))
     throw std::invalid_argument(
@@ -226,6 +229,11 @@ void add_bench_kernels(CLI::App& bench) {
   k->add_option("--reps", opts->reps, "Alternating repetitions (median reported)")
       ->capture_default_str();
   k->add_flag("--json", opts->json, "Print the figures as JSON on stdout");
+  k->add_option("--device", opts->device,
+                "cpu, or gpu: the CUDA kernels against a device-to-device copy, and the "
+                "pinned-memory copy rates (--threads and --isa do not apply)")
+      ->check(CLI::IsMember({"cpu", "gpu"}))
+      ->capture_default_str();
   k->callback([opts] { run(*opts); });
 }
 

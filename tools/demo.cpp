@@ -18,6 +18,7 @@
 #include <vector>
 
 #include "tierswap/aligned_buffer.hpp"
+#include "tierswap/checksum.hpp"
 #include "tierswap/communicator.hpp"
 #include "tierswap/cuda_runtime.hpp"
 #include "tierswap/io_engine.hpp"
@@ -318,9 +319,32 @@ nlohmann::json report_step(const DemoOptions& o, const OptimizerConfig& oc,
           {"generation", r.generation}};
 }
 
+// XXH3 digests of the final state, parameter by parameter in registration order: two runs (a
+// GPU against the CPU, say) end with the same bits exactly when their digests are equal.
+nlohmann::json state_digests(ShardedOptimizer& opt, const std::vector<ParamId>& ids) {
+  nlohmann::json out;
+  for (BlockClass cls : {BlockClass::master, BlockClass::exp_avg, BlockClass::exp_avg_sq}) {
+    std::uint64_t h = 0;
+    for (ParamId id : ids) {
+      const std::vector<float> v = opt.gather(id, cls);
+      const std::uint64_t both[2] = {h, checksum64(v.data(), v.size() * sizeof(float))};
+      h = checksum64(both, sizeof both);
+    }
+    out[std::string(to_string(cls))] = checksum_hex(h);
+  }
+  std::uint64_t h = 0;
+  for (ParamId id : ids) {
+    const auto p = opt.param16(id);
+    const std::uint64_t both[2] = {h, checksum64(p.data(), p.size_bytes())};
+    h = checksum64(both, sizeof both);
+  }
+  out["param16"] = checksum_hex(h);
+  return out;
+}
+
 void print_demo_end(const DemoOptions& o, const OptimizerConfig& oc, const TierManager& tiers,
                     std::uint64_t params, bool device_grads, std::optional<bool> d16_match,
-                    const nlohmann::json& steps) {
+                    const nlohmann::json& steps, const nlohmann::json& digests) {
   const std::string snap = tiers.snapshot().to_json();
   const DeviceTierMode device = tiers.device_tier();
   if (!o.json) {
@@ -340,6 +364,7 @@ void print_demo_end(const DemoOptions& o, const OptimizerConfig& oc, const TierM
                                     {"param16_device_copy_matches",
                                      d16_match ? nlohmann::json(*d16_match) : nlohmann::json()},
                                     {"steps", steps},
+                                    {"digests", digests},
                                     {"residency", nlohmann::json::parse(snap)}}
                          .dump(2));
 }
@@ -402,7 +427,8 @@ void run_demo(const DemoOptions& o) {
     steps.push_back(report_step(o, oc, opt, tiers.device_tier(), step, r, ingest_s, params));
   }
   const std::optional<bool> d16_match = dev.copy_matches();  // the bound copy equals param16()
-  print_demo_end(o, oc, tiers, params, dev.device_grads(), d16_match, steps);
+  const nlohmann::json digests = o.json ? state_digests(opt, ids) : nlohmann::json();
+  print_demo_end(o, oc, tiers, params, dev.device_grads(), d16_match, steps, digests);
   if (d16_match == false)
     throw std::runtime_error("demo: the bound device copy differs from param16()");
   if (o.hold > 0) {

@@ -57,6 +57,11 @@ demo() {  # label, env assignments..., -- demo arguments...
   env "${envs[@]}" "$CLI" demo --params 128M --sub-group 8M --steps 4 --host-budget 3GiB \
     --json "$@" > "$OUT/demo.$label.json" 2>> "$OUT/demo.err"
   local rc=$?
+  if [ "$rc" -ne 0 ] && [ -z "${debugged:-}" ] && command -v cuda-gdb > /dev/null; then
+    debugged=1  # the first failure once more under a debugger, for its backtrace
+    env "${envs[@]}" cuda-gdb -batch -ex run -ex bt --args "$CLI" demo --params 128M \
+      --sub-group 8M --steps 4 --host-budget 3GiB "$@" 2>&1 | tail -40 >> "$OUT/demo.err"
+  fi
   python3 - "$label" "$rc" "$OUT/demo.$label.json" <<'PY' | tee -a "$S"
 import json, sys
 label, rc, path = sys.argv[1:]

@@ -15,6 +15,7 @@
 #include <string>
 #include <vector>
 
+#include "tierswap/cuda_runtime.hpp"
 #include "tierswap/optimizer.hpp"
 
 namespace tierswap::test {
@@ -115,11 +116,20 @@ inline ModelOptimizer start_model(ShardedOptimizer& opt) {
 }
 
 /// Runs steps [first, last] (1-based) of the gradient sequence on this rank's samples.
-/// `device_grads`: through add_grad_device (host memory standing in for a simulated device's).
+/// `device_grads`: through add_grad_device, from GPU memory with `gpu` (copied there first), else
+/// from host memory standing in for a simulated device's.
 inline std::vector<StepResult> train(ShardedOptimizer& opt, const ModelOptimizer& m, int first,
-                                     int last, int rank, int world, bool device_grads = false) {
+                                     int last, int rank, int world, bool device_grads = false,
+                                     bool gpu = false) {
   std::vector<StepResult> out;
   std::vector<std::uint16_t> g16;
+  cuda::DeviceBuffer d16;
+  auto device_copy = [&]() -> const void* {
+    if (!gpu) return g16.data();
+    cuda::copy_to_device(d16.reserve(g16.size() * 2), g16.data(), g16.size() * 2, nullptr);
+    cuda::synchronize(nullptr);
+    return d16.data();
+  };
   for (int t = first; t <= last; ++t) {
     for (int u = 0; u < kMicroSteps; ++u) {
       opt.begin_backward(u == kMicroSteps - 1);
@@ -133,7 +143,7 @@ inline std::vector<StepResult> train(ShardedOptimizer& opt, const ModelOptimizer
           g16[i] = float_to_f16(sum);
         }
         if (device_grads)
-          opt.add_grad_device(m.ids[p], g16.data(), Dtype::f16, {});
+          opt.add_grad_device(m.ids[p], device_copy(), Dtype::f16, {});
         else
           opt.add_grad(m.ids[p], g16.data(), Dtype::f16);
       }

@@ -155,7 +155,7 @@ void initialize_demo(ShardedOptimizer& opt) {
 class DemoDevice {
  public:
   DemoDevice(ShardedOptimizer& opt, const TierManager& tiers, const std::vector<ParamId>& ids)
-      : opt_(opt), ids_(ids), gpu_ptrs_(cuda::available()) {
+      : opt_(opt), ids_(ids), gpu_ptrs_(tiers.device_tier() == DeviceTierMode::gpu) {
     bool gpu_steps = false;
     for (std::size_t k = 0; k < opt.subgroup_count(); ++k) gpu_steps |= opt.placement(k).gpu_steps;
     grads_ = tiers.device_tier() != DeviceTierMode::off && gpu_steps;

@@ -218,8 +218,8 @@ void ShardedOptimizer::add_grad_device(ParamId id, const void* d_grad, Dtype dty
         p.spec.name, device_info().reason));
   if (!gpu && !events.empty())
     throw std::invalid_argument(fmt::format(
-        "add_grad_device '{}': {} event(s) given but no GPU is usable (on a simulated device "
-        "tier d_grad is host memory standing in for the GPU's, and there are no events)",
+        "add_grad_device '{}': {} event(s) given but the device tier is simulated (d_grad is "
+        "host memory standing in for the GPU's, and there are no events)",
         p.spec.name, events.size()));
   for (void* e : events) {
     if (e == nullptr)

@@ -184,7 +184,7 @@ bool ShardedOptimizer::Impl::default_streaming(std::uint64_t state, std::uint64_
 bool ShardedOptimizer::Impl::apply_placement(bool streaming) {
   if (!plan && !cfg.plan_file.empty()) plan = Plan::load(cfg.plan_file);
   gpu_simulated = tiers.device_tier() == DeviceTierMode::simulated;
-  device_ptrs = cuda::available();
+  device_ptrs = cuda::available() && !gpu_simulated;
   std::uint64_t rank_total = 0, pos = 0;
   for (const auto& s : subs) rank_total += s.numel;
   bool any_streaming = false;

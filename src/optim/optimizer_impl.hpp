@@ -213,8 +213,9 @@ struct ShardedOptimizer::Impl {
   void put16(const OptParam& q, std::uint64_t b, std::uint64_t e);
   void p16_sync();
   bool p16_pending = false;  // copies to bound GPU memory issued and not yet waited for
-  // Pointers the trainer hands over as device memory are GPU memory (a usable GPU), else host
-  // memory standing in for it (a simulated device tier without a GPU). Set at finalize().
+  // Pointers the trainer hands over as device memory are GPU memory (a usable GPU and no
+  // simulated device tier), else host memory standing in for it (a simulated device tier, also
+  // on a machine with a GPU). Set at finalize().
   bool device_ptrs = false;
   /// After writing block b of s in host memory: memory-only GPU state moves up at once (its host
   /// copy could not be evicted while it is the only one).

@@ -82,10 +82,14 @@ void TierManager::Impl::evict_copy(std::unique_lock<std::mutex>& lk, BlockId id,
 }
 
 // Memory for block b as copy s if the pool has it now; the bytes past the block's end (up to
-// its NVMe extent's length) are zeroed, so what is written to NVMe is deterministic.
+// its NVMe extent's length) of a host copy are zeroed, so what is written to NVMe is
+// deterministic. A real GPU's copy is left alone: the host cannot address it, and only its
+// first b.bytes ever cross to the host.
 std::byte* TierManager::Impl::try_take(int s, const Block& b) {
   std::byte* p = pool(b, s).try_allocate(b.alloc_bytes);
-  if (p != nullptr && b.alloc_bytes > b.bytes) std::memset(p + b.bytes, 0, b.alloc_bytes - b.bytes);
+  const bool gpu_memory = s == kDev && !device->simulated();
+  if (p != nullptr && b.alloc_bytes > b.bytes && !gpu_memory)
+    std::memset(p + b.bytes, 0, b.alloc_bytes - b.bytes);
   return p;
 }
 

@@ -461,6 +461,26 @@ TEST_F(MemoryOnly, OnASimulatedGpuTheSameBitsWithFewerNvmeBytes) {
   }
 }
 
+// Memory-only GPU state larger than the host budget (the initialization writes each block in host
+// memory and copies it up, so its host copies must give way as they go): starts and steps, the
+// same bits as the all-host run.
+TEST_F(MemoryOnly, GpuStateLargerThanTheHostBudgetStartsAndSteps) {
+  const Plan all_gpu = Plan::from_json(R"({"format": "tierswap.plan", "version": 1, "subgroups": [
+      {"numel": 1, "state_tier": "gpu", "step_device": "gpu"}]})");
+  OptimizerConfig oc = test::model_config();
+  oc.persist_resident_state = false;
+  Rig g(simulated_gpu_config(64 * kKiB, 16 * kKiB, 8 * kMiB), oc);
+  g.opt->set_plan(all_gpu);
+  auto mg = test::start_model(*g.opt);
+  std::uint64_t device_state = 0;
+  for (const auto& row : g.tiers->snapshot().classes)
+    if (row.tier == Tier::device && row.cls != BlockClass::grad16) device_state += row.bytes;
+  EXPECT_GT(device_state, g.tiers->config().host_budget) << "the state outgrows the host budget";
+  test::train(*g.opt, mg, 1, 12, 0, 1);
+  expect_same_state(*a.opt, ma, *g.opt, mg);
+  same16(*g.opt, mg);
+}
+
 TEST_F(MemoryOnly, StateLargerThanItsBudgetIsRefused) {
   {  // memory-only GPU state larger than the device budget
     OptimizerConfig oc = test::model_config();

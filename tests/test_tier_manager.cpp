@@ -903,6 +903,61 @@ TEST(TierManager, MemoryOnlyBlocksNeverLeaveHostMemory) {
     if (b.name == "state") EXPECT_TRUE(b.memory_only && b.transient && !b.has_data);
 }
 
+// A memory-only block written in host memory and then copied up to the device tier (as the
+// optimizer's initialization leaves GPU-resident state) has two copies of the same data: its
+// host copy gives way to other blocks under the host budget and the device copy carries the
+// data; likewise its device copy, written there, gives way under the device budget to a host
+// copy. Neither is ever the last copy dropped, nor written to NVMe.
+TEST(TierManager, AMemoryOnlyBlocksCopyGivesWayWhenTheOtherTierHoldsTheSameData) {
+  const std::uint64_t n = 4096;  // 16 KiB blocks
+  Rig r(small_config(16 * kKiB, 3, 3));
+  std::vector<BlockId> mo;
+  for (int i = 0; i < 3; ++i) {  // fill the host budget, each block copied up
+    BlockDesc d = desc("m" + std::to_string(i), n);
+    d.memory_only = true;
+    mo.push_back(r.mgr->create(d));
+    BlockView v = r.mgr->acquire(mo[i], Tier::host, Access::overwrite);
+    fill(v, 20 + i);
+    r.mgr->release(v, true);
+    BlockView up = r.mgr->acquire(mo[i], Tier::device);
+    r.mgr->release(up, false);
+  }
+  const BlockId o = r.mgr->create(desc("o", n));
+  {
+    BlockView v = r.mgr->acquire(o, Tier::host, Access::overwrite);  // a host copy must go
+    fill(v, 30);
+    r.mgr->release(v, true);
+  }
+  const int dev = static_cast<int>(Tier::device);
+  const auto before = r.mgr->counters();
+  EXPECT_GT(before.evictions, 0u);
+  for (int i = 0; i < 3; ++i) expect_pattern(*r.mgr, mo[i], 20 + i, Tier::device);
+  EXPECT_EQ(r.mgr->counters().bytes_in[dev], before.bytes_in[dev]) << "nothing copied up again";
+  // Written on the device (its host copy dropped), then read in host memory: under the device
+  // budget a device copy gives way, the dirty one's mark going with its data to the host copy.
+  {
+    BlockView v = r.mgr->acquire(mo[0], Tier::device, Access::write);
+    fill(v, 40);
+    r.mgr->release(v, true);
+  }
+  expect_pattern(*r.mgr, mo[0], 40);  // copied down
+  const auto mid = r.mgr->counters();
+  BlockDesc gd = desc("g", n);
+  gd.memory_only = true;
+  const BlockId g = r.mgr->create(gd);
+  {
+    BlockView v = r.mgr->acquire(g, Tier::device, Access::overwrite);
+    fill(v, 50);
+    r.mgr->release(v, true);
+  }
+  EXPECT_GT(r.mgr->counters().evictions, mid.evictions);
+  for (int i = 0; i < 3; ++i) expect_pattern(*r.mgr, mo[i], i == 0 ? 40 : 20 + i);
+  expect_pattern(*r.mgr, g, 50, Tier::device);
+  expect_pattern(*r.mgr, o, 30);
+  EXPECT_EQ(r.mgr->counters().bytes_in[static_cast<int>(Tier::nvme)], 16 * kKiB)
+      << "only the ordinary block reached NVMe";
+}
+
 // Memory-only blocks take no NVMe extents: a swap space with room for two ordinary 16 KiB blocks
 // (two shadow slots each) holds them beside any number of memory-only ones, and the manifest
 // lists none for them, reopens, and reads them as zeros (a crash loses memory-only data).

@@ -201,9 +201,14 @@ HardwareProfile probe_hardware(const ProbeOptions& opt) {
     p.host_memory_bytes += n.memory_bytes;
     p.numa.push_back(n);
   }
-  if (p.host_memory_bytes == 0)
-    p.host_memory_bytes = static_cast<std::uint64_t>(::sysconf(_SC_PHYS_PAGES)) *
-                          static_cast<std::uint64_t>(::sysconf(_SC_PAGESIZE));
+  // The kernel's total, when hwloc's nodes add up to less (seen in a Firecracker VM: one node of
+  // 4.3 GiB on a machine of 125 GiB); a single node then holds it all.
+  const auto total = static_cast<std::uint64_t>(::sysconf(_SC_PHYS_PAGES)) *
+                     static_cast<std::uint64_t>(::sysconf(_SC_PAGESIZE));
+  if (p.host_memory_bytes < total) {
+    p.host_memory_bytes = total;
+    if (p.numa.size() == 1) p.numa.front().memory_bytes = total;
+  }
   rlimit rl{};
   p.memlock_bytes = ::getrlimit(RLIMIT_MEMLOCK, &rl) == 0 && rl.rlim_cur != RLIM_INFINITY &&
                             !has_ipc_lock_capability()

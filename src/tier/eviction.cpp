@@ -65,6 +65,13 @@ void TierManager::Impl::evict_copy(std::unique_lock<std::mutex>& lk, BlockId id,
       continue;
     }
     if (b.st[s] == CopyState::absent) return;
+    if (b.desc.memory_only) {  // the other copy holds the same data (checked above): it stays
+      if (b.st[s] == CopyState::dirty) b.st[1 - s] = CopyState::dirty;
+      drop(b, s);
+      ++ctr.evictions;
+      cv.notify_all();
+      return;
+    }
     if (s == kDev && b.st[kDev] == CopyState::dirty) {  // the newest data: down to host first
       copy_down(lk, id);
       continue;

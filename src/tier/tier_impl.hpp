@@ -118,9 +118,13 @@ struct Block {
     return st[kDev] == CopyState::dirty || st[kHost] == CopyState::dirty ||
            st[kHost] == CopyState::writing;
   }
-  // The other memory tier holds a settled copy as new as this one (valid or dirty there).
+  // The other memory tier holds a settled copy as new as this one (valid or dirty there). Two
+  // settled copies hold the same data (a dirty release drops the other), so for a memory-only
+  // block, which is never written to NVMe, any settled copy there will do: dropping a dirty one
+  // moves its mark there (evict_copy).
   bool copy_elsewhere(int s) const {
     const CopyState o = st[1 - s];
+    if (desc.memory_only) return o == CopyState::dirty || o == CopyState::valid;
     return o == CopyState::dirty || (o == CopyState::valid && st[s] != CopyState::dirty);
   }
   // Some copy differs from the committed data: dirty somewhere, or written back but not committed.

@@ -381,6 +381,14 @@ file(WRITE "${pfile}" [=[{"format": "tierswap.plan", "version": 1,
   "persist_resident_state": false, "subgroups": [
   {"numel": 1, "state_tier": "host", "step_device": "cpu"},
   {"numel": 1, "state_tier": "gpu", "step_device": "gpu"}]}]=])
+# The same run without a plan (state on NVMe, all on the CPU) ends with the same bits: the
+# digests of the final state are equal.
+execute_process(COMMAND ${CLI} demo --params 2097152 --sub-group 262144 --host-budget 64MiB --steps 3
+                        --max-grad-norm 0 --json
+                RESULT_VARIABLE rc OUTPUT_VARIABLE ref ERROR_VARIABLE err)
+if(NOT rc EQUAL 0)
+  message(FATAL_ERROR "demo without a plan: ${rc} ${err}")
+endif()
 foreach(overlap "" "--overlap")
   execute_process(COMMAND ${CLI} demo --params 2097152 --sub-group 262144 --host-budget 64MiB --steps 3
                           --plan "${pfile}" ${overlap} --max-grad-norm 0 --json
@@ -388,6 +396,13 @@ foreach(overlap "" "--overlap")
   if(NOT rc EQUAL 0)
     message(FATAL_ERROR "demo --plan (GPU sub-groups) ${overlap}: ${rc} ${err} ${out}")
   endif()
+  foreach(cls master exp_avg exp_avg_sq param16)
+    string(JSON want GET "${ref}" digests ${cls})
+    string(JSON got GET "${out}" digests ${cls})
+    if(NOT want MATCHES "^[0-9a-f]+$" OR NOT got STREQUAL want)
+      message(FATAL_ERROR "demo --plan (GPU sub-groups) ${overlap}: ${cls} digest ${got}, without a plan ${want}")
+    endif()
+  endforeach()
   string(JSON dev GET "${out}" device_tier)
   string(JSON dgrads GET "${out}" device_gradients)
   string(JSON d16 GET "${out}" param16_device_copy_matches)
@@ -408,3 +423,13 @@ if(rc EQUAL 0 OR NOT err MATCHES "--device-budget")
   message(FATAL_ERROR "demo --device-budget banana: ${rc} ${err}")
 endif()
 file(REMOVE "${pfile}")
+
+# bench kernels --device gpu: without a usable GPU, a clear error saying why.
+execute_process(COMMAND ${CLI} info OUTPUT_VARIABLE info)
+if(info MATCHES "GPU: none")
+  execute_process(COMMAND ${CLI} bench kernels --device gpu --params 1M
+                  RESULT_VARIABLE rc OUTPUT_VARIABLE out ERROR_VARIABLE err)
+  if(rc EQUAL 0 OR NOT err MATCHES "--device gpu: no usable GPU")
+    message(FATAL_ERROR "bench kernels --device gpu without a GPU: ${rc} ${err}")
+  endif()
+endif()

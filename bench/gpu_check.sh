@@ -4,12 +4,13 @@
 # scalar reference, the optimizer and tier manager with a real device tier present), the demo's
 # GPU-stepped sub-groups against the CPU bit for bit (state digests), the split step's time with
 # the GPU part beside the CPU part and in turn, the CUDA kernels' bandwidth and the pinned copy
-# rates, and the placement probe.
+# rates, and the placement probe with a plan made from it, measured.
 #
 #   bench/gpu_check.sh CLI TESTS_DIR OUT_DIR
 #     CLI        the tierswap binary (build/tierswap)
 #     TESTS_DIR  where the test binaries are (build/tests)
 #     OUT_DIR    receives summary.txt, tests.log, demo.jsonl, kernels.json, probe.json
+#   PLAN_PARAMS (environment) sizes the planned demo of step 4 (default 2B).
 set -u
 CLI=${1:?usage: gpu_check.sh CLI TESTS_DIR OUT_DIR}
 TESTS=${2:?usage: gpu_check.sh CLI TESTS_DIR OUT_DIR}
@@ -98,8 +99,19 @@ say "== kernels"
 cat "$OUT/kernels.txt" | tee -a "$S"
 "$CLI" bench kernels --device gpu --params 256M --reps 9 --json > "$OUT/kernels.json" 2>&1
 
-# 4. The placement probe (GPU attributes, copy rates, the CPU kernel, NVMe in /tmp).
-say "== probe"
+# 4. The placement probe (GPU attributes, copy rates, the CPU kernel, NVMe in /tmp), a plan for
+# PLAN_PARAMS parameters (default 2B: 20 GiB of GPU state) made from it, and the demo stepping by
+# that plan: the cost model's predicted step against the measured one.
+say "== probe, plan, the demo by the plan"
 "$CLI" probe --nvme-dir /tmp --out "$OUT/probe.json" 2>&1 | tail -3 | tee -a "$S"
-python3 -c 'import json,sys; p=json.load(open(sys.argv[1])); print(json.dumps(p.get("gpus"), indent=1))' "$OUT/probe.json" 2>&1 | tee -a "$S"
+python3 -c 'import json,sys; p=json.load(open(sys.argv[1])); print(p["description"]); print(json.dumps(p.get("gpus"), indent=1))' "$OUT/probe.json" 2>&1 | tee -a "$S"
+pplan=$(mktemp --suffix=.json)
+"$CLI" plan --params "${PLAN_PARAMS:-2B}" --profile "$OUT/probe.json" --no-overlap --backward-s 0 \
+  --out "$pplan" 2>&1 | tail -5 | tee -a "$S"
+"$CLI" demo --params "${PLAN_PARAMS:-2B}" --host-budget 16GiB --steps 4 --plan "$pplan" \
+  --max-grad-norm 0 --json 2>> "$OUT/demo.err" | python3 -c '
+import json, sys
+s = json.load(sys.stdin)["steps"]
+print("measured by the plan: seconds", [round(x["seconds"], 4) for x in s[1:]],
+      "gpu_seconds", [round(x["gpu_seconds"], 4) for x in s[1:]])' 2>&1 | tee -a "$S"
 say "== done $(date -u +%FT%TZ)"

@@ -129,6 +129,8 @@ def cpp_bench_step(a, n):
     cmd = [a.cli, "bench", "step", "--params", str(n), "--host-budget", a.host_budget,
            "--sub-group", a.sub_group, "--threads", str(a.threads), "--runs", str(a.block),
            "--json", "--lend"]  # as the Python step's hand-over
+    if a.cpp_grads == "distinct":  # the Python side's parameters: --tensor each, own p.grad
+        cmd += ["--tensor", str(a.tensor), "--distinct-grads"]
     if a.state == "host":
         cmd += ["--state", "host", "--memory-only"]  # as the Python side's
     if a.dir:
@@ -185,6 +187,7 @@ def bench_overhead(a):
     out = {"params": n, "state": a.state, "host_budget": a.host_budget, "sub_group": a.sub_group,
            "threads": a.threads, "tensor": a.tensor, "settle_s": a.settle,
            "warmup_steps_per_block": warm, "param_pages": a.param_pages,
+           "cpp_grads": a.cpp_grads,
            "python_step_s": statistics.median(wall),
            "handover_s": statistics.median(handover), "native_step_s": statistics.median(native),
            "python_layer_s": statistics.median(own), "runs_python": wall, "runs_native": native,
@@ -297,6 +300,10 @@ def main():
     ap.add_argument("--tensor", default=str(TENSOR),
                     help="elements per tensor of the synthetic model (default 16Mi; bench step's "
                          "parameters have 64Mi: 67108864)")
+    ap.add_argument("--cpp-grads", choices=("distinct", "shared"), default="distinct",
+                    help="overhead: the C++ bench's parameters as the Python side's (--tensor "
+                         "elements each, each gradient its own buffer: equal terms), or its own "
+                         "layout (64Mi-element parameters sharing one gradient buffer)")
     a = ap.parse_args()
     if a.warmup is not None and a.warmup < 0:
         ap.error(f"--warmup {a.warmup}: must be >= 0")

@@ -70,6 +70,8 @@ struct StepOptions {
   bool bf16_moments = false;  // also a stack with bf16 moments, alternated with the fp32 one
   bool pinned_grads = false;  // the gradients in the pinned budget (no pageable pool)
   bool lend = false;          // tierswap's gradients lent (lend_grad: read in place), not copied
+  std::string tensor;         // elements per parameter (default 64Mi; --overlap: a sub-group)
+  bool distinct_grads = false;  // each parameter's gradient in a buffer of its own
   bool ascending = false;     // alternate_step_order off: every step (and io-only pass) ascends
   bool disk_busy = false;     // sample the disks' requests in flight during each pass
 };
@@ -250,9 +252,12 @@ struct StepBench {
     return automatic_subgroup_size(budget, oc, state_pp);
   }
   std::uint64_t sub_rounded() const { return round_up(sg, kGradStatsChunk); }
-  // Parameters of at most 64M elements; for --overlap one sub-group each, so that the simulated
-  // backward finishes sub-groups one by one.
-  std::uint64_t per_param() const { return o.overlap ? sub_rounded() : std::uint64_t{64} << 20; }
+  // Parameters of at most 64Mi elements (--tensor); for --overlap one sub-group each, so that the
+  // simulated backward finishes sub-groups one by one.
+  std::uint64_t per_param() const {
+    if (o.overlap) return sub_rounded();
+    return o.tensor.empty() ? std::uint64_t{64} << 20 : parse_param_count(o.tensor, "--tensor");
+  }
 };
 
 TierConfig step_tier_config(const StepBench& sb) {
@@ -316,23 +321,30 @@ struct TierswapStack {
         comm(make_single_communicator()),
         opt(tiers, *comm, step_optimizer_config(sb, bf16_moments), &pool),
         ids(add_step_params(sb, opt)),
-        lend(sb.o.lend) {
+        lend(sb.o.lend),
+        distinct(sb.o.distinct_grads) {
     opt.finalize();
     opt.initialize([](ParamId, std::uint64_t off, float* out, std::uint64_t k) {
       for (std::uint64_t i = 0; i < k; ++i) out[i] = 0.01f * static_cast<float>((off + i) % 101);
     });
   }
+  // `grad`: one parameter's gradient, handed to every parameter, or (--distinct-grads) all of
+  // them back to back, each parameter's its own.
   void ingest(const std::vector<std::uint16_t>& grad) {
     opt.begin_backward();
+    std::uint64_t at = 0;
     for (ParamId id : ids) {
+      const std::uint16_t* g = grad.data() + (distinct ? at : 0);
+      at += opt.param(id).numel();
       if (lend)
-        opt.lend_grad(id, grad.data(), Dtype::bf16);  // `grad` outlives the step
+        opt.lend_grad(id, g, Dtype::bf16);  // `grad` outlives the step
       else
-        opt.add_grad(id, grad.data(), Dtype::bf16);
+        opt.add_grad(id, g, Dtype::bf16);
     }
     opt.end_backward();
   }
   bool lend = false;
+  bool distinct = false;
 };
 
 // (c) ZeRO-Infinity's traffic: state blocks plus an fp32 gradient block per sub-group; at the
@@ -628,6 +640,8 @@ void report_step_bench(const StepBench& sb, const StepBenchRuns& R, const TierMa
                    {"optimizer", sb.o.optimizer},
                    {"grad_tier", sb.o.grad_tier},
                    {"lend", sb.o.lend},
+                   {"tensor", sb.per_param()},
+                   {"distinct_grads", sb.o.distinct_grads},
                    {"sub_group", sb.sub_rounded()},
                    {"runs", R.runs},
                    {"io_only_s", io_s},
@@ -782,6 +796,8 @@ void run_host_state_bench(const StepBench& sb, TierswapStack& ts,
                    {"state", o.state},
                    {"memory_only", o.memory_only},
                    {"lend", o.lend},
+                   {"tensor", sb.per_param()},
+                   {"distinct_grads", o.distinct_grads},
                    {"sub_group", sb.sub_rounded()},
                    {"subgroups", ts.opt.subgroup_count()},
                    {"ingest_s", median(ins)},
@@ -805,7 +821,7 @@ void run_step_bench(const StepOptions& o) {
   Created created;
   created.keep = o.keep;
   TierswapStack ts(sb, pool, created, "tierswap", false);  // (b)
-  std::vector<std::uint16_t> grad(std::min(sb.n, sb.per_param()));
+  std::vector<std::uint16_t> grad(o.distinct_grads ? sb.n : std::min(sb.n, sb.per_param()));
   for (std::size_t i = 0; i < grad.size(); ++i)
     grad[i] = float_to_bf16(1e-3f * static_cast<float>(static_cast<int>(i % 17) - 8));
   if (o.overlap) {
@@ -900,6 +916,13 @@ void add_bench_step(CLI::App& bench) {
   b->add_flag("--lend", o->lend,
               "Hand tierswap's gradients over with lend_grad (the step reads them where they "
               "are, as tierswap.torch's step-time hand-over does) instead of add_grad's copy");
+  b->add_option("--tensor", o->tensor,
+                "Elements per parameter (decimal suffixes, as --params; default 64Mi = 67108864; "
+                "--overlap: one sub-group each)");
+  b->add_flag("--distinct-grads", o->distinct_grads,
+              "Each parameter's gradient in a buffer of its own (as a trainer's p.grad), not one "
+              "buffer handed to every parameter")
+      ->excludes(overlap);
   b->add_flag("--ascending", o->ascending,
               "Step the sub-groups in ascending order every step (alternate_step_order off), "
               "and the io-only pass with them: every step reads all of its state");

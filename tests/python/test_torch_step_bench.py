@@ -40,6 +40,21 @@ def test_overhead_takes_two_warm_up_steps_with_nvme_state_unless_told(tmp_path):
               "--cli", cli_path()]
     assert run(tmp_path, *common)["warmup_steps_per_block"] == 2
     assert run(tmp_path, *common, "--warmup", "0")["warmup_steps_per_block"] == 0
+    assert run(tmp_path, *common, "--cpp-grads", "shared")["cpp_grads"] == "shared"
+
+
+def test_bench_step_takes_the_python_sides_parameter_layout(tmp_path):
+    """--tensor and --distinct-grads: the C++ bench's parameters as the Python side's."""
+    base = [cli_path(), "bench", "step", "--params", "3M", "--state", "host", "--memory-only",
+            "--host-budget", "64MiB", "--sub-group", "1M", "--runs", "1", "--lend", "--json",
+            "--dir", str(tmp_path)]
+    r = json.loads(subprocess.run(base + ["--tensor", "1M", "--distinct-grads"], check=True,
+                                  capture_output=True, text=True).stdout)
+    assert r["tensor"] == 1000000 and r["distinct_grads"] is True
+    r = json.loads(subprocess.run(base, check=True, capture_output=True, text=True).stdout)
+    assert r["tensor"] == 64 << 20 and r["distinct_grads"] is False
+    bad = subprocess.run(base + ["--tensor", "0"], capture_output=True, text=True)
+    assert bad.returncode != 0 and "--tensor" in bad.stderr
 
 
 def test_torch_mode_compares_with_torch_and_cleans_up(tmp_path):

@@ -321,8 +321,8 @@ class ShardedOptimizer {
   /// world size 1 the slices for sub-groups a GPU steps are accumulated in the device tier, where
   /// the step reads them (nothing goes down to the host and back); the rest comes down to the
   /// host. On a simulated device tier (with or without a GPU in the machine) `d_grad` is host
-  /// memory standing in for the GPU's and `events` must be empty (std::invalid_argument otherwise); with neither a GPU nor a
-  /// simulated device tier it throws std::runtime_error.
+  /// memory standing in for the GPU's and `events` must be empty (std::invalid_argument
+  /// otherwise); with neither a GPU nor a simulated device tier it throws std::runtime_error.
   void add_grad_device(ParamId param, const void* d_grad, Dtype dtype,
                        std::span<void* const> events);
   /// A bucket: consecutive trainable parameters of one group, starting at `first`, their
@@ -388,7 +388,8 @@ class ShardedOptimizer {
   void on_param16_ready(Param16Ready fn);
   /// Binds the trainer's device copy of a trainable parameter's 16-bit values (param.numel()
   /// values of the group's 16-bit dtype in GPU memory; on a simulated device tier, with or
-  /// without a GPU in the machine, host memory standing in for it), which the optimizer then keeps equal to param16().
+  /// without a GPU in the machine, host memory standing in for it), which the optimizer then
+  /// keeps equal to param16().
   /// When: filled now, and at every step each sub-group's new values start going there as soon
   ///   as the sub-group is done, before on_param16_ready is called for the parameter (from its
   ///   GPU step's output device to device, nothing crossing the link, or from host memory for

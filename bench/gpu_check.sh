@@ -89,7 +89,6 @@ for r in 1 2 3; do  # the split step's time, alternating
   demo concurrent.r$r -- --plan "$plan" --max-grad-norm 0
   demo serial.r$r -- --plan "$plan" --max-grad-norm 0 --serial-gpu-step
 done
-cat "$OUT"/demo.*.json > /dev/null
 ( for f in "$OUT"/demo.*.json; do python3 -c 'import json,sys; print(json.dumps(json.load(open(sys.argv[1]))))' "$f" 2>/dev/null; done ) > "$OUT/demo.jsonl"
 rm -f "$OUT"/demo.*.json
 

@@ -5,7 +5,6 @@
 #include <algorithm>
 #include <chrono>
 #include <cstring>
-#include <functional>
 #include <nlohmann/json.hpp>
 #include <random>
 #include <string>
@@ -18,7 +17,7 @@
 #include "tierswap/units.hpp"
 #include "tools/bench_kernels_gpu.hpp"
 #include "tools/commands.hpp"
-#include "tools/timing.hpp"
+#include "tools/kernel_timing.hpp"
 
 #include <fmt/format.h>
 
@@ -59,26 +58,6 @@ std::uint64_t read_probe(const std::byte* p, std::size_t bytes, ThreadPool& pool
   std::uint64_t r = 0;
   for (auto x : out) r |= x;
   return r;
-}
-
-// A kernel of the bench: its traffic per parameter, and its times.
-struct Kernel {
-  std::string name;
-  double bytes_per_param;
-  std::function<void()> fn;
-  std::vector<double> seconds;
-};
-
-// One warm-up call each, then `reps` rounds of every kernel in turn (alternating).
-void time_kernels(std::vector<Kernel>& ks, int reps) {
-  for (auto& k : ks) k.fn();  // warm-up: caches, page tables, thread wake-up paths
-  for (int r = 0; r < reps; ++r) {
-    for (auto& k : ks) {
-      const auto t0 = Clock::now();
-      k.fn();
-      k.seconds.push_back(since(t0));
-    }
-  }
 }
 
 // The medians against the probes (ks[0] the triad, ks.back() the read probe), as text or JSON.

@@ -3,7 +3,6 @@
 // one launch and one wake-up (microseconds against the milliseconds of 64M parameters).
 #include "tools/bench_kernels_gpu.hpp"
 
-#include <functional>
 #include <nlohmann/json.hpp>
 #include <random>
 #include <stdexcept>
@@ -13,19 +12,12 @@
 #include "tierswap/cuda_kernels.hpp"
 #include "tierswap/device.hpp"
 #include "tierswap/kernels.hpp"
-#include "tools/timing.hpp"
+#include "tools/kernel_timing.hpp"
 
 #include <fmt/format.h>
 
 namespace tierswap::cli {
 namespace {
-
-struct GpuKernel {
-  std::string name;
-  double bytes_per_param;
-  std::function<void()> fn;
-  std::vector<double> seconds;
-};
 
 // The bench's device memory: fp32 master and moments, an fp32 gradient (the unfused pipeline's
 // scratch), the bf16 gradient, the bf16 output and the statistics chunk sums.
@@ -56,7 +48,7 @@ struct GpuBuffers {
 
 // The kernels as bench kernels runs them on the CPU (same names, same bytes per parameter), the
 // probe first: a device-to-device copy of the fp32 master (read + write, 8 B/param).
-std::vector<GpuKernel> gpu_kernels(const GpuBuffers& b, std::uint64_t n, std::int64_t& step) {
+std::vector<Kernel> gpu_kernels(const GpuBuffers& b, std::uint64_t n, std::int64_t& step) {
   AdamConfig adam;
   adam.weight_decay = 0.01;
   const AdamState st{GpuBuffers::f(b.p), GpuBuffers::f(b.m), GpuBuffers::f(b.v), nullptr,
@@ -67,7 +59,7 @@ std::vector<GpuKernel> gpu_kernels(const GpuBuffers& b, std::uint64_t n, std::in
       cuda::synchronize(nullptr);
     };
   };
-  std::vector<GpuKernel> ks;
+  std::vector<Kernel> ks;
   ks.push_back({"bandwidth_probe_copy",
                 8.0,
                 run([&b, n] { cuda::copy_on_device(b.g32.data(), b.p.data(), n * 4, nullptr); }),
@@ -107,7 +99,7 @@ std::vector<GpuKernel> gpu_kernels(const GpuBuffers& b, std::uint64_t n, std::in
 }
 
 // Medians against the probe, and the pinned-memory copy rates (to and from the GPU, GB/s).
-void report_gpu(const std::vector<GpuKernel>& ks, std::uint64_t n, int reps, bool json,
+void report_gpu(const std::vector<Kernel>& ks, std::uint64_t n, int reps, bool json,
                 double h2d_gbps, double d2h_gbps) {
   const double probe = ks[0].bytes_per_param * static_cast<double>(n) / median(ks[0].seconds) / 1e9;
   nlohmann::json out{{"device", device_info().name},
@@ -150,14 +142,8 @@ void run_gpu_kernels(std::uint64_t n, int reps, bool json) {
     throw std::runtime_error("--device gpu: no usable GPU (" + device_info().reason + ")");
   GpuBuffers b(n);
   std::int64_t step = 0;
-  std::vector<GpuKernel> ks = gpu_kernels(b, n, step);
-  for (auto& k : ks) k.fn();  // warm-up: module load, clocks up
-  for (int r = 0; r < reps; ++r)
-    for (auto& k : ks) {
-      const auto t0 = Clock::now();
-      k.fn();
-      k.seconds.push_back(since(t0));
-    }
+  std::vector<Kernel> ks = gpu_kernels(b, n, step);
+  time_kernels(ks, reps);
   // Best of 3 copies of 1 GiB each way, after the kernels.
   const double h2d = cuda::measure_copy_gbps(0, true, 1ull << 30, 3);
   const double d2h = cuda::measure_copy_gbps(0, false, 1ull << 30, 3);

@@ -67,13 +67,13 @@ struct StepOptions {
   double backward_ms = 2000;
   bool keep = false;
   bool json = false;
-  bool bf16_moments = false;  // also a stack with bf16 moments, alternated with the fp32 one
-  bool pinned_grads = false;  // the gradients in the pinned budget (no pageable pool)
-  bool lend = false;          // tierswap's gradients lent (lend_grad: read in place), not copied
-  std::string tensor;         // elements per parameter (default 64Mi; --overlap: a sub-group)
+  bool bf16_moments = false;    // also a stack with bf16 moments, alternated with the fp32 one
+  bool pinned_grads = false;    // the gradients in the pinned budget (no pageable pool)
+  bool lend = false;            // tierswap's gradients lent (lend_grad: read in place), not copied
+  std::string tensor;           // elements per parameter (default 64Mi; --overlap: a sub-group)
   bool distinct_grads = false;  // each parameter's gradient in a buffer of its own
-  bool ascending = false;     // alternate_step_order off: every step (and io-only pass) ascends
-  bool disk_busy = false;     // sample the disks' requests in flight during each pass
+  bool ascending = false;       // alternate_step_order off: every step (and io-only pass) ascends
+  bool disk_busy = false;       // sample the disks' requests in flight during each pass
 };
 
 // The sub-directories the bench creates under each --dir, removed at exit unless --keep.
@@ -206,6 +206,7 @@ void run_overlap_bench(const StepOptions& o, TierManager& tiers, ShardedOptimize
 struct StepBench {
   const StepOptions& o;
   std::uint64_t n = 0, budget = 0, sg = 0;
+  std::uint64_t per = 0;  // elements per parameter (per_param())
   OptimizerKind kind = OptimizerKind::adamw;
   Tier grad_tier = Tier::host;
   int moments = 2;
@@ -237,6 +238,11 @@ struct StepBench {
     moments = kind == OptimizerKind::adamw ? 2 : 1;
     state_pp = 4ull * (1 + moments);
     sg = sub_group_size();
+    // Parameters of --tensor elements (64Mi by default); for --overlap one sub-group each, so
+    // that the simulated backward finishes sub-groups one by one.
+    per = o.overlap          ? sub_rounded()
+          : o.tensor.empty() ? std::uint64_t{64} << 20
+                             : parse_param_count(o.tensor, "--tensor");
   }
   // --sub-group auto: what TieredOptimizer (and tierswap.torch) picks for this budget.
   std::uint64_t sub_group_size() const {
@@ -252,12 +258,7 @@ struct StepBench {
     return automatic_subgroup_size(budget, oc, state_pp);
   }
   std::uint64_t sub_rounded() const { return round_up(sg, kGradStatsChunk); }
-  // Parameters of at most 64Mi elements (--tensor); for --overlap one sub-group each, so that the
-  // simulated backward finishes sub-groups one by one.
-  std::uint64_t per_param() const {
-    if (o.overlap) return sub_rounded();
-    return o.tensor.empty() ? std::uint64_t{64} << 20 : parse_param_count(o.tensor, "--tensor");
-  }
+  std::uint64_t per_param() const { return per; }
 };
 
 TierConfig step_tier_config(const StepBench& sb) {
@@ -917,8 +918,9 @@ void add_bench_step(CLI::App& bench) {
               "Hand tierswap's gradients over with lend_grad (the step reads them where they "
               "are, as tierswap.torch's step-time hand-over does) instead of add_grad's copy");
   b->add_option("--tensor", o->tensor,
-                "Elements per parameter (decimal suffixes, as --params; default 64Mi = 67108864; "
-                "--overlap: one sub-group each)");
+                "Elements per parameter (decimal suffixes, as --params; default 64Mi = "
+                "67108864; --overlap has one sub-group each)")
+      ->excludes(overlap);
   b->add_flag("--distinct-grads", o->distinct_grads,
               "Each parameter's gradient in a buffer of its own (as a trainer's p.grad), not one "
               "buffer handed to every parameter")

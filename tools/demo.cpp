@@ -322,22 +322,21 @@ nlohmann::json report_step(const DemoOptions& o, const OptimizerConfig& oc,
 // XXH3 digests of the final state, parameter by parameter in registration order: two runs (a
 // GPU against the CPU, say) end with the same bits exactly when their digests are equal.
 nlohmann::json state_digests(ShardedOptimizer& opt, const std::vector<ParamId>& ids) {
+  auto chain = [](std::uint64_t h, const void* data, std::size_t bytes) {
+    const std::uint64_t both[2] = {h, checksum64(data, bytes)};
+    return checksum64(both, sizeof both);
+  };
   nlohmann::json out;
   for (BlockClass cls : {BlockClass::master, BlockClass::exp_avg, BlockClass::exp_avg_sq}) {
     std::uint64_t h = 0;
     for (ParamId id : ids) {
       const std::vector<float> v = opt.gather(id, cls);
-      const std::uint64_t both[2] = {h, checksum64(v.data(), v.size() * sizeof(float))};
-      h = checksum64(both, sizeof both);
+      h = chain(h, v.data(), v.size() * sizeof(float));
     }
     out[std::string(to_string(cls))] = checksum_hex(h);
   }
   std::uint64_t h = 0;
-  for (ParamId id : ids) {
-    const auto p = opt.param16(id);
-    const std::uint64_t both[2] = {h, checksum64(p.data(), p.size_bytes())};
-    h = checksum64(both, sizeof both);
-  }
+  for (ParamId id : ids) h = chain(h, opt.param16(id).data(), opt.param16(id).size_bytes());
   out["param16"] = checksum_hex(h);
   return out;
 }

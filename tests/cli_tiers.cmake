@@ -417,6 +417,22 @@ foreach(overlap "" "--overlap")
     endif()
   endforeach()
 endforeach()
+# TIERSWAP_DEVICE_TIER=simulated: the plan sizes the simulated tier (no TIERSWAP_DEVICE_BUDGET
+# needed); without a plan or a budget the error names the missing capacity.
+execute_process(COMMAND ${CMAKE_COMMAND} -E env TIERSWAP_DEVICE_TIER=simulated
+                        ${CLI} demo --params 2097152 --sub-group 262144 --host-budget 64MiB --steps 2
+                        --plan "${pfile}" --max-grad-norm 0 --json
+                RESULT_VARIABLE rc OUTPUT_VARIABLE out ERROR_VARIABLE err)
+string(JSON dev ERROR_VARIABLE e GET "${out}" device_tier)
+if(NOT rc EQUAL 0 OR e OR NOT dev STREQUAL "simulated")
+  message(FATAL_ERROR "demo --plan with TIERSWAP_DEVICE_TIER=simulated: ${rc} ${err} ${out}")
+endif()
+execute_process(COMMAND ${CMAKE_COMMAND} -E env TIERSWAP_DEVICE_TIER=simulated
+                        ${CLI} demo --params 2097152 --sub-group 262144 --host-budget 64MiB --steps 1
+                RESULT_VARIABLE rc OUTPUT_VARIABLE out ERROR_VARIABLE err)
+if(rc EQUAL 0 OR NOT err MATCHES "device tier needs a capacity \\(TIERSWAP_DEVICE_BUDGET\\)")
+  message(FATAL_ERROR "demo with TIERSWAP_DEVICE_TIER=simulated and no device budget: ${rc} ${err}")
+endif()
 execute_process(COMMAND ${CLI} demo --params 2M --plan "${pfile}" --device-budget banana
                 RESULT_VARIABLE rc OUTPUT_VARIABLE out ERROR_VARIABLE err)
 if(rc EQUAL 0 OR NOT err MATCHES "--device-budget")

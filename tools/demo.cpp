@@ -110,17 +110,23 @@ OptimizerConfig demo_optimizer_config(const DemoOptions& o, const std::optional<
 
 TierConfig demo_tier_config(const DemoOptions& o, const std::optional<Plan>& plan,
                             std::uint64_t params, const OptimizerConfig& oc) {
-  TierConfig tc = TierConfig::from_env();
+  // A device tier when the plan keeps state on the GPU (or one is asked for): GPU memory when a
+  // GPU is usable, else a simulated one standing in (device_mode auto). The size (--device-budget,
+  // else the plan's) goes in before the environment is read, so TIERSWAP_DEVICE_TIER=simulated
+  // needs no TIERSWAP_DEVICE_BUDGET beside it; --device-budget wins over that variable.
+  TierConfig base;
+  if (!o.device_budget.empty())
+    base.device_budget = parse_size(o.device_budget, "--device-budget");
+  else if (plan)
+    base.device_budget = device_budget_for(*plan, params, oc.subgroup_size, o.overlap);
+  TierConfig tc = TierConfig::from_env(base);
   tc.host_budget = parse_size(o.host_budget, "--host-budget");
   tc.host_slab_size = 64ull << 20;
   tc.lookahead = 9;
-  // A device tier when the plan keeps state on the GPU (or one is asked for): GPU memory when a
-  // GPU is usable, else a simulated one standing in (device_mode auto).
-  if (!o.device_budget.empty())
-    tc.device_budget = parse_size(o.device_budget, "--device-budget");
-  else if (tc.device_budget == 0 && plan)
-    tc.device_budget = device_budget_for(*plan, params, oc.subgroup_size, o.overlap);
-  if (tc.device_budget == 0) tc.device_mode = DeviceTierMode::off;
+  if (!o.device_budget.empty()) tc.device_budget = base.device_budget;  // over the environment's
+  if (tc.device_budget == 0 && tc.device_mode != DeviceTierMode::simulated)
+    tc.device_mode = DeviceTierMode::off;  // no device state (simulated: validate() says why)
+  tc.validate();
   return tc;
 }
 

@@ -134,115 +134,135 @@ RankIndex read_rank_index(const std::filesystem::path& dir, const nlohmann::json
 
 }  // namespace
 
+void ShardedOptimizer::Impl::require_checkpointable(const char* what) {
+  require_finalized(what);
+  if (in_backward) throw std::logic_error(fmt::format("{}: a backward pass is in progress", what));
+  if (spec_pending())
+    throw std::logic_error(
+        fmt::format("{}: speculative steps of an overlapped backward wait for step()", what));
+}
+
+std::pair<nlohmann::json, std::uint64_t> ShardedOptimizer::Impl::write_rank_state(
+    const std::filesystem::path& path) {
+  const File f = File::open(path, O_WRONLY | O_CREAT | O_TRUNC);
+  nlohmann::json sections = nlohmann::json::array();
+  std::uint64_t offset = 0;
+  std::vector<std::byte> piece;
+  for (std::size_t gi = 0; gi < groups.size(); ++gi) {
+    const OptGroup& g = groups[gi];
+    for (int slot = 0; slot < kStateSlots; ++slot) {
+      if (!g.has_slot(slot)) continue;
+      const Dtype dt = slot_dtype(slot);
+      nlohmann::json sums = nlohmann::json::array();
+      const std::uint64_t start = offset;
+      std::size_t fill = 0;
+      piece.resize(kPiece * dtype_size(dt));
+      auto flush_piece = [&] {
+        if (fill == 0) return;
+        sums.push_back(checksum_hex(checksum64(piece.data(), fill)));
+        f.pwrite_all(piece.data(), fill, offset);
+        offset += fill;
+        fill = 0;
+      };
+      for (std::size_t k = 0; k < g.nsubs; ++k) {
+        const OptSub& s = subs[g.first_sub + k];
+        BlockView v = tiers.acquire(s.state[slot], Tier::host);
+        for (std::size_t done = 0; done < v.bytes();) {
+          const std::size_t n = std::min(v.bytes() - done, piece.size() - fill);
+          std::memcpy(piece.data() + fill, v.data() + done, n);
+          fill += n;
+          done += n;
+          if (fill == piece.size()) flush_piece();
+        }
+        tiers.release(v, false);
+        if (s.streaming) tiers.write_back(s.state[slot]);
+      }
+      flush_piece();
+      sections.push_back({{"group", gi},
+                          {"slot", slot_name(slot)},
+                          {"dtype", std::string(to_string(dt))},
+                          {"begin", g.lo},
+                          {"end", g.hi},
+                          {"offset", start},
+                          {"checksums", std::move(sums)}});
+    }
+  }
+  f.sync();
+  return {std::move(sections), offset};
+}
+
+void ShardedOptimizer::Impl::write_checkpoint_manifest(const std::filesystem::path& dir,
+                                                       std::uint64_t id,
+                                                       const std::string& index_payload) {
+  std::vector<std::uint64_t> sums(world);
+  for (int r = 0; r < world; ++r) {
+    std::uint64_t s = r == rank ? checksum64(index_payload.data(), index_payload.size()) : 0;
+    comm.broadcast(&s, sizeof s, r);
+    sums[r] = s;
+  }
+  if (rank != 0) return;
+  nlohmann::json ranks = nlohmann::json::array();
+  for (int r = 0; r < world; ++r)
+    ranks.push_back({{"index", fmt::format("rank-{:05}-{:016x}.json", r, id)},
+                     {"checksum", checksum_hex(sums[r])}});
+  nlohmann::json man = {{"format", "tierswap-checkpoint"},
+                        {"version", kCheckpointVersion},
+                        {"world_size", world},
+                        {"step", step_count},
+                        {"loss_scale", scale},
+                        {"growth_tracker", growth_tracker},
+                        {"moment_dtype", std::string(to_string(moment_dtype()))},
+                        {"groups", groups_json()},
+                        {"ranks", std::move(ranks)}};
+  detail::write_manifest_file(dir / kManifest, man.dump(), true);
+  detail::fsync_directory(dir);
+}
+
+namespace {
+
+// Rank `rank`'s files of earlier saves (any id but `id`): unreferenced once the manifest of `id`
+// is in place.
+void remove_earlier_saves(const std::filesystem::path& dir, int rank, std::uint64_t id) {
+  const std::string mine = fmt::format("rank-{:05}-", rank);
+  const std::string current = fmt::format("{:016x}", id);
+  std::error_code ec;
+  for (const auto& e : std::filesystem::directory_iterator(dir, ec)) {
+    const std::string n = e.path().filename().string();
+    if (n.rfind(mine, 0) == 0 && n.find(current) == std::string::npos)
+      std::filesystem::remove(e.path(), ec);
+  }
+}
+
+}  // namespace
+
 void ShardedOptimizer::save(const std::filesystem::path& dir) {
   Impl& m = *impl_;
-  m.require_finalized("save");
-  if (m.in_backward) throw std::logic_error("save: a backward pass is in progress");
-  if (m.spec_pending())
-    throw std::logic_error("save: speculative steps of an overlapped backward wait for step()");
+  m.require_checkpointable("save");
   std::error_code ec;
   std::filesystem::create_directories(dir, ec);
   if (ec) throw_errno(ec.value(), "create checkpoint directory " + dir.string());
   detail::check_trusted_dir(dir, "save: checkpoint directory");
-  std::uint64_t id = 0;
+  std::uint64_t id = 0;  // drawn anew: a save that dies half-way leaves the previous one whole
   if (m.rank == 0) id = std::random_device{}() * 0x100000001ull ^ std::random_device{}();
   m.comm.broadcast(&id, sizeof id, 0);
   const std::string tag = fmt::format("rank-{:05}-{:016x}", m.rank, id);
   const auto data_path = dir / (tag + ".bin");
-  const auto index_path = dir / (tag + ".json");
 
-  nlohmann::json sections = nlohmann::json::array();
-  std::uint64_t offset = 0;
-  {
-    const File f = File::open(dir / (tag + ".bin.tmp"), O_WRONLY | O_CREAT | O_TRUNC);
-    std::vector<std::byte> piece;
-    for (std::size_t gi = 0; gi < m.groups.size(); ++gi) {
-      const OptGroup& g = m.groups[gi];
-      for (int slot = 0; slot < kStateSlots; ++slot) {
-        if (!g.has_slot(slot)) continue;
-        const Dtype dt = m.slot_dtype(slot);
-        const std::size_t es = dtype_size(dt);
-        nlohmann::json sums = nlohmann::json::array();
-        const std::uint64_t start = offset;
-        std::size_t fill = 0;
-        piece.resize(kPiece * es);
-        auto flush_piece = [&] {
-          if (fill == 0) return;
-          sums.push_back(checksum_hex(checksum64(piece.data(), fill)));
-          f.pwrite_all(piece.data(), fill, offset);
-          offset += fill;
-          fill = 0;
-        };
-        for (std::size_t k = 0; k < g.nsubs; ++k) {
-          const OptSub& s = m.subs[g.first_sub + k];
-          BlockView v = m.tiers.acquire(s.state[slot], Tier::host);
-          std::size_t done = 0;
-          while (done < v.bytes()) {
-            const std::size_t n = std::min(v.bytes() - done, piece.size() - fill);
-            std::memcpy(piece.data() + fill, v.data() + done, n);
-            fill += n;
-            done += n;
-            if (fill == piece.size()) flush_piece();
-          }
-          m.tiers.release(v, false);
-          if (s.streaming) m.tiers.write_back(s.state[slot]);
-        }
-        flush_piece();
-        sections.push_back({{"group", gi},
-                            {"slot", slot_name(slot)},
-                            {"dtype", std::string(to_string(dt))},
-                            {"begin", g.lo},
-                            {"end", g.hi},
-                            {"offset", start},
-                            {"checksums", std::move(sums)}});
-      }
-    }
-    f.sync();
-  }
+  auto [sections, bytes] = m.write_rank_state(dir / (tag + ".bin.tmp"));
   std::filesystem::rename(dir / (tag + ".bin.tmp"), data_path);
-  nlohmann::json index = {{"format", "tierswap-checkpoint-rank"},
-                          {"version", kCheckpointVersion},
-                          {"rank", m.rank},
-                          {"world_size", m.world},
-                          {"data", data_path.filename().string()},
-                          {"data_bytes", offset},
-                          {"piece", kPiece},
-                          {"sections", std::move(sections)}};
+  const nlohmann::json index = {{"format", "tierswap-checkpoint-rank"},
+                                {"version", kCheckpointVersion},
+                                {"rank", m.rank},
+                                {"world_size", m.world},
+                                {"data", data_path.filename().string()},
+                                {"data_bytes", bytes},
+                                {"piece", kPiece},
+                                {"sections", std::move(sections)}};
   const std::string index_payload = index.dump();
-  detail::write_manifest_file(index_path, index_payload, true);
-
-  // Rank 0 binds every rank's index (by checksum) into the manifest, written last.
-  std::vector<std::uint64_t> sums(m.world);
-  for (int r = 0; r < m.world; ++r) {
-    std::uint64_t s = r == m.rank ? checksum64(index_payload.data(), index_payload.size()) : 0;
-    m.comm.broadcast(&s, sizeof s, r);
-    sums[r] = s;
-  }
-  if (m.rank == 0) {
-    nlohmann::json ranks = nlohmann::json::array();
-    for (int r = 0; r < m.world; ++r)
-      ranks.push_back({{"index", fmt::format("rank-{:05}-{:016x}.json", r, id)},
-                       {"checksum", checksum_hex(sums[r])}});
-    nlohmann::json man = {{"format", "tierswap-checkpoint"},
-                          {"version", kCheckpointVersion},
-                          {"world_size", m.world},
-                          {"step", m.step_count},
-                          {"loss_scale", m.scale},
-                          {"growth_tracker", m.growth_tracker},
-                          {"moment_dtype", std::string(to_string(m.moment_dtype()))},
-                          {"groups", m.groups_json()},
-                          {"ranks", std::move(ranks)}};
-    detail::write_manifest_file(dir / kManifest, man.dump(), true);
-    detail::fsync_directory(dir);
-  }
+  detail::write_manifest_file(dir / (tag + ".json"), index_payload, true);
+  m.write_checkpoint_manifest(dir, id, index_payload);  // rank 0 binds every index, last
   m.comm.barrier();
-  // Files of earlier saves are unreferenced now.
-  const std::string mine = fmt::format("rank-{:05}-", m.rank);
-  for (const auto& e : std::filesystem::directory_iterator(dir, ec)) {
-    const std::string n = e.path().filename().string();
-    if (n.rfind(mine, 0) == 0 && n.find(fmt::format("{:016x}", id)) == std::string::npos)
-      std::filesystem::remove(e.path(), ec);
-  }
+  remove_earlier_saves(dir, m.rank, id);
 }
 
 namespace {
@@ -288,96 +308,101 @@ struct OldState {
 
 }  // namespace
 
-void ShardedOptimizer::load(const std::filesystem::path& dir) {
-  Impl& m = *impl_;
-  m.require_finalized("load");
-  if (m.in_backward) throw std::logic_error("load: a backward pass is in progress");
-  if (m.spec_pending())
-    throw std::logic_error("load: speculative steps of an overlapped backward wait for step()");
+void ShardedOptimizer::Impl::load_state_pass(int pass, const ReadState& read) {
+  for (std::size_t gi = 0; gi < groups.size(); ++gi) {
+    const OptGroup& g = groups[gi];
+    for (int slot = 0; slot < kStateSlots; ++slot) {
+      if (!g.has_slot(slot)) continue;
+      const Dtype dt = slot_dtype(slot);
+      for (std::size_t k = 0; k < g.nsubs; ++k) {
+        const OptSub& s = subs[g.first_sub + k];
+        if (pass == 1 && !s.memory_only) continue;
+        if (pass == 0 && s.memory_only) {  // verified only
+          read(gi, slot, dt, s.begin, s.begin + s.numel, nullptr);
+          continue;
+        }
+        BlockView v = tiers.acquire(s.state[slot], Tier::host, Access::overwrite);
+        read(gi, slot, dt, s.begin, s.begin + s.numel, v.data());
+        tiers.release(v, true);
+        if (s.streaming) tiers.write_back(s.state[slot]);
+        promote_memory_only_gpu(s, s.state[slot]);
+      }
+    }
+  }
+}
+
+namespace {
+
+// A checkpoint's manifest and every rank's index, validated before any state is touched.
+struct StoredCheckpoint {
+  Head head;
+  OldState old;
+  std::vector<GroupConfig> cfgs;
+};
+
+nlohmann::json read_checkpoint_manifest(const std::filesystem::path& dir) {
   const auto man_path = dir / kManifest;
   if (std::filesystem::exists(dir)) detail::check_trusted_dir(dir, "load: checkpoint directory");
   if (!std::filesystem::exists(man_path))
     throw std::runtime_error(
         fmt::format("checkpoint {}: no {} (not a checkpoint, or its save did not finish)",
                     dir.string(), kManifest));
-  const auto bad = bad_file;
-  nlohmann::json man;
   try {
-    man = nlohmann::json::parse(detail::read_manifest_file(man_path));
+    return nlohmann::json::parse(detail::read_manifest_file(man_path));
   } catch (const nlohmann::json::exception& e) {
-    throw bad(man_path, std::string("malformed manifest: ") + e.what());
+    throw bad_file(man_path, std::string("malformed manifest: ") + e.what());
   }
-  // ---- validate everything before touching the state --------------------------------------
-  Head head;
-  OldState old;
-  std::vector<GroupConfig> cfgs;
+}
+
+}  // namespace
+
+void ShardedOptimizer::load(const std::filesystem::path& dir) {
+  Impl& m = *impl_;
+  m.require_checkpointable("load");
+  const nlohmann::json man = read_checkpoint_manifest(dir);
+  const auto man_path = dir / kManifest;
+  auto bad = [&](const std::string& why) { return bad_file(man_path, why); };
+  StoredCheckpoint cp;
   try {
-    head = read_head(man, man_path, m.moment_dtype());
-    cfgs = m.check_groups(
-        man.at("groups"), [&](const std::string& why) { return bad(man_path, why); },
-        &old.partition);
+    cp.head = read_head(man, man_path, m.moment_dtype());
+    cp.cfgs = m.check_groups(man.at("groups"), bad, &cp.old.partition);
     const auto& ranks = man.at("ranks");
-    if (static_cast<int>(ranks.size()) != head.world || head.world < 1)
-      throw bad(man_path, "rank table does not match the world size");
-    for (int r = 0; r < head.world; ++r)
-      old.ranks.push_back(read_rank_index(dir, ranks[r], r, m.groups.size()));
+    if (static_cast<int>(ranks.size()) != cp.head.world || cp.head.world < 1)
+      throw bad("rank table does not match the world size");
+    for (int r = 0; r < cp.head.world; ++r)
+      cp.old.ranks.push_back(read_rank_index(dir, ranks[r], r, m.groups.size()));
   } catch (const std::runtime_error&) {
     throw;
   } catch (const std::exception& e) {
-    throw bad(man_path, std::string("malformed: ") + e.what());
+    throw bad(std::string("malformed: ") + e.what());
   }
-  old.files.resize(old.ranks.size());
-
-  // ---- copy: each sub-group of this rank from the old ranks' pieces ------------------------
+  cp.old.files.resize(cp.old.ranks.size());
+  const Impl::ReadState read = [&](std::size_t gi, int slot, Dtype dt, std::uint64_t b,
+                                   std::uint64_t e,
+                                   std::byte* dst) { cp.old.read(gi, slot, dt, b, e, dst); };
   // Pass 0 copies the state that lives in generations (a failure discards it) and only reads and
   // verifies what goes to memory-only state, which no discard can restore; pass 1 copies that
   // after the commit, once every piece has been verified.
-  auto copy_pass = [&](int pass) {
-    for (std::size_t gi = 0; gi < m.groups.size(); ++gi) {
-      const OptGroup& g = m.groups[gi];
-      for (int slot = 0; slot < kStateSlots; ++slot) {
-        if (!g.has_slot(slot)) continue;
-        for (std::size_t k = 0; k < g.nsubs; ++k) {
-          const OptSub& s = m.subs[g.first_sub + k];
-          if (pass == 1 && !s.memory_only) continue;
-          const Dtype dt = m.slot_dtype(slot);
-          if (pass == 0 && s.memory_only) {  // verified only
-            old.read(gi, slot, dt, s.begin, s.begin + s.numel, nullptr);
-            continue;
-          }
-          BlockView v = m.tiers.acquire(s.state[slot], Tier::host, Access::overwrite);
-          old.read(gi, slot, dt, s.begin, s.begin + s.numel, v.data());
-          m.tiers.release(v, true);
-          if (s.streaming) m.tiers.write_back(s.state[slot]);
-          m.promote_memory_only_gpu(s, s.state[slot]);
-        }
-      }
-    }
-  };
   try {
-    copy_pass(0);
+    m.load_state_pass(0, read);
   } catch (...) {
     if (m.tiers.config().shadow_slots) m.tiers.discard();  // the stored state, untouched
     throw;
   }
-  for (std::size_t gi = 0; gi < m.groups.size(); ++gi) m.groups[gi].cfg = cfgs[gi];
-  m.step_count = head.step;
-  m.scale = head.scale;
-  m.growth_tracker = head.tracker;
+  for (std::size_t gi = 0; gi < m.groups.size(); ++gi) m.groups[gi].cfg = cp.cfgs[gi];
+  m.step_count = cp.head.step;
+  m.scale = cp.head.scale;
+  m.growth_tracker = cp.head.tracker;
   m.drop_all_grads();
   m.commit();
-  bool memory_only = false;
-  for (const auto& s : m.subs) memory_only |= s.memory_only;
-  if (memory_only) {
-    try {
-      copy_pass(1);
-    } catch (const std::exception& e) {
-      log(LogLevel::error,
-          fmt::format("load {}: reading memory-only state failed after it was verified ({}): "
-                      "that state is partly loaded; load again",
-                      dir.string(), e.what()));
-      throw;
-    }
+  try {
+    m.load_state_pass(1, read);
+  } catch (const std::exception& e) {
+    log(LogLevel::error,
+        fmt::format("load {}: reading memory-only state failed after it was verified ({}): "
+                    "that state is partly loaded; load again",
+                    dir.string(), e.what()));
+    throw;
   }
   m.refresh_param16();
   m.upload16_all();

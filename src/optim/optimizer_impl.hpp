@@ -398,6 +398,23 @@ struct ShardedOptimizer::Impl {
   }
   /// drop_grad() for every sub-group.
   void drop_all_grads();
+  // ---- checkpoints (checkpoint.cpp) -------------------------------------------------------------
+  /// save() and load(): finalized, no backward under way, no speculative step waiting.
+  void require_checkpointable(const char* what);
+  /// save(): this rank's state, group by group and slot by slot, into `path` (synced), checksummed
+  /// piece by piece; returns the sections' table (the rank index's) and the bytes written.
+  std::pair<nlohmann::json, std::uint64_t> write_rank_state(const std::filesystem::path& path);
+  /// save(), collective: every rank's index checksum to rank 0, which writes the manifest that
+  /// binds them (the commit point of a save).
+  void write_checkpoint_manifest(const std::filesystem::path& dir, std::uint64_t id,
+                                 const std::string& index_payload);
+  /// Elements [b, e) of (group, slot) in dtype dt from a checkpoint, verified, copied to dst
+  /// (unless null: verified only).
+  using ReadState = std::function<void(std::size_t group, int slot, Dtype dt, std::uint64_t b,
+                                       std::uint64_t e, std::byte* dst)>;
+  /// load(): pass 0 copies the state kept in generations and only verifies memory-only state;
+  /// pass 1 copies the memory-only state (after the commit).
+  void load_state_pass(int pass, const ReadState& read);
   // ---- records of the state (records.cpp): the layout as JSON, shared by checkpoints and the
   // commit record that resume() reads back -------------------------------------------------------
   /// Each group: name, config, numel, part, state slots, parameters (name, shape, dtype,

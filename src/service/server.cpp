@@ -235,8 +235,9 @@ void SwapService::Impl::serve(Peer& p) {
   ::shutdown(p.conn.fd(), SHUT_RDWR);
 }
 
-int SwapService::Impl::hello(Peer& p, const wire::Hello& h, Session& s, std::string* why) {
-  const std::string job = h.job() ? h.job()->str() : "";
+// The checks of a Hello that need no state: protocol, job id, sizes, the pageable quota.
+int SwapService::Impl::check_hello(const wire::Hello& h, const std::string& job,
+                                   std::string* why) const {
   if (h.protocol() != service::kProtocolVersion) {
     *why = fmt::format("protocol {} (this service speaks {})", h.protocol(),
                        service::kProtocolVersion);
@@ -257,12 +258,19 @@ int SwapService::Impl::hello(Peer& p, const wire::Hello& h, Session& s, std::str
                        job, h.rank(), format_bytes(pageable), format_bytes(pageable_quota));
     return EINVAL;
   }
-  std::unique_lock lk(mu);
-  const std::string key = job + "." + std::to_string(h.rank());
+  return 0;
+}
+
+// Under mu: client `key` may attach (not attached already, its memory within its quota and the
+// node's budget) as the kind it was first, with a region; a first attach allocates the region
+// and records the client. *rec: its record.
+int SwapService::Impl::admit(const wire::Hello& h, const std::string& key, ClientRecord** rec,
+                             std::string* why) {
   if (live.count(key)) {
     *why = fmt::format("client {} is already attached (pid {})", key, live[key].pid);
     return EBUSY;
   }
+  const std::uint64_t mem = h.memory_bytes();
   const std::uint64_t quota = cfg.client_quota ? cfg.client_quota : cfg.host_budget;
   if (mem > quota || granted + mem > cfg.host_budget) {
     *why = fmt::format(
@@ -273,46 +281,57 @@ int SwapService::Impl::hello(Peer& p, const wire::Hello& h, Session& s, std::str
     return EINVAL;
   }
   auto it = clients.find(key);
-  const bool reattached = it != clients.end();
-  if (reattached && it->second.raw != h.raw()) {
-    *why = fmt::format("client {} was first attached as a {} client", key,
-                       it->second.raw ? "raw" : "block");
-    return EPROTOTYPE;  // distinct: a caller that does not know the kind may ask as the other
+  if (it != clients.end()) {
+    if (it->second.raw != h.raw()) {
+      *why = fmt::format("client {} was first attached as a {} client", key,
+                         it->second.raw ? "raw" : "block");
+      return EPROTOTYPE;  // distinct: a caller that does not know the kind may ask as the other
+    }
+    if (round_up(h.region_bytes(), align) > it->second.bytes) {
+      *why = fmt::format(
+          "client {} asks {} of NVMe, but its region from its first attach holds {}: a region "
+          "does not grow (a new job id gets a new one; releasing this one frees it, losing what "
+          "it holds)",
+          key, format_bytes(h.region_bytes()), format_bytes(it->second.bytes));
+      return EINVAL;
+    }
+    *rec = &it->second;
+    return 0;
   }
-  if (!reattached && h.region_bytes() == 0) {
+  if (h.region_bytes() == 0) {
     *why = fmt::format("client {} is not known to this service (a first attach asks for a region)",
                        key);
     return ENOENT;
   }
-  if (reattached && round_up(h.region_bytes(), align) > it->second.bytes) {
-    *why = fmt::format(
-        "client {} asks {} of NVMe, but its region from its first attach holds {}: a region "
-        "does not grow (a new job id gets a new one; releasing this one frees it, losing what "
-        "it holds)",
-        key, format_bytes(h.region_bytes()), format_bytes(it->second.bytes));
+  const std::uint64_t want = round_up(h.region_bytes(), align);
+  const auto e = regions->try_allocate(want);
+  if (!e) {
+    *why = fmt::format("client {} asks {} of NVMe: {} of the swap space is free", key,
+                       format_bytes(want), format_bytes(regions->stats().free));
     return EINVAL;
   }
-  if (!reattached) {
-    const std::uint64_t want = round_up(h.region_bytes(), align);
-    const auto e = want ? regions->try_allocate(want) : std::nullopt;
-    if (!e) {
-      *why = fmt::format("client {} asks {} of NVMe: {} of the swap space is free", key,
-                         format_bytes(want), format_bytes(regions->stats().free));
-      return EINVAL;
-    }
-    ClientRecord c;
-    c.job = job;
-    c.rank = h.rank();
-    c.base = e->offset;
-    c.bytes = e->length;
-    c.raw = h.raw();
-    c.rebuild(align);
-    it = clients.emplace(key, std::move(c)).first;
-    save_registry(files, uuid, clients);
-  }
+  ClientRecord c;
+  c.job = h.job()->str();
+  c.rank = h.rank();
+  c.base = e->offset;
+  c.bytes = e->length;
+  c.raw = h.raw();
+  c.rebuild(align);
+  *rec = &clients.emplace(key, std::move(c)).first->second;
+  save_registry(files, uuid, clients);
+  return 0;
+}
+
+int SwapService::Impl::hello(Peer& p, const wire::Hello& h, Session& s, std::string* why) {
+  const std::string job = h.job() ? h.job()->str() : "";
+  if (const int refused = check_hello(h, job, why); refused != 0) return refused;
+  const std::uint64_t mem = h.memory_bytes(), pageable = h.pageable_bytes();
+  const std::string key = job + "." + std::to_string(h.rank());
+  std::unique_lock lk(mu);
+  const bool reattached = clients.count(key) != 0;
+  if (const int refused = admit(h, key, &s.rec, why); refused != 0) return refused;
   s.mem =
       service::make_shared_memory(key, mem + pageable, cfg.lock_memory ? mem : 0, huge_pages.lent);
-  s.rec = &it->second;
   s.key = key;
   granted += mem;
   live[key] = Live{mem, pageable, p.cred.pid, p.cred.uid};

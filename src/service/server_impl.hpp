@@ -125,7 +125,10 @@ struct SwapService::Impl {
   bool wait_raw(Peer& p, Session& s, bool* request);
   void abandon_raw(Session& s);
   void update_busy(Session& s);
-  /// Attaches the client a Hello names; 0, or the errno of the refusal (`why` says it).
+  /// Attaches the client a Hello names; 0, or the errno of the refusal (`why` says it): the
+  /// stateless checks, then (under mu) the admission against quota, budget, kind and region.
+  int check_hello(const wire::Hello& h, const std::string& job, std::string* why) const;
+  int admit(const wire::Hello& h, const std::string& key, ClientRecord** rec, std::string* why);
   int hello(Peer& p, const wire::Hello& h, Session& s, std::string* why);
   service::Answer handle(const wire::Message& m, Session& s);
   std::uint64_t put(Session& s, const wire::Put& r);

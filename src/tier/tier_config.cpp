@@ -92,7 +92,8 @@ void TierConfig::validate() const {
   if (!(simulated_device_gbps > 0))
     throw_invalid("simulated_device_gbps", std::to_string(simulated_device_gbps), "must be > 0");
   if (device_mode == DeviceTierMode::simulated && device_budget == 0)
-    throw_invalid("device_budget", "0", "the simulated device tier needs a capacity");
+    throw_invalid("device_budget", "0",
+                  "the simulated device tier needs a capacity (TIERSWAP_DEVICE_BUDGET)");
   if (lookahead < 1 || lookahead > 4096)
     throw_invalid("lookahead", std::to_string(lookahead), "must be in 1..4096");
 }

@@ -325,83 +325,104 @@ struct IoEngine::Impl {
     return false;
   }
 
-  // Builds the next request of ticket t into a free one; false when it must wait.
-  bool build(TicketState* t, Request** out) {
+  // Ticket t's next chunk: where it lands (at most a block; on a direct file cut at an aligned
+  // boundary unless it ends its segment, so only a segment's first and last chunk can have
+  // partial blocks) and how it moves: straight from the caller's buffer, or through a bounce
+  // buffer of the aligned span [a0, a0 + alen) (a read-modify-write for a partial write).
+  struct Chunk {
+    PhysicalSpan ps;
+    std::byte* user = nullptr;
+    std::uint64_t len = 0, a0 = 0, alen = 0;
+    Phase phase = Phase::direct;
+  };
+  Chunk next_chunk(const TicketState* t) const {
     const IoSegment& seg = t->segments[t->seg];
     const std::uint64_t remaining = seg.length - t->pos;
-    const std::uint64_t logical = seg.offset + t->pos;
-    PhysicalSpan ps = owner.space_.map(logical, std::min(remaining, owner.config_.block_size));
-    const SwapFile& f = file(ps.file);
-    std::byte* user = static_cast<std::byte*>(seg.buffer) + t->pos;
-    std::uint64_t len = ps.length;
-    Phase phase = Phase::direct;
-    std::uint64_t a0 = ps.offset, alen = len;
-    if (f.direct) {
-      const std::uint64_t oa = f.offset_align;
-      // Cut chunks at aligned physical boundaries so only a segment's first and last chunk can
-      // have partial blocks.
-      if (len < remaining && (ps.offset + len) % oa != 0) {
-        const std::uint64_t end = round_down(ps.offset + len, oa);
-        if (end > ps.offset) len = end - ps.offset;
-      }
-      const bool aligned = ps.offset % oa == 0 && len % oa == 0 &&
-                           reinterpret_cast<std::uintptr_t>(user) % f.mem_align == 0;
-      if (!aligned) {
-        a0 = round_down(ps.offset, oa);
-        alen = round_up(ps.offset + len, oa) - a0;
-        const bool partial = ps.offset % oa != 0 || len % oa != 0;
-        if (seg.op == IoOp::read)
-          phase = Phase::bounce_read;
-        else
-          phase = partial ? Phase::rmw_read : Phase::bounce_write;
-        ensure_bounce_pool();
-        if (phase == Phase::rmw_read && rmw_conflict(ps.file, a0, a0 + alen)) return false;
-        if (free_bounce.empty()) return false;
-      }
+    Chunk c;
+    c.ps = owner.space_.map(seg.offset + t->pos, std::min(remaining, owner.config_.block_size));
+    c.user = static_cast<std::byte*>(seg.buffer) + t->pos;
+    c.len = c.ps.length;
+    c.a0 = c.ps.offset;
+    c.alen = c.len;
+    const SwapFile& f = file(c.ps.file);
+    if (!f.direct) return c;
+    const std::uint64_t oa = f.offset_align;
+    if (c.len < remaining && (c.ps.offset + c.len) % oa != 0) {
+      const std::uint64_t end = round_down(c.ps.offset + c.len, oa);
+      if (end > c.ps.offset) c.len = end - c.ps.offset;
     }
+    const bool partial = c.ps.offset % oa != 0 || c.len % oa != 0;
+    if (!partial && reinterpret_cast<std::uintptr_t>(c.user) % f.mem_align == 0) return c;
+    c.a0 = round_down(c.ps.offset, oa);
+    c.alen = round_up(c.ps.offset + c.len, oa) - c.a0;
+    if (seg.op == IoOp::read)
+      c.phase = Phase::bounce_read;
+    else
+      c.phase = partial ? Phase::rmw_read : Phase::bounce_write;
+    return c;
+  }
+
+  // Whether chunk c can start now: a bounce buffer free, no read-modify-write in flight on its
+  // blocks.
+  bool can_start(const Chunk& c) {
+    if (c.phase == Phase::direct) return true;
+    ensure_bounce_pool();
+    if (c.phase == Phase::rmw_read && rmw_conflict(c.ps.file, c.a0, c.a0 + c.alen)) return false;
+    return !free_bounce.empty();
+  }
+
+  // Request s through a bounce buffer (a write's bytes copied into it now).
+  void point_at_bounce(Request* s, const Chunk& c) {
+    IoRequest& r = s->req;
+    s->bounce = free_bounce.back();
+    free_bounce.pop_back();
+    s->head = static_cast<std::uint32_t>(c.ps.offset - c.a0);
+    s->aligned_offset = c.a0;
+    s->aligned_len = static_cast<std::uint32_t>(c.alen);
+    r.op = c.phase == Phase::bounce_write ? IoOp::write : IoOp::read;
+    r.offset = c.a0;
+    r.length = static_cast<std::uint32_t>(c.alen);
+    r.buffer = s->bounce;
+    if (c.phase == Phase::bounce_write) std::memcpy(s->bounce + s->head, c.user, c.len);
+    s->region = bounce_region;
+    s->fixed = -1;
+    if (bounce_region >= 0) {
+      const Region& g = regions[bounce_region];
+      s->fixed = static_cast<int>(g.first_fixed + (s->bounce - g.data) / g.piece);
+    }
+    bounce_requests.fetch_add(1, std::memory_order_relaxed);
+  }
+
+  // Builds the next request of ticket t into a free one; false when it must wait.
+  bool build(TicketState* t, Request** out) {
+    const Chunk c = next_chunk(t);
+    if (!can_start(c)) return false;
     Request* s = free_requests;
     free_requests = s->next;
     s->next = nullptr;
     s->ticket = t;
-    s->phase = phase;
+    s->phase = c.phase;
     s->retries = 0;
-    s->user = user;
-    s->user_len = static_cast<std::uint32_t>(len);
-    IoRequest& r = s->req;
-    r.file = ps.file;
-    r.backend_data = nullptr;
-    if (phase == Phase::direct) {
-      r.op = seg.op;
-      r.offset = ps.offset;
-      r.length = static_cast<std::uint32_t>(len);
-      r.buffer = user;
-      s->region = region_of(user, len, &s->fixed);
+    s->user = c.user;
+    s->user_len = static_cast<std::uint32_t>(c.len);
+    s->req.file = c.ps.file;
+    s->req.backend_data = nullptr;
+    if (c.phase == Phase::direct) {
+      s->req.op = t->segments[t->seg].op;
+      s->req.offset = c.ps.offset;
+      s->req.length = static_cast<std::uint32_t>(c.len);
+      s->req.buffer = c.user;
+      s->region = region_of(c.user, c.len, &s->fixed);
     } else {
-      s->bounce = free_bounce.back();
-      free_bounce.pop_back();
-      s->head = static_cast<std::uint32_t>(ps.offset - a0);
-      s->aligned_offset = a0;
-      s->aligned_len = static_cast<std::uint32_t>(alen);
-      r.op = phase == Phase::bounce_write ? IoOp::write : IoOp::read;
-      r.offset = a0;
-      r.length = static_cast<std::uint32_t>(alen);
-      r.buffer = s->bounce;
-      if (phase == Phase::bounce_write) std::memcpy(s->bounce + s->head, user, len);
-      s->region = bounce_region;
-      s->fixed = -1;
-      if (bounce_region >= 0) {
-        const Region& g = regions[bounce_region];
-        s->fixed = static_cast<int>(g.first_fixed + (s->bounce - g.data) / g.piece);
-      }
-      bounce_requests.fetch_add(1, std::memory_order_relaxed);
+      point_at_bounce(s, c);
     }
     if (s->region >= 0) ++regions[s->region].inflight;
-    s->first_offset = ps.offset;
-    s->first_length = static_cast<std::uint32_t>(len);
+    s->first_offset = c.ps.offset;
+    s->first_length = static_cast<std::uint32_t>(c.len);
     s->start_ns = now_ns();
     ++inflight;
     ++t->inflight;
-    t->pos += len;
+    t->pos += c.len;
     while (t->seg < t->segments.size() && t->pos == t->segments[t->seg].length) {
       ++t->seg;
       t->pos = 0;

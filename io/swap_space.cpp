@@ -158,6 +158,52 @@ void check_dirs(const std::vector<std::filesystem::path>& dirs) {
   }
 }
 
+// Refuses a space whose files do not fit: each filesystem (several directories may share one)
+// needs per_dir bytes (and a header's worth) for each of its directories.
+void check_free_space(const std::vector<std::filesystem::path>& dirs, std::uint64_t per_dir) {
+  std::map<dev_t, std::pair<std::uint64_t, std::filesystem::path>> need;  // per filesystem
+  for (const auto& d : dirs) {
+    struct stat st {};
+    if (::stat(d.c_str(), &st) != 0) throw_errno(errno, fmt::format("stat {}", d.string()));
+    auto& e = need[st.st_dev];
+    e.first += per_dir + 64 * KiB;
+    e.second = d;
+  }
+  for (auto& [dev, e] : need) {
+    struct statvfs vfs {};
+    if (::statvfs(e.second.c_str(), &vfs) != 0)
+      throw_errno(errno, fmt::format("statvfs {}", e.second.string()));
+    const std::uint64_t avail = static_cast<std::uint64_t>(vfs.f_bavail) * vfs.f_frsize;
+    if (avail < e.first)
+      throw std::system_error(
+          ENOSPC, std::system_category(),
+          fmt::format("swap space: {} needs {} on its filesystem but only {} is free",
+                      e.second.string(), format_bytes(e.first), format_bytes(avail)));
+  }
+}
+
+void preallocate(const SwapFile& f, std::uint64_t total, const std::filesystem::path& path) {
+  if (::fallocate(f.fd, 0, 0, static_cast<off_t>(total)) == 0) return;
+  int err = errno;
+  if (err == EOPNOTSUPP) err = ::posix_fallocate(f.fd, 0, static_cast<off_t>(total));
+  if (err != 0)
+    throw std::system_error(err, std::system_category(),
+                            fmt::format("preallocate {} bytes for {}", total, path.string()));
+}
+
+// The header block (h, checksummed here, in the file's first aligned block), made durable.
+void write_header(const SwapFile& f, FileHeader h, const std::filesystem::path& path) {
+  std::memcpy(h.magic, kMagic, sizeof kMagic);
+  h.version = SwapSpace::kFormatVersion;
+  h.checksum = checksum64(&h, offsetof(FileHeader, checksum));
+  const std::uint64_t hdr = round_up(kHeaderBlock, f.offset_align);
+  AlignedBuffer block(hdr, std::max<std::size_t>(4096, f.mem_align));
+  std::memset(block.data(), 0, block.size());
+  std::memcpy(block.data(), &h, sizeof h);
+  pwrite_all(f, block.data(), hdr, 0);
+  if (::fdatasync(f.fd) != 0) throw_errno(errno, fmt::format("fdatasync {}", path.string()));
+}
+
 }  // namespace
 
 // ---- config -----------------------------------------------------------------------------------
@@ -327,28 +373,7 @@ SwapSpace SwapSpace::create(const SwapSpaceConfig& config) {
   const std::uint64_t n = config.dirs.size();
   const std::uint64_t capacity = round_up(config.capacity, config.stripe_size * n);
   const std::uint64_t data_bytes = capacity / n;
-
-  if (config.check_free_space) {
-    std::map<dev_t, std::pair<std::uint64_t, std::filesystem::path>> need;  // per filesystem
-    for (const auto& d : config.dirs) {
-      struct stat st {};
-      if (::stat(d.c_str(), &st) != 0) throw_errno(errno, fmt::format("stat {}", d.string()));
-      auto& e = need[st.st_dev];
-      e.first += data_bytes + 64 * KiB;
-      e.second = d;
-    }
-    for (auto& [dev, e] : need) {
-      struct statvfs vfs {};
-      if (::statvfs(e.second.c_str(), &vfs) != 0)
-        throw_errno(errno, fmt::format("statvfs {}", e.second.string()));
-      std::uint64_t avail = static_cast<std::uint64_t>(vfs.f_bavail) * vfs.f_frsize;
-      if (avail < e.first)
-        throw std::system_error(
-            ENOSPC, std::system_category(),
-            fmt::format("swap space: {} needs {} on its filesystem but only {} is free",
-                        e.second.string(), format_bytes(e.first), format_bytes(avail)));
-    }
-  }
+  if (config.check_free_space) check_free_space(config.dirs, data_bytes);
 
   SwapSpace s;
   s.capacity_ = capacity;
@@ -362,38 +387,21 @@ SwapSpace SwapSpace::create(const SwapSpaceConfig& config) {
       auto path = file_in(config.dirs[i]);
       SwapFile f = open_file(path, config.direct, /*create=*/true);
       created.push_back(path);
-      s.files_.push_back(f);
       // Data starts 1 MiB in, so stripes (and block-size requests) stay aligned to the device's
       // large boundaries; only the first 4 KiB hold the header.
-      const std::uint64_t data_offset =
-          round_up(kDataAlign, std::max<std::uint64_t>(f.offset_align, 4096));
-      s.files_.back().data_offset = data_offset;
-      s.files_.back().data_bytes = data_bytes;
-      const std::uint64_t total = data_offset + data_bytes;
-      if (::fallocate(f.fd, 0, 0, static_cast<off_t>(total)) != 0) {
-        int err = errno;
-        if (err == EOPNOTSUPP) err = ::posix_fallocate(f.fd, 0, static_cast<off_t>(total));
-        if (err != 0)
-          throw std::system_error(err, std::system_category(),
-                                  fmt::format("preallocate {} bytes for {}", total, path.string()));
-      }
+      f.data_offset = round_up(kDataAlign, std::max<std::uint64_t>(f.offset_align, 4096));
+      f.data_bytes = data_bytes;
+      s.files_.push_back(f);
+      preallocate(f, f.data_offset + data_bytes, path);
       FileHeader h{};
-      std::memcpy(h.magic, kMagic, sizeof kMagic);
-      h.version = kFormatVersion;
       h.file_index = i;
       h.file_count = static_cast<std::uint32_t>(n);
-      h.data_offset = data_offset;
+      h.data_offset = f.data_offset;
       h.stripe_size = s.stripe_;
       h.capacity = capacity;
       h.data_bytes = data_bytes;
       std::memcpy(h.uuid, s.uuid_, sizeof h.uuid);
-      h.checksum = checksum64(&h, offsetof(FileHeader, checksum));
-      const std::uint64_t hdr = round_up(kHeaderBlock, f.offset_align);
-      AlignedBuffer block(hdr, std::max<std::size_t>(4096, f.mem_align));
-      std::memset(block.data(), 0, block.size());
-      std::memcpy(block.data(), &h, sizeof h);
-      pwrite_all(s.files_.back(), block.data(), hdr, 0);
-      if (::fdatasync(f.fd) != 0) throw_errno(errno, fmt::format("fdatasync {}", path.string()));
+      write_header(f, h, path);
       fsync_dir(config.dirs[i]);
     }
   } catch (...) {

@@ -60,6 +60,20 @@ if(NOT rc EQUAL 0 OR NOT out MATCHES "checksums verified" OR NOT out MATCHES "g0
   message(FATAL_ERROR "residency tables: ${out} ${err}")
 endif()
 
+# A directory named without --swap-dir is read as a swap directory; a path that is neither a
+# socket nor a directory says so.
+execute_process(COMMAND ${CLI} residency ${dir} --json
+                RESULT_VARIABLE rc OUTPUT_VARIABLE out ERROR_VARIABLE err)
+string(JSON gen2 ERROR_VARIABLE e GET "${out}" generation committed)
+if(NOT rc EQUAL 0 OR e OR NOT gen2 EQUAL gen)
+  message(FATAL_ERROR "residency DIR: ${rc} ${err} ${out}")
+endif()
+execute_process(COMMAND ${CLI} residency ${dir}/tierswap.manifest
+                RESULT_VARIABLE rc OUTPUT_QUIET ERROR_VARIABLE err)
+if(rc EQUAL 0 OR NOT err MATCHES "is not a socket")
+  message(FATAL_ERROR "residency FILE: ${rc} ${err}")
+endif()
+
 # A corrupt manifest is named, and nothing is changed.
 file(READ "${dir}/tierswap.manifest" good HEX)
 file(APPEND "${dir}/tierswap.manifest" "junk")

@@ -155,6 +155,17 @@ std::filesystem::path socket_for(const std::string& target) {
           target, default_runtime_dir().string()));
     return p;
   }
+  std::error_code ec;
+  const auto st = std::filesystem::status(target, ec);
+  if (!std::filesystem::exists(st))
+    throw std::invalid_argument(fmt::format(
+        "residency: {}: no such PID, socket or directory (`tierswap ps` lists live processes)",
+        target));
+  if (!std::filesystem::is_socket(st))
+    throw std::invalid_argument(fmt::format(
+        "residency: {} is not a socket: give a PID, a process's telemetry socket (`tierswap ps`) "
+        "or a swap directory",
+        target));
   return target;
 }
 
@@ -163,8 +174,7 @@ std::string offline_snapshot(const std::vector<std::string>& dirs) {
   const auto manifest = paths.front() / "tierswap.manifest";
   if (!std::filesystem::exists(manifest))
     throw std::invalid_argument(
-        fmt::format("--swap-dir {}: no manifest ({}); nothing was "
-                    "committed there",
+        fmt::format("swap directory {}: no manifest ({}); nothing was committed there",
                     dirs.front(), manifest.string()));
   const ManifestInfo info = read_manifest(manifest);
   SwapSpace space = SwapSpace::open(paths);
@@ -185,10 +195,13 @@ std::string offline_snapshot(const std::vector<std::string>& dirs) {
 }
 
 void run_residency(const ResidencyOptions& o) {
-  if (!o.swap_dirs.empty()) {
-    if (!o.target.empty())
-      throw std::invalid_argument("residency: give a PID/socket or --swap-dir, not both");
-    const std::string snap = offline_snapshot(o.swap_dirs);
+  std::vector<std::string> dirs = o.swap_dirs;
+  if (!dirs.empty() && !o.target.empty())
+    throw std::invalid_argument("residency: give a PID/socket or --swap-dir, not both");
+  if (!o.target.empty() && std::filesystem::is_directory(o.target))
+    dirs.push_back(o.target);  // a directory: a swap directory, as with --swap-dir
+  if (!dirs.empty()) {
+    const std::string snap = offline_snapshot(dirs);
     if (o.json)
       fmt::print("{}\n", nlohmann::json::parse(snap).dump(2));
     else
@@ -262,7 +275,8 @@ void add_residency(CLI::App& app) {
   auto o = std::make_shared<ResidencyOptions>();
   auto* r = app.add_subcommand(
       "residency", "Where every block is: a live process (PID or socket), or a swap directory");
-  r->add_option("target", o->target, "PID of a live tierswap process, or its socket path");
+  r->add_option("target", o->target,
+                "PID of a live tierswap process, its socket path, or a swap directory");
   r->add_option("--swap-dir", o->swap_dirs,
                 "Read a swap directory's manifest offline (repeat for striped spaces)");
   r->add_flag("--json", o->json, "Print JSON on stdout instead of tables");

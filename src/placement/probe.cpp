@@ -181,15 +181,9 @@ std::pair<double, double> nvme_gbps(const std::filesystem::path& dir, std::uint6
   return {r, w};
 }
 
-}  // namespace
-
-HardwareProfile probe_hardware(const ProbeOptions& opt) {
-  HardwareProfile p;
-  char host[256] = {};
-  ::gethostname(host, sizeof host - 1);
-  p.name = host[0] ? host : "this-machine";
-  p.measured = opt.measure;
-  hwloc_topology_t t = topology();
+// Cores, NUMA nodes and their memory (hwloc; the kernel's total where hwloc's nodes add up to
+// less), and the memlock limit.
+void probe_host(hwloc_topology_t t, HardwareProfile& p) {
   p.cpu_cores = std::max(1, hwloc_get_nbobjs_by_type(t, HWLOC_OBJ_CORE));
   const int nodes = hwloc_get_nbobjs_by_type(t, HWLOC_OBJ_NUMANODE);
   for (int i = 0; i < nodes; ++i) {
@@ -201,8 +195,8 @@ HardwareProfile probe_hardware(const ProbeOptions& opt) {
     p.host_memory_bytes += n.memory_bytes;
     p.numa.push_back(n);
   }
-  // The kernel's total, when hwloc's nodes add up to less (seen in a Firecracker VM: one node of
-  // 4.3 GiB on a machine of 125 GiB); a single node then holds it all.
+  // Seen in a Firecracker VM: one node of 4.3 GiB on a machine of 125 GiB; a single node then
+  // holds it all.
   const auto total = static_cast<std::uint64_t>(::sysconf(_SC_PHYS_PAGES)) *
                      static_cast<std::uint64_t>(::sysconf(_SC_PAGESIZE));
   if (p.host_memory_bytes < total) {
@@ -214,7 +208,17 @@ HardwareProfile probe_hardware(const ProbeOptions& opt) {
                             !has_ipc_lock_capability()
                         ? static_cast<std::uint64_t>(rl.rlim_cur)
                         : ~std::uint64_t{0};
+}
 
+// hwloc's PCI device of a CUDA bus id ("0000:41:00.0"), or null.
+hwloc_obj_t pci_device(hwloc_topology_t t, const std::string& bus_id) {
+  unsigned dom = 0, bus = 0, dev = 0, fn = 0;
+  if (std::sscanf(bus_id.c_str(), "%x:%x:%x.%x", &dom, &bus, &dev, &fn) != 4) return nullptr;
+  return hwloc_get_pcidev_by_busid(t, dom, bus, dev, fn);
+}
+
+// What the CUDA runtime and hwloc tell of each GPU: model, memory, link, PCIe generation.
+void probe_gpus(hwloc_topology_t t, HardwareProfile& p) {
   for (const auto& a : cuda::gpu_attributes()) {
     GpuProfile g;
     g.model = a.name;
@@ -224,25 +228,18 @@ HardwareProfile probe_hardware(const ProbeOptions& opt) {
     g.numa_node = numa_of_pci(t, a.pci_bus_id);
     g.link = a.pageable_via_host_page_tables && a.host_native_atomics ? HostLink::nvlink_c2c
                                                                       : HostLink::pcie;
-    if (hwloc_obj_t o = [&]() -> hwloc_obj_t {
-          unsigned dom = 0, bus = 0, dev = 0, fn = 0;
-          if (std::sscanf(a.pci_bus_id.c_str(), "%x:%x:%x.%x", &dom, &bus, &dev, &fn) != 4)
-            return nullptr;
-          return hwloc_get_pcidev_by_busid(t, dom, bus, dev, fn);
-        }();
-        o && o->attr && g.link == HostLink::pcie) {
+    hwloc_obj_t o = pci_device(t, a.pci_bus_id);
+    if (o && o->attr && g.link == HostLink::pcie) {
       const float gbps = o->attr->pcidev.linkspeed;  // GB/s of the link, per direction
       g.pcie_width = 16;
       g.pcie_gen = gbps > 50 ? 5 : gbps > 25 ? 4 : gbps > 12 ? 3 : 0;
     }
     p.gpus.push_back(g);
   }
-  p.description =
-      fmt::format("probed: {} cores, {} NUMA node(s), {} of memory, {} GPU(s){}", p.cpu_cores,
-                  p.numa.size(), format_bytes(p.host_memory_bytes), p.gpus.size(),
-                  p.gpus.empty() ? "" : fmt::format(" ({})", p.gpus.front().model));
-  if (!opt.measure) return p;
+}
 
+// The rates measured here: memory, the CPU kernel, each GPU's copies, the NVMe directory.
+void measure(const ProbeOptions& opt, HardwareProfile& p) {
   ThreadPool pool(opt.threads);
   p.host_memory_gbps = triad_gbps(pool, 32u << 20);
   p.cpu_adam_gbps = adam_gbps(pool, opt.kernel_params);
@@ -257,14 +254,31 @@ HardwareProfile probe_hardware(const ProbeOptions& opt) {
       g.host_write_gbps = g.d2h_gbps;
     }
   }
-  if (!opt.nvme_dir.empty()) {
-    NvmeProfile d;
-    d.name = opt.nvme_dir.string();
-    std::tie(d.read_gbps, d.write_gbps) = nvme_gbps(opt.nvme_dir, opt.io_bytes);
-    d.capacity_bytes = std::filesystem::space(opt.nvme_dir).capacity;
-    d.numa_node = numa_of_path(opt.nvme_dir);
-    p.nvme.push_back(d);
-  }
+  if (opt.nvme_dir.empty()) return;
+  NvmeProfile d;
+  d.name = opt.nvme_dir.string();
+  std::tie(d.read_gbps, d.write_gbps) = nvme_gbps(opt.nvme_dir, opt.io_bytes);
+  d.capacity_bytes = std::filesystem::space(opt.nvme_dir).capacity;
+  d.numa_node = numa_of_path(opt.nvme_dir);
+  p.nvme.push_back(d);
+}
+
+}  // namespace
+
+HardwareProfile probe_hardware(const ProbeOptions& opt) {
+  HardwareProfile p;
+  char host[256] = {};
+  ::gethostname(host, sizeof host - 1);
+  p.name = host[0] ? host : "this-machine";
+  p.measured = opt.measure;
+  hwloc_topology_t t = topology();
+  probe_host(t, p);
+  probe_gpus(t, p);
+  p.description =
+      fmt::format("probed: {} cores, {} NUMA node(s), {} of memory, {} GPU(s){}", p.cpu_cores,
+                  p.numa.size(), format_bytes(p.host_memory_bytes), p.gpus.size(),
+                  p.gpus.empty() ? "" : fmt::format(" ({})", p.gpus.front().model));
+  if (opt.measure) measure(opt, p);
   return p;
 }
 

@@ -453,12 +453,24 @@ struct ShardedOptimizer::Impl {
     std::uint64_t t = 0;                  // the step number being taken
     std::vector<std::size_t> todo, late;  // stepped before the commit; memory-only, after it
   };
+  /// A sub-group lent in part takes the rest of its gradient (zeros) into its block; returns how
+  /// many sub-groups are lent whole.
+  std::uint32_t settle_lent();
+  /// The step's clip factor: the caller's, else max_grad_norm's (at most 1), else 1.
+  double clip_factor_for(std::optional<double> given_clip, double grad_norm) const;
+  /// Non-finite gradients: nothing steps (speculative results discarded), a dynamic scale backs
+  /// off.
+  void skip_step(bool spec_any);
   void partition_todo_late(bool keep, std::uint64_t t, std::vector<std::size_t>* todo,
                            std::vector<std::size_t>* late) const;
   void keep_speculative_param16(StepResult& r, bool* p16_changed);
   void roll_back_failed_step(bool p16_changed);
   void run_pipeline_and_commit(const StepPlan& sp, bool keep, std::vector<BlockView>* late_grads,
                                StepResult& r);
+  /// run_pipeline_and_commit() with the loss scaler as it is after this step (it goes into the
+  /// commit record); a failure restores the scaler.
+  void commit_step(const StepPlan& sp, bool keep, std::vector<BlockView>* late_grads,
+                   StepResult& r);
   void step_memory_only_after_commit(const StepPlan& sp, std::vector<BlockView>* late_grads,
                                      StepResult& r);
   void finish_result(StepResult& r, const TierCounters& c0,

@@ -485,16 +485,51 @@ StepResult ShardedOptimizer::Impl::run_step(std::optional<double> given_clip) {
   }
 }
 
-StepResult ShardedOptimizer::Impl::step_once(std::optional<double> given_clip) {
-  require_finalized("step");
-  if (in_backward) throw std::logic_error("step: end_backward() first");
-  require_current_param16("step");
-  // A sub-group lent in part: the rest of its gradient is zeros, which the block holds.
+std::uint32_t ShardedOptimizer::Impl::settle_lent() {
   std::uint32_t lent = 0;
   for (auto& s : subs) {
     if (!s.lent.empty() && !s.all_lent()) materialize_lent(s);
     lent += s.all_lent();
   }
+  return lent;
+}
+
+double ShardedOptimizer::Impl::clip_factor_for(std::optional<double> given_clip,
+                                               double grad_norm) const {
+  if (given_clip) return *given_clip;
+  if (cfg.max_grad_norm <= 0) return 1;
+  return std::min(1.0, cfg.max_grad_norm / (grad_norm + 1e-6));
+}
+
+void ShardedOptimizer::Impl::skip_step(bool spec_any) {
+  if (spec_any) spec_discard();  // the committed generation is bit for bit intact
+  if (cfg.loss_scaler.mode != LossScaling::dynamic) return;
+  scale *= cfg.loss_scaler.backoff_factor;
+  growth_tracker = 0;
+}
+
+void ShardedOptimizer::Impl::commit_step(const StepPlan& sp, bool keep,
+                                         std::vector<BlockView>* late_grads, StepResult& r) {
+  const auto& ls = cfg.loss_scaler;
+  const std::pair scaler_before{scale, growth_tracker};
+  if (ls.mode == LossScaling::dynamic && ++growth_tracker >= ls.growth_interval) {
+    scale *= ls.growth_factor;
+    growth_tracker = 0;
+  }
+  try {
+    run_pipeline_and_commit(sp, keep, late_grads, r);
+  } catch (...) {
+    std::tie(scale, growth_tracker) = scaler_before;
+    throw;
+  }
+}
+
+StepResult ShardedOptimizer::Impl::step_once(std::optional<double> given_clip) {
+  require_finalized("step");
+  if (in_backward) throw std::logic_error("step: end_backward() first");
+  require_current_param16("step");
+  StepResult r;
+  r.lent_subgroups = settle_lent();
   const auto t0 = Clock::now();
   const TierCounters c0 = tiers.counters();
   if (world > 1)
@@ -510,28 +545,16 @@ StepResult ShardedOptimizer::Impl::step_once(std::optional<double> given_clip) {
   const auto [sum_sq, nonfinite] = global_grad_stats();
 
   // The verdict: skip (non-finite), clip, keep or redo the speculative results.
-  StepResult r;
-  r.lent_subgroups = lent;
   r.loss_scale = scale;
   const double inv = 1.0 / scale;
   r.grad_norm = std::sqrt(sum_sq) * inv;
-  const auto& ls = cfg.loss_scaler;
   if (nonfinite) {
     r.skipped = true;
-    if (left.any) spec_discard();  // the committed generation is bit for bit intact
-    if (ls.mode == LossScaling::dynamic) {
-      scale *= ls.backoff_factor;
-      growth_tracker = 0;
-    }
+    skip_step(left.any);
     finish_result(r, c0, t0);
     return r;
   }
-  if (given_clip) {
-    r.clip_factor = *given_clip;
-  } else if (cfg.max_grad_norm > 0) {
-    const double c = cfg.max_grad_norm / (r.grad_norm + 1e-6);
-    if (c < 1) r.clip_factor = c;
-  }
+  r.clip_factor = clip_factor_for(given_clip, r.grad_norm);
   Impl::StepPlan sp;
   sp.multiplier = static_cast<float>(inv * r.clip_factor);
   sp.t = step_count + 1;
@@ -544,18 +567,7 @@ StepResult ShardedOptimizer::Impl::step_once(std::optional<double> given_clip) {
   partition_todo_late(left.keep, sp.t, &sp.todo, &sp.late);
 
   std::vector<BlockView> late_grads;  // a view destroyed unreleased is released clean
-  // The scaler after this step goes into the generation the step commits (its commit record).
-  const std::pair scaler_before{scale, growth_tracker};
-  if (ls.mode == LossScaling::dynamic && ++growth_tracker >= ls.growth_interval) {
-    scale *= ls.growth_factor;
-    growth_tracker = 0;
-  }
-  try {
-    run_pipeline_and_commit(sp, left.keep, &late_grads, r);
-  } catch (...) {
-    std::tie(scale, growth_tracker) = scaler_before;
-    throw;
-  }
+  commit_step(sp, left.keep, &late_grads, r);
   step_memory_only_after_commit(sp, &late_grads, r);
   if (left.keep) spec_reset();
   gather_param16();

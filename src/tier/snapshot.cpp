@@ -4,6 +4,61 @@
 
 namespace tierswap {
 
+namespace {
+
+using ByClass = std::map<std::pair<BlockClass, Tier>, std::uint64_t>;
+
+// Block b's row, its bytes added to the tiers' rows (device, host, NVMe) and to by_class.
+ResidencySnapshot::BlockRow account_block(const Block& b, ResidencySnapshot::TierRow* rows,
+                                          ByClass& by_class) {
+  ResidencySnapshot::BlockRow row;
+  row.name = b.desc.name;
+  row.cls = b.desc.cls;
+  row.dtype = b.desc.dtype;
+  row.numel = b.desc.numel;
+  row.owner = b.desc.owner;
+  row.pins = b.pins[kDev] + b.pins[kHost];
+  for (int s : {kDev, kHost}) {
+    const int t = s == kDev ? 0 : 1;
+    row.state[t] = b.st[s];
+    switch (b.st[s]) {
+      case CopyState::dirty:
+        rows[t].dirty_bytes += b.bytes;
+        [[fallthrough]];
+      case CopyState::valid:
+        rows[t].resident_bytes += b.bytes;
+        by_class[{b.desc.cls, s == kDev ? Tier::device : Tier::host}] += b.bytes;
+        break;
+      case CopyState::writing:
+        rows[t].resident_bytes += b.bytes;
+        rows[t].dirty_bytes += b.bytes;
+        rows[t].inflight_bytes += b.bytes;
+        rows[2].inflight_bytes += b.bytes;
+        by_class[{b.desc.cls, Tier::host}] += b.bytes;
+        break;
+      case CopyState::reading:
+        rows[t].inflight_bytes += b.bytes;
+        rows[2].inflight_bytes += b.bytes;
+        break;
+      case CopyState::absent:
+        break;
+    }
+    if (b.pins[s] > 0) rows[t].pinned_bytes += b.bytes;
+  }
+  const bool on_nvme = b.nvme_has_data();
+  row.state[2] = b.st[kHost] == CopyState::writing ? CopyState::writing
+                 : on_nvme                         ? CopyState::valid
+                                                   : CopyState::absent;
+  if (on_nvme) {
+    rows[2].resident_bytes += b.bytes;
+    by_class[{b.desc.cls, Tier::nvme}] += b.bytes;
+  }
+  if (b.written) rows[2].dirty_bytes += b.bytes;  // written, not committed yet
+  return row;
+}
+
+}  // namespace
+
 ResidencySnapshot TierManager::snapshot() const {
   std::lock_guard lk(impl_->mu);
   const Impl& m = *impl_;
@@ -28,54 +83,8 @@ ResidencySnapshot TierManager::snapshot() const {
   rows[0].reserved_bytes = m.device ? m.device->reserved() : 0;
   rows[1].reserved_bytes = m.host.reserved() + (m.pageable ? m.pageable->reserved() : 0);
   rows[2].reserved_bytes = m.alloc.stats().used;
-  std::map<std::pair<BlockClass, Tier>, std::uint64_t> by_class;
-  for (auto& bp : m.blocks) {
-    const Block& b = *bp;
-    ResidencySnapshot::BlockRow row;
-    row.name = b.desc.name;
-    row.cls = b.desc.cls;
-    row.dtype = b.desc.dtype;
-    row.numel = b.desc.numel;
-    row.owner = b.desc.owner;
-    row.pins = b.pins[kDev] + b.pins[kHost];
-    for (int s : {kDev, kHost}) {
-      const int t = s == kDev ? 0 : 1;
-      row.state[t] = b.st[s];
-      switch (b.st[s]) {
-        case CopyState::dirty:
-          rows[t].dirty_bytes += b.bytes;
-          [[fallthrough]];
-        case CopyState::valid:
-          rows[t].resident_bytes += b.bytes;
-          by_class[{b.desc.cls, s == kDev ? Tier::device : Tier::host}] += b.bytes;
-          break;
-        case CopyState::writing:
-          rows[t].resident_bytes += b.bytes;
-          rows[t].dirty_bytes += b.bytes;
-          rows[t].inflight_bytes += b.bytes;
-          rows[2].inflight_bytes += b.bytes;
-          by_class[{b.desc.cls, Tier::host}] += b.bytes;
-          break;
-        case CopyState::reading:
-          rows[t].inflight_bytes += b.bytes;
-          rows[2].inflight_bytes += b.bytes;
-          break;
-        case CopyState::absent:
-          break;
-      }
-      if (b.pins[s] > 0) rows[t].pinned_bytes += b.bytes;
-    }
-    const bool on_nvme = b.nvme_has_data();
-    row.state[2] = b.st[kHost] == CopyState::writing ? CopyState::writing
-                   : on_nvme                         ? CopyState::valid
-                                                     : CopyState::absent;
-    if (on_nvme) {
-      rows[2].resident_bytes += b.bytes;
-      by_class[{b.desc.cls, Tier::nvme}] += b.bytes;
-    }
-    if (b.written) rows[2].dirty_bytes += b.bytes;  // written, not committed yet
-    r.blocks.push_back(std::move(row));
-  }
+  ByClass by_class;
+  for (auto& bp : m.blocks) r.blocks.push_back(account_block(*bp, rows, by_class));
   for (int t = 0; t < kTierCount; ++t)
     if (t != 0 || r.device_tier) r.tiers.push_back(rows[t]);
   for (auto& [k, v] : by_class) r.classes.push_back({k.first, k.second, v});

@@ -333,13 +333,6 @@ void ShardedOptimizer::Impl::load_state_pass(int pass, const ReadState& read) {
 
 namespace {
 
-// A checkpoint's manifest and every rank's index, validated before any state is touched.
-struct StoredCheckpoint {
-  Head head;
-  OldState old;
-  std::vector<GroupConfig> cfgs;
-};
-
 nlohmann::json read_checkpoint_manifest(const std::filesystem::path& dir) {
   const auto man_path = dir / kManifest;
   if (std::filesystem::exists(dir)) detail::check_trusted_dir(dir, "load: checkpoint directory");
@@ -362,24 +355,27 @@ void ShardedOptimizer::load(const std::filesystem::path& dir) {
   const nlohmann::json man = read_checkpoint_manifest(dir);
   const auto man_path = dir / kManifest;
   auto bad = [&](const std::string& why) { return bad_file(man_path, why); };
-  StoredCheckpoint cp;
+  // The manifest and every rank's index, validated before any state is touched.
+  Head head;
+  OldState old;
+  std::vector<GroupConfig> cfgs;
   try {
-    cp.head = read_head(man, man_path, m.moment_dtype());
-    cp.cfgs = m.check_groups(man.at("groups"), bad, &cp.old.partition);
+    head = read_head(man, man_path, m.moment_dtype());
+    cfgs = m.check_groups(man.at("groups"), bad, &old.partition);
     const auto& ranks = man.at("ranks");
-    if (static_cast<int>(ranks.size()) != cp.head.world || cp.head.world < 1)
+    if (static_cast<int>(ranks.size()) != head.world || head.world < 1)
       throw bad("rank table does not match the world size");
-    for (int r = 0; r < cp.head.world; ++r)
-      cp.old.ranks.push_back(read_rank_index(dir, ranks[r], r, m.groups.size()));
+    for (int r = 0; r < head.world; ++r)
+      old.ranks.push_back(read_rank_index(dir, ranks[r], r, m.groups.size()));
   } catch (const std::runtime_error&) {
     throw;
   } catch (const std::exception& e) {
     throw bad(std::string("malformed: ") + e.what());
   }
-  cp.old.files.resize(cp.old.ranks.size());
+  old.files.resize(old.ranks.size());
   const Impl::ReadState read = [&](std::size_t gi, int slot, Dtype dt, std::uint64_t b,
                                    std::uint64_t e,
-                                   std::byte* dst) { cp.old.read(gi, slot, dt, b, e, dst); };
+                                   std::byte* dst) { old.read(gi, slot, dt, b, e, dst); };
   // Pass 0 copies the state that lives in generations (a failure discards it) and only reads and
   // verifies what goes to memory-only state, which no discard can restore; pass 1 copies that
   // after the commit, once every piece has been verified.
@@ -389,10 +385,10 @@ void ShardedOptimizer::load(const std::filesystem::path& dir) {
     if (m.tiers.config().shadow_slots) m.tiers.discard();  // the stored state, untouched
     throw;
   }
-  for (std::size_t gi = 0; gi < m.groups.size(); ++gi) m.groups[gi].cfg = cp.cfgs[gi];
-  m.step_count = cp.head.step;
-  m.scale = cp.head.scale;
-  m.growth_tracker = cp.head.tracker;
+  for (std::size_t gi = 0; gi < m.groups.size(); ++gi) m.groups[gi].cfg = cfgs[gi];
+  m.step_count = head.step;
+  m.scale = head.scale;
+  m.growth_tracker = head.tracker;
   m.drop_all_grads();
   m.commit();
   try {

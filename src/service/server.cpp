@@ -329,9 +329,11 @@ int SwapService::Impl::hello(Peer& p, const wire::Hello& h, Session& s, std::str
   const std::string key = job + "." + std::to_string(h.rank());
   std::unique_lock lk(mu);
   const bool reattached = clients.count(key) != 0;
-  if (const int refused = admit(h, key, &s.rec, why); refused != 0) return refused;
+  ClientRecord* rec = nullptr;
+  if (const int refused = admit(h, key, &rec, why); refused != 0) return refused;
   s.mem =
       service::make_shared_memory(key, mem + pageable, cfg.lock_memory ? mem : 0, huge_pages.lent);
+  s.rec = rec;  // attached from here on: detach() undoes what follows
   s.key = key;
   granted += mem;
   live[key] = Live{mem, pageable, p.cred.pid, p.cred.uid};

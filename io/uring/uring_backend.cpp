@@ -34,79 +34,11 @@ class UringBackend final : public IoBackend {
   }
 
   int init(const BackendParams& p, std::string* why) {
-    // Preferred: one issuer (the engine's reaper thread) with deferred task work, so completions
-    // are reaped in batches inside the same io_uring_enter that submits (kernel 6.1+). The ring
-    // starts disabled and is enabled by the reaper thread, which becomes its submitter.
-    // Fallbacks: cooperative task work (5.19+), then a plain ring.
-    const unsigned kSingle = IORING_SETUP_SINGLE_ISSUER | IORING_SETUP_DEFER_TASKRUN |
-                             IORING_SETUP_COOP_TASKRUN | IORING_SETUP_R_DISABLED;
-    std::vector<unsigned> attempts;
-    if (p.single_issuer && !p.sqpoll) attempts.push_back(kSingle);
-    attempts.push_back(IORING_SETUP_COOP_TASKRUN);
-    attempts.push_back(0u);
-    int r = -EINVAL;
-    for (unsigned flags : attempts) {
-      io_uring_params params{};
-      params.flags = flags;
-      if (p.sqpoll) {
-        params.flags |= IORING_SETUP_SQPOLL;
-        params.sq_thread_idle = p.sqpoll_idle_ms;
-      }
-      // Extra entries: the wake-up NOP or eventfd read.
-      r = io_uring_queue_init_params(p.queue_depth + 2, &ring_, &params);
-      if (r == 0) {
-        single_ = (flags & IORING_SETUP_SINGLE_ISSUER) != 0;
-        coop_ = (flags & IORING_SETUP_COOP_TASKRUN) != 0;
-        break;
-      }
-      if (r != -EINVAL) break;
-    }
-    if (r == 0 && single_) {
-      event_fd_ = ::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
-      if (event_fd_ < 0) {
-        r = -errno;
-        io_uring_queue_exit(&ring_);
-        *why = fmt::format("eventfd failed: {}", std::strerror(-r));
-        return r;
-      }
-    }
-    if (r < 0) {
-      *why = fmt::format("io_uring_setup failed: {}{}", std::strerror(-r),
-                         r == -EPERM ? " (disabled by kernel.io_uring_disabled?)" : "");
-      return r;
-    }
+    if (const int r = setup_ring(p, why); r < 0) return r;
     ready_ = true;
     sqpoll_ = p.sqpoll;
-    if (io_uring_probe* probe = io_uring_get_probe_ring(&ring_)) {
-      const int need[] = {IORING_OP_READ, IORING_OP_WRITE, IORING_OP_NOP};
-      for (int op : need) {
-        if (!io_uring_opcode_supported(probe, op)) {
-          io_uring_free_probe(probe);
-          *why = fmt::format("io_uring lacks opcode {} (kernel too old)", op);
-          return -EOPNOTSUPP;
-        }
-      }
-      fixed_ops_ = io_uring_opcode_supported(probe, IORING_OP_READ_FIXED) &&
-                   io_uring_opcode_supported(probe, IORING_OP_WRITE_FIXED);
-      io_uring_free_probe(probe);
-    } else {
-      *why = "io_uring opcode probe failed (kernel too old)";
-      return -EOPNOTSUPP;
-    }
-    fds_.assign(p.fds.begin(), p.fds.end());
-    r = io_uring_register_files(&ring_, fds_.data(), static_cast<unsigned>(fds_.size()));
-    files_registered_ = r == 0;
-    if (!files_registered_) file_note_ = fmt::format("files not registered: {}", std::strerror(-r));
-    if (fixed_ops_) {
-      r = io_uring_register_buffers_sparse(&ring_, p.buffer_slots);
-      if (r == 0) {
-        buffer_slots_ = p.buffer_slots;
-      } else {
-        buffer_note_ = fmt::format("no fixed buffers: {} ({})", std::strerror(-r), memlock_text());
-      }
-    } else {
-      buffer_note_ = "no fixed buffers: READ_FIXED unsupported";
-    }
+    if (const int r = probe_opcodes(why); r < 0) return r;
+    register_files_and_buffers(p);
     return 0;
   }
 
@@ -231,6 +163,86 @@ class UringBackend final : public IoBackend {
   }
 
  private:
+  // Preferred: one issuer (the engine's reaper thread) with deferred task work, so completions
+  // are reaped in batches inside the same io_uring_enter that submits (kernel 6.1+). The ring
+  // starts disabled and is enabled by the reaper thread, which becomes its submitter.
+  // Fallbacks: cooperative task work (5.19+), then a plain ring.
+  int setup_ring(const BackendParams& p, std::string* why) {
+    const unsigned kSingle = IORING_SETUP_SINGLE_ISSUER | IORING_SETUP_DEFER_TASKRUN |
+                             IORING_SETUP_COOP_TASKRUN | IORING_SETUP_R_DISABLED;
+    std::vector<unsigned> attempts;
+    if (p.single_issuer && !p.sqpoll) attempts.push_back(kSingle);
+    attempts.push_back(IORING_SETUP_COOP_TASKRUN);
+    attempts.push_back(0u);
+    int r = -EINVAL;
+    for (unsigned flags : attempts) {
+      io_uring_params params{};
+      params.flags = flags;
+      if (p.sqpoll) {
+        params.flags |= IORING_SETUP_SQPOLL;
+        params.sq_thread_idle = p.sqpoll_idle_ms;
+      }
+      // Extra entries: the wake-up NOP or eventfd read.
+      r = io_uring_queue_init_params(p.queue_depth + 2, &ring_, &params);
+      if (r == 0) {
+        single_ = (flags & IORING_SETUP_SINGLE_ISSUER) != 0;
+        coop_ = (flags & IORING_SETUP_COOP_TASKRUN) != 0;
+        break;
+      }
+      if (r != -EINVAL) break;
+    }
+    if (r < 0) {
+      *why = fmt::format("io_uring_setup failed: {}{}", std::strerror(-r),
+                         r == -EPERM ? " (disabled by kernel.io_uring_disabled?)" : "");
+      return r;
+    }
+    if (!single_) return 0;
+    event_fd_ = ::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
+    if (event_fd_ >= 0) return 0;
+    r = -errno;
+    io_uring_queue_exit(&ring_);
+    *why = fmt::format("eventfd failed: {}", std::strerror(-r));
+    return r;
+  }
+
+  // The opcodes the engine needs, and whether the fixed-buffer ones are there.
+  int probe_opcodes(std::string* why) {
+    io_uring_probe* probe = io_uring_get_probe_ring(&ring_);
+    if (probe == nullptr) {
+      *why = "io_uring opcode probe failed (kernel too old)";
+      return -EOPNOTSUPP;
+    }
+    for (int op : {IORING_OP_READ, IORING_OP_WRITE, IORING_OP_NOP}) {
+      if (!io_uring_opcode_supported(probe, op)) {
+        io_uring_free_probe(probe);
+        *why = fmt::format("io_uring lacks opcode {} (kernel too old)", op);
+        return -EOPNOTSUPP;
+      }
+    }
+    fixed_ops_ = io_uring_opcode_supported(probe, IORING_OP_READ_FIXED) &&
+                 io_uring_opcode_supported(probe, IORING_OP_WRITE_FIXED);
+    io_uring_free_probe(probe);
+    return 0;
+  }
+
+  // The swap files and sparse buffer slots, registered where the kernel allows (else noted: the
+  // engine then runs without them).
+  void register_files_and_buffers(const BackendParams& p) {
+    fds_.assign(p.fds.begin(), p.fds.end());
+    int r = io_uring_register_files(&ring_, fds_.data(), static_cast<unsigned>(fds_.size()));
+    files_registered_ = r == 0;
+    if (!files_registered_) file_note_ = fmt::format("files not registered: {}", std::strerror(-r));
+    if (!fixed_ops_) {
+      buffer_note_ = "no fixed buffers: READ_FIXED unsupported";
+      return;
+    }
+    r = io_uring_register_buffers_sparse(&ring_, p.buffer_slots);
+    if (r == 0)
+      buffer_slots_ = p.buffer_slots;
+    else
+      buffer_note_ = fmt::format("no fixed buffers: {} ({})", std::strerror(-r), memlock_text());
+  }
+
   // Keeps one read of the eventfd in the ring: a write to it from any thread completes the read
   // and so ends the reaper's wait.
   void arm_event() noexcept {

@@ -204,6 +204,59 @@ void write_header(const SwapFile& f, FileHeader h, const std::filesystem::path& 
   if (::fdatasync(f.fd) != 0) throw_errno(errno, fmt::format("fdatasync {}", path.string()));
 }
 
+// File f's header, read and checked (magic, version, checksum, geometry, the file's size); f's
+// data_offset and data_bytes are taken from it.
+FileHeader read_header(SwapFile& f) {
+  const std::string path = f.path.string();
+  struct stat st {};
+  if (::fstat(f.fd, &st) != 0) throw_errno(errno, "fstat " + path);
+  const auto size = static_cast<std::uint64_t>(st.st_size);
+  if (size < kHeaderBlock)
+    throw std::invalid_argument(
+        fmt::format("swap file {} is truncated: {} bytes, smaller than its header", path, size));
+  const std::uint64_t hdr = round_up(kHeaderBlock, f.offset_align);
+  AlignedBuffer block(hdr, std::max<std::size_t>(4096, f.mem_align));
+  pread_all(f, block.data(), hdr, 0);
+  FileHeader h;
+  std::memcpy(&h, block.data(), sizeof h);
+  if (std::memcmp(h.magic, kMagic, sizeof kMagic) != 0)
+    throw std::invalid_argument(fmt::format("{} is not a tierswap swap file (bad magic)", path));
+  if (h.version != SwapSpace::kFormatVersion)
+    throw std::invalid_argument(
+        fmt::format("{}: unsupported swap format version {} (this build reads version {})", path,
+                    h.version, SwapSpace::kFormatVersion));
+  if (h.checksum != checksum64(&h, offsetof(FileHeader, checksum)))
+    throw std::invalid_argument(
+        fmt::format("{}: swap file header checksum mismatch (corrupt header)", path));
+  if (h.data_offset < kHeaderBlock || h.data_offset % f.offset_align != 0 || h.stripe_size == 0 ||
+      h.data_bytes % h.stripe_size != 0)
+    throw std::invalid_argument(fmt::format("{}: inconsistent header geometry", path));
+  if (size < h.data_offset + h.data_bytes)
+    throw std::invalid_argument(fmt::format("swap file {} is truncated: {} bytes, expected {}",
+                                            path, size, h.data_offset + h.data_bytes));
+  f.data_offset = h.data_offset;
+  f.data_bytes = h.data_bytes;
+  return h;
+}
+
+// The files of one space, each once: the same uuid and geometry, indices 0..n-1.
+void check_one_space(const std::vector<std::pair<FileHeader, SwapFile>>& found) {
+  const FileHeader& h0 = found.front().first;
+  if (h0.file_count != found.size())
+    throw std::invalid_argument(fmt::format("swap space has {} files but {} directories were given",
+                                            h0.file_count, found.size()));
+  std::vector<int> seen(found.size(), 0);
+  for (const auto& [h, f] : found) {
+    if (std::memcmp(h.uuid, h0.uuid, sizeof h.uuid) != 0 || h.capacity != h0.capacity ||
+        h.stripe_size != h0.stripe_size || h.file_count != h0.file_count)
+      throw std::invalid_argument(fmt::format("{} belongs to a different swap space than {}",
+                                              f.path.string(), found.front().second.path.string()));
+    if (h.file_index >= found.size() || seen[h.file_index]++)
+      throw std::invalid_argument(
+          fmt::format("{}: duplicate or invalid file index {}", f.path.string(), h.file_index));
+  }
+}
+
 }  // namespace
 
 // ---- config -----------------------------------------------------------------------------------
@@ -423,59 +476,13 @@ SwapSpace SwapSpace::open(const std::vector<std::filesystem::path>& dirs, Direct
   std::vector<std::pair<FileHeader, SwapFile>> found;
   try {
     for (const auto& d : dirs) {
-      auto path = file_in(d);
-      SwapFile f = open_file(path, direct, /*create=*/false);
-      found.push_back({FileHeader{}, f});
-      const std::uint64_t hdr = round_up(kHeaderBlock, f.offset_align);
-      AlignedBuffer block(hdr, std::max<std::size_t>(4096, f.mem_align));
-      struct stat st {};
-      ::fstat(f.fd, &st);
-      if (static_cast<std::uint64_t>(st.st_size) < kHeaderBlock)
-        throw std::invalid_argument(
-            fmt::format("swap file {} is truncated: {} bytes, smaller than its header",
-                        path.string(), st.st_size));
-      pread_all(f, block.data(), hdr, 0);
-      FileHeader h;
-      std::memcpy(&h, block.data(), sizeof h);
-      if (std::memcmp(h.magic, kMagic, sizeof kMagic) != 0)
-        throw std::invalid_argument(
-            fmt::format("{} is not a tierswap swap file (bad magic)", path.string()));
-      if (h.version != kFormatVersion)
-        throw std::invalid_argument(
-            fmt::format("{}: unsupported swap format version {} (this "
-                        "build reads version {})",
-                        path.string(), h.version, kFormatVersion));
-      if (h.checksum != checksum64(&h, offsetof(FileHeader, checksum)))
-        throw std::invalid_argument(
-            fmt::format("{}: swap file header checksum mismatch (corrupt header)", path.string()));
-      if (h.data_offset < kHeaderBlock || h.data_offset % f.offset_align != 0 ||
-          h.stripe_size == 0 || h.data_bytes % h.stripe_size != 0)
-        throw std::invalid_argument(fmt::format("{}: inconsistent header geometry", path.string()));
-      if (static_cast<std::uint64_t>(st.st_size) < h.data_offset + h.data_bytes)
-        throw std::invalid_argument(fmt::format("swap file {} is truncated: {} bytes, expected {}",
-                                                path.string(), st.st_size,
-                                                h.data_offset + h.data_bytes));
-      found.back().first = h;
-      found.back().second.data_offset = h.data_offset;
-      found.back().second.data_bytes = h.data_bytes;
+      found.push_back({FileHeader{}, open_file(file_in(d), direct, /*create=*/false)});
+      found.back().first = read_header(found.back().second);
     }
-    const FileHeader& h0 = found.front().first;
-    if (h0.file_count != dirs.size())
-      throw std::invalid_argument(fmt::format(
-          "swap space has {} files but {} directories were given", h0.file_count, dirs.size()));
-    std::vector<int> seen(dirs.size(), 0);
-    for (auto& [h, f] : found) {
-      if (std::memcmp(h.uuid, h0.uuid, sizeof h.uuid) != 0 || h.capacity != h0.capacity ||
-          h.stripe_size != h0.stripe_size || h.file_count != h0.file_count)
-        throw std::invalid_argument(fmt::format("{} belongs to a different swap space than {}",
-                                                f.path.string(),
-                                                found.front().second.path.string()));
-      if (h.file_index >= dirs.size() || seen[h.file_index]++)
-        throw std::invalid_argument(
-            fmt::format("{}: duplicate or invalid file index {}", f.path.string(), h.file_index));
-    }
+    check_one_space(found);
     std::sort(found.begin(), found.end(),
               [](auto& a, auto& b) { return a.first.file_index < b.first.file_index; });
+    const FileHeader& h0 = found.front().first;
     s.capacity_ = h0.capacity;
     s.stripe_ = h0.stripe_size;
     std::memcpy(s.uuid_, h0.uuid, sizeof s.uuid_);

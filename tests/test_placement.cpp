@@ -368,7 +368,19 @@ TEST(Placement, PlanFilesRoundTripAndBadOnesAreRefused) {
         std::string(R"({"format": "tierswap.plan", "version": 1, "persist_resident_state": "yes",
             "subgroups": [{"numel": 5, "state_tier": "host", "step_device": "cpu"}]})"),
         std::string(R"({"format": "tierswap.plan", "version": 1, "alternate_step_order": 1,
-            "subgroups": [{"numel": 5, "state_tier": "host", "step_device": "cpu"}]})")}) {
+            "subgroups": [{"numel": 5, "state_tier": "host", "step_device": "cpu"}]})"),
+        // Optional keys of the wrong type are refused by name, not by the JSON library.
+        std::string(R"({"format": 7, "version": 1, "subgroups": [{}]})"),
+        std::string(R"({"format": "tierswap.plan", "version": 1, "overlap": "yes",
+            "subgroups": [{"numel": 5, "state_tier": "host", "step_device": "cpu"}]})"),
+        std::string(R"({"format": "tierswap.plan", "version": 1, "profile": 5,
+            "subgroups": [{"numel": 5, "state_tier": "host", "step_device": "cpu"}]})"),
+        std::string(R"({"format": "tierswap.plan", "version": 1, "predicted_step_s": "x",
+            "subgroups": [{"numel": 5, "state_tier": "host", "step_device": "cpu"}]})"),
+        std::string(R"({"format": "tierswap.plan", "version": 1, "gpus": 1.5,
+            "subgroups": [{"numel": 5, "state_tier": "host", "step_device": "cpu"}]})"),
+        head + R"({"numel": 5, "state_tier": "host", "step_device": "cpu", "cast_on": 3}]})",
+        head + R"({"numel": 5, "state_tier": "host", "step_device": "cpu", "grad_tier": []}]})"}) {
     try {
       Plan::from_json(bad, "edited.json");
       ADD_FAILURE() << "accepted: " << bad;

@@ -13,6 +13,7 @@
 #include <sstream>
 #include <stdexcept>
 
+#include "src/placement/json_reader.hpp"
 #include "tierswap/detail/json.hpp"
 #include "tierswap/placement.hpp"
 #include "tierswap/tier_manager.hpp"
@@ -711,6 +712,47 @@ std::string Plan::to_json() const {
   return j.dump(2);
 }
 
+namespace {
+
+using placement_json::bad;
+using placement_json::Reader;
+
+// A mode the plan was made for: true, false, or null / absent (a plan that does not say).
+std::optional<bool> plan_mode(Reader& r, const char* key) {
+  const json* v = r.get(key, false);
+  if (v == nullptr || v->is_null()) return std::nullopt;
+  if (!v->is_boolean()) bad(r.origin, key, "expected true, false or null");
+  return v->get<bool>();
+}
+
+PlanSubgroup parse_subgroup(std::string_view origin, const json& e, std::size_t i) {
+  const std::string k = fmt::format("subgroups[{}]", i);
+  Reader r(origin, k, e);
+  PlanSubgroup s;
+  s.id = static_cast<std::uint32_t>(i);
+  s.numel = r.count("numel", 0, true);
+  if (s.numel == 0) bad(origin, k + ".numel", "expected an element count > 0");
+  s.state_tier = parse_plan_tier(origin, k + ".state_tier", r.str("state_tier", "", true));
+  s.step_device = parse_device(origin, k + ".step_device", r.str("step_device", "", true));
+  s.cast_on = parse_device(origin, k + ".cast_on",
+                           r.str("cast_on", std::string(device_name(s.step_device))));
+  s.speculative = r.boolean("speculative", false);
+  s.grad_tier =
+      parse_plan_tier(origin, k + ".grad_tier",
+                      r.str("grad_tier", s.step_device == StepDevice::gpu ? "gpu" : "host"));
+  if (s.state_tier == Tier::device && s.step_device == StepDevice::cpu)
+    bad(origin, k, "state on the GPU is stepped on the GPU (step_device gpu)");
+  if (s.state_tier == Tier::nvme && s.step_device == StepDevice::gpu)
+    bad(origin, k, "state on NVMe is stepped by the CPU (step_device cpu)");
+  if (s.grad_tier == Tier::device && s.step_device == StepDevice::cpu)
+    bad(origin, k, "a CPU step needs its gradient on the host or NVMe");
+  return s;
+}
+
+}  // namespace
+
+// Keys the plan does not read (`bytes`, each sub-group's `id`, `ready_s`, `done_s`: what
+// to_json() writes for people) are left alone: an edited plan may keep them.
 Plan Plan::from_json(std::string_view text, std::string_view origin) {
   json j;
   try {
@@ -718,72 +760,24 @@ Plan Plan::from_json(std::string_view text, std::string_view origin) {
   } catch (const json::parse_error& e) {
     throw std::invalid_argument(fmt::format("{}: not valid JSON: {}", origin, e.what()));
   }
-  auto fail = [&](const std::string& key, const std::string& why) {
-    throw std::invalid_argument(fmt::format("{}: {}: {}", origin, key, why));
-  };
-  if (!j.is_object()) fail("(top level)", "expected an object");
-  if (j.value("format", "") != "tierswap.plan") fail("format", "expected \"tierswap.plan\"");
-  // Integers through json_int: value<int>() of a float such as 1e300 is undefined behaviour.
-  auto int_or = [&](const char* key, auto def) {
-    try {
-      return j.contains(key) ? detail::json_int<decltype(def)>(j[key]) : def;
-    } catch (const std::invalid_argument& e) {
-      fail(key, e.what());
-      return def;
-    }
-  };
-  if (int_or("version", 0) != 1) fail("version", "this build reads plan version 1");
-  if (!j.contains("subgroups") || !j["subgroups"].is_array() || j["subgroups"].empty())
-    fail("subgroups", "expected a non-empty array");
+  Reader r(origin, "", j);
+  if (r.str("format", "") != "tierswap.plan") bad(origin, "format", "expected \"tierswap.plan\"");
+  if (r.integer("version", 0) != 1) bad(origin, "version", "this build reads plan version 1");
+  const json& subs = r.array("subgroups");
+  if (subs.empty()) bad(origin, "subgroups", "expected a non-empty array");
   Plan p;
-  p.profile = j.value("profile", "");
-  p.params = int_or("params", std::uint64_t{0});
-  p.gpus = int_or("gpus", 1);
-  p.overlap = j.value("overlap", true);
-  // The modes it was made for; null or absent: a plan file that does not say.
-  auto mode = [&](const char* key, std::optional<bool>& out) {
-    if (!j.contains(key) || j[key].is_null()) return;
-    if (!j[key].is_boolean()) fail(key, "expected true, false or null");
-    out = j[key].get<bool>();
-  };
-  mode("persist_resident_state", p.persist_resident_state);
-  mode("alternate_step_order", p.alternate_step_order);
-  p.predicted_step_s = j.value("predicted_step_s", 0.0);
-  p.backward_s = j.value("backward_s", 0.0);
-  p.exposed_step_s = j.value("exposed_step_s", 0.0);
-  p.subgroup_numel = int_or("subgroup_numel", std::uint64_t{0});
-  const auto& subs = j["subgroups"];
-  for (std::size_t i = 0; i < subs.size(); ++i) {
-    const auto& e = subs[i];
-    const std::string k = fmt::format("subgroups[{}]", i);
-    if (!e.is_object()) fail(k, "expected an object");
-    for (const char* f : {"numel", "state_tier", "step_device"})
-      if (!e.contains(f)) fail(k + "." + f, "missing");
-    if (!e["numel"].is_number_unsigned() || detail::json_int<std::uint64_t>(e["numel"]) == 0)
-      fail(k + ".numel", "expected an element count > 0");
-    if (!e["state_tier"].is_string() || !e["step_device"].is_string())
-      fail(k, "state_tier and step_device are strings");
-    PlanSubgroup s;
-    s.id = static_cast<std::uint32_t>(i);
-    s.numel = detail::json_int<std::uint64_t>(e["numel"]);
-    s.state_tier = parse_plan_tier(origin, k + ".state_tier", e["state_tier"].get<std::string>());
-    s.step_device = parse_device(origin, k + ".step_device", e["step_device"].get<std::string>());
-    s.cast_on = parse_device(origin, k + ".cast_on",
-                             e.value("cast_on", std::string(device_name(s.step_device))));
-    if (e.contains("speculative") && !e["speculative"].is_boolean())
-      fail(k + ".speculative", "expected true or false");
-    s.speculative = e.value("speculative", false);
-    s.grad_tier =
-        parse_plan_tier(origin, k + ".grad_tier",
-                        e.value("grad_tier", s.step_device == StepDevice::gpu ? "gpu" : "host"));
-    if (s.state_tier == Tier::device && s.step_device == StepDevice::cpu)
-      fail(k, "state on the GPU is stepped on the GPU (step_device gpu)");
-    if (s.state_tier == Tier::nvme && s.step_device == StepDevice::gpu)
-      fail(k, "state on NVMe is stepped by the CPU (step_device cpu)");
-    if (s.grad_tier == Tier::device && s.step_device == StepDevice::cpu)
-      fail(k, "a CPU step needs its gradient on the host or NVMe");
-    p.subgroups.push_back(s);
-  }
+  p.profile = r.str("profile", "");
+  p.params = r.count("params", 0);
+  p.gpus = r.integer("gpus", 1);
+  p.overlap = r.boolean("overlap", true);
+  p.persist_resident_state = plan_mode(r, "persist_resident_state");
+  p.alternate_step_order = plan_mode(r, "alternate_step_order");
+  p.predicted_step_s = r.num("predicted_step_s", 0.0);
+  p.backward_s = r.num("backward_s", 0.0);
+  p.exposed_step_s = r.num("exposed_step_s", 0.0);
+  p.subgroup_numel = r.count("subgroup_numel", 0);
+  for (std::size_t i = 0; i < subs.size(); ++i)
+    p.subgroups.push_back(parse_subgroup(origin, subs[i], i));
   return p;
 }
 

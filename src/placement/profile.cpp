@@ -10,6 +10,7 @@
 #include <sstream>
 #include <stdexcept>
 
+#include "src/placement/json_reader.hpp"
 #include "tierswap/detail/json.hpp"
 #include "tierswap/placement.hpp"
 
@@ -21,79 +22,9 @@ const std::vector<std::pair<std::string_view, std::string_view>>& builtin_profil
 namespace {
 
 using nlohmann::json;
-constexpr std::uint64_t kUnlimited = std::numeric_limits<std::uint64_t>::max();
-
-[[noreturn]] void bad(std::string_view origin, const std::string& key, const std::string& why) {
-  throw std::invalid_argument(fmt::format("{}: {}: {}", origin, key, why));
-}
-
-// Reads the keys of `obj` through `fields`; any other key is an error.
-struct Reader {
-  std::string_view origin;
-  std::string path;
-  const json& obj;
-  std::vector<std::string> seen;
-
-  Reader(std::string_view o, std::string p, const json& j) : origin(o), path(std::move(p)), obj(j) {
-    if (!obj.is_object()) bad(origin, path.empty() ? "(top level)" : path, "expected an object");
-  }
-  std::string key(const char* k) const { return path.empty() ? k : path + "." + k; }
-  const json* get(const char* k, bool required) {
-    seen.emplace_back(k);
-    auto it = obj.find(k);
-    if (it == obj.end()) {
-      if (required) bad(origin, key(k), "missing");
-      return nullptr;
-    }
-    return &*it;
-  }
-  double num(const char* k, double def, bool required = false) {
-    const json* v = get(k, required);
-    if (!v) return def;
-    if (!v->is_number()) bad(origin, key(k), fmt::format("expected a number, got {}", v->dump()));
-    const double d = v->get<double>();
-    if (!(d >= 0)) bad(origin, key(k), fmt::format("must be >= 0, got {}", v->dump()));
-    return d;
-  }
-  std::uint64_t bytes(const char* k, std::uint64_t def, bool required = false) {
-    const json* v = get(k, required);
-    if (!v) return def;
-    if (v->is_string() && v->get<std::string>() == "unlimited") return kUnlimited;
-    if (!v->is_number_unsigned())
-      bad(origin, key(k),
-          fmt::format("expected a byte count (or \"unlimited\"), got {}", v->dump()));
-    return v->get<std::uint64_t>();
-  }
-  int integer(const char* k, int def, bool required = false) {
-    const json* v = get(k, required);
-    if (!v) return def;
-    if (!v->is_number_integer())
-      bad(origin, key(k), fmt::format("expected an integer, got {}", v->dump()));
-    try {
-      return detail::json_int<int>(*v);
-    } catch (const std::invalid_argument& e) {
-      bad(origin, key(k), e.what());
-    }
-  }
-  std::string str(const char* k, std::string def, bool required = false) {
-    const json* v = get(k, required);
-    if (!v) return def;
-    if (!v->is_string()) bad(origin, key(k), fmt::format("expected a string, got {}", v->dump()));
-    return v->get<std::string>();
-  }
-  const json& array(const char* k) {
-    const json* v = get(k, false);
-    static const json empty = json::array();
-    if (!v) return empty;
-    if (!v->is_array()) bad(origin, key(k), "expected an array");
-    return *v;
-  }
-  void finish() const {
-    for (auto it = obj.begin(); it != obj.end(); ++it)
-      if (std::find(seen.begin(), seen.end(), it.key()) == seen.end())
-        bad(origin, key(it.key().c_str()), "unknown key");
-  }
-};
+using placement_json::bad;
+using placement_json::kUnlimited;
+using placement_json::Reader;
 
 HostLink parse_link(std::string_view origin, const std::string& key, const std::string& v) {
   if (v == "pcie") return HostLink::pcie;
@@ -147,11 +78,7 @@ HardwareProfile HardwareProfile::from_json(std::string_view text, std::string_vi
   Reader r(origin, "", j);
   p.name = r.str("name", "", true);
   p.description = r.str("description", "");
-  if (const json* m = r.get("measured", false)) {
-    if (!m->is_boolean())
-      bad(origin, "measured", fmt::format("expected true or false, got {}", m->dump()));
-    p.measured = m->get<bool>();
-  }
+  p.measured = r.boolean("measured", false);
   p.host_memory_bytes = r.bytes("host_memory_bytes", 0, true);
   p.memlock_bytes = r.bytes("memlock_bytes", kUnlimited);
   p.cpu_cores = r.integer("cpu_cores", 0, true);

@@ -31,31 +31,10 @@ struct TierBenchOptions {
   bool json = false;
 };
 
-void run_tier_bench(const TierBenchOptions& o) {
-  const std::uint64_t bb = parse_size(o.block_bytes, "--block-bytes");
-  if (bb < 4096 || bb % 4096 != 0)
-    throw std::invalid_argument("--block-bytes: a multiple of 4 KiB");
-  if (o.blocks < 4 || o.host_blocks < 3 || o.host_blocks >= o.blocks)
-    throw std::invalid_argument(
-        "--blocks >= 4 and 3 <= --host-blocks < --blocks (the stream must not fit the budget)");
-  std::unique_ptr<TempDir> temp;
-  const std::filesystem::path dir = dir_or_temp(o.dir, "tierswap-bench-tier", temp);
-  SwapSpaceConfig sc;
-  sc.dirs = {dir};
-  sc.capacity = bb * static_cast<std::uint64_t>(o.blocks) + (16ull << 20);
-  SwapSpace space = SwapSpace::create(sc);
-  IoEngine engine(space, IoEngineConfig::from_env());
-  TierConfig tc;
-  tc.host_budget = bb * static_cast<std::uint64_t>(o.host_blocks);
-  tc.host_slab_size = bb;
-  tc.lookahead = o.lookahead;
-  tc.device_mode = DeviceTierMode::off;
-  tc.telemetry = false;
-  tc.durable = false;
-  tc.shadow_slots = false;  // one extent per block: block i is [i, i + 1) x block bytes
-  TierManager m(space, engine, tc);
+// `n` blocks of `bb` bytes, filled (block i with byte i), committed and evicted: a stream on NVMe.
+std::vector<BlockId> make_stream(TierManager& m, int n, std::uint64_t bb) {
   std::vector<BlockId> ids;
-  for (int i = 0; i < o.blocks; ++i) {
+  for (int i = 0; i < n; ++i) {
     BlockDesc d;
     d.name = fmt::format("stream{}", i);
     d.numel = bb / 4;
@@ -66,51 +45,85 @@ void run_tier_bench(const TierBenchOptions& o) {
   }
   m.commit();
   for (BlockId id : ids) m.evict(id, Tier::host);
-  // The reference: the engine reading the same committed extents, as `bench io` does (one ticket
-  // per block, depth and request size from the engine config), into a ring of host buffers.
+  return ids;
+}
+
+// The tier manager's stream: look-ahead prefetch, acquire, release; evicted afterwards (not
+// timed). Seconds; *c0 and *c1 the counters around it.
+double tier_stream(TierManager& m, const std::vector<BlockId>& ids, std::uint32_t lookahead,
+                   TierCounters* c0, TierCounters* c1) {
+  *c0 = m.counters();
+  const auto t0 = Clock::now();
+  for (std::uint32_t k = 0; k < lookahead && k < ids.size(); ++k) m.prefetch(ids[k], Tier::host);
+  for (std::size_t i = 0; i < ids.size(); ++i) {
+    if (i + lookahead < ids.size()) m.prefetch(ids[i + lookahead], Tier::host);
+    BlockView v = m.acquire(ids[i], Tier::host);
+  }
+  const double s = since(t0);
+  *c1 = m.counters();
+  for (BlockId id : ids) m.evict(id, Tier::host);
+  return s;
+}
+
+// The reference: the engine alone reading the same committed extents as `bench io` does (one
+// ticket per block, depth and request size from the engine config), two blocks in flight as
+// the stream has, into a ring of two host buffers. Seconds.
+double engine_stream(IoEngine& engine, std::byte* ring, std::uint64_t total, std::uint64_t bb) {
+  const auto t0 = Clock::now();
+  std::vector<IoTicket> tickets;
+  for (std::uint64_t off = 0; off < total; off += bb) {
+    tickets.push_back(engine.read(off, ring + ((off / bb) % 2) * bb, bb));
+    if (tickets.size() == 2) {
+      tickets.front().wait();
+      tickets.erase(tickets.begin());
+    }
+  }
+  for (auto& t : tickets) t.wait();
+  return since(t0);
+}
+
+TierConfig stream_tier_config(const TierBenchOptions& o, std::uint64_t bb) {
+  TierConfig tc;
+  tc.host_budget = bb * static_cast<std::uint64_t>(o.host_blocks);
+  tc.host_slab_size = bb;
+  tc.lookahead = o.lookahead;
+  tc.device_mode = DeviceTierMode::off;
+  tc.telemetry = false;
+  tc.durable = false;
+  tc.shadow_slots = false;  // one extent per block: block i is [i, i + 1) x block bytes
+  return tc;
+}
+
+void run_tier_bench(const TierBenchOptions& o) {
+  const std::uint64_t bb = parse_size(o.block_bytes, "--block-bytes");
+  if (bb < 4096 || bb % 4096 != 0)
+    throw std::invalid_argument("--block-bytes: a multiple of 4 KiB");
+  if (o.blocks < 4 || o.host_blocks < 3 || o.host_blocks >= o.blocks)
+    throw std::invalid_argument(
+        "--blocks >= 4 and 3 <= --host-blocks < --blocks (the stream must not fit the budget)");
+  std::unique_ptr<TempDir> temp;
+  SwapSpaceConfig sc;
+  sc.dirs = {dir_or_temp(o.dir, "tierswap-bench-tier", temp)};
+  sc.capacity = bb * static_cast<std::uint64_t>(o.blocks) + (16ull << 20);
+  SwapSpace space = SwapSpace::create(sc);
+  IoEngine engine(space, IoEngineConfig::from_env());
+  const TierConfig tc = stream_tier_config(o, bb);
+  TierManager m(space, engine, tc);
+  const std::vector<BlockId> ids = make_stream(m, o.blocks, bb);
+  const std::uint64_t total = bb * ids.size();
   AlignedBuffer ring(bb * 2);
   engine.register_buffer(ring.data(), ring.size());
   nlohmann::json runs = nlohmann::json::array();
   std::vector<double> ratios;
   for (int r = 0; r < o.runs; ++r) {
-    // Tier manager stream: look-ahead prefetch, acquire, release; evicted afterwards.
-    const std::uint64_t total = bb * ids.size();
     TierCounters c0, c1;
-    auto tier_stream = [&] {
-      c0 = m.counters();
-      const auto t0 = Clock::now();
-      for (std::uint32_t k = 0; k < o.lookahead && k < ids.size(); ++k)
-        m.prefetch(ids[k], Tier::host);
-      for (std::size_t i = 0; i < ids.size(); ++i) {
-        if (i + o.lookahead < ids.size()) m.prefetch(ids[i + o.lookahead], Tier::host);
-        BlockView v = m.acquire(ids[i], Tier::host);
-      }
-      const double s = since(t0);
-      c1 = m.counters();
-      for (BlockId id : ids) m.evict(id, Tier::host);
-      return s;
-    };
-    // The engine alone over the same extents, two blocks in flight as the stream has.
-    auto engine_stream = [&] {
-      const auto t0 = Clock::now();
-      std::vector<IoTicket> tickets;
-      for (std::uint64_t off = 0; off < total; off += bb) {
-        tickets.push_back(engine.read(off, ring.data() + ((off / bb) % 2) * bb, bb));
-        if (tickets.size() == 2) {
-          tickets.front().wait();
-          tickets.erase(tickets.begin());
-        }
-      }
-      for (auto& t : tickets) t.wait();
-      return since(t0);
-    };
     double tier_s = 0, io_s = 0;
     if (r % 2 == 0) {  // alternate who goes first
-      tier_s = tier_stream();
-      io_s = engine_stream();
+      tier_s = tier_stream(m, ids, o.lookahead, &c0, &c1);
+      io_s = engine_stream(engine, ring.data(), total, bb);
     } else {
-      io_s = engine_stream();
-      tier_s = tier_stream();
+      io_s = engine_stream(engine, ring.data(), total, bb);
+      tier_s = tier_stream(m, ids, o.lookahead, &c0, &c1);
     }
     const double tier_gbps = static_cast<double>(total) / tier_s / 1e9;
     const double io_gbps = static_cast<double>(total) / io_s / 1e9;
@@ -130,18 +143,19 @@ void run_tier_bench(const TierBenchOptions& o) {
   }
   std::sort(ratios.begin(), ratios.end());
   const double med = ratios[ratios.size() / 2];
-  if (o.json)
-    fmt::print("{}\n", nlohmann::json{{"block_bytes", bb},
-                                      {"blocks", o.blocks},
-                                      {"host_budget", tc.host_budget},
-                                      {"lookahead", o.lookahead},
-                                      {"engine_block_size", engine.config().block_size},
-                                      {"queue_depth", engine.config().queue_depth},
-                                      {"runs", runs},
-                                      {"median_ratio", med}}
-                           .dump(2));
-  else
+  if (!o.json) {
     fmt::print("median tier-stream / engine ratio: {:.3f}\n", med);
+    return;
+  }
+  fmt::print("{}\n", nlohmann::json{{"block_bytes", bb},
+                                    {"blocks", o.blocks},
+                                    {"host_budget", tc.host_budget},
+                                    {"lookahead", o.lookahead},
+                                    {"engine_block_size", engine.config().block_size},
+                                    {"queue_depth", engine.config().queue_depth},
+                                    {"runs", runs},
+                                    {"median_ratio", med}}
+                         .dump(2));
 }
 
 }  // namespace

@@ -104,12 +104,16 @@ SwapSpace make_space(const std::vector<std::filesystem::path>& dirs, const char*
 }
 
 // --overlap: ordinary vs overlapped step after the same simulated backward.
-void run_overlap_bench(const StepOptions& o, TierManager& tiers, ShardedOptimizer& opt,
-                       const std::vector<ParamId>& ids, const std::vector<std::uint16_t>& grad,
-                       std::uint64_t n) {
-  if (!(o.backward_ms >= 0)) throw std::invalid_argument("--backward-ms: must be >= 0");
-  // The backward: parameter i's gradient arrives at (i + 1) / P of its length.
-  auto backward = [&] {
+// `bench step --overlap`: one backward (simulated) + step at a time, overlapped or not.
+struct OverlapCycles {
+  const StepOptions& o;
+  TierManager& tiers;
+  ShardedOptimizer& opt;
+  const std::vector<ParamId>& ids;
+  const std::vector<std::uint16_t>& grad;
+
+  // The backward: parameter i's gradient arrives at (i + 1) / P of its length. Seconds.
+  double backward() {
     const auto t0 = Clock::now();
     const auto len = std::chrono::duration<double, std::milli>(o.backward_ms);
     opt.begin_backward();
@@ -121,16 +125,44 @@ void run_overlap_bench(const StepOptions& o, TierManager& tiers, ShardedOptimize
     }
     opt.end_backward();
     return since(t0);
-  };
+  }
   // One backward + step: its backward's length, the step's result and the NVMe bytes written
   // over both (the overlapped mode writes during the backward).
-  auto cycle = [&](bool overlap) {
+  std::tuple<double, StepResult, std::uint64_t> cycle(bool overlap) {
     opt.set_overlap(overlap);
     const std::uint64_t w0 = tiers.counters().bytes_in[static_cast<int>(Tier::nvme)];
     const double b = backward();
     const StepResult r = opt.step();
-    return std::tuple{b, r, tiers.counters().bytes_in[static_cast<int>(Tier::nvme)] - w0};
-  };
+    return {b, r, tiers.counters().bytes_in[static_cast<int>(Tier::nvme)] - w0};
+  }
+  // Run r: an ordinary and an overlapped cycle, in turn first.
+  nlohmann::json run(int r) {
+    nlohmann::json j;
+    for (int k = 0; k < 2; ++k) {
+      const bool overlap = (r + k) % 2 == 1;
+      const auto [b, res, written] = cycle(overlap);
+      if (res.redone || res.skipped)
+        throw std::runtime_error("bench step --overlap: a step was redone or skipped");
+      if (!overlap) {
+        j["ordinary_step_s"] = res.seconds;
+        continue;
+      }
+      j["backward_s"] = b;
+      j["overlapped_step_s"] = res.seconds;
+      j["overlapped_subgroups"] = res.overlapped_subgroups;
+      j["nvme_write_bytes"] = written;
+    }
+    j["hidden_fraction"] =
+        1.0 - j["overlapped_step_s"].get<double>() / j["ordinary_step_s"].get<double>();
+    return j;
+  }
+};
+
+void run_overlap_bench(const StepOptions& o, TierManager& tiers, ShardedOptimizer& opt,
+                       const std::vector<ParamId>& ids, const std::vector<std::uint16_t>& grad,
+                       std::uint64_t n) {
+  if (!(o.backward_ms >= 0)) throw std::invalid_argument("--backward-ms: must be >= 0");
+  OverlapCycles c{o, tiers, opt, ids, grad};
   if (!o.json)
     fmt::print(
         "tierswap bench step --overlap: {} params ({}), sub-group {} params ({} sub-groups), "
@@ -140,66 +172,49 @@ void run_overlap_bench(const StepOptions& o, TierManager& tiers, ShardedOptimize
         o.state == "host" ? (o.memory_only ? " (memory-only)" : " (persisted to NVMe each step)")
                           : "",
         o.param16_in_place ? ", speculative 16-bit output in place" : "");
-  cycle(false);  // warm-up: every block has data on NVMe
-  cycle(true);
-  std::vector<double> ord, ovl, hidden, bwd;
+  c.cycle(false);  // warm-up: every block has data on NVMe
+  c.cycle(true);
   nlohmann::json runs = nlohmann::json::array();
+  auto med = [&](const char* key) {
+    std::vector<double> v;
+    for (const auto& r : runs) v.push_back(r[key].get<double>());
+    return median(v);
+  };
   for (int r = 0; r < o.runs; ++r) {
-    double t_ord = 0, t_ovl = 0, b_ovl = 0;
-    std::uint32_t kept = 0;
-    std::uint64_t nvme_written = 0;  // by the overlapped cycle
-    for (int k = 0; k < 2; ++k) {
-      const bool overlap = (r + k) % 2 == 1;
-      const auto [b, res, written] = cycle(overlap);
-      if (res.redone || res.skipped)
-        throw std::runtime_error("bench step --overlap: a step was redone or skipped");
-      if (overlap) {
-        t_ovl = res.seconds;
-        b_ovl = b;
-        kept = res.overlapped_subgroups;
-        nvme_written = written;
-      } else {
-        t_ord = res.seconds;
-      }
-    }
-    ord.push_back(t_ord);
-    ovl.push_back(t_ovl);
-    bwd.push_back(b_ovl);
-    hidden.push_back(1.0 - t_ovl / t_ord);
-    runs.push_back({{"backward_s", b_ovl},
-                    {"ordinary_step_s", t_ord},
-                    {"overlapped_step_s", t_ovl},
-                    {"overlapped_subgroups", kept},
-                    {"nvme_write_bytes", nvme_written},
-                    {"hidden_fraction", hidden.back()}});
+    runs.push_back(c.run(r));
+    const auto& j = runs.back();
     if (!o.json)
       fmt::print(
           "run {}: ordinary step {:.3f} s; overlapped: backward {:.3f} s, then step {:.3f} s "
           "({} of {} sub-groups stepped during the backward, {} written to NVMe): {:.0f}% of "
           "the step hidden\n",
-          r + 1, t_ord, b_ovl, t_ovl, kept, opt.subgroup_count(), format_bytes(nvme_written),
-          100 * hidden.back());
+          r + 1, j["ordinary_step_s"].get<double>(), j["backward_s"].get<double>(),
+          j["overlapped_step_s"].get<double>(), j["overlapped_subgroups"].get<std::uint32_t>(),
+          opt.subgroup_count(), format_bytes(j["nvme_write_bytes"].get<std::uint64_t>()),
+          100 * j["hidden_fraction"].get<double>());
   }
-  nlohmann::json j{{"params", n},
-                   {"optimizer", o.optimizer},
-                   {"sub_group", opt.config().subgroup_size},
-                   {"subgroups", opt.subgroup_count()},
-                   {"backward_ms", o.backward_ms},
-                   {"state", o.state},
-                   {"memory_only", o.memory_only},
-                   {"param16_in_place", o.param16_in_place},
-                   {"runs", runs},
-                   {"backward_s", median(bwd)},
-                   {"ordinary_step_s", median(ord)},
-                   {"overlapped_step_s", median(ovl)},
-                   {"hidden_fraction", median(hidden)}};
-  if (o.json)
-    fmt::print("{}\n", j.dump(2));
-  else
+  if (!o.json) {
     fmt::print(
         "median: ordinary step {:.3f} s, overlapped step after the backward {:.3f} s: {:.0f}% of "
         "the step hidden behind a {:.0f} ms backward (median of per-run ratios)\n",
-        median(ord), median(ovl), 100 * median(hidden), o.backward_ms);
+        med("ordinary_step_s"), med("overlapped_step_s"), 100 * med("hidden_fraction"),
+        o.backward_ms);
+    return;
+  }
+  const nlohmann::json j{{"params", n},
+                         {"optimizer", o.optimizer},
+                         {"sub_group", opt.config().subgroup_size},
+                         {"subgroups", opt.subgroup_count()},
+                         {"backward_ms", o.backward_ms},
+                         {"state", o.state},
+                         {"memory_only", o.memory_only},
+                         {"param16_in_place", o.param16_in_place},
+                         {"runs", runs},
+                         {"backward_s", med("backward_s")},
+                         {"ordinary_step_s", med("ordinary_step_s")},
+                         {"overlapped_step_s", med("overlapped_step_s")},
+                         {"hidden_fraction", med("hidden_fraction")}};
+  fmt::print("{}\n", j.dump(2));
 }
 
 // What every part of the bench shares: the model's size and kind, where it lives, the pool.

@@ -135,26 +135,36 @@ struct OverlapCycles {
     const StepResult r = opt.step();
     return {b, r, tiers.counters().bytes_in[static_cast<int>(Tier::nvme)] - w0};
   }
-  // Run r: an ordinary and an overlapped cycle, in turn first.
-  nlohmann::json run(int r) {
-    nlohmann::json j;
+  // One run: an ordinary and an overlapped cycle.
+  struct Run {
+    double ordinary_s = 0, backward_s = 0, overlapped_s = 0;
+    std::uint32_t kept = 0;  // sub-groups stepped during the backward
+    std::uint64_t nvme_written = 0;
+    double hidden() const { return 1.0 - overlapped_s / ordinary_s; }
+    nlohmann::json to_json() const {
+      return {{"backward_s", backward_s},          {"ordinary_step_s", ordinary_s},
+              {"overlapped_step_s", overlapped_s}, {"overlapped_subgroups", kept},
+              {"nvme_write_bytes", nvme_written},  {"hidden_fraction", hidden()}};
+    }
+  };
+  // Run r: the two cycles, in turn first.
+  Run run(int r) {
+    Run out;
     for (int k = 0; k < 2; ++k) {
       const bool overlap = (r + k) % 2 == 1;
       const auto [b, res, written] = cycle(overlap);
       if (res.redone || res.skipped)
         throw std::runtime_error("bench step --overlap: a step was redone or skipped");
       if (!overlap) {
-        j["ordinary_step_s"] = res.seconds;
+        out.ordinary_s = res.seconds;
         continue;
       }
-      j["backward_s"] = b;
-      j["overlapped_step_s"] = res.seconds;
-      j["overlapped_subgroups"] = res.overlapped_subgroups;
-      j["nvme_write_bytes"] = written;
+      out.backward_s = b;
+      out.overlapped_s = res.seconds;
+      out.kept = res.overlapped_subgroups;
+      out.nvme_written = written;
     }
-    j["hidden_fraction"] =
-        1.0 - j["overlapped_step_s"].get<double>() / j["ordinary_step_s"].get<double>();
-    return j;
+    return out;
   }
 };
 
@@ -174,33 +184,35 @@ void run_overlap_bench(const StepOptions& o, TierManager& tiers, ShardedOptimize
         o.param16_in_place ? ", speculative 16-bit output in place" : "");
   c.cycle(false);  // warm-up: every block has data on NVMe
   c.cycle(true);
-  nlohmann::json runs = nlohmann::json::array();
-  auto med = [&](const char* key) {
+  std::vector<OverlapCycles::Run> runs;
+  auto med = [&](auto field) {
     std::vector<double> v;
-    for (const auto& r : runs) v.push_back(r[key].get<double>());
+    for (const auto& r : runs) v.push_back(field(r));
     return median(v);
   };
   for (int r = 0; r < o.runs; ++r) {
     runs.push_back(c.run(r));
-    const auto& j = runs.back();
+    const auto& x = runs.back();
     if (!o.json)
       fmt::print(
           "run {}: ordinary step {:.3f} s; overlapped: backward {:.3f} s, then step {:.3f} s "
           "({} of {} sub-groups stepped during the backward, {} written to NVMe): {:.0f}% of "
           "the step hidden\n",
-          r + 1, j["ordinary_step_s"].get<double>(), j["backward_s"].get<double>(),
-          j["overlapped_step_s"].get<double>(), j["overlapped_subgroups"].get<std::uint32_t>(),
-          opt.subgroup_count(), format_bytes(j["nvme_write_bytes"].get<std::uint64_t>()),
-          100 * j["hidden_fraction"].get<double>());
+          r + 1, x.ordinary_s, x.backward_s, x.overlapped_s, x.kept, opt.subgroup_count(),
+          format_bytes(x.nvme_written), 100 * x.hidden());
   }
+  const double ord = med([](const auto& x) { return x.ordinary_s; });
+  const double ovl = med([](const auto& x) { return x.overlapped_s; });
+  const double hidden = med([](const auto& x) { return x.hidden(); });
   if (!o.json) {
     fmt::print(
         "median: ordinary step {:.3f} s, overlapped step after the backward {:.3f} s: {:.0f}% of "
         "the step hidden behind a {:.0f} ms backward (median of per-run ratios)\n",
-        med("ordinary_step_s"), med("overlapped_step_s"), 100 * med("hidden_fraction"),
-        o.backward_ms);
+        ord, ovl, 100 * hidden, o.backward_ms);
     return;
   }
+  nlohmann::json js = nlohmann::json::array();
+  for (const auto& x : runs) js.push_back(x.to_json());
   const nlohmann::json j{{"params", n},
                          {"optimizer", o.optimizer},
                          {"sub_group", opt.config().subgroup_size},
@@ -209,11 +221,11 @@ void run_overlap_bench(const StepOptions& o, TierManager& tiers, ShardedOptimize
                          {"state", o.state},
                          {"memory_only", o.memory_only},
                          {"param16_in_place", o.param16_in_place},
-                         {"runs", runs},
-                         {"backward_s", med("backward_s")},
-                         {"ordinary_step_s", med("ordinary_step_s")},
-                         {"overlapped_step_s", med("overlapped_step_s")},
-                         {"hidden_fraction", med("hidden_fraction")}};
+                         {"runs", js},
+                         {"backward_s", med([](const auto& x) { return x.backward_s; })},
+                         {"ordinary_step_s", ord},
+                         {"overlapped_step_s", ovl},
+                         {"hidden_fraction", hidden}};
   fmt::print("{}\n", j.dump(2));
 }
 

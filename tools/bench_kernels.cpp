@@ -112,6 +112,88 @@ void report_kernels(const Options& o, std::vector<Kernel> ks, std::uint64_t n, C
   }
 }
 
+// The buffers every kernel runs on, filled once (first touch in parallel, so pages land near the
+// threads that use them), and the state the kernels' closures step.
+struct Buffers {
+  std::uint64_t n;
+  AlignedBuffer p, m, v, g32, g16, p16;
+  float* pf = reinterpret_cast<float*>(p.data());
+  float* mf = reinterpret_cast<float*>(m.data());
+  float* vf = reinterpret_cast<float*>(v.data());
+  float* g32f = reinterpret_cast<float*>(g32.data());
+  AdamConfig adam;
+  LionConfig lion;
+  std::int64_t step = 0;
+  volatile double sink = 0;
+  volatile std::uint64_t read_sink = 0;
+
+  Buffers(std::uint64_t n_, ThreadPool& pool)
+      : n(n_), p(n_ * 4), m(n_ * 4), v(n_ * 4), g32(n_ * 4), g16(n_ * 2), p16(n_ * 2) {
+    adam.weight_decay = 0.01;
+    auto* g16h = reinterpret_cast<std::uint16_t*>(g16.data());
+    pool.parallel_for(n, 4096, [&](std::size_t b, std::size_t e) {
+      std::mt19937 rng(static_cast<unsigned>(b));
+      std::normal_distribution<float> d(0.0f, 1.0f);
+      for (std::size_t i = b; i < e; ++i) {
+        pf[i] = d(rng);
+        mf[i] = 0.0f;
+        vf[i] = 0.0f;
+        g32f[i] = 0.0f;
+        g16h[i] = float_to_bf16(0.01f * d(rng));
+      }
+      std::memset(p16.data() + 2 * b, 0, 2 * (e - b));
+    });
+  }
+};
+
+// The probe first and the read probe last (report_kernels reads them there). The probe is a
+// STREAM triad g32 = m + 0.5 v (g32 is the unfused pipeline's scratch, so no optimizer state
+// changes) through the same ISA and threads, with non-temporal stores, counted as STREAM counts
+// it: 12 bytes per element.
+std::vector<Kernel> kernel_list(Buffers& B, const CpuKernelContext& ctx, ThreadPool& pool) {
+  const std::uint64_t n = B.n;
+  std::vector<Kernel> ks;
+  ks.push_back({"bandwidth_probe_triad",
+                12.0,
+                [&B, n, ctx] { stream_triad(B.g32f, B.mf, B.vf, 0.5f, n, ctx); },
+                {}});
+  ks.push_back({"adamw_fused_bf16",
+                28.0,
+                [&B, n, ctx] {
+                  adam_step(B.adam, ++B.step, {B.pf, B.mf, B.vf, nullptr, Dtype::f32},
+                            {B.g16.data(), Dtype::bf16, 1.0f}, {B.p16.data(), Dtype::bf16}, n, ctx);
+                },
+                {}});
+  ks.push_back({"adamw_unfused_pipeline",
+                40.0,
+                [&B, n, ctx] {
+                  cast(B.g16.data(), Dtype::bf16, B.g32f, Dtype::f32, n, ctx);
+                  adam_step(B.adam, ++B.step, {B.pf, B.mf, B.vf, nullptr, Dtype::f32},
+                            {B.g32f, Dtype::f32, 1.0f}, {}, n, ctx);
+                  cast(B.pf, Dtype::f32, B.p16.data(), Dtype::bf16, n, ctx);
+                },
+                {}});
+  ks.push_back({"lion_fused_bf16",
+                20.0,
+                [&B, n, ctx] {
+                  lion_step(B.lion, B.pf, B.mf, Dtype::f32, {B.g16.data(), Dtype::bf16, 1.0f},
+                            {B.p16.data(), Dtype::bf16}, n, ctx);
+                },
+                {}});
+  ks.push_back(
+      {"grad_stats_bf16",
+       2.0,
+       [&B, n, ctx] { B.sink = B.sink + grad_stats(B.g16.data(), Dtype::bf16, n, ctx).sum_sq; },
+       {}});
+  // Not a result row: the read-only ceiling the statistics pass is compared with (same buffer).
+  ks.push_back(
+      {"read_probe",
+       2.0,
+       [&B, &pool, n] { B.read_sink = B.read_sink | read_probe(B.g16.data(), n * 2, pool); },
+       {}});
+  return ks;
+}
+
 void run(const Options& o) {
   const std::uint64_t n = parse_param_count(o.params, "--params");
   if (o.threads < 1 || o.threads > 1024)
@@ -123,74 +205,9 @@ void run(const Options& o) {
     throw std::invalid_argument(
         fmt::format("--isa={}: not supported on this CPU or build", to_string(isa)));
   ThreadPool pool(o.threads);
-  CpuKernelContext ctx{isa, &pool};
-
-  AlignedBuffer p(n * 4), m(n * 4), v(n * 4), g32(n * 4), g16(n * 2), p16(n * 2);
-  auto* pf = reinterpret_cast<float*>(p.data());
-  auto* mf = reinterpret_cast<float*>(m.data());
-  auto* vf = reinterpret_cast<float*>(v.data());
-  auto* g32f = reinterpret_cast<float*>(g32.data());
-  auto* g16h = reinterpret_cast<std::uint16_t*>(g16.data());
-  // First touch in parallel (pages land near the threads that use them), outside any timing.
-  pool.parallel_for(n, 4096, [&](std::size_t b, std::size_t e) {
-    std::mt19937 rng(static_cast<unsigned>(b));
-    std::normal_distribution<float> d(0.0f, 1.0f);
-    for (std::size_t i = b; i < e; ++i) {
-      pf[i] = d(rng);
-      mf[i] = 0.0f;
-      vf[i] = 0.0f;
-      g32f[i] = 0.0f;
-      g16h[i] = float_to_bf16(0.01f * d(rng));
-    }
-    std::memset(p16.data() + 2 * b, 0, 2 * (e - b));
-  });
-
-  AdamConfig adam;
-  adam.weight_decay = 0.01;
-  LionConfig lion;
-  std::int64_t step = 0;
-  // The probe is a STREAM triad g32 = m + 0.5 v (g32 is the unfused pipeline's scratch, so no
-  // optimizer state changes) through the same ISA and threads, with non-temporal stores, counted
-  // as STREAM counts it: 12 bytes per element.
-  std::vector<Kernel> ks;
-  ks.push_back(
-      {"bandwidth_probe_triad", 12.0, [&] { stream_triad(g32f, mf, vf, 0.5f, n, ctx); }, {}});
-  ks.push_back({"adamw_fused_bf16",
-                28.0,
-                [&] {
-                  adam_step(adam, ++step, {pf, mf, vf, nullptr, Dtype::f32},
-                            {g16.data(), Dtype::bf16, 1.0f}, {p16.data(), Dtype::bf16}, n, ctx);
-                },
-                {}});
-  ks.push_back({"adamw_unfused_pipeline",
-                40.0,
-                [&] {
-                  cast(g16.data(), Dtype::bf16, g32f, Dtype::f32, n, ctx);
-                  adam_step(adam, ++step, {pf, mf, vf, nullptr, Dtype::f32},
-                            {g32f, Dtype::f32, 1.0f}, {}, n, ctx);
-                  cast(pf, Dtype::f32, p16.data(), Dtype::bf16, n, ctx);
-                },
-                {}});
-  ks.push_back({"lion_fused_bf16",
-                20.0,
-                [&] {
-                  lion_step(lion, pf, mf, Dtype::f32, {g16.data(), Dtype::bf16, 1.0f},
-                            {p16.data(), Dtype::bf16}, n, ctx);
-                },
-                {}});
-  volatile double sink = 0;
-  ks.push_back({"grad_stats_bf16",
-                2.0,
-                [&] { sink = sink + grad_stats(g16.data(), Dtype::bf16, n, ctx).sum_sq; },
-                {}});
-
-  // Not a result row: the read-only ceiling the statistics pass is compared with (same buffer).
-  volatile std::uint64_t read_sink = 0;
-  ks.push_back({"read_probe",
-                2.0,
-                [&] { read_sink = read_sink | read_probe(g16.data(), n * 2, pool); },
-                {}});
-
+  const CpuKernelContext ctx{isa, &pool};
+  Buffers buffers(n, pool);
+  std::vector<Kernel> ks = kernel_list(buffers, ctx, pool);
   time_kernels(ks, o.reps);
   report_kernels(o, std::move(ks), n, isa);
 }

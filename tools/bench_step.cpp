@@ -625,73 +625,92 @@ std::uint64_t state_bytes_kept(const StepBench& sb, const TierCounters& c0,
   return state > state_read ? state - state_read : 0;
 }
 
-void report_step_bench(const StepBench& sb, const StepBenchRuns& R, const TierManager& tiers) {
+// The figures a report gives, from the runs' medians and counters.
+struct StepSummary {
+  double rd = 0, wr = 0;  // NVMe bytes per parameter over a whole cycle (ingest and step)
+  double io_s = 0, step_s = 0, zi_s = 0;
+  double grad_nvme = 0;  // gradient bytes per parameter written and read back
+  std::uint64_t peak = 0, peak_pageable = 0;
+  double bf_rd = 0, bf_wr = 0;  // the same for the bf16-moment step
+};
+
+StepSummary summarize_step_bench(const StepBench& sb, const StepBenchRuns& R,
+                                 const TierManager& tiers) {
   const int nv = static_cast<int>(Tier::nvme);
   const auto n = static_cast<double>(sb.n);
-  // Per parameter over a whole cycle (gradient ingest, which spills with --grad-tier nvme, and
-  // the step).
-  const double rd = static_cast<double>(R.cycle1.bytes_out[nv] - R.cycle0.bytes_out[nv]) / n;
-  const double wr = static_cast<double>(R.cycle1.bytes_in[nv] - R.cycle0.bytes_in[nv]) / n;
+  auto per_param = [n](std::uint64_t a, std::uint64_t b) { return static_cast<double>(b - a) / n; };
   const TierCounters c = tiers.counters();
-  const double io_s = median(R.is), step_s = median(R.ts), zi_s = median(R.zs);
-  const double grad_nvme =  // written, read back
-      2 * static_cast<double>(gradient_bytes_spilled(sb, R.cycle0, R.cycle1)) / n;
-  const std::uint64_t peak = c.peak_reserved_bytes[static_cast<int>(Tier::host)];
-  const double bf_rd =
-      static_cast<double>(R.bf_cycle1.bytes_out[nv] - R.bf_cycle0.bytes_out[nv]) / n;
-  const double bf_wr = static_cast<double>(R.bf_cycle1.bytes_in[nv] - R.bf_cycle0.bytes_in[nv]) / n;
-  if (!sb.o.json) {
+  StepSummary S;
+  S.rd = per_param(R.cycle0.bytes_out[nv], R.cycle1.bytes_out[nv]);
+  S.wr = per_param(R.cycle0.bytes_in[nv], R.cycle1.bytes_in[nv]);
+  S.io_s = median(R.is);
+  S.step_s = median(R.ts);
+  S.zi_s = median(R.zs);
+  S.grad_nvme = 2 * static_cast<double>(gradient_bytes_spilled(sb, R.cycle0, R.cycle1)) / n;
+  S.peak = c.peak_reserved_bytes[static_cast<int>(Tier::host)];
+  S.peak_pageable = c.peak_pageable_bytes;
+  S.bf_rd = per_param(R.bf_cycle0.bytes_out[nv], R.bf_cycle1.bytes_out[nv]);
+  S.bf_wr = per_param(R.bf_cycle0.bytes_in[nv], R.bf_cycle1.bytes_in[nv]);
+  return S;
+}
+
+void print_step_bench(const StepBench& sb, const StepBenchRuns& R, const StepSummary& S) {
+  const auto n = static_cast<double>(sb.n);
+  fmt::print(
+      "median: io-only {:.3f} s, step {:.3f} s ({:.2f}x io-only), zero-infinity traffic {:.3f} s "
+      "({:.2f}x the step); median of the per-run ratios: {:.2f}x io-only, zero-infinity {:.2f}x"
+      "\nNVMe per parameter per step: {:.1f} B read (io-only {:.1f} B), {:.1f} B written ({:.1f} "
+      "B "
+      "of it gradient, 0 fp32); peak pinned {} of a {} budget ({} of state); gradients in "
+      "pageable memory: peak {}\n",
+      S.io_s, S.step_s, S.step_s / S.io_s, S.zi_s, S.zi_s / S.step_s, median(R.r_step_io),
+      median(R.r_zi_step), S.rd, static_cast<double>(R.io_read) / n, S.wr, S.grad_nvme,
+      format_bytes(S.peak), format_bytes(sb.budget), format_bytes(sb.n * sb.state_pp),
+      format_bytes(S.peak_pageable));
+  if (!R.bfs.empty())
     fmt::print(
-        "median: io-only {:.3f} s, step {:.3f} s ({:.2f}x io-only), zero-infinity traffic {:.3f} s "
-        "({:.2f}x the step); median of the per-run ratios: {:.2f}x io-only, zero-infinity {:.2f}x"
-        "\nNVMe per parameter per step: {:.1f} B read (io-only {:.1f} B), {:.1f} B written ({:.1f} "
-        "B "
-        "of it gradient, 0 fp32); peak pinned {} of a {} budget ({} of state); gradients in "
-        "pageable memory: peak {}\n",
-        io_s, step_s, step_s / io_s, zi_s, zi_s / step_s, median(R.r_step_io), median(R.r_zi_step),
-        rd, static_cast<double>(R.io_read) / n, wr, grad_nvme, format_bytes(peak),
-        format_bytes(sb.budget), format_bytes(sb.n * sb.state_pp),
-        format_bytes(c.peak_pageable_bytes));
-    if (!R.bfs.empty())
-      fmt::print(
-          "bf16 moments: step {:.3f} s (median); fp32 / bf16 moments {:.2f}x (median of the "
-          "per-run ratios); NVMe per parameter per step {:.1f} B read, {:.1f} B written\n",
-          median(R.bfs), median(R.r_fp32_bf16), bf_rd, bf_wr);
-    if (!R.busy_step.empty())
-      fmt::print(
-          "disk busy (a request in flight), median: io-only {:.1f}%, step {:.1f}%, "
-          "zero-infinity {:.1f}%\n",
-          100 * median(R.busy_io), 100 * median(R.busy_step), 100 * median(R.busy_zi));
-    return;
-  }
-  nlohmann::json j{{"params", sb.n},
-                   {"optimizer", sb.o.optimizer},
-                   {"grad_tier", sb.o.grad_tier},
-                   {"lend", sb.o.lend},
-                   {"tensor", sb.per_param()},
-                   {"distinct_grads", sb.o.distinct_grads},
-                   {"sub_group", sb.sub_rounded()},
-                   {"runs", R.runs},
-                   {"io_only_s", io_s},
-                   {"step_s", step_s},
-                   {"ingest_s", median(R.ins)},
-                   {"zero_infinity_step_s", zi_s},
-                   {"step_over_io_only", step_s / io_s},
-                   {"zero_infinity_over_step", zi_s / step_s},
-                   {"median_run_step_over_io_only", median(R.r_step_io)},
-                   {"median_run_zero_infinity_over_step", median(R.r_zi_step)},
-                   {"nvme_read_bytes_per_param", rd},
-                   {"io_only_read_bytes_per_param", static_cast<double>(R.io_read) / n},
-                   {"alternate_step_order", !sb.o.ascending},
-                   {"nvme_write_bytes_per_param", wr},
-                   {"grad_nvme_bytes_per_param", grad_nvme},
-                   {"fp32_grad_bytes", 0},
-                   {"step_nvme_gbps", (R.last.bytes_in[nv] + R.last.bytes_out[nv]) / step_s / 1e9},
-                   {"io_wait_s", R.last.io_wait_seconds},
-                   {"peak_pinned_bytes", peak},
-                   {"peak_pageable_bytes", c.peak_pageable_bytes},
-                   {"host_budget_bytes", sb.budget},
-                   {"state_bytes", sb.n * sb.state_pp}};
+        "bf16 moments: step {:.3f} s (median); fp32 / bf16 moments {:.2f}x (median of the "
+        "per-run ratios); NVMe per parameter per step {:.1f} B read, {:.1f} B written\n",
+        median(R.bfs), median(R.r_fp32_bf16), S.bf_rd, S.bf_wr);
+  if (!R.busy_step.empty())
+    fmt::print(
+        "disk busy (a request in flight), median: io-only {:.1f}%, step {:.1f}%, "
+        "zero-infinity {:.1f}%\n",
+        100 * median(R.busy_io), 100 * median(R.busy_step), 100 * median(R.busy_zi));
+}
+
+nlohmann::json step_bench_json(const StepBench& sb, const StepBenchRuns& R, const StepSummary& S) {
+  const int nv = static_cast<int>(Tier::nvme);
+  const auto n = static_cast<double>(sb.n);
+  nlohmann::json j{
+      {"params", sb.n},
+      {"optimizer", sb.o.optimizer},
+      {"grad_tier", sb.o.grad_tier},
+      {"lend", sb.o.lend},
+      {"tensor", sb.per_param()},
+      {"distinct_grads", sb.o.distinct_grads},
+      {"sub_group", sb.sub_rounded()},
+      {"runs", R.runs},
+      {"io_only_s", S.io_s},
+      {"step_s", S.step_s},
+      {"ingest_s", median(R.ins)},
+      {"zero_infinity_step_s", S.zi_s},
+      {"step_over_io_only", S.step_s / S.io_s},
+      {"zero_infinity_over_step", S.zi_s / S.step_s},
+      {"median_run_step_over_io_only", median(R.r_step_io)},
+      {"median_run_zero_infinity_over_step", median(R.r_zi_step)},
+      {"nvme_read_bytes_per_param", S.rd},
+      {"io_only_read_bytes_per_param", static_cast<double>(R.io_read) / n},
+      {"alternate_step_order", !sb.o.ascending},
+      {"nvme_write_bytes_per_param", S.wr},
+      {"grad_nvme_bytes_per_param", S.grad_nvme},
+      {"fp32_grad_bytes", 0},
+      {"step_nvme_gbps", (R.last.bytes_in[nv] + R.last.bytes_out[nv]) / S.step_s / 1e9},
+      {"io_wait_s", R.last.io_wait_seconds},
+      {"peak_pinned_bytes", S.peak},
+      {"peak_pageable_bytes", S.peak_pageable},
+      {"host_budget_bytes", sb.budget},
+      {"state_bytes", sb.n * sb.state_pp}};
   if (!R.busy_step.empty())
     j["median_disk_busy"] = {{"io_only", median(R.busy_io)},
                              {"step", median(R.busy_step)},
@@ -699,10 +718,18 @@ void report_step_bench(const StepBench& sb, const StepBenchRuns& R, const TierMa
   if (!R.bfs.empty()) {
     j["step_bf16_moments_s"] = median(R.bfs);
     j["fp32_over_bf16_moments"] = median(R.r_fp32_bf16);
-    j["bf16_moments_nvme_read_bytes_per_param"] = bf_rd;
-    j["bf16_moments_nvme_write_bytes_per_param"] = bf_wr;
+    j["bf16_moments_nvme_read_bytes_per_param"] = S.bf_rd;
+    j["bf16_moments_nvme_write_bytes_per_param"] = S.bf_wr;
   }
-  fmt::print("{}\n", j.dump(2));
+  return j;
+}
+
+void report_step_bench(const StepBench& sb, const StepBenchRuns& R, const TierManager& tiers) {
+  const StepSummary S = summarize_step_bench(sb, R, tiers);
+  if (sb.o.json)
+    fmt::print("{}\n", step_bench_json(sb, R, S).dump(2));
+  else
+    print_step_bench(sb, R, S);
 }
 
 // One run: the passes in a rotating order (each takes each position equally often), their times

@@ -51,11 +51,10 @@ static void print_service(const nlohmann::json& j, std::FILE* out, const std::st
                format_bytes(c.value("region_bytes", 0ull)), c.value("generation", 0ull));
 }
 
-void print_residency(const std::string& json_text, std::FILE* out) {
-  const auto j = nlohmann::json::parse(json_text);
-  if (j.is_object() && j.value("service", false)) return print_service(j, out, "");
-  if (j.contains("error"))
-    throw std::runtime_error("the process answered: " + j.at("error").get<std::string>());
+namespace {
+
+// The process, its generation, and a row per tier.
+void print_tiers(const nlohmann::json& j, std::FILE* out) {
   const auto& g = j.at("generation");
   fmt::print(out, "{}; host memory {}; gpu tier {}; committed generation {}{}\n",
              j.at("pid").is_null() ? std::string("manifest (offline)")
@@ -80,7 +79,10 @@ void print_residency(const std::string& json_text, std::FILE* out) {
     fmt::print(out,
                "(gpu* = simulated device tier: host memory with a capacity and a copy "
                "bandwidth)\n");
-  // Classes as rows, tiers as columns.
+}
+
+// Classes as rows, tiers as columns.
+void print_classes(const nlohmann::json& j, std::FILE* out) {
   std::map<std::string, std::map<std::string, std::uint64_t>> by_class;
   for (auto& c : j.at("classes"))
     by_class[c.at("class").get<std::string>()][c.at("tier").get<std::string>()] +=
@@ -98,6 +100,10 @@ void print_residency(const std::string& json_text, std::FILE* out) {
                  cell("nvme"));
     }
   }
+}
+
+// The traffic counters of a live process.
+void print_counters(const nlohmann::json& j, std::FILE* out) {
   if (j.contains("counters") && j.at("counters").contains("tiers")) {
     const auto& c = j.at("counters");
     fmt::print(out, "\n{:<6} {:>12} {:>10} {:>12} {:>10}\n", "tier", "bytes in", "GB/s in",
@@ -119,6 +125,10 @@ void print_residency(const std::string& json_text, std::FILE* out) {
                detail::json_int<std::uint64_t>(c.at("inflight_ops")),
                detail::json_int<std::uint64_t>(c.at("queued_prefetches")));
   }
+}
+
+// Where each block of each sub-group is.
+void print_subgroups(const nlohmann::json& j, std::FILE* out) {
   if (j.contains("subgroups")) {
     fmt::print(out, "\n{:<14} {:<28} {:<14} {:<5} {:>12} {:<8} {:<8} {:<8}\n", "rank/grp/sub",
                "block", "class", "dtype", "numel", "gpu", "host", "nvme");
@@ -134,6 +144,19 @@ void print_residency(const std::string& json_text, std::FILE* out) {
                    b.at("nvme").get<std::string>());
     }
   }
+}
+
+}  // namespace
+
+void print_residency(const std::string& json_text, std::FILE* out) {
+  const auto j = nlohmann::json::parse(json_text);
+  if (j.is_object() && j.value("service", false)) return print_service(j, out, "");
+  if (j.contains("error"))
+    throw std::runtime_error("the process answered: " + j.at("error").get<std::string>());
+  print_tiers(j, out);
+  print_classes(j, out);
+  print_counters(j, out);
+  print_subgroups(j, out);
 }
 
 namespace {

@@ -274,23 +274,11 @@ class PyOptimizer {
   bool closed_ = false;
 };
 
-}  // namespace
+using PyOptimizerClass = py::class_<PyOptimizer>;
 
-PYBIND11_MODULE(_tierswap, m) {
-  m.doc() = "tierswap's native layer (use tierswap.torch)";
-  py::class_<Communicator, PyCommunicator, std::shared_ptr<Communicator>>(m, "Communicator")
-      .def(py::init<>())
-      .def("rank", &Communicator::rank)
-      .def("size", &Communicator::size);
-  py::class_<PyOptimizer>(m, "Optimizer")
-      .def(py::init<std::vector<std::string>, std::uint64_t, std::string,
-                    std::shared_ptr<Communicator>, unsigned, const std::string&, const std::string&,
-                    bool, std::uint64_t, std::uint64_t, bool>(),
-           py::arg("swap_dirs"), py::arg("host_budget"), py::arg("communicator"), py::arg("comm"),
-           py::arg("threads"), py::arg("optimizer_json"), py::arg("tiers_json"),
-           py::arg("keep_swap_files"), py::arg("swap_capacity"), py::arg("subgroup_size"),
-           py::arg("resume"))
-      .def("resumed", [](PyOptimizer& s) { return s.t().resumed(); })
+// Groups and parameters, finalize and the initial values.
+void bind_setup(PyOptimizerClass& c) {
+  c.def("resumed", [](PyOptimizer& s) { return s.t().resumed(); })
       .def("add_group",
            [](PyOptimizer& s, const std::string& kind, const py::dict& h, std::string name) {
              return s.t().add_group(group_config(kind, h), std::move(name));
@@ -308,10 +296,14 @@ PYBIND11_MODULE(_tierswap, m) {
            })
       .def(
           "finalize", [](PyOptimizer& s) { s.t().finalize(); }, Release())
-      .def("initialize", &PyOptimizer::initialize, Release())
-      .def(
-          "begin_backward", [](PyOptimizer& s, bool final) { s.opt().begin_backward(final); },
-          Release())
+      .def("initialize", &PyOptimizer::initialize, Release());
+}
+
+// A backward's gradients and the step.
+void bind_backward_and_step(PyOptimizerClass& c) {
+  c.def(
+       "begin_backward", [](PyOptimizer& s, bool final) { s.opt().begin_backward(final); },
+       Release())
       .def("add_grad", &PyOptimizer::add_grad, Release())
       .def("lend_grad", &PyOptimizer::lend_grad, Release())
       .def(
@@ -328,9 +320,13 @@ PYBIND11_MODULE(_tierswap, m) {
             }
             return step_dict(r);
           },
-          py::arg("clip_factor") = py::none())
-      // param16() itself, writable, for the trainer's tensors to alias (zero-copy); valid until
-      // close(). The optimizer writes it at every step, load() and import_state().
+          py::arg("clip_factor") = py::none());
+}
+
+// The 16-bit parameters, the state in and out, checkpoints.
+void bind_state(PyOptimizerClass& c) {
+  c  // param16() itself, writable, for the trainer's tensors to alias (zero-copy); valid until
+     // close(). The optimizer writes it at every step, load() and import_state().
       .def("param16_view",
            [](PyOptimizer& s, ParamId id) {
              const auto v = s.opt().param16(id);
@@ -342,8 +338,12 @@ PYBIND11_MODULE(_tierswap, m) {
       .def(
           "save", [](PyOptimizer& s, const std::string& d) { s.opt().save(d); }, Release())
       .def(
-          "load", [](PyOptimizer& s, const std::string& d) { s.opt().load(d); }, Release())
-      .def("loss_scale", [](PyOptimizer& s) { return s.opt().loss_scale(); })
+          "load", [](PyOptimizer& s, const std::string& d) { s.opt().load(d); }, Release());
+}
+
+// What the trainer and `tierswap residency` ask about.
+void bind_introspection(PyOptimizerClass& c) {
+  c.def("loss_scale", [](PyOptimizer& s) { return s.opt().loss_scale(); })
       .def("step_count", [](PyOptimizer& s) { return s.opt().step_count(); })
       .def("set_overlap", [](PyOptimizer& s, bool on) { s.opt().set_overlap(on); })
       .def("subgroup_count", [](PyOptimizer& s) { return s.opt().subgroup_count(); })
@@ -362,13 +362,34 @@ PYBIND11_MODULE(_tierswap, m) {
            })
       .def("telemetry_socket",
            [](PyOptimizer& s) { return s.t().tiers().telemetry_socket().string(); })
-      .def("rank_dirs",
-           [](PyOptimizer& s) {
-             std::vector<std::string> out;
-             for (const auto& d : s.t().rank_dirs()) out.push_back(d.string());
-             return out;
-           })
+      .def("rank_dirs", [](PyOptimizer& s) {
+        std::vector<std::string> out;
+        for (const auto& d : s.t().rank_dirs()) out.push_back(d.string());
+        return out;
+      });
+}
+
+}  // namespace
+
+PYBIND11_MODULE(_tierswap, m) {
+  m.doc() = "tierswap's native layer (use tierswap.torch)";
+  py::class_<Communicator, PyCommunicator, std::shared_ptr<Communicator>>(m, "Communicator")
+      .def(py::init<>())
+      .def("rank", &Communicator::rank)
+      .def("size", &Communicator::size);
+  PyOptimizerClass c(m, "Optimizer");
+  c.def(py::init<std::vector<std::string>, std::uint64_t, std::string,
+                 std::shared_ptr<Communicator>, unsigned, const std::string&, const std::string&,
+                 bool, std::uint64_t, std::uint64_t, bool>(),
+        py::arg("swap_dirs"), py::arg("host_budget"), py::arg("communicator"), py::arg("comm"),
+        py::arg("threads"), py::arg("optimizer_json"), py::arg("tiers_json"),
+        py::arg("keep_swap_files"), py::arg("swap_capacity"), py::arg("subgroup_size"),
+        py::arg("resume"))
       .def("close", &PyOptimizer::close, Release());
+  bind_setup(c);
+  bind_backward_and_step(c);
+  bind_state(c);
+  bind_introspection(c);
   m.def("parse_size", [](const std::string& s) { return parse_size(s, "size"); });
   m.def("parse_count", [](const std::string& s) { return parse_param_count(s, "count"); });
 }

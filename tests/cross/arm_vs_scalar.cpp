@@ -6,6 +6,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <tuple>
+#include <utility>
 #include <vector>
 
 #include "kernels/cpu/kernels_impl.hpp"
@@ -59,95 +60,115 @@ std::vector<std::uint16_t> to16(const std::vector<float>& v, Dtype d, float scal
   return h;
 }
 
-// Every kernel of `t` against `ref` over [off, off + n) of buffers with specials (NaN, inf,
-// subnormals, values beyond fp16's range), so start pointers are misaligned when off is odd.
-void check(const KernelTable& ref, const KernelTable& t, std::size_t n, std::size_t off) {
-  const std::size_t len = off + n;
-  const auto p0 = test::random_floats(len, 1 + n, 1.0f, true);
-  const auto g32 = test::random_floats(len, 2 + n, 1.0f, true);
-  const auto gb = to16(g32, Dtype::bf16, 0.1f), gh = to16(g32, Dtype::f16, 0.1f);
-  for (Dtype gd : {Dtype::bf16, Dtype::f16, Dtype::f32}) {
-    const void* grad = gd == Dtype::bf16  ? static_cast<const void*>(gb.data())
-                       : gd == Dtype::f16 ? static_cast<const void*>(gh.data())
-                                          : static_cast<const void*>(g32.data());
-    for (Dtype md : {Dtype::f32, Dtype::bf16}) {
-      for (Dtype pd : {Dtype::bf16, Dtype::f16}) {
-        for (int variant = 0; variant < 4; ++variant) {
-          std::snprintf(detail, sizeof detail, "grad %d moments %d param16 %d variant %d",
-                        static_cast<int>(gd), static_cast<int>(md), static_cast<int>(pd), variant);
-          auto run = [&](const KernelTable& k) {
-            std::vector<float> p = p0, m32(len, 0.01f), v32(len, 0.001f), x32(len, 0.002f);
-            std::vector<std::uint16_t> m16(len, to_bf16(0.01f)), v16(len, to_bf16(0.001f)),
-                x16(len, to_bf16(0.002f)), p16(len);
-            const bool bfm = md == Dtype::bf16;
-            AdamArgs a{};
-            a.s = {0.9f,    0.999f, 0.1f, 0.001f,       1e-8f,        0.01f,       0.9999f,
-                   -0.001f, 0.03f,  0.5f, variant != 1, variant >= 2, variant == 1};
-            a.param = p.data();
-            a.exp_avg = bfm ? static_cast<void*>(m16.data()) : m32.data();
-            a.exp_avg_sq = bfm ? static_cast<void*>(v16.data()) : v32.data();
-            a.max_exp_avg_sq = bfm ? static_cast<void*>(x16.data()) : x32.data();
-            a.moment_dtype = md;
-            a.grad = grad;
-            a.grad_dtype = gd;
-            a.param16 = variant == 3 ? nullptr : p16.data();
-            a.param16_dtype = pd;
-            for (int s = 0; s < 2; ++s) k.adam(a, off, len);
-            return std::make_tuple(p, p16, m32, v32, m16, v16);
-          };
-          const auto x = run(ref), y = run(t);
-          expect_same(std::get<0>(x), std::get<0>(y), "adam param", n, off);
-          expect_same(std::get<1>(x), std::get<1>(y), "adam param16", n, off, pd);
-          expect_same(std::get<2>(x), std::get<2>(y), "adam exp_avg f32", n, off);
-          expect_same(std::get<3>(x), std::get<3>(y), "adam exp_avg_sq f32", n, off);
-          expect_same(std::get<4>(x), std::get<4>(y), "adam exp_avg bf16", n, off, Dtype::bf16);
-          expect_same(std::get<5>(x), std::get<5>(y), "adam exp_avg_sq bf16", n, off, Dtype::bf16);
-        }
+// The inputs every check reads: buffers with specials (NaN, inf, subnormals, values beyond
+// fp16's range) over [0, off + n), so start pointers are misaligned when off is odd.
+struct Inputs {
+  std::size_t n, off, len;
+  std::vector<float> p0, g32;
+  std::vector<std::uint16_t> gb, gh;
+  Inputs(std::size_t n_, std::size_t off_)
+      : n(n_),
+        off(off_),
+        len(off_ + n_),
+        p0(test::random_floats(len, 1 + n_, 1.0f, true)),
+        g32(test::random_floats(len, 2 + n_, 1.0f, true)),
+        gb(to16(g32, Dtype::bf16, 0.1f)),
+        gh(to16(g32, Dtype::f16, 0.1f)) {}
+  const void* of(Dtype d) const {
+    return d == Dtype::bf16  ? static_cast<const void*>(gb.data())
+           : d == Dtype::f16 ? static_cast<const void*>(gh.data())
+                             : static_cast<const void*>(g32.data());
+  }
+};
+
+// AdamW / Adam / AMSGrad / no 16-bit output (the four variants), every moment and output dtype.
+void check_adam(const KernelTable& ref, const KernelTable& t, const Inputs& in, Dtype gd) {
+  const std::size_t len = in.len;
+  for (Dtype md : {Dtype::f32, Dtype::bf16}) {
+    for (Dtype pd : {Dtype::bf16, Dtype::f16}) {
+      for (int variant = 0; variant < 4; ++variant) {
+        std::snprintf(detail, sizeof detail, "grad %d moments %d param16 %d variant %d",
+                      static_cast<int>(gd), static_cast<int>(md), static_cast<int>(pd), variant);
+        auto run = [&](const KernelTable& k) {
+          std::vector<float> p = in.p0, m32(len, 0.01f), v32(len, 0.001f), x32(len, 0.002f);
+          std::vector<std::uint16_t> m16(len, to_bf16(0.01f)), v16(len, to_bf16(0.001f)),
+              x16(len, to_bf16(0.002f)), p16(len);
+          const bool bfm = md == Dtype::bf16;
+          AdamArgs a{};
+          a.s = {0.9f,    0.999f, 0.1f, 0.001f,       1e-8f,        0.01f,       0.9999f,
+                 -0.001f, 0.03f,  0.5f, variant != 1, variant >= 2, variant == 1};
+          a.param = p.data();
+          a.exp_avg = bfm ? static_cast<void*>(m16.data()) : m32.data();
+          a.exp_avg_sq = bfm ? static_cast<void*>(v16.data()) : v32.data();
+          a.max_exp_avg_sq = bfm ? static_cast<void*>(x16.data()) : x32.data();
+          a.moment_dtype = md;
+          a.grad = in.of(gd);
+          a.grad_dtype = gd;
+          a.param16 = variant == 3 ? nullptr : p16.data();
+          a.param16_dtype = pd;
+          for (int s = 0; s < 2; ++s) k.adam(a, in.off, len);
+          return std::make_tuple(p, p16, m32, v32, m16, v16);
+        };
+        const auto x = run(ref), y = run(t);
+        const std::size_t n = in.n, off = in.off;
+        expect_same(std::get<0>(x), std::get<0>(y), "adam param", n, off);
+        expect_same(std::get<1>(x), std::get<1>(y), "adam param16", n, off, pd);
+        expect_same(std::get<2>(x), std::get<2>(y), "adam exp_avg f32", n, off);
+        expect_same(std::get<3>(x), std::get<3>(y), "adam exp_avg_sq f32", n, off);
+        expect_same(std::get<4>(x), std::get<4>(y), "adam exp_avg bf16", n, off, Dtype::bf16);
+        expect_same(std::get<5>(x), std::get<5>(y), "adam exp_avg_sq bf16", n, off, Dtype::bf16);
       }
     }
-    for (bool maximize : {false, true}) {  // Lion
-      LionArgs l{};
-      l.s = {1e-4f, -1e-4f, 0.9f, 0.99f, 0.1f, 0.01f, 0.1f, 0.99999f, 1.0f, maximize};
-      std::vector<float> pa = p0, ma(len, 0.01f), pb = p0, mb(len, 0.01f);
-      std::vector<std::uint16_t> qa(len), qb(len);
-      l.grad = grad;
-      l.grad_dtype = gd;
-      l.moment_dtype = Dtype::f32;
-      l.param16_dtype = Dtype::bf16;
-      l.param = pa.data();
-      l.exp_avg = ma.data();
-      l.param16 = qa.data();
-      ref.lion(l, off, len);
-      l.param = pb.data();
-      l.exp_avg = mb.data();
-      l.param16 = qb.data();
-      t.lion(l, off, len);
-      expect_same(pa, pb, "lion param", n, off);
-      expect_same(ma, mb, "lion exp_avg", n, off);
-      expect_same(qa, qb, "lion param16", n, off, Dtype::bf16);
-    }
-    for (bool nesterov : {false, true}) {  // SGD with momentum
-      SgdArgs s{};
-      s.s = {0.01f, -0.01f, 0.9f, nesterov ? 1.0f : 0.9f, 0.001f, 0.5f, nesterov, false, false};
-      std::vector<float> pa = p0, ba(len, 0.02f), pb = p0, bb(len, 0.02f);
-      s.grad = grad;
-      s.grad_dtype = gd;
-      s.param16 = nullptr;
-      s.param = pa.data();
-      s.momentum_buffer = ba.data();
-      ref.sgd(s, off, len);
-      s.param = pb.data();
-      s.momentum_buffer = bb.data();
-      t.sgd(s, off, len);
-      expect_same(pa, pb, "sgd param", n, off);
-      expect_same(ba, bb, "sgd momentum", n, off);
-    }
   }
-  // Casts in every direction, and accumulation.
+}
+
+// Lion (both signs) and SGD with momentum (plain and Nesterov).
+void check_lion_sgd(const KernelTable& ref, const KernelTable& t, const Inputs& in, Dtype gd) {
+  const std::size_t len = in.len, n = in.n, off = in.off;
+  for (bool maximize : {false, true}) {
+    LionArgs l{};
+    l.s = {1e-4f, -1e-4f, 0.9f, 0.99f, 0.1f, 0.01f, 0.1f, 0.99999f, 1.0f, maximize};
+    std::vector<float> pa = in.p0, ma(len, 0.01f), pb = in.p0, mb(len, 0.01f);
+    std::vector<std::uint16_t> qa(len), qb(len);
+    l.grad = in.of(gd);
+    l.grad_dtype = gd;
+    l.moment_dtype = Dtype::f32;
+    l.param16_dtype = Dtype::bf16;
+    l.param = pa.data();
+    l.exp_avg = ma.data();
+    l.param16 = qa.data();
+    ref.lion(l, off, len);
+    l.param = pb.data();
+    l.exp_avg = mb.data();
+    l.param16 = qb.data();
+    t.lion(l, off, len);
+    expect_same(pa, pb, "lion param", n, off);
+    expect_same(ma, mb, "lion exp_avg", n, off);
+    expect_same(qa, qb, "lion param16", n, off, Dtype::bf16);
+  }
+  for (bool nesterov : {false, true}) {
+    SgdArgs s{};
+    s.s = {0.01f, -0.01f, 0.9f, nesterov ? 1.0f : 0.9f, 0.001f, 0.5f, nesterov, false, false};
+    std::vector<float> pa = in.p0, ba(len, 0.02f), pb = in.p0, bb(len, 0.02f);
+    s.grad = in.of(gd);
+    s.grad_dtype = gd;
+    s.param16 = nullptr;
+    s.param = pa.data();
+    s.momentum_buffer = ba.data();
+    ref.sgd(s, off, len);
+    s.param = pb.data();
+    s.momentum_buffer = bb.data();
+    t.sgd(s, off, len);
+    expect_same(pa, pb, "sgd param", n, off);
+    expect_same(ba, bb, "sgd momentum", n, off);
+  }
+}
+
+// Casts in every direction, and accumulation.
+void check_casts(const KernelTable& ref, const KernelTable& t, const Inputs& in) {
+  const std::size_t len = in.len, n = in.n, off = in.off;
   for (Dtype sd : {Dtype::f32, Dtype::bf16, Dtype::f16}) {
-    const void* src = sd == Dtype::f32    ? static_cast<const void*>(p0.data())
-                      : sd == Dtype::bf16 ? static_cast<const void*>(gb.data())
-                                          : static_cast<const void*>(gh.data());
+    const void* src = sd == Dtype::f32 ? static_cast<const void*>(in.p0.data()) : in.of(sd);
     for (Dtype dd : {Dtype::f32, Dtype::bf16, Dtype::f16}) {
       std::snprintf(detail, sizeof detail, "from %d to %d", static_cast<int>(sd),
                     static_cast<int>(dd));
@@ -155,8 +176,8 @@ void check(const KernelTable& ref, const KernelTable& t, std::size_t n, std::siz
       ref.cast(src, sd, a.data(), dd, off, len);
       t.cast(src, sd, b.data(), dd, off, len);
       expect_same(a, b, "cast", n, off, dd);
-      std::vector<float> acc32 = g32;
-      std::vector<std::uint16_t> acc16 = to16(g32, dd == Dtype::f32 ? Dtype::bf16 : dd, 1.0f);
+      std::vector<float> acc32 = in.g32;
+      std::vector<std::uint16_t> acc16 = to16(in.g32, dd == Dtype::f32 ? Dtype::bf16 : dd, 1.0f);
       auto acc_a32 = acc32, acc_b32 = acc32;
       auto acc_a16 = acc16, acc_b16 = acc16;
       void* aa = dd == Dtype::f32 ? static_cast<void*>(acc_a32.data()) : acc_a16.data();
@@ -168,52 +189,65 @@ void check(const KernelTable& ref, const KernelTable& t, std::size_t n, std::siz
                   dd == Dtype::f32 ? Dtype::bf16 : dd);
     }
   }
-  // Statistics: the exact lanes per chunk, and the 16-bit fast path's chunk sums (bf16 and fp16,
-  // with values whose bf16 squares leave fp32's range so the exact fallback runs too), one
-  // stream and the table's lockstep streams.
-  std::vector<std::uint16_t> gs_(len);
+}
+
+// Statistics: the exact lanes per chunk, and the 16-bit fast path's chunk sums (bf16 and fp16,
+// with values whose bf16 squares leave fp32's range so the exact fallback runs too).
+void check_stats(const KernelTable& ref, const KernelTable& t, const Inputs& in) {
+  const std::size_t len = in.len;
+  std::vector<std::uint16_t> gs(len);
   for (std::size_t i = 0; i < len; ++i)
-    gs_[i] = to_bf16(g32[i] * (i % 3 == 0 ? 1e-30f : i % 3 == 1 ? 1.0f : 1e25f));
-  const std::vector<std::uint16_t>& gs = gs_;
+    gs[i] = to_bf16(in.g32[i] * (i % 3 == 0 ? 1e-30f : i % 3 == 1 ? 1.0f : 1e25f));
   for (std::size_t b = 0; b < len; b += kStatsChunk) {
     const std::size_t e = std::min(len, b + kStatsChunk);
     for (Dtype d : {Dtype::f32, Dtype::bf16, Dtype::f16}) {
-      const void* src = d == Dtype::f32    ? static_cast<const void*>(g32.data())
-                        : d == Dtype::bf16 ? static_cast<const void*>(gb.data())
-                                           : static_cast<const void*>(gh.data());
       StatsLanes x{}, y{};
-      ref.stats(src, d, b, e, x);
-      t.stats(src, d, b, e, y);
+      ref.stats(in.of(d), d, b, e, x);
+      t.stats(in.of(d), d, b, e, y);
       if (std::memcmp(x.lane, y.lane, sizeof x.lane) != 0) {
-        std::printf("FAIL %s: stats lanes n=%zu\n", current, n);
+        std::printf("FAIL %s: stats lanes n=%zu\n", current, in.n);
         ++failures;
       }
     }
-    for (const std::vector<std::uint16_t>* src : {&gb, &gh, &gs}) {
-      const Dtype d = src == &gh ? Dtype::f16 : Dtype::bf16;
+    for (const std::vector<std::uint16_t>* src : {&in.gb, &in.gh, &std::as_const(gs)}) {
+      const Dtype d = src == &in.gh ? Dtype::f16 : Dtype::bf16;
       double sx = 0, sy = 0;
       chunk_sums_sq(ref, src->data(), d, &b, e - b, 1, &sx);
       chunk_sums_sq(t, src->data(), d, &b, e - b, 1, &sy);
       if (std::memcmp(&sx, &sy, sizeof sx) != 0) {
-        std::printf("FAIL %s: stats16 %s n=%zu\n", current, d == Dtype::f16 ? "f16" : "bf16", n);
+        std::printf("FAIL %s: stats16 %s n=%zu\n", current, d == Dtype::f16 ? "f16" : "bf16", in.n);
         ++failures;
       }
     }
   }
+}
+
+// The table's lockstep 16-bit statistics streams against one stream at a time.
+void check_stats_streams(const KernelTable& ref, const KernelTable& t, const Inputs& in) {
   const int S = t.stats16_streams;
-  const std::size_t chunks = len / kStatsChunk;
-  if (S > 1 && chunks >= static_cast<std::size_t>(S)) {
-    std::size_t starts[kMaxStatsStreams];
-    for (int k = 0; k < S; ++k) starts[k] = static_cast<std::size_t>(k) * kStatsChunk;
-    double one[kMaxStatsStreams], many[kMaxStatsStreams];
-    for (int k = 0; k < S; ++k)
-      chunk_sums_sq(ref, gb.data(), Dtype::bf16, &starts[k], kStatsChunk, 1, &one[k]);
-    chunk_sums_sq(t, gb.data(), Dtype::bf16, starts, kStatsChunk, S, many);
-    if (std::memcmp(one, many, sizeof(double) * S) != 0) {
-      std::printf("FAIL %s: stats16 with %d streams\n", current, S);
-      ++failures;
-    }
+  if (S <= 1 || in.len / kStatsChunk < static_cast<std::size_t>(S)) return;
+  std::size_t starts[kMaxStatsStreams];
+  for (int k = 0; k < S; ++k) starts[k] = static_cast<std::size_t>(k) * kStatsChunk;
+  double one[kMaxStatsStreams], many[kMaxStatsStreams];
+  for (int k = 0; k < S; ++k)
+    chunk_sums_sq(ref, in.gb.data(), Dtype::bf16, &starts[k], kStatsChunk, 1, &one[k]);
+  chunk_sums_sq(t, in.gb.data(), Dtype::bf16, starts, kStatsChunk, S, many);
+  if (std::memcmp(one, many, sizeof(double) * S) != 0) {
+    std::printf("FAIL %s: stats16 with %d streams\n", current, S);
+    ++failures;
   }
+}
+
+// Every kernel of `t` against `ref` over [off, off + n).
+void check(const KernelTable& ref, const KernelTable& t, std::size_t n, std::size_t off) {
+  const Inputs in(n, off);
+  for (Dtype gd : {Dtype::bf16, Dtype::f16, Dtype::f32}) {
+    check_adam(ref, t, in, gd);
+    check_lion_sgd(ref, t, in, gd);
+  }
+  check_casts(ref, t, in);
+  check_stats(ref, t, in);
+  check_stats_streams(ref, t, in);
 }
 
 }  // namespace

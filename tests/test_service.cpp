@@ -11,6 +11,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <cstring>
 #include <fstream>
@@ -178,6 +179,48 @@ TEST(Service, TheNodeBudgetIsSharedAndGivenBack) {
   }
   ServiceClient b(client_config(sc, "b", 0, 512 * kKiB));
   EXPECT_EQ(b.memory().size(), 512 * kKiB);
+}
+
+// Hellos made at once (the memory of each is made outside the service's lock, after its grant
+// and key are taken): never more granted than the budget, a key attached once at a time, and
+// every grant given back.
+TEST(Service, SimultaneousAttachesNeverExceedTheBudgetNorShareAKey) {
+  TempDir d;
+  auto sc = service_config(d, 1 * kMiB);
+  SwapService svc(sc);
+  constexpr int kThreads = 8;
+  std::atomic<int> attached{0}, over_budget{0}, busy{0}, other{0};
+  std::atomic<bool> go{false};
+  std::vector<std::thread> ts;
+  for (int t = 0; t < kThreads; ++t)
+    ts.emplace_back([&, t] {
+      // Threads 0-3 name four distinct clients of 768 KiB (one fits); 4-7 all name client "k".
+      auto cc = t < 4 ? client_config(sc, "j" + std::to_string(t), 0, 768 * kKiB)
+                      : client_config(sc, "k", 0, 128 * kKiB);
+      while (!go) std::this_thread::yield();
+      try {
+        ServiceClient c(cc);
+        ++attached;
+        const auto st = nlohmann::json::parse(svc.status_json());
+        EXPECT_LE(st.at("memory_granted").get<std::uint64_t>(), 1 * kMiB);
+        std::this_thread::sleep_for(std::chrono::milliseconds(50));
+      } catch (const std::system_error& e) {
+        const int v = e.code().value();
+        (v == EINVAL ? over_budget : v == EBUSY ? busy : other)++;
+      }
+    });
+  go = true;
+  for (auto& t : ts) t.join();
+  EXPECT_EQ(other.load(), 0);
+  EXPECT_EQ(attached + over_budget + busy, kThreads);
+  EXPECT_GE(attached.load(), 2);  // one of j0-j3 at least, and "k" at least once
+  for (int i = 0; i < 100; ++i) {
+    if (nlohmann::json::parse(svc.status_json()).at("memory_granted") == 0) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  EXPECT_EQ(nlohmann::json::parse(svc.status_json()).at("memory_granted"), 0);
+  ServiceClient last(client_config(sc, "j0", 0, 1 * kMiB));  // the whole budget is free again
+  EXPECT_EQ(last.memory().size(), 1 * kMiB);
 }
 
 // A client's region is fixed at its first attach: a reattach asking more is refused with both

@@ -331,13 +331,23 @@ int SwapService::Impl::hello(Peer& p, const wire::Hello& h, Session& s, std::str
   const bool reattached = clients.count(key) != 0;
   ClientRecord* rec = nullptr;
   if (const int refused = admit(h, key, &rec, why); refused != 0) return refused;
-  s.mem =
-      service::make_shared_memory(key, mem + pageable, cfg.lock_memory ? mem : 0, huge_pages.lent);
-  s.rec = rec;  // attached from here on: detach() undoes what follows
-  s.key = key;
+  // The grant and the key are taken now (a second hello for the key is refused as attached);
+  // the memory is made without the lock: locking gigabytes takes seconds, and every other
+  // client's completions count their traffic under it.
   granted += mem;
   live[key] = Live{mem, pageable, p.cred.pid, p.cred.uid};
   lk.unlock();
+  try {
+    s.mem = service::make_shared_memory(key, mem + pageable, cfg.lock_memory ? mem : 0,
+                                        huge_pages.lent);
+  } catch (...) {
+    lk.lock();
+    granted -= mem;
+    live.erase(key);
+    throw;
+  }
+  s.rec = rec;  // attached from here on: detach() undoes what follows
+  s.key = key;
   // The locked part as io_uring fixed buffers: no page pinning per request (the pageable part
   // stays unregistered: a registration would pin it).
   if (cfg.lock_memory) s.registered = engine->register_buffer(s.mem->data, mem);
@@ -492,7 +502,7 @@ std::uint64_t SwapService::Impl::commit(Session& s) {
 void SwapService::Impl::detach(Session& s) {
   if (!s.rec) return;
   ClientRecord& c = *s.rec;
-  std::lock_guard lk(mu);
+  std::unique_lock lk(mu);
   // The open generation is discarded: blocks never committed give their extents back.
   for (auto it = c.blocks.begin(); it != c.blocks.end();) {
     it->second.open = false;
@@ -509,7 +519,8 @@ void SwapService::Impl::detach(Session& s) {
   log(LogLevel::info, fmt::format("service: {} detached at generation {}", s.key, c.generation));
   s.rec = nullptr;
   if (s.release) forget(s.key);  // destroys the record `c` refers to: last
-  s.mem.reset();
+  lk.unlock();
+  s.mem.reset();  // unmapping gigabytes takes a while: not under the lock
 }
 
 void SwapService::Impl::forget(const std::string& key) {

@@ -636,6 +636,61 @@ def test_gloo_ranks_are_bit_identical_to_one_rank(tmp_path, world):
         assert torch.equal(a, b)
 
 
+def test_bad_values_in_groups_and_state_dicts_are_named_and_change_nothing(tmp_path):
+    lin = torch.nn.Linear(4, 4).to(torch.bfloat16)
+    with pytest.raises(ValueError, match=r"param_groups\[0\]: eps='x': expected a number"):
+        tt.AdamW(lin.parameters(), eps="x", swap_dir=str(tmp_path))
+    with pytest.raises(ValueError, match=r"betas=0.9: expected a pair"):
+        tt.AdamW(lin.parameters(), betas=0.9, swap_dir=str(tmp_path))
+    with pytest.raises(ValueError, match="momentum=None"):
+        tt.SGD(lin.parameters(), lr=0.1, momentum=None, swap_dir=str(tmp_path))
+    opt = tt.AdamW(lin.parameters(), lr=0.1, swap_dir=str(tmp_path), telemetry=False)
+    for p in lin.parameters():
+        p.grad = torch.ones_like(p)
+    opt.step()
+    opt.param_groups[0]["weight_decay"] = "high"
+    with pytest.raises(ValueError, match=r"param_groups\[0\]: weight_decay='high'"):
+        opt.step()
+    opt.param_groups[0]["weight_decay"] = 0.01
+    good = opt.state_dict()
+    before = {k: v for k, v in good["param_groups"][0].items() if k != "params"}
+    for bad_step in (torch.tensor(-3.0), torch.tensor(2.5), "x", torch.ones(2)):
+        bad = opt.state_dict()
+        bad["param_groups"][0]["lr"] = 0.5
+        bad["state"][1]["step"] = bad_step
+        with pytest.raises(ValueError, match="state 'step' of parameter 1: .* not a step count"):
+            opt.load_state_dict(bad)
+    # A load the native side refuses (amsgrad is fixed at construction) leaves the groups as
+    # they were, and the optimizer steps on.
+    bad = opt.state_dict()
+    bad["param_groups"][0].update(lr=0.5, amsgrad=True)
+    with pytest.raises(ValueError, match="amsgrad"):
+        opt.load_state_dict(bad)
+    assert {k: v for k, v in opt.param_groups[0].items() if k != "params"} == before
+    assert opt._native.group(0)["lr"] == pytest.approx(0.1)
+    for p in lin.parameters():
+        p.grad = torch.ones_like(p)
+    opt.step()
+    assert opt.step_count == 2
+    (tmp_path / "file").write_text("x")
+    with pytest.raises(NotADirectoryError, match="file"):
+        opt.save(tmp_path / "file")
+    opt.close()
+
+
+def test_a_parameter_moved_off_its_storage_is_an_error_not_a_silent_stall(tmp_path):
+    lin = torch.nn.Linear(8, 4).to(torch.bfloat16)
+    opt = tt.AdamW(lin.parameters(), lr=0.1, swap_dir=str(tmp_path), telemetry=False)
+    lin.weight.data = lin.weight.data.clone()  # the step's values would no longer reach it
+    for p in lin.parameters():
+        p.grad = torch.ones_like(p)
+    with pytest.raises(RuntimeError, match="parameter 0 .* no longer on the storage"):
+        opt.step()
+    opt.close()
+    with pytest.raises(RuntimeError, match="closed"):
+        opt.step()
+
+
 def test_parameters_alias_the_new_values_and_get_their_own_storage_back_at_close(tmp_path):
     lin = torch.nn.Linear(32, 16).to(torch.bfloat16)
     opt = tt.AdamW(lin.parameters(), lr=0.1, swap_dir=str(tmp_path), telemetry=False)

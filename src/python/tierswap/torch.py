@@ -191,7 +191,7 @@ class _TieredOptimizer(Optimizer):
         self._group_ids = []
         self._hyper_sent = []
         for gi, group in enumerate(self.param_groups):
-            h = self._hyper(group)
+            h = self._group_hyper(gi, group)
             n.add_group(self._kind, h, f"group{gi}")
             self._hyper_sent.append(h)
             self._group_ids.append([id(p) for p in group["params"]])
@@ -211,11 +211,33 @@ class _TieredOptimizer(Optimizer):
         # the fused kernel writes at every step (no copy into p afterwards).
         for p, nid in self._ids:
             p.data = torch.frombuffer(n.param16_view(nid), dtype=p.dtype).view(p.shape)
+        self._storage = [p.data_ptr() for p, _ in self._ids]
+
+    def _check_storage(self):
+        """Each trainable parameter still on the storage the constructor gave it: the step writes
+        the new values there, so a parameter moved off it would silently stop training."""
+        if not self._closer.alive:
+            return  # closed: the native call says so
+        for (p, nid), ptr in zip(self._ids, self._storage):
+            if p.data_ptr() != ptr:
+                raise RuntimeError(
+                    f"parameter {nid} (shape {tuple(p.shape)}, {p.dtype}, {p.device}) is no longer "
+                    "on the storage this optimizer gave it (p.data = ..., model.to(...), "
+                    "load_state_dict of the model with assign=True): the step writes the new "
+                    "values there, so they would not reach it. Build the optimizer after moving "
+                    "or loading the model; copy values in place (p.copy_(...)) and then "
+                    "load_state_dict with 'master_params' to set the weights of a built one")
 
     def _refs(self):
         return [(nid, p.data_ptr(), _DTYPE_NAMES[p.dtype], p.numel()) for p, nid in self._ids]
 
     # ---- hyper-parameters ---------------------------------------------------------------------
+    def _group_hyper(self, gi, group):
+        try:
+            return self._hyper(group)
+        except ValueError as e:
+            raise ValueError(f"param_groups[{gi}]: {e}") from None
+
     def _sync_groups(self):
         if len(self.param_groups) != len(self._group_ids):
             raise RuntimeError("param_groups changed length after construction")
@@ -223,7 +245,7 @@ class _TieredOptimizer(Optimizer):
             if [id(p) for p in group["params"]] != self._group_ids[gi]:
                 raise RuntimeError(f"param_groups[{gi}]['params'] changed after construction: "
                                    "tierswap lays out its parameters once")
-            h = self._hyper(group)
+            h = self._group_hyper(gi, group)
             if h != self._hyper_sent[gi]:
                 self._native.set_group(gi, self._kind, h)
                 self._hyper_sent[gi] = h
@@ -296,6 +318,7 @@ class _TieredOptimizer(Optimizer):
         if closure is not None:
             with torch.enable_grad():
                 loss = closure()
+        self._check_storage()
         t0 = time.perf_counter()
         lent = []  # gradients the step reads in place: alive until it returns
         if self._hooks:
@@ -346,7 +369,7 @@ class _TieredOptimizer(Optimizer):
         if isinstance(parameters, torch.Tensor):
             parameters = [parameters]
         grads = [p.grad for p in parameters if p.grad is not None]
-        max_norm, norm_type = float(max_norm), float(norm_type)
+        max_norm, norm_type = _number("max_norm", max_norm), _number("norm_type", norm_type)
         if not (max_norm > 0):
             raise ValueError(f"clip_grad_norm_: max_norm {max_norm} must be > 0")
         if not grads:
@@ -459,7 +482,7 @@ class _TieredOptimizer(Optimizer):
                 raise ValueError(f"state dict holds state for parameter {saved}, which is not a "
                                  "trainable parameter here")
             if "step" in st:
-                steps.add(int(float(st["step"])))
+                steps.add(_step_count(st["step"], saved))
             for key, cls in self._state_keys_for(p):
                 if st.get(key) is not None:
                     items.append(self._state_item(p, ids[id(p)], key, cls, st[key], keep))
@@ -469,10 +492,18 @@ class _TieredOptimizer(Optimizer):
         if len(steps) > 1:
             raise ValueError(f"parameters are at different steps {sorted(steps)}: tierswap keeps "
                              "one step count")
-        for mine, theirs in zip(self.param_groups, groups):
-            mine.update({k: v for k, v in theirs.items() if k != "params"})
-        self._sync_groups()
-        self._native.import_state(items, steps.pop() if steps else None)
+        before = [dict(g) for g in self.param_groups]
+        try:
+            for mine, theirs in zip(self.param_groups, groups):
+                mine.update({k: v for k, v in theirs.items() if k != "params"})
+            self._sync_groups()
+            self._native.import_state(items, steps.pop() if steps else None)
+        except BaseException:  # the groups as they were (state is imported whole or not at all)
+            for mine, old in zip(self.param_groups, before):
+                mine.clear()
+                mine.update(old)
+            self._sync_groups()
+            raise
 
     @staticmethod
     def _state_item(p, nid, key, cls, value, keep):
@@ -487,6 +518,9 @@ class _TieredOptimizer(Optimizer):
     def save(self, path):
         """tierswap's native checkpoint (the state stays on the tiers: nothing is materialized);
         loads at any world size with load()."""
+        if os.path.exists(path) and not os.path.isdir(path):
+            raise NotADirectoryError(f"save({os.fspath(path)!r}): not a directory (a checkpoint "
+                                     "is one)")
         os.makedirs(path, exist_ok=True)
         self._native.save(os.fspath(path))
 
@@ -526,10 +560,10 @@ class AdamW(_TieredOptimizer):
 
     @staticmethod
     def _hyper(group):
-        b1, b2 = group["betas"]
-        return {"lr": float(group["lr"]), "beta1": float(b1), "beta2": float(b2),
-                "eps": float(group["eps"]), "weight_decay": float(group["weight_decay"]),
-                "amsgrad": bool(group["amsgrad"]), "maximize": bool(group.get("maximize", False))}
+        b1, b2 = _pair("betas", group["betas"])
+        return {"lr": _num(group, "lr"), "beta1": b1, "beta2": b2, "eps": _num(group, "eps"),
+                "weight_decay": _num(group, "weight_decay"), "amsgrad": bool(group["amsgrad"]),
+                "maximize": bool(group.get("maximize", False))}
 
     @staticmethod
     def _apply_native(group, n):
@@ -570,9 +604,9 @@ class SGD(_TieredOptimizer):
 
     @staticmethod
     def _hyper(group):
-        return {"lr": float(group["lr"]), "momentum": float(group["momentum"]),
-                "dampening": float(group["dampening"]),
-                "weight_decay": float(group["weight_decay"]), "nesterov": bool(group["nesterov"]),
+        return {"lr": _num(group, "lr"), "momentum": _num(group, "momentum"),
+                "dampening": _num(group, "dampening"),
+                "weight_decay": _num(group, "weight_decay"), "nesterov": bool(group["nesterov"]),
                 "maximize": bool(group.get("maximize", False))}
 
     @staticmethod
@@ -599,9 +633,9 @@ class Lion(_TieredOptimizer):
 
     @staticmethod
     def _hyper(group):
-        b1, b2 = group["betas"]
-        return {"lr": float(group["lr"]), "beta1": float(b1), "beta2": float(b2),
-                "weight_decay": float(group["weight_decay"]),
+        b1, b2 = _pair("betas", group["betas"])
+        return {"lr": _num(group, "lr"), "beta1": b1, "beta2": b2,
+                "weight_decay": _num(group, "weight_decay"),
                 "maximize": bool(group.get("maximize", False))}
 
     @staticmethod
@@ -630,6 +664,39 @@ def _reject_torch_only(tier):
                             f"{', '.join(sorted(_TIER_KEYWORDS))})")
 
 
+def _number(name, value):
+    """float(value), or a ValueError naming the option (a string, None, a list...)."""
+    try:
+        return float(value)
+    except (TypeError, ValueError):
+        raise ValueError(f"{name}={value!r}: expected a number") from None
+
+
+def _pair(name, value):
+    """A (b1, b2) pair of numbers, or a ValueError naming the option."""
+    try:
+        a, b = value
+    except (TypeError, ValueError):
+        raise ValueError(f"{name}={value!r}: expected a pair of numbers") from None
+    return _number(f"{name}[0]", a), _number(f"{name}[1]", b)
+
+
+def _num(group, key):
+    return _number(key, group[key])
+
+
+def _step_count(value, saved):
+    """A state dict's 'step' (torch keeps a float tensor) as the count it must be."""
+    try:
+        f = float(value)
+    except (TypeError, ValueError, RuntimeError):  # RuntimeError: a tensor of several values
+        f = float("nan")
+    if not (f >= 0 and f == int(f) and f < 2 ** 63):
+        raise ValueError(f"state 'step' of parameter {saved}: {value!r} is not a step count "
+                         "(a whole number >= 0)")
+    return int(f)
+
+
 def _choice(name, value, allowed):
     if value not in allowed:
         raise ValueError(f"{name}={value!r}: one of {', '.join(allowed)}")
@@ -637,7 +704,7 @@ def _choice(name, value, allowed):
 
 
 def _nonneg(name, value):
-    v = float(value)
+    v = _number(name, value)
     if not v >= 0:
         raise ValueError(f"{name}={value!r}: must be >= 0")
     return v
@@ -646,10 +713,11 @@ def _nonneg(name, value):
 def _scaler(loss_scale, init_scale, growth_factor, backoff_factor, growth_interval):
     if loss_scale is None:
         return {"mode": "none"}
-    base = {"growth_factor": float(growth_factor), "backoff_factor": float(backoff_factor),
-            "growth_interval": int(growth_interval)}
+    base = {"growth_factor": _number("growth_factor", growth_factor),
+            "backoff_factor": _number("backoff_factor", backoff_factor),
+            "growth_interval": int(_number("growth_interval", growth_interval))}
     if loss_scale == "dynamic":
-        return dict(base, mode="dynamic", init_scale=float(init_scale))
+        return dict(base, mode="dynamic", init_scale=_number("init_scale", init_scale))
     if isinstance(loss_scale, (int, float)) and not isinstance(loss_scale, bool):
         return dict(base, mode="fixed", init_scale=float(loss_scale))
     raise ValueError(f"loss_scale={loss_scale!r}: None, 'dynamic' or a number")

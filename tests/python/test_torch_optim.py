@@ -531,6 +531,30 @@ def test_deepspeed_config_maps_and_names_what_it_ignores(tmp_path):
         map_config({"optimizer": {"type": "OneBitAdam"}})
 
 
+@pytest.mark.parametrize("cfg,message", [
+    ([1, 2], "a DeepSpeed config is a JSON object, not a list"),
+    ({"optimizer": {"type": "AdamW", "params": "fast"}}, r"optimizer.params: expected an object"),
+    ({"zero_optimization": []}, r"zero_optimization: expected an object, got \[\]"),
+    ({"optimizer": {"params": {"lr": "1e-3"}}}, r'optimizer.params.lr: expected a number, got "1e-3"'),
+    ({"optimizer": {"params": {"betas": [0.9]}}}, r"optimizer.params.betas: expected two numbers"),
+    ({"gradient_clipping": "1.0"}, "gradient_clipping: expected a number"),
+    ({"fp16": {"enabled": True, "initial_scale_power": 5000}},
+     r"fp16.initial_scale_power: expected a whole number in \[0, 127\], got 5000"),
+    ({"fp16": {"enabled": True}, "bf16": {"enabled": True}}, "both true"),
+    ({"zero_optimization": {"offload_optimizer": {"buffer_count": "four", "buffer_size": 1e6}}},
+     "buffer_count: expected a whole number"),
+    ({"optimizer": {"params": {"lr": "auto", "weight_decay": "auto"}}, "gradient_clipping": "auto",
+      "train_batch_size": "auto"},
+     r'optimizer.params.lr, optimizer.params.weight_decay, gradient_clipping: "auto" is a value '
+     "the Hugging Face Trainer fills in"),
+])
+def test_deepspeed_configs_of_the_wrong_shape_name_the_key(tmp_path, cfg, message):
+    path = tmp_path / "ds.json"
+    path.write_text(json.dumps(cfg))
+    with pytest.raises(ValueError, match=message):
+        map_config(str(path))
+
+
 def test_the_main_job_prints_steps_and_the_residency_table(capsys, monkeypatch, tmp_path):
     monkeypatch.setenv("TMPDIR", str(tmp_path))
     assert tinylm.main(["--steps", "3"]) == 0

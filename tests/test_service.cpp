@@ -489,6 +489,26 @@ TEST(Service, ACorruptRegistryIsAnErrorAndLeftAlone) {
   EXPECT_EQ(std::filesystem::file_size(reg), before);
 }
 
+// Without a capacity the service opens what the directories hold: each is checked first.
+TEST(Service, SwapDirectoriesWithoutASwapSpaceAreNamedAndLeftAlone) {
+  TempDir d;
+  auto sc = service_config(d);
+  sc.capacity = 0;
+  const auto file = d.path() / "a-file";
+  std::ofstream(file) << "kept";
+  sc.swap_dirs = {file};
+  EXPECT_NE(error_of([&] { SwapService svc(sc); }).find(file.string() + ": not a directory"),
+            std::string::npos);
+  sc.swap_dirs = {d.path() / "missing"};
+  EXPECT_NE(error_of([&] { SwapService svc(sc); }).find("missing: does not exist"),
+            std::string::npos);
+  sc.swap_dirs = {d.path()};
+  EXPECT_NE(error_of([&] { SwapService svc(sc); }).find("holds no tierswap swap space"),
+            std::string::npos);
+  EXPECT_EQ(std::filesystem::file_size(file), 4u);
+  EXPECT_FALSE(std::filesystem::exists(d.path() / "tierswap.swap"));
+}
+
 TEST(Service, MetricsCountClientsAndTheirTraffic) {
   TempDir d;
   const auto sc = service_config(d);

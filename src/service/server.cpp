@@ -56,6 +56,10 @@ void SwapService::Impl::open_storage() {
   } else {
     for (const auto& d : cfg.swap_dirs) {
       std::error_code ec;
+      if (!std::filesystem::is_directory(d, ec))
+        throw std::invalid_argument(
+            fmt::format("swap directory {}: {}", d.string(),
+                        std::filesystem::exists(d, ec) ? "not a directory" : "does not exist"));
       if (!std::filesystem::exists(d / SwapSpace::kFileName, ec))
         throw std::invalid_argument(fmt::format(
             "swap directory {} holds no tierswap swap space ({}): give a capacity to create one "

@@ -14,6 +14,14 @@
 
 namespace tierswap::cli {
 
+/// Temporary directories are also removed when SIGINT, SIGTERM or SIGHUP ends the process (a
+/// benchmark stopped with Ctrl-C must not leave gigabytes of swap files behind): each is
+/// registered with a handler (installed at the first, where the signal's disposition is the
+/// default) that removes the registered trees with async-signal-safe calls only and then lets
+/// the signal end the process as it would have. Returns the slot (-1: none free, not covered).
+int register_temp_dir(const std::filesystem::path& dir) noexcept;
+void unregister_temp_dir(int slot) noexcept;
+
 struct TempDir {
   std::filesystem::path path;
   explicit TempDir(const char* prefix = "tierswap-bench") {
@@ -22,15 +30,23 @@ struct TempDir {
     if (::mkdtemp(tmpl.data()) == nullptr)
       throw std::system_error(errno, std::system_category(), "mkdtemp " + tmpl);
     path = tmpl;
+    slot_ = register_temp_dir(path);
   }
   ~TempDir() {
+    unregister_temp_dir(slot_);
     std::error_code ec;
     if (!path.empty()) std::filesystem::remove_all(path, ec);
   }
   /// Leaves the directory in place at exit; returns its path.
-  std::filesystem::path keep() { return std::exchange(path, {}); }
+  std::filesystem::path keep() {
+    unregister_temp_dir(std::exchange(slot_, -1));
+    return std::exchange(path, {});
+  }
   TempDir(const TempDir&) = delete;
   TempDir& operator=(const TempDir&) = delete;
+
+ private:
+  int slot_ = -1;
 };
 
 /// `dir` when given, else a new temporary directory owned by `temp` (removed with it).

@@ -678,7 +678,8 @@ def test_bad_values_in_groups_and_state_dicts_are_named_and_change_nothing(tmp_p
     opt.param_groups[0]["weight_decay"] = 0.01
     good = opt.state_dict()
     before = {k: v for k, v in good["param_groups"][0].items() if k != "params"}
-    for bad_step in (torch.tensor(-3.0), torch.tensor(2.5), "x", torch.ones(2)):
+    for bad_step in (torch.tensor(-3.0), torch.tensor(2.5), "x", torch.ones(2), float("inf"),
+                     float("nan")):
         bad = opt.state_dict()
         bad["param_groups"][0]["lr"] = 0.5
         bad["state"][1]["step"] = bad_step

@@ -691,7 +691,7 @@ def _step_count(value, saved):
         f = float(value)
     except (TypeError, ValueError, RuntimeError):  # RuntimeError: a tensor of several values
         f = float("nan")
-    if not (f >= 0 and f == int(f) and f < 2 ** 63):
+    if not (0 <= f < 2 ** 63 and f == int(f)):  # nan and inf fail the range first
         raise ValueError(f"state 'step' of parameter {saved}: {value!r} is not a step count "
                          "(a whole number >= 0)")
     return int(f)

@@ -32,7 +32,7 @@ bool is_dot(const char* n) {
   return n[0] == '.' && (n[1] == 0 || (n[1] == '.' && n[2] == 0));
 }
 
-// One pass over the directory's entries: files unlinked, directories emptied and removed.
+// The directory's entries: files unlinked, directories emptied and removed (up to three passes).
 void empty_dir(int fd, int depth);
 
 void remove_entry(int parent, const char* name, int depth) {

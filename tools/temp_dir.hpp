@@ -19,6 +19,7 @@ namespace tierswap::cli {
 /// registered with a handler (installed at the first, where the signal's disposition is the
 /// default) that removes the registered trees with async-signal-safe calls only and then lets
 /// the signal end the process as it would have. Returns the slot (-1: none free, not covered).
+/// A directory the user named (--dir) is the user's: what a run made there is not removed.
 int register_temp_dir(const std::filesystem::path& dir) noexcept;
 void unregister_temp_dir(int slot) noexcept;
 

@@ -529,6 +529,8 @@ def test_deepspeed_config_maps_and_names_what_it_ignores(tmp_path):
         assert map_config(cfg)[0] == "adam"
     with pytest.raises(ValueError, match="OneBitAdam"):
         map_config({"optimizer": {"type": "OneBitAdam"}})
+    # A config given as a Python dict may hold tuples where JSON has lists.
+    assert map_config({"optimizer": {"params": {"betas": (0.8, 0.9)}}})[1]["betas"] == (0.8, 0.9)
 
 
 @pytest.mark.parametrize("cfg,message", [

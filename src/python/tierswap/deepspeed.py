@@ -97,7 +97,7 @@ def _optimizer(cfg, kw, ignored):
             kw[key] = params.pop(key)
     if "betas" in params:
         b = params.pop("betas")
-        if not isinstance(b, list) or len(b) != 2:
+        if not isinstance(b, (list, tuple)) or len(b) != 2:
             raise ValueError(f"optimizer.params.betas: expected two numbers, got {json.dumps(b)}")
         kw["betas"] = tuple(_number(f"optimizer.params.betas[{i}]", x) for i, x in enumerate(b))
     ignored += [f"optimizer.params.{k}" for k in params]

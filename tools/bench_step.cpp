@@ -76,11 +76,18 @@ struct StepOptions {
   bool disk_busy = false;       // sample the disks' requests in flight during each pass
 };
 
-// The sub-directories the bench creates under each --dir, removed at exit unless --keep.
+// The sub-directories the bench creates under each --dir, removed at exit unless --keep (and
+// when a signal ends the run: they are the run's, not the user's; see temp_dir.hpp).
 struct Created {
   std::vector<std::filesystem::path> dirs;
+  std::vector<int> slots;
   bool keep = false;
+  void add(const std::filesystem::path& d) {
+    dirs.push_back(d);
+    slots.push_back(keep ? -1 : register_temp_dir(d));
+  }
   ~Created() {
+    for (int s : slots) unregister_temp_dir(s);
     if (keep) return;
     std::error_code ec;
     for (const auto& d : dirs) std::filesystem::remove_all(d, ec);
@@ -97,7 +104,7 @@ SwapSpace make_space(const std::vector<std::filesystem::path>& dirs, const char*
           fmt::format("--dir {}: {} exists (a kept run?); remove it or use another directory",
                       d.string(), sc.dirs.back().string()));
     std::filesystem::create_directories(sc.dirs.back());
-    created.dirs.push_back(sc.dirs.back());
+    created.add(sc.dirs.back());
   }
   sc.capacity = round_up(capacity, 1ull << 20);
   return SwapSpace::create(sc);

@@ -19,7 +19,8 @@ namespace tierswap::cli {
 /// registered with a handler (installed at the first, where the signal's disposition is the
 /// default) that removes the registered trees with async-signal-safe calls only and then lets
 /// the signal end the process as it would have. Returns the slot (-1: none free, not covered).
-/// A directory the user named (--dir) is the user's: what a run made there is not removed.
+/// A directory the user named (--dir) is the user's; what a run makes in it is its own to
+/// register (bench step registers the sub-directories it makes there).
 int register_temp_dir(const std::filesystem::path& dir) noexcept;
 void unregister_temp_dir(int slot) noexcept;
 

@@ -76,21 +76,14 @@ struct StepOptions {
   bool disk_busy = false;       // sample the disks' requests in flight during each pass
 };
 
-// The sub-directories the bench creates under each --dir, removed at exit unless --keep (and
-// when a signal ends the run: they are the run's, not the user's; see temp_dir.hpp).
+// The sub-directories the bench creates under each --dir: removed at exit, and when a signal
+// ends the run, unless --keep.
 struct Created {
-  std::vector<std::filesystem::path> dirs;
-  std::vector<int> slots;
+  std::vector<std::unique_ptr<TempDir>> dirs;
   bool keep = false;
   void add(const std::filesystem::path& d) {
-    dirs.push_back(d);
-    slots.push_back(keep ? -1 : register_temp_dir(d));
-  }
-  ~Created() {
-    for (int s : slots) unregister_temp_dir(s);
-    if (keep) return;
-    std::error_code ec;
-    for (const auto& d : dirs) std::filesystem::remove_all(d, ec);
+    dirs.push_back(std::make_unique<TempDir>(TempDir::Adopt{}, d));
+    if (keep) dirs.back()->keep();
   }
 };
 

@@ -19,8 +19,8 @@ namespace tierswap::cli {
 /// registered with a handler (installed at the first, where the signal's disposition is the
 /// default) that removes the registered trees with async-signal-safe calls only and then lets
 /// the signal end the process as it would have. Returns the slot (-1: none free, not covered).
-/// A directory the user named (--dir) is the user's; what a run makes in it is its own to
-/// register (bench step registers the sub-directories it makes there).
+/// A directory the user named (--dir) is the user's; what a run makes in it, it adopts as a
+/// TempDir (bench step's sub-directories there).
 int register_temp_dir(const std::filesystem::path& dir) noexcept;
 void unregister_temp_dir(int slot) noexcept;
 
@@ -32,6 +32,11 @@ struct TempDir {
     if (::mkdtemp(tmpl.data()) == nullptr)
       throw std::system_error(errno, std::system_category(), "mkdtemp " + tmpl);
     path = tmpl;
+    slot_ = register_temp_dir(path);
+  }
+  /// A directory the run has just made elsewhere (under a --dir), owned the same way.
+  struct Adopt {};
+  TempDir(Adopt, std::filesystem::path made) : path(std::move(made)) {
     slot_ = register_temp_dir(path);
   }
   ~TempDir() {

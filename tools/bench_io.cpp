@@ -168,13 +168,7 @@ Measured measure_local(const BenchIoOptions& o, std::uint64_t size,
   std::vector<std::unique_ptr<TempDir>> temps;
   bool created = true;
   SwapSpace space = open_space(o, size, temps, &created);
-  struct Cleanup {
-    SwapSpace& s;
-    bool keep;
-    ~Cleanup() {
-      if (!keep) s.remove_files();
-    }
-  } cleanup{space, o.keep};
+  const SwapFilesGuard files(space, o.keep);
   Measured m;
   SweepOptions so = sweep_options(o, size, m, [&] {
     fmt::print("tierswap bench io: {} of {} in {} file(s), stripe {}\n", format_bytes(size),

@@ -11,19 +11,16 @@
 #include <string>
 #include <system_error>
 #include <utility>
+#include <vector>
+
+#include "tierswap/signal_cleanup.hpp"
+#include "tierswap/swap_space.hpp"
 
 namespace tierswap::cli {
 
-/// Temporary directories are also removed when SIGINT, SIGTERM or SIGHUP ends the process (a
-/// benchmark stopped with Ctrl-C must not leave gigabytes of swap files behind): each is
-/// registered with a handler (installed at the first, where the signal's disposition is the
-/// default) that removes the registered trees with async-signal-safe calls only and then lets
-/// the signal end the process as it would have. Returns the slot (-1: none free, not covered).
-/// A directory the user named (--dir) is the user's; what a run makes in it, it adopts as a
-/// TempDir (bench step's sub-directories there).
-int register_temp_dir(const std::filesystem::path& dir) noexcept;
-void unregister_temp_dir(int slot) noexcept;
-
+/// Temporary directories are also removed when SIGINT, SIGTERM or SIGHUP ends the process
+/// (tierswap/signal_cleanup.hpp). A directory the user named (--dir) is the user's; what a run
+/// makes in it, it adopts as a TempDir (bench step's sub-directories there).
 struct TempDir {
   std::filesystem::path path;
   explicit TempDir(const char* prefix = "tierswap-bench") {
@@ -32,21 +29,21 @@ struct TempDir {
     if (::mkdtemp(tmpl.data()) == nullptr)
       throw std::system_error(errno, std::system_category(), "mkdtemp " + tmpl);
     path = tmpl;
-    slot_ = register_temp_dir(path);
+    slot_ = remove_on_signal(path);
   }
   /// A directory the run has just made elsewhere (under a --dir), owned the same way.
   struct Adopt {};
   TempDir(Adopt, std::filesystem::path made) : path(std::move(made)) {
-    slot_ = register_temp_dir(path);
+    slot_ = remove_on_signal(path);
   }
   ~TempDir() {
-    unregister_temp_dir(slot_);
+    forget_on_signal(slot_);
     std::error_code ec;
     if (!path.empty()) std::filesystem::remove_all(path, ec);
   }
   /// Leaves the directory in place at exit; returns its path.
   std::filesystem::path keep() {
-    unregister_temp_dir(std::exchange(slot_, -1));
+    forget_on_signal(std::exchange(slot_, -1));
     return std::exchange(path, {});
   }
   TempDir(const TempDir&) = delete;
@@ -54,6 +51,27 @@ struct TempDir {
 
  private:
   int slot_ = -1;
+};
+
+/// A benchmark's swap space in the user's --dir: its files are the run's (the directory is the
+/// user's), removed at scope exit and when a signal ends the process; `keep` leaves them.
+class SwapFilesGuard {
+ public:
+  explicit SwapFilesGuard(SwapSpace& space, bool keep = false) : space_(space), keep_(keep) {
+    if (!keep_)
+      for (const SwapFile& f : space.files()) handles_.push_back(remove_on_signal(f.path));
+  }
+  ~SwapFilesGuard() {
+    for (int h : handles_) forget_on_signal(h);
+    if (!keep_) space_.remove_files();
+  }
+  SwapFilesGuard(const SwapFilesGuard&) = delete;
+  SwapFilesGuard& operator=(const SwapFilesGuard&) = delete;
+
+ private:
+  SwapSpace& space_;
+  bool keep_;
+  std::vector<int> handles_;
 };
 
 /// `dir` when given, else a new temporary directory owned by `temp` (removed with it).

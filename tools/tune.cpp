@@ -163,10 +163,7 @@ void run_tune(const TuneOptions& o) {
   for (const auto& d : o.dirs) sc.dirs.emplace_back(d);
   sc.capacity = size;
   SwapSpace space = SwapSpace::create(sc);
-  struct Cleanup {
-    SwapSpace& s;
-    ~Cleanup() { s.remove_files(); }
-  } cleanup{space};
+  const SwapFilesGuard files(space);
 
   SweepOptions so;
   so.size = size;

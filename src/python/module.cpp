@@ -20,6 +20,7 @@
 
 #include "tierswap/communicator.hpp"
 #include "tierswap/kernels.hpp"
+#include "tierswap/signal_cleanup.hpp"
 #include "tierswap/tier_manager.hpp"
 #include "tierswap/tiered_optimizer.hpp"
 #include "tierswap/units.hpp"
@@ -390,6 +391,19 @@ PYBIND11_MODULE(_tierswap, m) {
   bind_backward_and_step(c);
   bind_state(c);
   bind_introspection(c);
-  m.def("parse_size", [](const std::string& s) { return parse_size(s, "size"); });
-  m.def("parse_count", [](const std::string& s) { return parse_param_count(s, "count"); });
+  m.def(
+      "parse_size",
+      [](const std::string& s, const std::string& what) { return parse_size(s, what.c_str()); },
+      py::arg("text"), py::arg("what") = "size");
+  m.def(
+      "parse_count",
+      [](const std::string& s, const std::string& what) {
+        return parse_param_count(s, what.c_str());
+      },
+      py::arg("text"), py::arg("what") = "count");
+  m.def(
+      "remove_on_signal", [](const std::string& dir) { return remove_on_signal(dir); },
+      "a directory removed when SIGINT/SIGTERM/SIGHUP ends the process (where the signal's "
+      "disposition is the default); returns the handle for forget_on_signal, -1: not covered");
+  m.def("forget_on_signal", &forget_on_signal);
 }

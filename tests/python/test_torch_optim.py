@@ -478,6 +478,66 @@ def test_bad_input_raises_naming_the_culprit(tmp_path):
     opt.close()
 
 
+def test_a_failed_constructor_names_the_option_and_leaves_no_temporary_directory(
+        tmp_path, monkeypatch):
+    """Without swap_dir the optimizer makes a temporary one under TMPDIR; a constructor that
+    refuses its input (before or after the native side is built) leaves nothing there."""
+    monkeypatch.setenv("TMPDIR", str(tmp_path))
+    monkeypatch.delenv("TIERSWAP_SWAP_DIRS", raising=False)
+    lin = torch.nn.Linear(4, 4).to(torch.bfloat16)
+    cases = [(dict(host_budget="lots"), ValueError, r"host_budget=lots: a size"),
+             (dict(host_budget=True), TypeError, "host_budget: an int or a string"),
+             (dict(swap_capacity=[1]), TypeError, r"swap_capacity=\[1\]: an int or a string"),
+             (dict(subgroup_size=-5), ValueError, "subgroup_size=-5: must be >= 0"),
+             (dict(threads=0), ValueError, "threads=0: a whole number >= 1"),
+             (dict(threads="2"), ValueError, "threads='2'"),
+             (dict(host_budget=100), ValueError, "host_budget"),  # the native side's refusal
+             (dict(lr="x"), ValueError, "lr='x'"),  # refused after the native side was built
+             (dict(keep_swap_files=True), ValueError, "keep_swap_files=True .* give swap_dir"),
+             (dict(resume=True), ValueError, "resume=True .* give swap_dir")]
+    for kw, err, message in cases:
+        with pytest.raises(err, match=message):
+            tt.AdamW(lin.parameters(), telemetry=False, **kw)
+        assert not os.listdir(tmp_path), kw
+    opt = tt.AdamW(lin.parameters(), telemetry=False, threads=1)
+    assert len(os.listdir(tmp_path)) == 1
+    opt.close()
+    assert not os.listdir(tmp_path)
+
+
+_SLEEPER = """
+import sys, time, torch, tierswap.torch as tt
+lin = torch.nn.Linear(256, 256).to(torch.bfloat16)
+opt = tt.AdamW(lin.parameters(), telemetry=False, state_tier="nvme")
+lin.weight.grad = torch.ones_like(lin.weight)
+opt.step()
+print(opt._tmpdir.path, flush=True)
+time.sleep(60)
+"""
+
+
+@pytest.mark.parametrize("sig", ["SIGTERM", "SIGHUP"])
+def test_a_signal_that_ends_the_job_removes_its_temporary_swap_directory(tmp_path, sig):
+    """A scheduler's SIGTERM (or a closed terminal's SIGHUP) ends the process as before (killed by
+    that signal), and the temporary swap directory with the state's files goes with it."""
+    import signal
+
+    env = dict(os.environ, TMPDIR=str(tmp_path))
+    env.pop("TIERSWAP_SWAP_DIRS", None)
+    proc = subprocess.Popen([sys.executable, "-c", _SLEEPER], env=env, stdout=subprocess.PIPE,
+                            text=True)
+    try:
+        swap = proc.stdout.readline().strip()
+        assert swap.startswith(str(tmp_path)) and os.listdir(swap)  # the state's files are there
+        (tmp_path / "mine").write_text("kept")  # beside it: not the optimizer's
+        proc.send_signal(getattr(signal, sig))
+        assert proc.wait(timeout=60) == -getattr(signal, sig)
+    finally:
+        proc.kill()
+        proc.wait()
+    assert os.listdir(tmp_path) == ["mine"]
+
+
 def test_residency_and_telemetry_are_on_by_default(tmp_path):
     lin = torch.nn.Linear(64, 64).to(torch.bfloat16)
     opt = tt.AdamW(lin.parameters(), swap_dir=str(tmp_path))

@@ -11,25 +11,26 @@ __version__ = "0.1.0"
 
 
 def _parse(text, what, example, native):
-    """An int (>= 0) as it is, a string through the native parser; anything else a TypeError."""
+    """An int (>= 0) as it is, a string through the native parser; anything else a TypeError.
+    Errors name `what` (the option's name, or "size" / "count")."""
     if isinstance(text, bool):
-        raise TypeError(f"a {what} must be an int or a string such as '{example}', not a bool")
+        raise TypeError(f"{what}: an int or a string such as '{example}', not a bool")
     if isinstance(text, int):
         if text < 0:
-            raise ValueError(f"a {what} must be >= 0, not {text}")
+            raise ValueError(f"{what}={text}: must be >= 0")
         return text
     if not isinstance(text, str):
-        raise TypeError(f"a {what} must be an int or a string such as '{example}', "
+        raise TypeError(f"{what}={text!r}: an int or a string such as '{example}', "
                         f"not {type(text).__name__}")
-    return native(text)
+    return native(text, what)
 
 
-def parse_size(text):
-    """'8GiB', '512M', '1e9' or an int -> bytes (the CLI's size grammar)."""
-    return _parse(text, "size", "8GiB", _tierswap.parse_size)
+def parse_size(text, what="size"):
+    """'8GiB', '512M', '1e9' or an int -> bytes (the CLI's size grammar); errors name `what`."""
+    return _parse(text, what, "8GiB", _tierswap.parse_size)
 
 
-def parse_count(text):
+def parse_count(text, what="count"):
     """'64M', '1.5B', '7e9' or an int -> a count, decimal as model sizes are named (the CLI's
-    --params grammar: K, M, B or G, T)."""
-    return _parse(text, "count", "64M", _tierswap.parse_count)
+    --params grammar: K, M, B or G, T); errors name `what`."""
+    return _parse(text, what, "64M", _tierswap.parse_count)

@@ -16,7 +16,6 @@ import argparse
 import math
 import os
 import sys
-import tempfile
 import time
 
 import torch
@@ -220,9 +219,8 @@ def main(argv=None):
     if not os.path.exists(TEXT):
         sys.exit(f"tinylm: {TEXT} is missing (Debian's base-files ships it)")
     model = make_model()
-    tmp = None if a.swap_dir else tempfile.TemporaryDirectory(prefix="tierswap-tinylm-",
-                                                               dir=os.environ.get("TMPDIR", "/var/tmp"))
-    opt = tt.AdamW(param_groups(model), swap_dir=a.swap_dir or tmp.name, host_budget=a.host_budget,
+    # No --swap-dir: the optimizer's temporary one (removed at close, or when a signal ends us).
+    opt = tt.AdamW(param_groups(model), swap_dir=a.swap_dir, host_budget=a.host_budget,
                    state_tier=a.state_tier, max_grad_norm=1.0, hooks=a.hooks or a.overlap,
                    overlap=a.overlap, bf16_moments=a.bf16_moments)
     n = sum(p.numel() for p in model.parameters())
@@ -242,8 +240,6 @@ def main(argv=None):
     for row in res["tiers"]:
         print(f"{row['tier']:>6} {row.get('resident_bytes', 0):12d} {row.get('capacity_bytes', 0):12d}")
     opt.close()
-    if tmp:
-        tmp.cleanup()
     return 0
 
 

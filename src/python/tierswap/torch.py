@@ -88,12 +88,29 @@ _DTYPE_NAMES = {torch.bfloat16: "bfloat16", torch.float16: "float16", torch.floa
 _TORCH_VERSION = tuple(int(x) for x in torch.__version__.split("+")[0].split(".")[:2])
 
 
+class _TempSwapDir:
+    """The swap directory made for an optimizer given no swap_dir: removed at close(), when the
+    constructor fails, and by tierswap's handler when SIGTERM or SIGHUP ends the process (a job
+    the scheduler stops must not leave its state's gigabytes behind; SIGINT is Python's
+    KeyboardInterrupt, whose way out runs close())."""
+
+    def __init__(self):
+        root = os.environ.get("TMPDIR") or "/var/tmp"
+        self.path = tempfile.mkdtemp(prefix="tierswap-", dir=root)
+        self._handle = _tierswap.remove_on_signal(self.path)
+
+    def remove(self):
+        _tierswap.forget_on_signal(self._handle)
+        self._handle = -1
+        shutil.rmtree(self.path, ignore_errors=True)
+
+
 def _close_native(native, tmpdir, params):
     for p in params:  # the parameters alias tierswap's memory: give them their own again
         p.data = p.data.clone()
     native.close()
     if tmpdir is not None:
-        shutil.rmtree(tmpdir, ignore_errors=True)
+        tmpdir.remove()
 
 
 class _TieredOptimizer(Optimizer):
@@ -126,9 +143,13 @@ class _TieredOptimizer(Optimizer):
         }
         if plan is not None:
             opt_cfg["plan"] = os.fspath(plan)
-        if resume and swap_dir is None and not os.environ.get("TIERSWAP_SWAP_DIRS"):
-            raise ValueError("resume=True continues from a swap directory: give swap_dir")
-        dirs, self._tmpdir = _swap_dirs(swap_dir)
+        for flag, why in ((resume, "resume=True continues from a swap directory"),
+                          (keep_swap_files, "keep_swap_files=True keeps the files for a later run")):
+            if flag and swap_dir is None and not os.environ.get("TIERSWAP_SWAP_DIRS"):
+                raise ValueError(f"{why}: give swap_dir (a temporary one is removed at close)")
+        sizes = (_size_option("host_budget", host_budget), _size_option("swap_capacity",
+                 swap_capacity), _count_option("subgroup_size", subgroup_size))
+        threads = _threads(threads)
         tier_cfg = {"telemetry": bool(telemetry), "device_mode": "off", "durable": bool(durable)}
         service = os.environ.get("TIERSWAP_SERVICE") if service is None else service
         if service:
@@ -137,13 +158,16 @@ class _TieredOptimizer(Optimizer):
             if job:
                 tier_cfg["service_job"] = str(job)
         self._comm = default_communicator(communicator)  # kept alive beside the native side
-        self._native = _tierswap.Optimizer(
-            dirs, 0 if host_budget is None else parse_size(host_budget),
-            "single" if self._comm is not None else str(communicator), self._comm,
-            0 if threads is None else int(threads), json.dumps(opt_cfg), json.dumps(tier_cfg),
-            bool(keep_swap_files), 0 if swap_capacity is None else parse_size(swap_capacity),
-            0 if subgroup_size is None else parse_count(subgroup_size), bool(resume))
-        self._register()
+        dirs, self._tmpdir = _swap_dirs(swap_dir)
+        try:
+            self._native = _tierswap.Optimizer(
+                dirs, sizes[0], "single" if self._comm is not None else str(communicator),
+                self._comm, threads, json.dumps(opt_cfg), json.dumps(tier_cfg),
+                bool(keep_swap_files), sizes[1], sizes[2], bool(resume))
+            self._register()
+        except BaseException:
+            self._abandon()
+            raise
         self._closer = weakref.finalize(self, _close_native, self._native, self._tmpdir,
                                         [p for p, _ in self._ids])
         self._hooks = bool(hooks)
@@ -184,6 +208,14 @@ class _TieredOptimizer(Optimizer):
                     raise ValueError(f"{where} is not contiguous")
                 if p.numel() == 0:
                     raise ValueError(f"{where} is empty")
+
+    def _abandon(self):
+        """A constructor that failed: the native side closed now (what it would do when collected:
+        a swap directory's committed state stays), a temporary swap directory removed."""
+        if self._native is not None:
+            self._native.close()
+        if self._tmpdir is not None:
+            self._tmpdir.remove()
 
     def _register(self):
         n = self._native
@@ -672,6 +704,29 @@ def _number(name, value):
         raise ValueError(f"{name}={value!r}: expected a number") from None
 
 
+def _size_option(name, value):
+    """Bytes (0 when None), or the error naming the option."""
+    return _named(name, value, parse_size)
+
+
+def _count_option(name, value):
+    """A count (0 when None), or the error naming the option."""
+    return _named(name, value, parse_count)
+
+
+def _named(name, value, parse):
+    return 0 if value is None else parse(value, name)
+
+
+def _threads(value):
+    """The kernel threads (0: all), or a ValueError naming the option."""
+    if value is None:
+        return 0
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ValueError(f"threads={value!r}: a whole number >= 1 (or None: all)")
+    return value
+
+
 def _pair(name, value):
     """A (b1, b2) pair of numbers, or a ValueError naming the option."""
     try:
@@ -729,9 +784,8 @@ def _swap_dirs(swap_dir):
         env = os.environ.get("TIERSWAP_SWAP_DIRS")
         if env:
             return [d for d in env.split(":") if d], None
-        root = os.environ.get("TMPDIR") or "/var/tmp"
-        tmp = tempfile.mkdtemp(prefix="tierswap-", dir=root)
-        return [tmp], tmp
+        tmp = _TempSwapDir()
+        return [tmp.path], tmp
     # What a directory must be (present, a directory, not a symlink, writable) the native side
     # checks (TieredOptimizer), as a ValueError naming it.
     dirs = [swap_dir] if isinstance(swap_dir, (str, os.PathLike)) else list(swap_dir)

@@ -1,8 +1,10 @@
-// Removal of the CLI's temporary directories when a signal ends the process (temp_dir.hpp).
+// Removal of registered directories when a signal ends the process (signal_cleanup.hpp).
 // The handler runs on whichever thread the signal interrupts, while the others go on: it uses
-// only async-signal-safe calls (openat, getdents64, unlinkat, close, sigaction, raise) on
-// paths copied into fixed slots at registration.
-#include "tools/temp_dir.hpp"
+// only async-signal-safe calls (openat, getdents64, unlinkat, close, raise) on paths copied into
+// fixed slots at registration. A slot's state says who may touch its path: free -> writing (the
+// registering thread) -> live -> free again (forget), or live -> removing (the handler, which
+// then ends the process), so the handler never reads a path being rewritten.
+#include "tierswap/signal_cleanup.hpp"
 
 #include <dirent.h>
 #include <fcntl.h>
@@ -15,18 +17,20 @@
 #include <mutex>
 #include <string>
 #include <system_error>
+#include <utility>
 
-namespace tierswap::cli {
+namespace tierswap {
 
 namespace {
 
 constexpr int kSlots = 64;
 constexpr std::size_t kPathBytes = 1024;
-constexpr int kMaxDepth = 8;  // the CLI's trees: temp dir / rank dir / files
+constexpr int kMaxDepth = 8;  // swap directories: dir / rank or sub-group dir / files
+enum Slot : int { kFree, kWriting, kLive, kRemoving };
 char g_paths[kSlots][kPathBytes];
-std::atomic<bool> g_live[kSlots];
-std::mutex g_mu;  // registration only (never taken by the handler)
-int g_used = 0;   // slots handed out, under g_mu
+std::atomic<int> g_state[kSlots];  // Slot; zero-initialized: free
+std::mutex g_install_mu;           // installation only (never taken by the handler)
+bool g_installed = false;          // under g_install_mu
 
 bool is_dot(const char* n) {
   return n[0] == '.' && (n[1] == 0 || (n[1] == '.' && n[2] == 0));
@@ -70,8 +74,10 @@ void empty_dir(int fd, int depth) {
 
 void on_signal(int sig) {
   const int saved = errno;
-  for (int i = 0; i < kSlots; ++i)
-    if (g_live[i].load()) remove_entry(AT_FDCWD, g_paths[i], 0);
+  for (int i = 0; i < kSlots; ++i) {
+    int live = kLive;  // taken for good: the process ends below
+    if (g_state[i].compare_exchange_strong(live, kRemoving)) remove_entry(AT_FDCWD, g_paths[i], 0);
+  }
   errno = saved;
   (void)::raise(sig);  // SA_RESETHAND: the default action, once this handler returns
 }
@@ -90,21 +96,28 @@ void install_handlers() {
 
 }  // namespace
 
-int register_temp_dir(const std::filesystem::path& dir) noexcept {
+int remove_on_signal(const std::filesystem::path& dir) noexcept {
   std::error_code ec;
   const std::string abs = std::filesystem::absolute(dir, ec).string();
   if (ec || abs.size() >= kPathBytes) return -1;
-  std::lock_guard lk(g_mu);
-  if (g_used == kSlots) return -1;
-  if (g_used == 0) install_handlers();
-  const int i = g_used++;  // slots are never reused: a handler never reads one being written
-  std::memcpy(g_paths[i], abs.c_str(), abs.size() + 1);
-  g_live[i].store(true);
-  return i;
+  {
+    std::lock_guard lk(g_install_mu);
+    if (!std::exchange(g_installed, true)) install_handlers();
+  }
+  for (int i = 0; i < kSlots; ++i) {
+    int free = kFree;
+    if (!g_state[i].compare_exchange_strong(free, kWriting)) continue;
+    std::memcpy(g_paths[i], abs.c_str(), abs.size() + 1);
+    g_state[i].store(kLive);
+    return i;
+  }
+  return -1;
 }
 
-void unregister_temp_dir(int slot) noexcept {
-  if (slot >= 0 && slot < kSlots) g_live[slot].store(false);
+void forget_on_signal(int handle) noexcept {
+  if (handle < 0 || handle >= kSlots) return;
+  int live = kLive;  // a slot the handler took stays taken: the process is ending
+  g_state[handle].compare_exchange_strong(live, kFree);
 }
 
-}  // namespace tierswap::cli
+}  // namespace tierswap

@@ -55,6 +55,22 @@ std::string path_str(const std::filesystem::path& p) {
 }
 
 // Opens `path` (no symlink following) with O_DIRECT per `mode`, fills alignment fields.
+// The buffer and offset alignment direct I/O on `fd` needs (statx's STATX_DIOALIGN, else 4096
+// and the block size); false when the filesystem says it cannot do direct I/O on this file.
+bool dio_alignment(int fd, const struct stat& st, std::uint32_t* mem, std::uint32_t* off) {
+  struct statx stx {};
+  if (::statx(fd, "", AT_EMPTY_PATH, STATX_DIOALIGN, &stx) == 0 &&
+      (stx.stx_mask & STATX_DIOALIGN) != 0) {
+    if (stx.stx_dio_mem_align == 0 || stx.stx_dio_offset_align == 0) return false;
+    *mem = stx.stx_dio_mem_align;
+    *off = stx.stx_dio_offset_align;
+    return true;
+  }
+  *mem = 4096;  // conservative when the kernel does not report DIO alignment
+  *off = static_cast<std::uint32_t>(std::max<blksize_t>(st.st_blksize, 512));
+  return true;
+}
+
 SwapFile open_file(const std::filesystem::path& path, DirectIo mode, bool create) {
   SwapFile f;
   f.path = path;
@@ -85,23 +101,7 @@ SwapFile open_file(const std::filesystem::path& path, DirectIo mode, bool create
     throw std::invalid_argument(fmt::format("swap file {} is not a regular file", path_str(path)));
   std::uint32_t mem_align = 1, off_align = 1;
   if (direct) {
-    struct statx stx {};
-    bool have_dio = false;
-    if (::statx(fd, "", AT_EMPTY_PATH, STATX_DIOALIGN, &stx) == 0 &&
-        (stx.stx_mask & STATX_DIOALIGN) != 0) {
-      if (stx.stx_dio_mem_align == 0 || stx.stx_dio_offset_align == 0) {
-        // The filesystem says it cannot do direct I/O on this file.
-        direct = false;
-      } else {
-        mem_align = stx.stx_dio_mem_align;
-        off_align = stx.stx_dio_offset_align;
-        have_dio = true;
-      }
-    }
-    if (direct && !have_dio) {
-      mem_align = 4096;  // conservative when the kernel does not report DIO alignment
-      off_align = static_cast<std::uint32_t>(std::max<blksize_t>(st.st_blksize, 512));
-    }
+    direct = dio_alignment(fd, st, &mem_align, &off_align);
     if (!direct) {
       if (mode == DirectIo::on)
         throw std::system_error(EINVAL, std::system_category(),

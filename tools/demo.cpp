@@ -374,6 +374,37 @@ void print_demo_end(const DemoOptions& o, const OptimizerConfig& oc, const TierM
                          .dump(2));
 }
 
+// The swap space: two slots of the fp32 state (12 B/param) and of the 16-bit gradients, and
+// slack, in --dir (new or empty) or in a temporary directory owned by `temp`.
+SwapSpace demo_swap_space(const DemoOptions& o, std::uint64_t params,
+                          std::unique_ptr<TempDir>& temp) {
+  const std::filesystem::path dir = dir_or_temp(o.dir, "tierswap-demo", temp);
+  if (!o.dir.empty()) make_new_or_empty(dir, "--dir");
+  SwapSpaceConfig sc;
+  sc.dirs = {dir};
+  sc.capacity = round_up(2 * params * 12 + 2 * params * 2 + (256ull << 20), 1ull << 20);
+  return SwapSpace::create(sc);
+}
+
+// A step's tier traffic: the counters' difference over the whole backward + step cycle (the
+// overlapped mode does part of the step's I/O during the gradient ingest).
+void bytes_since(const TierCounters& c0, const TierCounters& c1, StepResult* r) {
+  for (int t = 0; t < kTierCount; ++t) {
+    r->bytes_in[t] = c1.bytes_in[t] - c0.bytes_in[t];
+    r->bytes_out[t] = c1.bytes_out[t] - c0.bytes_out[t];
+  }
+}
+
+// --hold: the process stays up so that `tierswap ps` / `residency` can be tried on it.
+void hold_for_inspection(const DemoOptions& o) {
+  if (o.hold <= 0) return;
+  if (!o.json)
+    fmt::print("\nholding for {} s: try `tierswap ps` and `tierswap residency {}`\n", o.hold,
+               ::getpid());
+  std::fflush(stdout);
+  std::this_thread::sleep_for(std::chrono::duration<double>(o.hold));
+}
+
 void run_demo(const DemoOptions& o) {
   const std::uint64_t want = parse_param_count(o.params, "--params");
   if (want < 1'000'000) throw std::invalid_argument("--params: at least 1M (10^6) parameters");
@@ -381,14 +412,8 @@ void run_demo(const DemoOptions& o) {
   const auto model = demo_model(want);
   std::uint64_t params = 0;
   for (const auto& p : model) params += static_cast<std::uint64_t>(p.rows * p.cols);
-  const std::uint64_t state = params * 12;
   std::unique_ptr<TempDir> temp;
-  const std::filesystem::path dir = dir_or_temp(o.dir, "tierswap-demo", temp);
-  if (!o.dir.empty()) make_new_or_empty(dir, "--dir");
-  SwapSpaceConfig sc;
-  sc.dirs = {dir};
-  sc.capacity = round_up(2 * state + 2 * params * 2 + (256ull << 20), 1ull << 20);
-  SwapSpace space = SwapSpace::create(sc);
+  SwapSpace space = demo_swap_space(o, params, temp);
   IoEngine engine(space, IoEngineConfig::from_env());
   std::optional<Plan> plan;
   if (!o.plan.empty()) plan = Plan::load(o.plan);
@@ -405,9 +430,10 @@ void run_demo(const DemoOptions& o) {
     fmt::print(
         "tierswap demo: {} parameters ({} tensors, 2 groups), {} of AdamW state {} {}, "
         "host budget {}, {} sub-groups; telemetry {}\n",
-        params, model.size(), format_bytes(state),
-        o.plan.empty() ? "on NVMe at" : "placed by the plan, swap space at", dir.string(),
-        format_bytes(tc.host_budget), opt.subgroup_count(),
+        params, model.size(), format_bytes(params * 12),
+        o.plan.empty() ? "on NVMe at" : "placed by the plan, swap space at",
+        space.files()[0].path.parent_path().string(), format_bytes(tc.host_budget),
+        opt.subgroup_count(),
         tiers.telemetry_socket().empty() ? std::string("off") : tiers.telemetry_socket().string());
   const auto t_init = Clock::now();
   initialize_demo(opt);
@@ -417,18 +443,12 @@ void run_demo(const DemoOptions& o) {
   const std::vector<std::uint16_t> noise = demo_noise();
   nlohmann::json steps = nlohmann::json::array();
   for (int step = 1; step <= o.steps; ++step) {
-    // NVMe bytes over the whole cycle: the overlapped mode does part of the step's I/O during
-    // the gradient ingest.
     const TierCounters c0 = tiers.counters();
     const auto tg = Clock::now();
     demo_backward(opt, ids, dev, noise, step);
     const double ingest_s = since(tg);
     StepResult r = opt.step();
-    const TierCounters c1 = tiers.counters();
-    for (int t = 0; t < kTierCount; ++t) {
-      r.bytes_in[t] = c1.bytes_in[t] - c0.bytes_in[t];
-      r.bytes_out[t] = c1.bytes_out[t] - c0.bytes_out[t];
-    }
+    bytes_since(c0, tiers.counters(), &r);
     steps.push_back(report_step(o, oc, opt, tiers.device_tier(), step, r, ingest_s, params));
   }
   const std::optional<bool> d16_match = dev.copy_matches();  // the bound copy equals param16()
@@ -436,13 +456,7 @@ void run_demo(const DemoOptions& o) {
   print_demo_end(o, oc, tiers, params, dev.device_grads(), d16_match, steps, digests);
   if (d16_match == false)
     throw std::runtime_error("demo: the bound device copy differs from param16()");
-  if (o.hold > 0) {
-    if (!o.json)
-      fmt::print("\nholding for {} s: try `tierswap ps` and `tierswap residency {}`\n", o.hold,
-                 ::getpid());
-    std::fflush(stdout);
-    std::this_thread::sleep_for(std::chrono::duration<double>(o.hold));
-  }
+  hold_for_inspection(o);
 }
 
 }  // namespace

@@ -150,19 +150,36 @@ void print_settings(const std::vector<Scored>& scored, const Scored& chosen) {
                s.combo == chosen.combo ? "  <- chosen" : "");
 }
 
+// The sweep's plot beside the config file (or at --plot: then a failure is an error), its path
+// into `out`.
+void plot(const TuneOptions& o, nlohmann::json& out) {
+  const std::string png =
+      o.plot.empty() ? std::filesystem::path(o.out).replace_extension(".png").string() : o.plot;
+  if (const auto why = draw(out, png)) {
+    if (!o.plot.empty()) throw std::runtime_error(fmt::format("--plot {}: {}", png, *why));
+    fmt::print(stderr, "tune: no plot: {}\n", *why);
+  } else {
+    out["plot"] = std::filesystem::absolute(png).string();
+  }
+}
+
+// The swap space the sweep runs on: striped across --dir as the engine's will be (the stripe
+// and O_DIRECT mode from TIERSWAP_STRIPE_SIZE / TIERSWAP_DIRECT_IO), so no request crosses one.
+SwapSpace tune_space(const TuneOptions& o, std::uint64_t size) {
+  SwapSpaceConfig sc = SwapSpaceConfig::from_env();
+  sc.dirs.clear();
+  for (const auto& d : o.dirs) sc.dirs.emplace_back(d);
+  sc.capacity = size;
+  return SwapSpace::create(sc);
+}
+
 void run_tune(const TuneOptions& o) {
   if (o.dirs.empty()) throw std::invalid_argument("tune: give --dir (once per drive)");
   if (o.runs < 1) throw std::invalid_argument(fmt::format("--runs={}: must be >= 1", o.runs));
   const std::uint64_t size = parse_size(o.size, "--size");
   if (size == 0) throw std::invalid_argument("--size must be > 0");
   const auto combos = grid(o);
-  // The stripe (and O_DIRECT mode) as the swap space will have them (TIERSWAP_STRIPE_SIZE,
-  // TIERSWAP_DIRECT_IO): across several drives no request crosses a stripe.
-  SwapSpaceConfig sc = SwapSpaceConfig::from_env();
-  sc.dirs.clear();
-  for (const auto& d : o.dirs) sc.dirs.emplace_back(d);
-  sc.capacity = size;
-  SwapSpace space = SwapSpace::create(sc);
+  SwapSpace space = tune_space(o, size);
   const SwapFilesGuard files(space);
 
   SweepOptions so;
@@ -197,16 +214,7 @@ void run_tune(const TuneOptions& o) {
   for (const auto& s : scored) out["settings"].push_back(setting_json(s));
   write_config(o.out, chosen);
   out["config_file"] = std::filesystem::absolute(o.out).string();
-  if (!o.no_plot) {
-    const std::string png =
-        o.plot.empty() ? std::filesystem::path(o.out).replace_extension(".png").string() : o.plot;
-    if (const auto why = draw(out, png)) {
-      if (!o.plot.empty()) throw std::runtime_error(fmt::format("--plot {}: {}", png, *why));
-      fmt::print(stderr, "tune: no plot: {}\n", *why);
-    } else {
-      out["plot"] = std::filesystem::absolute(png).string();
-    }
-  }
+  if (!o.no_plot) plot(o, out);
   if (o.json) {
     fmt::print("{}\n", out.dump(2));
     return;

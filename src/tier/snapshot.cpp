@@ -91,32 +91,22 @@ ResidencySnapshot TierManager::snapshot() const {
   return r;
 }
 
-std::string ResidencySnapshot::to_json() const {
-  nlohmann::json j;
-  j["pid"] = pid;
-  j["simulated_device"] = simulated_device;
-  j["device_tier"] = device_tier;
-  j["host_memory"] = host_memory;
-  j["locked_host_bytes"] = locked_host_bytes;
-  auto tiers_j = nlohmann::json::array();
+namespace {
+
+nlohmann::json tiers_json(const std::vector<ResidencySnapshot::TierRow>& tiers) {
+  auto out = nlohmann::json::array();
   for (auto& t : tiers)
-    tiers_j.push_back({{"tier", std::string(to_string(t.tier))},
-                       {"capacity_bytes", t.capacity_bytes},
-                       {"resident_bytes", t.resident_bytes},
-                       {"dirty_bytes", t.dirty_bytes},
-                       {"inflight_bytes", t.inflight_bytes},
-                       {"pinned_bytes", t.pinned_bytes},
-                       {"reserved_bytes", t.reserved_bytes}});
-  j["tiers"] = tiers_j;
-  auto classes_j = nlohmann::json::array();
-  for (auto& c : classes)
-    classes_j.push_back({{"class", std::string(to_string(c.cls))},
-                         {"tier", std::string(to_string(c.tier))},
-                         {"bytes", c.bytes}});
-  j["classes"] = classes_j;
-  j["generation"] = {{"committed", committed_generation},
-                     {"checksums_verified", checksums_verified}};
-  const auto& c = counters;
+    out.push_back({{"tier", std::string(to_string(t.tier))},
+                   {"capacity_bytes", t.capacity_bytes},
+                   {"resident_bytes", t.resident_bytes},
+                   {"dirty_bytes", t.dirty_bytes},
+                   {"inflight_bytes", t.inflight_bytes},
+                   {"pinned_bytes", t.pinned_bytes},
+                   {"reserved_bytes", t.reserved_bytes}});
+  return out;
+}
+
+nlohmann::json counters_json(const TierCounters& c) {
   nlohmann::json per_tier = nlohmann::json::object();
   for (Tier t : {Tier::device, Tier::host, Tier::nvme}) {
     const int i = static_cast<int>(t);
@@ -129,19 +119,22 @@ std::string ResidencySnapshot::to_json() const {
         {"gbps_out",
          c.busy_seconds_out[i] > 0 ? c.bytes_out[i] / c.busy_seconds_out[i] / 1e9 : 0.0}};
   }
-  j["counters"] = {{"tiers", per_tier},
-                   {"stalls", c.stalls},
-                   {"stall_seconds", c.stall_seconds},
-                   {"prefetch_hits", c.prefetch_hits},
-                   {"prefetch_misses", c.prefetch_misses},
-                   {"evictions", c.evictions},
-                   {"write_behind", c.write_behind},
-                   {"commits", c.commits},
-                   {"discards", c.discards},
-                   {"inflight_ops", c.inflight_ops},
-                   {"peak_host_bytes", c.peak_reserved_bytes[static_cast<int>(Tier::host)]},
-                   {"queued_prefetches", c.queued_prefetches}};
-  // Per sub-group: where each block is.
+  return {{"tiers", per_tier},
+          {"stalls", c.stalls},
+          {"stall_seconds", c.stall_seconds},
+          {"prefetch_hits", c.prefetch_hits},
+          {"prefetch_misses", c.prefetch_misses},
+          {"evictions", c.evictions},
+          {"write_behind", c.write_behind},
+          {"commits", c.commits},
+          {"discards", c.discards},
+          {"inflight_ops", c.inflight_ops},
+          {"peak_host_bytes", c.peak_reserved_bytes[static_cast<int>(Tier::host)]},
+          {"queued_prefetches", c.queued_prefetches}};
+}
+
+// Per sub-group (rank, group, sub-group): where each of its blocks is.
+nlohmann::json subgroups_json(const std::vector<ResidencySnapshot::BlockRow>& blocks) {
   std::map<std::tuple<int, int, int>, nlohmann::json> groups;
   for (auto& b : blocks) {
     auto& g = groups[{b.owner.rank, b.owner.group, b.owner.subgroup}];
@@ -155,13 +148,35 @@ std::string ResidencySnapshot::to_json() const {
                  {"host", std::string(to_string(b.state[1]))},
                  {"nvme", std::string(to_string(b.state[2]))}});
   }
-  auto sg = nlohmann::json::array();
+  auto out = nlohmann::json::array();
   for (auto& [k, v] : groups)
-    sg.push_back({{"rank", std::get<0>(k)},
-                  {"group", std::get<1>(k)},
-                  {"subgroup", std::get<2>(k)},
-                  {"blocks", v}});
-  j["subgroups"] = sg;
+    out.push_back({{"rank", std::get<0>(k)},
+                   {"group", std::get<1>(k)},
+                   {"subgroup", std::get<2>(k)},
+                   {"blocks", v}});
+  return out;
+}
+
+}  // namespace
+
+std::string ResidencySnapshot::to_json() const {
+  nlohmann::json j;
+  j["pid"] = pid;
+  j["simulated_device"] = simulated_device;
+  j["device_tier"] = device_tier;
+  j["host_memory"] = host_memory;
+  j["locked_host_bytes"] = locked_host_bytes;
+  j["tiers"] = tiers_json(tiers);
+  auto classes_j = nlohmann::json::array();
+  for (auto& c : classes)
+    classes_j.push_back({{"class", std::string(to_string(c.cls))},
+                         {"tier", std::string(to_string(c.tier))},
+                         {"bytes", c.bytes}});
+  j["classes"] = classes_j;
+  j["generation"] = {{"committed", committed_generation},
+                     {"checksums_verified", checksums_verified}};
+  j["counters"] = counters_json(counters);
+  j["subgroups"] = subgroups_json(blocks);
   return j.dump();
 }
 

@@ -340,6 +340,7 @@ int SwapService::Impl::hello(Peer& p, const wire::Hello& h, Session& s, std::str
   // client's completions count their traffic under it.
   granted += mem;
   live[key] = Live{mem, pageable, p.cred.pid, p.cred.uid};
+  s.traffic = live[key].traffic;
   lk.unlock();
   try {
     s.mem = service::make_shared_memory(key, mem + pageable, cfg.lock_memory ? mem : 0,
@@ -451,11 +452,11 @@ std::uint64_t SwapService::Impl::put(Session& s, const wire::Put& r) {
   const int slot = b.writable();
   const std::uint64_t sum = checksum64(data, r.length());
   engine->write(c.base + b.extent[slot], data, r.length()).wait();
+  s.traffic->add(s.traffic->written_bytes, r.length());
   std::lock_guard lk(mu);
   BlockRecord& rb = c.blocks.at(r.block());
   rb.sum[slot] = sum;
   rb.open = true;
-  live[s.key].written_bytes += r.length();
   return r.length();
 }
 
@@ -478,8 +479,7 @@ std::uint64_t SwapService::Impl::get(Session& s, const wire::Get& r) {
                             fmt::format("get: block {} of client {} does not match its checksum "
                                         "(slot {} at {} of the swap space)",
                                         r.block(), s.key, slot, s.rec->base + b.extent[slot]));
-  std::lock_guard lk(mu);
-  live[s.key].read_bytes += b.length;
+  s.traffic->add(s.traffic->read_bytes, b.length);
   return b.length;
 }
 
@@ -567,15 +567,17 @@ std::string SwapService::Impl::status() const {
                         {"blocks", c.blocks.size()},
                         {"attached", live.count(k) > 0},
                         {"raw", c.raw}};
-    if (const auto it = live.find(k); it != live.end())
-      e.update({{"pid", it->second.pid},
-                {"uid", it->second.uid},
-                {"memory_bytes", it->second.memory},
-                {"pageable_bytes", it->second.pageable},
-                {"nvme_read_bytes", it->second.read_bytes},
-                {"nvme_written_bytes", it->second.written_bytes},
-                {"peak_inflight_bytes", it->second.peak_inflight_bytes},
-                {"throttled_requests", it->second.throttled}});
+    if (const auto it = live.find(k); it != live.end()) {
+      const Live& l = it->second;
+      e.update({{"pid", l.pid},
+                {"uid", l.uid},
+                {"memory_bytes", l.memory},
+                {"pageable_bytes", l.pageable},
+                {"nvme_read_bytes", l.traffic->read_bytes.load()},
+                {"nvme_written_bytes", l.traffic->written_bytes.load()},
+                {"peak_inflight_bytes", l.traffic->peak_inflight_bytes.load()},
+                {"throttled_requests", l.traffic->throttled.load()}});
+    }
     j["clients"].push_back(e);
   }
   return j.dump();
@@ -595,27 +597,27 @@ void SwapService::Impl::fill_metrics(MetricsWriter& w) const {
     const char* name;
     const char* help;
     MetricType type;
-    std::uint64_t Live::*field;
+    std::uint64_t (*value)(const Live&);
   };
   static constexpr Col cols[] = {
       {"tierswap_client_nvme_read_bytes_total", "Bytes a client read from NVMe (this attach).",
-       MetricType::counter, &Live::read_bytes},
+       MetricType::counter, [](const Live& l) { return l.traffic->read_bytes.load(); }},
       {"tierswap_client_nvme_written_bytes_total", "Bytes a client wrote to NVMe (this attach).",
-       MetricType::counter, &Live::written_bytes},
+       MetricType::counter, [](const Live& l) { return l.traffic->written_bytes.load(); }},
       {"tierswap_client_memory_bytes", "Locked shared memory a client holds (in the node budget).",
-       MetricType::gauge, &Live::memory},
+       MetricType::gauge, [](const Live& l) { return l.memory; }},
       {"tierswap_client_pageable_bytes", "Unlocked shared memory a client holds beside it.",
-       MetricType::gauge, &Live::pageable},
+       MetricType::gauge, [](const Live& l) { return l.pageable; }},
       {"tierswap_client_throttled_requests_total",
        "A client's NVMe requests that waited for its share of the engine's queue.",
-       MetricType::counter, &Live::throttled},
+       MetricType::counter, [](const Live& l) { return l.traffic->throttled.load(); }},
       {"tierswap_client_peak_inflight_bytes",
        "Most bytes of a client's NVMe requests in the engine at once.", MetricType::gauge,
-       &Live::peak_inflight_bytes},
+       [](const Live& l) { return l.traffic->peak_inflight_bytes.load(); }},
   };
   for (const Col& col : cols) {
     w.family(col.name, col.help, col.type);
-    for (const auto& [k, l] : live) w.sample(static_cast<double>(l.*col.field), {{"client", k}});
+    for (const auto& [k, l] : live) w.sample(static_cast<double>(col.value(l)), {{"client", k}});
   }
   w.family("tierswap_client_generation", "A client's committed generation.", MetricType::gauge);
   for (const auto& [k, c] : clients) w.sample(static_cast<double>(c.generation), {{"client", k}});

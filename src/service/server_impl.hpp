@@ -51,8 +51,20 @@ struct SwapService::Impl {
   std::string uuid;
   service::ShmemHugePages huge_pages;
 
-  // Everything below. Lock order: the engine's lock, then mu (raw I/O's completion callbacks
-  // count traffic); nothing that holds mu calls into the engine.
+  // An attached client's I/O counters: counted by its session and by the engine's completion
+  // callbacks without a lock (a callback never waits for mu, nor status() for the I/O), read by
+  // status() and the metrics. Relaxed: each is a monotonic count or a gauge, read one by one.
+  struct Traffic {
+    std::atomic<std::uint64_t> read_bytes{0}, written_bytes{0};
+    std::atomic<std::uint64_t> peak_inflight_bytes{0};  // written by the session only
+    std::atomic<std::uint64_t> throttled{0};  // raw requests that waited for the client's share
+    void add(std::atomic<std::uint64_t>& c, std::uint64_t n) {
+      c.fetch_add(n, std::memory_order_relaxed);
+    }
+  };
+
+  // Everything below. Lock order: the engine's lock, then mu; nothing that holds mu calls into
+  // the engine.
   mutable std::mutex mu;
   std::map<std::string, ClientRecord> clients;
   std::unique_ptr<ExtentAllocator> regions;
@@ -60,9 +72,7 @@ struct SwapService::Impl {
     std::uint64_t memory = 0, pageable = 0;
     pid_t pid = 0;
     uid_t uid = 0;
-    std::uint64_t read_bytes = 0, written_bytes = 0;
-    std::uint64_t inflight_bytes = 0, peak_inflight_bytes = 0;
-    std::uint64_t throttled = 0;  // raw requests that waited for the client's share
+    std::shared_ptr<Traffic> traffic = std::make_shared<Traffic>();  // the session's too
   };
   std::map<std::string, Live> live;  // attached clients
   std::uint64_t granted = 0;
@@ -92,6 +102,7 @@ struct SwapService::Impl {
     ClientRecord* rec = nullptr;
     std::unique_ptr<SharedMemory> mem;
     std::string key;
+    std::shared_ptr<Traffic> traffic;  // live[key]'s counters
     struct RawRequest {
       std::uint64_t tag = 0, offset = 0, length = 0, memory_offset = 0;
       bool write = false;

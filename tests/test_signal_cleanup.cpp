@@ -3,6 +3,7 @@
 // left alone, and slots are reused (a Python process builds many optimizers).
 #include <gtest/gtest.h>
 #include <signal.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <filesystem>
@@ -67,6 +68,25 @@ TEST(SignalCleanup, AProgramsOwnHandlerIsKept) {
       },
       ::testing::ExitedWithCode(7), "");
   EXPECT_TRUE(fs::exists(mine / "sub" / "deeper" / "file"));
+}
+
+TEST(SignalCleanup, AForkedChildEndedByASignalLeavesItsParentsDirectories) {
+  TempDir root;
+  const fs::path mine = make_tree(root.path(), "mine");
+  EXPECT_EXIT(
+      {
+        if (remove_on_signal(mine) < 0) ::_exit(1);
+        const pid_t worker = ::fork();  // a data loader's worker: the handler and slots inherited
+        if (worker == 0) {
+          ::raise(SIGTERM);  // its parent stops it
+          ::_exit(2);
+        }
+        int status = 0;
+        if (::waitpid(worker, &status, 0) != worker || !WIFSIGNALED(status)) ::_exit(3);
+        ::_exit(fs::exists(mine / "sub" / "deeper" / "file") ? 0 : 4);  // still the parent's
+      },
+      ::testing::ExitedWithCode(0), "");
+  EXPECT_TRUE(fs::exists(mine / "file"));
 }
 
 TEST(SignalCleanup, SlotsAreReusedAfterForgetAndACoveredSetIsBounded) {

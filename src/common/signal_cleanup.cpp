@@ -3,7 +3,10 @@
 // only async-signal-safe calls (openat, getdents64, unlinkat, close, raise) on paths copied into
 // fixed slots at registration. A slot's state says who may touch its path: free -> writing (the
 // registering thread) -> live -> free again (forget), or live -> removing (the handler, which
-// then ends the process), so the handler never reads a path being rewritten.
+// then ends the process), so the handler never reads a path being rewritten. A slot belongs to
+// the process that registered it: a child forked without exec (a DataLoader worker, which its
+// parent may end with SIGTERM) inherits the handler and the slots, and must not remove the
+// parent's directories.
 #include "tierswap/signal_cleanup.hpp"
 
 #include <dirent.h>
@@ -28,6 +31,7 @@ constexpr std::size_t kPathBytes = 1024;
 constexpr int kMaxDepth = 8;  // swap directories: dir / rank or sub-group dir / files
 enum Slot : int { kFree, kWriting, kLive, kRemoving };
 char g_paths[kSlots][kPathBytes];
+pid_t g_owner[kSlots];             // the registering process, written with the path
 std::atomic<int> g_state[kSlots];  // Slot; zero-initialized: free
 std::mutex g_install_mu;           // installation only (never taken by the handler)
 bool g_installed = false;          // under g_install_mu
@@ -74,9 +78,11 @@ void empty_dir(int fd, int depth) {
 
 void on_signal(int sig) {
   const int saved = errno;
+  const pid_t self = ::getpid();
   for (int i = 0; i < kSlots; ++i) {
     int live = kLive;  // taken for good: the process ends below
-    if (g_state[i].compare_exchange_strong(live, kRemoving)) remove_entry(AT_FDCWD, g_paths[i], 0);
+    if (g_state[i].compare_exchange_strong(live, kRemoving) && g_owner[i] == self)
+      remove_entry(AT_FDCWD, g_paths[i], 0);
   }
   errno = saved;
   (void)::raise(sig);  // SA_RESETHAND: the default action, once this handler returns
@@ -108,6 +114,7 @@ int remove_on_signal(const std::filesystem::path& dir) noexcept {
     int free = kFree;
     if (!g_state[i].compare_exchange_strong(free, kWriting)) continue;
     std::memcpy(g_paths[i], abs.c_str(), abs.size() + 1);
+    g_owner[i] = ::getpid();
     g_state[i].store(kLive);
     return i;
   }

@@ -538,6 +538,30 @@ def test_a_signal_that_ends_the_job_removes_its_temporary_swap_directory(tmp_pat
     assert os.listdir(tmp_path) == ["mine"]
 
 
+def test_a_forked_worker_ended_by_sigterm_leaves_the_temporary_swap_directory(
+        tmp_path, monkeypatch):
+    """A data loader's worker is a fork of the training process (the handler and its registered
+    directories inherited) that the parent may stop with SIGTERM: the swap directory stays the
+    parent's, and the training goes on."""
+    import multiprocessing
+    import time
+
+    monkeypatch.setenv("TMPDIR", str(tmp_path))
+    monkeypatch.delenv("TIERSWAP_SWAP_DIRS", raising=False)
+    lin = torch.nn.Linear(64, 64).to(torch.bfloat16)
+    opt = tt.AdamW(lin.parameters(), telemetry=False, state_tier="nvme")
+    worker = multiprocessing.get_context("fork").Process(target=time.sleep, args=(60,))
+    worker.start()
+    worker.terminate()  # SIGTERM
+    worker.join(60)
+    assert worker.exitcode == -15
+    assert os.listdir(opt._tmpdir.path)  # the state's files are still there
+    lin.weight.grad = torch.ones_like(lin.weight)
+    opt.step()
+    opt.close()
+    assert not os.listdir(tmp_path)
+
+
 def test_residency_and_telemetry_are_on_by_default(tmp_path):
     lin = torch.nn.Linear(64, 64).to(torch.bfloat16)
     opt = tt.AdamW(lin.parameters(), swap_dir=str(tmp_path))

@@ -20,7 +20,6 @@
 #include <mutex>
 #include <string>
 #include <system_error>
-#include <utility>
 
 namespace tierswap {
 
@@ -34,7 +33,6 @@ char g_paths[kSlots][kPathBytes];
 pid_t g_owner[kSlots];             // the registering process, written with the path
 std::atomic<int> g_state[kSlots];  // Slot; zero-initialized: free
 std::mutex g_install_mu;           // installation only (never taken by the handler)
-bool g_installed = false;          // under g_install_mu
 
 bool is_dot(const char* n) {
   return n[0] == '.' && (n[1] == 0 || (n[1] == '.' && n[2] == 0));
@@ -88,6 +86,8 @@ void on_signal(int sig) {
   (void)::raise(sig);  // SA_RESETHAND: the default action, once this handler returns
 }
 
+// Under g_install_mu, at every registration: the handler for each signal whose disposition is
+// the default now (one ignored or handled at an earlier registration may have been reset since).
 void install_handlers() {
   for (int sig : {SIGINT, SIGTERM, SIGHUP}) {
     struct sigaction old {};
@@ -108,7 +108,7 @@ int remove_on_signal(const std::filesystem::path& dir) noexcept {
   if (ec || abs.size() >= kPathBytes) return -1;
   {
     std::lock_guard lk(g_install_mu);
-    if (!std::exchange(g_installed, true)) install_handlers();
+    install_handlers();
   }
   for (int i = 0; i < kSlots; ++i) {
     int free = kFree;

@@ -506,7 +506,8 @@ def test_a_failed_constructor_names_the_option_and_leaves_no_temporary_directory
 
 
 _SLEEPER = """
-import sys, time, torch, tierswap.torch as tt
+import signal, sys, time, torch, tierswap.torch as tt
+signal.signal(signal.SIGHUP, signal.SIG_DFL)  # as in a terminal (CI may run under nohup)
 lin = torch.nn.Linear(256, 256).to(torch.bfloat16)
 opt = tt.AdamW(lin.parameters(), telemetry=False, state_tier="nvme")
 lin.weight.grad = torch.ones_like(lin.weight)

@@ -267,6 +267,49 @@ void check_block_fields(const ManifestInfo::Block& b, const Bad& bad) {
                           b.slots[1].length));
 }
 
+// One entry of the block table, its slots checked against each other (the rest of its fields
+// by check_block_fields).
+template <class Bad>
+ManifestInfo::Block read_block(const nlohmann::json& e, bool shadow_slots, const Bad& bad) {
+  ManifestInfo::Block b;
+  b.name = e.at("name").get<std::string>();
+  b.cls = parse_block_class(e.at("class").get<std::string>());
+  b.dtype = parse_dtype(e.at("dtype").get<std::string>());
+  b.numel = detail::json_int<std::uint64_t>(e.at("numel"));
+  const auto& o = e.at("owner");
+  b.owner = {detail::json_int<int>(o.at(0)), detail::json_int<int>(o.at(1)),
+             detail::json_int<int>(o.at(2))};
+  for (auto& x : e.at("slots"))
+    b.slots.push_back(
+        {detail::json_int<std::uint64_t>(x.at(0)), detail::json_int<std::uint64_t>(x.at(1))});
+  b.memory_only = e.value("memory_only", false);
+  // Memory-only blocks have no NVMe extents (earlier manifests listed unused ones).
+  if (b.slots.size() != (shadow_slots ? 2u : 1u) && !(b.memory_only && b.slots.empty()))
+    throw bad(fmt::format("block '{}': {} slots", b.name, b.slots.size()));
+  b.committed_slot = detail::json_int<int>(e.at("committed_slot"));
+  if (!b.slots.empty() &&
+      (b.committed_slot < 0 || b.committed_slot >= static_cast<int>(b.slots.size())))
+    throw bad(fmt::format("block '{}': committed slot {}", b.name, b.committed_slot));
+  b.has_data = e.at("has_data").get<bool>();
+  if (b.has_data && b.slots.empty())
+    throw bad(fmt::format("block '{}': committed data but no NVMe slot", b.name));
+  b.generation = detail::json_int<std::uint64_t>(e.at("generation"));
+  b.checksum = std::stoull(e.at("checksum").get<std::string>(), nullptr, 16);
+  b.transient = e.value("transient", false);
+  if (e.contains("previous")) {
+    const auto& x = e.at("previous");
+    ManifestInfo::Block::Previous p;
+    p.slot = detail::json_int<int>(x.at(0));
+    p.has_data = x.at(1).get<bool>();
+    p.generation = detail::json_int<std::uint64_t>(x.at(2));
+    p.checksum = std::stoull(x.at(3).get<std::string>(), nullptr, 16);
+    if (p.slot < 0 || p.slot >= static_cast<int>(b.slots.size()))
+      throw bad(fmt::format("block '{}': previous slot {}", b.name, p.slot));
+    b.previous = p;
+  }
+  return b;
+}
+
 }  // namespace
 
 ManifestInfo read_manifest(const std::filesystem::path& path) {
@@ -286,42 +329,7 @@ ManifestInfo read_manifest(const std::filesystem::path& path) {
     if (j.contains("previous_record"))
       info.previous_record = j.at("previous_record").get<std::string>();
     for (auto& e : j.at("blocks")) {
-      ManifestInfo::Block b;
-      b.name = e.at("name").get<std::string>();
-      b.cls = parse_block_class(e.at("class").get<std::string>());
-      b.dtype = parse_dtype(e.at("dtype").get<std::string>());
-      b.numel = detail::json_int<std::uint64_t>(e.at("numel"));
-      const auto& o = e.at("owner");
-      b.owner = {detail::json_int<int>(o.at(0)), detail::json_int<int>(o.at(1)),
-                 detail::json_int<int>(o.at(2))};
-      for (auto& x : e.at("slots"))
-        b.slots.push_back(
-            {detail::json_int<std::uint64_t>(x.at(0)), detail::json_int<std::uint64_t>(x.at(1))});
-      b.memory_only = e.value("memory_only", false);
-      // Memory-only blocks have no NVMe extents (earlier manifests listed unused ones).
-      if (b.slots.size() != (info.shadow_slots ? 2u : 1u) && !(b.memory_only && b.slots.empty()))
-        throw bad(fmt::format("block '{}': {} slots", b.name, b.slots.size()));
-      b.committed_slot = detail::json_int<int>(e.at("committed_slot"));
-      if (!b.slots.empty() &&
-          (b.committed_slot < 0 || b.committed_slot >= static_cast<int>(b.slots.size())))
-        throw bad(fmt::format("block '{}': committed slot {}", b.name, b.committed_slot));
-      b.has_data = e.at("has_data").get<bool>();
-      if (b.has_data && b.slots.empty())
-        throw bad(fmt::format("block '{}': committed data but no NVMe slot", b.name));
-      b.generation = detail::json_int<std::uint64_t>(e.at("generation"));
-      b.checksum = std::stoull(e.at("checksum").get<std::string>(), nullptr, 16);
-      b.transient = e.value("transient", false);
-      if (e.contains("previous")) {
-        const auto& x = e.at("previous");
-        ManifestInfo::Block::Previous p;
-        p.slot = detail::json_int<int>(x.at(0));
-        p.has_data = x.at(1).get<bool>();
-        p.generation = detail::json_int<std::uint64_t>(x.at(2));
-        p.checksum = std::stoull(x.at(3).get<std::string>(), nullptr, 16);
-        if (p.slot < 0 || p.slot >= static_cast<int>(b.slots.size()))
-          throw bad(fmt::format("block '{}': previous slot {}", b.name, p.slot));
-        b.previous = p;
-      }
+      ManifestInfo::Block b = read_block(e, info.shadow_slots, bad);
       check_block_fields(b, bad);
       if (!names.insert(b.name).second) throw bad(fmt::format("block '{}' listed twice", b.name));
       info.blocks.push_back(std::move(b));

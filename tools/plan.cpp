@@ -40,8 +40,7 @@ std::string where(const PlanSubgroup& s) {
                                                  : "nvme");
 }
 
-void run_plan(const PlanArgs& a) {
-  const HardwareProfile hw = HardwareProfile::load(a.profile);
+PlanOptions plan_options(const PlanArgs& a) {
   PlanOptions o;
   o.params = parse_param_count(a.params, "--params");
   o.gpus = a.gpus;
@@ -53,17 +52,11 @@ void run_plan(const PlanArgs& a) {
   o.persist_resident_state = a.persist;
   o.alternate_step_order = !a.ascending;
   if (!a.gpu_reserve.empty()) o.gpu_reserve_bytes = parse_size(a.gpu_reserve, "--gpu-reserve");
-  const Plan p = make_plan(hw, o);
-  const std::string text = p.to_json();
-  if (!a.out.empty()) {
-    std::ofstream f(a.out);
-    if (!(f << text << '\n'))
-      throw std::runtime_error(fmt::format("--out {}: cannot write the plan", a.out));
-  }
-  if (a.json) {
-    fmt::print("{}\n", text);
-    return;
-  }
+  return o;
+}
+
+// The header and the bytes per tier.
+void print_plan_tiers(const PlanArgs& a, const HardwareProfile& hw, const Plan& p) {
   const int dv = static_cast<int>(Tier::device), hs = static_cast<int>(Tier::host),
             nv = static_cast<int>(Tier::nvme);
   if (p.gpus == 0)
@@ -76,7 +69,10 @@ void run_plan(const PlanArgs& a) {
   fmt::print("  {:5} {:>12} {:>12}\n", "tier", "bytes", "budget");
   for (auto [name, t] : {std::pair{"gpu", dv}, {"host", hs}, {"nvme", nv}})
     fmt::print("  {:5} {:>12} {:>12}\n", name, format_bytes(p.bytes[t]), format_bytes(p.budget[t]));
-  // Runs of identical decisions.
+}
+
+// Runs of sub-groups with identical decisions, a line each.
+void print_plan_subgroups(const Plan& p) {
   fmt::print("sub-groups (id 0 = the model's first parameters, final last in the backward):\n");
   for (std::size_t i = 0; i < p.subgroups.size();) {
     std::size_t j = i;
@@ -86,6 +82,10 @@ void run_plan(const PlanArgs& a) {
     fmt::print("  {:>5}..{:<5} {:>14} params: {}\n", i, j - 1, n, where(p.subgroups[i]));
     i = j;
   }
+}
+
+// Bytes per step, the resident state's fate and the predicted times.
+void print_plan_step(const PlanArgs& a, const Plan& p) {
   fmt::print(
       "bytes per step per rank: link h2d {}, d2h {}; NVMe read {}, write {}; host memory {}\n",
       format_bytes(p.links.h2d), format_bytes(p.links.d2h), format_bytes(p.links.nvme_read),
@@ -105,6 +105,24 @@ void run_plan(const PlanArgs& a) {
       "{:.3f} s{}\n",
       p.predicted_step_s, p.backward_s, p.exposed_step_s,
       p.overlap ? " (overlapped)" : " (no overlap)");
+}
+
+void run_plan(const PlanArgs& a) {
+  const HardwareProfile hw = HardwareProfile::load(a.profile);
+  const Plan p = make_plan(hw, plan_options(a));
+  const std::string text = p.to_json();
+  if (!a.out.empty()) {
+    std::ofstream f(a.out);
+    if (!(f << text << '\n'))
+      throw std::runtime_error(fmt::format("--out {}: cannot write the plan", a.out));
+  }
+  if (a.json) {
+    fmt::print("{}\n", text);
+    return;
+  }
+  print_plan_tiers(a, hw, p);
+  print_plan_subgroups(p);
+  print_plan_step(a, p);
 }
 
 }  // namespace

@@ -563,6 +563,39 @@ def test_a_forked_worker_ended_by_sigterm_leaves_the_temporary_swap_directory(
     assert not os.listdir(tmp_path)
 
 
+def test_an_empty_parameter_is_taken_as_torch_takes_it(tmp_path):
+    """A zero-element parameter (torch.optim steps it as a no-op) is accepted and left as it is;
+    the others step bit for bit as without it, and state dicts go both ways with torch's (which
+    holds empty moments for it)."""
+    torch.manual_seed(0)
+    w, g = torch.randn(64, 32).to(torch.bfloat16), torch.randn(64, 32).to(torch.bfloat16)
+    stepped = []
+    for with_empty in (False, True):
+        p = torch.nn.Parameter(w.clone())
+        e = torch.nn.Parameter(torch.empty(0, 8, dtype=torch.bfloat16))
+        params = [e, p] if with_empty else [p]  # first: the state dict's indices shift
+        (tmp_path / str(with_empty)).mkdir()
+        opt = tt.AdamW(params, lr=1e-2, swap_dir=str(tmp_path / str(with_empty)), telemetry=False)
+        for _ in range(3):
+            p.grad, e.grad = g.clone(), torch.zeros_like(e)
+            opt.step()
+        stepped.append(p.detach().clone())
+        if with_empty:
+            assert e.shape == (0, 8)
+            ref_params = [torch.nn.Parameter(torch.empty(0, 8)), torch.nn.Parameter(w.float())]
+            ref = torch.optim.AdamW(ref_params, lr=1e-2)
+            for q in ref_params:
+                q.grad = torch.ones_like(q)
+            ref.step()
+            assert ref.state_dict()["state"][0]["exp_avg"].numel() == 0
+            opt.load_state_dict(ref.state_dict())
+            assert torch.equal(opt.state_dict()["state"][1]["exp_avg"],
+                               ref.state_dict()["state"][1]["exp_avg"])
+            torch.optim.AdamW(ref_params, lr=1e-2).load_state_dict(opt.state_dict())
+        opt.close()
+    assert torch.equal(stepped[0], stepped[1])
+
+
 def test_residency_and_telemetry_are_on_by_default(tmp_path):
     lin = torch.nn.Linear(64, 64).to(torch.bfloat16)
     opt = tt.AdamW(lin.parameters(), swap_dir=str(tmp_path))

@@ -206,8 +206,6 @@ class _TieredOptimizer(Optimizer):
                                      "parameters (GPU tensors are not supported yet)")
                 if not p.is_contiguous():
                     raise ValueError(f"{where} is not contiguous")
-                if p.numel() == 0:
-                    raise ValueError(f"{where} is empty")
 
     def _abandon(self):
         """A constructor that failed: the native side closed now (what it would do when collected:
@@ -228,6 +226,8 @@ class _TieredOptimizer(Optimizer):
             self._hyper_sent.append(h)
             self._group_ids.append([id(p) for p in group["params"]])
             for pi, p in enumerate(group["params"]):
+                if p.numel() == 0:
+                    continue  # nothing to step or hold (torch's step leaves it as it is too)
                 nid = n.add_param(gi, f"group{gi}.param{pi}", list(p.shape),
                                   _DTYPE_NAMES[p.dtype], bool(p.requires_grad))
                 if p.requires_grad:
@@ -510,6 +510,8 @@ class _TieredOptimizer(Optimizer):
         masters = state_dict.get("master_params", {})
         for saved, st in state_dict["state"].items():
             p = by_saved.get(saved)
+            if p is not None and p.numel() == 0:
+                continue  # torch's empty moments for an empty parameter: nothing to hold
             if p is None or id(p) not in ids:
                 raise ValueError(f"state dict holds state for parameter {saved}, which is not a "
                                  "trainable parameter here")

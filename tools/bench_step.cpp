@@ -862,6 +862,34 @@ void run_host_state_bench(const StepBench& sb, TierswapStack& ts,
   fmt::print("{}\n", j.dump(2));
 }
 
+// The bf16 gradient every pass ingests: one parameter's worth (lent to all of them), or the
+// whole model's with --distinct-grads.
+std::vector<std::uint16_t> bench_gradient(const StepBench& sb) {
+  std::vector<std::uint16_t> grad(sb.o.distinct_grads ? sb.n : std::min(sb.n, sb.per_param()));
+  for (std::size_t i = 0; i < grad.size(); ++i)
+    grad[i] = float_to_bf16(1e-3f * static_cast<float>(static_cast<int>(i % 17) - 8));
+  return grad;
+}
+
+// Warm-up, two rounds: every block has data in both of its slots on NVMe afterwards. The first
+// write into a slot costs more than the later ones (likely the file system converting the
+// allocated extent): with one round the first timed step and ZeRO-Infinity pass ran 1.5-2x
+// slower than the next ones in every run, while the io-only pass, whose constructor writes one
+// of its two regions, did not; a wait before the timed runs did not change that.
+void warm_up(TierswapStack& ts, ZeroInfinityTraffic& zi, IoOnlyPass& io, TierswapStack* bf,
+             const std::vector<std::uint16_t>& grad) {
+  for (int w = 0; w < 2; ++w) {
+    ts.ingest(grad);
+    ts.opt.step();
+    zi.step(grad);
+    io.run();
+    if (bf) {
+      bf->ingest(grad);
+      bf->opt.step();
+    }
+  }
+}
+
 void run_step_bench(const StepOptions& o) {
   StepBench sb(o);
   std::unique_ptr<TempDir> temp;
@@ -876,9 +904,7 @@ void run_step_bench(const StepOptions& o) {
   Created created;
   created.keep = o.keep;
   TierswapStack ts(sb, pool, created, "tierswap", false);  // (b)
-  std::vector<std::uint16_t> grad(o.distinct_grads ? sb.n : std::min(sb.n, sb.per_param()));
-  for (std::size_t i = 0; i < grad.size(); ++i)
-    grad[i] = float_to_bf16(1e-3f * static_cast<float>(static_cast<int>(i % 17) - 8));
+  const std::vector<std::uint16_t> grad = bench_gradient(sb);
   if (o.overlap) {
     run_overlap_bench(o, ts.tiers, ts.opt, ts.ids, grad, sb.n);
     return;
@@ -901,21 +927,7 @@ void run_step_bench(const StepOptions& o) {
         sb.n, o.optimizer, format_bytes(sb.n * sb.state_pp), sb.dirs.front().string(),
         format_bytes(sb.budget), sb.sub_rounded(), o.grad_tier,
         bf ? "; and the same with bf16 moments" : "");
-  // Warm-up, two rounds: every block has data in both of its slots on NVMe afterwards. The
-  // first write into a slot costs more than the later ones (likely the file system converting
-  // the allocated extent): with one round the first timed step and ZeRO-Infinity pass ran
-  // 1.5-2x slower than the next ones in every run, while the io-only pass, whose constructor
-  // writes one of its two regions, did not; a wait before the timed runs did not change that.
-  for (int w = 0; w < 2; ++w) {
-    ts.ingest(grad);
-    ts.opt.step();
-    zi.step(grad);
-    io.run();
-    if (bf) {
-      bf->ingest(grad);
-      bf->opt.step();
-    }
-  }
+  warm_up(ts, zi, io, bf.get(), grad);
   StepBenchRuns R;
   for (int r = 0; r < o.runs; ++r) run_step_round(r, sb, ts, zi, io, bf.get(), grad, disk.get(), R);
   report_step_bench(sb, R, ts.tiers);

@@ -94,6 +94,37 @@ TierConfig stream_tier_config(const TierBenchOptions& o, std::uint64_t bb) {
   return tc;
 }
 
+// One run: the tier manager's stream and the engine's alone over the same bytes, alternating
+// who goes first.
+nlohmann::json tier_run(const TierBenchOptions& o, int r, TierManager& m,
+                        const std::vector<BlockId>& ids, IoEngine& engine, std::byte* ring,
+                        std::uint64_t bb) {
+  const std::uint64_t total = bb * ids.size();
+  TierCounters c0, c1;
+  double tier_s = 0, io_s = 0;
+  if (r % 2 == 0) {
+    tier_s = tier_stream(m, ids, o.lookahead, &c0, &c1);
+    io_s = engine_stream(engine, ring, total, bb);
+  } else {
+    io_s = engine_stream(engine, ring, total, bb);
+    tier_s = tier_stream(m, ids, o.lookahead, &c0, &c1);
+  }
+  const double tier_gbps = static_cast<double>(total) / tier_s / 1e9;
+  const double io_gbps = static_cast<double>(total) / io_s / 1e9;
+  if (!o.json)
+    fmt::print(
+        "run {}: tier stream {:.3f} GB/s, engine {:.3f} GB/s, ratio {:.3f}; prefetch "
+        "hits {} misses {}, stalled {:.3f} s\n",
+        r + 1, tier_gbps, io_gbps, tier_gbps / io_gbps, c1.prefetch_hits - c0.prefetch_hits,
+        c1.prefetch_misses - c0.prefetch_misses, c1.stall_seconds - c0.stall_seconds);
+  return {{"tier_gbps", tier_gbps},
+          {"engine_gbps", io_gbps},
+          {"ratio", tier_gbps / io_gbps},
+          {"prefetch_hits", c1.prefetch_hits - c0.prefetch_hits},
+          {"prefetch_misses", c1.prefetch_misses - c0.prefetch_misses},
+          {"stall_seconds", c1.stall_seconds - c0.stall_seconds}};
+}
+
 void run_tier_bench(const TierBenchOptions& o) {
   const std::uint64_t bb = parse_size(o.block_bytes, "--block-bytes");
   if (bb < 4096 || bb % 4096 != 0)
@@ -110,36 +141,13 @@ void run_tier_bench(const TierBenchOptions& o) {
   const TierConfig tc = stream_tier_config(o, bb);
   TierManager m(space, engine, tc);
   const std::vector<BlockId> ids = make_stream(m, o.blocks, bb);
-  const std::uint64_t total = bb * ids.size();
   AlignedBuffer ring(bb * 2);
   engine.register_buffer(ring.data(), ring.size());
   nlohmann::json runs = nlohmann::json::array();
   std::vector<double> ratios;
   for (int r = 0; r < o.runs; ++r) {
-    TierCounters c0, c1;
-    double tier_s = 0, io_s = 0;
-    if (r % 2 == 0) {  // alternate who goes first
-      tier_s = tier_stream(m, ids, o.lookahead, &c0, &c1);
-      io_s = engine_stream(engine, ring.data(), total, bb);
-    } else {
-      io_s = engine_stream(engine, ring.data(), total, bb);
-      tier_s = tier_stream(m, ids, o.lookahead, &c0, &c1);
-    }
-    const double tier_gbps = static_cast<double>(total) / tier_s / 1e9;
-    const double io_gbps = static_cast<double>(total) / io_s / 1e9;
-    ratios.push_back(tier_gbps / io_gbps);
-    runs.push_back({{"tier_gbps", tier_gbps},
-                    {"engine_gbps", io_gbps},
-                    {"ratio", tier_gbps / io_gbps},
-                    {"prefetch_hits", c1.prefetch_hits - c0.prefetch_hits},
-                    {"prefetch_misses", c1.prefetch_misses - c0.prefetch_misses},
-                    {"stall_seconds", c1.stall_seconds - c0.stall_seconds}});
-    if (!o.json)
-      fmt::print(
-          "run {}: tier stream {:.3f} GB/s, engine {:.3f} GB/s, ratio {:.3f}; prefetch "
-          "hits {} misses {}, stalled {:.3f} s\n",
-          r + 1, tier_gbps, io_gbps, tier_gbps / io_gbps, c1.prefetch_hits - c0.prefetch_hits,
-          c1.prefetch_misses - c0.prefetch_misses, c1.stall_seconds - c0.stall_seconds);
+    runs.push_back(tier_run(o, r, m, ids, engine, ring.data(), bb));
+    ratios.push_back(runs.back()["ratio"].get<double>());
   }
   std::sort(ratios.begin(), ratios.end());
   const double med = ratios[ratios.size() / 2];

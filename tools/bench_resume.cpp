@@ -53,6 +53,22 @@ std::unique_ptr<TieredOptimizer> open_model(const std::filesystem::path& dir, st
   return t;
 }
 
+// The run that "crashes": initialized, one step committed, then left (its swap files kept).
+void run_that_crashes(const std::filesystem::path& dir, std::uint64_t budget, std::uint64_t n) {
+  auto t = open_model(dir, budget, n);
+  ShardedOptimizer& opt = t->optimizer();
+  opt.initialize([](ParamId, std::uint64_t off, float* out, std::uint64_t k) {
+    for (std::uint64_t i = 0; i < k; ++i) out[i] = 1e-3f * static_cast<float>((off + i) % 977);
+  });
+  opt.begin_backward();
+  for (ParamId id = 0; id < opt.param_count(); ++id) {
+    std::vector<std::uint16_t> g(opt.param(id).numel(), float_to_bf16(1e-3f));
+    opt.add_grad(id, g.data(), Dtype::bf16);
+  }
+  opt.end_backward();
+  opt.step();
+}
+
 void run_resume_bench(const ResumeOptions& o) {
   const std::uint64_t n = parse_param_count(o.params, "--params") / 4096 * 4096;
   const std::uint64_t budget = parse_size(o.host_budget, "--host-budget");
@@ -63,20 +79,7 @@ void run_resume_bench(const ResumeOptions& o) {
   if (!o.dir.empty()) make_new_or_empty(root, "--dir");
   const auto run = root / "run", fresh = root / "fresh", ckpt = root / "ckpt";
   for (const auto& d : {run, fresh}) std::filesystem::create_directories(d);
-  {
-    auto t = open_model(run, budget, n);  // the run that "crashes": initialized, one step
-    ShardedOptimizer& opt = t->optimizer();
-    opt.initialize([](ParamId, std::uint64_t off, float* out, std::uint64_t k) {
-      for (std::uint64_t i = 0; i < k; ++i) out[i] = 1e-3f * static_cast<float>((off + i) % 977);
-    });
-    opt.begin_backward();
-    for (ParamId id = 0; id < opt.param_count(); ++id) {
-      std::vector<std::uint16_t> g(opt.param(id).numel(), float_to_bf16(1e-3f));
-      opt.add_grad(id, g.data(), Dtype::bf16);
-    }
-    opt.end_backward();
-    opt.step();
-  }
+  run_that_crashes(run, budget, n);
   std::vector<double> resume_s, save_s, load_s, ratio;
   for (int r = 0; r < o.runs; ++r) {
     auto t0 = Clock::now();

@@ -5,11 +5,11 @@
 // A registered directory is removed with its contents by a handler for SIGINT, SIGTERM and SIGHUP,
 // installed at a registration for each of those signals whose disposition is then the default
 // (a program's own handler, Python's SIGINT handler included, is never replaced: its exit path
-// cleans up; an ignored signal stays ignored). The handler uses async-signal-safe calls only (openat, getdents64,
-// unlinkat, close, raise) on paths copied at registration, and then lets the signal end the
-// process as it would have (status 128 + signal). A directory is removed by the process that
-// registered it only: a child forked from it (a data loader's worker) that a signal ends leaves
-// it to its parent.
+// cleans up; an ignored signal stays ignored). The handler uses async-signal-safe calls only
+// (openat, getdents64, unlinkat, close, getpid, raise) on paths copied at registration, and then
+// lets the signal end the process as it would have (status 128 + signal). A directory is
+// removed by the process that registered it only: a child forked from it (a data loader's
+// worker) that a signal ends leaves it to its parent.
 #pragma once
 
 #include <filesystem>

@@ -1,12 +1,12 @@
 // Removal of registered directories when a signal ends the process (signal_cleanup.hpp).
 // The handler runs on whichever thread the signal interrupts, while the others go on: it uses
 // only async-signal-safe calls (openat, getdents64, unlinkat, close, getpid, raise) on paths
-// copied into fixed slots at registration. A slot's state says who may touch its path: free -> writing (the
-// registering thread) -> live -> free again (forget), or live -> removing (the handler, which
-// then ends the process), so the handler never reads a path being rewritten. A slot belongs to
-// the process that registered it: a child forked without exec (a DataLoader worker, which its
-// parent may end with SIGTERM) inherits the handler and the slots, and must not remove the
-// parent's directories.
+// copied into fixed slots at registration. A slot's state says who may touch its path: free ->
+// writing (the registering thread) -> live -> free again (forget), or live -> removing (the
+// handler, which then ends the process), so the handler never reads a path being rewritten. A
+// slot belongs to the process that registered it: a child forked without exec (a DataLoader
+// worker, which its parent may end with SIGTERM) inherits the handler and the slots, and must
+// not remove the parent's directories.
 #include "tierswap/signal_cleanup.hpp"
 
 #include <dirent.h>

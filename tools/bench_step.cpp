@@ -82,8 +82,7 @@ struct Created {
   std::vector<std::unique_ptr<TempDir>> dirs;
   bool keep = false;
   void add(const std::filesystem::path& d) {
-    dirs.push_back(std::make_unique<TempDir>(TempDir::Adopt{}, d));
-    if (keep) dirs.back()->keep();
+    if (!keep) dirs.push_back(std::make_unique<TempDir>(TempDir::Adopt{}, d));
   }
 };
 

@@ -68,7 +68,7 @@ bool SwapService::Impl::queue_raw(Session& s, const wire::Message& m) {
   s.waiting_any.store(true);  // completions from here on wake the session
   update_busy(s);
   if (!submit_raw(s)) return false;
-  if (!s.waiting.empty()) s.traffic->add(s.traffic->throttled, 1);  // waits for its share
+  if (!s.waiting.empty()) ++s.traffic->throttled;  // this one waits for the client's share
   return true;
 }
 
@@ -94,7 +94,7 @@ bool SwapService::Impl::submit_raw(Session& s) {
     try {
       IoTicket t = engine->submit(std::span(&seg, 1), [this, &s, q](std::exception_ptr err) {
         Traffic& c = *s.traffic;  // counted before the client can see the answer
-        if (!err) c.add(q.write ? c.written_bytes : c.read_bytes, q.length);
+        if (!err) (q.write ? c.written_bytes : c.read_bytes) += q.length;
         s.out->post(err ? service::error_answer(err, q.tag)
                         : service::Answer{0, {}, q.length, {}, q.tag});
         if (s.in_engine.fetch_sub(1) == 1 || s.waiting_any.load()) signal(s.done_fd);
@@ -108,8 +108,7 @@ bool SwapService::Impl::submit_raw(Session& s) {
   }
   s.waiting_any.store(!s.waiting.empty());
   Traffic& c = *s.traffic;
-  if (s.inflight_bytes > c.peak_inflight_bytes.load(std::memory_order_relaxed))
-    c.peak_inflight_bytes.store(s.inflight_bytes, std::memory_order_relaxed);
+  if (s.inflight_bytes > c.peak_inflight_bytes) c.peak_inflight_bytes = s.inflight_bytes;
   return true;
 }
 

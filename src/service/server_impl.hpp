@@ -53,14 +53,11 @@ struct SwapService::Impl {
 
   // An attached client's I/O counters: counted by its session and by the engine's completion
   // callbacks without a lock (a callback never waits for mu, nor status() for the I/O), read by
-  // status() and the metrics. Relaxed: each is a monotonic count or a gauge, read one by one.
+  // status() and the metrics, each on its own.
   struct Traffic {
     std::atomic<std::uint64_t> read_bytes{0}, written_bytes{0};
     std::atomic<std::uint64_t> peak_inflight_bytes{0};  // written by the session only
     std::atomic<std::uint64_t> throttled{0};  // raw requests that waited for the client's share
-    void add(std::atomic<std::uint64_t>& c, std::uint64_t n) {
-      c.fetch_add(n, std::memory_order_relaxed);
-    }
   };
 
   // Everything below. Lock order: the engine's lock, then mu; nothing that holds mu calls into

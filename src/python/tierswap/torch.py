@@ -145,10 +145,11 @@ class _TieredOptimizer(Optimizer):
             opt_cfg["plan"] = os.fspath(plan)
         for flag, why in ((resume, "resume=True continues from a swap directory"),
                           (keep_swap_files, "keep_swap_files=True keeps the files for a later run")):
-            if flag and swap_dir is None and not os.environ.get("TIERSWAP_SWAP_DIRS"):
+            if flag and _temporary(swap_dir):
                 raise ValueError(f"{why}: give swap_dir (a temporary one is removed at close)")
-        sizes = (_size_option("host_budget", host_budget), _size_option("swap_capacity",
-                 swap_capacity), _count_option("subgroup_size", subgroup_size))
+        budget = 0 if host_budget is None else parse_size(host_budget, "host_budget")
+        capacity = 0 if swap_capacity is None else parse_size(swap_capacity, "swap_capacity")
+        subgroup = 0 if subgroup_size is None else parse_count(subgroup_size, "subgroup_size")
         threads = _threads(threads)
         tier_cfg = {"telemetry": bool(telemetry), "device_mode": "off", "durable": bool(durable)}
         service = os.environ.get("TIERSWAP_SERVICE") if service is None else service
@@ -161,9 +162,9 @@ class _TieredOptimizer(Optimizer):
         dirs, self._tmpdir = _swap_dirs(swap_dir)
         try:
             self._native = _tierswap.Optimizer(
-                dirs, sizes[0], "single" if self._comm is not None else str(communicator),
+                dirs, budget, "single" if self._comm is not None else str(communicator),
                 self._comm, threads, json.dumps(opt_cfg), json.dumps(tier_cfg),
-                bool(keep_swap_files), sizes[1], sizes[2], bool(resume))
+                bool(keep_swap_files), capacity, subgroup, bool(resume))
             self._register()
         except BaseException:
             self._abandon()
@@ -706,20 +707,6 @@ def _number(name, value):
         raise ValueError(f"{name}={value!r}: expected a number") from None
 
 
-def _size_option(name, value):
-    """Bytes (0 when None), or the error naming the option."""
-    return _named(name, value, parse_size)
-
-
-def _count_option(name, value):
-    """A count (0 when None), or the error naming the option."""
-    return _named(name, value, parse_count)
-
-
-def _named(name, value, parse):
-    return 0 if value is None else parse(value, name)
-
-
 def _threads(value):
     """The kernel threads (0: all), or a ValueError naming the option."""
     if value is None:
@@ -780,14 +767,19 @@ def _scaler(loss_scale, init_scale, growth_factor, backoff_factor, growth_interv
     raise ValueError(f"loss_scale={loss_scale!r}: None, 'dynamic' or a number")
 
 
+def _temporary(swap_dir):
+    """Whether the optimizer makes its own temporary swap directory (no swap_dir, and no
+    TIERSWAP_SWAP_DIRS)."""
+    return swap_dir is None and not os.environ.get("TIERSWAP_SWAP_DIRS")
+
+
 def _swap_dirs(swap_dir):
     """The swap directories, and a temporary one to remove at close() when none was given."""
-    if swap_dir is None:
-        env = os.environ.get("TIERSWAP_SWAP_DIRS")
-        if env:
-            return [d for d in env.split(":") if d], None
+    if _temporary(swap_dir):
         tmp = _TempSwapDir()
         return [tmp.path], tmp
+    if swap_dir is None:
+        return [d for d in os.environ["TIERSWAP_SWAP_DIRS"].split(":") if d], None
     # What a directory must be (present, a directory, not a symlink, writable) the native side
     # checks (TieredOptimizer), as a ValueError naming it.
     dirs = [swap_dir] if isinstance(swap_dir, (str, os.PathLike)) else list(swap_dir)

@@ -194,6 +194,44 @@ TEST(TieredOptimizer, NoRoomNamesTheTotalAndCreatesNothing) {
   EXPECT_FALSE(t.finalized());
 }
 
+// torch's optimizers take a model whose parameters are all frozen (a phase of a fine-tuning
+// schedule): nothing to step, the step count still counts, checkpoints and resume work.
+TEST(TieredOptimizer, EveryParameterFrozenStepsNothingAndCheckpoints) {
+  TempDir dir, ck;
+  TieredOptions o = options(dir.path());
+  o.keep_swap_files = true;
+  {
+    TieredOptimizer t(o);
+    const int g = t.add_group(GroupConfig{});
+    t.add_param(g, {"frozen", {33, 7}, Dtype::bf16, false});
+    t.add_param(t.add_group(GroupConfig{}), {"empty_group_frozen", {5}, Dtype::bf16, false});
+    t.finalize();
+    ShardedOptimizer& opt = t.optimizer();
+    opt.initialize([](ParamId, std::uint64_t, float*, std::uint64_t) {
+      ADD_FAILURE() << "asked for the initial values of a frozen parameter";
+    });
+    for (int i = 0; i < 3; ++i) {
+      opt.begin_backward();
+      opt.end_backward();
+      const StepResult r = opt.step();
+      EXPECT_FALSE(r.skipped);
+      EXPECT_EQ(r.grad_norm, 0.0);
+      EXPECT_EQ(r.bytes_in[static_cast<int>(Tier::nvme)], 0u);
+    }
+    EXPECT_EQ(opt.step_count(), 3u);
+    opt.save(ck.path());
+    opt.load(ck.path());
+    EXPECT_EQ(opt.step_count(), 3u);
+  }
+  o.resume = true;
+  TieredOptimizer again(o);
+  again.add_param(again.add_group(GroupConfig{}), {"frozen", {33, 7}, Dtype::bf16, false});
+  again.add_param(again.add_group(GroupConfig{}), {"empty_group_frozen", {5}, Dtype::bf16, false});
+  again.finalize();
+  EXPECT_TRUE(again.resumed());
+  EXPECT_EQ(again.optimizer().step_count(), 3u);
+}
+
 TEST(TieredOptimizer, AnEarlierRunsSwapSpaceIsRefusedAndKept) {
   TempDir dir;
   const auto sub = dir.path() / "tierswap-rank0";

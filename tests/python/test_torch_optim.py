@@ -596,6 +596,68 @@ def test_an_empty_parameter_is_taken_as_torch_takes_it(tmp_path):
     assert torch.equal(stepped[0], stepped[1])
 
 
+def test_a_model_with_every_parameter_frozen_steps_nothing_as_torch(tmp_path):
+    """torch.optim takes a model whose parameters are all frozen (a phase of a fine-tuning
+    schedule) and its step changes nothing: so does tierswap's, and its state dict, save/load
+    and resume work."""
+    lin = torch.nn.Linear(8, 4).to(torch.bfloat16)
+    lin.requires_grad_(False)
+    before = [p.detach().clone() for p in lin.parameters()]
+    opt = tt.AdamW(lin.parameters(), lr=0.1, swap_dir=str(tmp_path), telemetry=False,
+                   keep_swap_files=True)
+    for _ in range(2):
+        opt.step()
+        opt.zero_grad()
+    assert all(torch.equal(a, b) for a, b in zip(before, lin.parameters()))
+    assert opt.step_count == 2 and opt.last_step["grad_norm"] == 0.0
+    assert opt.state_dict()["state"] == {}
+    torch.optim.AdamW([p.float() for p in before]).load_state_dict(opt.state_dict())
+    opt.save(tmp_path / "ck")
+    opt.load(tmp_path / "ck")
+    opt.close()
+    again = tt.AdamW(lin.parameters(), lr=0.1, swap_dir=str(tmp_path), telemetry=False,
+                     resume=True)
+    assert again.resumed and again.step_count == 2
+    again.close()
+
+
+def test_a_parameter_unfrozen_after_construction_is_named_not_silently_left_untrained(tmp_path):
+    """tierswap holds state only for the parameters trainable at construction: a frozen one
+    unfrozen later would have its gradient dropped and stay as it is, so step() refuses, names
+    it, and changes nothing; a state dict without its state then loads into a new optimizer
+    with a warning that says how that differs from torch (one step count)."""
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.Linear(8, 2)).to(torch.bfloat16)
+    model[0].requires_grad_(False)
+    x = torch.randn(4, 8).to(torch.bfloat16)
+    (tmp_path / "a").mkdir()
+    (tmp_path / "b").mkdir()
+    opt = tt.AdamW(model.parameters(), lr=1e-2, swap_dir=str(tmp_path / "a"), telemetry=False)
+    model(x).float().sum().backward()
+    opt.step()
+    opt.zero_grad()
+    saved = opt.state_dict()
+    model[0].requires_grad_(True)
+    model(x).float().sum().backward()
+    values = [p.detach().clone() for p in model.parameters()]
+    with pytest.raises(RuntimeError, match=r"param_groups\[0\]\['params'\]\[0\] \(shape \(8, 8\)\) "
+                       "has a gradient but was frozen"):
+        opt.step()
+    assert all(torch.equal(a, b) for a, b in zip(values, model.parameters()))
+    assert opt.step_count == 1
+    opt.zero_grad()
+    opt.close()
+    opt = tt.AdamW(model.parameters(), lr=1e-2, swap_dir=str(tmp_path / "b"), telemetry=False)
+    with pytest.warns(UserWarning, match=r"no state for trainable parameter\(s\) \[0, 1\].*"
+                      r"common step count \(1\)"):
+        opt.load_state_dict(saved)
+    assert torch.equal(opt.state_dict()["state"][2]["exp_avg"], saved["state"][2]["exp_avg"])
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        opt.load_state_dict(opt.state_dict())  # complete: no warning
+    opt.close()
+
+
 def test_residency_and_telemetry_are_on_by_default(tmp_path):
     lin = torch.nn.Linear(64, 64).to(torch.bfloat16)
     opt = tt.AdamW(lin.parameters(), swap_dir=str(tmp_path))

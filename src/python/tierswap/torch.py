@@ -74,6 +74,7 @@ import os
 import shutil
 import tempfile
 import time
+import warnings
 import weakref
 
 import torch
@@ -219,6 +220,7 @@ class _TieredOptimizer(Optimizer):
     def _register(self):
         n = self._native
         self._ids = []  # (param, native id) of trainable parameters, in order
+        self._frozen = []  # (where, param): no state kept, so never given a gradient later
         self._group_ids = []
         self._hyper_sent = []
         for gi, group in enumerate(self.param_groups):
@@ -233,6 +235,8 @@ class _TieredOptimizer(Optimizer):
                                   _DTYPE_NAMES[p.dtype], bool(p.requires_grad))
                 if p.requires_grad:
                     self._ids.append((p, nid))
+                else:
+                    self._frozen.append((f"param_groups[{gi}]['params'][{pi}]", p))
         n.finalize()
         self.resumed = n.resumed()
         if self.resumed:  # param_groups stay as the trainer made them (torch's way: a scheduler
@@ -260,6 +264,17 @@ class _TieredOptimizer(Optimizer):
                     "values there, so they would not reach it. Build the optimizer after moving "
                     "or loading the model; copy values in place (p.copy_(...)) and then "
                     "load_state_dict with 'master_params' to set the weights of a built one")
+
+    def _check_frozen(self):
+        """A parameter frozen when the optimizer was built has no state here: unfrozen later, its
+        gradient would be dropped and the parameter silently left untrained."""
+        for where, p in self._frozen:
+            if p.grad is not None:
+                raise RuntimeError(
+                    f"{where} (shape {tuple(p.shape)}) has a gradient but was frozen "
+                    "(requires_grad=False) when this optimizer was built: tierswap keeps state "
+                    "only for the parameters trainable then, so it would not be trained. Build "
+                    "the optimizer after unfreezing it")
 
     def _refs(self):
         return [(nid, p.data_ptr(), _DTYPE_NAMES[p.dtype], p.numel()) for p, nid in self._ids]
@@ -352,6 +367,7 @@ class _TieredOptimizer(Optimizer):
             with torch.enable_grad():
                 loss = closure()
         self._check_storage()
+        self._check_frozen()
         t0 = time.perf_counter()
         lent = []  # gradients the step reads in place: alive until it returns
         if self._hooks:
@@ -527,6 +543,7 @@ class _TieredOptimizer(Optimizer):
         if len(steps) > 1:
             raise ValueError(f"parameters are at different steps {sorted(steps)}: tierswap keeps "
                              "one step count")
+        self._warn_stateless(state_dict["state"], by_saved, steps)
         before = [dict(g) for g in self.param_groups]
         try:
             for mine, theirs in zip(self.param_groups, groups):
@@ -539,6 +556,20 @@ class _TieredOptimizer(Optimizer):
                 mine.update(old)
             self._sync_groups()
             raise
+
+    def _warn_stateless(self, saved_state, by_saved, steps):
+        """Trainable parameters the state dict holds no state for (torch's dict of a parameter
+        that never had a gradient): torch would start them afresh, tierswap keeps their state
+        and its one step count. Said, not refused: the common case is a fresh optimizer."""
+        have = {id(by_saved[k]) for k in saved_state if k in by_saved}
+        index = self._index()
+        missing = [index[id(p)] for p, _ in self._ids if id(p) not in have]
+        step = next(iter(steps)) if steps else self._native.step_count()  # after the load
+        if missing and step > 0:
+            warnings.warn(f"load_state_dict: no state for trainable parameter(s) {missing}: "
+                          "tierswap keeps their current state and steps them at the common step "
+                          f"count ({step}), where torch.optim would start them afresh at step 0",
+                          stacklevel=3)
 
     @staticmethod
     def _state_item(p, nid, key, cls, value, keep):

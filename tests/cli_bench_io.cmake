@@ -37,9 +37,20 @@ if(rc EQUAL 0 OR NOT err MATCHES "--size")
 endif()
 execute_process(COMMAND ${CLI} bench io --size 1MiB --dir /nonexistent/tierswap
                 RESULT_VARIABLE rc ERROR_VARIABLE err OUTPUT_QUIET)
-if(rc EQUAL 0 OR NOT err MATCHES "/nonexistent/tierswap")
+if(rc EQUAL 0 OR NOT err MATCHES "--dir: Directory does not exist: /nonexistent/tierswap")
   message(FATAL_ERROR "missing --dir accepted or unclear: rc=${rc} ${err}")
 endif()
+foreach(bad "--block-size;3;--block-size=3: must be a multiple of 4096"
+            "--queue-depth;0;--queue-depth=0: must be in 1..4096")
+  list(GET bad 0 flag)
+  list(GET bad 1 value)
+  list(GET bad 2 want)
+  execute_process(COMMAND ${CLI} bench io --size 1MiB ${flag} ${value}
+                  RESULT_VARIABLE rc ERROR_VARIABLE err OUTPUT_QUIET)
+  if(rc EQUAL 0 OR NOT err MATCHES "${want}")
+    message(FATAL_ERROR "bench io ${flag} ${value} accepted or unclear: rc=${rc} ${err}")
+  endif()
+endforeach()
 execute_process(COMMAND ${CLI} bench io --size 1MiB --backend spdk
                 RESULT_VARIABLE rc ERROR_VARIABLE err OUTPUT_QUIET)
 if(rc EQUAL 0 OR NOT err MATCHES "backend")

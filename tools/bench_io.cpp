@@ -1,6 +1,7 @@
 // `tierswap bench io`: writes then reads a given amount through the engine and reports GB/s and
 // CPU seconds per GiB moved, per run; `--sweep` runs a grid of block sizes x depths x backends.
 
+#include <algorithm>
 #include <filesystem>
 #include <functional>
 #include <memory>
@@ -66,11 +67,29 @@ SwapSpace open_space(const BenchIoOptions& o, std::uint64_t size,
   return SwapSpace::create(sc);
 }
 
+// The engine's refusal of a value given on the command line, named by its option
+// ("block_size=3: ..." -> "--block-size=3: ...").
+IoCombo checked(const IoCombo& c) {
+  try {
+    c.config().validate();
+  } catch (const std::invalid_argument& e) {
+    std::string what = e.what();
+    const auto eq = what.find('=');
+    if (eq != std::string::npos && what.find(' ') > eq) {
+      std::string key = what.substr(0, eq);
+      std::replace(key.begin(), key.end(), '_', '-');
+      what = "--" + key + what.substr(eq);
+    }
+    throw std::invalid_argument(what);
+  }
+  return c;
+}
+
 std::vector<IoCombo> combos_of(const BenchIoOptions& o) {
   std::vector<IoCombo> combos;
   if (!o.sweep)
-    return {{parse_backend(o.backend), parse_size(o.block_size, "--block-size"), o.queue_depth,
-             o.sqpoll, o.submit_batch}};
+    return {checked({parse_backend(o.backend), parse_size(o.block_size, "--block-size"),
+                     o.queue_depth, o.sqpoll, o.submit_batch})};
   // ds_nvme_tune sweeps {1M, 8M} x {32, 128}; this grid covers it and more.
   for (auto b : {IoBackendKind::uring, IoBackendKind::aio, IoBackendKind::posix})
     for (std::uint64_t bs : {128 * KiB, 256 * KiB, 1 * MiB, 4 * MiB, 8 * MiB})
@@ -232,7 +251,8 @@ void add_bench_io(CLI::App& bench) {
       bench.add_subcommand("io", "Swap I/O throughput through the engine (write, then read)");
   io->add_option("--dir", opts->dirs,
                  "Swap directory, once per drive (default: a temporary directory under $TMPDIR "
-                 "or /var/tmp)");
+                 "or /var/tmp)")
+      ->check(CLI::ExistingDirectory);
   io->add_option("--service", opts->service,
                  "Measure through the node service at this socket (a raw client of its own: the "
                  "service's drives and engine; --block-size and --queue-depth are the client's)");

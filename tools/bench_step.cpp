@@ -944,7 +944,8 @@ void add_bench_step(CLI::App& bench) {
   auto* b = bench.add_subcommand(
       "step",
       "Optimizer step on NVMe-resident state vs an I/O-only pass and ZeRO-Infinity traffic");
-  b->add_option("--dir", o->dirs, "Swap directory (repeat to stripe; default: a temporary one)");
+  b->add_option("--dir", o->dirs, "Swap directory (repeat to stripe; default: a temporary one)")
+      ->check(CLI::ExistingDirectory);
   b->add_option("--params", o->params, kParamsHelp);
   b->add_option("--host-budget", o->host_budget, "Pinned host bytes");
   b->add_option("--sub-group", o->sub_group,

@@ -172,7 +172,8 @@ void add_bench_tier(CLI::App& bench) {
   auto o = std::make_shared<TierBenchOptions>();
   auto* b = bench.add_subcommand(
       "tier", "Prefetch effectiveness: stream blocks larger than the host budget vs the engine");
-  b->add_option("--dir", o->dir, "Swap directory (default: a temporary one)");
+  b->add_option("--dir", o->dir, "Swap directory (default: a temporary one)")
+      ->check(CLI::ExistingDirectory);
   b->add_option("--block-bytes", o->block_bytes, "Bytes per block");
   b->add_option("--blocks", o->blocks, "Blocks streamed");
   b->add_option("--host-blocks", o->host_blocks, "Host budget, in blocks");

@@ -137,7 +137,8 @@ void add_serve(CLI::App& app) {
   auto* s = app.add_subcommand(
       "serve", "The node service: one swap space and one memory budget for every rank and job");
   s->add_option("--swap-dir", o->dirs, "A swap directory (repeat: one per drive, striped)")
-      ->required();
+      ->required()
+      ->check(CLI::ExistingDirectory);
   s->add_option("--capacity", o->capacity,
                 "Swap space to create when the directories hold none (e.g. 64GiB)");
   s->add_option("--host-budget", o->host_budget, "Shared memory for all clients together")

@@ -236,7 +236,8 @@ void add_tune(CLI::App& app) {
       "tune",
       "Sweep the I/O engine's settings on these drives and write the best as a config file");
   c->add_option("--dir", o->dirs, "Swap directory, once per drive (striped as the swap space is)")
-      ->required();
+      ->required()
+      ->check(CLI::ExistingDirectory);
   c->add_option("--size", o->size, "Bytes written then read per run")->capture_default_str();
   c->add_option("--runs", o->runs, "Runs per setting (medians)")->capture_default_str();
   c->add_option("--backends", o->backends, "Backends to sweep (uring, aio, posix)")

@@ -102,7 +102,6 @@ void ShardedOptimizer::Impl::require_finalized(const char* what) const {
 
 void ShardedOptimizer::Impl::layout() {
   if (groups.empty()) throw std::logic_error("finalize: no parameter groups were added");
-  std::uint64_t trainable = 0;
   for (auto& g : groups) {
     g.numel = 0;
     for (ParamId id : g.params) {
@@ -111,7 +110,6 @@ void ShardedOptimizer::Impl::layout() {
       p.offset = g.numel;
       g.numel += p.numel;
     }
-    trainable += g.numel;
     const std::uint64_t per = (g.numel + world - 1) / static_cast<std::uint64_t>(world);
     g.part = std::max<std::uint64_t>(kGradStatsChunk, round_up(per, kGradStatsChunk));
     std::tie(g.lo, g.hi) = rank_range(g, rank);
@@ -141,7 +139,6 @@ void ShardedOptimizer::Impl::layout() {
     g.nsubs = subs.size() - g.first_sub;
     if (world > 1) g.local_grad.assign(g.numel * dtype_size(acc_dtype(g)), std::byte{0});
   }
-  (void)trainable;
 }
 
 std::uint64_t ShardedOptimizer::Impl::state_block_bytes(const OptSub& s) const {

@@ -939,11 +939,10 @@ void run_step_bench(const StepOptions& o) {
 
 }  // namespace
 
-void add_bench_step(CLI::App& bench) {
-  auto o = std::make_shared<StepOptions>();
-  auto* b = bench.add_subcommand(
-      "step",
-      "Optimizer step on NVMe-resident state vs an I/O-only pass and ZeRO-Infinity traffic");
+namespace {
+
+// What is stepped and how much: the swap directories, the model, the budget, the repetitions.
+void add_step_size_options(CLI::App* b, StepOptions* o) {
   b->add_option("--dir", o->dirs, "Swap directory (repeat to stripe; default: a temporary one)")
       ->check(CLI::ExistingDirectory);
   b->add_option("--params", o->params, kParamsHelp);
@@ -956,6 +955,11 @@ void add_bench_step(CLI::App& bench) {
   b->add_option("--runs", o->runs, "Repetitions (medians reported)");
   b->add_option("--prefetch-depth", o->prefetch_depth, "Sub-groups whose state is read ahead");
   b->add_option("--threads", o->threads, "Kernel threads");
+}
+
+// How the step runs: overlapped, host state, durability, moments, the gradients' hand-over and
+// layout, the order, the disk sampling.
+void add_step_mode_options(CLI::App* b, StepOptions* o) {
   auto* overlap = b->add_flag(
       "--overlap", o->overlap,
       "Ordinary vs overlapped step after a simulated backward (how much of the step hides)");
@@ -998,6 +1002,17 @@ void add_bench_step(CLI::App& bench) {
               "Sample /sys/block/DISK/inflight every millisecond during each pass: the fraction "
               "of the pass with a request in flight on the disks under --dir (was a slower pass "
               "the software or the disk?)");
+}
+
+}  // namespace
+
+void add_bench_step(CLI::App& bench) {
+  auto o = std::make_shared<StepOptions>();
+  auto* b = bench.add_subcommand(
+      "step",
+      "Optimizer step on NVMe-resident state vs an I/O-only pass and ZeRO-Infinity traffic");
+  add_step_size_options(b, o.get());
+  add_step_mode_options(b, o.get());
   b->add_flag("--json", o->json, "Print JSON on stdout instead of text");
   b->callback([o] { run_step_bench(*o); });
 }

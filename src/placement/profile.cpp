@@ -67,6 +67,59 @@ void HardwareProfile::validate() const {
   }
 }
 
+namespace {
+
+NumaProfile numa_from(Reader& n) {
+  NumaProfile x;
+  x.node = n.integer("node", 0, true);
+  x.memory_bytes = n.bytes("memory_bytes", 0);
+  x.cores = n.integer("cores", 0);
+  return x;
+}
+
+GpuProfile gpu_from(std::string_view origin, Reader& g) {
+  GpuProfile x;
+  x.model = g.str("model", "");
+  x.memory_bytes = g.bytes("memory_bytes", 0, true);
+  x.memory_gbps = g.num("memory_gbps", 0, true);
+  x.bf16_tflops = g.num("bf16_tflops", 0);
+  x.link = parse_link(origin, g.key("link"), g.str("link", "pcie"));
+  x.pcie_gen = g.integer("pcie_gen", 0);
+  x.pcie_width = g.integer("pcie_width", 0);
+  x.h2d_gbps = g.num("h2d_gbps", 0, true);
+  x.d2h_gbps = g.num("d2h_gbps", 0, true);
+  x.host_read_gbps = g.num("host_read_gbps", 0);
+  x.host_write_gbps = g.num("host_write_gbps", 0);
+  x.numa_node = g.integer("numa_node", -1);
+  x.pci_bus_id = g.str("pci_bus_id", "");
+  return x;
+}
+
+NvmeProfile nvme_from(Reader& d) {
+  NvmeProfile x;
+  x.name = d.str("name", "");
+  x.read_gbps = d.num("read_gbps", 0, true);
+  x.write_gbps = d.num("write_gbps", 0, true);
+  x.capacity_bytes = d.bytes("capacity_bytes", 0, true);
+  x.numa_node = d.integer("numa_node", -1);
+  return x;
+}
+
+// Each element of the array `key` read by `one`, every key of it known (Reader::finish).
+template <typename T, typename F>
+std::vector<T> list_from(std::string_view origin, Reader& r, const char* key, F one) {
+  std::vector<T> out;
+  const json& a = r.array(key);
+  for (std::size_t i = 0; i < a.size(); ++i) {
+    Reader e(origin, fmt::format("{}[{}]", key, i), a[i]);
+    out.push_back(one(e));
+    e.finish();
+  }
+  return out;
+}
+
+}  // namespace
+
 HardwareProfile HardwareProfile::from_json(std::string_view text, std::string_view origin) {
   json j;
   try {
@@ -84,48 +137,10 @@ HardwareProfile HardwareProfile::from_json(std::string_view text, std::string_vi
   p.cpu_cores = r.integer("cpu_cores", 0, true);
   p.host_memory_gbps = r.num("host_memory_gbps", 0);
   p.cpu_adam_gbps = r.num("cpu_adam_gbps", 0, true);
-  const json& numa = r.array("numa");
-  for (std::size_t i = 0; i < numa.size(); ++i) {
-    Reader n(origin, fmt::format("numa[{}]", i), numa[i]);
-    NumaProfile x;
-    x.node = n.integer("node", 0, true);
-    x.memory_bytes = n.bytes("memory_bytes", 0);
-    x.cores = n.integer("cores", 0);
-    n.finish();
-    p.numa.push_back(x);
-  }
-  const json& gpus = r.array("gpus");
-  for (std::size_t i = 0; i < gpus.size(); ++i) {
-    Reader g(origin, fmt::format("gpus[{}]", i), gpus[i]);
-    GpuProfile x;
-    x.model = g.str("model", "");
-    x.memory_bytes = g.bytes("memory_bytes", 0, true);
-    x.memory_gbps = g.num("memory_gbps", 0, true);
-    x.bf16_tflops = g.num("bf16_tflops", 0);
-    x.link = parse_link(origin, g.key("link"), g.str("link", "pcie"));
-    x.pcie_gen = g.integer("pcie_gen", 0);
-    x.pcie_width = g.integer("pcie_width", 0);
-    x.h2d_gbps = g.num("h2d_gbps", 0, true);
-    x.d2h_gbps = g.num("d2h_gbps", 0, true);
-    x.host_read_gbps = g.num("host_read_gbps", 0);
-    x.host_write_gbps = g.num("host_write_gbps", 0);
-    x.numa_node = g.integer("numa_node", -1);
-    x.pci_bus_id = g.str("pci_bus_id", "");
-    g.finish();
-    p.gpus.push_back(x);
-  }
-  const json& nvme = r.array("nvme");
-  for (std::size_t i = 0; i < nvme.size(); ++i) {
-    Reader d(origin, fmt::format("nvme[{}]", i), nvme[i]);
-    NvmeProfile x;
-    x.name = d.str("name", "");
-    x.read_gbps = d.num("read_gbps", 0, true);
-    x.write_gbps = d.num("write_gbps", 0, true);
-    x.capacity_bytes = d.bytes("capacity_bytes", 0, true);
-    x.numa_node = d.integer("numa_node", -1);
-    d.finish();
-    p.nvme.push_back(x);
-  }
+  p.numa = list_from<NumaProfile>(origin, r, "numa", numa_from);
+  p.gpus =
+      list_from<GpuProfile>(origin, r, "gpus", [origin](Reader& g) { return gpu_from(origin, g); });
+  p.nvme = list_from<NvmeProfile>(origin, r, "nvme", nvme_from);
   r.finish();
   p.validate();
   return p;

@@ -98,6 +98,19 @@ foreach(bad "residency;99999999" "residency" "residency;--swap-dir;/nonexistent/
     message(FATAL_ERROR "'${bad}' was accepted or gave no error: ${err}")
   endif()
 endforeach()
+# Output files and measured directories that cannot be: named by the option before any work.
+foreach(bad "probe;--topology-only;--out;/nonexistent/x/p.json|--out: its directory does not exist"
+            "plan;--params;1M;--profile;gh200;--out;/nonexistent/x/p.json|--out: its directory"
+            "tune;--dir;${WORK};--out;/nonexistent/x/io.json|--out: its directory"
+            "tune;--dir;${WORK};--plot;/nonexistent/x/io.png|--plot: its directory"
+            "probe;--nvme-dir;/nonexistent/x|--nvme-dir: Directory does not exist")
+  string(REPLACE "|" ";" parts "${bad}")
+  list(POP_BACK parts want)
+  execute_process(COMMAND ${CLI} ${parts} RESULT_VARIABLE rc ERROR_VARIABLE err OUTPUT_QUIET)
+  if(rc EQUAL 0 OR NOT err MATCHES "${want}")
+    message(FATAL_ERROR "'${parts}': accepted or unclear (want '${want}'): ${rc} ${err}")
+  endif()
+endforeach()
 
 execute_process(COMMAND ${CLI} ps --json RESULT_VARIABLE rc OUTPUT_VARIABLE out ERROR_VARIABLE err)
 string(JSON v ERROR_VARIABLE e GET "${out}" processes)

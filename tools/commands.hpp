@@ -4,12 +4,23 @@
 
 #include <CLI/CLI.hpp>
 #include <cstdio>
+#include <filesystem>
 #include <string>
 
 namespace tierswap::cli {
 
 /// The help of every `--params` (read by parse_param_count: decimal, as model sizes are named).
 inline constexpr const char* kParamsHelp = "Parameters (decimal suffixes K, M, B, T: 350M = 350e6)";
+
+/// An output file's check at parse time (before a long measurement): its directory exists.
+inline const CLI::Validator kOutputFile(
+    [](std::string& path) -> std::string {
+      const std::filesystem::path dir = std::filesystem::path(path).parent_path();
+      std::error_code ec;
+      if (dir.empty() || std::filesystem::is_directory(dir, ec)) return {};
+      return "its directory does not exist: " + dir.string();
+    },
+    "FILE");
 
 /// `tierswap bench io ...`
 void add_bench_io(CLI::App& bench);

@@ -154,7 +154,7 @@ void add_plan(CLI::App& app) {
               "Plan for alternate_step_order=false (every step in ascending order); default: "
               "without overlap, a step reads no streamed state the host still holds from the "
               "step before");
-  c->add_option("--out", a->out, "Also write the plan (JSON) to this file");
+  c->add_option("--out", a->out, "Also write the plan (JSON) to this file")->check(kOutputFile);
   c->add_flag("--json", a->json, "Print JSON on stdout instead of text");
   c->callback([a] { run_plan(*a); });
 }
@@ -167,11 +167,12 @@ void add_probe(CLI::App& app) {
   };
   auto a = std::make_shared<Args>();
   auto* c = app.add_subcommand("probe", "Measure this machine and print it as a hardware profile");
-  c->add_option("--nvme-dir", a->dir, "Measure NVMe I/O in this directory (default: skip)");
+  c->add_option("--nvme-dir", a->dir, "Measure NVMe I/O in this directory (default: skip)")
+      ->check(CLI::ExistingDirectory);
   c->add_option("--io-bytes", a->io, "Bytes written and read for the NVMe figures");
   c->add_option("--threads", a->threads, "CPU kernel threads (default: all cores)");
   c->add_flag("--topology-only", a->topology_only, "No measurements (bandwidths left 0)");
-  c->add_option("--out", a->out, "Write the profile here instead of stdout");
+  c->add_option("--out", a->out, "Write the profile here instead of stdout")->check(kOutputFile);
   c->callback([a] {
     ProbeOptions o;
     o.nvme_dir = a->dir;

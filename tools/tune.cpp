@@ -251,8 +251,9 @@ void add_tune(CLI::App& app) {
       ->capture_default_str();
   c->add_flag("--sqpoll", o->sqpoll, "Also sweep io_uring with an SQPOLL thread");
   c->add_option("--out", o->out, "The config file to write (IoEngineConfig JSON)")
-      ->capture_default_str();
-  c->add_option("--plot", o->plot, "The PNG plot (default: --out with .png)");
+      ->capture_default_str()
+      ->check(kOutputFile);
+  c->add_option("--plot", o->plot, "The PNG plot (default: --out with .png)")->check(kOutputFile);
   c->add_flag("--no-plot", o->no_plot, "Do not draw the plot");
   c->add_flag("--json", o->json, "Print the sweep and the choice as JSON on stdout");
   c->callback([o] { run_tune(*o); });

@@ -18,7 +18,7 @@ inline const CLI::Validator kOutputFile(
       const std::filesystem::path dir = std::filesystem::path(path).parent_path();
       std::error_code ec;
       if (dir.empty() || std::filesystem::is_directory(dir, ec)) return {};
-      return "its directory does not exist: " + dir.string();
+      return path + ": its directory " + dir.string() + " does not exist";
     },
     "FILE");
 

@@ -103,4 +103,10 @@ def test_a_failing_tune_leaves_an_existing_config_alone(tmp_path):
     r = tune("--dir", str(tmp_path), "--size", "1MiB", "--runs", "1", "--backends", "posix",
              "--block-sizes", "128KiB", "--depths", "2", "--out", str(tmp_path / "no" / "io.json"))
     assert r.returncode != 0 and str(tmp_path / "no" / "io.json") in r.stderr
+    (tmp_path / "taken").mkdir()  # the sweep runs, then --out cannot be written (a directory)
+    r = tune("--dir", str(tmp_path), "--size", "1MiB", "--runs", "1", "--backends", "posix",
+             "--block-sizes", "128KiB", "--depths", "2", "--out", str(tmp_path / "taken"),
+             "--no-plot")
+    assert r.returncode != 0 and str(tmp_path / "taken") in r.stderr
+    assert not (tmp_path / "taken.tmp").exists()
     assert out.read_text() == '{"queue_depth": 64}\n'

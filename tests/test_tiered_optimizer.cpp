@@ -232,6 +232,28 @@ TEST(TieredOptimizer, EveryParameterFrozenStepsNothingAndCheckpoints) {
   EXPECT_EQ(again.optimizer().step_count(), 3u);
 }
 
+// issue 15: a swap space too small failed at finalize() with the allocator's "swap space full"
+// and no word of what the parameters need; a capacity the caller gave now says it.
+TEST(TieredOptimizer, ASwapCapacityTooSmallSaysWhatTheParametersNeed) {
+  TempDir dir;
+  TieredOptions o = options(dir.path());
+  o.swap_capacity = 1ull << 20;
+  o.optimizer.state_tier = OptimizerConfig::StateTier::nvme;
+  TieredOptimizer t(o);
+  t.add_param(t.add_group(GroupConfig{}), {"w", {512, 512}, Dtype::bf16});
+  try {
+    t.finalize();
+    FAIL() << "1 MiB of swap space for 3 MiB of state was accepted";
+  } catch (const std::invalid_argument& e) {
+    const std::string what = e.what();
+    EXPECT_NE(what.find("swap_capacity=1.00 MiB is too small"), std::string::npos) << what;
+    EXPECT_NE(what.find("they need about"), std::string::npos) << what;
+    EXPECT_NE(what.find("swap space full"), std::string::npos) << what;  // the allocator's word
+  }
+  EXPECT_FALSE(t.finalized());
+  EXPECT_FALSE(std::filesystem::exists(dir.path() / "tierswap-rank0"));
+}
+
 TEST(TieredOptimizer, AnEarlierRunsSwapSpaceIsRefusedAndKept) {
   TempDir dir;
   const auto sub = dir.path() / "tierswap-rank0";

@@ -14,6 +14,7 @@
 #include <cstdlib>
 #include <set>
 #include <stdexcept>
+#include <system_error>
 #include <thread>
 
 #include "src/optim/optimizer_impl.hpp"
@@ -191,6 +192,8 @@ struct TieredOptimizer::Impl {
   void open_space(const std::vector<std::pair<GroupConfig, std::uint64_t>>& sizes,
                   const OptimizerConfig& oc, const TierConfig& tc, bool earlier);
   void attach_service(std::uint64_t capacity, const TierConfig& tc, bool earlier);
+  void finalize_optimizer(const std::vector<std::pair<GroupConfig, std::uint64_t>>& sizes,
+                          const OptimizerConfig& oc, const TierConfig& tc);
   void drop_storage() noexcept {
     engine = nullptr;
     space = nullptr;
@@ -244,10 +247,29 @@ void TieredOptimizer::Impl::build() {
   opt = std::make_unique<ShardedOptimizer>(*tiers, *comm, oc, pool.get());
   for (const auto& [cfg, name] : groups) opt->add_group(cfg, name);
   for (const auto& [g, spec] : params) opt->add_param(g, spec);
-  if (o.resume)
-    resumed = opt->resume();
-  else
-    opt->finalize();
+  finalize_optimizer(sizes, oc, tc);
+}
+
+// The optimizer's finalize() (or resume()); a given swap_capacity too small for the parameters is
+// an error that says what they need.
+void TieredOptimizer::Impl::finalize_optimizer(
+    const std::vector<std::pair<GroupConfig, std::uint64_t>>& sizes, const OptimizerConfig& oc,
+    const TierConfig& tc) {
+  try {
+    if (o.resume)
+      resumed = opt->resume();
+    else
+      opt->finalize();
+  } catch (const std::system_error& e) {
+    if (e.code().value() != ENOSPC || o.swap_capacity == 0) throw;
+    // The caller's capacity, not the parameters', was too small: say what they need.
+    throw std::invalid_argument(fmt::format(
+        "swap_capacity={} is too small for these parameters: they need about {} (the state in "
+        "{} generation slot(s), the gradients and headroom; 0 sizes it from the parameters): {}",
+        format_bytes(o.swap_capacity),
+        format_bytes(swap_bytes_needed(sizes, comm->size(), oc, tc.shadow_slots)),
+        tc.shadow_slots ? 2 : 1, e.what()));
+  }
 }
 
 // The earlier run's space (resume), else a new one sized from the parameters.

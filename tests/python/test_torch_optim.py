@@ -749,6 +749,23 @@ def test_the_main_job_prints_steps_and_the_residency_table(capsys, monkeypatch, 
     assert not os.listdir(tmp_path)  # the temporary swap directory is gone
 
 
+@pytest.mark.parametrize("args, message", [
+    (["--steps", "0"], "--steps: 0: a whole number >= 1"),
+    (["--steps", "x"], "--steps: x: a whole number >= 1"),
+    (["--host-budget", "lots"], "host_budget=lots: a size starts with a number"),
+    (["--swap-dir", "/nonexistent/tierswap"], "/nonexistent/tierswap: is missing"),
+])
+def test_the_main_job_names_a_bad_option_without_a_traceback(capsys, monkeypatch, tmp_path, args,
+                                                            message):
+    monkeypatch.setenv("TMPDIR", str(tmp_path))
+    with pytest.raises(SystemExit) as e:
+        tinylm.main(args)
+    assert e.value.code == 2
+    err = capsys.readouterr().err
+    assert message in err and "Traceback" not in err
+    assert not os.listdir(tmp_path)
+
+
 def test_deepspeed_module_prints_the_mapping(tmp_path, capsys):
     from tierswap import deepspeed
     cfg = tmp_path / "ds.json"

@@ -204,10 +204,20 @@ def train_reference(model, steps, max_norm=1.0, norm="fp32"):
     return losses, [m for g in groups for m in g["params"]], opt
 
 
+def _positive(text):
+    try:
+        n = int(text)
+    except ValueError:
+        n = 0
+    if n < 1:
+        raise argparse.ArgumentTypeError(f"{text}: a whole number >= 1")
+    return n
+
+
 def main(argv=None):
     import tierswap.torch as tt
     ap = argparse.ArgumentParser(prog="python3 -m tierswap.tinylm", description=__doc__.split("\n")[0])
-    ap.add_argument("--steps", type=int, default=30)
+    ap.add_argument("--steps", type=_positive, default=30)
     ap.add_argument("--state-tier", default="nvme", choices=("auto", "host", "nvme"))
     ap.add_argument("--host-budget", default="16MiB")
     ap.add_argument("--swap-dir", default=None, help="default: a temporary directory")
@@ -220,9 +230,12 @@ def main(argv=None):
         sys.exit(f"tinylm: {TEXT} is missing (Debian's base-files ships it)")
     model = make_model()
     # No --swap-dir: the optimizer's temporary one (removed at close, or when a signal ends us).
-    opt = tt.AdamW(param_groups(model), swap_dir=a.swap_dir, host_budget=a.host_budget,
-                   state_tier=a.state_tier, max_grad_norm=1.0, hooks=a.hooks or a.overlap,
-                   overlap=a.overlap, bf16_moments=a.bf16_moments)
+    try:
+        opt = tt.AdamW(param_groups(model), swap_dir=a.swap_dir, host_budget=a.host_budget,
+                       state_tier=a.state_tier, max_grad_norm=1.0, hooks=a.hooks or a.overlap,
+                       overlap=a.overlap, bf16_moments=a.bf16_moments)
+    except (ValueError, TypeError, RuntimeError) as e:  # a bad option, a swap dir it refuses
+        ap.error(str(e))
     n = sum(p.numel() for p in model.parameters())
     print(f"tinylm: {n} parameters (bf16), AdamW state {opt._native.state_bytes() / 2**20:.1f} MiB "
           f"on the {a.state_tier} tier under a {a.host_budget} host budget, "

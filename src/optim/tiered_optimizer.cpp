@@ -261,8 +261,8 @@ void TieredOptimizer::Impl::finalize_optimizer(
     else
       opt->finalize();
   } catch (const std::system_error& e) {
-    if (e.code().value() != ENOSPC || o.swap_capacity == 0) throw;
-    // The caller's capacity, not the parameters', was too small: say what they need.
+    if (e.code().value() != ENOSPC || o.swap_capacity == 0 || !created) throw;
+    // A new space of the caller's capacity, not the parameters', was too small: say what they need.
     throw std::invalid_argument(fmt::format(
         "swap_capacity={} is too small for these parameters: they need about {} (the state in "
         "{} generation slot(s), the gradients and headroom; 0 sizes it from the parameters): {}",

@@ -641,8 +641,12 @@ def test_a_parameter_unfrozen_after_construction_is_named_not_silently_left_untr
     model(x).float().sum().backward()
     values = [p.detach().clone() for p in model.parameters()]
     with pytest.raises(RuntimeError, match=r"param_groups\[0\]\['params'\]\[0\] \(shape \(8, 8\)\) "
-                       "has a gradient but was frozen"):
+                       r"was frozen .* it has a gradient now: it would not be trained"):
         opt.step()
+    model[0].requires_grad_(False)  # frozen again, its gradient left: torch.optim would apply it
+    with pytest.raises(RuntimeError, match=r"still has a gradient .* set its .grad to None"):
+        opt.step()
+    model[0].requires_grad_(True)
     assert all(torch.equal(a, b) for a, b in zip(values, model.parameters()))
     assert opt.step_count == 1
     opt.zero_grad()

@@ -269,12 +269,16 @@ class _TieredOptimizer(Optimizer):
         """A parameter frozen when the optimizer was built has no state here: unfrozen later, its
         gradient would be dropped and the parameter silently left untrained."""
         for where, p in self._frozen:
-            if p.grad is not None:
-                raise RuntimeError(
-                    f"{where} (shape {tuple(p.shape)}) has a gradient but was frozen "
-                    "(requires_grad=False) when this optimizer was built: tierswap keeps state "
-                    "only for the parameters trainable then, so it would not be trained. Build "
-                    "the optimizer after unfreezing it")
+            if p.grad is None:
+                continue
+            what = f"{where} (shape {tuple(p.shape)}) was frozen (requires_grad=False) when this " \
+                   "optimizer was built, so tierswap keeps no state for it"
+            if p.requires_grad:
+                raise RuntimeError(f"{what}, and it has a gradient now: it would not be trained. "
+                                   "Build the optimizer after unfreezing it")
+            raise RuntimeError(f"{what}, but it still has a gradient (from before it was frozen?), "
+                               "which torch.optim would apply: set its .grad to None (zero_grad "
+                               "does) or build the optimizer with it trainable")
 
     def _refs(self):
         return [(nid, p.data_ptr(), _DTYPE_NAMES[p.dtype], p.numel()) for p, nid in self._ids]

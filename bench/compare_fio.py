@@ -2,7 +2,8 @@
 """tierswap's io_uring backend against fio (io_uring and libaio), interleaved, same disk, equal buffer memory.
 
 Each repetition runs, on the same directory, with O_DIRECT, the same size, block size and queue
-depth (the engines' order rotates every repetition; sync and a pause separate the phases):
+depth (the engines' order rotates every repetition; before each phase a sync and a pause,
+before the writes also every engine's earlier file deleted):
   writes: tierswap (--backend uring --mode write, fresh preallocated file), fio io_uring, fio
           libaio (each a fresh file, fallocated as fio does by default)
   reads:  tierswap (--mode read of the file its write left, --keep), fio io_uring, fio libaio,
@@ -146,6 +147,14 @@ def run_fio(args, workdir, engine, mode, pages, read_path=None):
 ENGINES = ["tierswap", "fio-io_uring", "fio-libaio"]
 
 
+def remove_old_files(workdir):
+    """The files the engines wrote in the repetition before (each write gets a fresh one)."""
+    for name in ENGINES:
+        f = os.path.join(workdir, name, "tierswap.swap" if name == "tierswap" else "fio.dat")
+        if os.path.exists(f):
+            os.unlink(f)
+
+
 def run_cell(args, pages):
     """Every repetition of one buffer-memory cell; {engine: {mode: [sample, ...]}}."""
     samples = {e: {"write": [], "read": []} for e in ENGINES}
@@ -156,9 +165,14 @@ def run_cell(args, pages):
             # phase is penalized, so each engine takes each position equally often.
             order = ENGINES[rep % 3:] + ENGINES[:rep % 3]
             for mode in ("write", "read"):
-                if mode == "read":
-                    os.sync()
-                    time.sleep(args.settle)  # let the disk absorb the write phase
+                if mode == "write":
+                    # Every engine's earlier file goes before any write, then the disk settles:
+                    # on a filesystem mounted with `discard` a deleted file's blocks are
+                    # discarded at the journal's next commit, which slowed whichever write ran
+                    # then (the first writer after the read phase, 2026-11-28).
+                    remove_old_files(workdir)
+                os.sync()
+                time.sleep(args.settle)  # let the disk absorb the phase before
                 for name in order:
                     if name == "tierswap":
                         samples[name][mode].append(run_tierswap(args, workdir, mode, pages))
@@ -201,7 +215,7 @@ def main():
     p.add_argument("--size", default="1GiB")
     p.add_argument("--repeats", type=int, default=6, help="a multiple of 3 balances the order")
     p.add_argument("--settle", type=float, default=2.0,
-                   help="seconds of pause (after sync) between the write and the read phase")
+                   help="seconds of pause (after sync) before each write and each read phase")
     p.add_argument("--pages", default="4k,huge", help="cells to run: 4k, huge or both")
     p.add_argument("--json", action="store_true")
     args = p.parse_args()

@@ -40,8 +40,8 @@ execute_process(COMMAND ${CLI} bench io --size 1MiB --dir /nonexistent/tierswap
 if(rc EQUAL 0 OR NOT err MATCHES "--dir: Directory does not exist: /nonexistent/tierswap")
   message(FATAL_ERROR "missing --dir accepted or unclear: rc=${rc} ${err}")
 endif()
-foreach(bad "--block-size;3;--block-size=3: must be a multiple of 4096"
-            "--queue-depth;0;--queue-depth=0: must be in 1..4096")
+foreach(bad "--block-size;3;--block-size 3: .*must be a multiple of 4096"
+            "--queue-depth;0;--queue-depth: Value 0 not in range 1 to 4096")
   list(GET bad 0 flag)
   list(GET bad 1 value)
   list(GET bad 2 want)

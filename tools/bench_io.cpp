@@ -1,7 +1,6 @@
 // `tierswap bench io`: writes then reads a given amount through the engine and reports GB/s and
 // CPU seconds per GiB moved, per run; `--sweep` runs a grid of block sizes x depths x backends.
 
-#include <algorithm>
 #include <filesystem>
 #include <functional>
 #include <memory>
@@ -67,29 +66,22 @@ SwapSpace open_space(const BenchIoOptions& o, std::uint64_t size,
   return SwapSpace::create(sc);
 }
 
-// The engine's refusal of a value given on the command line, named by its option
-// ("block_size=3: ..." -> "--block-size=3: ...").
-IoCombo checked(const IoCombo& c) {
+// --block-size as a request size the engine takes (its rule, named by the option).
+std::uint64_t block_size_of(const BenchIoOptions& o) {
+  IoEngineConfig c;
+  c.block_size = parse_size(o.block_size, "--block-size");
   try {
-    c.config().validate();
+    c.validate();
   } catch (const std::invalid_argument& e) {
-    std::string what = e.what();
-    const auto eq = what.find('=');
-    if (eq != std::string::npos && what.find(' ') > eq) {
-      std::string key = what.substr(0, eq);
-      std::replace(key.begin(), key.end(), '_', '-');
-      what = "--" + key + what.substr(eq);
-    }
-    throw std::invalid_argument(what);
+    throw std::invalid_argument(fmt::format("--block-size {}: {}", o.block_size, e.what()));
   }
-  return c;
+  return c.block_size;
 }
 
 std::vector<IoCombo> combos_of(const BenchIoOptions& o) {
   std::vector<IoCombo> combos;
   if (!o.sweep)
-    return {checked({parse_backend(o.backend), parse_size(o.block_size, "--block-size"),
-                     o.queue_depth, o.sqpoll, o.submit_batch})};
+    return {{parse_backend(o.backend), block_size_of(o), o.queue_depth, o.sqpoll, o.submit_batch}};
   // ds_nvme_tune sweeps {1M, 8M} x {32, 128}; this grid covers it and more.
   for (auto b : {IoBackendKind::uring, IoBackendKind::aio, IoBackendKind::posix})
     for (std::uint64_t bs : {128 * KiB, 256 * KiB, 1 * MiB, 4 * MiB, 8 * MiB})
@@ -259,7 +251,9 @@ void add_bench_io(CLI::App& bench) {
   io->add_option("--size", opts->size, "Bytes to move per phase (suffixes: KiB, MiB, GiB)")
       ->capture_default_str();
   io->add_option("--block-size", opts->block_size, "Request size")->capture_default_str();
-  io->add_option("--queue-depth", opts->queue_depth, "Requests in flight")->capture_default_str();
+  io->add_option("--queue-depth", opts->queue_depth, "Requests in flight")
+      ->capture_default_str()
+      ->check(CLI::Range(1u, 4096u));
   io->add_option("--backend", opts->backend, "auto|uring|aio|posix")->capture_default_str();
   io->add_option("--mode", opts->mode, "read|write|both")->capture_default_str();
   io->add_option("--runs", opts->runs, "Repetitions")->capture_default_str();

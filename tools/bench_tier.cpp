@@ -111,18 +111,16 @@ nlohmann::json tier_run(const TierBenchOptions& o, int r, TierManager& m,
   }
   const double tier_gbps = static_cast<double>(total) / tier_s / 1e9;
   const double io_gbps = static_cast<double>(total) / io_s / 1e9;
+  const auto hits = c1.prefetch_hits - c0.prefetch_hits;
+  const auto misses = c1.prefetch_misses - c0.prefetch_misses;
+  const double stalled = c1.stall_seconds - c0.stall_seconds;
   if (!o.json)
     fmt::print(
         "run {}: tier stream {:.3f} GB/s, engine {:.3f} GB/s, ratio {:.3f}; prefetch "
         "hits {} misses {}, stalled {:.3f} s\n",
-        r + 1, tier_gbps, io_gbps, tier_gbps / io_gbps, c1.prefetch_hits - c0.prefetch_hits,
-        c1.prefetch_misses - c0.prefetch_misses, c1.stall_seconds - c0.stall_seconds);
-  return {{"tier_gbps", tier_gbps},
-          {"engine_gbps", io_gbps},
-          {"ratio", tier_gbps / io_gbps},
-          {"prefetch_hits", c1.prefetch_hits - c0.prefetch_hits},
-          {"prefetch_misses", c1.prefetch_misses - c0.prefetch_misses},
-          {"stall_seconds", c1.stall_seconds - c0.stall_seconds}};
+        r + 1, tier_gbps, io_gbps, tier_gbps / io_gbps, hits, misses, stalled);
+  return {{"tier_gbps", tier_gbps}, {"engine_gbps", io_gbps},    {"ratio", tier_gbps / io_gbps},
+          {"prefetch_hits", hits},  {"prefetch_misses", misses}, {"stall_seconds", stalled}};
 }
 
 void run_tier_bench(const TierBenchOptions& o) {

@@ -54,6 +54,12 @@ def _number(where, v):
     return v
 
 
+def _boolean(where, v):
+    if not isinstance(v, bool):
+        raise ValueError(f"{where}: expected true or false, got {json.dumps(v)}")
+    return v
+
+
 def _integer(where, v, lo, hi):
     if isinstance(v, bool) or not isinstance(v, int) or not lo <= v <= hi:
         raise ValueError(f"{where}: expected a whole number in [{lo}, {hi}], got {json.dumps(v)}")
@@ -94,7 +100,7 @@ def _optimizer(cfg, kw, ignored):
             kw[key] = _number(f"optimizer.params.{key}", params.pop(key))
     for key in ("nesterov", "amsgrad"):
         if key in params:
-            kw[key] = params.pop(key)
+            kw[key] = _boolean(f"optimizer.params.{key}", params.pop(key))
     if "betas" in params:
         b = params.pop("betas")
         if not isinstance(b, (list, tuple)) or len(b) != 2:
@@ -107,17 +113,24 @@ def _optimizer(cfg, kw, ignored):
 def _offload(cfg, kw, ignored):
     zero = _section(cfg, "zero_optimization", "")
     off = dict(_section(zero, "offload_optimizer", "zero_optimization."))
+    where = "zero_optimization.offload_optimizer."
     device = off.pop("device", "none")
+    if device not in ("nvme", "cpu", "none", None):  # DeepSpeed's values (null: none)
+        raise ValueError(f"{where}device: expected \"nvme\", \"cpu\" or \"none\", got "
+                         f"{json.dumps(device)}")
     if device == "nvme":
         kw["state_tier"] = "nvme"
         if "nvme_path" in off:
-            kw["swap_dir"] = off.pop("nvme_path")
+            path = off.pop("nvme_path")
+            if not isinstance(path, str) or not path:
+                raise ValueError(f"{where}nvme_path: expected a directory path, got "
+                                 f"{json.dumps(path)}")
+            kw["swap_dir"] = path
     elif device == "cpu":
         kw["state_tier"] = "host"
     off.pop("nvme_path", None)
     off.pop("pin_memory", None)  # tierswap always pins, within host_budget
     if "buffer_count" in off and "buffer_size" in off:
-        where = "zero_optimization.offload_optimizer."
         count = _integer(where + "buffer_count", off.pop("buffer_count"), 1, 1 << 20)
         size = _number(where + "buffer_size", off.pop("buffer_size"))
         if not size > 0:
@@ -129,11 +142,13 @@ def _offload(cfg, kw, ignored):
 
 def _precision(cfg, kw, ignored):
     bf16, fp16 = _section(cfg, "bf16", ""), _section(cfg, "fp16", "")
-    if bf16.get("enabled", False) and fp16.get("enabled", False):
+    bf16_on = _boolean("bf16.enabled", bf16.get("enabled", False))
+    fp16_on = _boolean("fp16.enabled", fp16.get("enabled", False))
+    if bf16_on and fp16_on:
         raise ValueError("bf16.enabled and fp16.enabled are both true: enable one")
-    if bf16.get("enabled", False):
+    if bf16_on:
         kw["loss_scale"] = None
-    if not fp16.get("enabled", False):
+    if not fp16_on:
         return
     scale = _number("fp16.loss_scale", fp16.get("loss_scale", 0))
     if scale == 0:

@@ -23,6 +23,7 @@
 #include "tierswap/cuda_runtime.hpp"
 #include "tierswap/io_engine.hpp"
 #include "tierswap/kernels.hpp"
+#include "tierswap/log.hpp"
 #include "tierswap/optimizer.hpp"
 #include "tierswap/placement.hpp"
 #include "tierswap/swap_space.hpp"
@@ -80,10 +81,11 @@ struct DemoParam {
   int group;
 };
 
+// Whole layers of an MLP stack: the count nearest to `params` (1M: 2 layers of 526,080).
 std::vector<DemoParam> demo_model(std::uint64_t params) {
   const std::int64_t h = params >= (64u << 20) ? 1024 : 256;  // small models for tests
   const std::uint64_t per_layer = 2 * h * 4 * h + 4 * h + h + 2 * h;
-  const std::uint64_t layers = std::max<std::uint64_t>(1, params / per_layer);
+  const std::uint64_t layers = std::max<std::uint64_t>(1, (params + per_layer / 2) / per_layer);
   std::vector<DemoParam> out;
   for (std::uint64_t l = 0; l < layers; ++l) {
     out.push_back({fmt::format("layer{}.up.weight", l), 4 * h, h, 0});
@@ -120,6 +122,11 @@ TierConfig demo_tier_config(const DemoOptions& o, const std::optional<Plan>& pla
   else if (plan)
     base.device_budget = device_budget_for(*plan, params, oc.subgroup_size, o.overlap);
   TierConfig tc = TierConfig::from_env(base);
+  if (!tc.service.empty())  // read by the one-object setup only: the demo builds its own parts
+    log(LogLevel::warn,
+        fmt::format("TIERSWAP_SERVICE={}: not used by `tierswap demo`, which runs its own engine "
+                    "and swap space (the service serves TieredOptimizer and tierswap.torch)",
+                    tc.service));
   tc.host_budget = parse_size(o.host_budget, "--host-budget");
   tc.host_slab_size = 64ull << 20;
   tc.lookahead = 9;
@@ -467,7 +474,8 @@ void add_demo(CLI::App& app) {
       "demo", "Train a synthetic model a few steps with its optimizer state on NVMe");
   d->add_option("--dir", o->dir,
                 "Swap directory, new or empty (default: a temporary one, removed at exit)");
-  d->add_option("--params", o->params, kParamsHelp);
+  d->add_option("--params", o->params,
+                std::string(kParamsHelp) + ", rounded to whole layers of the synthetic model");
   d->add_option("--sub-group", o->sub_group,
                 "Parameters per sub-group (decimal suffixes, as --params)");
   d->add_option("--steps", o->steps, "Optimizer steps");

@@ -630,6 +630,13 @@ SwapService::SwapService(ServiceConfig cfg, int listen_fd) : impl_(std::make_uni
   m.cfg = std::move(cfg);
   m.socket_path = m.cfg.socket.empty() ? default_service_socket() : m.cfg.socket;
   m.open_storage();
+  const std::uint64_t ram = static_cast<std::uint64_t>(::sysconf(_SC_PHYS_PAGES)) *
+                            static_cast<std::uint64_t>(::sysconf(_SC_PAGESIZE));
+  if (m.cfg.host_budget > ram)  // a cap, as in-process; above the machine it caps nothing
+    log(LogLevel::warn,
+        fmt::format("service: host_budget {} is more than this machine's memory ({}): clients "
+                    "may be granted more shared memory than can be held",
+                    format_bytes(m.cfg.host_budget), format_bytes(ram)));
   m.huge_pages = service::shmem_huge_pages();
   if (m.huge_pages.asked && !m.huge_pages.lent)
     log(LogLevel::warn,

@@ -146,6 +146,15 @@ def test_serve_without_a_swap_space_asks_for_a_capacity(tmp_path):
     assert list(empty.iterdir()) == []  # nothing created
 
 
+def test_serve_warns_of_a_budget_above_the_machine_s_memory(tmp_path):
+    ram = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    svc, _ = start_service(tmp_path, budget=str(ram * 2))
+    svc.send_signal(signal.SIGTERM)
+    err = svc.communicate(timeout=60)[1]
+    assert svc.returncode == 0, err
+    assert "is more than this machine's memory" in err, err
+
+
 def start_service(tmp_path, budget="256MiB"):
     swap = tmp_path / "service-swap"
     swap.mkdir()

@@ -914,6 +914,34 @@ def test_bad_values_in_groups_and_state_dicts_are_named_and_change_nothing(tmp_p
     opt.close()
 
 
+def test_a_state_dict_of_another_kind_of_optimizer_is_named_and_changes_nothing(tmp_path):
+    # torch's SGD takes AdamW's dict and fails at its next step (KeyError 'momentum');
+    # tierswap would mix the two: refused before anything changes.
+    lin = torch.nn.Linear(8, 4).to(torch.bfloat16)
+    ref = torch.optim.AdamW([p.detach().float().requires_grad_() for p in lin.parameters()])
+    for q in ref.param_groups[0]["params"]:
+        q.grad = torch.ones_like(q)
+    ref.step()
+    (tmp_path / "sgd").mkdir()
+    (tmp_path / "adamw").mkdir()
+    sgd = tt.SGD(lin.parameters(), lr=0.1, momentum=0.9, swap_dir=str(tmp_path / "sgd"),
+                 telemetry=False)
+    before = {k: v for k, v in sgd.param_groups[0].items() if k != "params"}
+    with pytest.raises(ValueError, match=r"'exp_avg', 'exp_avg_sq' for parameter 0, which SGD's "
+                                         r"state does not have \(it has momentum_buffer\)"):
+        sgd.load_state_dict(ref.state_dict())
+    assert {k: v for k, v in sgd.param_groups[0].items() if k != "params"} == before
+    for p in lin.parameters():
+        p.grad = torch.ones_like(p)
+    sgd.step()
+    theirs = sgd.state_dict()
+    sgd.close()
+    adamw = tt.AdamW(lin.parameters(), swap_dir=str(tmp_path / "adamw"), telemetry=False)
+    with pytest.raises(ValueError, match="'momentum_buffer' for parameter 0, which AdamW's"):
+        adamw.load_state_dict(theirs)
+    adamw.close()
+
+
 def test_a_parameter_moved_off_its_storage_is_an_error_not_a_silent_stall(tmp_path):
     lin = torch.nn.Linear(8, 4).to(torch.bfloat16)
     opt = tt.AdamW(lin.parameters(), lr=0.1, swap_dir=str(tmp_path), telemetry=False)

@@ -119,6 +119,7 @@ class _TieredOptimizer(Optimizer):
 
     _kind = None
     _state_keys = ()
+    _torch_state_keys = ()  # every per-parameter key of torch's state for this kind, but "step"
 
     def __init__(self, params, defaults, *, swap_dir=None, host_budget=None, state_tier="auto",
                  subgroup_size=None, overlap=False, plan=None, max_grad_norm=0.0,
@@ -536,6 +537,7 @@ class _TieredOptimizer(Optimizer):
             if p is None or id(p) not in ids:
                 raise ValueError(f"state dict holds state for parameter {saved}, which is not a "
                                  "trainable parameter here")
+            self._check_state_keys(saved, st)
             if "step" in st:
                 steps.add(_step_count(st["step"], saved))
             for key, cls in self._state_keys_for(p):
@@ -560,6 +562,16 @@ class _TieredOptimizer(Optimizer):
                 mine.update(old)
             self._sync_groups()
             raise
+
+    def _check_state_keys(self, saved, st):
+        """A key this kind's state never has: the dict of another optimizer (torch would take
+        an AdamW dict into SGD and fail at its step; tierswap would mix the two)."""
+        stray = sorted(k for k in st if k != "step" and k not in self._torch_state_keys)
+        if stray:
+            raise ValueError(f"state dict holds {', '.join(map(repr, stray))} for parameter "
+                             f"{saved}, which {type(self).__name__}'s state does not have (it "
+                             f"has {', '.join(self._torch_state_keys)}): the state dict of "
+                             "another kind of optimizer?")
 
     def _warn_stateless(self, saved_state, by_saved, steps):
         """Trainable parameters the state dict holds no state for (torch's dict of a parameter
@@ -620,6 +632,7 @@ class AdamW(_TieredOptimizer):
     """torch.optim.AdamW on the tiers (decoupled weight decay)."""
 
     _kind = "adamw"
+    _torch_state_keys = ("exp_avg", "exp_avg_sq", "max_exp_avg_sq")
 
     def __init__(self, params, lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=1e-2,
                  amsgrad=False, *, maximize=False, **tier):
@@ -662,6 +675,7 @@ class SGD(_TieredOptimizer):
     """torch.optim.SGD on the tiers (momentum, dampening, nesterov, L2 weight decay)."""
 
     _kind = "sgd"
+    _torch_state_keys = ("momentum_buffer",)
 
     def __init__(self, params, lr=1e-3, momentum=0.0, dampening=0.0, weight_decay=0.0,
                  nesterov=False, *, maximize=False, **tier):
@@ -694,6 +708,7 @@ class Lion(_TieredOptimizer):
 
     _kind = "lion"
     _state_keys = (("exp_avg", "exp_avg"),)
+    _torch_state_keys = ("exp_avg",)
 
     def __init__(self, params, lr=1e-4, betas=(0.9, 0.99), weight_decay=0.0, *, maximize=False,
                  **tier):

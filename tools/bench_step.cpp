@@ -731,55 +731,68 @@ void report_step_bench(const StepBench& sb, const StepBenchRuns& R, const TierMa
     print_step_bench(sb, R, S);
 }
 
-// One run: the passes in a rotating order (each takes each position equally often), their times
-// and the ratios within the run.
-void run_step_round(int r, const StepBench& sb, TierswapStack& ts, ZeroInfinityTraffic& zi,
-                    IoOnlyPass& io, TierswapStack* bf, const std::vector<std::uint16_t>& grad,
-                    DiskBusySampler* disk, StepBenchRuns& R) {
+// One run's measurements: each pass's seconds, the disk's business during it, and the engine's
+// counters around the tierswap step.
+struct RoundTimes {
+  double step = 0, zi = 0, io = 0, ingest = 0, bf16 = 0;
+  DiskBusy d_step, d_zi, d_io;
+  IoStats e0, e1;
+};
+
+// One run: the passes in a rotating order (each takes each position equally often).
+RoundTimes time_step_round(int r, const StepBench& sb, TierswapStack& ts, ZeroInfinityTraffic& zi,
+                           IoOnlyPass& io, TierswapStack* bf,
+                           const std::vector<std::uint16_t>& grad, DiskBusySampler* disk,
+                           StepBenchRuns& R) {
   const int passes = bf ? 4 : 3;
-  double t = 0, z = 0, i = 0, i_s = 0, b = 0;
   const PassSampler ps{disk};
-  DiskBusy dt, dz, di;
-  IoStats e0, e1;  // the engine around the tierswap step (how its requests went)
+  RoundTimes x;
   for (int k = 0; k < passes; ++k) {
     switch ((r + k) % passes) {
       case 0: {
         R.cycle0 = ts.tiers.counters();
         const auto t_in = Clock::now();
         ts.ingest(grad);
-        i_s = since(t_in);
-        e0 = ts.engine.stats();
+        x.ingest = since(t_in);
+        x.e0 = ts.engine.stats();
         ps.begin();
         R.last = ts.opt.step();
-        dt = ps.end();
-        e1 = ts.engine.stats();
+        x.d_step = ps.end();
+        x.e1 = ts.engine.stats();
         R.cycle1 = ts.tiers.counters();
         R.step_kept = state_bytes_kept(sb, R.cycle0, R.cycle1);
-        t = R.last.seconds;
+        x.step = R.last.seconds;
         break;
       }
       case 1:
         ps.begin();
-        z = zi.step(grad);
-        dz = ps.end();
+        x.zi = zi.step(grad);
+        x.d_zi = ps.end();
         break;
       case 2:
         ps.begin();
-        i = io.run(R.step_kept);
-        di = ps.end();
+        x.io = io.run(R.step_kept);
+        x.d_io = ps.end();
         R.io_read = io.read_bytes();
         break;
       case 3: {
         R.bf_cycle0 = bf->tiers.counters();
         bf->ingest(grad);
-        b = bf->opt.step().seconds;
+        x.bf16 = bf->opt.step().seconds;
         R.bf_cycle1 = bf->tiers.counters();
         break;
       }
     }
   }
+  return x;
+}
+
+// The run's times and ratios into R (its JSON row too), and its line.
+void record_step_round(int r, const StepBench& sb, const RoundTimes& x, bool bf, bool disk,
+                       StepBenchRuns& R) {
+  const double t = x.step, z = x.zi, i = x.io, b = x.bf16;
   R.ts.push_back(t);
-  R.ins.push_back(i_s);
+  R.ins.push_back(x.ingest);
   R.zs.push_back(z);
   R.is.push_back(i);
   const int nv = static_cast<int>(Tier::nvme);
@@ -789,10 +802,10 @@ void run_step_round(int r, const StepBench& sb, TierswapStack& ts, ZeroInfinityT
                      {"io_only_read_bytes", R.io_read},
                      {"step_io_wait_s", R.last.io_wait_seconds},
                      {"step_commit_s", R.last.commit_seconds},
-                     {"step_requests", e1.requests - e0.requests},
-                     {"step_fixed_requests", e1.fixed_requests - e0.fixed_requests},
-                     {"step_bounce_requests", e1.bounce_requests - e0.bounce_requests},
-                     {"ingest_s", i_s},
+                     {"step_requests", x.e1.requests - x.e0.requests},
+                     {"step_fixed_requests", x.e1.fixed_requests - x.e0.fixed_requests},
+                     {"step_bounce_requests", x.e1.bounce_requests - x.e0.bounce_requests},
+                     {"ingest_s", x.ingest},
                      {"zero_infinity_step_s", z},
                      {"step_over_io_only", t / i},
                      {"zero_infinity_over_step", z / t}};
@@ -805,21 +818,22 @@ void run_step_round(int r, const StepBench& sb, TierswapStack& ts, ZeroInfinityT
     run["fp32_over_bf16_moments"] = t / b;
   }
   if (disk) {
-    R.busy_io.push_back(di.busy);
-    R.busy_step.push_back(dt.busy);
-    R.busy_zi.push_back(dz.busy);
-    run["disk_busy"] = {{"io_only", di.busy}, {"step", dt.busy}, {"zero_infinity", dz.busy}};
-    run["disk_mean_inflight"] = {{"io_only", di.mean_inflight},
-                                 {"step", dt.mean_inflight},
-                                 {"zero_infinity", dz.mean_inflight}};
+    R.busy_io.push_back(x.d_io.busy);
+    R.busy_step.push_back(x.d_step.busy);
+    R.busy_zi.push_back(x.d_zi.busy);
+    run["disk_busy"] = {
+        {"io_only", x.d_io.busy}, {"step", x.d_step.busy}, {"zero_infinity", x.d_zi.busy}};
+    run["disk_mean_inflight"] = {{"io_only", x.d_io.mean_inflight},
+                                 {"step", x.d_step.mean_inflight},
+                                 {"zero_infinity", x.d_zi.mean_inflight}};
   }
   R.runs.push_back(run);
   if (!sb.o.json)
     fmt::print(
         "run {}: io-only {:.3f} s, tierswap step {:.3f} s, zero-infinity traffic {:.3f} s{}{}\n",
         r + 1, i, t, z, bf ? fmt::format(", bf16-moment step {:.3f} s", b) : "",
-        disk ? fmt::format("; disk busy {:.1f}% / {:.1f}% / {:.1f}% of each", 100 * di.busy,
-                           100 * dt.busy, 100 * dz.busy)
+        disk ? fmt::format("; disk busy {:.1f}% / {:.1f}% / {:.1f}% of each", 100 * x.d_io.busy,
+                           100 * x.d_step.busy, 100 * x.d_zi.busy)
              : "");
 }
 
@@ -928,7 +942,10 @@ void run_step_bench(const StepOptions& o) {
         bf ? "; and the same with bf16 moments" : "");
   warm_up(ts, zi, io, bf.get(), grad);
   StepBenchRuns R;
-  for (int r = 0; r < o.runs; ++r) run_step_round(r, sb, ts, zi, io, bf.get(), grad, disk.get(), R);
+  for (int r = 0; r < o.runs; ++r) {
+    const RoundTimes x = time_step_round(r, sb, ts, zi, io, bf.get(), grad, disk.get(), R);
+    record_step_round(r, sb, x, bf != nullptr, disk != nullptr, R);
+  }
   report_step_bench(sb, R, ts.tiers);
   if (o.keep) {
     if (temp) fmt::print(stderr, "kept the swap directory {}\n", temp->keep().string());

@@ -114,6 +114,19 @@ def _close_native(native, tmpdir, params):
         tmpdir.remove()
 
 
+def _tier_config(telemetry, durable, service, service_job):
+    """The tier manager's keys the constructor sets (the node service's from the environment
+    unless given)."""
+    cfg = {"telemetry": bool(telemetry), "device_mode": "off", "durable": bool(durable)}
+    service = os.environ.get("TIERSWAP_SERVICE") if service is None else service
+    if service:
+        cfg["service"] = os.fspath(service)
+        job = os.environ.get("TIERSWAP_SERVICE_JOB") if service_job is None else service_job
+        if job:
+            cfg["service_job"] = str(job)
+    return cfg
+
+
 class _TieredOptimizer(Optimizer):
     """The common part; subclasses set _kind, _state_keys and _hyper()."""
 
@@ -153,13 +166,7 @@ class _TieredOptimizer(Optimizer):
         capacity = 0 if swap_capacity is None else parse_size(swap_capacity, "swap_capacity")
         subgroup = 0 if subgroup_size is None else parse_count(subgroup_size, "subgroup_size")
         threads = _threads(threads)
-        tier_cfg = {"telemetry": bool(telemetry), "device_mode": "off", "durable": bool(durable)}
-        service = os.environ.get("TIERSWAP_SERVICE") if service is None else service
-        if service:
-            tier_cfg["service"] = os.fspath(service)
-            job = os.environ.get("TIERSWAP_SERVICE_JOB") if service_job is None else service_job
-            if job:
-                tier_cfg["service_job"] = str(job)
+        tier_cfg = _tier_config(telemetry, durable, service, service_job)
         self._comm = default_communicator(communicator)  # kept alive beside the native side
         dirs, self._tmpdir = _swap_dirs(swap_dir)
         try:

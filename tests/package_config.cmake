@@ -38,4 +38,12 @@ if(PYTHON AND PYDIR)
   if(NOT rc EQUAL 0 OR NOT out MATCHES "python ok ${prefix}")
     message(FATAL_ERROR "the installed Python package does not import: ${rc} ${out} ${err}")
   endif()
+  # ... and the interpreter looks there without PYTHONPATH under the usual prefixes (a default
+  # `cmake --install build` goes to /usr/local).
+  execute_process(COMMAND ${CMAKE_COMMAND} -E env --unset=PYTHONPATH ${PYTHON} -c
+                          "import sys; d = [p + '/${PYDIR}' for p in ('/usr/local', '/usr')]; m = [x for x in d if x not in sys.path]; print(m or 'on the path')"
+                  RESULT_VARIABLE rc OUTPUT_VARIABLE out)
+  if(NOT rc EQUAL 0 OR NOT out MATCHES "^on the path")
+    message(FATAL_ERROR "${PYTHON} does not look in ${out} (TIERSWAP_PYTHON_INSTALL_DIR=${PYDIR})")
+  endif()
 endif()

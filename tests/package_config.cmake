@@ -38,6 +38,14 @@ if(PYTHON AND PYDIR)
   if(NOT rc EQUAL 0 OR NOT out MATCHES "python ok ${prefix}")
     message(FATAL_ERROR "the installed Python package does not import: ${rc} ${out} ${err}")
   endif()
+  # ... `tierswap config --from-deepspeed` finds it from the installed executable ...
+  file(WRITE ${BUILD_DIR}/package-test/ds.json "{\"gradient_clipping\": 1.0}")
+  execute_process(COMMAND ${prefix}/bin/tierswap config --from-deepspeed
+                          ${BUILD_DIR}/package-test/ds.json
+                  RESULT_VARIABLE rc OUTPUT_VARIABLE out ERROR_VARIABLE err)
+  if(NOT rc EQUAL 0 OR NOT out MATCHES "max_grad_norm")
+    message(FATAL_ERROR "installed `tierswap config --from-deepspeed`: ${rc} ${out} ${err}")
+  endif()
   # ... and the interpreter looks there without PYTHONPATH under the usual prefixes (a default
   # `cmake --install build` goes to /usr/local).
   execute_process(COMMAND ${CMAKE_COMMAND} -E env --unset=PYTHONPATH ${PYTHON} -c

@@ -1,7 +1,7 @@
 // `tierswap config --from-deepspeed FILE`: what a DeepSpeed config becomes in tierswap. The
 // mapping has one owner, the Python package (tierswap/deepspeed.py, also behind
 // tierswap.torch.from_deepspeed_config); this command runs it with the package found beside the
-// CLI: build/python in a build tree, <prefix>/lib/python3/dist-packages when installed.
+// CLI: build/python in a build tree, <prefix>/TIERSWAP_PYTHON_INSTALL_DIR when installed.
 #include <unistd.h>
 
 #include <cstdlib>
@@ -20,7 +20,11 @@ std::filesystem::path package_dir() {
   const auto exe = std::filesystem::read_symlink("/proc/self/exe", ec);
   if (ec) throw std::runtime_error("config: cannot locate the tierswap executable");
   const auto bin = exe.parent_path();
-  for (const auto& dir : {bin / "python", bin / ".." / "lib" / "python3" / "dist-packages"})
+  std::vector<std::filesystem::path> dirs = {bin / "python"};
+#ifdef TIERSWAP_PYTHON_INSTALL_DIR
+  dirs.push_back(bin / ".." / TIERSWAP_PYTHON_INSTALL_DIR);
+#endif
+  for (const auto& dir : dirs)
     if (std::filesystem::exists(dir / "tierswap" / "deepspeed.py", ec)) return dir;
   throw std::runtime_error(
       "config: the tierswap Python package is not beside this executable (build with "

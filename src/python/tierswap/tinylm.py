@@ -217,12 +217,17 @@ def _positive(text):
 def main(argv=None):
     import tierswap.torch as tt
     ap = argparse.ArgumentParser(prog="python3 -m tierswap.tinylm", description=__doc__.split("\n")[0])
-    ap.add_argument("--steps", type=_positive, default=30)
-    ap.add_argument("--state-tier", default="nvme", choices=("auto", "host", "nvme"))
-    ap.add_argument("--host-budget", default="16MiB")
-    ap.add_argument("--swap-dir", default=None, help="default: a temporary directory")
+    ap.add_argument("--steps", type=_positive, default=30, help="optimizer steps (default 30)")
+    ap.add_argument("--state-tier", default="nvme", choices=("auto", "host", "nvme"),
+                    help="where AdamW's state lives (default nvme)")
+    ap.add_argument("--host-budget", default="16MiB",
+                    help="pinned host memory for the state in flight, e.g. 16MiB (the default)")
+    ap.add_argument("--swap-dir", default=None,
+                    help="where the state's files go (default: a temporary directory, removed at "
+                         "the end)")
     ap.add_argument("--hooks", action="store_true", help="hand gradients over during the backward")
-    ap.add_argument("--overlap", action="store_true", help="step sub-groups during the backward")
+    ap.add_argument("--overlap", action="store_true",
+                    help="step sub-groups during the backward (implies --hooks)")
     ap.add_argument("--bf16-moments", action="store_true",
                     help="keep AdamW's moments in bf16 (16 B/param of NVMe traffic, not 24)")
     a = ap.parse_args(argv)

@@ -47,9 +47,9 @@ if(PYTHON AND PYDIR)
     message(FATAL_ERROR "installed `tierswap config --from-deepspeed`: ${rc} ${out} ${err}")
   endif()
   # ... and the interpreter looks there without PYTHONPATH under the usual prefixes (a default
-  # `cmake --install build` goes to /usr/local).
+  # `cmake --install build` goes to /usr/local; site.py adds those of them that exist).
   execute_process(COMMAND ${CMAKE_COMMAND} -E env --unset=PYTHONPATH ${PYTHON} -c
-                          "import sys; d = [p + '/${PYDIR}' for p in ('/usr/local', '/usr')]; m = [x for x in d if x not in sys.path]; print(m or 'on the path')"
+                          "import site; d = [p + '/${PYDIR}' for p in ('/usr/local', '/usr')]; m = [x for x in d if x not in site.getsitepackages()]; print(m or 'on the path')"
                   RESULT_VARIABLE rc OUTPUT_VARIABLE out)
   if(NOT rc EQUAL 0 OR NOT out MATCHES "^on the path")
     message(FATAL_ERROR "${PYTHON} does not look in ${out} (TIERSWAP_PYTHON_INSTALL_DIR=${PYDIR})")

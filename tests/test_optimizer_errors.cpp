@@ -30,6 +30,20 @@ TEST(ShardedOptimizer, MisuseIsRejectedWithClearErrors) {
   r.opt->finalize();
   EXPECT_THROW(r.opt->add_param(g, {"z", {4}, Dtype::bf16, true}), std::logic_error);
   EXPECT_THROW(r.opt->add_grad(x, grad, Dtype::bf16), std::logic_error);  // no backward
+  // No state yet (neither initialize() nor load()): nothing would say what the masters hold.
+  for (auto call : {+[](ShardedOptimizer& o) { o.begin_backward(); },
+                    +[](ShardedOptimizer& o) { (void)o.step(); }}) {
+    try {
+      call(*r.opt);
+      ADD_FAILURE() << "stepped an optimizer that holds no state";
+    } catch (const std::logic_error& e) {
+      EXPECT_NE(std::string(e.what()).find("holds no state yet: call initialize() or load()"),
+                std::string::npos)
+          << e.what();
+    }
+  }
+  r.opt->initialize(
+      [](ParamId, std::uint64_t, float* out, std::uint64_t n) { std::fill(out, out + n, 0.5f); });
   r.opt->begin_backward();
   EXPECT_THROW(r.opt->begin_backward(), std::logic_error);
   EXPECT_THROW(r.opt->add_grad(f, grad, Dtype::bf16), std::invalid_argument);

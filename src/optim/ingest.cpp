@@ -141,7 +141,7 @@ void ShardedOptimizer::Impl::reduce_local(OptGroup& g) {
 
 void ShardedOptimizer::begin_backward(bool final) {
   Impl& m = *impl_;
-  m.require_finalized("begin_backward");
+  m.require_state("begin_backward");
   if (m.in_backward) throw std::logic_error("begin_backward: the previous backward has not ended");
   m.require_current_param16("begin_backward");
   m.in_backward = true;

@@ -100,6 +100,17 @@ void ShardedOptimizer::Impl::require_finalized(const char* what) const {
   if (!finalized) throw std::logic_error(fmt::format("{}: call finalize() first", what));
 }
 
+// Nothing committed yet: the master weights were never written (a step would train whatever the
+// fresh swap space holds).
+void ShardedOptimizer::Impl::require_state(const char* what) const {
+  require_finalized(what);
+  if (tiers.committed_generation() == 0)
+    throw std::logic_error(fmt::format(
+        "{}: the optimizer holds no state yet: call initialize() or load() after finalize() (or "
+        "resume from a swap directory)",
+        what));
+}
+
 void ShardedOptimizer::Impl::layout() {
   if (groups.empty()) throw std::logic_error("finalize: no parameter groups were added");
   for (auto& g : groups) {

@@ -257,6 +257,7 @@ struct ShardedOptimizer::Impl {
   std::pair<std::uint64_t, std::uint64_t> piece(const OptGroup& g, int r, std::uint64_t k) const;
   std::pair<std::uint64_t, std::uint64_t> rank_range(const OptGroup& g, int r) const;
   void require_finalized(const char* what) const;
+  void require_state(const char* what) const;  // finalized, and initialized, loaded or resumed
   void layout();
   /// Decides every sub-group's placement and read-ahead and creates its blocks (the pieces below,
   /// in order; layout.cpp).

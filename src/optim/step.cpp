@@ -525,7 +525,7 @@ void ShardedOptimizer::Impl::commit_step(const StepPlan& sp, bool keep,
 }
 
 StepResult ShardedOptimizer::Impl::step_once(std::optional<double> given_clip) {
-  require_finalized("step");
+  require_state("step");
   if (in_backward) throw std::logic_error("step: end_backward() first");
   require_current_param16("step");
   StepResult r;

@@ -32,7 +32,9 @@ TEST(ShardedOptimizer, MisuseIsRejectedWithClearErrors) {
   EXPECT_THROW(r.opt->add_grad(x, grad, Dtype::bf16), std::logic_error);  // no backward
   // No state yet (neither initialize() nor load()): nothing would say what the masters hold.
   for (auto call : {+[](ShardedOptimizer& o) { o.begin_backward(); },
-                    +[](ShardedOptimizer& o) { (void)o.step(); }}) {
+                    +[](ShardedOptimizer& o) { (void)o.step(); },
+                    +[](ShardedOptimizer& o) { (void)o.gather(0, BlockClass::master); },
+                    +[](ShardedOptimizer& o) { o.save(testing::TempDir() + "never-saved"); }}) {
     try {
       call(*r.opt);
       ADD_FAILURE() << "stepped an optimizer that holds no state";

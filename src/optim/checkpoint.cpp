@@ -238,6 +238,7 @@ void remove_earlier_saves(const std::filesystem::path& dir, int rank, std::uint6
 void ShardedOptimizer::save(const std::filesystem::path& dir) {
   Impl& m = *impl_;
   m.require_checkpointable("save");
+  m.require_state("save");
   std::error_code ec;
   std::filesystem::create_directories(dir, ec);
   if (ec) throw_errno(ec.value(), "create checkpoint directory " + dir.string());

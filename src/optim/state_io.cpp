@@ -40,7 +40,7 @@ int checked_slot(const std::vector<OptGroup>& groups, const char* what, const Op
 std::vector<std::pair<std::uint64_t, std::vector<float>>> ShardedOptimizer::shard(ParamId id,
                                                                                   BlockClass cls) {
   Impl& m = *impl_;
-  m.require_finalized("shard");
+  m.require_state("shard");
   if (id >= m.params.size()) throw std::invalid_argument(fmt::format("shard: no parameter {}", id));
   const OptParam& p = m.params[id];
   std::vector<std::pair<std::uint64_t, std::vector<float>>> out;
@@ -65,7 +65,7 @@ std::vector<std::pair<std::uint64_t, std::vector<float>>> ShardedOptimizer::shar
 
 std::vector<float> ShardedOptimizer::gather(ParamId id, BlockClass cls) {
   Impl& m = *impl_;
-  m.require_finalized("gather");
+  m.require_state("gather");
   const OptParam& p = trainable(m.params, "gather", id);
   checked_slot(m.groups, "gather", p, cls);
   std::vector<float> out(p.numel, 0.0f);

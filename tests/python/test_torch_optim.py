@@ -447,6 +447,10 @@ def test_bad_input_raises_naming_the_culprit(tmp_path):
                  swap_dir=sd)
     with pytest.raises(ValueError, match="more than one|twice"):
         tt.AdamW([{"params": [lin.weight]}, {"params": [lin.weight]}], swap_dir=sd)
+    with pytest.raises(ValueError, match=r"param_groups\[0\]\['params'\]\[1\] \(shape \(4,\)\) is "
+                                         r"torch.float16 and .* torch.bfloat16: one dtype per group"):
+        tt.AdamW([lin.weight, torch.zeros(4, dtype=torch.float16, requires_grad=True)],
+                 swap_dir=sd)
     with pytest.raises(TypeError, match="unknown keyword argument 'swapdir'"):
         tt.AdamW(lin.parameters(), swapdir=sd)
     (tmp_path / "f").write_text("x")

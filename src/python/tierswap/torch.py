@@ -216,6 +216,11 @@ class _TieredOptimizer(Optimizer):
                                      "parameters (GPU tensors are not supported yet)")
                 if not p.is_contiguous():
                     raise ValueError(f"{where} is not contiguous")
+                first = group["params"][0].dtype
+                if p.dtype != first:
+                    raise ValueError(f"{where} is {p.dtype} and param_groups[{gi}]['params'][0] "
+                                     f"{first}: one dtype per group (give the {p.dtype} "
+                                     "parameters a group of their own)")
 
     def _abandon(self):
         """A constructor that failed: the native side closed now (what it would do when collected:

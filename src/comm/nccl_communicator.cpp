@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "tierswap/communicator.hpp"
+#include "tierswap/device.hpp"
 
 namespace tierswap {
 namespace {
@@ -51,6 +52,11 @@ class NcclCommunicator final : public Communicator {
  public:
   NcclCommunicator(std::shared_ptr<Communicator> boot, int device)
       : boot_(std::move(boot)), device_(device) {
+    if (const DeviceInfo& d = device_info(); !d.available)
+      throw std::runtime_error(fmt::format(
+          "nccl communicator: no usable GPU here ({}); NCCL runs between GPUs: use \"mpi\" or "
+          "\"single\" (or a gloo process group from Python)",
+          d.reason));
     int n = 0;
     cuda_check(cudaGetDeviceCount(&n), "cudaGetDeviceCount");
     if (device < 0 || device >= n)

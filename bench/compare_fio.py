@@ -85,10 +85,18 @@ class HugePages:
         signal.signal(signal.SIGTERM, self.old_handler)
 
 
+ENGINES = ["tierswap", "fio-io_uring", "fio-libaio"]
+
+
+def engine_file(workdir, name):
+    """The file engine `name` writes (and reads back) under the run's directory."""
+    return os.path.join(workdir, name, "tierswap.swap" if name == "tierswap" else "fio.dat")
+
+
 def run_tierswap(args, workdir, mode, pages, env=None):
     """One `tierswap bench io --runs 1` of `mode`; `env`: more variables for it."""
-    tdir = os.path.join(workdir, "tierswap")
-    swap = os.path.join(tdir, "tierswap.swap")
+    swap = engine_file(workdir, "tierswap")
+    tdir = os.path.dirname(swap)
     if mode == "write" and os.path.exists(swap):
         os.unlink(swap)  # a fresh preallocated file, as fio's write gets
     os.makedirs(tdir, exist_ok=True)
@@ -122,13 +130,16 @@ def add_common_args(p):
     p.add_argument("--queue-depth", type=int, default=32)
 
 
-def run_fio(args, workdir, engine, mode, pages, read_path=None):
-    path = os.path.join(workdir, "fio.dat")
-    offset = 0
+def run_fio(args, workdir, name, mode, pages):
+    """One fio job of engine `name` ("fio-io_uring", "fio-libaio"): a write of a fresh file, or
+    a read of the file tierswap's write left."""
+    engine = name.split("-", 1)[1]
+    path, offset = engine_file(workdir, name), 0
+    os.makedirs(os.path.dirname(path), exist_ok=True)
     if mode == "write" and os.path.exists(path):
         os.unlink(path)  # a fresh preallocated file, as tierswap writes into
     if mode == "read":
-        path, offset = read_path, 1024 * 1024  # tierswap's data area starts 1 MiB in
+        path, offset = engine_file(workdir, "tierswap"), 1024 * 1024  # its data starts 1 MiB in
     cmd = ["fio", "--name=cmp", f"--filename={path}", f"--offset={offset}",
            f"--size={args.size_bytes}",
            f"--bs={args.block_size_bytes}", f"--iodepth={args.queue_depth}",
@@ -144,13 +155,10 @@ def run_fio(args, workdir, engine, mode, pages, read_path=None):
     return {"gbps": moved / seconds / 1e9, "cpu_s_per_gib": cpu_s / (moved / GIB)}
 
 
-ENGINES = ["tierswap", "fio-io_uring", "fio-libaio"]
-
-
 def remove_old_files(workdir):
     """The files the engines wrote in the repetition before (each write gets a fresh one)."""
     for name in ENGINES:
-        f = os.path.join(workdir, name, "tierswap.swap" if name == "tierswap" else "fio.dat")
+        f = engine_file(workdir, name)
         if os.path.exists(f):
             os.unlink(f)
 
@@ -175,13 +183,10 @@ def run_cell(args, pages):
                 time.sleep(args.settle)  # let the disk absorb the phase before
                 for name in order:
                     if name == "tierswap":
-                        samples[name][mode].append(run_tierswap(args, workdir, mode, pages))
-                        continue
-                    path = os.path.join(workdir, name)
-                    os.makedirs(path, exist_ok=True)
-                    engine = name.split("-", 1)[1]
-                    swap = os.path.join(workdir, "tierswap", "tierswap.swap")
-                    samples[name][mode].append(run_fio(args, path, engine, mode, pages, swap))
+                        sample = run_tierswap(args, workdir, mode, pages)
+                    else:
+                        sample = run_fio(args, workdir, name, mode, pages)
+                    samples[name][mode].append(sample)
             if not args.json:
                 line = "  ".join(f"{e} {m} {samples[e][m][-1]['gbps']:.3f}" for e in ENGINES
                                  for m in ("write", "read"))

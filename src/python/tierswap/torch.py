@@ -131,8 +131,7 @@ class _TieredOptimizer(Optimizer):
     """The common part; subclasses set _kind, _state_keys and _hyper()."""
 
     _kind = None
-    _state_keys = ()
-    _torch_state_keys = ()  # every per-parameter key of torch's state for this kind, but "step"
+    _state_keys = ()  # (torch's key, tierswap's class) of every state the kind may keep
 
     def __init__(self, params, defaults, *, swap_dir=None, host_budget=None, state_tier="auto",
                  subgroup_size=None, overlap=False, plan=None, max_grad_norm=0.0,
@@ -516,6 +515,7 @@ class _TieredOptimizer(Optimizer):
         return {"state": state, "param_groups": groups, "master_params": masters}
 
     def _state_keys_for(self, p):
+        """The states parameter p keeps under its group's settings."""
         return self._state_keys
 
     def _group_of(self, p):
@@ -578,12 +578,13 @@ class _TieredOptimizer(Optimizer):
     def _check_state_keys(self, saved, st):
         """A key this kind's state never has: the dict of another optimizer (torch would take
         an AdamW dict into SGD and fail at its step; tierswap would mix the two)."""
-        stray = sorted(k for k in st if k != "step" and k not in self._torch_state_keys)
+        known = [k for k, _ in self._state_keys]
+        stray = sorted(k for k in st if k != "step" and k not in known)
         if stray:
             raise ValueError(f"state dict holds {', '.join(map(repr, stray))} for parameter "
                              f"{saved}, which {type(self).__name__}'s state does not have (it "
-                             f"has {', '.join(self._torch_state_keys)}): the state dict of "
-                             "another kind of optimizer?")
+                             f"has {', '.join(known)}): the state dict of another kind of "
+                             "optimizer?")
 
     def _warn_stateless(self, saved_state, by_saved, steps):
         """Trainable parameters the state dict holds no state for (torch's dict of a parameter
@@ -644,7 +645,8 @@ class AdamW(_TieredOptimizer):
     """torch.optim.AdamW on the tiers (decoupled weight decay)."""
 
     _kind = "adamw"
-    _torch_state_keys = ("exp_avg", "exp_avg_sq", "max_exp_avg_sq")
+    _state_keys = (("exp_avg", "exp_avg"), ("exp_avg_sq", "exp_avg_sq"),
+                   ("max_exp_avg_sq", "max_exp_avg_sq"))
 
     def __init__(self, params, lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=1e-2,
                  amsgrad=False, *, maximize=False, **tier):
@@ -667,10 +669,8 @@ class AdamW(_TieredOptimizer):
         return AdamW._hyper(group)
 
     def _state_keys_for(self, p):
-        keys = [("exp_avg", "exp_avg"), ("exp_avg_sq", "exp_avg_sq")]
-        if self._group_of(p)["amsgrad"]:
-            keys.append(("max_exp_avg_sq", "max_exp_avg_sq"))
-        return keys
+        amsgrad = self._group_of(p)["amsgrad"]
+        return [kc for kc in self._state_keys if amsgrad or kc[0] != "max_exp_avg_sq"]
 
 
 class Adam(AdamW):
@@ -687,7 +687,7 @@ class SGD(_TieredOptimizer):
     """torch.optim.SGD on the tiers (momentum, dampening, nesterov, L2 weight decay)."""
 
     _kind = "sgd"
-    _torch_state_keys = ("momentum_buffer",)
+    _state_keys = (("momentum_buffer", "momentum"),)
 
     def __init__(self, params, lr=1e-3, momentum=0.0, dampening=0.0, weight_decay=0.0,
                  nesterov=False, *, maximize=False, **tier):
@@ -712,7 +712,7 @@ class SGD(_TieredOptimizer):
         return SGD._hyper(group)
 
     def _state_keys_for(self, p):
-        return [("momentum_buffer", "momentum")] if self._group_of(p)["momentum"] != 0 else []
+        return self._state_keys if self._group_of(p)["momentum"] != 0 else ()
 
 
 class Lion(_TieredOptimizer):
@@ -720,7 +720,6 @@ class Lion(_TieredOptimizer):
 
     _kind = "lion"
     _state_keys = (("exp_avg", "exp_avg"),)
-    _torch_state_keys = ("exp_avg",)
 
     def __init__(self, params, lr=1e-4, betas=(0.9, 0.99), weight_decay=0.0, *, maximize=False,
                  **tier):

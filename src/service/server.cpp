@@ -38,6 +38,13 @@ using service::BlockRecord;
 using service::ClientRecord;
 using service::Connection;
 
+namespace {
+std::uint64_t machine_memory() {
+  return static_cast<std::uint64_t>(::sysconf(_SC_PHYS_PAGES)) *
+         static_cast<std::uint64_t>(::sysconf(_SC_PAGESIZE));
+}
+}  // namespace
+
 void ServiceConfig::validate() const {
   if (swap_dirs.empty()) throw std::invalid_argument("service: swap_dirs: at least one directory");
   if (host_budget < 4096) throw std::invalid_argument("service: host_budget: at least 4 KiB");
@@ -70,10 +77,7 @@ void SwapService::Impl::open_storage() {
   }
   engine = std::make_unique<IoEngine>(*space, IoEngineConfig::from_env());
   queue_bytes = std::uint64_t{engine->config().queue_depth} * engine->config().block_size;
-  pageable_quota = cfg.pageable_quota
-                       ? cfg.pageable_quota
-                       : static_cast<std::uint64_t>(::sysconf(_SC_PHYS_PAGES)) *
-                             static_cast<std::uint64_t>(::sysconf(_SC_PAGESIZE)) / 4 / 4096 * 4096;
+  pageable_quota = cfg.pageable_quota ? cfg.pageable_quota : machine_memory() / 4 / 4096 * 4096;
   align = std::max<std::uint64_t>(4096, space->alignment());
   uuid = space->uuid();
   files.dir = cfg.swap_dirs.front();
@@ -630,9 +634,8 @@ SwapService::SwapService(ServiceConfig cfg, int listen_fd) : impl_(std::make_uni
   m.cfg = std::move(cfg);
   m.socket_path = m.cfg.socket.empty() ? default_service_socket() : m.cfg.socket;
   m.open_storage();
-  const std::uint64_t ram = static_cast<std::uint64_t>(::sysconf(_SC_PHYS_PAGES)) *
-                            static_cast<std::uint64_t>(::sysconf(_SC_PAGESIZE));
-  if (m.cfg.host_budget > ram)  // a cap, as in-process; above the machine it caps nothing
+  // The budget is a cap, as in-process; above the machine's memory it caps nothing.
+  if (const std::uint64_t ram = machine_memory(); m.cfg.host_budget > ram)
     log(LogLevel::warn,
         fmt::format("service: host_budget {} is more than this machine's memory ({}): clients "
                     "may be granted more shared memory than can be held",

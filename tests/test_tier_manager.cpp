@@ -22,6 +22,7 @@
 #include "tierswap/detail/manifest.hpp"
 #include "tierswap/detail/tier_pools.hpp"
 #include "tierswap/io_engine.hpp"
+#include "tierswap/log.hpp"
 #include "tierswap/process_config.hpp"
 #include "tierswap/swap_space.hpp"
 #include "tierswap/telemetry.hpp"
@@ -165,6 +166,26 @@ TEST(TierManager, HostSlabsBindToARealNumaNodeAndRefuseAMissingOne) {
   } catch (const std::invalid_argument& e) {
     EXPECT_NE(std::string(e.what()).find("numa_node=999"), std::string::npos) << e.what();
   }
+}
+
+// A service named in the config is the one-object setup's to attach to; a tier manager given
+// its own swap space says it does not use it (tierswap demo, an expert's own parts).
+TEST(TierManager, AServiceItDoesNotUseIsSaid) {
+  const LogLevel level = log_level();
+  set_log_level(LogLevel::warn);
+  TierConfig cfg = small_config(64 * kKiB, 4);
+  testing::internal::CaptureStderr();
+  { Rig quiet(cfg); }
+  EXPECT_EQ(testing::internal::GetCapturedStderr().find("is not used"), std::string::npos);
+  cfg.service = "/run/tierswap/service.sock";
+  testing::internal::CaptureStderr();
+  { Rig r(cfg); }
+  const std::string log = testing::internal::GetCapturedStderr();
+  set_log_level(level);
+  EXPECT_NE(log.find("service /run/tierswap/service.sock (TierConfig::service, TIERSWAP_SERVICE) "
+                     "is not used by a tier manager given its own swap space"),
+            std::string::npos)
+      << log;
 }
 
 TEST(TierManager, SimulatedDeviceTierIsLabelledAndHoldsTheNewestCopy) {

@@ -23,7 +23,6 @@
 #include "tierswap/cuda_runtime.hpp"
 #include "tierswap/io_engine.hpp"
 #include "tierswap/kernels.hpp"
-#include "tierswap/log.hpp"
 #include "tierswap/optimizer.hpp"
 #include "tierswap/placement.hpp"
 #include "tierswap/swap_space.hpp"
@@ -122,11 +121,6 @@ TierConfig demo_tier_config(const DemoOptions& o, const std::optional<Plan>& pla
   else if (plan)
     base.device_budget = device_budget_for(*plan, params, oc.subgroup_size, o.overlap);
   TierConfig tc = TierConfig::from_env(base);
-  if (!tc.service.empty())  // read by the one-object setup only: the demo builds its own parts
-    log(LogLevel::warn,
-        fmt::format("TIERSWAP_SERVICE={}: not used by `tierswap demo`, which runs its own engine "
-                    "and swap space (the service serves TieredOptimizer and tierswap.torch)",
-                    tc.service));
   tc.host_budget = parse_size(o.host_budget, "--host-budget");
   tc.host_slab_size = 64ull << 20;
   tc.lookahead = 9;

@@ -127,7 +127,8 @@ struct TierConfig {
   /// The node service's socket (`tierswap serve`; TIERSWAP_SERVICE). When set, the one-object
   /// setup (TieredOptimizer, and so tierswap.torch) keeps the state in a region of the service's
   /// swap space through shared memory (service.hpp's ServiceStorage) instead of swap files of
-  /// its own; the swap directory then holds only the manifest. Empty: no service.
+  /// its own; the swap directory then holds only the manifest. Empty: no service. A TierManager
+  /// constructed with it set runs on the swap space it is given and warns that it does not use it.
   std::string service;
   /// The job id the service knows this run by ([A-Za-z0-9._-], TIERSWAP_SERVICE_JOB); with the
   /// rank it names the region a restarted run reattaches to. Empty: derived from the swap

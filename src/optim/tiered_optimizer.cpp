@@ -240,6 +240,7 @@ void TieredOptimizer::Impl::build() {
     own_engine = std::make_unique<IoEngine>(*space, IoEngineConfig::from_env());
     engine = own_engine.get();
   }
+  tc.service.clear();  // attached above: the tier manager runs on the space it is handed
   tiers = std::make_unique<TierManager>(*space, *engine, tc);
   const unsigned threads =
       o.threads != 0 ? o.threads : std::max(1u, std::thread::hardware_concurrency());

@@ -288,6 +288,31 @@ def test_torch_state_dict_round_trips_both_ways(tmp_path):
     ts.close()
 
 
+def test_opt_state_reads_torchs_state_from_the_tiers_and_is_read_only(tmp_path):
+    model = tinylm.make_model()
+    _, _, ref_opt = tinylm.train_reference(model, 3)
+    ts = ts_adamw(tinylm.make_model(), tmp_path)
+    ts.load_state_dict(ref_opt.state_dict())
+    params = [p for g in ts.param_groups for p in g["params"]]
+    assert len(ts.state) == len(params) and list(ts.state) == params
+    for i, p in enumerate(params):  # torch's layout: state[p] = {step, exp_avg, exp_avg_sq}
+        assert p in ts.state
+        mine, theirs = ts.state[p], ref_opt.state_dict()["state"][i]
+        assert sorted(mine) == ["exp_avg", "exp_avg_sq", "step"]
+        assert float(mine["step"]) == 3.0
+        for key in ("exp_avg", "exp_avg_sq"):
+            assert torch.equal(mine[key], theirs[key]), (i, key)
+    stranger = torch.zeros(3, dtype=torch.bfloat16)
+    assert stranger not in ts.state
+    with pytest.raises(KeyError, match="not a trainable parameter"):
+        ts.state[stranger]
+    with pytest.raises(TypeError, match="load_state_dict"):
+        ts.state[params[0]] = {}
+    ts.state[params[0]]["exp_avg"].fill_(7.0)  # a copy: the tiers keep theirs
+    assert torch.equal(ts.state[params[0]]["exp_avg"], ref_opt.state_dict()["state"][0]["exp_avg"])
+    ts.close()
+
+
 def test_scheduler_edits_reach_the_native_groups_and_fixed_keys_are_refused(tmp_path):
     model = torch.nn.Linear(8, 4).to(torch.bfloat16)
     opt = tt.AdamW(model.parameters(), lr=0.1, swap_dir=str(tmp_path), telemetry=False)
@@ -838,6 +863,14 @@ for step in range(4):
         p.grad = sum(grad(i, r, step) for r in mine).to(torch.bfloat16)
     opt.step()
 sd = opt.state_dict()  # collective: every rank calls it
+if world > 1:  # one rank's lookup would wait for the others: refused, naming the collective
+    try:
+        opt.state[params[0]]
+        raise AssertionError("opt.state[p] at world > 1 was not refused")
+    except RuntimeError as e:
+        assert "state_dict() on every rank" in str(e), e
+else:
+    assert torch.equal(opt.state[params[1]]["exp_avg_sq"], sd["state"][1]["exp_avg_sq"])
 if rank == 0:
     torch.save({"masters": sd["master_params"], "state": sd["state"],
                 "params": [p.detach().clone() for p in params]}, out)

@@ -61,7 +61,8 @@ Tier keywords (all optional; the defaults work untuned):
 Distributed: with torch.distributed initialized, every rank constructs the optimizer over the same
 parameters; each owns 1/world of the state, hands over its local gradients (summed over ranks:
 scale the loss by 1/world for a mean) and gets the whole model's new values after each step.
-state_dict(), save() and load() are collective (every rank calls them).
+state_dict(), save() and load() are collective (every rank calls them); ``opt.state[p]``
+(one parameter's state read from the tiers, as torch keys it) is for one process.
 
 Errors: bad input raises TypeError / ValueError naming the parameter or option; a native error is
 a RuntimeError (or ValueError) with its message.
@@ -69,6 +70,7 @@ a RuntimeError (or ValueError) with its message.
 
 import contextlib
 import json
+from collections.abc import Mapping
 import math
 import os
 import shutil
@@ -125,6 +127,45 @@ def _tier_config(telemetry, durable, service, service_job):
         if job:
             cfg["service_job"] = str(job)
     return cfg
+
+
+class _StateView(Mapping):
+    """``opt.state``: each trainable parameter's state as torch's optimizer would hold it
+    (``step`` and the moments), read from the tiers when a parameter is looked up. The tensors
+    are copies: the view is read-only (set state through ``load_state_dict``). At world size >
+    1 a lookup would gather from every rank, so it is refused: ``state_dict()`` is the
+    collective."""
+
+    def __init__(self, opt):
+        self._opt = weakref.ref(opt)  # the optimizer holds the view, not the other way round
+
+    def _params(self):
+        opt = self._opt()
+        return [] if opt is None else [p for p, _ in opt._ids]
+
+    def __getitem__(self, p):
+        opt = self._opt()
+        nid = None if opt is None else next((n for q, n in opt._ids if q is p), None)
+        if nid is None:
+            raise KeyError("not a trainable parameter of this optimizer")
+        return opt._param_state(p, nid)
+
+    def __contains__(self, p):
+        return any(q is p for q in self._params())
+
+    def __iter__(self):
+        return iter(self._params())
+
+    def __len__(self):
+        return len(self._params())
+
+    def __setitem__(self, p, value):
+        raise TypeError("opt.state is read from the tiers: set state through load_state_dict()")
+
+    __delitem__ = __setitem__
+
+    def __repr__(self):
+        return f"<tierswap optimizer state of {len(self)} parameters, read from the tiers>"
 
 
 class _TieredOptimizer(Optimizer):
@@ -186,6 +227,7 @@ class _TieredOptimizer(Optimizer):
         self._in_backward = False
         self._final = True
         self.last_step = None
+        self.state = _StateView(self)
         if self._hooks:
             self._install_hooks()
 
@@ -498,14 +540,10 @@ class _TieredOptimizer(Optimizer):
         moments}}, 'param_groups': [...]}, plus 'master_params': {index: fp32 master weights}
         (a key torch.optim's load_state_dict ignores)."""
         index = self._index()
-        step = torch.tensor(float(self._native.step_count()))
         state, masters = {}, {}
         for p, nid in self._ids:
             i = index[id(p)]
-            entry = {"step": step.clone()}
-            for key, cls in self._state_keys_for(p):
-                entry[key] = self._gather(p, nid, cls)
-            state[i] = entry
+            state[i] = self._param_state(p, nid, collective=True)
             masters[i] = self._gather(p, nid, "master")
         groups = []
         for group in self.param_groups:
@@ -513,6 +551,16 @@ class _TieredOptimizer(Optimizer):
             g["params"] = [index[id(p)] for p in group["params"]]
             groups.append(g)
         return {"state": state, "param_groups": groups, "master_params": masters}
+
+    def _param_state(self, p, nid, collective=False):
+        """Parameter p's entry of torch's state: step and moments, gathered from the tiers."""
+        if not collective and self._native.world() > 1:
+            raise RuntimeError(f"opt.state[p] would gather from every one of the "
+                               f"{self._native.world()} ranks: call state_dict() on every rank")
+        entry = {"step": torch.tensor(float(self._native.step_count()))}
+        for key, cls in self._state_keys_for(p):
+            entry[key] = self._gather(p, nid, cls)
+        return entry
 
     def _state_keys_for(self, p):
         """The states parameter p keeps under its group's settings."""

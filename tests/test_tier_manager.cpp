@@ -1154,6 +1154,11 @@ TEST(TierManager, PageableBlocksUseTheirOwnBudgetAndSpillWhenItIsFull) {
   EXPECT_EQ(c.peak_pageable_bytes, cfg.pageable_budget);
   const auto snap = r.mgr->snapshot();  // the host row: pinned and pageable together
   EXPECT_EQ(snap.counters.peak_pageable_bytes, cfg.pageable_budget);
+  EXPECT_EQ(snap.host_budget_bytes, cfg.host_budget);  // and each part on its own
+  EXPECT_EQ(snap.pageable_budget_bytes, cfg.pageable_budget);
+  const auto j = nlohmann::json::parse(snap.to_json());
+  EXPECT_EQ(j.at("host_budget_bytes").get<std::uint64_t>(), cfg.host_budget);
+  EXPECT_EQ(j.at("pageable_budget_bytes").get<std::uint64_t>(), cfg.pageable_budget);
   for (const auto& row : snap.tiers)
     if (row.tier == Tier::host) {
       EXPECT_EQ(row.capacity_bytes, cfg.host_budget + cfg.pageable_budget);

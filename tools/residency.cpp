@@ -53,20 +53,33 @@ static void print_service(const nlohmann::json& j, std::FILE* out, const std::st
 
 namespace {
 
+// "mlocked (64.00 MiB locked; pinned budget 64.00 MiB + pageable pool 8.00 MiB)": the host
+// tier's capacity in its parts, where the snapshot has them (a live process).
+std::string host_memory_text(const nlohmann::json& j) {
+  std::string text = j.value("host_memory", std::string("-"));
+  const auto budget = j.value("host_budget_bytes", std::uint64_t{0});
+  if (budget == 0) return text;
+  const auto pageable = j.value("pageable_budget_bytes", std::uint64_t{0});
+  return fmt::format("{} ({} locked; pinned budget {}{})", text,
+                     format_bytes(j.value("locked_host_bytes", std::uint64_t{0})),
+                     format_bytes(budget),
+                     pageable > 0 ? " + pageable pool " + format_bytes(pageable) : std::string());
+}
+
 // The process, its generation, and a row per tier.
 void print_tiers(const nlohmann::json& j, std::FILE* out) {
   const auto& g = j.at("generation");
   fmt::print(out, "{}; host memory {}; gpu tier {}; committed generation {}{}\n",
              j.at("pid").is_null() ? std::string("manifest (offline)")
                                    : fmt::format("pid {}", detail::json_int<int>(j.at("pid"))),
-             j.value("host_memory", std::string("-")),
+             host_memory_text(j),
              !j.value("device_tier", false)         ? "none"
              : j.at("simulated_device").get<bool>() ? "SIMULATED (host memory)"
                                                     : "GPU",
              detail::json_int<std::uint64_t>(g.at("committed")),
              g.at("checksums_verified").get<bool>() ? " (checksums verified)" : "");
   fmt::print(out, "\n{:<6} {:>12} {:>12} {:>12} {:>12} {:>12}\n", "tier", "capacity", "resident",
-             "dirty", "in flight", "pinned");
+             "dirty", "in flight", "in use");
   for (auto& t : j.at("tiers")) {
     std::string name = t.at("tier").get<std::string>();
     if (name == "gpu" && j.at("simulated_device").get<bool>()) name = "gpu*";

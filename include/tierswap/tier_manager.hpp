@@ -182,7 +182,7 @@ struct ResidencySnapshot {
     std::uint64_t resident_bytes = 0;  ///< blocks with a valid or dirty copy in the tier
     std::uint64_t dirty_bytes = 0;
     std::uint64_t inflight_bytes = 0;  ///< copies being read into or written from the tier
-    std::uint64_t pinned_bytes = 0;    ///< blocks with views
+    std::uint64_t pinned_bytes = 0;    ///< blocks with views (in use; not page-locking)
     std::uint64_t reserved_bytes = 0;  ///< memory the tier's pools hold now (whole slabs)
   };
   struct ClassRow {
@@ -205,6 +205,10 @@ struct ResidencySnapshot {
   std::string host_memory;  ///< "cuda-registered", "mlocked" or "pageable"
   /// Page-locked host memory held now (the pinned pool's slabs; 0 when it is not locked).
   std::uint64_t locked_host_bytes = 0;
+  /// The host tier's capacity in its two parts: the pinned budget (TierConfig::host_budget) and
+  /// the pageable pool beside it (TierConfig::pageable_budget; 0: none).
+  std::uint64_t host_budget_bytes = 0;
+  std::uint64_t pageable_budget_bytes = 0;
   std::vector<TierRow> tiers;
   std::vector<ClassRow> classes;
   std::vector<BlockRow> blocks;

@@ -77,7 +77,9 @@ ResidencySnapshot TierManager::snapshot() const {
   rows[1].tier = Tier::host;
   // The host tier: the pinned budget and the pageable pool beside it (pageable blocks' copies
   // count as host-resident too).
-  rows[1].capacity_bytes = m.host.budget() + (m.pageable ? m.pageable->budget() : 0);
+  r.host_budget_bytes = m.host.budget();
+  r.pageable_budget_bytes = m.pageable ? m.pageable->budget() : 0;
+  rows[1].capacity_bytes = r.host_budget_bytes + r.pageable_budget_bytes;
   rows[2].tier = Tier::nvme;
   rows[2].capacity_bytes = m.alloc.stats().capacity;
   rows[0].reserved_bytes = m.device ? m.device->reserved() : 0;
@@ -166,6 +168,8 @@ std::string ResidencySnapshot::to_json() const {
   j["device_tier"] = device_tier;
   j["host_memory"] = host_memory;
   j["locked_host_bytes"] = locked_host_bytes;
+  j["host_budget_bytes"] = host_budget_bytes;
+  j["pageable_budget_bytes"] = pageable_budget_bytes;
   j["tiers"] = tiers_json(tiers);
   auto classes_j = nlohmann::json::array();
   for (auto& c : classes)

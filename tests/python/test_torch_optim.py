@@ -48,6 +48,16 @@ def tierswap_run(tmp_path_factory):
     return out
 
 
+def build_tree_cli():
+    """The tierswap CLI of the build tree the package was imported from (else the test skips)."""
+    import tierswap
+    cli = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(tierswap.__file__))),
+                       "tierswap")
+    if not os.access(cli, os.X_OK):
+        pytest.skip(f"no tierswap CLI beside the package ({cli}): not a build tree")
+    return cli
+
+
 def rel(a, b):
     return ((a - b).norm() / b.norm()).item()
 
@@ -701,6 +711,12 @@ def test_residency_and_telemetry_are_on_by_default(tmp_path):
     opt.step()
     res = opt.residency()
     assert {c["class"] for c in res["classes"]} >= {"master", "exp_avg", "exp_avg_sq"}
+    host = next(t for t in res["tiers"] if t["tier"] == "host")
+    assert res["host_budget_bytes"] == 1 << 30  # the default budget, and the gradients' pool
+    assert host["capacity_bytes"] == res["host_budget_bytes"] + res["pageable_budget_bytes"]
+    text = subprocess.run([build_tree_cli(), "residency", sock], capture_output=True, text=True, check=True)
+    assert "pinned budget 1.00 GiB + pageable pool " in text.stdout, text.stdout
+    assert "in use" in text.stdout.splitlines()[2]
     opt.close()
     assert not os.listdir(tmp_path)  # the swap files are gone
 
@@ -787,6 +803,10 @@ def test_the_main_job_prints_steps_and_the_residency_table(capsys, monkeypatch, 
     assert [int(r[0]) for r in steps] == [0, 1, 2]
     assert all(int(r[3]) > 0 and int(r[4]) > 0 for r in steps[1:])  # NVMe read and written
     assert "residency" in out and " nvme " in out
+    host = next(r for r in rows + [line.split() for line in out.splitlines()] if r[:1] == ["host"])
+    assert f"(host capacity: {16 << 20} pinned budget + " in out  # the main job's 16 MiB
+    pageable = int(out.split(" pinned budget + ")[1].split()[0])
+    assert pageable > 0 and int(host[2]) == (16 << 20) + pageable
     assert not os.listdir(tmp_path)  # the temporary swap directory is gone
 
 
@@ -819,11 +839,7 @@ def test_deepspeed_module_prints_the_mapping(tmp_path, capsys):
 
 
 def test_cli_config_from_deepspeed(tmp_path):
-    import tierswap
-    cli = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(tierswap.__file__))),
-                       "tierswap")
-    if not os.access(cli, os.X_OK):
-        pytest.skip(f"no tierswap CLI beside the package ({cli}): not a build tree")
+    cli = build_tree_cli()
     cfg = tmp_path / "ds.json"
     cfg.write_text('{"optimizer": {"type": "Adam", "params": {"lr": 1e-4}}, "gradient_clipping": 1,'
                    ' "steps_per_print": 10}')

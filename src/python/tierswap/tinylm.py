@@ -257,6 +257,8 @@ def main(argv=None):
     print(f"{'tier':>6} {'resident':>12} {'capacity':>12}")
     for row in res["tiers"]:
         print(f"{row['tier']:>6} {row.get('resident_bytes', 0):12d} {row.get('capacity_bytes', 0):12d}")
+    print(f"(host capacity: {res['host_budget_bytes']} pinned budget + "
+          f"{res['pageable_budget_bytes']} pageable pool for the 16-bit gradients)")
     opt.close()
     return 0
 

@@ -57,12 +57,14 @@ namespace {
 // tier's capacity in its parts, where the snapshot has them (a live process).
 std::string host_memory_text(const nlohmann::json& j) {
   std::string text = j.value("host_memory", std::string("-"));
-  const auto budget = j.value("host_budget_bytes", std::uint64_t{0});
+  auto bytes = [&](const char* key) {
+    return j.contains(key) ? detail::json_int<std::uint64_t>(j.at(key)) : std::uint64_t{0};
+  };
+  const std::uint64_t budget = bytes("host_budget_bytes"),
+                      pageable = bytes("pageable_budget_bytes");
   if (budget == 0) return text;
-  const auto pageable = j.value("pageable_budget_bytes", std::uint64_t{0});
   return fmt::format("{} ({} locked; pinned budget {}{})", text,
-                     format_bytes(j.value("locked_host_bytes", std::uint64_t{0})),
-                     format_bytes(budget),
+                     format_bytes(bytes("locked_host_bytes")), format_bytes(budget),
                      pageable > 0 ? " + pageable pool " + format_bytes(pageable) : std::string());
 }
 

@@ -116,6 +116,11 @@ SwapFile open_file(const std::filesystem::path& path, DirectIo mode, bool create
     log(LogLevel::warn, fmt::format("{}: filesystem does not support O_DIRECT; using buffered I/O "
                                     "(page cache)",
                                     path_str(path)));
+  // One process at a time: a second one (a resume started beside a live run, two jobs given
+  // one directory) would write over the first's state and remove its files at exit.
+  detail::File lock = detail::File::open(path, O_RDONLY);
+  detail::lock_exclusive(lock.fd(), path_str(path), "swap file");
+  f.lock_fd = lock.release();
   f.fd = guard.release();
   f.direct = direct;
   f.mem_align = mem_align;
@@ -357,7 +362,8 @@ SwapSpace::~SwapSpace() {
 void SwapSpace::close_all() noexcept {
   for (auto& f : files_) {
     if (f.fd >= 0) ::close(f.fd);
-    f.fd = -1;
+    if (f.lock_fd >= 0) ::close(f.lock_fd);  // the lock goes with it
+    f.fd = f.lock_fd = -1;
   }
 }
 
@@ -488,7 +494,10 @@ SwapSpace SwapSpace::open(const std::vector<std::filesystem::path>& dirs, Direct
     std::memcpy(s.uuid_, h0.uuid, sizeof s.uuid_);
     for (auto& [h, f] : found) s.files_.push_back(f);
   } catch (...) {
-    for (auto& [h, f] : found) ::close(f.fd);
+    for (auto& [h, f] : found) {
+      ::close(f.fd);
+      ::close(f.lock_fd);
+    }
     s.files_.clear();
     throw;
   }

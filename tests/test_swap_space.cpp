@@ -1,11 +1,16 @@
 #include <fcntl.h>
 #include <gtest/gtest.h>
 #include <sys/stat.h>
+#include <sys/wait.h>
 #include <unistd.h>
+
+#include <csignal>
 
 #include <cstdlib>
 #include <fstream>
 #include <vector>
+
+#include <fmt/format.h>
 
 #include "test_util.hpp"
 #include "tierswap/units.hpp"
@@ -61,13 +66,62 @@ TEST(SwapSpace, CreatesPreallocatedPrivateFilesAndReopens) {
     }
     uuid = s.uuid();
   }
-  SwapSpace r = SwapSpace::open({a.path(), b.path()});
-  EXPECT_EQ(r.uuid(), uuid);
-  EXPECT_EQ(r.capacity(), 10 * MiB);
-  EXPECT_EQ(r.stripe_size(), 1 * MiB);
+  {
+    SwapSpace r = SwapSpace::open({a.path(), b.path()});
+    EXPECT_EQ(r.uuid(), uuid);
+    EXPECT_EQ(r.capacity(), 10 * MiB);
+    EXPECT_EQ(r.stripe_size(), 1 * MiB);
+  }  // closed first: one open space per file at a time
   // Directories given in another order: the file indices put them back.
-  r = SwapSpace::open({b.path(), a.path()});
+  SwapSpace r = SwapSpace::open({b.path(), a.path()});
   EXPECT_EQ(r.files()[0].path.parent_path(), a.path());
+}
+
+// One open space per swap file: a second opener (another process, or another object in this
+// one) is refused naming the holder, and the files are left as they were; the lock goes with the
+// space that held it, and with a process killed while holding it.
+TEST(SwapSpace, ASpaceInUseIsRefusedNamingItsHolder) {
+  TempDir a, b;
+  {
+    SwapSpace s = test::make_space({a.path(), b.path()}, 4 * MiB, 1 * MiB);
+    const std::string here = fmt::format("in use by process {}", ::getpid());
+    EXPECT_NE(what_of([&] {
+                SwapSpace::open({a.path(), b.path()});
+              }).find(here),
+              std::string::npos);
+    EXPECT_NE(what_of([&] {
+                SwapSpace::open({b.path(), a.path()});
+              }).find("is in use"),
+              std::string::npos);
+    EXPECT_EQ(s.files().size(), 2u);
+  }
+  EXPECT_NO_THROW(SwapSpace::open({a.path(), b.path()}));  // closed: free again
+  int ready[2];
+  ASSERT_EQ(::pipe(ready), 0);
+  const pid_t child = ::fork();
+  ASSERT_GE(child, 0);
+  if (child == 0) {  // holds the space until killed
+    try {
+      SwapSpace held = SwapSpace::open({a.path(), b.path()});
+      if (::write(ready[1], "x", 1) != 1) ::_exit(3);
+      ::pause();
+    } catch (...) {
+    }
+    ::_exit(2);
+  }
+  ::close(ready[1]);
+  char c = 0;
+  ASSERT_EQ(::read(ready[0], &c, 1), 1);
+  ::close(ready[0]);
+  EXPECT_NE(what_of([&] {
+              SwapSpace::open({a.path(), b.path()});
+            }).find(fmt::format("in use by process {}", child)),
+            std::string::npos);
+  ::kill(child, SIGKILL);
+  int status = 0;
+  ASSERT_EQ(::waitpid(child, &status, 0), child);
+  SwapSpace again = SwapSpace::open({a.path(), b.path()});  // a killed holder frees it
+  EXPECT_EQ(again.capacity(), 4 * MiB);
 }
 
 TEST(SwapSpace, CapacityRoundsUpToWholeStripes) {

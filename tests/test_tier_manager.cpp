@@ -64,6 +64,7 @@ struct Rig {
   void reopen(TierConfig cfg) {
     mgr.reset();
     engine.reset();
+    space.reset();  // its files' lock goes with it, as with a process that ends
     space = std::make_unique<SwapSpace>(SwapSpace::open({dir.path()}));
     engine = std::make_unique<IoEngine>(*space);
     mgr = std::make_unique<TierManager>(*space, *engine, cfg);

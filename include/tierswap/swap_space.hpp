@@ -52,6 +52,10 @@ struct SwapSpaceConfig {
 struct SwapFile {
   std::filesystem::path path;
   int fd = -1;
+  /// A descriptor of its own holding the file's flock (one process at a time), never given to
+  /// an I/O backend: an io_uring keeps the files registered with it open until the kernel tears
+  /// the ring down, after the space is closed, and the lock must go when the space does.
+  int lock_fd = -1;
   bool direct = false;             ///< opened with O_DIRECT
   std::uint32_t mem_align = 1;     ///< required buffer alignment for direct I/O (1 if buffered)
   std::uint32_t offset_align = 1;  ///< required offset/length alignment (1 if buffered)

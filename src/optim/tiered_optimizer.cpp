@@ -21,6 +21,7 @@
 #include "tierswap/aligned_buffer.hpp"
 #include "tierswap/checksum.hpp"
 #include "tierswap/communicator.hpp"
+#include "tierswap/detail/file.hpp"
 #include "tierswap/detail/manifest.hpp"
 #include "tierswap/detail/paths.hpp"
 #include "tierswap/io_engine.hpp"
@@ -80,6 +81,10 @@ std::filesystem::path rank_dir(const std::filesystem::path& dir, int rank, bool 
   if (::mkdir(sub.c_str(), 0700) != 0 && errno != EEXIST)
     throw std::system_error(errno, std::system_category(), "mkdir " + sub.string());
   detail::check_trusted_dir(sub, "swap directory", /*private_dir=*/true);
+  if (std::filesystem::exists(sub / SwapSpace::kFileName, ec)) {  // a live run's, said as such
+    const auto f = detail::File::open(sub / SwapSpace::kFileName, O_RDONLY);
+    detail::lock_exclusive(f.fd(), f.path(), "swap file");
+  }  // (the probe's lock goes with its descriptor, here)
   for (auto name : {SwapSpace::kFileName, detail::kManifestName}) {
     if (!std::filesystem::exists(sub / name, ec)) continue;
     *earlier = true;

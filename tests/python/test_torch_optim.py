@@ -269,6 +269,41 @@ def test_resume_needs_a_swap_dir_and_the_same_model(tmp_path):
     opt.close()
 
 
+HOLDER = """
+import sys, torch, tierswap.torch as tt
+lin = torch.nn.Linear(64, 64).to(torch.bfloat16)
+opt = tt.AdamW(lin.parameters(), swap_dir=sys.argv[1], telemetry=False)
+for p in lin.parameters():
+    p.grad = torch.ones_like(p)
+opt.step()
+print("ready", flush=True)
+sys.stdin.read()  # holds the swap directory until told
+opt.close()
+"""
+
+
+def test_a_swap_directory_in_use_by_a_live_run_is_refused_and_left_alone(tmp_path):
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path))
+    holder = subprocess.Popen([sys.executable, "-c", HOLDER, str(tmp_path)], env=env,
+                              stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip() == "ready"
+        swap = tmp_path / "tierswap-rank0" / "tierswap.swap"
+        before = swap.stat()
+        lin = torch.nn.Linear(64, 64).to(torch.bfloat16)
+        for resume in (True, False):  # neither resumes from, nor overwrites, a live run's files
+            with pytest.raises(RuntimeError, match=f"in use by process {holder.pid}"):
+                tt.AdamW(lin.parameters(), swap_dir=str(tmp_path), resume=resume,
+                         telemetry=False)
+        after = swap.stat()
+        assert (after.st_ino, after.st_size, after.st_mtime_ns) == (
+            before.st_ino, before.st_size, before.st_mtime_ns)
+    finally:
+        holder.communicate("", timeout=60)
+    assert holder.returncode == 0
+    assert not os.listdir(tmp_path)  # the holder removed its own files at its close()
+
+
 def test_torch_state_dict_round_trips_both_ways(tmp_path):
     # torch -> tierswap: the reference's state (and fp32 masters) load bit for bit.
     model = tinylm.make_model()

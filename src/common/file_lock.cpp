@@ -1,0 +1,96 @@
+// detail::lock_exclusive: one process at a time on a file (a swap space's), and who holds it
+// when another asks.
+#include <fcntl.h>
+#include <signal.h>
+#include <sys/file.h>
+#include <sys/stat.h>
+#include <sys/sysmacros.h>
+
+#include <cerrno>
+#include <chrono>
+#include <fstream>
+#include <sstream>
+#include <stdexcept>
+#include <thread>
+
+#include <fmt/format.h>
+
+#include "tierswap/detail/file.hpp"
+#include "tierswap/error.hpp"
+
+namespace tierswap::detail {
+
+namespace {
+
+// The pid /proc/locks gives for a flock on the file: the process that took it, which may have
+// exited since while something else keeps the open file (a child it forked; the io_uring of a
+// killed process, whose files the kernel lets go only when the ring is torn down, after the
+// exit). Matched by device and inode, else by inode alone when that is unique (an overlay
+// filesystem reports another device than /proc/locks). 0 when not found.
+long flock_holder(int fd) {
+  struct stat st {};
+  if (::fstat(fd, &st) != 0) return 0;
+  const std::string dev = fmt::format("{:02x}:{:02x}:", major(st.st_dev), minor(st.st_dev));
+  const std::string ino = std::to_string(st.st_ino);
+  std::ifstream locks("/proc/locks");
+  long exact = 0, by_inode = 0;
+  int inode_matches = 0;
+  for (std::string line; std::getline(locks, line);) {
+    std::istringstream in(line);
+    std::string id, kind, mode, access, file;
+    long pid = 0;
+    if (!(in >> id >> kind >> mode >> access >> pid >> file) || kind != "FLOCK") continue;
+    if (file == dev + ino) exact = pid;
+    const auto colon = file.rfind(':');
+    if (colon != std::string::npos && file.substr(colon + 1) == ino) {
+      by_inode = pid;
+      ++inode_matches;
+    }
+  }
+  return exact != 0 ? exact : inode_matches == 1 ? by_inode : 0;
+}
+
+bool alive(long pid) {
+  return ::kill(static_cast<pid_t>(pid), 0) == 0 || errno == EPERM;
+}
+
+std::string holder_text(long pid) {
+  if (pid <= 0) return "another process";
+  if (alive(pid)) return fmt::format("process {}", pid);
+  return fmt::format(
+      "a process that inherited it from process {}, which has exited (a forked "
+      "worker still running?)",
+      pid);
+}
+
+bool try_lock(int fd, const std::string& path) {
+  int rc;
+  do rc = ::flock(fd, LOCK_EX | LOCK_NB);
+  while (rc != 0 && errno == EINTR);
+  if (rc == 0) return true;
+  if (errno != EWOULDBLOCK) throw_errno(errno, "flock " + path);
+  return false;
+}
+
+}  // namespace
+
+void lock_exclusive(int fd, const std::string& path, std::string_view what) {
+  // A live holder is an error at once. One that has exited lets go when the kernel has closed
+  // what it left open (a killed process's io_uring: usually milliseconds after the exit), so a
+  // run restarted right after a kill -9 waits for that, up to kDeadHolderWait.
+  constexpr auto kDeadHolderWait = std::chrono::seconds(10);
+  const auto deadline = std::chrono::steady_clock::now() + kDeadHolderWait;
+  long holder = 0;
+  while (!try_lock(fd, path)) {
+    holder = flock_holder(fd);
+    if ((holder > 0 && alive(holder)) || std::chrono::steady_clock::now() >= deadline)
+      throw std::runtime_error(fmt::format(
+          "{} {} is in use by {}: one process at a time uses it (a run still going, or two jobs "
+          "given one directory; `tierswap ps` lists live runs, `tierswap residency PID` shows "
+          "one)",
+          what, path, holder_text(holder)));
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+}
+
+}  // namespace tierswap::detail

@@ -304,6 +304,21 @@ def test_a_swap_directory_in_use_by_a_live_run_is_refused_and_left_alone(tmp_pat
     assert not os.listdir(tmp_path)  # the holder removed its own files at its close()
 
 
+def test_a_checkpoint_is_not_saved_where_close_would_remove_it(tmp_path, monkeypatch):
+    monkeypatch.setenv("TMPDIR", str(tmp_path))
+    lin = torch.nn.Linear(8, 8).to(torch.bfloat16)
+    opt = tt.AdamW(lin.parameters(), telemetry=False)  # a temporary swap directory
+    (swap,) = os.listdir(tmp_path)
+    for inside in (tmp_path / swap, tmp_path / swap / "tierswap-rank0" / "ckpt"):
+        with pytest.raises(ValueError, match="temporary swap directory .* close\\(\\) removes"):
+            opt.save(inside)
+    assert not (tmp_path / swap / "tierswap-rank0" / "ckpt").exists()
+    opt.save(tmp_path / "ckpt")  # beside it: kept
+    opt.close()
+    assert sorted(os.listdir(tmp_path)) == ["ckpt"]
+    assert "tierswap.checkpoint" in os.listdir(tmp_path / "ckpt")
+
+
 def test_torch_state_dict_round_trips_both_ways(tmp_path):
     # torch -> tierswap: the reference's state (and fp32 masters) load bit for bit.
     model = tinylm.make_model()

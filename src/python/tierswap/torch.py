@@ -664,6 +664,11 @@ class _TieredOptimizer(Optimizer):
         if os.path.exists(path) and not os.path.isdir(path):
             raise NotADirectoryError(f"save({os.fspath(path)!r}): not a directory (a checkpoint "
                                      "is one)")
+        if self._tmpdir is not None:
+            tmp, real = os.path.realpath(self._tmpdir.path), os.path.realpath(path)
+            if os.path.commonpath([tmp, real]) == tmp:
+                raise ValueError(f"save({os.fspath(path)!r}): inside this optimizer's temporary "
+                                 f"swap directory {tmp}, which close() removes: save elsewhere")
         os.makedirs(path, exist_ok=True)
         self._native.save(os.fspath(path))
 

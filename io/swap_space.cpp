@@ -118,9 +118,7 @@ SwapFile open_file(const std::filesystem::path& path, DirectIo mode, bool create
                                     path_str(path)));
   // One process at a time: a second one (a resume started beside a live run, two jobs given
   // one directory) would write over the first's state and remove its files at exit.
-  detail::File lock = detail::File::open(path, O_RDONLY);
-  detail::lock_exclusive(lock.fd(), path_str(path), "swap file");
-  f.lock_fd = lock.release();
+  f.lock_fd = detail::open_lock(path, "swap file");
   f.fd = guard.release();
   f.direct = direct;
   f.mem_align = mem_align;
@@ -362,7 +360,7 @@ SwapSpace::~SwapSpace() {
 void SwapSpace::close_all() noexcept {
   for (auto& f : files_) {
     if (f.fd >= 0) ::close(f.fd);
-    if (f.lock_fd >= 0) ::close(f.lock_fd);  // the lock goes with it
+    detail::close_lock(f.lock_fd);  // the lock goes with it
     f.fd = f.lock_fd = -1;
   }
 }
@@ -496,7 +494,7 @@ SwapSpace SwapSpace::open(const std::vector<std::filesystem::path>& dirs, Direct
   } catch (...) {
     for (auto& [h, f] : found) {
       ::close(f.fd);
-      ::close(f.lock_fd);
+      detail::close_lock(f.lock_fd);
     }
     s.files_.clear();
     throw;

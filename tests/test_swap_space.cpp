@@ -8,6 +8,7 @@
 
 #include <cstdlib>
 #include <fstream>
+#include <optional>
 #include <vector>
 
 #include <fmt/format.h>
@@ -120,8 +121,24 @@ TEST(SwapSpace, ASpaceInUseIsRefusedNamingItsHolder) {
   ::kill(child, SIGKILL);
   int status = 0;
   ASSERT_EQ(::waitpid(child, &status, 0), child);
-  SwapSpace again = SwapSpace::open({a.path(), b.path()});  // a killed holder frees it
-  EXPECT_EQ(again.capacity(), 4 * MiB);
+  std::optional<SwapSpace> again(SwapSpace::open({a.path(), b.path()}));  // a killed holder
+  EXPECT_EQ(again->capacity(), 4 * MiB);                                  // frees it
+  // A child forked while the space is open (a DataLoader worker) does not keep its lock.
+  ASSERT_EQ(::pipe(ready), 0);
+  const pid_t worker = ::fork();
+  ASSERT_GE(worker, 0);
+  if (worker == 0) {  // running: fork's handlers have run in it
+    if (::write(ready[1], "x", 1) != 1) ::_exit(3);
+    ::pause();
+    ::_exit(0);
+  }
+  ::close(ready[1]);
+  ASSERT_EQ(::read(ready[0], &c, 1), 1);
+  ::close(ready[0]);
+  again.reset();  // closed here, the worker still running
+  EXPECT_NO_THROW(SwapSpace::open({a.path(), b.path()}));
+  ::kill(worker, SIGKILL);
+  ASSERT_EQ(::waitpid(worker, &status, 0), worker);
 }
 
 TEST(SwapSpace, CapacityRoundsUpToWholeStripes) {

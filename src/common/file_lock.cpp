@@ -1,14 +1,18 @@
-// detail::lock_exclusive: one process at a time on a file (a swap space's), and who holds it
-// when another asks.
+// detail::open_lock / close_lock: one process at a time on a file (a swap space's), who holds it
+// when another asks, and lock descriptors a forked child does not keep.
 #include <fcntl.h>
+#include <pthread.h>
 #include <signal.h>
 #include <sys/file.h>
 #include <sys/stat.h>
 #include <sys/sysmacros.h>
+#include <unistd.h>
 
 #include <cerrno>
 #include <chrono>
 #include <fstream>
+#include <mutex>
+#include <set>
 #include <sstream>
 #include <stdexcept>
 #include <thread>
@@ -72,12 +76,10 @@ bool try_lock(int fd, const std::string& path) {
   return false;
 }
 
-}  // namespace
-
 void lock_exclusive(int fd, const std::string& path, std::string_view what) {
   // A live holder is an error at once. One that has exited lets go when the kernel has closed
-  // what it left open (a killed process's io_uring: usually milliseconds after the exit), so a
-  // run restarted right after a kill -9 waits for that, up to kDeadHolderWait.
+  // what it left open (a child it forked before this file's fork handler existed, an exec'd
+  // one), so that is waited for, up to kDeadHolderWait.
   constexpr auto kDeadHolderWait = std::chrono::seconds(10);
   const auto deadline = std::chrono::steady_clock::now() + kDeadHolderWait;
   long holder = 0;
@@ -91,6 +93,49 @@ void lock_exclusive(int fd, const std::string& path, std::string_view what) {
           what, path, holder_text(holder)));
     std::this_thread::sleep_for(std::chrono::milliseconds(5));
   }
+}
+
+// The lock descriptors this process holds. A child forked while they are open would hold the
+// locks as long as it lives (a DataLoader worker keeping the directory locked after the trainer
+// closed its optimizer, or died): at fork the child's copies are pointed at /dev/null (their
+// numbers stay valid for whatever the child closes later; async-signal-safe calls only).
+std::mutex lock_fds_mu;
+std::set<int>* const lock_fds = new std::set<int>;  // never destroyed: atfork handlers use it
+
+void release_in_child() {
+  const int nul = ::open("/dev/null", O_RDONLY | O_CLOEXEC);
+  if (nul >= 0) {
+    for (int fd : *lock_fds) ::dup3(nul, fd, O_CLOEXEC);
+    ::close(nul);
+  }
+  lock_fds_mu.unlock();
+}
+
+void register_lock(int fd) {
+  static std::once_flag once;
+  std::call_once(once, [] {
+    ::pthread_atfork([] { lock_fds_mu.lock(); }, [] { lock_fds_mu.unlock(); }, release_in_child);
+  });
+  std::lock_guard lk(lock_fds_mu);
+  lock_fds->insert(fd);
+}
+
+}  // namespace
+
+int open_lock(const std::filesystem::path& path, std::string_view what) {
+  File f = File::open(path, O_RDONLY);
+  lock_exclusive(f.fd(), f.path(), what);
+  register_lock(f.fd());
+  return f.release();
+}
+
+void close_lock(int fd) noexcept {
+  if (fd < 0) return;
+  {
+    std::lock_guard lk(lock_fds_mu);
+    lock_fds->erase(fd);
+  }
+  ::close(fd);
 }
 
 }  // namespace tierswap::detail

@@ -81,10 +81,8 @@ std::filesystem::path rank_dir(const std::filesystem::path& dir, int rank, bool 
   if (::mkdir(sub.c_str(), 0700) != 0 && errno != EEXIST)
     throw std::system_error(errno, std::system_category(), "mkdir " + sub.string());
   detail::check_trusted_dir(sub, "swap directory", /*private_dir=*/true);
-  if (std::filesystem::exists(sub / SwapSpace::kFileName, ec)) {  // a live run's, said as such
-    const auto f = detail::File::open(sub / SwapSpace::kFileName, O_RDONLY);
-    detail::lock_exclusive(f.fd(), f.path(), "swap file");
-  }  // (the probe's lock goes with its descriptor, here)
+  if (std::filesystem::exists(sub / SwapSpace::kFileName, ec))  // a live run's, said as such
+    detail::close_lock(detail::open_lock(sub / SwapSpace::kFileName, "swap file"));
   for (auto name : {SwapSpace::kFileName, detail::kManifestName}) {
     if (!std::filesystem::exists(sub / name, ec)) continue;
     *earlier = true;

@@ -54,11 +54,13 @@ void pwrite_all(int fd, std::string_view path, const void* data, std::size_t n,
                 std::uint64_t offset);
 void pread_all(int fd, std::string_view path, void* data, std::size_t n, std::uint64_t offset);
 
-/// flock(2) LOCK_EX on `fd` (file_lock.cpp): one open file at a time, so one process. The lock
-/// goes with the open file: a process that dies (kill -9 too) frees it once the kernel has
-/// closed its files (a holder that has exited is waited for, up to 10 s). Held by a live
-/// process: throws std::runtime_error "<what> <path> is in use by process N ..." at once.
-void lock_exclusive(int fd, const std::string& path, std::string_view what);
+/// A descriptor of its own on `path` holding flock(2) LOCK_EX (file_lock.cpp): one open at a
+/// time, so one process. The lock goes with it: close_lock(), or a process that dies (kill -9
+/// too). A child forked while it is open does not keep it. Held by a live process: throws
+/// std::runtime_error "<what> <path> is in use by process N ..." at once (a holder that has
+/// exited, with the file still open somewhere, is waited for up to 10 s first).
+int open_lock(const std::filesystem::path& path, std::string_view what);
+void close_lock(int fd) noexcept;
 
 /// fsync(2) of a directory (a rename or create in it made durable).
 void fsync_directory(const std::filesystem::path& dir);

@@ -17,6 +17,8 @@ import tierswap.torch as tt
 from tierswap import tinylm
 from tierswap.deepspeed import map_config
 
+from build_tree import cli_path
+
 STEPS = 30
 BUDGET = "16MiB"  # the LM's AdamW state is ~38 MiB: streamed from NVMe every step
 
@@ -46,16 +48,6 @@ def tierswap_run(tmp_path_factory):
     out = losses, masters(opt), opt.last_step
     opt.close()
     return out
-
-
-def build_tree_cli():
-    """The tierswap CLI of the build tree the package was imported from (else the test skips)."""
-    import tierswap
-    cli = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(tierswap.__file__))),
-                       "tierswap")
-    if not os.access(cli, os.X_OK):
-        pytest.skip(f"no tierswap CLI beside the package ({cli}): not a build tree")
-    return cli
 
 
 def rel(a, b):
@@ -764,7 +756,8 @@ def test_residency_and_telemetry_are_on_by_default(tmp_path):
     host = next(t for t in res["tiers"] if t["tier"] == "host")
     assert res["host_budget_bytes"] == 1 << 30  # the default budget, and the gradients' pool
     assert host["capacity_bytes"] == res["host_budget_bytes"] + res["pageable_budget_bytes"]
-    text = subprocess.run([build_tree_cli(), "residency", sock], capture_output=True, text=True, check=True)
+    text = subprocess.run([cli_path(), "residency", sock], capture_output=True, text=True,
+                          check=True)
     assert "pinned budget 1.00 GiB + pageable pool " in text.stdout, text.stdout
     assert "in use" in text.stdout.splitlines()[2]
     opt.close()
@@ -889,7 +882,7 @@ def test_deepspeed_module_prints_the_mapping(tmp_path, capsys):
 
 
 def test_cli_config_from_deepspeed(tmp_path):
-    cli = build_tree_cli()
+    cli = cli_path()
     cfg = tmp_path / "ds.json"
     cfg.write_text('{"optimizer": {"type": "Adam", "params": {"lr": 1e-4}}, "gradient_clipping": 1,'
                    ' "steps_per_print": 10}')

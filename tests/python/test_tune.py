@@ -5,14 +5,7 @@ import subprocess
 
 import pytest
 
-
-def cli_path():
-    import tierswap
-    cli = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(tierswap.__file__))),
-                       "tierswap")
-    if not os.access(cli, os.X_OK):
-        pytest.skip(f"no tierswap CLI beside the package ({cli}): not a build tree")
-    return cli
+from build_tree import cli_path
 
 
 def tune(*args, env=None):

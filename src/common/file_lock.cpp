@@ -27,10 +27,9 @@ namespace tierswap::detail {
 namespace {
 
 // The pid /proc/locks gives for a flock on the file: the process that took it, which may have
-// exited since while something else keeps the open file (a child it forked; the io_uring of a
-// killed process, whose files the kernel lets go only when the ring is torn down, after the
-// exit). Matched by device and inode, else by inode alone when that is unique (an overlay
-// filesystem reports another device than /proc/locks). 0 when not found.
+// exited since while something else keeps the open file (see lock_exclusive). Matched by device and
+// inode, else by inode alone when that is unique (an overlay filesystem reports another device than
+// /proc/locks). 0 when not found.
 long flock_holder(int fd) {
   struct stat st {};
   if (::fstat(fd, &st) != 0) return 0;
@@ -62,8 +61,8 @@ std::string holder_text(long pid) {
   if (pid <= 0) return "another process";
   if (alive(pid)) return fmt::format("process {}", pid);
   return fmt::format(
-      "a process that inherited it from process {}, which has exited (a forked "
-      "worker still running?)",
+      "a process that inherited it from process {}, which has exited (a child it made, still "
+      "running?)",
       pid);
 }
 
@@ -77,9 +76,9 @@ bool try_lock(int fd, const std::string& path) {
 }
 
 void lock_exclusive(int fd, const std::string& path, std::string_view what) {
-  // A live holder is an error at once. One that has exited lets go when the kernel has closed
-  // what it left open (a child it forked before this file's fork handler existed, an exec'd
-  // one), so that is waited for, up to kDeadHolderWait.
+  // A live holder is an error at once. One that has exited lets go when whatever still has the
+  // descriptor closes it (a child made without fork's handlers, as posix_spawn does, between its
+  // clone and its exec), so that is waited for, up to kDeadHolderWait.
   constexpr auto kDeadHolderWait = std::chrono::seconds(10);
   const auto deadline = std::chrono::steady_clock::now() + kDeadHolderWait;
   long holder = 0;

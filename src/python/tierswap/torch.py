@@ -70,7 +70,6 @@ a RuntimeError (or ValueError) with its message.
 
 import contextlib
 import json
-from collections.abc import Mapping
 import math
 import os
 import shutil
@@ -78,6 +77,7 @@ import tempfile
 import time
 import warnings
 import weakref
+from collections.abc import Mapping
 
 import torch
 from torch.optim import Optimizer

@@ -167,6 +167,33 @@ TEST(Resume, StoppedAndResumedRunMatchesAnUninterruptedOneBitForBit) {
   }
 }
 
+// A run that ends by an error keeps the files of its committed steps, as a crash does, so the
+// next run resumes where it stopped; a clean end, or an error before any step, removes them.
+TEST(Resume, ARunEndingByAnErrorKeepsItsFilesForTheResume) {
+  TempDir dir;
+  auto run = [&](int steps, bool mark, bool throw_at_end) {
+    TieredOptions o = options(dir.path());
+    o.keep_swap_files = false;  // the default: files go at a clean end
+    TieredOptimizer t(o);
+    const Model m = add_params(t);
+    t.finalize();
+    if (!t.resumed()) init(t.optimizer());
+    for (int i = 0; i < steps; ++i) step(t.optimizer(), m);
+    if (mark) t.mark_failed();
+    if (throw_at_end) throw std::runtime_error("the trainer's error");
+    return t.optimizer().step_count();
+  };
+  auto files_left = [&] { return std::filesystem::exists(dir.path() / "tierswap-rank0"); };
+  EXPECT_THROW(run(2, false, true), std::runtime_error);  // unwound by an exception
+  ASSERT_TRUE(files_left());
+  EXPECT_EQ(run(1, true, false), 3u);  // resumed at 2, one step, then marked failed: kept
+  ASSERT_TRUE(files_left());
+  EXPECT_EQ(run(1, false, false), 4u);  // resumed at 3, a clean end: removed
+  EXPECT_FALSE(files_left());
+  EXPECT_THROW(run(0, false, true), std::runtime_error);  // nothing stepped: nothing to keep
+  EXPECT_FALSE(files_left());
+}
+
 TEST(Resume, AnEmptyDirectoryStartsAfresh) {
   TempDir dir;
   TieredOptimizer t(options(dir.path()));

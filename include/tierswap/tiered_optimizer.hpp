@@ -118,6 +118,11 @@ class TieredOptimizer {
   /// Whether finalize() continued an earlier run (TieredOptions::resume and a swap space was
   /// there): then the optimizer holds its state at step_count(); otherwise initialize() it.
   bool resumed() const noexcept;
+  /// The run is ending by an error: the destructor keeps the swap files of a run that
+  /// committed a step, as a crash leaves them (TieredOptions::resume continues from them),
+  /// with a warning naming them. It does so by itself when an exception unwinds it; this is
+  /// for callers that end by an error without one (the Python binding, at an exception).
+  void mark_failed() noexcept;
 
   // ---- the parts (std::logic_error before finalize) --------------------------------------------
   ShardedOptimizer& optimizer();

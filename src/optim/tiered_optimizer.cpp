@@ -12,6 +12,7 @@
 #include <algorithm>
 #include <bit>
 #include <cstdlib>
+#include <exception>
 #include <set>
 #include <stdexcept>
 #include <system_error>
@@ -25,6 +26,7 @@
 #include "tierswap/detail/manifest.hpp"
 #include "tierswap/detail/paths.hpp"
 #include "tierswap/io_engine.hpp"
+#include "tierswap/log.hpp"
 #include "tierswap/service.hpp"
 #include "tierswap/swap_space.hpp"
 #include "tierswap/thread_pool.hpp"
@@ -190,6 +192,8 @@ struct TieredOptimizer::Impl {
   }
   bool created = false;  // this object made the swap files (a failed finalize() removes them)
   bool resumed = false;
+  bool failed = false;  // mark_failed()
+  bool keep_after_failure(bool failing) const noexcept;
   void remove_files() noexcept;
   void build();
   void open_space(const std::vector<std::pair<GroupConfig, std::uint64_t>>& sizes,
@@ -347,15 +351,35 @@ TieredOptimizer::TieredOptimizer(TieredOptions options) : impl_(std::make_unique
   m.comm = m.o.comm ? m.o.comm : std::shared_ptr<Communicator>(make_communicator(m.o.communicator));
 }
 
+// A run that ends by an error after committing a step keeps its files, as a crash would: the
+// next run resumes from them (removing them would lose every step since the start).
+bool TieredOptimizer::Impl::keep_after_failure(bool failing) const noexcept {
+  if (!failing || !opt || opt->step_count() == 0) return false;
+  std::string where;
+  for (const auto& d : dirs) where += (where.empty() ? "" : ", ") + d.string();
+  log(LogLevel::warn,
+      fmt::format("swap files in {} kept: the run ends by an error after step {}; resume "
+                  "(TieredOptions::resume, resume=True in Python) continues from them, or remove "
+                  "the directory to start afresh",
+                  where, opt->step_count()));
+  return true;
+}
+
 TieredOptimizer::~TieredOptimizer() {
   Impl& m = *impl_;
+  const bool keep =
+      m.o.keep_swap_files || m.keep_after_failure(m.failed || std::uncaught_exceptions() > 0);
   m.opt.reset();
   m.pool.reset();
   m.tiers.reset();
-  if (m.storage && !m.o.keep_swap_files) m.storage->release_on_close();
+  if (m.storage && !keep) m.storage->release_on_close();
   m.drop_storage();
-  if (!m.o.keep_swap_files) m.remove_files();
+  if (!keep) m.remove_files();
   m.own_space.reset();
+}
+
+void TieredOptimizer::mark_failed() noexcept {
+  impl_->failed = true;
 }
 
 int TieredOptimizer::add_group(const GroupConfig& cfg, std::string name) {

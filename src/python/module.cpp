@@ -245,8 +245,10 @@ class PyOptimizer {
     opt().import_state(in, step);
   }
 
-  void close() {
+  /// `failed`: the run ends by an error (its swap files are kept for a resume).
+  void close(bool failed) {
     closed_ = true;
+    if (failed && t_) t_->mark_failed();
     t_.reset();
   }
 
@@ -386,7 +388,7 @@ PYBIND11_MODULE(_tierswap, m) {
         py::arg("threads"), py::arg("optimizer_json"), py::arg("tiers_json"),
         py::arg("keep_swap_files"), py::arg("swap_capacity"), py::arg("subgroup_size"),
         py::arg("resume"))
-      .def("close", &PyOptimizer::close, Release());
+      .def("close", &PyOptimizer::close, py::arg("failed") = false, Release());
   bind_setup(c);
   bind_backward_and_step(c);
   bind_state(c);

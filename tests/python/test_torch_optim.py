@@ -229,6 +229,53 @@ torch.save(opt.state_dict()["master_params"], out)
 """
 
 
+ERRING = r"""
+import sys, torch, tierswap.torch as tt
+swap, steps, how = sys.argv[1] or None, int(sys.argv[2]), sys.argv[3]
+torch.manual_seed(0)
+lin = torch.nn.Linear(64, 64).to(torch.bfloat16)
+opt = tt.AdamW(lin.parameters(), swap_dir=swap, resume=swap is not None, telemetry=False)
+print("start", opt.step_count, flush=True)
+for _ in range(steps):
+    lin(torch.ones(2, 64, dtype=torch.bfloat16)).float().sum().backward()
+    opt.step()
+    opt.zero_grad()
+if how == "raise":
+    raise RuntimeError("the trainer's error")
+if how == "interrupt":
+    raise KeyboardInterrupt
+if how == "close-in-except":
+    try:
+        raise ValueError("handled")
+    except ValueError:
+        opt.close()
+"""
+
+
+def test_a_run_ending_by_an_error_keeps_its_swap_files_for_resume(tmp_path, monkeypatch):
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path), TMPDIR=str(tmp_path / "tmp"))
+    (tmp_path / "tmp").mkdir()
+    swap = tmp_path / "swap"
+    swap.mkdir()
+
+    def run(steps, how, swap_dir=str(swap)):
+        r = subprocess.run([sys.executable, "-c", ERRING, swap_dir, str(steps), how],
+                           capture_output=True, text=True, env=env, timeout=300)
+        return r, int(r.stdout.split()[1])
+
+    for how, steps, start in (("raise", 2, 0), ("interrupt", 1, 2), ("close-in-except", 1, 3)):
+        r, started = run(steps, how)
+        assert started == start, r.stderr
+        assert f"swap files in {swap}/tierswap-rank0 kept" in r.stderr, r.stderr
+        assert os.listdir(swap) == ["tierswap-rank0"]
+    r, started = run(1, "clean")  # resumed at 4; a clean end removes the files
+    assert r.returncode == 0 and started == 4, r.stderr
+    assert not os.listdir(swap) and "kept" not in r.stderr
+    r, _ = run(2, "raise", swap_dir="")  # a temporary directory goes regardless
+    assert r.returncode == 1 and "kept" not in r.stderr
+    assert not os.listdir(tmp_path / "tmp")
+
+
 @pytest.mark.parametrize("seed", [1, 2, 3])
 def test_killed_run_resumes_from_the_swap_directory_bit_identical(tmp_path, seed):
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path))

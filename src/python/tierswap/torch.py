@@ -40,7 +40,8 @@ Tier keywords (all optional; the defaults work untuned):
   communicator    "auto" (torch.distributed's world when initialized with > 1 rank, else MPI
                   under mpirun, else one process), "torch", "single", "mpi", or a
                   tierswap.distributed.TorchCommunicator(group)
-  keep_swap_files keep the swap files at close() (default: removed)
+  keep_swap_files keep the swap files at close() (default: removed at a clean end; a run that
+                  ends by an exception or Ctrl-C after a step keeps them, as a crash does)
   resume          continue from the swap_dir of a run that crashed (or kept its files): state,
                   step count and loss scaler come back from its last committed step, the
                   parameters get its values; ``resumed`` says whether there was one,
@@ -73,6 +74,7 @@ import json
 import math
 import os
 import shutil
+import sys
 import tempfile
 import time
 import warnings
@@ -111,7 +113,13 @@ class _TempSwapDir:
 def _close_native(native, tmpdir, params):
     for p in params:  # the parameters alias tierswap's memory: give them their own again
         p.data = p.data.clone()
-    native.close()
+    # A run ending by an error keeps the swap files of its committed steps, as a crash does
+    # (resume=True continues): an exception being handled, or one that ended the program
+    # (sys.last_value: at exit, after an uncaught exception or Ctrl-C). A temporary directory
+    # goes regardless (nothing could resume from it).
+    failed = tmpdir is None and (sys.exc_info()[0] is not None
+                                 or getattr(sys, "last_value", None) is not None)
+    native.close(failed)
     if tmpdir is not None:
         tmpdir.remove()
 

@@ -85,7 +85,7 @@ TEST(SwapSpace, ASpaceInUseIsRefusedNamingItsHolder) {
   TempDir a, b;
   {
     SwapSpace s = test::make_space({a.path(), b.path()}, 4 * MiB, 1 * MiB);
-    const std::string here = fmt::format("in use by process {}", ::getpid());
+    const std::string here = fmt::format("in use by this process ({})", ::getpid());
     EXPECT_NE(what_of([&] {
                 SwapSpace::open({a.path(), b.path()});
               }).find(here),

@@ -59,6 +59,11 @@ bool alive(long pid) {
 
 std::string holder_text(long pid) {
   if (pid <= 0) return "another process";
+  if (pid == ::getpid())  // a notebook's second optimizer on the directory, say
+    return fmt::format(
+        "this process ({}): a space on it is still open here (an optimizer not "
+        "yet closed: close() it first)",
+        pid);
   if (alive(pid)) return fmt::format("process {}", pid);
   return fmt::format(
       "a process that inherited it from process {}, which has exited (a child it made, still "

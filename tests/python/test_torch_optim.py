@@ -341,6 +341,11 @@ def test_a_swap_directory_in_use_by_a_live_run_is_refused_and_left_alone(tmp_pat
         holder.communicate("", timeout=60)
     assert holder.returncode == 0
     assert not os.listdir(tmp_path)  # the holder removed its own files at its close()
+    mine = tt.AdamW(lin.parameters(), swap_dir=str(tmp_path), telemetry=False)
+    other = torch.nn.Linear(64, 64).to(torch.bfloat16)  # a notebook's second optimizer, say
+    with pytest.raises(RuntimeError, match=r"in use by this process .* close\(\) it first"):
+        tt.AdamW(other.parameters(), swap_dir=str(tmp_path), resume=True, telemetry=False)
+    mine.close()
 
 
 def test_a_checkpoint_is_not_saved_where_close_would_remove_it(tmp_path, monkeypatch):

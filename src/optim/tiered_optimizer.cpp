@@ -193,7 +193,8 @@ struct TieredOptimizer::Impl {
   bool created = false;  // this object made the swap files (a failed finalize() removes them)
   bool resumed = false;
   bool failed = false;  // mark_failed()
-  bool keep_after_failure(bool failing) const noexcept;
+  bool keeps_after_failure(bool failing) const noexcept;
+  void warn_kept() const noexcept;
   void remove_files() noexcept;
   void build();
   void open_space(const std::vector<std::pair<GroupConfig, std::uint64_t>>& sizes,
@@ -353,22 +354,27 @@ TieredOptimizer::TieredOptimizer(TieredOptions options) : impl_(std::make_unique
 
 // A run that ends by an error after committing a step keeps its files, as a crash would: the
 // next run resumes from them (removing them would lose every step since the start).
-bool TieredOptimizer::Impl::keep_after_failure(bool failing) const noexcept {
-  if (!failing || !opt || opt->step_count() == 0) return false;
-  std::string where;
-  for (const auto& d : dirs) where += (where.empty() ? "" : ", ") + d.string();
+bool TieredOptimizer::Impl::keeps_after_failure(bool failing) const noexcept {
+  return failing && opt && opt->step_count() > 0;
+}
+
+void TieredOptimizer::Impl::warn_kept() const noexcept try {
+  std::vector<std::string> where;
+  for (const auto& d : dirs) where.push_back(d.string());
   log(LogLevel::warn,
       fmt::format("swap files in {} kept: the run ends by an error after step {}; resume "
                   "(TieredOptions::resume, resume=True in Python) continues from them, or remove "
                   "the directory to start afresh",
-                  where, opt->step_count()));
-  return true;
+                  fmt::join(where, ", "), opt->step_count()));
+} catch (...) {
+  // out of memory while saying it: the files are kept all the same
 }
 
 TieredOptimizer::~TieredOptimizer() {
   Impl& m = *impl_;
   const bool keep =
-      m.o.keep_swap_files || m.keep_after_failure(m.failed || std::uncaught_exceptions() > 0);
+      m.o.keep_swap_files || m.keeps_after_failure(m.failed || std::uncaught_exceptions() > 0);
+  if (keep && !m.o.keep_swap_files) m.warn_kept();
   m.opt.reset();
   m.pool.reset();
   m.tiers.reset();

@@ -246,8 +246,10 @@ FileHeader read_header(SwapFile& f) {
 void check_one_space(const std::vector<std::pair<FileHeader, SwapFile>>& found) {
   const FileHeader& h0 = found.front().first;
   if (h0.file_count != found.size())
-    throw std::invalid_argument(fmt::format("swap space has {} files but {} directories were given",
-                                            h0.file_count, found.size()));
+    throw std::invalid_argument(fmt::format(
+        "swap space of {} is striped over {} files but {} directories were given: give every "
+        "directory it was made with (in any order)",
+        found.front().second.path.string(), h0.file_count, found.size()));
   std::vector<int> seen(found.size(), 0);
   for (const auto& [h, f] : found) {
     if (std::memcmp(h.uuid, h0.uuid, sizeof h.uuid) != 0 || h.capacity != h0.capacity ||

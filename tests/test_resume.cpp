@@ -242,6 +242,48 @@ TEST(Resume, AnotherModelIsRefusedByNameAndTheDirectoryKept) {
   EXPECT_EQ(again.optimizer().step_count(), 1u);
 }
 
+// A striped run resumes from its directories in any order; a list that misses one, or names one
+// holding none of its files, is refused by name and the files are kept.
+TEST(Resume, AStripedRunIsResumedFromItsDirectoriesInAnyOrderAndOnlyFromThem) {
+  TempDir a, b, c;
+  auto striped = [&](std::vector<std::filesystem::path> dirs) {
+    TieredOptions o = options(a.path());
+    o.swap_dirs = std::move(dirs);
+    return o;
+  };
+  {
+    TieredOptimizer t(striped({a.path(), b.path()}));
+    const Model m = add_params(t);
+    t.finalize();
+    init(t.optimizer());
+    step(t.optimizer(), m);
+    t.mark_failed();  // as a crash: the files stay
+  }
+  auto refusal = [&](std::vector<std::filesystem::path> dirs) {
+    TieredOptimizer t(striped(std::move(dirs)));
+    add_params(t);
+    try {
+      t.finalize();
+    } catch (const std::exception& e) {
+      return std::string(e.what());
+    }
+    return std::string("resumed");
+  };
+  const std::string rank_c = (c.path() / "tierswap-rank0").string();
+  std::string w = refusal({a.path(), c.path()});
+  EXPECT_NE(w.find(rank_c + " holds no file of the earlier run's swap space"), std::string::npos)
+      << w;
+  w = refusal({c.path(), b.path(), a.path()});
+  EXPECT_NE(w.find(rank_c + " holds no file"), std::string::npos) << w;
+  w = refusal({b.path()});
+  EXPECT_NE(w.find("striped over 2 files but 1 directories were given"), std::string::npos) << w;
+  TieredOptimizer t(striped({b.path(), a.path()}));
+  add_params(t);
+  t.finalize();
+  EXPECT_TRUE(t.resumed());
+  EXPECT_EQ(t.optimizer().step_count(), 1u);
+}
+
 TEST(Resume, RecordsOfAnotherWorldVersionOrMemoryOnlyStateAreRefusedByName) {
   const std::pair<const char*, std::function<void(nlohmann::json&)>> cases[] = {
       {"world size 2", [](nlohmann::json& j) { j["world_size"] = 2; }},

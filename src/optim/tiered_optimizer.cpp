@@ -206,6 +206,7 @@ struct TieredOptimizer::Impl {
   void open_space(const std::vector<std::pair<GroupConfig, std::uint64_t>>& sizes,
                   const OptimizerConfig& oc, const TierConfig& tc, bool earlier);
   void attach_service(std::uint64_t capacity, const TierConfig& tc, bool earlier);
+  SwapSpace open_earlier_space() const;
   void finalize_optimizer(const std::vector<std::pair<GroupConfig, std::uint64_t>>& sizes,
                           const OptimizerConfig& oc, const TierConfig& tc);
   void drop_storage() noexcept {
@@ -287,6 +288,26 @@ void TieredOptimizer::Impl::finalize_optimizer(
   }
 }
 
+// The earlier run's swap space, for resume: every directory given must hold one of its files
+// (SwapSpace::open checks that they are one space, and all of it).
+SwapSpace TieredOptimizer::Impl::open_earlier_space() const {
+  std::vector<std::string> with, without;
+  std::error_code ec;
+  for (const auto& d : dirs)
+    (std::filesystem::exists(d / SwapSpace::kFileName, ec) ? with : without).push_back(d.string());
+  if (with.empty())  // a manifest without its swap file: nothing to resume from
+    throw std::runtime_error(fmt::format(
+        "resume: {} holds a manifest but no swap file {}: the earlier run's state is gone; "
+        "remove the directory to start afresh",
+        fmt::join(without, ", "), SwapSpace::kFileName));
+  if (!without.empty())
+    throw std::runtime_error(fmt::format(
+        "resume: {} holds no file of the earlier run's swap space, which is in {}: give the swap "
+        "directories that run was given (in any order)",
+        fmt::join(without, ", "), fmt::join(with, ", ")));
+  return SwapSpace::open(dirs);
+}
+
 // The earlier run's space (resume), else a new one sized from the parameters.
 void TieredOptimizer::Impl::open_space(
     const std::vector<std::pair<GroupConfig, std::uint64_t>>& sizes, const OptimizerConfig& oc,
@@ -295,17 +316,11 @@ void TieredOptimizer::Impl::open_space(
                                      ? o.swap_capacity
                                      : swap_bytes_needed(sizes, comm->size(), oc, tc.shadow_slots);
   if (!tc.service.empty()) return attach_service(capacity, tc, earlier);
-  std::error_code ec;
-  if (earlier && std::filesystem::exists(dirs.front() / SwapSpace::kFileName, ec)) {
-    own_space = std::make_unique<SwapSpace>(SwapSpace::open(dirs));
+  if (earlier) {
+    own_space = std::make_unique<SwapSpace>(open_earlier_space());
     space = own_space.get();
     return;
   }
-  if (earlier)  // a manifest without its swap file: nothing to resume from
-    throw std::runtime_error(fmt::format(
-        "resume: {} holds a manifest but no swap file {}: the earlier run's state is gone; "
-        "remove the directory to start afresh",
-        dirs.front().string(), SwapSpace::kFileName));
   SwapSpaceConfig sc;
   sc.dirs = dirs;
   sc.capacity = capacity;

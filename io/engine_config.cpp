@@ -1,11 +1,10 @@
 #include <array>
 #include <cstdlib>
-#include <fstream>
 #include <nlohmann/json.hpp>
-#include <sstream>
 #include <string>
 
 #include "tierswap/detail/config_table.hpp"
+#include "tierswap/detail/file.hpp"
 #include "tierswap/error.hpp"
 #include "tierswap/io_engine.hpp"
 #include "tierswap/units.hpp"
@@ -82,12 +81,8 @@ IoEngineConfig IoEngineConfig::from_env() {
 IoEngineConfig IoEngineConfig::from_env(IoEngineConfig c) {
   if (const char* path = std::getenv("TIERSWAP_IO_CONFIG"); path != nullptr && *path) {
     const std::string what = fmt::format("TIERSWAP_IO_CONFIG={}", path);
-    std::ifstream f(path);
-    if (!f) throw std::invalid_argument(what + ": cannot open the file");
-    std::ostringstream text;
-    text << f.rdbuf();
-    detail::apply_json<IoEngineConfig>(c, kFields, detail::parse_config_object(text.str(), what),
-                                       what);
+    detail::apply_json<IoEngineConfig>(
+        c, kFields, detail::parse_config_object(detail::read_text_file(path, what), what), what);
   }
   detail::apply_env<IoEngineConfig>(c, kFields);
   c.validate();

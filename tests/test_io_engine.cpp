@@ -469,12 +469,18 @@ TEST(EngineConfig, LoadsTheFileTierswapIoConfigNames) {
           << what;
     }
   }
-  const test::ScopedEnv missing("TIERSWAP_IO_CONFIG", (d.path() / "missing.json").c_str());
-  try {
-    IoEngineConfig::from_env();
-    ADD_FAILURE() << "a missing file was accepted";
-  } catch (const std::invalid_argument& e) {
-    EXPECT_NE(std::string(e.what()).find("missing.json"), std::string::npos) << e.what();
+  const std::string missing_path = (d.path() / "missing.json").string();
+  for (const auto& [file, why] : {std::pair{missing_path, "No such file or directory"},
+                                  std::pair{d.path().string(), "Is a directory"}}) {
+    const test::ScopedEnv unreadable("TIERSWAP_IO_CONFIG", file.c_str());
+    try {
+      IoEngineConfig::from_env();
+      ADD_FAILURE() << "an unreadable file was accepted: " << file;
+    } catch (const std::invalid_argument& e) {
+      EXPECT_NE(std::string(e.what()).find(file + ": cannot read it (" + why + ")"),
+                std::string::npos)
+          << e.what();
+    }
   }
 }
 

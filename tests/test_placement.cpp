@@ -427,8 +427,17 @@ TEST(Placement, BadProfilesAndOptionsGiveClearErrors) {
     }
   }
   EXPECT_THROW(HardwareProfile::load("no-such-profile"), std::invalid_argument);
-  // A profile file.
+  // A profile file; a directory is named as such, with the shipped profiles.
   test::TempDir d;
+  try {
+    HardwareProfile::load(d.path().string());
+    ADD_FAILURE() << "a directory was taken for a profile";
+  } catch (const std::invalid_argument& e) {
+    EXPECT_NE(std::string(e.what()).find("not a shipped profile (gh200"), std::string::npos)
+        << e.what();
+    EXPECT_NE(std::string(e.what()).find("cannot read it (Is a directory)"), std::string::npos)
+        << e.what();
+  }
   const auto f = d.path() / "p.json";
   std::ofstream(f) << "// a comment\n" << good;
   EXPECT_EQ(HardwareProfile::load(f.string()).name, "pcie4-workstation");

@@ -6,6 +6,10 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <cstring>
+#include <stdexcept>
+
+#include <fmt/format.h>
 
 #include "tierswap/error.hpp"
 
@@ -15,6 +19,23 @@ File File::open(const std::filesystem::path& path, int flags, mode_t mode) {
   const int fd = ::open(path.c_str(), flags | O_CLOEXEC | O_NOFOLLOW, mode);
   if (fd < 0) throw_errno(errno, "open " + path.string());
   return File(fd, path.string());
+}
+
+std::string read_text_file(const std::filesystem::path& path, std::string_view what) {
+  auto refuse = [&](int err) {
+    return std::invalid_argument(fmt::format("{}: cannot read it ({})", what, std::strerror(err)));
+  };
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);  // a symbolic link is followed
+  if (fd < 0) throw refuse(errno);
+  const File f(fd, path.string());
+  struct stat st {};
+  if (::fstat(fd, &st) != 0) throw refuse(errno);
+  if (S_ISDIR(st.st_mode)) throw refuse(EISDIR);
+  try {
+    return f.read_to_end();
+  } catch (const std::system_error& e) {
+    throw refuse(e.code().value());
+  }
 }
 
 File& File::operator=(File&& o) noexcept {

@@ -6,7 +6,6 @@
 #include <algorithm>
 #include <array>
 #include <cmath>
-#include <fstream>
 #include <initializer_list>
 #include <limits>
 #include <nlohmann/json.hpp>
@@ -14,6 +13,7 @@
 #include <stdexcept>
 
 #include "src/placement/json_reader.hpp"
+#include "tierswap/detail/file.hpp"
 #include "tierswap/detail/json.hpp"
 #include "tierswap/placement.hpp"
 #include "tierswap/tier_manager.hpp"
@@ -782,11 +782,8 @@ Plan Plan::from_json(std::string_view text, std::string_view origin) {
 }
 
 Plan Plan::load(const std::filesystem::path& file) {
-  std::ifstream in(file);
-  if (!in) throw std::invalid_argument(fmt::format("plan file {}: cannot be read", file.string()));
-  std::stringstream ss;
-  ss << in.rdbuf();
-  return from_json(ss.str(), file.string());
+  return from_json(detail::read_text_file(file, fmt::format("plan file {}", file.string())),
+                   file.string());
 }
 
 const PlanSubgroup& Plan::at_fraction(double f) const {

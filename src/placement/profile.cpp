@@ -4,13 +4,12 @@
 #include <fmt/ranges.h>
 
 #include <algorithm>
-#include <fstream>
 #include <limits>
 #include <nlohmann/json.hpp>
-#include <sstream>
 #include <stdexcept>
 
 #include "src/placement/json_reader.hpp"
+#include "tierswap/detail/file.hpp"
 #include "tierswap/detail/json.hpp"
 #include "tierswap/placement.hpp"
 
@@ -192,14 +191,14 @@ std::vector<std::string> builtin_profiles() {
 HardwareProfile HardwareProfile::load(std::string_view what) {
   for (const auto& [name, text] : detail::builtin_profile_texts())
     if (name == what) return from_json(text, fmt::format("profile '{}'", name));
-  std::ifstream in{std::string(what)};
-  if (!in)
-    throw std::invalid_argument(
-        fmt::format("profile '{}': neither a shipped profile ({}) nor a readable file", what,
-                    fmt::join(builtin_profiles(), ", ")));
-  std::stringstream ss;
-  ss << in.rdbuf();
-  return from_json(ss.str(), what);
+  std::string text;
+  try {
+    text = detail::read_text_file(std::string(what), what);
+  } catch (const std::invalid_argument& e) {
+    throw std::invalid_argument(fmt::format("profile '{}': not a shipped profile ({}), and {}",
+                                            what, fmt::join(builtin_profiles(), ", "), e.what()));
+  }
+  return from_json(text, what);
 }
 
 }  // namespace tierswap

@@ -49,6 +49,11 @@ class File {
   std::string path_;
 };
 
+/// A file a user names (TIERSWAP_IO_CONFIG, a hardware profile, a plan), whole. A file that is
+/// missing, unreadable or a directory throws std::invalid_argument "<what>: cannot read it
+/// (<why>)".
+std::string read_text_file(const std::filesystem::path& path, std::string_view what);
+
 /// The loops of File on a descriptor File does not own (a swap file's, held by SwapSpace).
 void pwrite_all(int fd, std::string_view path, const void* data, std::size_t n,
                 std::uint64_t offset);

@@ -1090,6 +1090,33 @@ def test_a_state_dict_of_another_kind_of_optimizer_is_named_and_changes_nothing(
     adamw.close()
 
 
+def test_what_is_not_an_optimizer_state_dict_is_named(tmp_path):
+    # torch says KeyError 'param_groups' to a model's state dict or a whole checkpoint.
+    lin = torch.nn.Linear(8, 4).to(torch.bfloat16)
+    opt = tt.AdamW(lin.parameters(), swap_dir=str(tmp_path), telemetry=False)
+    before = opt.state_dict()
+    cases = [
+        ({}, ValueError, r"not an optimizer state dict: no 'state' \(its keys: none\)$"),
+        (lin.state_dict(), ValueError, r"no 'state' \(its keys: 'weight', 'bias'\): a model's"),
+        ({"model": lin.state_dict(), "optimizer": before, "epoch": 3}, ValueError,
+         r"\(its keys: 'model', 'optimizer', 'epoch'\): the checkpoint's 'optimizer' entry\?"),
+        ({"state": {}}, ValueError, r"no 'param_groups' \(its keys: 'state'\)$"),
+        ([before], TypeError, r"expected an optimizer state dict \(a dict\), got list"),
+        ({"state": [], "param_groups": []}, TypeError, r"'state' is list, expected a dict"),
+        ({"state": {}, "param_groups": 5}, TypeError, r"'param_groups' is int, expected a list"),
+    ]
+    for sd, kind, message in cases:
+        with pytest.raises(kind, match=message):
+            opt.load_state_dict(sd)
+    after = opt.state_dict()
+    assert after["param_groups"] == before["param_groups"]
+    for i, st in before["state"].items():
+        for k, v in st.items():
+            assert torch.equal(after["state"][i][k], v)
+    opt.load_state_dict(before)  # the real one still loads
+    opt.close()
+
+
 def test_a_parameter_moved_off_its_storage_is_an_error_not_a_silent_stall(tmp_path):
     lin = torch.nn.Linear(8, 4).to(torch.bfloat16)
     opt = tt.AdamW(lin.parameters(), lr=0.1, swap_dir=str(tmp_path), telemetry=False)

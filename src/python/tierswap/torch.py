@@ -584,6 +584,7 @@ class _TieredOptimizer(Optimizer):
         """Takes torch's format (from this class or from the matching torch.optim optimizer):
         hyper-parameters, step and moments; master weights from 'master_params' when present,
         else the current ones are kept. Bit-exact on fp32 state."""
+        _check_optimizer_state_dict(state_dict)
         groups = state_dict["param_groups"]
         if len(groups) != len(self.param_groups):
             raise ValueError(f"state dict has {len(groups)} param groups, this optimizer "
@@ -849,6 +850,26 @@ def _pair(name, value):
 
 def _num(group, key):
     return _number(key, group[key])
+
+
+def _check_optimizer_state_dict(sd):
+    """An optimizer's state dict has 'state' (a mapping) and 'param_groups' (a list): anything
+    else (a model's state dict, a whole checkpoint) is named before it is read."""
+    if not isinstance(sd, Mapping):
+        raise TypeError(f"load_state_dict: expected an optimizer state dict (a dict), got "
+                        f"{type(sd).__name__}")
+    for key, kind, name in (("state", Mapping, "a dict"), ("param_groups", (list, tuple),
+                                                             "a list")):
+        if key not in sd:
+            keys = ", ".join(repr(k) for k in list(sd)[:5]) + (", ..." if len(sd) > 5 else "")
+            hint = (": the checkpoint's 'optimizer' entry?" if "optimizer" in sd else
+                    ": a model's state dict?" if any(isinstance(v, torch.Tensor)
+                                                     for v in sd.values()) else "")
+            raise ValueError(f"load_state_dict: not an optimizer state dict: no {key!r} "
+                             f"(its keys: {keys or 'none'}){hint}")
+        if not isinstance(sd[key], kind):
+            raise TypeError(f"load_state_dict: state dict's {key!r} is "
+                            f"{type(sd[key]).__name__}, expected {name}")
 
 
 def _step_count(value, saved):

@@ -524,6 +524,10 @@ TEST(Service, MetricsCountClientsAndTheirTraffic) {
   EXPECT_NE(t.find("tierswap_client_nvme_read_bytes_total{client=\"m.3\"} 12288\n"),
             std::string::npos);
   EXPECT_NE(t.find("tierswap_client_memory_bytes{client=\"m.3\"} 262144\n"), std::string::npos);
+  c.commit();
+  EXPECT_NE(
+      MetricsRegistry::process().render().find("tierswap_client_generation{client=\"m.3\"} 1\n"),
+      std::string::npos);
 }
 
 }  // namespace
@@ -818,6 +822,14 @@ TEST(Service, ARawClientCannotReachOutsideItsRegionOrMemory) {
               wire::MessageIdentifier());
   ASSERT_EQ(p.c.send(p.fb), 0);
   EXPECT_EQ(p.reply()->error(), EPERM);
+  // A tier manager commits in its own manifest: the service has no generation of it to show.
+  const auto status = nlohmann::json::parse(svc.status_json());
+  ASSERT_EQ(status.at("clients").size(), 1u);
+  EXPECT_TRUE(status.at("clients")[0].at("raw").get<bool>());
+  EXPECT_FALSE(status.at("clients")[0].contains("generation")) << status.dump();
+  EXPECT_EQ(
+      MetricsRegistry::process().render().find("tierswap_client_generation{client=\"raw.0\"}"),
+      std::string::npos);
 }
 
 // A tier manager whose service is killed fails its next transfer promptly, naming the service,

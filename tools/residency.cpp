@@ -39,16 +39,18 @@ static void print_service(const nlohmann::json& j, std::FILE* out, const std::st
   if (j.contains("shared_memory_pages"))
     fmt::print(out, "{}  shared memory on {}\n", indent, j.value("shared_memory_pages", ""));
   for (const auto& c : clients)
-    fmt::print(out, "{}  {}.{} ({}): {}, {} of NVMe, generation {}\n", indent,
-               c.value("job", std::string()), c.value("rank", 0u),
-               c.value("raw", false) ? "tier manager" : "blocks",
+    fmt::print(out, "{}  {}.{} ({}): {}, {} of NVMe, {}\n", indent, c.value("job", std::string()),
+               c.value("rank", 0u), c.value("raw", false) ? "tier manager" : "blocks",
                c.value("attached", false)
                    ? fmt::format("pid {}, {} shared, {} read, {} written", c.value("pid", 0),
                                  format_bytes(c.value("memory_bytes", 0ull)),
                                  format_bytes(c.value("nvme_read_bytes", 0ull)),
                                  format_bytes(c.value("nvme_written_bytes", 0ull)))
                    : std::string("detached"),
-               format_bytes(c.value("region_bytes", 0ull)), c.value("generation", 0ull));
+               format_bytes(c.value("region_bytes", 0ull)),
+               c.contains("generation")  // a tier manager commits in its own manifest
+                   ? fmt::format("generation {}", c.value("generation", 0ull))
+                   : std::string("generations in its swap directory's manifest"));
 }
 
 namespace {

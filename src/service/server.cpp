@@ -365,10 +365,11 @@ int SwapService::Impl::hello(Peer& p, const wire::Hello& h, Session& s, std::str
       wire::CreateWelcome(fb, mem, s.rec->bytes, s.rec->generation, reattached,
                           static_cast<std::uint32_t>(align), fb.CreateString(uuid), pageable);
   fb.Finish(p.conn.message(fb, wire::Body::Welcome, w.Union()), wire::MessageIdentifier());
-  log(LogLevel::info,
-      fmt::format("service: {} {} (pid {}): {} shared, {} of NVMe, generation {}", key,
-                  reattached ? "reattached" : "attached", p.cred.pid, format_bytes(mem),
-                  format_bytes(s.rec->bytes), s.rec->generation));
+  log(LogLevel::info, fmt::format("service: {} {} (pid {}): {} shared, {} of NVMe{}", key,
+                                  reattached ? "reattached" : "attached", p.cred.pid,
+                                  format_bytes(mem), format_bytes(s.rec->bytes),
+                                  s.rec->raw ? std::string(" (a tier manager)")
+                                             : fmt::format(", generation {}", s.rec->generation)));
   return p.conn.send(fb, s.mem->fd) == 0 ? 0 : EPIPE;
 }
 
@@ -524,7 +525,9 @@ void SwapService::Impl::detach(Session& s) {
   }
   granted -= live.at(s.key).memory;
   live.erase(s.key);
-  log(LogLevel::info, fmt::format("service: {} detached at generation {}", s.key, c.generation));
+  log(LogLevel::info,
+      c.raw ? fmt::format("service: {} detached", s.key)
+            : fmt::format("service: {} detached at generation {}", s.key, c.generation));
   s.rec = nullptr;
   if (s.release) forget(s.key);  // destroys the record `c` refers to: last
   lk.unlock();
@@ -567,10 +570,10 @@ std::string SwapService::Impl::status() const {
     nlohmann::json e = {{"job", c.job},
                         {"rank", c.rank},
                         {"region_bytes", c.bytes},
-                        {"generation", c.generation},
                         {"blocks", c.blocks.size()},
                         {"attached", live.count(k) > 0},
                         {"raw", c.raw}};
+    if (!c.raw) e["generation"] = c.generation;  // a tier manager commits in its own manifest
     if (const auto it = live.find(k); it != live.end()) {
       const Live& l = it->second;
       e.update({{"pid", l.pid},
@@ -623,8 +626,11 @@ void SwapService::Impl::fill_metrics(MetricsWriter& w) const {
     w.family(col.name, col.help, col.type);
     for (const auto& [k, l] : live) w.sample(static_cast<double>(col.value(l)), {{"client", k}});
   }
-  w.family("tierswap_client_generation", "A client's committed generation.", MetricType::gauge);
-  for (const auto& [k, c] : clients) w.sample(static_cast<double>(c.generation), {{"client", k}});
+  w.family("tierswap_client_generation",
+           "A block client's committed generation (a tier manager's is in its own manifest).",
+           MetricType::gauge);
+  for (const auto& [k, c] : clients)
+    if (!c.raw) w.sample(static_cast<double>(c.generation), {{"client", k}});
 }
 
 // ---- SwapService ---------------------------------------------------------------------------

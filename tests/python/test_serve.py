@@ -224,7 +224,10 @@ def test_release_frees_the_region_of_a_job_that_kept_it(tmp_path):
         r = release("kept.0")  # while the job runs: refused, nothing lost
         assert r.returncode != 0 and "kept.0 is already attached" in r.stderr, r.stderr
         opt.close()
-        assert "kept.0 (tier manager): detached" in service_lines()
+        lines = service_lines()
+        assert "kept.0 (tier manager): detached" in lines
+        # a tier manager's generations are its manifest's: the service has none to show
+        assert "generations in its swap directory's manifest" in lines and "generation 0" not in lines
         for bad, named in (("ghost.0", "ghost.0 is not known"), ("kept", "JOB.RANK"),
                            ("kept.x", "JOB.RANK"), ("kept.1", "kept.1 is not known")):
             r = release(bad)

@@ -29,6 +29,37 @@ if(NOT mode0 STREQUAL "write" OR NOT mode1 STREQUAL "read")
   message(FATAL_ERROR "modes: ${mode0} ${mode1}")
 endif()
 
+# TIERSWAP_IO_CONFIG (what `tierswap tune` writes) sets what no option gives, as for every engine;
+# an option given wins; a file that cannot be read is named.
+set(config "${CMAKE_CURRENT_BINARY_DIR}/bench-io-config.json")
+file(WRITE "${config}" [[{"backend": "posix", "block_size": 131072, "queue_depth": 6}]])
+foreach(case "--runs;1;posix;131072;6" "--runs;1;--queue-depth;3;posix;131072;3"
+             "--runs;1;--block-size;64KiB;--backend;auto;any;65536;6")
+  list(POP_BACK case depth block backend)
+  execute_process(COMMAND ${CMAKE_COMMAND} -E env TIERSWAP_IO_CONFIG=${config}
+                          ${CLI} bench io --size 4MiB --mode write --json ${case}
+                  RESULT_VARIABLE rc OUTPUT_VARIABLE out ERROR_VARIABLE err)
+  if(NOT rc EQUAL 0)
+    message(FATAL_ERROR "bench io ${case} with TIERSWAP_IO_CONFIG failed (${rc}): ${err}")
+  endif()
+  string(JSON got_block GET "${out}" runs 0 block_size)
+  string(JSON got_depth GET "${out}" runs 0 queue_depth)
+  string(JSON got_backend GET "${out}" runs 0 backend)
+  string(JSON got_config GET "${out}" io_config)
+  if(NOT got_block EQUAL block OR NOT got_depth EQUAL depth OR NOT got_config STREQUAL config
+     OR (NOT backend STREQUAL "any" AND NOT got_backend STREQUAL backend))
+    message(FATAL_ERROR "bench io ${case} under ${config}: block ${got_block}, depth "
+                        "${got_depth}, backend ${got_backend}, io_config ${got_config}")
+  endif()
+endforeach()
+execute_process(COMMAND ${CMAKE_COMMAND} -E env TIERSWAP_IO_CONFIG=${CMAKE_CURRENT_BINARY_DIR}
+                        ${CLI} bench io --size 4MiB
+                RESULT_VARIABLE rc ERROR_VARIABLE err OUTPUT_QUIET)
+if(rc EQUAL 0 OR NOT err MATCHES "TIERSWAP_IO_CONFIG=.*: cannot read it \\(Is a directory\\)")
+  message(FATAL_ERROR "bench io with a directory as TIERSWAP_IO_CONFIG: rc=${rc} ${err}")
+endif()
+file(REMOVE "${config}")
+
 # Bad input: a clear error naming the option, non-zero exit.
 execute_process(COMMAND ${CLI} bench io --size 12XB RESULT_VARIABLE rc ERROR_VARIABLE err
                 OUTPUT_QUIET)

@@ -1,10 +1,13 @@
 // `tierswap bench io`: writes then reads a given amount through the engine and reports GB/s and
 // CPU seconds per GiB moved, per run; `--sweep` runs a grid of block sizes x depths x backends.
 
+#include <array>
+#include <cstdlib>
 #include <filesystem>
 #include <functional>
 #include <memory>
 #include <nlohmann/json.hpp>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -39,7 +42,12 @@ struct BenchIoOptions {
   bool sqpoll = false;
   bool keep = false;
   std::uint32_t submit_batch = IoEngineConfig{}.submit_batch;
+  std::set<std::string> given;  // the engine's options given on the command line
 };
+
+// The engine options that, when not given, come from the environment as every tierswap engine's.
+constexpr std::array<const char*, 5> kEngineOptions = {"--backend", "--block-size", "--queue-depth",
+                                                       "--sqpoll", "--submit-batch"};
 
 // The swap space of the measurement: --dir (or a temporary directory), --size, --stripe-size,
 // --direct; with --keep and --dir, one an earlier --keep run left there (`*created` false then).
@@ -78,10 +86,25 @@ std::uint64_t block_size_of(const BenchIoOptions& o) {
   return c.block_size;
 }
 
+// Without --sweep, one setting: the engine's as every tierswap engine starts (TIERSWAP_IO_CONFIG,
+// then the TIERSWAP_* variables: so it measures what `tierswap tune` chose), the options given
+// over it. Through the service only the request size and depth are the client's.
+IoCombo single_combo(const BenchIoOptions& o) {
+  const IoEngineConfig env = IoEngineConfig::from_env();
+  IoCombo c{env.backend, env.block_size, env.queue_depth, env.sqpoll, env.submit_batch, env};
+  if (!o.service.empty()) c = {.block = env.block_size, .depth = env.queue_depth};
+  auto given = [&](const char* option) { return o.given.count(option) > 0; };
+  if (given("--backend")) c.backend = parse_backend(o.backend);
+  if (given("--block-size")) c.block = block_size_of(o);
+  if (given("--queue-depth")) c.depth = o.queue_depth;
+  if (given("--sqpoll")) c.sqpoll = o.sqpoll;
+  if (given("--submit-batch")) c.submit_batch = o.submit_batch;
+  return c;
+}
+
 std::vector<IoCombo> combos_of(const BenchIoOptions& o) {
   std::vector<IoCombo> combos;
-  if (!o.sweep)
-    return {{parse_backend(o.backend), block_size_of(o), o.queue_depth, o.sqpoll, o.submit_batch}};
+  if (!o.sweep) return {single_combo(o)};
   // ds_nvme_tune sweeps {1M, 8M} x {32, 128}; this grid covers it and more.
   for (auto b : {IoBackendKind::uring, IoBackendKind::aio, IoBackendKind::posix})
     for (std::uint64_t bs : {128 * KiB, 256 * KiB, 1 * MiB, 4 * MiB, 8 * MiB})
@@ -169,6 +192,8 @@ SweepOptions sweep_options(const BenchIoOptions& o, std::uint64_t size, Measured
     header();
     fmt::print("backend: {}{}\n", m.description,
                registered ? ", benchmark buffers registered" : "");
+    if (const char* file = std::getenv("TIERSWAP_IO_CONFIG"); file != nullptr && *file)
+      fmt::print("settings: TIERSWAP_IO_CONFIG={}, under the options given\n", file);
   };
   if (o.sweep && !o.json) so.progress = print_progress;
   return so;
@@ -232,6 +257,8 @@ void run_bench_io(const BenchIoOptions& o) {
     for (const auto& r : m.runs) print_run_row(++i, r);
   }
   out["backend_description"] = m.description;
+  const char* file = std::getenv("TIERSWAP_IO_CONFIG");
+  out["io_config"] = file != nullptr && *file && !o.sweep ? nlohmann::json(file) : nullptr;
   if (o.json) fmt::print("{}\n", out.dump(2));
 }
 
@@ -250,7 +277,11 @@ void add_bench_io(CLI::App& bench) {
                  "service's drives and engine; --block-size and --queue-depth are the client's)");
   io->add_option("--size", opts->size, "Bytes to move per phase (suffixes: KiB, MiB, GiB)")
       ->capture_default_str();
-  io->add_option("--block-size", opts->block_size, "Request size")->capture_default_str();
+  io->add_option("--block-size", opts->block_size,
+                 "Request size (when not given, and for --queue-depth, --backend, --sqpoll and "
+                 "--submit-batch: the engine's setting from TIERSWAP_IO_CONFIG and the TIERSWAP_* "
+                 "variables, as every tierswap engine reads them; else the default shown)")
+      ->capture_default_str();
   io->add_option("--queue-depth", opts->queue_depth, "Requests in flight")
       ->capture_default_str()
       ->check(CLI::Range(1u, 4096u));
@@ -272,7 +303,11 @@ void add_bench_io(CLI::App& bench) {
                "Leave the swap file in --dir, and reuse one left there (its data too: a --mode "
                "read run then reads what an earlier --mode write run wrote)");
   io->add_flag("--json", opts->json, "Print every run's figures as JSON on stdout");
-  io->callback([opts] { run_bench_io(*opts); });
+  io->callback([opts, io] {
+    for (const char* option : kEngineOptions)
+      if (io->count(option) > 0) opts->given.insert(option);
+    run_bench_io(*opts);
+  });
 }
 
 }  // namespace tierswap::cli

@@ -17,7 +17,7 @@
 namespace tierswap::cli {
 
 IoEngineConfig IoCombo::config() const {
-  IoEngineConfig c;
+  IoEngineConfig c = base;
   c.backend = backend;
   c.block_size = block;
   c.queue_depth = depth;

@@ -23,6 +23,7 @@ struct IoCombo {
   std::uint32_t depth = 0;
   bool sqpoll = false;
   std::uint32_t submit_batch = IoEngineConfig{}.submit_batch;  ///< requests per system call
+  IoEngineConfig base{};          ///< every other setting (bench io: the environment's)
   IoEngineConfig config() const;  ///< this combination as an engine config
   std::string label() const;      ///< "io_uring 1 MiB qd32 sqpoll"
 };

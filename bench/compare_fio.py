@@ -105,6 +105,7 @@ def run_tierswap(args, workdir, mode, pages, env=None):
            "--backend", "uring", "--mode", mode, "--runs", "1", "--direct", "on", "--keep",
            "--json"]
     env = dict(os.environ, **(env or {}), TIERSWAP_HUGE_PAGES="0" if pages == "4k" else "1")
+    env.pop("TIERSWAP_IO_CONFIG", None)  # the settings above, not a tuned file's, against fio's
     out = subprocess.run(cmd, check=True, capture_output=True, text=True, env=env).stdout
     r = json.loads(out)["runs"][0]
     assert r["mode"] == mode

@@ -52,6 +52,7 @@ def main():
     depths = [int(d) for d in args.depths.split(",")]
     env = dict(os.environ, TMPDIR=args.dir,
                TIERSWAP_HUGE_PAGES="1" if args.huge_pages == "on" else "0")
+    env.pop("TIERSWAP_IO_CONFIG", None)  # both sides on the engine's defaults and these options
     with tempfile.TemporaryDirectory(dir=args.dir) as root:
         os.environ["TIERSWAP_HUGE_PAGES"] = env["TIERSWAP_HUGE_PAGES"]  # the service's too
         svc, sock = start_service(args.tierswap, root, "64MiB")

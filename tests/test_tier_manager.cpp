@@ -803,6 +803,34 @@ TEST(Telemetry, ALiveManagerServesItsSnapshotOnAPrivateSocket) {
   EXPECT_FALSE(std::filesystem::exists(sock));  // removed on shutdown
 }
 
+// Two tier managers in one process (two optimizers: a GAN's) share its socket: both answer, in
+// the order they were made, and the socket stays until the last one goes.
+TEST(Telemetry, ServersOfOneProcessShareItsSocketUntilTheLastGoes) {
+  TempDir runtime;
+  TelemetryConfig tc;
+  tc.runtime_dir = runtime.path() / "run";
+  auto first = std::make_unique<TelemetryServer>([] { return std::string(R"({"n": 1})"); }, tc);
+  auto second = std::make_unique<TelemetryServer>(
+      []() -> std::string { throw std::runtime_error(R"(a "quoted" failure)"); }, tc);
+  const auto sock = first->socket_path();
+  EXPECT_EQ(second->socket_path(), sock);
+  auto j = nlohmann::json::parse(query_telemetry(sock));
+  EXPECT_EQ(j.at("pid").get<int>(), ::getpid());
+  ASSERT_EQ(j.at("sources").size(), 2u) << j.dump();
+  EXPECT_EQ(j.at("sources")[0].at("n"), 1);
+  EXPECT_EQ(j.at("sources")[1].at("error"), R"(a "quoted" failure)");
+  first.reset();  // the other still answers, alone: its document as a single server's
+  ASSERT_TRUE(std::filesystem::exists(sock));
+  j = nlohmann::json::parse(query_telemetry(sock));
+  EXPECT_FALSE(j.contains("sources")) << j.dump();
+  EXPECT_EQ(j.at("error"), R"(a "quoted" failure)");
+  ASSERT_EQ(list_live_processes(sock.parent_path()).size(), 1u);
+  second.reset();
+  EXPECT_FALSE(std::filesystem::exists(sock));
+  TelemetryServer again([] { return std::string(R"({"n": 3})"); }, tc);  // a new one binds it
+  EXPECT_EQ(nlohmann::json::parse(query_telemetry(sock)).at("n"), 3);
+}
+
 TEST(Telemetry, AnUnsafeRuntimeDirectoryIsRefused) {
   TempDir runtime;
   const auto dir = runtime.path() / "open";

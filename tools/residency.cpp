@@ -167,6 +167,15 @@ void print_subgroups(const nlohmann::json& j, std::FILE* out) {
 
 void print_residency(const std::string& json_text, std::FILE* out) {
   const auto j = nlohmann::json::parse(json_text);
+  if (j.is_object() && j.contains("sources")) {  // several tier managers (or a service) in it
+    const auto& sources = j.at("sources");
+    for (std::size_t i = 0; i < sources.size(); ++i) {
+      fmt::print(out, "{}== {} of {} in process {} ==\n", i ? "\n" : "", i + 1, sources.size(),
+                 j.value("pid", 0));
+      print_residency(sources[i].dump(), out);
+    }
+    return;
+  }
   if (j.is_object() && j.value("service", false)) return print_service(j, out, "");
   if (j.contains("error"))
     throw std::runtime_error("the process answered: " + j.at("error").get<std::string>());
@@ -282,7 +291,10 @@ void print_service_clients(const std::filesystem::path& socket) {
     return;  // gone since it was listed, or not answering: the line above says enough
   }
   const auto j = nlohmann::json::parse(answer, nullptr, false);
-  if (j.is_object() && j.value("service", false)) print_service(j, stdout, "          ");
+  const auto sources =
+      j.is_object() && j.contains("sources") ? j.at("sources") : nlohmann::json::array({j});
+  for (const auto& s : sources)
+    if (s.is_object() && s.value("service", false)) print_service(s, stdout, "          ");
 }
 
 void add_ps(CLI::App& app) {

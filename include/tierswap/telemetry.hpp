@@ -1,7 +1,10 @@
 // Telemetry endpoint: a live tierswap process serves its residency snapshot (JSON) on a
 // Unix-domain socket "<runtime dir>/<pid>.sock" (mode 0600, in a 0700 directory owned by the
 // user; a connecting peer of another uid is refused via SO_PEERCRED). The protocol is one
-// exchange: connect, read the JSON document until EOF.
+// exchange: connect, read the JSON document until EOF. Every TelemetryServer of a process shares
+// that one socket (two optimizers in one process): it answers with the document of the only
+// server, else {"pid": P, "sources": [document, ...]} in the order they were made, and stays
+// while any of them lives.
 //
 // Runtime directory: TIERSWAP_RUNTIME_DIR, else $XDG_RUNTIME_DIR/tierswap, else
 // /tmp/tierswap-<uid>. TIERSWAP_TELEMETRY=0 turns the endpoint off.
@@ -25,8 +28,8 @@ struct TelemetryConfig {
 /// The runtime directory tierswap processes publish their sockets in (see the header comment).
 std::filesystem::path default_runtime_dir();
 
-/// Serves `snapshot()` to every accepted same-uid connection, on a thread of its own, until
-/// destroyed (which stops the thread and removes the socket). Throws std::system_error naming the
+/// Serves `snapshot()` to every accepted same-uid connection, on the process's telemetry thread,
+/// until destroyed (the last server of the process stops the thread and removes the socket). Throws std::system_error naming the
 /// path when the directory or socket cannot be set up safely (e.g. a directory owned by someone
 /// else, or group/world-writable).
 class TelemetryServer {

@@ -11,6 +11,9 @@
 #include <cerrno>
 #include <cstring>
 #include <fstream>
+#include <map>
+#include <mutex>
+#include <nlohmann/json.hpp>
 #include <system_error>
 #include <thread>
 
@@ -90,78 +93,169 @@ std::filesystem::path default_runtime_dir() {
   return fmt::format("/tmp/tierswap-{}", ::getuid());
 }
 
-struct TelemetryServer::Impl {
-  std::function<std::string()> snapshot;
-  std::filesystem::path path;
-  int listen_fd = -1;
-  int stop_pipe[2] = {-1, -1};
-  std::thread thread;
+namespace {
 
-  void serve() {
-    for (;;) {
-      pollfd fds[2] = {{listen_fd, POLLIN, 0}, {stop_pipe[0], POLLIN, 0}};
-      if (::poll(fds, 2, -1) < 0) {
-        if (errno == EINTR) continue;
-        return;
-      }
-      if (fds[1].revents != 0) return;
-      if ((fds[0].revents & POLLIN) == 0) continue;
-      const int c = ::accept4(listen_fd, nullptr, nullptr, SOCK_CLOEXEC);
-      if (c < 0) continue;
-      ucred cred{};
-      socklen_t len = sizeof cred;
-      if (::getsockopt(c, SOL_SOCKET, SO_PEERCRED, &cred, &len) == 0 && cred.uid == ::getuid()) {
-        std::string doc;
-        try {
-          doc = snapshot() + "\n";
-        } catch (const std::exception& e) {
-          doc = fmt::format("{{\"error\": \"{}\"}}\n", e.what());
-        }
-        write_all(c, doc);
-      } else {
-        log(LogLevel::warn, fmt::format("telemetry: refused a connection from uid {}", cred.uid));
-      }
-      ::close(c);
-    }
+// The process's socket in one runtime directory, shared by every TelemetryServer there (two
+// optimizers in one process, a GAN's): it is bound while any of them lives, and answers with
+// the one document of a single source, else {"pid": P, "sources": [document, ...]} in the order
+// they were made. A source is never called after its server is gone (removal waits for a
+// document being built).
+class Endpoint {
+ public:
+  explicit Endpoint(const std::filesystem::path& dir);
+  ~Endpoint();
+  Endpoint(const Endpoint&) = delete;
+  Endpoint& operator=(const Endpoint&) = delete;
+
+  std::uint64_t add(std::function<std::string()> source) {
+    std::lock_guard lk(mu_);
+    sources_.emplace(next_, std::move(source));
+    return next_++;
   }
+  void remove(std::uint64_t id) {
+    std::lock_guard lk(mu_);
+    sources_.erase(id);
+  }
+  const std::filesystem::path& path() const noexcept { return path_; }
+
+ private:
+  void serve();
+  std::string document();
+
+  std::filesystem::path path_;
+  int listen_fd_ = -1;
+  int stop_pipe_[2] = {-1, -1};
+  std::thread thread_;
+  std::mutex mu_;
+  std::map<std::uint64_t, std::function<std::string()>> sources_;  // by creation order
+  std::uint64_t next_ = 0;
+};
+
+std::string one_document(const std::function<std::string()>& source) {
+  try {
+    return source();
+  } catch (const std::exception& e) {
+    return nlohmann::json{{"error", e.what()}}.dump();
+  }
+}
+
+std::string Endpoint::document() {
+  std::lock_guard lk(mu_);
+  if (sources_.size() == 1) return one_document(sources_.begin()->second) + "\n";
+  std::string doc = fmt::format("{{\"pid\": {}, \"sources\": [", ::getpid());
+  for (const auto& [id, source] : sources_)
+    doc += (id == sources_.begin()->first ? "" : ", ") + one_document(source);
+  return doc + "]}\n";
+}
+
+void Endpoint::serve() {
+  for (;;) {
+    pollfd fds[2] = {{listen_fd_, POLLIN, 0}, {stop_pipe_[0], POLLIN, 0}};
+    if (::poll(fds, 2, -1) < 0) {
+      if (errno == EINTR) continue;
+      return;
+    }
+    if (fds[1].revents != 0) return;
+    if ((fds[0].revents & POLLIN) == 0) continue;
+    const int c = ::accept4(listen_fd_, nullptr, nullptr, SOCK_CLOEXEC);
+    if (c < 0) continue;
+    ucred cred{};
+    socklen_t len = sizeof cred;
+    if (::getsockopt(c, SOL_SOCKET, SO_PEERCRED, &cred, &len) == 0 && cred.uid == ::getuid())
+      write_all(c, document());
+    else
+      log(LogLevel::warn, fmt::format("telemetry: refused a connection from uid {}", cred.uid));
+    ::close(c);
+  }
+}
+
+Endpoint::Endpoint(const std::filesystem::path& dir) {
+  secure_dir(dir);
+  path_ = dir / fmt::format("{}.sock", ::getpid());
+  ::unlink(path_.c_str());  // a leftover of a dead process with our pid
+  const sockaddr_un a = address_of(path_);
+  listen_fd_ = ::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  if (listen_fd_ < 0) throw_errno(errno, "telemetry socket");
+  const mode_t old = ::umask(0177);  // the socket is created 0600
+  const int rc = ::bind(listen_fd_, reinterpret_cast<const sockaddr*>(&a), sizeof a);
+  const int err = errno;
+  ::umask(old);
+  if (rc != 0 || ::chmod(path_.c_str(), 0600) != 0 || ::listen(listen_fd_, 16) != 0 ||
+      ::pipe2(stop_pipe_, O_CLOEXEC) != 0) {
+    const int e = rc != 0 ? err : errno;
+    ::close(listen_fd_);
+    ::unlink(path_.c_str());
+    throw_errno(e, "telemetry socket " + path_.string());
+  }
+  thread_ = std::thread([this] { serve(); });
+}
+
+Endpoint::~Endpoint() {
+  const char x = 1;
+  (void)!::write(stop_pipe_[1], &x, 1);
+  thread_.join();
+  ::close(listen_fd_);
+  ::close(stop_pipe_[0]);
+  ::close(stop_pipe_[1]);
+  ::unlink(path_.c_str());
+}
+
+// The endpoints of this process by runtime directory, with how many servers use each: made by
+// the first server, closed with the last, both under the registry's lock (so a new endpoint never
+// binds the path an old one is about to unlink).
+struct Registry {
+  std::mutex mu;
+  std::map<std::filesystem::path, std::pair<std::unique_ptr<Endpoint>, int>> endpoints;
+
+  static Registry& get() {
+    static Registry* r = new Registry;  // never destroyed: servers may outlive static objects
+    return *r;
+  }
+  Endpoint* acquire(const std::filesystem::path& dir) {
+    std::lock_guard lk(mu);
+    auto& [endpoint, users] = endpoints[dir];
+    if (!endpoint) {
+      try {
+        endpoint = std::make_unique<Endpoint>(dir);
+      } catch (...) {
+        endpoints.erase(dir);
+        throw;
+      }
+    }
+    ++users;
+    return endpoint.get();
+  }
+  void release(const std::filesystem::path& dir) {
+    std::lock_guard lk(mu);
+    const auto it = endpoints.find(dir);
+    if (--it->second.second == 0) endpoints.erase(it);
+  }
+};
+
+}  // namespace
+
+struct TelemetryServer::Impl {
+  std::filesystem::path dir;
+  Endpoint* endpoint = nullptr;
+  std::uint64_t id = 0;
 };
 
 TelemetryServer::TelemetryServer(std::function<std::string()> snapshot, TelemetryConfig cfg)
     : impl_(std::make_unique<Impl>()) {
-  impl_->snapshot = std::move(snapshot);
-  const auto dir = cfg.runtime_dir.empty() ? default_runtime_dir() : cfg.runtime_dir;
-  secure_dir(dir);
-  impl_->path = dir / fmt::format("{}.sock", ::getpid());
-  ::unlink(impl_->path.c_str());  // a leftover of a dead process with our pid
-  const sockaddr_un a = address_of(impl_->path);
-  impl_->listen_fd = ::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
-  if (impl_->listen_fd < 0) throw_errno(errno, "telemetry socket");
-  const mode_t old = ::umask(0177);  // the socket is created 0600
-  const int rc = ::bind(impl_->listen_fd, reinterpret_cast<const sockaddr*>(&a), sizeof a);
-  const int err = errno;
-  ::umask(old);
-  if (rc != 0 || ::chmod(impl_->path.c_str(), 0600) != 0 || ::listen(impl_->listen_fd, 16) != 0 ||
-      ::pipe2(impl_->stop_pipe, O_CLOEXEC) != 0) {
-    const int e = rc != 0 ? err : errno;
-    ::close(impl_->listen_fd);
-    ::unlink(impl_->path.c_str());
-    throw_errno(e, "telemetry socket " + impl_->path.string());
-  }
-  impl_->thread = std::thread([this] { impl_->serve(); });
+  impl_->dir =
+      std::filesystem::absolute(cfg.runtime_dir.empty() ? default_runtime_dir() : cfg.runtime_dir)
+          .lexically_normal();
+  impl_->endpoint = Registry::get().acquire(impl_->dir);
+  impl_->id = impl_->endpoint->add(std::move(snapshot));
 }
 
 TelemetryServer::~TelemetryServer() {
-  const char x = 1;
-  (void)!::write(impl_->stop_pipe[1], &x, 1);
-  impl_->thread.join();
-  ::close(impl_->listen_fd);
-  ::close(impl_->stop_pipe[0]);
-  ::close(impl_->stop_pipe[1]);
-  ::unlink(impl_->path.c_str());
+  impl_->endpoint->remove(impl_->id);
+  Registry::get().release(impl_->dir);
 }
 
 const std::filesystem::path& TelemetryServer::socket_path() const noexcept {
-  return impl_->path;
+  return impl_->endpoint->path();
 }
 
 std::vector<LiveProcess> list_live_processes(const std::filesystem::path& dir) {

@@ -816,6 +816,37 @@ def test_residency_and_telemetry_are_on_by_default(tmp_path):
     assert not os.listdir(tmp_path)  # the swap files are gone
 
 
+def test_two_optimizers_in_one_process_are_both_shown_by_residency(tmp_path):
+    # A GAN's generator and discriminator: one telemetry socket, both tier managers in it, and
+    # closing one leaves the other reachable.
+    gen = torch.nn.Linear(64, 64).to(torch.bfloat16)
+    disc = torch.nn.Linear(64, 1).to(torch.bfloat16)
+    (tmp_path / "g").mkdir()
+    (tmp_path / "d").mkdir()
+    og = tt.AdamW(gen.parameters(), swap_dir=str(tmp_path / "g"))
+    od = tt.AdamW(disc.parameters(), swap_dir=str(tmp_path / "d"))
+    sock = og._native.telemetry_socket()
+    assert sock and od._native.telemetry_socket() == sock
+    pid = str(os.getpid())
+
+    def shown():
+        return subprocess.run([cli_path(), "residency", pid], capture_output=True, text=True,
+                              check=True).stdout
+
+    text = shown()
+    assert f"== 1 of 2 in process {pid} ==" in text and f"== 2 of 2 in process {pid} ==" in text
+    sizes = [line.split()[2] for line in text.splitlines() if line.startswith("master ")]
+    assert sizes == ["16.25", "260"], text  # the generator's 4160 x 4 B, then the discriminator's
+    doc = json.loads(subprocess.run([cli_path(), "residency", pid, "--json"], capture_output=True,
+                                    text=True, check=True).stdout)
+    assert [len(s["subgroups"][0]["blocks"]) for s in doc["sources"]] == [4, 4]
+    od.close()
+    text = shown()
+    assert "== 1 of" not in text and "16.25 KiB" in text
+    og.close()
+    assert not os.path.exists(sock)
+
+
 def test_deepspeed_config_maps_and_names_what_it_ignores(tmp_path):
     cfg = {
         "train_batch_size": 8,

@@ -4,8 +4,14 @@
 // files (left untouched); whole-parameter state out and back in, bit for bit, and its misuse.
 #include <gtest/gtest.h>
 
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <csignal>
 #include <cstring>
 #include <fstream>
+#include <thread>
 
 #include "test_util.hpp"
 #include "tierswap/communicator.hpp"
@@ -103,6 +109,45 @@ TEST(TieredOptimizer, BuildsEverythingFromOptionsAndRemovesItsFiles) {
     EXPECT_THROW(t.finalize(), std::logic_error);
   }
   EXPECT_FALSE(std::filesystem::exists(sub));
+}
+
+// A child forked without exec has the optimizer's memory but none of its threads: using it is
+// an error naming the owner, and destroying its copy waits for nothing and removes nothing.
+TEST(TieredOptimizer, AForkedChildNeitherUsesNorTearsDownTheParentsOptimizer) {
+  TempDir dir;
+  auto t = std::make_unique<TieredOptimizer>(options(dir.path()));
+  const Model m = build(*t);
+  step(t->optimizer(), m, 1);
+  const auto file = t->rank_dirs()[0] / SwapSpace::kFileName;
+  const pid_t child = ::fork();
+  ASSERT_GE(child, 0);
+  if (child == 0) {  // no gtest assertions here: the exit status says what went wrong
+    int status = 0;
+    try {
+      t->optimizer();
+      status = 2;
+    } catch (const std::logic_error& e) {
+      if (std::string(e.what()).find("a child forked from it") == std::string::npos) status = 3;
+    }
+    t.reset();  // hung before (joining threads that exist only in the parent)
+    if (!std::filesystem::exists(file)) status = 4;
+    ::_exit(status);
+  }
+  int status = -1;
+  for (int i = 0; i < 600 && ::waitpid(child, &status, WNOHANG) == 0; ++i)
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  if (status == -1) {
+    ::kill(child, SIGKILL);
+    ::waitpid(child, &status, 0);
+    FAIL() << "the child hung destroying its copy";
+  }
+  ASSERT_TRUE(WIFEXITED(status));
+  EXPECT_EQ(WEXITSTATUS(status), 0) << "2: used, 3: another message, 4: files removed";
+  ASSERT_TRUE(std::filesystem::exists(file));
+  step(t->optimizer(), m, 2);  // the parent's is whole
+  EXPECT_EQ(t->optimizer().step_count(), 2u);
+  t.reset();
+  EXPECT_FALSE(std::filesystem::exists(file));
 }
 
 TEST(TieredOptimizer, AutomaticSubgroupFitsTheReadAheadInAThirdOfTheBudget) {

@@ -192,7 +192,18 @@ struct TieredOptimizer::Impl {
   std::unique_ptr<ThreadPool> pool;
   std::unique_ptr<ShardedOptimizer> opt;
 
+  // The process that made it. A child forked from it (a DataLoader worker, os.fork()) has its
+  // memory and descriptors but none of its threads: it cannot use it, and its copy is never torn
+  // down there (that would wait for threads that do not exist and remove the parent's files).
+  pid_t owner = ::getpid();
+
   void require(const char* what) const {
+    if (::getpid() != owner)
+      throw std::logic_error(fmt::format(
+          "TieredOptimizer::{}: this optimizer belongs to process {}, and this is a child forked "
+          "from it (pid {}): its threads and I/O stay in the parent; make one in the child, on "
+          "a swap directory of its own",
+          what, owner, ::getpid()));
     if (!opt)
       throw std::logic_error(fmt::format("TieredOptimizer::{}: call finalize() first", what));
   }
@@ -393,6 +404,10 @@ void TieredOptimizer::Impl::warn_kept() const noexcept try {
 
 TieredOptimizer::~TieredOptimizer() {
   Impl& m = *impl_;
+  if (::getpid() != m.owner) {  // a forked child's copy: the parent's to close (see Impl::owner)
+    (void)impl_.release();
+    return;
+  }
   const bool keep =
       m.o.keep_swap_files || m.keeps_after_failure(m.failed || std::uncaught_exceptions() > 0);
   if (keep && !m.o.keep_swap_files) m.warn_kept();

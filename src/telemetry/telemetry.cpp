@@ -117,12 +117,15 @@ class Endpoint {
     sources_.erase(id);
   }
   const std::filesystem::path& path() const noexcept { return path_; }
+  /// A forked child's copy: the parent's socket and thread (never served nor closed here).
+  bool inherited() const noexcept { return owner_ != ::getpid(); }
 
  private:
   void serve();
   std::string document();
 
   std::filesystem::path path_;
+  pid_t owner_ = ::getpid();
   int listen_fd_ = -1;
   int stop_pipe_[2] = {-1, -1};
   std::thread thread_;
@@ -202,7 +205,9 @@ Endpoint::~Endpoint() {
 
 // The endpoints of this process by runtime directory, with how many servers use each: made by
 // the first server, closed with the last, both under the registry's lock (so a new endpoint never
-// binds the path an old one is about to unlink).
+// binds the path an old one is about to unlink). A forked child's first server leaves the
+// parent's endpoint alone (its copy is dropped, never closed: its stop pipe is the parent's) and
+// makes the child's own.
 struct Registry {
   std::mutex mu;
   std::map<std::filesystem::path, std::pair<std::unique_ptr<Endpoint>, int>> endpoints;
@@ -214,6 +219,10 @@ struct Registry {
   Endpoint* acquire(const std::filesystem::path& dir) {
     std::lock_guard lk(mu);
     auto& [endpoint, users] = endpoints[dir];
+    if (endpoint && endpoint->inherited()) {
+      (void)endpoint.release();
+      users = 0;
+    }
     if (!endpoint) {
       try {
         endpoint = std::make_unique<Endpoint>(dir);
@@ -225,9 +234,10 @@ struct Registry {
     ++users;
     return endpoint.get();
   }
-  void release(const std::filesystem::path& dir) {
+  void release(const std::filesystem::path& dir, const Endpoint* endpoint) {
     std::lock_guard lk(mu);
     const auto it = endpoints.find(dir);
+    if (it == endpoints.end() || it->second.first.get() != endpoint) return;  // dropped in a child
     if (--it->second.second == 0) endpoints.erase(it);
   }
 };
@@ -238,6 +248,7 @@ struct TelemetryServer::Impl {
   std::filesystem::path dir;
   Endpoint* endpoint = nullptr;
   std::uint64_t id = 0;
+  pid_t owner = ::getpid();
 };
 
 TelemetryServer::TelemetryServer(std::function<std::string()> snapshot, TelemetryConfig cfg)
@@ -250,8 +261,9 @@ TelemetryServer::TelemetryServer(std::function<std::string()> snapshot, Telemetr
 }
 
 TelemetryServer::~TelemetryServer() {
+  if (impl_->owner != ::getpid()) return;  // a forked child's copy: the parent's to close
   impl_->endpoint->remove(impl_->id);
-  Registry::get().release(impl_->dir);
+  Registry::get().release(impl_->dir, impl_->endpoint);
 }
 
 const std::filesystem::path& TelemetryServer::socket_path() const noexcept {

@@ -847,6 +847,65 @@ def test_two_optimizers_in_one_process_are_both_shown_by_residency(tmp_path):
     assert not os.path.exists(sock)
 
 
+FORK = r"""
+import os, subprocess, sys, time, torch, tierswap.torch as tt
+swap, cli, child_swap = sys.argv[1], sys.argv[2], sys.argv[3]
+mods = [torch.nn.Linear(64, 64).to(torch.bfloat16) for _ in range(3)]
+kept = tt.AdamW(mods[0].parameters(), swap_dir=swap)
+tmp = tt.AdamW(mods[1].parameters())  # a temporary swap directory, removed by its owner only
+def step(o, m):
+    for p in m.parameters():
+        p.grad = torch.ones_like(p)
+    o.step()
+step(kept, mods[0]); step(tmp, mods[1])
+tmpdir, sock = tmp._tmpdir.path, kept._native.telemetry_socket()
+pid = os.fork()
+if pid == 0:  # a child forked without exec: the parent's optimizers are not its own
+    try:
+        step(kept, mods[0])
+        print("child: stepped the parent's optimizer", flush=True)
+    except RuntimeError as e:
+        print("child:", e, flush=True)
+    own = tt.AdamW(mods[2].parameters(), swap_dir=child_swap)  # one of its own works
+    step(own, mods[2])
+    mine = own._native.telemetry_socket() == f"{os.path.dirname(sock)}/{os.getpid()}.sock"
+    print("child socket:", mine, flush=True)
+    own.close()
+    kept.close()  # the parent's copy: nothing happens
+    sys.exit(0)   # and neither at exit, where finalizers run
+deadline = time.time() + 60
+while os.waitpid(pid, os.WNOHANG) == (0, 0):
+    if time.time() > deadline:
+        os.kill(pid, 9)
+        sys.exit("the child hung at exit")
+    time.sleep(0.05)
+assert os.path.exists(os.path.join(swap, "tierswap-rank0", "tierswap.swap"))
+assert os.path.isdir(tmpdir) and os.path.exists(sock)
+r = subprocess.run([cli, "residency", str(os.getpid())], capture_output=True, text=True)
+assert r.returncode == 0 and "== 1 of 2" in r.stdout, r.stderr
+step(kept, mods[0]); step(tmp, mods[1])
+assert kept.step_count == 2 and tmp.step_count == 2
+kept.close(); tmp.close()
+assert not os.path.exists(tmpdir) and not os.path.exists(sock)
+print("parent: ok", flush=True)
+"""
+
+
+def test_a_forked_child_neither_uses_nor_closes_the_parent_s_optimizers(tmp_path):
+    # os.fork() without exec, the child ending normally (its finalizers run): it hung joining
+    # threads that exist only in the parent, and would have removed the parent's files.
+    (tmp_path / "p").mkdir()
+    (tmp_path / "c").mkdir()
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path))
+    r = subprocess.run([sys.executable, "-c", FORK, str(tmp_path / "p"), cli_path(),
+                        str(tmp_path / "c")], capture_output=True, text=True, env=env, timeout=120)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "child: TieredOptimizer::optimizer: this optimizer belongs to process" in r.stdout
+    assert "and this is a child forked from it" in r.stdout
+    assert "child socket: True" in r.stdout and "parent: ok" in r.stdout, r.stdout
+    assert not os.listdir(tmp_path / "c")  # the child closed its own
+
+
 def test_deepspeed_config_maps_and_names_what_it_ignores(tmp_path):
     cfg = {
         "train_batch_size": 8,

@@ -110,7 +110,9 @@ class _TempSwapDir:
         shutil.rmtree(self.path, ignore_errors=True)
 
 
-def _close_native(native, tmpdir, params):
+def _close_native(native, tmpdir, params, owner):
+    if os.getpid() != owner:  # a forked child's copy (os.fork() without exec): its files,
+        return                # threads and temporary directory are the parent's to close
     for p in params:  # the parameters alias tierswap's memory: give them their own again
         p.data = p.data.clone()
     # A run ending by an error keeps the swap files of its committed steps, as a crash does
@@ -227,7 +229,7 @@ class _TieredOptimizer(Optimizer):
             self._abandon()
             raise
         self._closer = weakref.finalize(self, _close_native, self._native, self._tmpdir,
-                                        [p for p, _ in self._ids])
+                                        [p for p, _ in self._ids], os.getpid())
         self._hooks = bool(hooks)
         self._max_grad_norm = opt_cfg["max_grad_norm"]
         self._clip_factor = None  # clip_grad_norm_'s, for the next step

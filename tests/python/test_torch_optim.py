@@ -847,6 +847,52 @@ def test_two_optimizers_in_one_process_are_both_shown_by_residency(tmp_path):
     assert not os.path.exists(sock)
 
 
+def test_a_checkpoint_thread_beside_the_training_thread(tmp_path):
+    # state_dict() from another thread while the trainer steps: the step failed ("block ... has
+    # 1 other view(s)"); now each call waits for the other, and the run is the same bits.
+    import threading
+
+    def train(with_thread, sub):
+        (tmp_path / sub).mkdir()
+        torch.manual_seed(0)
+        model = torch.nn.Sequential(*[torch.nn.Linear(128, 128) for _ in range(4)]).bfloat16()
+        opt = tt.AdamW(model.parameters(), lr=1e-3, host_budget="1MiB", state_tier="nvme",
+                       swap_dir=str(tmp_path / sub), telemetry=False)
+        stop, seen, errors = threading.Event(), [], []
+
+        def checkpoints():
+            while not stop.is_set():
+                try:
+                    sd = opt.state_dict()
+                    seen.append({int(st["step"]) for st in sd["state"].values()})
+                    opt.residency()
+                except Exception as e:  # noqa: BLE001 - the test reports any
+                    errors.append(repr(e))
+                    return
+
+        th = threading.Thread(target=checkpoints)
+        if with_thread:
+            th.start()
+        data = torch.Generator().manual_seed(1)
+        for _ in range(12):
+            model(torch.randn(4, 128, generator=data).bfloat16()).float().sum().backward()
+            opt.step()
+            opt.zero_grad()
+        stop.set()
+        if with_thread:
+            th.join()
+        out = {k: v.clone() for k, v in opt.state_dict()["master_params"].items()}
+        opt.close()
+        return out, seen, errors
+
+    alone, _, _ = train(False, "alone")
+    beside, seen, errors = train(True, "beside")
+    assert not errors, errors
+    assert seen and all(len(steps) == 1 for steps in seen)  # each a whole step's state
+    for k in alone:
+        assert torch.equal(alone[k], beside[k]), k
+
+
 FORK = r"""
 import os, subprocess, sys, time, torch, tierswap.torch as tt
 swap, cli, child_swap = sys.argv[1], sys.argv[2], sys.argv[3]

@@ -70,12 +70,14 @@ a RuntimeError (or ValueError) with its message.
 """
 
 import contextlib
+import functools
 import json
 import math
 import os
 import shutil
 import sys
 import tempfile
+import threading
 import time
 import warnings
 import weakref
@@ -108,6 +110,17 @@ class _TempSwapDir:
         _tierswap.forget_on_signal(self._handle)
         self._handle = -1
         shutil.rmtree(self.path, ignore_errors=True)
+
+
+def _one_at_a_time(method):
+    """One call into the native optimizer at a time (a checkpoint thread's state_dict() while
+    the training thread steps): a second caller waits, without the GIL, for the first. The lock
+    is re-entrant, so step()'s closure may run a backward whose hooks hand gradients over."""
+    @functools.wraps(method)
+    def serialized(self, *args, **kwargs):
+        with self._lock:
+            return method(self, *args, **kwargs)
+    return serialized
 
 
 def _close_native(native, tmpdir, params, owner):
@@ -192,6 +205,7 @@ class _TieredOptimizer(Optimizer):
                  swap_capacity=None, persist_resident_state=True, durable=True, resume=False,
                  service=None, service_job=None):
         self._native = None
+        self._lock = threading.RLock()  # see _one_at_a_time
         if overlap and not hooks:
             raise ValueError("overlap=True steps sub-groups during the backward: it needs hooks=True")
         super().__init__(params, defaults)
@@ -367,6 +381,7 @@ class _TieredOptimizer(Optimizer):
                 self._hyper_sent[gi] = h
 
     # ---- gradients ----------------------------------------------------------------------------
+    @_one_at_a_time
     def _add_grad(self, p, nid, lend=False):
         """Hands p.grad over: copied (hooks: p.grad is freed next), or lent (step-time: the
         step reads it in place; returned, for the caller to keep alive until the step is done)."""
@@ -387,11 +402,13 @@ class _TieredOptimizer(Optimizer):
         hand(nid, g.data_ptr(), _DTYPE_NAMES[g.dtype], g.numel())
         return g
 
+    @_one_at_a_time
     def _begin(self, final):
         self._sync_groups()
         self._native.begin_backward(final)
         self._in_backward = True
 
+    @_one_at_a_time
     def _end(self):
         if self._in_backward:
             self._in_backward = False
@@ -429,6 +446,7 @@ class _TieredOptimizer(Optimizer):
 
     # ---- the step ------------------------------------------------------------------------------
     @torch.no_grad()
+    @_one_at_a_time
     def step(self, closure=None):
         loss = None
         if closure is not None:
@@ -461,6 +479,7 @@ class _TieredOptimizer(Optimizer):
         return loss
 
     @torch.no_grad()
+    @_one_at_a_time
     def clip_grad_norm_(self, parameters, max_norm, norm_type=2.0):
         """torch.nn.utils.clip_grad_norm_ for this optimizer, to put where a torch recipe calls
         it (between the backward and step()): the total norm of the parameters' gradients and
@@ -504,6 +523,7 @@ class _TieredOptimizer(Optimizer):
         self._clip_factor = coef if math.isfinite(coef) and coef > 0 else None
         return total
 
+    @_one_at_a_time
     def zero_grad(self, set_to_none=True):
         self._clip_factor = None  # it was these gradients'
         if self._hooks and self._closer.alive:
@@ -527,6 +547,7 @@ class _TieredOptimizer(Optimizer):
         return loss * self._native.loss_scale()
 
     @property
+    @_one_at_a_time
     def step_count(self):
         return self._native.step_count()
 
@@ -545,6 +566,7 @@ class _TieredOptimizer(Optimizer):
         self._native.gather(nid, cls, t.data_ptr(), t.numel())
         return t
 
+    @_one_at_a_time
     def state_dict(self):
         """torch's format, the state materialized from the tiers: {'state': {index: {'step',
         moments}}, 'param_groups': [...]}, plus 'master_params': {index: fp32 master weights}
@@ -562,6 +584,7 @@ class _TieredOptimizer(Optimizer):
             groups.append(g)
         return {"state": state, "param_groups": groups, "master_params": masters}
 
+    @_one_at_a_time
     def _param_state(self, p, nid, collective=False):
         """Parameter p's entry of torch's state: step and moments, gathered from the tiers."""
         if not collective and self._native.world() > 1:
@@ -582,6 +605,7 @@ class _TieredOptimizer(Optimizer):
                 return group
         raise KeyError("parameter not in this optimizer")
 
+    @_one_at_a_time
     def load_state_dict(self, state_dict):
         """Takes torch's format (from this class or from the matching torch.optim optimizer):
         hyper-parameters, step and moments; master weights from 'master_params' when present,
@@ -669,6 +693,7 @@ class _TieredOptimizer(Optimizer):
         keep.append(t)
         return (nid, cls, t.data_ptr(), t.numel())
 
+    @_one_at_a_time
     def save(self, path):
         """tierswap's native checkpoint (the state stays on the tiers: nothing is materialized);
         loads at any world size with load()."""
@@ -683,6 +708,7 @@ class _TieredOptimizer(Optimizer):
         os.makedirs(path, exist_ok=True)
         self._native.save(os.fspath(path))
 
+    @_one_at_a_time
     def load(self, path):
         """Restores a save() checkpoint: state, step, loss scaler and hyper-parameters."""
         self._native.load(os.fspath(path))
@@ -690,10 +716,12 @@ class _TieredOptimizer(Optimizer):
             native = self._native.group(gi)
             self._hyper_sent[gi] = self._apply_native(group, native)
 
+    @_one_at_a_time
     def residency(self):
         """What `tierswap residency --json` shows for this process: tiers, classes, blocks."""
         return json.loads(self._native.residency_json())
 
+    @_one_at_a_time
     def close(self):
         """Frees the tiers and removes the swap files (also done when the optimizer is collected)."""
         for h in self._handles:

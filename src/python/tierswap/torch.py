@@ -114,8 +114,9 @@ class _TempSwapDir:
 
 def _one_at_a_time(method):
     """One call into the native optimizer at a time (a checkpoint thread's state_dict() while
-    the training thread steps): a second caller waits, without the GIL, for the first. The lock
-    is re-entrant, so step()'s closure may run a backward whose hooks hand gradients over."""
+    the training thread steps): a second caller waits, without the GIL, for the first. It is
+    re-entrant (state_dict() gathers through _param_state()); step() runs its closure outside
+    it, so that hooks handing gradients over take it from whichever thread runs them."""
     @functools.wraps(method)
     def serialized(self, *args, **kwargs):
         with self._lock:
@@ -446,12 +447,16 @@ class _TieredOptimizer(Optimizer):
 
     # ---- the step ------------------------------------------------------------------------------
     @torch.no_grad()
-    @_one_at_a_time
     def step(self, closure=None):
         loss = None
-        if closure is not None:
+        if closure is not None:  # outside the lock: its backward's hooks take it themselves
             with torch.enable_grad():
                 loss = closure()
+        self._step()
+        return loss
+
+    @_one_at_a_time
+    def _step(self):
         self._check_storage()
         self._check_frozen()
         t0 = time.perf_counter()
@@ -476,7 +481,6 @@ class _TieredOptimizer(Optimizer):
         self.last_step["skip_reason"] = (
             f"non-finite gradient (inf or nan); loss scale {self.last_step['loss_scale']:g} -> "
             f"{self.last_step['next_loss_scale']:g}" if self.last_step["skipped"] else None)
-        return loss
 
     @torch.no_grad()
     @_one_at_a_time

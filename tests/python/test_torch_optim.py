@@ -593,6 +593,9 @@ def test_bad_input_raises_naming_the_culprit(tmp_path):
         tt.AdamW(lin.parameters(), swap_dir=sd, host_budget=100)
     with pytest.raises(ValueError, match="state_tier"):
         tt.AdamW(lin.parameters(), swap_dir=sd, state_tier="disk")
+    with pytest.raises(ValueError, match="communicator 'gloo': expected one of auto, single, "
+                                         "torch, mpi, nccl"):
+        tt.AdamW(lin.parameters(), swap_dir=sd, communicator="gloo")
     with pytest.raises(ValueError, match="hooks"):
         tt.AdamW(lin.parameters(), swap_dir=sd, overlap=True)
     opt = tt.AdamW(lin.parameters(), swap_dir=sd, telemetry=False)

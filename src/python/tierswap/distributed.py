@@ -79,11 +79,18 @@ class TorchCommunicator(_tierswap.Communicator):
         dist.barrier(group=self.group)
 
 
+_CHOICES = ("auto", "single", "torch", "mpi", "nccl")
+
+
 def default_communicator(requested):
     """What tierswap.torch uses: a TorchCommunicator when `requested` is one or is "auto" with
     torch.distributed initialized at world size > 1; else None (the native "auto")."""
     if isinstance(requested, _tierswap.Communicator):
         return requested
+    if requested not in _CHOICES:
+        raise ValueError(f"communicator {requested!r}: expected one of {', '.join(_CHOICES)} "
+                         "(torch: torch.distributed's process group) or a "
+                         "tierswap.distributed.TorchCommunicator")
     if requested == "torch":
         return TorchCommunicator()
     if requested == "auto" and dist.is_available() and dist.is_initialized() \

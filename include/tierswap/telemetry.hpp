@@ -29,9 +29,9 @@ struct TelemetryConfig {
 std::filesystem::path default_runtime_dir();
 
 /// Serves `snapshot()` to every accepted same-uid connection, on the process's telemetry thread,
-/// until destroyed (the last server of the process stops the thread and removes the socket). Throws std::system_error naming the
-/// path when the directory or socket cannot be set up safely (e.g. a directory owned by someone
-/// else, or group/world-writable).
+/// until destroyed (the last server of the process stops the thread and removes the socket). Throws
+/// std::system_error naming the path when the directory or socket cannot be set up safely (e.g. a
+/// directory owned by someone else, or group/world-writable).
 class TelemetryServer {
  public:
   TelemetryServer(std::function<std::string()> snapshot, TelemetryConfig cfg);

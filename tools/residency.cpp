@@ -165,17 +165,10 @@ void print_subgroups(const nlohmann::json& j, std::FILE* out) {
 
 }  // namespace
 
-void print_residency(const std::string& json_text, std::FILE* out) {
-  const auto j = nlohmann::json::parse(json_text);
-  if (j.is_object() && j.contains("sources")) {  // several tier managers (or a service) in it
-    const auto& sources = j.at("sources");
-    for (std::size_t i = 0; i < sources.size(); ++i) {
-      fmt::print(out, "{}== {} of {} in process {} ==\n", i ? "\n" : "", i + 1, sources.size(),
-                 j.value("pid", 0));
-      print_residency(sources[i].dump(), out);
-    }
-    return;
-  }
+namespace {
+
+// One source's document: a tier manager's snapshot or a service's status.
+void print_document(const nlohmann::json& j, std::FILE* out) {
   if (j.is_object() && j.value("service", false)) return print_service(j, out, "");
   if (j.contains("error"))
     throw std::runtime_error("the process answered: " + j.at("error").get<std::string>());
@@ -183,6 +176,19 @@ void print_residency(const std::string& json_text, std::FILE* out) {
   print_classes(j, out);
   print_counters(j, out);
   print_subgroups(j, out);
+}
+
+}  // namespace
+
+void print_residency(const std::string& json_text, std::FILE* out) {
+  const auto j = nlohmann::json::parse(json_text);
+  if (!(j.is_object() && j.contains("sources"))) return print_document(j, out);
+  const auto& sources = j.at("sources");  // several tier managers (or a service) in one process
+  for (std::size_t i = 0; i < sources.size(); ++i) {
+    fmt::print(out, "{}== {} of {} in process {} ==\n", i ? "\n" : "", i + 1, sources.size(),
+               j.value("pid", 0));
+    print_document(sources[i], out);
+  }
 }
 
 namespace {

@@ -248,7 +248,6 @@ struct TelemetryServer::Impl {
   std::filesystem::path dir;
   Endpoint* endpoint = nullptr;
   std::uint64_t id = 0;
-  pid_t owner = ::getpid();
 };
 
 TelemetryServer::TelemetryServer(std::function<std::string()> snapshot, TelemetryConfig cfg)
@@ -261,7 +260,9 @@ TelemetryServer::TelemetryServer(std::function<std::string()> snapshot, Telemetr
 }
 
 TelemetryServer::~TelemetryServer() {
-  if (impl_->owner != ::getpid()) return;  // a forked child's copy: the parent's to close
+  // A forked child's copy: its endpoint is the parent's (acquire() only hands out this
+  // process's own), and so is closing it.
+  if (impl_->endpoint->inherited()) return;
   impl_->endpoint->remove(impl_->id);
   Registry::get().release(impl_->dir, impl_->endpoint);
 }

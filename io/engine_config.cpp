@@ -78,8 +78,13 @@ IoEngineConfig IoEngineConfig::from_env() {
   return from_env(IoEngineConfig{});
 }
 
+std::string IoEngineConfig::file_from_env() {
+  const char* path = std::getenv("TIERSWAP_IO_CONFIG");
+  return path != nullptr ? path : "";
+}
+
 IoEngineConfig IoEngineConfig::from_env(IoEngineConfig c) {
-  if (const char* path = std::getenv("TIERSWAP_IO_CONFIG"); path != nullptr && *path) {
+  if (const std::string path = file_from_env(); !path.empty()) {
     const std::string what = fmt::format("TIERSWAP_IO_CONFIG={}", path);
     detail::apply_json<IoEngineConfig>(
         c, kFields, detail::parse_config_object(detail::read_text_file(path, what), what), what);

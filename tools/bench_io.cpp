@@ -2,7 +2,6 @@
 // CPU seconds per GiB moved, per run; `--sweep` runs a grid of block sizes x depths x backends.
 
 #include <array>
-#include <cstdlib>
 #include <filesystem>
 #include <functional>
 #include <memory>
@@ -192,7 +191,7 @@ SweepOptions sweep_options(const BenchIoOptions& o, std::uint64_t size, Measured
     header();
     fmt::print("backend: {}{}\n", m.description,
                registered ? ", benchmark buffers registered" : "");
-    if (const char* file = std::getenv("TIERSWAP_IO_CONFIG"); file != nullptr && *file)
+    if (const std::string file = IoEngineConfig::file_from_env(); !file.empty())
       fmt::print("settings: TIERSWAP_IO_CONFIG={}, under the options given\n", file);
   };
   if (o.sweep && !o.json) so.progress = print_progress;
@@ -257,8 +256,8 @@ void run_bench_io(const BenchIoOptions& o) {
     for (const auto& r : m.runs) print_run_row(++i, r);
   }
   out["backend_description"] = m.description;
-  const char* file = std::getenv("TIERSWAP_IO_CONFIG");
-  out["io_config"] = file != nullptr && *file && !o.sweep ? nlohmann::json(file) : nullptr;
+  const std::string file = IoEngineConfig::file_from_env();
+  out["io_config"] = !file.empty() && !o.sweep ? nlohmann::json(file) : nullptr;
   if (o.json) fmt::print("{}\n", out.dump(2));
 }
 

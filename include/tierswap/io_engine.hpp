@@ -54,6 +54,8 @@ struct IoEngineConfig {
   /// configuration table). A value that does not parse throws naming the variable or the file.
   static IoEngineConfig from_env();
   static IoEngineConfig from_env(IoEngineConfig base);
+  /// The file TIERSWAP_IO_CONFIG names, empty when it is unset or empty.
+  static std::string file_from_env();
   /// Loads a JSON object of keys() (block_size a number or "1MiB"); unknown keys or bad values
   /// throw std::invalid_argument naming the key (and, for an unknown one, every known key).
   static IoEngineConfig from_json(std::string_view json);

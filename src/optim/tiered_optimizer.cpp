@@ -196,9 +196,10 @@ struct TieredOptimizer::Impl {
   // memory and descriptors but none of its threads: it cannot use it, and its copy is never torn
   // down there (that would wait for threads that do not exist and remove the parent's files).
   pid_t owner = ::getpid();
+  bool inherited() const noexcept { return ::getpid() != owner; }
 
   void require(const char* what) const {
-    if (::getpid() != owner)
+    if (inherited())
       throw std::logic_error(fmt::format(
           "TieredOptimizer::{}: this optimizer belongs to process {}, and this is a child forked "
           "from it (pid {}): its threads and I/O stay in the parent; make one in the child, on "
@@ -404,7 +405,7 @@ void TieredOptimizer::Impl::warn_kept() const noexcept try {
 
 TieredOptimizer::~TieredOptimizer() {
   Impl& m = *impl_;
-  if (::getpid() != m.owner) {  // a forked child's copy: the parent's to close (see Impl::owner)
+  if (m.inherited()) {  // a forked child's copy: the parent's to close (see Impl::owner)
     (void)impl_.release();
     return;
   }

@@ -61,6 +61,18 @@ TEST(HostilePaths, SymlinkedSwapDirectoriesAreRefused) {
   EXPECT_EQ(finalize_error(real), "");
 }
 
+// A missing swap directory is not created (a drive not mounted would be filled through its
+// mount point): the refusal says how to create it.
+TEST(HostilePaths, AMissingSwapDirectoryIsRefusedSayingHowToCreateIt) {
+  TempDir d;
+  const auto missing = d.path() / "nvme0" / "ts";
+  const std::string e = finalize_error(missing);
+  EXPECT_TRUE(has(e, "swap_dirs: " + missing.string() + ": is missing (refused): create it") &&
+              has(e, "(mkdir -p " + missing.string() + ")"))
+      << e;
+  EXPECT_FALSE(std::filesystem::exists(missing.parent_path()));
+}
+
 TEST(HostilePaths, WorldWritableWithoutStickyBitIsRefusedWithItAccepted) {
   TempDir d;
   const auto open = d.path() / "open";

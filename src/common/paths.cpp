@@ -13,13 +13,15 @@
 
 namespace tierswap::detail {
 
-void check_trusted_dir(const std::filesystem::path& dir, std::string_view role, bool private_dir) {
-  auto refuse = [&](const std::string& why) {
-    return std::invalid_argument(fmt::format("{} {}: {} (refused)", role, dir.string(), why));
+void check_trusted_dir(const std::filesystem::path& dir, std::string_view role, bool private_dir,
+                       std::string_view if_missing) {
+  auto refuse = [&](const std::string& why, std::string_view then = {}) {
+    return std::invalid_argument(fmt::format("{} {}: {} (refused){}{}", role, dir.string(), why,
+                                             then.empty() ? "" : ": ", then));
   };
   struct stat st {};
   if (::lstat(dir.c_str(), &st) != 0)
-    throw refuse(errno == ENOENT ? "is missing" : std::strerror(errno));
+    throw errno == ENOENT ? refuse("is missing", if_missing) : refuse(std::strerror(errno));
   if (S_ISLNK(st.st_mode))
     throw refuse("is a symbolic link (give the directory it points to, if it is yours)");
   if (!S_ISDIR(st.st_mode)) throw refuse("is not a directory");

@@ -76,13 +76,11 @@ void check_free_space(const std::vector<std::filesystem::path>& dirs, std::uint6
 std::filesystem::path rank_dir(const std::filesystem::path& dir, int rank, bool resume,
                                bool* earlier) {
   std::error_code ec;
-  if (!std::filesystem::exists(std::filesystem::symlink_status(dir, ec)))
-    throw std::invalid_argument(fmt::format(
-        "swap_dirs: {}: is missing (refused): create it on the drive meant for the swap files "
-        "(mkdir -p {}); tierswap does not, so that a drive not mounted is never filled through "
-        "its mount point",
-        dir.string(), dir.string()));
-  detail::check_trusted_dir(dir, "swap_dirs:");
+  detail::check_trusted_dir(
+      dir, "swap_dirs:", false,
+      fmt::format("create it on the drive meant for the swap files (mkdir -p {}); tierswap does "
+                  "not, so that a drive not mounted is never filled through its mount point",
+                  dir.string()));
   if (::access(dir.c_str(), W_OK | X_OK) != 0)
     throw std::invalid_argument(fmt::format("swap_dirs: {} is not writable", dir.string()));
   auto sub = dir / fmt::format("tierswap-rank{}", rank);

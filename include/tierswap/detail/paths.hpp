@@ -14,9 +14,10 @@ namespace tierswap::detail {
 /// Throws std::invalid_argument naming `role` and `dir` unless `dir` exists, is a directory and
 /// not a symbolic link, is owned by this user or by root, and is not writable by others without
 /// the sticky bit (/var/tmp and /tmp, 1777 root, pass). `private_dir`: also not writable by group
-/// or others at all (a directory tierswap made for itself, 0700).
+/// or others at all (a directory tierswap made for itself, 0700). `if_missing`: what the
+/// refusal of a missing `dir` tells the user to do (appended after ": ").
 void check_trusted_dir(const std::filesystem::path& dir, std::string_view role,
-                       bool private_dir = false);
+                       bool private_dir = false, std::string_view if_missing = {});
 
 /// The sysfs directory of the block device holding `path` (/sys/dev/block/MAJ:MIN resolved: a
 /// partition's, or a whole disk's). Empty, with `why` set, when there is none: `path` cannot be

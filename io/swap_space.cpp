@@ -22,6 +22,7 @@
 #include "tierswap/units.hpp"
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 #include "tierswap/detail/config_table.hpp"
 #include "tierswap/detail/file.hpp"
 #include "tierswap/detail/json.hpp"
@@ -159,6 +160,22 @@ void check_dirs(const std::vector<std::filesystem::path>& dirs) {
             "swap space: dirs[{}]={} is the same directory as dirs[{}]", i, dirs[i].string(), j));
     }
   }
+}
+
+// Opening a striped space: a directory given that holds none of its files is named, with where
+// they are (a run resumed with another drive's directory in its list); none anywhere is left to
+// the open itself.
+void check_files_present(const std::vector<std::filesystem::path>& dirs) {
+  std::vector<std::string> with, without;
+  std::error_code ec;
+  for (const auto& d : dirs)  // a link counts as there: opening it is refused by name
+    (std::filesystem::exists(std::filesystem::symlink_status(file_in(d), ec)) ? with : without)
+        .push_back(d.string());
+  if (!with.empty() && !without.empty())
+    throw std::invalid_argument(fmt::format(
+        "{} holds no file of the swap space whose files are in {}: give every directory it was "
+        "made with (in any order)",
+        fmt::join(without, ", "), fmt::join(with, ", ")));
 }
 
 // Refuses a space whose files do not fit: each filesystem (several directories may share one)
@@ -478,6 +495,7 @@ SwapSpace SwapSpace::create(const SwapSpaceConfig& config) {
 
 SwapSpace SwapSpace::open(const std::vector<std::filesystem::path>& dirs, DirectIo direct) {
   check_dirs(dirs);
+  check_files_present(dirs);
   SwapSpace s;
   std::vector<std::pair<FileHeader, SwapFile>> found;
   try {
@@ -510,18 +528,13 @@ SwapSpace SwapSpace::open(const std::vector<std::filesystem::path>& dirs, Direct
 
 SwapSpace SwapSpace::open_or_create(const SwapSpaceConfig& config, bool* created) {
   config.validate();
-  std::size_t present = 0;
-  for (const auto& d : config.dirs) {
+  const bool none = std::none_of(config.dirs.begin(), config.dirs.end(), [](const auto& d) {
     struct stat st {};
-    if (::lstat(file_in(d).c_str(), &st) == 0) ++present;
-  }
-  if (created) *created = present == 0;
-  if (present == 0) return create(config);
-  if (present != config.dirs.size())
-    throw std::invalid_argument(fmt::format(
-        "swap space: {} of {} directories already hold a {}; refusing to mix old and new files",
-        present, config.dirs.size(), kFileName));
-  SwapSpace s = open(config.dirs, config.direct);
+    return ::lstat(file_in(d).c_str(), &st) == 0;
+  });
+  if (created) *created = none;
+  if (none) return create(config);
+  SwapSpace s = open(config.dirs, config.direct);  // names a directory without its file
   const std::uint64_t want = round_up(config.capacity, config.stripe_size * config.dirs.size());
   if (s.stripe_size() != config.stripe_size || s.capacity() != want)
     throw std::invalid_argument(fmt::format(

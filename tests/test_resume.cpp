@@ -271,7 +271,9 @@ TEST(Resume, AStripedRunIsResumedFromItsDirectoriesInAnyOrderAndOnlyFromThem) {
   };
   const std::string rank_c = (c.path() / "tierswap-rank0").string();
   std::string w = refusal({a.path(), c.path()});
-  EXPECT_NE(w.find(rank_c + " holds no file of the earlier run's swap space"), std::string::npos)
+  EXPECT_NE(w.find(rank_c + " holds no file of the swap space whose files are in " +
+                   (a.path() / "tierswap-rank0").string()),
+            std::string::npos)
       << w;
   w = refusal({c.path(), b.path(), a.path()});
   EXPECT_NE(w.find(rank_c + " holds no file"), std::string::npos) << w;

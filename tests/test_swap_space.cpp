@@ -239,6 +239,14 @@ TEST(SwapSpace, MismatchedSetsAreRejected) {
               SwapSpace::open({a.path(), c.path()});
             }).find("different swap space"),
             std::string::npos);
+  TempDir empty;  // a directory of none of its files: named, with where they are
+  EXPECT_NE(
+      what_of([&] {
+        SwapSpace::open({b.path(), empty.path(), a.path()});
+      })
+          .find(empty.path().string() + " holds no file of the swap space whose files are in " +
+                b.path().string() + ", " + a.path().string()),
+      std::string::npos);
   SwapSpaceConfig cfg;
   cfg.dirs = {a.path(), b.path()};
   cfg.capacity = 8 * MiB;
@@ -255,7 +263,9 @@ TEST(SwapSpace, MismatchedSetsAreRejected) {
   EXPECT_TRUE(created);
   TempDir d;
   cfg.dirs = {a.path(), d.path()};
-  EXPECT_NE(what_of([&] { SwapSpace::open_or_create(cfg); }).find("refusing to mix"),
+  EXPECT_NE(what_of([&] { SwapSpace::open_or_create(cfg); })
+                .find(d.path().string() + " holds no file of the swap space whose files are in " +
+                      a.path().string()),
             std::string::npos);
   EXPECT_FALSE(std::filesystem::exists(d.path() / "tierswap.swap"));
 }

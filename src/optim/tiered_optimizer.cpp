@@ -8,6 +8,7 @@
 #include <unistd.h>
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 
 #include <algorithm>
 #include <bit>
@@ -298,23 +299,21 @@ void TieredOptimizer::Impl::finalize_optimizer(
   }
 }
 
-// The earlier run's swap space, for resume: every directory given must hold one of its files
-// (SwapSpace::open checks that they are one space, and all of it).
+// The earlier run's swap space, for resume (SwapSpace::open checks that the directories given
+// hold one space, and all of it).
 SwapSpace TieredOptimizer::Impl::open_earlier_space() const {
-  std::vector<std::string> with, without;
   std::error_code ec;
-  for (const auto& d : dirs)
-    (std::filesystem::exists(d / SwapSpace::kFileName, ec) ? with : without).push_back(d.string());
-  if (with.empty())  // a manifest without its swap file: nothing to resume from
+  const bool any = std::any_of(dirs.begin(), dirs.end(), [&](const auto& d) {
+    return std::filesystem::exists(d / SwapSpace::kFileName, ec);
+  });
+  if (!any) {  // a manifest without its swap file: nothing to resume from
+    std::vector<std::string> where;
+    for (const auto& d : dirs) where.push_back(d.string());
     throw std::runtime_error(fmt::format(
         "resume: {} holds a manifest but no swap file {}: the earlier run's state is gone; "
         "remove the directory to start afresh",
-        fmt::join(without, ", "), SwapSpace::kFileName));
-  if (!without.empty())
-    throw std::runtime_error(fmt::format(
-        "resume: {} holds no file of the earlier run's swap space, which is in {}: give the swap "
-        "directories that run was given (in any order)",
-        fmt::join(without, ", "), fmt::join(with, ", ")));
+        fmt::join(where, ", "), SwapSpace::kFileName));
+  }
   return SwapSpace::open(dirs);
 }
 

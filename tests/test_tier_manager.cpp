@@ -852,6 +852,36 @@ TEST(Telemetry, AnUnsafeRuntimeDirectoryIsRefused) {
   EXPECT_FALSE(std::filesystem::exists(dir / "999999999.sock"));
 }
 
+// A relative TIERSWAP_RUNTIME_DIR would put the socket under the working directory, where
+// `tierswap residency` run from anywhere else never finds it: refused, nothing created. A
+// relative XDG_RUNTIME_DIR is ignored, as the XDG specification says.
+TEST(Telemetry, ARelativeRuntimeDirectoryIsRefusedOrIgnored) {
+  TempDir cwd;
+  const auto old = std::filesystem::current_path();
+  std::filesystem::current_path(cwd.path());
+  {
+    const test::ScopedEnv rel("TIERSWAP_RUNTIME_DIR", "rt");
+    for (auto* call :
+         {+[] { (void)default_runtime_dir(); }, +[] { (void)TelemetryConfig::from_env(); }})
+      try {
+        call();
+        ADD_FAILURE() << "a relative TIERSWAP_RUNTIME_DIR was taken";
+      } catch (const std::invalid_argument& e) {
+        EXPECT_NE(std::string(e.what()).find("TIERSWAP_RUNTIME_DIR=rt: expected an absolute path"),
+                  std::string::npos)
+            << e.what();
+      }
+  }
+  {
+    const test::ScopedEnv unset("TIERSWAP_RUNTIME_DIR", "");
+    const test::ScopedEnv xdg("XDG_RUNTIME_DIR", "xdg");
+    EXPECT_EQ(default_runtime_dir(),
+              std::filesystem::path("/tmp/tierswap-" + std::to_string(::getuid())));
+  }
+  EXPECT_TRUE(std::filesystem::is_empty(cwd.path()));
+  std::filesystem::current_path(old);
+}
+
 TEST(TierManager, OverwriteViewsReadNothingAndKeepTheOldDataWhenReleasedClean) {
   const std::uint64_t bytes = 64 * kKiB;
   Rig r(small_config(bytes, 4, 2));

@@ -6,8 +6,9 @@
 // server, else {"pid": P, "sources": [document, ...]} in the order they were made, and stays
 // while any of them lives.
 //
-// Runtime directory: TIERSWAP_RUNTIME_DIR, else $XDG_RUNTIME_DIR/tierswap, else
-// /tmp/tierswap-<uid>. TIERSWAP_TELEMETRY=0 turns the endpoint off.
+// Runtime directory: TIERSWAP_RUNTIME_DIR (an absolute path), else $XDG_RUNTIME_DIR/tierswap
+// (when absolute, as the XDG specification asks), else /tmp/tierswap-<uid>.
+// TIERSWAP_TELEMETRY=0 turns the endpoint off.
 #pragma once
 
 #include <filesystem>
@@ -27,6 +28,8 @@ struct TelemetryConfig {
 
 /// The runtime directory tierswap processes publish their sockets in (see the header comment).
 std::filesystem::path default_runtime_dir();
+/// TIERSWAP_RUNTIME_DIR, empty when unset; a relative path is std::invalid_argument.
+std::filesystem::path runtime_dir_from_env();
 
 /// Serves `snapshot()` to every accepted same-uid connection, on the process's telemetry thread,
 /// until destroyed (the last server of the process stops the thread and removes the socket). Throws

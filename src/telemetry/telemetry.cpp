@@ -82,13 +82,26 @@ TelemetryConfig TelemetryConfig::from_env() {
       throw std::invalid_argument(fmt::format("TIERSWAP_TELEMETRY={}: expected 0 or 1", s));
     c.enabled = s == "1";
   }
-  if (const char* v = std::getenv("TIERSWAP_RUNTIME_DIR"); v != nullptr && *v) c.runtime_dir = v;
+  c.runtime_dir = runtime_dir_from_env();
   return c;
 }
 
+std::filesystem::path runtime_dir_from_env() {
+  const char* v = std::getenv("TIERSWAP_RUNTIME_DIR");
+  if (v == nullptr || *v == 0) return {};
+  const std::filesystem::path dir(v);
+  if (dir.is_relative())
+    throw std::invalid_argument(fmt::format(
+        "TIERSWAP_RUNTIME_DIR={}: expected an absolute path (tierswap residency, ps and the "
+        "service's clients look for sockets there from any working directory)",
+        v));
+  return dir;
+}
+
 std::filesystem::path default_runtime_dir() {
-  if (const char* v = std::getenv("TIERSWAP_RUNTIME_DIR"); v != nullptr && *v) return v;
-  if (const char* x = std::getenv("XDG_RUNTIME_DIR"); x != nullptr && *x)
+  if (auto dir = runtime_dir_from_env(); !dir.empty()) return dir;
+  // The XDG base directory specification: a relative path there is invalid and ignored.
+  if (const char* x = std::getenv("XDG_RUNTIME_DIR"); x != nullptr && *x == '/')
     return std::filesystem::path(x) / "tierswap";
   return fmt::format("/tmp/tierswap-{}", ::getuid());
 }

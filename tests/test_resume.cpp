@@ -242,6 +242,25 @@ TEST(Resume, AnotherModelIsRefusedByNameAndTheDirectoryKept) {
   EXPECT_EQ(again.optimizer().step_count(), 1u);
 }
 
+// The commit record, written at every step, lists the layout as a checkpoint's manifest does
+// (its parameter lists are made once at finalize() and spliced in), with this step's count.
+TEST(Resume, TheCommitRecordListsTheGroupsAsACheckpointDoes) {
+  TempDir dir, ckpt;
+  TieredOptimizer t(options(dir.path()));
+  const Model m = add_params(t);
+  t.finalize();
+  init(t.optimizer());
+  for (int i = 0; i < 2; ++i) step(t.optimizer(), m);
+  t.optimizer().save(ckpt.path());
+  const auto rec = nlohmann::json::parse(t.tiers().commit_record());
+  const auto man =
+      nlohmann::json::parse(detail::read_manifest_file(ckpt.path() / "tierswap.checkpoint"));
+  EXPECT_EQ(rec.at("step"), 2);
+  ASSERT_FALSE(man.at("groups").empty());
+  EXPECT_FALSE(man.at("groups")[0].at("params").empty());
+  EXPECT_EQ(rec.at("groups"), man.at("groups"));
+}
+
 // A striped run resumes from its directories in any order; a list that misses one, or names one
 // holding none of its files, is refused by name and the files are kept.
 TEST(Resume, AStripedRunIsResumedFromItsDirectoriesInAnyOrderAndOnlyFromThem) {

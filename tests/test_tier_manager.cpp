@@ -493,6 +493,36 @@ TEST(TierManager, InPlaceModeCommitsAndReopensButCannotDiscard) {
   EXPECT_THROW(r.reopen(shadow), std::runtime_error);  // mode mismatch is named, not guessed
 }
 
+// A commit record is the owner's text, kept with its generation and the one before: any UTF-8
+// (quotes, backslashes, control characters) comes back as it was set, after a reopen and after
+// a roll-back; text a manifest cannot hold is refused when set, and the record already set stays.
+TEST(TierManager, CommitRecordsComeBackAsSetAfterAReopenAndARollBack) {
+  const std::uint64_t bytes = 64 * kKiB;
+  TierConfig cfg = small_config(bytes, 4);
+  cfg.shadow_slots = true;
+  Rig r(cfg);
+  const BlockId a = r.mgr->create(desc("a", bytes / 4));
+  const std::string first = "{\"name\": \"w\\\\x\"}\n\x01 caf\xc3\xa9";
+  const std::string second = "step 2: \"\u00e9t\u00e9\"";
+  for (int gen = 1; gen <= 2; ++gen) {
+    r.mgr->set_commit_record(gen == 1 ? first : second);
+    BlockView v = r.mgr->acquire(a, Tier::host, Access::write);
+    fill(v, gen);
+    r.mgr->release(v, true);
+    r.mgr->commit();
+  }
+  EXPECT_THROW(r.mgr->set_commit_record("bad \xff byte"), std::invalid_argument);
+  r.reopen(cfg);
+  EXPECT_EQ(r.mgr->commit_record(), second);
+  ASSERT_TRUE(r.mgr->roll_back_generation());
+  EXPECT_EQ(r.mgr->commit_record(), first);
+  r.reopen(cfg);
+  EXPECT_EQ(r.mgr->commit_record(), first);
+  r.mgr->commit();  // the record set back by the roll-back goes with the next generation
+  r.reopen(cfg);
+  EXPECT_EQ(r.mgr->commit_record(), first);
+}
+
 TEST(TierManager, MisuseIsRejectedWithClearErrors) {
   const std::uint64_t bytes = 64 * kKiB;
   Rig r(small_config(bytes, 8));

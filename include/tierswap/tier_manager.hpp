@@ -328,7 +328,8 @@ class TierManager {
   std::uint64_t committed_generation() const;
   /// The owner's record of what the blocks hold (the optimizer's layout, step count and loss
   /// scale, as JSON): written into the manifest by the next commit(), so it is committed
-  /// atomically with the generation it describes, and restored when a manifest is opened.
+  /// atomically with the generation it describes, and restored when a manifest is opened. Any
+  /// UTF-8 text; other bytes are std::invalid_argument (the record already set stays).
   void set_commit_record(std::string record);
   /// The record of the committed generation (empty when none was set or opened).
   std::string commit_record() const;

@@ -99,6 +99,7 @@ void ShardedOptimizer::finalize() {
   m.layout();
   if (m.adopt_blocks) m.check_record_layout();
   m.create_blocks();
+  m.keep_params_records();
   if (cuda::available())  // copies of the 16-bit parameters to the GPU go straight from here
     for (auto& g : m.groups) {
       if (g.p16.empty()) continue;

@@ -122,6 +122,7 @@ struct OptGroup {
   bool local_dirty = false;
   std::size_t chunk_base = 0;            // first statistics chunk in the optimizer's chunk vector
   std::size_t first_sub = 0, nsubs = 0;  // this rank's sub-groups in Impl::subs
+  std::string params_record;  // Impl::params_json() as text, made by finalize() (fixed since)
   bool has_slot(int slot) const;
   /// The state slot holding `cls`, or -1 when this group keeps no such state.
   int slot_for(BlockClass cls) const;
@@ -421,6 +422,12 @@ struct ShardedOptimizer::Impl {
   /// Each group: name, config, numel, part, state slots, parameters (name, shape, dtype,
   /// requires_grad).
   nlohmann::json groups_json() const;
+  /// groups_json() as text, each group's parameters from OptGroup::params_record once
+  /// finalized (the commit record is written at every step; a model's parameter list, its
+  /// every name, shape and dtype, is dumped once).
+  std::string groups_record() const;
+  /// finalize(): each group's params_record.
+  void keep_params_records();
   using Bad = std::function<std::runtime_error(const std::string&)>;
   /// Checks stored groups_json() against this optimizer's groups and parameters (throws bad(why)
   /// naming the first difference); returns the stored hyper-parameters and, in *part, each

@@ -56,22 +56,54 @@ std::string slot_name(int slot) {
   return std::string(to_string(state_class(slot)));
 }
 
+namespace {
+
+nlohmann::json params_json(const std::vector<OptParam>& params, const OptGroup& g) {
+  nlohmann::json ps = nlohmann::json::array();
+  for (ParamId pid : g.params) ps.push_back(param_json(params[pid].spec));
+  return ps;
+}
+
+// A group's entry in groups_json() but its parameters.
+nlohmann::json group_entry(const OptGroup& g) {
+  nlohmann::json slots = nlohmann::json::array();
+  for (int slot = 0; slot < kStateSlots; ++slot)
+    if (g.has_slot(slot)) slots.push_back(slot_name(slot));
+  return {{"name", g.name},
+          {"config", group_json(g.cfg)},
+          {"numel", g.numel},
+          {"part", g.part},
+          {"slots", std::move(slots)}};
+}
+
+}  // namespace
+
+void ShardedOptimizer::Impl::keep_params_records() {
+  for (auto& g : groups) g.params_record = params_json(params, g).dump();
+}
+
 nlohmann::json ShardedOptimizer::Impl::groups_json() const {
   nlohmann::json groups = nlohmann::json::array();
   for (const auto& g : this->groups) {
-    nlohmann::json ps = nlohmann::json::array();
-    for (ParamId pid : g.params) ps.push_back(param_json(params[pid].spec));
-    nlohmann::json slots = nlohmann::json::array();
-    for (int slot = 0; slot < kStateSlots; ++slot)
-      if (g.has_slot(slot)) slots.push_back(slot_name(slot));
-    groups.push_back({{"name", g.name},
-                      {"config", group_json(g.cfg)},
-                      {"numel", g.numel},
-                      {"part", g.part},
-                      {"slots", std::move(slots)},
-                      {"params", std::move(ps)}});
+    nlohmann::json e = group_entry(g);
+    e["params"] = params_json(params, g);
+    groups.push_back(std::move(e));
   }
   return groups;
+}
+
+std::string ShardedOptimizer::Impl::groups_record() const {
+  std::string text = "[";
+  for (const auto& g : this->groups) {
+    if (text.size() > 1) text += ',';
+    text += group_entry(g).dump();
+    text.pop_back();  // the entry's closing brace: its parameters go in before it
+    text += R"(,"params":)";
+    text += finalized ? g.params_record : params_json(params, g).dump();
+    text += '}';
+  }
+  text += ']';
+  return text;
 }
 
 std::vector<GroupConfig> ShardedOptimizer::Impl::check_groups(
@@ -121,12 +153,15 @@ std::string ShardedOptimizer::Impl::commit_record() const {
                       {"accumulate_fp32", cfg.accumulate_fp32},
                       {"step", step_count},
                       {"loss_scale", scale},
-                      {"growth_tracker", growth_tracker},
-                      {"groups", groups_json()}};
+                      {"growth_tracker", growth_tracker}};
   bool memory_only = false;
   for (const auto& s : subs) memory_only |= s.memory_only;
   j["memory_only_state"] = memory_only;
-  return j.dump();
+  std::string text = j.dump();
+  text.pop_back();  // the closing brace: the groups go in before it
+  text.append(R"(,"groups":)").append(groups_record());
+  text += '}';
+  return text;
 }
 
 std::uint64_t ShardedOptimizer::Impl::commit() {

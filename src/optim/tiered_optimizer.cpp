@@ -26,6 +26,7 @@
 #include "tierswap/detail/file.hpp"
 #include "tierswap/detail/manifest.hpp"
 #include "tierswap/detail/paths.hpp"
+#include "tierswap/detail/process.hpp"
 #include "tierswap/io_engine.hpp"
 #include "tierswap/log.hpp"
 #include "tierswap/service.hpp"
@@ -194,8 +195,8 @@ struct TieredOptimizer::Impl {
   // The process that made it. A child forked from it (a DataLoader worker, os.fork()) has its
   // memory and descriptors but none of its threads: it cannot use it, and its copy is never torn
   // down there (that would wait for threads that do not exist and remove the parent's files).
-  pid_t owner = ::getpid();
-  bool inherited() const noexcept { return ::getpid() != owner; }
+  pid_t owner = detail::current_pid();
+  bool inherited() const noexcept { return detail::current_pid() != owner; }
 
   void require(const char* what) const {
     if (inherited())

@@ -18,6 +18,7 @@
 #include <thread>
 
 #include "tierswap/detail/file.hpp"
+#include "tierswap/detail/process.hpp"
 #include "tierswap/log.hpp"
 
 #include <fmt/format.h>
@@ -131,14 +132,14 @@ class Endpoint {
   }
   const std::filesystem::path& path() const noexcept { return path_; }
   /// A forked child's copy: the parent's socket and thread (never served nor closed here).
-  bool inherited() const noexcept { return owner_ != ::getpid(); }
+  bool inherited() const noexcept { return owner_ != detail::current_pid(); }
 
  private:
   void serve();
   std::string document();
 
   std::filesystem::path path_;
-  pid_t owner_ = ::getpid();
+  pid_t owner_ = detail::current_pid();
   int listen_fd_ = -1;
   int stop_pipe_[2] = {-1, -1};
   std::thread thread_;

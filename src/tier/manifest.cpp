@@ -115,8 +115,19 @@ std::filesystem::path TierManager::Impl::manifest_path() const {
   return space.files().front().path.parent_path() / detail::kManifestName;
 }
 
-// The block table as it will be once the open generation is committed.
-std::string TierManager::Impl::manifest_payload(const std::string& previous_record) const {
+tier_internal::CommitRecord::CommitRecord(std::string record) : text(std::move(record)) {
+  if (text.empty()) return;
+  try {
+    quoted = nlohmann::json(text).dump();
+  } catch (const nlohmann::json::exception& e) {
+    throw std::invalid_argument(fmt::format(
+        "commit record: not valid UTF-8 text ({}); a manifest cannot hold it", e.what()));
+  }
+}
+
+// The block table as it will be once the open generation is committed; the records, escaped
+// once each (CommitRecord), are put in as text.
+std::string TierManager::Impl::manifest_payload(const CommitRecord& previous_record) const {
   nlohmann::json j;
   j["format"] = "tierswap-manifest";
   j["space_uuid"] = space.uuid();
@@ -148,9 +159,14 @@ std::string TierManager::Impl::manifest_payload(const std::string& previous_reco
     arr.push_back(std::move(e));
   }
   j["blocks"] = std::move(arr);
-  if (!pending_record.empty()) j["record"] = pending_record;
-  if (!previous_record.empty()) j["previous_record"] = previous_record;
-  return j.dump();
+  std::string text = j.dump();
+  text.pop_back();  // the closing brace: the records go in before it
+  text.reserve(text.size() + pending_record.quoted.size() + previous_record.quoted.size() + 32);
+  if (!pending_record.empty()) text.append(R"(,"record":)").append(pending_record.quoted);
+  if (!previous_record.empty())
+    text.append(R"(,"previous_record":)").append(previous_record.quoted);
+  text += '}';
+  return text;
 }
 
 void TierManager::Impl::load_manifest() {
@@ -166,9 +182,9 @@ void TierManager::Impl::load_manifest() {
     throw bad(fmt::format("written with shadow_slots={}, opened with shadow_slots={}",
                           info.shadow_slots, cfg.shadow_slots));
   committed_gen = info.generation;
-  record = info.record;
-  pending_record = info.record;
-  prev_record = info.previous_record;
+  record = CommitRecord(info.record);
+  pending_record = record;
+  prev_record = CommitRecord(info.previous_record);
   for (const auto& m : info.blocks) {
     auto b = std::make_unique<Block>();
     b->desc = {m.name,       m.cls, m.dtype, m.numel, m.owner, m.transient || m.memory_only,

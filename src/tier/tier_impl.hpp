@@ -140,6 +140,18 @@ inline void validate_name(const std::string& n) {
       throw std::invalid_argument(fmt::format("block name '{}': control characters", n));
 }
 
+// A commit record (text the tier manager keeps with a generation, for its user: the optimizer's
+// layout and step) and the same text as a JSON string, escaped once: each record goes into two
+// manifests, as "record" and then as "previous_record", and a model's record lists its every
+// parameter. Text that is not UTF-8 (a JSON manifest cannot hold it) is std::invalid_argument.
+struct CommitRecord {
+  std::string text;
+  std::string quoted;  // empty when text is
+  CommitRecord() = default;
+  explicit CommitRecord(std::string record);
+  bool empty() const noexcept { return text.empty(); }
+};
+
 }  // namespace tier_internal
 
 using namespace tier_internal;
@@ -168,9 +180,9 @@ struct TierManager::Impl {
   std::uint64_t wb_tick = 0;
   TierCounters ctr;
   std::uint64_t committed_gen = 0;
-  std::string record;          // commit record of the committed generation
-  std::string pending_record;  // written by the next commit
-  std::string prev_record;     // the record of the generation before the committed one
+  CommitRecord record;          // commit record of the committed generation
+  CommitRecord pending_record;  // written by the next commit
+  CommitRecord prev_record;     // the record of the generation before the committed one
   bool checksums_verified = false;
   bool stop = false;
   std::thread reaper;
@@ -379,7 +391,7 @@ struct TierManager::Impl {
   // The block table as it will be once the open generation is committed.
   /// The block table as it will be once the open generation is committed; `previous_record`:
   /// the record of the generation it replaces (empty: none to roll back to).
-  std::string manifest_payload(const std::string& previous_record) const;
+  std::string manifest_payload(const CommitRecord& previous_record) const;
   /// Reads NVMe extent `extent` of b and compares its checksum with `sum`; throws naming the block
   /// otherwise.
   void verify_extent(const Block& b, int extent, std::uint64_t sum, std::uint64_t gen);

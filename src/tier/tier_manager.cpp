@@ -536,13 +536,14 @@ bool TierManager::roll_back_generation() {
 }
 
 void TierManager::set_commit_record(std::string record) {
+  CommitRecord r(std::move(record));  // escaped here, outside the lock
   std::lock_guard lk(impl_->mu);
-  impl_->pending_record = std::move(record);
+  impl_->pending_record = std::move(r);
 }
 
 std::string TierManager::commit_record() const {
   std::lock_guard lk(impl_->mu);
-  return impl_->record;
+  return impl_->record.text;
 }
 
 std::uint64_t TierManager::committed_generation() const {

@@ -223,10 +223,13 @@ class PyOptimizer {
     opt().add_grad(id, reinterpret_cast<const void*>(ptr), parse_dtype(dt));
   }
 
-  // The caller keeps the tensor alive and unchanged until step() returns (tierswap.torch does).
-  void lend_grad(ParamId id, std::uintptr_t ptr, const std::string& dt, std::uint64_t n) {
-    checked(id, n, "gradient of");
-    opt().lend_grad(id, reinterpret_cast<const void*>(ptr), parse_dtype(dt));
+  // The caller keeps the tensors alive and unchanged until step() returns (tierswap.torch does).
+  // One call for a step's every gradient: the GIL is released once, not per parameter.
+  void lend_grads(const std::vector<TensorRef>& grads) {
+    for (const auto& [id, ptr, dt, n] : grads) {
+      checked(id, n, "gradient of");
+      opt().lend_grad(id, reinterpret_cast<const void*>(ptr), parse_dtype(dt));
+    }
   }
 
   void gather(ParamId id, const std::string& cls, std::uintptr_t ptr, std::uint64_t n) {
@@ -308,7 +311,7 @@ void bind_backward_and_step(PyOptimizerClass& c) {
        "begin_backward", [](PyOptimizer& s, bool final) { s.opt().begin_backward(final); },
        Release())
       .def("add_grad", &PyOptimizer::add_grad, Release())
-      .def("lend_grad", &PyOptimizer::lend_grad, Release())
+      .def("lend_grads", &PyOptimizer::lend_grads, Release())
       .def(
           "drop_grads", [](PyOptimizer& s) { s.opt().drop_grads(); }, Release())
       .def(

@@ -382,10 +382,9 @@ class _TieredOptimizer(Optimizer):
                 self._hyper_sent[gi] = h
 
     # ---- gradients ----------------------------------------------------------------------------
-    @_one_at_a_time
-    def _add_grad(self, p, nid, lend=False):
-        """Hands p.grad over: copied (hooks: p.grad is freed next), or lent (step-time: the
-        step reads it in place; returned, for the caller to keep alive until the step is done)."""
+    @staticmethod
+    def _checked_grad(p, nid):
+        """p.grad as tierswap takes it (contiguous), or None; a gradient it cannot take raises."""
         g = p.grad
         if g is None:
             return None
@@ -394,14 +393,29 @@ class _TieredOptimizer(Optimizer):
         if g.dtype not in _DTYPE_NAMES:
             raise TypeError(f"the gradient of parameter {nid} is {g.dtype}: tierswap takes "
                             "bfloat16, float16 or float32 gradients")
-        if g.device.type != "cpu" or g.shape != p.shape:
+        if not g.is_cpu or g.shape != p.shape:
             raise ValueError(f"the gradient of parameter {nid} is {tuple(g.shape)} on {g.device} "
                              f"for a {tuple(p.shape)} CPU parameter")
-        if not g.is_contiguous():
-            g = g.contiguous()
-        hand = self._native.lend_grad if lend else self._native.add_grad
-        hand(nid, g.data_ptr(), _DTYPE_NAMES[g.dtype], g.numel())
-        return g
+        return g if g.is_contiguous() else g.contiguous()
+
+    @_one_at_a_time
+    def _add_grad(self, p, nid):
+        """Hands p.grad over, copied (hooks: p.grad is freed next)."""
+        g = self._checked_grad(p, nid)
+        if g is not None:
+            self._native.add_grad(nid, g.data_ptr(), _DTYPE_NAMES[g.dtype], g.numel())
+
+    def _lend_grads(self):
+        """Lends every p.grad (step-time hand-over: the step reads them in place); returns them,
+        for the caller to keep alive until the step is done. Called by _step(), under the lock."""
+        lent, refs = [], []
+        for p, nid in self._ids:
+            g = self._checked_grad(p, nid)
+            if g is not None:
+                lent.append(g)
+                refs.append((nid, g.data_ptr(), _DTYPE_NAMES[g.dtype], g.numel()))
+        self._native.lend_grads(refs)
+        return lent
 
     @_one_at_a_time
     def _begin(self, final):
@@ -466,8 +480,7 @@ class _TieredOptimizer(Optimizer):
         else:
             self._begin(True)
             try:
-                for p, nid in self._ids:
-                    lent.append(self._add_grad(p, nid, lend=True))
+                lent = self._lend_grads()
             except BaseException:
                 self._end()
                 self._native.drop_grads()  # none half handed over (nor lent past this call)

@@ -457,8 +457,8 @@ def test_a_missing_gradient_counts_as_zero(tmp_path):
 
 def test_the_step_reads_p_grad_in_place_and_a_failed_hand_over_leaves_nothing(tmp_path):
     """Step-time hand-over lends p.grad: the step reads it where it is (no copy). A hand-over
-    that fails part-way (a bad gradient after good ones) drops what it had handed over, so the
-    step after the fix takes each gradient once."""
+    that fails (a bad gradient after good ones) leaves nothing handed over, so the step after
+    the fix takes each gradient once."""
     outs = []
     for fail_first in (False, True):
         torch.manual_seed(0)

@@ -417,6 +417,40 @@ def test_opt_state_reads_torchs_state_from_the_tiers_and_is_read_only(tmp_path):
     ts.close()
 
 
+def test_before_the_first_step_the_state_is_empty_as_torchs_is(tmp_path):
+    """torch has no state before the first step and starts SGD's momentum buffer from the first
+    gradient: a state dict of zero buffers loaded into torch.optim.SGD with dampening would step
+    differently from a fresh one. tierswap's opt.state and state_dict() are empty until then."""
+    torch.manual_seed(0)
+    lin = torch.nn.Linear(8, 4).to(torch.bfloat16)
+    hyper = dict(lr=0.1, momentum=0.9, dampening=0.5)
+    opt = tt.SGD(lin.parameters(), swap_dir=str(tmp_path), telemetry=False, **hyper)
+    p0 = next(lin.parameters())
+    assert len(opt.state) == 0 and list(opt.state) == [] and p0 not in opt.state
+    assert opt.state[p0] == {}
+    sd = opt.state_dict()
+    assert sd["state"] == {} and len(sd["master_params"]) == 2
+    grads = [torch.randn(p.shape) for p in lin.parameters()]
+    outs = []
+    for load in (False, True):
+        ref = [p.detach().float().clone() for p in lin.parameters()]
+        ropt = torch.optim.SGD(ref, **hyper)
+        if load:
+            ropt.load_state_dict(sd)
+        for p, g in zip(ref, grads):
+            p.grad = g.clone()
+        ropt.step()
+        outs.append(ref)
+    assert all(torch.equal(a, b) for a, b in zip(*outs))
+    opt.load_state_dict(sd)  # and back into tierswap: still no state
+    for p, g in zip(lin.parameters(), grads):
+        p.grad = g.to(torch.bfloat16)
+    opt.step()
+    assert len(opt.state) == 2 and float(opt.state[p0]["step"]) == 1.0
+    assert sorted(opt.state_dict()["state"]) == [0, 1]
+    opt.close()
+
+
 def test_scheduler_edits_reach_the_native_groups_and_fixed_keys_are_refused(tmp_path):
     model = torch.nn.Linear(8, 4).to(torch.bfloat16)
     opt = tt.AdamW(model.parameters(), lr=0.1, swap_dir=str(tmp_path), telemetry=False)
@@ -607,8 +641,8 @@ def test_bad_input_raises_naming_the_culprit(tmp_path):
     lin.weight.grad = None
     with pytest.raises(RuntimeError, match="constructor"):
         opt.add_param_group({"params": [torch.zeros(2, dtype=torch.bfloat16, requires_grad=True)]})
-    bad = opt.state_dict()
-    bad["state"][0]["exp_avg"] = torch.zeros(5)
+    bad = opt.state_dict()  # no state yet (no step): one of the wrong size
+    bad["state"][0] = {"step": torch.tensor(1.0), "exp_avg": torch.zeros(5)}
     with pytest.raises(ValueError, match="exp_avg"):
         opt.load_state_dict(bad)
     opt.close()
@@ -866,8 +900,8 @@ def test_a_checkpoint_thread_beside_the_training_thread(tmp_path):
         def checkpoints():
             while not stop.is_set():
                 try:
-                    sd = opt.state_dict()
-                    seen.append({int(st["step"]) for st in sd["state"].values()})
+                    sd = opt.state_dict()  # empty before the first step
+                    seen.append({int(st["step"]) for st in sd["state"].values()} or {0})
                     opt.residency()
                 except Exception as e:  # noqa: BLE001 - the test reports any
                     errors.append(repr(e))

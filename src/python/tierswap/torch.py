@@ -156,23 +156,25 @@ def _tier_config(telemetry, durable, service, service_job):
 class _StateView(Mapping):
     """``opt.state``: each trainable parameter's state as torch's optimizer would hold it
     (``step`` and the moments), read from the tiers when a parameter is looked up. The tensors
-    are copies: the view is read-only (set state through ``load_state_dict``). At world size >
-    1 a lookup would gather from every rank, so it is refused: ``state_dict()`` is the
-    collective."""
+    are copies: the view is read-only (set state through ``load_state_dict``). Before the first
+    step it is empty, as torch's is (a parameter's lookup gives ``{}``): there is no state yet,
+    and torch starts some from the first gradient, not from zeros (SGD's momentum buffer). At
+    world size > 1 a lookup would gather from every rank, so it is refused: ``state_dict()`` is
+    the collective."""
 
     def __init__(self, opt):
         self._opt = weakref.ref(opt)  # the optimizer holds the view, not the other way round
 
     def _params(self):
         opt = self._opt()
-        return [] if opt is None else [p for p, _ in opt._ids]
+        return [] if opt is None or not opt._has_state() else [p for p, _ in opt._ids]
 
     def __getitem__(self, p):
         opt = self._opt()
         nid = None if opt is None else next((n for q, n in opt._ids if q is p), None)
         if nid is None:
             raise KeyError("not a trainable parameter of this optimizer")
-        return opt._param_state(p, nid)
+        return opt._param_state(p, nid) if opt._has_state() else {}
 
     def __contains__(self, p):
         return any(q is p for q in self._params())
@@ -583,16 +585,23 @@ class _TieredOptimizer(Optimizer):
         self._native.gather(nid, cls, t.data_ptr(), t.numel())
         return t
 
+    def _has_state(self):
+        """Whether a step was taken (or state loaded at a step): before, torch's state is empty."""
+        return self.step_count > 0
+
     @_one_at_a_time
     def state_dict(self):
         """torch's format, the state materialized from the tiers: {'state': {index: {'step',
         moments}}, 'param_groups': [...]}, plus 'master_params': {index: fp32 master weights}
-        (a key torch.optim's load_state_dict ignores)."""
+        (a key torch.optim's load_state_dict ignores). Before the first step 'state' is empty,
+        as torch's is."""
         index = self._index()
         state, masters = {}, {}
+        has_state = self._has_state()
         for p, nid in self._ids:
             i = index[id(p)]
-            state[i] = self._param_state(p, nid, collective=True)
+            if has_state:
+                state[i] = self._param_state(p, nid, collective=True)
             masters[i] = self._gather(p, nid, "master")
         groups = []
         for group in self.param_groups:

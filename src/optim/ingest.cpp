@@ -200,8 +200,7 @@ void ShardedOptimizer::add_grad(ParamId id, const void* grad, Dtype dtype) {
     g.local_dirty = true;
     return;
   }
-  for (std::size_t k = 0; k < g.nsubs; ++k) {
-    OptSub& s = m.subs[g.first_sub + k];
+  for (OptSub& s : m.subs_holding(p)) {
     const auto [b, e] = Impl::slice(p, s);
     if (b < e) m.add_slice(s, id, b, e, grad, dtype);
   }
@@ -243,8 +242,7 @@ void ShardedOptimizer::add_grad_device(ParamId id, const void* d_grad, Dtype dty
   }
   const Dtype acc = m.acc_dtype(g);
   const std::size_t acc_es = dtype_size(acc);
-  for (std::size_t k = 0; k < g.nsubs; ++k) {
-    OptSub& s = m.subs[g.first_sub + k];
+  for (OptSub& s : m.subs_holding(p)) {
     const auto range = Impl::slice(p, s);  // not a structured binding: lambdas capture it
     const std::uint64_t b = range.first, e = range.second;
     if (b >= e) continue;

@@ -96,6 +96,23 @@ std::pair<std::uint64_t, std::uint64_t> ShardedOptimizer::Impl::piece(const OptG
   return {b, e - b};
 }
 
+std::span<const OptSub> ShardedOptimizer::Impl::subs_holding(const OptParam& p) const {
+  const OptGroup& g = groups[p.group];
+  const auto first = subs.begin() + static_cast<std::ptrdiff_t>(g.first_sub);
+  const auto last = first + static_cast<std::ptrdiff_t>(g.nsubs);
+  const auto lo = std::partition_point(
+      first, last, [&](const OptSub& s) { return s.begin + s.numel <= p.offset; });
+  const auto hi =
+      std::partition_point(lo, last, [&](const OptSub& s) { return s.begin < p.offset + p.numel; });
+  return {lo, hi};
+}
+
+std::span<OptSub> ShardedOptimizer::Impl::subs_holding(const OptParam& p) {
+  const auto held = std::as_const(*this).subs_holding(p);
+  const auto at = static_cast<std::size_t>(held.data() - subs.data());
+  return {subs.data() + at, held.size()};
+}
+
 void ShardedOptimizer::Impl::require_finalized(const char* what) const {
   if (!finalized) throw std::logic_error(fmt::format("{}: call finalize() first", what));
 }

@@ -92,9 +92,7 @@ void ShardedOptimizer::lend_grad(ParamId id, const void* grad, Dtype dtype) {
     add_grad(id, grad, dtype);
     return;
   }
-  OptGroup& g = m.groups[p.group];
-  for (std::size_t k = 0; k < g.nsubs; ++k) {
-    OptSub& s = m.subs[g.first_sub + k];
+  for (OptSub& s : m.subs_holding(p)) {
     const auto [b, e] = Impl::slice(p, s);
     if (b >= e) continue;
     const std::size_t at = s.slice_of(id);

@@ -13,6 +13,7 @@
 #include <nlohmann/json_fwd.hpp>
 #include <optional>
 #include <stdexcept>
+#include <span>
 #include <string>
 #include <thread>
 #include <vector>
@@ -245,6 +246,11 @@ struct ShardedOptimizer::Impl {
   std::uint64_t state_block_bytes(const OptSub& s) const;
   /// Bytes of a sub-group's gradient block (rounded as above).
   std::uint64_t grad_block_bytes(const OptSub& s) const;
+  /// This rank's sub-groups holding a piece of trainable parameter p, found by binary search
+  /// (a group's are in the order of their place in it): a step's hand-over of a model of many
+  /// parameters in many sub-groups does not pass over every sub-group for every parameter.
+  std::span<OptSub> subs_holding(const OptParam& p);
+  std::span<const OptSub> subs_holding(const OptParam& p) const;
   /// The part of parameter p in sub-group s: [b, e) in the group's flat space (b >= e: none).
   static std::pair<std::uint64_t, std::uint64_t> slice(const OptParam& p, const OptSub& s) {
     return {std::max(p.offset, s.begin), std::min(p.offset + p.numel, s.begin + s.numel)};

@@ -45,11 +45,9 @@ std::vector<std::pair<std::uint64_t, std::vector<float>>> ShardedOptimizer::shar
   const OptParam& p = m.params[id];
   std::vector<std::pair<std::uint64_t, std::vector<float>>> out;
   if (!p.spec.requires_grad) return out;
-  const OptGroup& g = m.groups[p.group];
   const int slot = checked_slot(m.groups, "shard", p, cls);
   const Dtype dt = m.slot_dtype(slot);
-  for (std::size_t k = 0; k < g.nsubs; ++k) {
-    const OptSub& s = m.subs[g.first_sub + k];
+  for (const OptSub& s : m.subs_holding(p)) {
     const auto [b, e] = Impl::slice(p, s);
     if (b >= e) continue;
     BlockView v = m.tiers.acquire(s.state[slot], Tier::host);
@@ -113,12 +111,10 @@ void ShardedOptimizer::import_state(std::span<const StateTensor> tensors,
   try {
     for (const auto& t : tensors) {
       const OptParam& p = m.params[t.param];
-      const OptGroup& g = m.groups[p.group];
       const int slot = checked_slot(m.groups, "import_state", p, t.cls);
       const Dtype dt = m.slot_dtype(slot);
       master |= slot == kMaster;
-      for (std::size_t k = 0; k < g.nsubs; ++k) {
-        const OptSub& s = m.subs[g.first_sub + k];
+      for (const OptSub& s : m.subs_holding(p)) {
         const auto [b, e] = Impl::slice(p, s);
         if (b >= e) continue;
         const Access access =

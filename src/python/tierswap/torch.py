@@ -171,13 +171,14 @@ class _StateView(Mapping):
 
     def __getitem__(self, p):
         opt = self._opt()
-        nid = None if opt is None else next((n for q, n in opt._ids if q is p), None)
+        nid = None if opt is None else opt._nid_of.get(id(p))
         if nid is None:
             raise KeyError("not a trainable parameter of this optimizer")
         return opt._param_state(p, nid) if opt._has_state() else {}
 
     def __contains__(self, p):
-        return any(q is p for q in self._params())
+        opt = self._opt()
+        return opt is not None and id(p) in opt._nid_of and opt._has_state()
 
     def __iter__(self):
         return iter(self._params())
@@ -318,6 +319,8 @@ class _TieredOptimizer(Optimizer):
                     self._ids.append((p, nid))
                 else:
                     self._frozen.append((f"param_groups[{gi}]['params'][{pi}]", p))
+        self._nid_of = {id(p): nid for p, nid in self._ids}  # opt.state's lookups
+        self._group_at = {pid: gi for gi, ids in enumerate(self._group_ids) for pid in ids}
         n.finalize()
         self.resumed = n.resumed()
         if self.resumed:  # param_groups stay as the trainer made them (torch's way: a scheduler
@@ -626,10 +629,10 @@ class _TieredOptimizer(Optimizer):
         return self._state_keys
 
     def _group_of(self, p):
-        for group in self.param_groups:
-            if any(q is p for q in group["params"]):
-                return group
-        raise KeyError("parameter not in this optimizer")
+        gi = self._group_at.get(id(p))
+        if gi is None:
+            raise KeyError("parameter not in this optimizer")
+        return self.param_groups[gi]
 
     @_one_at_a_time
     def load_state_dict(self, state_dict):

@@ -60,10 +60,9 @@ ParamId ShardedOptimizer::add_param(int group, const ParamSpec& spec) {
   if (spec.dtype == Dtype::f32)
     throw std::invalid_argument(fmt::format(
         "add_param '{}': dtype must be bf16 or f16 (the model's 16-bit copy)", spec.name));
-  for (const auto& p : m.params)
-    if (p.spec.name == spec.name)
-      throw std::invalid_argument(
-          fmt::format("add_param '{}': a parameter of that name exists", spec.name));
+  if (m.param_names.contains(spec.name))
+    throw std::invalid_argument(
+        fmt::format("add_param '{}': a parameter of that name exists", spec.name));
   OptGroup& g = m.groups[group];
   if (spec.requires_grad) {
     if (g.has_dtype && g.dtype16 != spec.dtype)
@@ -78,6 +77,7 @@ ParamId ShardedOptimizer::add_param(int group, const ParamSpec& spec) {
   p.group = group;
   p.numel = spec.numel();
   m.params.push_back(std::move(p));
+  m.param_names.insert(spec.name);
   const auto id = static_cast<ParamId>(m.params.size() - 1);
   g.params.push_back(id);
   return id;

@@ -16,6 +16,7 @@
 #include <span>
 #include <string>
 #include <thread>
+#include <unordered_set>
 #include <vector>
 
 #include "tierswap/communicator.hpp"
@@ -185,6 +186,7 @@ struct ShardedOptimizer::Impl {
                                // cannot hold them beside the gradients and a write-behind
   std::vector<OptGroup> groups;
   std::vector<OptParam> params;
+  std::unordered_set<std::string> param_names;  // add_param's check (not a pass over params)
   std::vector<OptSub> subs;
   std::size_t chunks = 0;
   std::uint64_t step_count = 0;

@@ -518,6 +518,7 @@ TEST(TierManager, CommitRecordsComeBackAsSetAfterAReopenAndARollBack) {
   EXPECT_EQ(r.mgr->commit_record(), first);
   r.reopen(cfg);
   EXPECT_EQ(r.mgr->commit_record(), first);
+  EXPECT_THROW(r.mgr->set_commit_record("bad \xc3"), std::invalid_argument);
   r.mgr->commit();  // the record set back by the roll-back goes with the next generation
   r.reopen(cfg);
   EXPECT_EQ(r.mgr->commit_record(), first);

@@ -12,8 +12,8 @@
 #include <mutex>
 #include <nlohmann/json_fwd.hpp>
 #include <optional>
-#include <stdexcept>
 #include <span>
+#include <stdexcept>
 #include <string>
 #include <thread>
 #include <unordered_set>

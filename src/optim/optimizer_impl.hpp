@@ -124,7 +124,8 @@ struct OptGroup {
   bool local_dirty = false;
   std::size_t chunk_base = 0;            // first statistics chunk in the optimizer's chunk vector
   std::size_t first_sub = 0, nsubs = 0;  // this rank's sub-groups in Impl::subs
-  std::string params_record;  // Impl::params_json() as text, made by finalize() (fixed since)
+  std::string params_record;  // its parameters as groups_json() lists them, as text: made by
+                              // finalize() (fixed since), spliced into every commit record
   bool has_slot(int slot) const;
   /// The state slot holding `cls`, or -1 when this group keeps no such state.
   int slot_for(BlockClass cls) const;

@@ -100,6 +100,13 @@ void fill(BlockView& v, std::uint64_t seed) {
   test::fill_pattern(v.data(), v.bytes(), seed, 0);
 }
 
+// Writes the pattern of `seed` into the block's host copy (dirty: the next commit writes it).
+void write_pattern(TierManager& m, BlockId id, std::uint64_t seed) {
+  BlockView v = m.acquire(id, Tier::host, Access::write);
+  fill(v, seed);
+  m.release(v, true);
+}
+
 void expect_pattern(TierManager& m, BlockId id, std::uint64_t seed, Tier t = Tier::host) {
   BlockView v = m.acquire(id, t);
   EXPECT_EQ(test::first_mismatch(v.data(), v.bytes(), seed, 0), -1)
@@ -479,11 +486,7 @@ TEST(TierManager, InPlaceModeCommitsAndReopensButCannotDiscard) {
   cfg.shadow_slots = false;
   Rig r(cfg);
   const BlockId a = r.mgr->create(desc("a", bytes / 4));
-  {
-    BlockView v = r.mgr->acquire(a, Tier::host, Access::write);
-    fill(v, 9);
-    r.mgr->release(v, true);
-  }
+  write_pattern(*r.mgr, a, 9);
   EXPECT_EQ(r.mgr->commit(), 1u);
   EXPECT_THROW(r.mgr->discard(), std::logic_error);
   r.reopen(cfg);
@@ -506,9 +509,7 @@ TEST(TierManager, CommitRecordsComeBackAsSetAfterAReopenAndARollBack) {
   const std::string second = "step 2: \"\u00e9t\u00e9\"";
   for (int gen = 1; gen <= 2; ++gen) {
     r.mgr->set_commit_record(gen == 1 ? first : second);
-    BlockView v = r.mgr->acquire(a, Tier::host, Access::write);
-    fill(v, gen);
-    r.mgr->release(v, true);
+    write_pattern(*r.mgr, a, gen);
     r.mgr->commit();
   }
   EXPECT_THROW(r.mgr->set_commit_record("bad \xff byte"), std::invalid_argument);

@@ -26,10 +26,9 @@ struct TelemetryConfig {
   static TelemetryConfig from_env();
 };
 
-/// The runtime directory tierswap processes publish their sockets in (see the header comment).
+/// The runtime directory tierswap processes publish their sockets in (see the header comment); a
+/// relative TIERSWAP_RUNTIME_DIR is std::invalid_argument.
 std::filesystem::path default_runtime_dir();
-/// TIERSWAP_RUNTIME_DIR, empty when unset; a relative path is std::invalid_argument.
-std::filesystem::path runtime_dir_from_env();
 
 /// Serves `snapshot()` to every accepted same-uid connection, on the process's telemetry thread,
 /// until destroyed (the last server of the process stops the thread and removes the socket). Throws

@@ -73,6 +73,19 @@ bool write_all(int fd, const std::string& s) {
   return true;
 }
 
+// TIERSWAP_RUNTIME_DIR, empty when unset; a relative path is refused.
+std::filesystem::path runtime_dir_from_env() {
+  const char* v = std::getenv("TIERSWAP_RUNTIME_DIR");
+  if (v == nullptr || *v == 0) return {};
+  const std::filesystem::path dir(v);
+  if (dir.is_relative())
+    throw std::invalid_argument(fmt::format(
+        "TIERSWAP_RUNTIME_DIR={}: expected an absolute path (tierswap residency, ps and the "
+        "service's clients look for sockets there from any working directory)",
+        v));
+  return dir;
+}
+
 }  // namespace
 
 TelemetryConfig TelemetryConfig::from_env() {
@@ -85,18 +98,6 @@ TelemetryConfig TelemetryConfig::from_env() {
   }
   c.runtime_dir = runtime_dir_from_env();
   return c;
-}
-
-std::filesystem::path runtime_dir_from_env() {
-  const char* v = std::getenv("TIERSWAP_RUNTIME_DIR");
-  if (v == nullptr || *v == 0) return {};
-  const std::filesystem::path dir(v);
-  if (dir.is_relative())
-    throw std::invalid_argument(fmt::format(
-        "TIERSWAP_RUNTIME_DIR={}: expected an absolute path (tierswap residency, ps and the "
-        "service's clients look for sockets there from any working directory)",
-        v));
-  return dir;
 }
 
 std::filesystem::path default_runtime_dir() {

@@ -185,6 +185,10 @@ struct TierManager::Impl {
   CommitRecord prev_record;     // the record of the generation before the committed one
   bool checksums_verified = false;
   bool stop = false;
+  // The reaper waits on a condition of its own, told only of a new transfer (and of stop): on
+  // `cv`, every release() of a view would wake it for nothing (a futex wake and a switch per
+  // gradient handed over, most of the cost of a hook over a small parameter).
+  std::condition_variable reaper_cv;
   std::thread reaper;
   // Checksums the writes' buffers off the threads that start them (the step's among them),
   // while their I/O runs; stopped last (~TierManager), once nothing is in flight.

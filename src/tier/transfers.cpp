@@ -110,6 +110,7 @@ std::shared_ptr<Op> TierManager::Impl::start_read(BlockId id, std::byte* into, b
   }
   inflight.push_back(op);
   cv.notify_all();
+  reaper_cv.notify_one();
   return op;
 }
 
@@ -130,6 +131,7 @@ std::shared_ptr<Op> TierManager::Impl::start_write(BlockId id) {
   b.op = op;
   inflight.push_back(op);
   cv.notify_all();
+  reaper_cv.notify_one();
   return op;
 }
 
@@ -155,7 +157,7 @@ void TierManager::Impl::run_reaper() {
     return std::any_of(inflight.begin(), inflight.end(), [](auto& op) { return !op->io_landed; });
   };
   for (;;) {
-    cv.wait(lk, [&] { return stop || unlanded(); });
+    reaper_cv.wait(lk, [&] { return stop || unlanded(); });
     if (stop) return;
     // Whichever transfer lands first is finalized first (a write-back that frees memory must
     // not wait behind a slower read).
@@ -179,7 +181,7 @@ void TierManager::Impl::stop_reaper() {
     std::lock_guard lk(mu);
     stop = true;
   }
-  cv.notify_all();
+  reaper_cv.notify_one();
   reaper.join();
 }
 

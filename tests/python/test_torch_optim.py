@@ -709,6 +709,57 @@ def test_a_signal_that_ends_the_job_removes_its_temporary_swap_directory(tmp_pat
     assert os.listdir(tmp_path) == ["mine"]
 
 
+def test_the_temporary_swap_directory_of_a_killed_process_is_removed_by_the_next_optimizer(
+        tmp_path, monkeypatch):
+    """kill -9 (or the OOM killer) leaves no handler a chance: the next optimizer on the host to
+    make a temporary swap directory removes that one, with a warning naming it. One whose process
+    still runs, one without the owner lock (being made, or an older tierswap's), another host's
+    (a TMPDIR shared over the network) and another user's are left alone."""
+    import signal
+    import socket
+
+    env = dict(os.environ, TMPDIR=str(tmp_path))
+    env.pop("TIERSWAP_SWAP_DIRS", None)
+    start = lambda: subprocess.Popen([sys.executable, "-c", _SLEEPER], env=env,  # noqa: E731
+                                     stdout=subprocess.PIPE, text=True)
+    killed, live = start(), start()
+    try:
+        dead_dir, live_dir = killed.stdout.readline().strip(), live.stdout.readline().strip()
+        killed.send_signal(signal.SIGKILL)
+        assert killed.wait(timeout=60) == -signal.SIGKILL
+        assert os.path.exists(os.path.join(dead_dir, "owner.lock")) and os.listdir(dead_dir)
+        host = socket.gethostname()
+        unowned = tmp_path / f"tierswap-{host}-unowned"
+        unowned.mkdir()
+        (unowned / "tierswap-rank0").write_text("state")
+        other_host = tmp_path / "tierswap-elsewhere-a1b2c3d4"
+        other_host.mkdir()
+        (other_host / "owner.lock").write_text("123\n")  # unlocked here: its lock is that host's
+        others = tmp_path / f"tierswap-{host}-others"  # another user's (made so when root can)
+        others.mkdir()
+        (others / "owner.lock").write_text("123\n")
+        if os.getuid() == 0:
+            os.chown(others, 65534, 65534)
+        monkeypatch.setenv("TMPDIR", str(tmp_path))
+        monkeypatch.delenv("TIERSWAP_SWAP_DIRS", raising=False)
+        lin = torch.nn.Linear(64, 64).to(torch.bfloat16)
+        with pytest.warns(UserWarning, match=f"removed {dead_dir} .*SIGKILL"):
+            opt = tt.AdamW(lin.parameters(), telemetry=False, state_tier="nvme")
+        assert not os.path.exists(dead_dir)
+        assert sorted(os.listdir(tmp_path)) == sorted(
+            os.path.basename(d) for d in (live_dir, opt._tmpdir.path, unowned, other_host, others))
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")  # nothing more to remove: no warning
+            tt.AdamW(torch.nn.Linear(8, 8).to(torch.bfloat16).parameters(),
+                     telemetry=False).close()
+        opt.close()
+        assert os.listdir(live_dir)  # the live run's state untouched
+    finally:
+        for proc in (killed, live):
+            proc.kill()
+            proc.wait()
+
+
 def test_a_forked_worker_ended_by_sigterm_leaves_the_temporary_swap_directory(
         tmp_path, monkeypatch):
     """A data loader's worker is a fork of the training process (the handler and its registered

@@ -21,6 +21,7 @@ through its load_state_dict / load): an in-place write into ``p`` does not reach
 Tier keywords (all optional; the defaults work untuned):
   swap_dir        a directory or a list (one per drive: striped); default TIERSWAP_SWAP_DIRS, else
                   a private temporary directory under $TMPDIR or /var/tmp, removed at close()
+                  (one a killed process left: by the next optimizer on the host)
   host_budget     pinned host bytes, "8GiB" or an int (default 1 GiB, or TIERSWAP_HOST_BUDGET)
   state_tier      "auto" (host memory when everything fits in half the budget), "host", "nvme"
   subgroup_size   elements per sub-group, a count as the CLI's --sub-group ("4M" = 4,000,000,
@@ -74,9 +75,7 @@ import functools
 import json
 import math
 import os
-import shutil
 import sys
-import tempfile
 import threading
 import time
 import warnings
@@ -87,29 +86,13 @@ import torch
 from torch.optim import Optimizer
 
 from . import _tierswap, parse_count, parse_size
+from ._swapdir import TempSwapDir
 from .distributed import default_communicator
 
 __all__ = ["AdamW", "Adam", "SGD", "Lion", "from_deepspeed_config"]
 
 _DTYPE_NAMES = {torch.bfloat16: "bfloat16", torch.float16: "float16", torch.float32: "float32"}
 _TORCH_VERSION = tuple(int(x) for x in torch.__version__.split("+")[0].split(".")[:2])
-
-
-class _TempSwapDir:
-    """The swap directory made for an optimizer given no swap_dir: removed at close(), when the
-    constructor fails, and by tierswap's handler when SIGTERM or SIGHUP ends the process (a job
-    the scheduler stops must not leave its state's gigabytes behind; SIGINT is Python's
-    KeyboardInterrupt, whose way out runs close())."""
-
-    def __init__(self):
-        root = os.environ.get("TMPDIR") or "/var/tmp"
-        self.path = tempfile.mkdtemp(prefix="tierswap-", dir=root)
-        self._handle = _tierswap.remove_on_signal(self.path)
-
-    def remove(self):
-        _tierswap.forget_on_signal(self._handle)
-        self._handle = -1
-        shutil.rmtree(self.path, ignore_errors=True)
 
 
 def _one_at_a_time(method):
@@ -978,7 +961,7 @@ def _temporary(swap_dir):
 def _swap_dirs(swap_dir):
     """The swap directories, and a temporary one to remove at close() when none was given."""
     if _temporary(swap_dir):
-        tmp = _TempSwapDir()
+        tmp = TempSwapDir()
         return [tmp.path], tmp
     if swap_dir is None:
         return [d for d in os.environ["TIERSWAP_SWAP_DIRS"].split(":") if d], None

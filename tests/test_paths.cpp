@@ -1,9 +1,13 @@
 // Hostile paths: swap and checkpoint directories that are symbolic links, owned by another user,
 // or world-writable without the sticky bit are refused with an error naming the directory and
 // the reason, before anything is written there; /var/tmp-like directories (1777) are accepted.
+#include <fcntl.h>
 #include <gtest/gtest.h>
+#include <sys/file.h>
 #include <sys/stat.h>
 #include <unistd.h>
+
+#include <fstream>
 
 #include "test_util.hpp"
 #include "tierswap/detail/paths.hpp"
@@ -146,4 +150,35 @@ TEST(BlockDeviceSysfs, NamesTheDeviceOrSaysWhyThereIsNone) {
   if (dev.empty()) GTEST_SKIP() << "the test directory is not on a block device: " << why;
   EXPECT_TRUE(why.empty()) << why;
   EXPECT_TRUE(std::filesystem::exists(dev / "dev")) << dev;  // "MAJ:MIN", as every block device
+}
+
+// The tests' own temporary directories: a run killed mid-test leaves its directory and a free
+// lock beside it; the next TempDir made in that root removes them, and leaves a live one alone.
+TEST(TestTempDir, RemovesWhatAKilledTestRunLeftAndNothingLive) {
+  TempDir root;
+  const auto leftover = [&](const std::string& name) {
+    std::filesystem::create_directory(root.path() / name);
+    std::ofstream(root.path() / name / "tierswap.swap") << "state";
+    std::ofstream(root.path() / (name + ".lock")) << "";
+  };
+  leftover("tierswap-test-dead01");
+  leftover("tierswap-test-live01");
+  const int held = ::open((root.path() / "tierswap-test-live01.lock").c_str(), O_RDONLY);
+  ASSERT_GE(held, 0);
+  ASSERT_EQ(::flock(held, LOCK_EX), 0);  // its test still runs
+  std::filesystem::create_directory(root.path() / "tierswap-test-nolock");
+  {
+    TempDir fresh(root.path().c_str());
+    EXPECT_TRUE(std::filesystem::exists(fresh.path().string() + ".lock"));
+    EXPECT_FALSE(std::filesystem::exists(root.path() / "tierswap-test-dead01"));
+    EXPECT_FALSE(std::filesystem::exists(root.path() / "tierswap-test-dead01.lock"));
+    EXPECT_TRUE(std::filesystem::exists(root.path() / "tierswap-test-live01" / "tierswap.swap"));
+    EXPECT_TRUE(std::filesystem::exists(root.path() / "tierswap-test-nolock"));
+    TempDir other(root.path().c_str());  // the first one's lock is held: it stays
+    EXPECT_TRUE(std::filesystem::exists(fresh.path()));
+  }
+  ::close(held);
+  EXPECT_EQ(std::distance(std::filesystem::directory_iterator(root.path()),
+                          std::filesystem::directory_iterator()),
+            3);  // live01, its lock, nolock: each TempDir removed itself and its lock
 }

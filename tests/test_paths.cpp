@@ -1,16 +1,16 @@
 // Hostile paths: swap and checkpoint directories that are symbolic links, owned by another user,
 // or world-writable without the sticky bit are refused with an error naming the directory and
 // the reason, before anything is written there; /var/tmp-like directories (1777) are accepted.
-#include <fcntl.h>
 #include <gtest/gtest.h>
-#include <sys/file.h>
 #include <sys/stat.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <fstream>
 
 #include "test_util.hpp"
 #include "tierswap/detail/paths.hpp"
+#include "tierswap/detail/temp_dir.hpp"
 #include "tierswap/swap_space.hpp"
 #include "tierswap/tiered_optimizer.hpp"
 
@@ -152,33 +152,75 @@ TEST(BlockDeviceSysfs, NamesTheDeviceOrSaysWhyThereIsNone) {
   EXPECT_TRUE(std::filesystem::exists(dev / "dev")) << dev;  // "MAJ:MIN", as every block device
 }
 
-// The tests' own temporary directories: a run killed mid-test leaves its directory and a free
-// lock beside it; the next TempDir made in that root removes them, and leaves a live one alone.
-TEST(TestTempDir, RemovesWhatAKilledTestRunLeftAndNothingLive) {
+// Temporary directories of tierswap's own: one whose process died without removing it (no
+// destructor, no handler: SIGKILL) is removed by the next one made under that root; one whose
+// process lives, one without a lock file, another host's and another user's are left alone.
+TEST(OwnedTempDir, RemovesWhatADeadProcessLeftAndNothingElse) {
   TempDir root;
+  const auto made_by_child = [&](bool keep) {
+    int fds[2];
+    EXPECT_EQ(::pipe(fds), 0);
+    const pid_t child = ::fork();
+    if (child == 0) {  // makes one, writes into it, and ends without running a destructor
+      auto* d = new detail::OwnedTempDir(root.path(), "tierswap-bench");
+      std::ofstream(d->path() / "tierswap.swap") << std::string(1 << 16, 's');
+      const std::string p = keep ? d->keep().string() : d->path().string();
+      if (::write(fds[1], p.data(), p.size()) != ssize_t(p.size())) ::_exit(1);
+      ::_exit(0);
+    }
+    ::close(fds[1]);
+    char buf[4096] = {};
+    const ssize_t n = ::read(fds[0], buf, sizeof buf - 1);
+    ::close(fds[0]);
+    int status = 0;
+    ::waitpid(child, &status, 0);
+    EXPECT_TRUE(n > 0 && WIFEXITED(status) && WEXITSTATUS(status) == 0);
+    return std::filesystem::path(std::string(buf, n > 0 ? n : 0));
+  };
+  const auto kept = made_by_child(true);  // first: the next one made sweeps
+  const auto dead = made_by_child(false);
+  char host[256] = {};
+  ::gethostname(host, sizeof host - 1);
   const auto leftover = [&](const std::string& name) {
     std::filesystem::create_directory(root.path() / name);
     std::ofstream(root.path() / name / "tierswap.swap") << "state";
     std::ofstream(root.path() / (name + ".lock")) << "";
+    return root.path() / name;
   };
-  leftover("tierswap-test-dead01");
-  leftover("tierswap-test-live01");
-  const int held = ::open((root.path() / "tierswap-test-live01.lock").c_str(), O_RDONLY);
-  ASSERT_GE(held, 0);
-  ASSERT_EQ(::flock(held, LOCK_EX), 0);  // its test still runs
-  std::filesystem::create_directory(root.path() / "tierswap-test-nolock");
+  const auto other_host = leftover("tierswap-elsewhere-a1b2c3");
+  const auto others = leftover(std::string("tierswap-") + host + "-others");
+  if (::geteuid() == 0) ASSERT_EQ(::chown((others.string() + ".lock").c_str(), 65534, 65534), 0);
+  const auto unlocked = root.path() / (std::string("tierswap-") + host + "-nolock");
+  std::filesystem::create_directory(unlocked);
+  std::vector<detail::OwnedTempDir::Swept> swept;
   {
-    TempDir fresh(root.path().c_str());
-    EXPECT_TRUE(std::filesystem::exists(fresh.path().string() + ".lock"));
-    EXPECT_FALSE(std::filesystem::exists(root.path() / "tierswap-test-dead01"));
-    EXPECT_FALSE(std::filesystem::exists(root.path() / "tierswap-test-dead01.lock"));
-    EXPECT_TRUE(std::filesystem::exists(root.path() / "tierswap-test-live01" / "tierswap.swap"));
-    EXPECT_TRUE(std::filesystem::exists(root.path() / "tierswap-test-nolock"));
-    TempDir other(root.path().c_str());  // the first one's lock is held: it stays
-    EXPECT_TRUE(std::filesystem::exists(fresh.path()));
+    detail::OwnedTempDir live(root.path(), "tierswap", detail::OwnedTempDir::OnSignal::leave,
+                              &swept);
+    ASSERT_EQ(swept.size(), 1u);
+    EXPECT_EQ(swept[0].path, dead);
+    EXPECT_GE(swept[0].bytes, 1u << 16);
+    EXPECT_TRUE(std::filesystem::exists(live.path().string() + ".lock"));
+    detail::OwnedTempDir fresh(root.path(), "tierswap-x", detail::OwnedTempDir::OnSignal::leave,
+                               &swept);
+    EXPECT_TRUE(swept.empty());
+    EXPECT_TRUE(std::filesystem::exists(live.path()));  // its lock is held: left alone
+    const pid_t child = ::fork();  // a data loader's worker, whose copy goes at its exit
+    if (child == 0) {
+      live.remove();
+      ::_exit(live.path().empty() ? 0 : 1);
+    }
+    int status = 0;
+    ::waitpid(child, &status, 0);
+    EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0);
+    EXPECT_TRUE(std::filesystem::exists(live.path().string() + ".lock"));  // still the parent's
+    EXPECT_TRUE(detail::OwnedTempDir::sweep(root.path()).empty());         // and still locked
   }
-  ::close(held);
+  EXPECT_FALSE(std::filesystem::exists(dead));
+  EXPECT_FALSE(std::filesystem::exists(dead.string() + ".lock"));
+  for (const auto& p : {kept, other_host, others, unlocked})
+    EXPECT_TRUE(std::filesystem::exists(p));
   EXPECT_EQ(std::distance(std::filesystem::directory_iterator(root.path()),
                           std::filesystem::directory_iterator()),
-            3);  // live01, its lock, nolock: each TempDir removed itself and its lock
+            6);  // those four and two lock files (another host's, another user's): nothing more
+  EXPECT_TRUE(detail::OwnedTempDir::sweep(root.path()).empty());
 }

@@ -1,10 +1,8 @@
 // Helpers shared by the test suites.
 #pragma once
 
-#include <fcntl.h>
 #include <gtest/gtest.h>
 #include <stdlib.h>
-#include <sys/file.h>
 #include <unistd.h>
 
 #include <cstdint>
@@ -15,6 +13,7 @@
 #include <vector>
 
 #include "tierswap/detail/io_backend.hpp"
+#include "tierswap/detail/temp_dir.hpp"
 #include "tierswap/io_engine.hpp"
 #include "tierswap/swap_space.hpp"
 #include "tierswap/tiered_optimizer.hpp"
@@ -37,64 +36,19 @@ inline TieredOptions tiered_options(const std::filesystem::path& dir, std::uint6
 }
 
 /// A fresh directory on a real filesystem (TMPDIR or /var/tmp: not tmpfs, so O_DIRECT works),
-/// removed with everything in it at the end of the test. Beside it, `<dir>.lock` is flock(2)ed
-/// while the test process lives: a run killed mid-test (whose destructors never ran, leaving
-/// swap files of up to several GiB) leaves it free, and the next TempDir made in that root
-/// removes such leftovers.
+/// removed with everything in it at the end of the test; one a killed test run left (swap files
+/// of up to several GiB) is removed by the next one made (detail::OwnedTempDir). Not left to the
+/// signal handler: a test process keeps the signals' dispositions and the handler's slots as
+/// the test sets them.
 class TempDir {
  public:
-  explicit TempDir(const char* base = nullptr) {
-    const char* env = std::getenv("TMPDIR");
-    std::string root = base ? base : (env && *env ? env : "/var/tmp");
-    sweep(root);
-    std::string tmpl = root + "/tierswap-test-XXXXXX";
-    if (::mkdtemp(tmpl.data()) == nullptr) throw std::runtime_error("mkdtemp failed in " + root);
-    path_ = tmpl;
-    lock_ = hold(path_.string() + ".lock");
-  }
-  ~TempDir() {
-    std::error_code ec;
-    std::filesystem::remove_all(path_, ec);
-    ::unlink((path_.string() + ".lock").c_str());
-    if (lock_ >= 0) ::close(lock_);  // after the removal: never unlocked while the directory is
-  }
-  TempDir(const TempDir&) = delete;
-  TempDir& operator=(const TempDir&) = delete;
-  const std::filesystem::path& path() const { return path_; }
+  explicit TempDir(const char* base = nullptr)
+      : dir_(base ? std::filesystem::path(base) : detail::OwnedTempDir::default_root(),
+             "tierswap-test", detail::OwnedTempDir::OnSignal::leave) {}
+  const std::filesystem::path& path() const { return dir_.path(); }
 
  private:
-  // Locked before it has the name a sweep looks for: a sweep never finds a live one free.
-  static int hold(const std::string& lock) {
-    const std::string made = lock + ".new";
-    const int fd = ::open(made.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
-    if (fd < 0) return -1;
-    if (::flock(fd, LOCK_EX) != 0 || ::rename(made.c_str(), lock.c_str()) != 0) {
-      ::unlink(made.c_str());
-      ::close(fd);
-      return -1;
-    }
-    return fd;
-  }
-  // Removes the directories of `root` whose lock is free (their test process ended).
-  static void sweep(const std::string& root) {
-    std::error_code ec;
-    for (const auto& e : std::filesystem::directory_iterator(root, ec)) {
-      const std::string name = e.path().filename().string();
-      if (name.rfind("tierswap-test-", 0) != 0 || !name.ends_with(".lock")) continue;
-      const int fd = ::open(e.path().c_str(), O_RDONLY | O_NOFOLLOW | O_CLOEXEC);
-      if (fd < 0) continue;
-      if (::flock(fd, LOCK_EX | LOCK_NB) == 0) {
-        std::error_code ignored;
-        std::filesystem::remove_all(e.path().string().substr(0, e.path().string().size() - 5),
-                                    ignored);
-        ::unlink(e.path().c_str());
-      }
-      ::close(fd);
-    }
-  }
-
-  std::filesystem::path path_;
-  int lock_ = -1;
+  detail::OwnedTempDir dir_;
 };
 
 /// Sets an environment variable for its lifetime (a setting read at construction, e.g. by

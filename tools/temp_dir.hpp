@@ -1,10 +1,6 @@
 // A temporary directory on a real disk (not tmpfs: O_DIRECT), removed with its contents at exit.
 #pragma once
 
-#include <stdlib.h>
-
-#include <cerrno>
-#include <cstdlib>
 #include <filesystem>
 #include <memory>
 #include <stdexcept>
@@ -13,23 +9,32 @@
 #include <utility>
 #include <vector>
 
+#include <fmt/format.h>
+
+#include "tierswap/detail/temp_dir.hpp"
 #include "tierswap/signal_cleanup.hpp"
 #include "tierswap/swap_space.hpp"
+#include "tierswap/units.hpp"
 
 namespace tierswap::cli {
 
 /// Temporary directories are also removed when SIGINT, SIGTERM or SIGHUP ends the process
-/// (tierswap/signal_cleanup.hpp). A directory the user named (--dir) is the user's; what a run
-/// makes in it, it adopts as a TempDir (bench step's sub-directories there).
+/// (tierswap/signal_cleanup.hpp), and, when the process is killed outright (SIGKILL, the OOM
+/// killer), by the next tierswap run that makes one on the host (detail::OwnedTempDir), which
+/// says so on stderr. A directory the user named (--dir) is the user's; what a run makes in it,
+/// it adopts as a TempDir (bench step's sub-directories there).
 struct TempDir {
   std::filesystem::path path;
   explicit TempDir(const char* prefix = "tierswap-bench") {
-    const char* base = std::getenv("TMPDIR");
-    std::string tmpl = std::string(base && *base ? base : "/var/tmp") + "/" + prefix + "-XXXXXX";
-    if (::mkdtemp(tmpl.data()) == nullptr)
-      throw std::system_error(errno, std::system_category(), "mkdtemp " + tmpl);
-    path = tmpl;
-    slot_ = remove_on_signal(path);
+    std::vector<detail::OwnedTempDir::Swept> swept;
+    owned_ = std::make_unique<detail::OwnedTempDir>(detail::OwnedTempDir::default_root(), prefix,
+                                                    detail::OwnedTempDir::OnSignal::remove, &swept);
+    for (const auto& s : swept)
+      fmt::print(stderr,
+                 "tierswap: removed {} ({}): the temporary directory of a tierswap process that "
+                 "ended without removing it (killed with SIGKILL, or by the OOM killer)\n",
+                 s.path.string(), format_bytes(s.bytes));
+    path = owned_->path();
   }
   /// A directory the run has just made elsewhere (under a --dir), owned the same way.
   struct Adopt {};
@@ -37,12 +42,14 @@ struct TempDir {
     slot_ = remove_on_signal(path);
   }
   ~TempDir() {
+    if (owned_) return;  // its own destructor removes it
     forget_on_signal(slot_);
     std::error_code ec;
     if (!path.empty()) std::filesystem::remove_all(path, ec);
   }
   /// Leaves the directory in place at exit; returns its path.
   std::filesystem::path keep() {
+    if (owned_) owned_->keep();
     forget_on_signal(std::exchange(slot_, -1));
     return std::exchange(path, {});
   }
@@ -50,6 +57,7 @@ struct TempDir {
   TempDir& operator=(const TempDir&) = delete;
 
  private:
+  std::unique_ptr<detail::OwnedTempDir> owned_;  // made here; none when adopted
   int slot_ = -1;
 };
 

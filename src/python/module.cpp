@@ -19,8 +19,8 @@
 #include <vector>
 
 #include "tierswap/communicator.hpp"
+#include "tierswap/detail/temp_dir.hpp"
 #include "tierswap/kernels.hpp"
-#include "tierswap/signal_cleanup.hpp"
 #include "tierswap/tier_manager.hpp"
 #include "tierswap/tiered_optimizer.hpp"
 #include "tierswap/units.hpp"
@@ -375,6 +375,29 @@ void bind_introspection(PyOptimizerClass& c) {
       });
 }
 
+// detail::OwnedTempDir: an optimizer's temporary swap directory (tierswap/_swapdir.py).
+void bind_temp_dir(py::module_& m) {
+  using detail::OwnedTempDir;
+  py::class_<OwnedTempDir>(m, "TempDir",
+                           "a temporary directory removed at remove(), when SIGINT/SIGTERM/SIGHUP "
+                           "ends the process, and by a later sweep when its process was killed")
+      .def(py::init([](const std::string& root, const std::string& prefix) {
+             return std::make_unique<OwnedTempDir>(root, prefix);
+           }),
+           py::arg("root"), py::arg("prefix"))
+      .def_property_readonly("path", [](const OwnedTempDir& d) { return d.path().string(); })
+      .def("remove", &OwnedTempDir::remove);
+  m.def(
+      "sweep_temp_dirs",
+      [](const std::string& root) {
+        std::vector<std::pair<std::string, std::uint64_t>> out;
+        for (const auto& s : OwnedTempDir::sweep(root)) out.emplace_back(s.path.string(), s.bytes);
+        return out;
+      },
+      py::arg("root"),
+      "removes the temporary directories under root whose process has ended: [(path, bytes)]");
+}
+
 }  // namespace
 
 PYBIND11_MODULE(_tierswap, m) {
@@ -406,9 +429,5 @@ PYBIND11_MODULE(_tierswap, m) {
         return parse_param_count(s, what.c_str());
       },
       py::arg("text"), py::arg("what") = "count");
-  m.def(
-      "remove_on_signal", [](const std::string& dir) { return remove_on_signal(dir); },
-      "a directory removed when SIGINT/SIGTERM/SIGHUP ends the process (where the signal's "
-      "disposition is the default); returns the handle for forget_on_signal, -1: not covered");
-  m.def("forget_on_signal", &forget_on_signal);
+  bind_temp_dir(m);
 }

@@ -1,0 +1,172 @@
+// detail::OwnedTempDir: temporary directories whose process holds a lock beside them, and the
+// sweep that removes those whose process has ended (see the header).
+#include "tierswap/detail/temp_dir.hpp"
+
+#include <fcntl.h>
+#include <stdlib.h>
+#include <sys/file.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstdlib>
+#include <system_error>
+#include <utility>
+
+#include "tierswap/detail/process.hpp"
+#include "tierswap/signal_cleanup.hpp"
+
+namespace tierswap::detail {
+
+namespace {
+
+constexpr std::string_view kLockSuffix = ".lock";
+constexpr std::size_t kRandomChars = 6;  // mkdtemp's XXXXXX
+
+std::string host_name() {
+  char host[256] = {};
+  if (::gethostname(host, sizeof host - 1) != 0 || host[0] == '\0') return "localhost";
+  std::string h = host;
+  for (char& c : h)
+    if (c == '/') c = '_';
+  return h;
+}
+
+// Whether `name` is the lock file of one of tierswap's directories made on `host`:
+// "tierswap*-<host>-XXXXXX.lock".
+bool ours(std::string_view name, const std::string& host) {
+  if (!name.starts_with("tierswap") || !name.ends_with(kLockSuffix)) return false;
+  name.remove_suffix(kLockSuffix.size());
+  if (name.size() < kRandomChars + 1) return false;
+  name.remove_suffix(kRandomChars);
+  return name.ends_with("-" + host + "-");
+}
+
+std::uint64_t bytes_in(const std::filesystem::path& dir) {
+  std::uint64_t total = 0;
+  std::error_code ec;
+  for (std::filesystem::recursive_directory_iterator it(dir, ec), end; !ec && it != end;
+       it.increment(ec)) {
+    struct stat st {};
+    if (::lstat(it->path().c_str(), &st) == 0) total += std::uint64_t(st.st_blocks) * 512;
+  }
+  return total;
+}
+
+// The lock of a directory of this user's, opened and taken when its process has ended; -1 when
+// it still runs (or the file is not this user's, or cannot be opened).
+int take_if_free(const std::filesystem::path& lock) {
+  const int fd = ::open(lock.c_str(), O_RDONLY | O_NOFOLLOW | O_CLOEXEC);
+  if (fd < 0) return -1;
+  struct stat st {};
+  if (::fstat(fd, &st) != 0 || st.st_uid != ::geteuid() || ::flock(fd, LOCK_EX | LOCK_NB) != 0) {
+    ::close(fd);
+    return -1;
+  }
+  return fd;
+}
+
+// Locked under a name no sweep looks for, then renamed: a sweep never finds a live lock free.
+// -1 where the filesystem has no flock (the directory is then never swept).
+int hold(const std::filesystem::path& lock) {
+  const std::string made = lock.string() + ".new";
+  const int fd = ::open(made.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
+  if (fd < 0) return -1;
+  if (::flock(fd, LOCK_EX) != 0 || ::rename(made.c_str(), lock.c_str()) != 0) {
+    ::unlink(made.c_str());
+    ::close(fd);
+    return -1;
+  }
+  return fd;
+}
+
+}  // namespace
+
+std::filesystem::path OwnedTempDir::default_root() {
+  const char* env = std::getenv("TMPDIR");
+  return env && *env ? env : "/var/tmp";
+}
+
+std::vector<OwnedTempDir::Swept> OwnedTempDir::sweep(const std::filesystem::path& root) {
+  std::vector<Swept> swept;
+  const std::string host = host_name();
+  std::error_code ec;
+  for (const auto& e : std::filesystem::directory_iterator(root, ec)) {
+    const std::string name = e.path().filename().string();
+    if (!ours(name, host)) continue;
+    const int fd = take_if_free(e.path());
+    if (fd < 0) continue;
+    const std::filesystem::path dir = root / name.substr(0, name.size() - kLockSuffix.size());
+    struct stat st {};
+    if (::lstat(dir.c_str(), &st) == 0 && S_ISDIR(st.st_mode) && st.st_uid == ::geteuid()) {
+      Swept s{dir, bytes_in(dir)};
+      std::error_code rm;
+      std::filesystem::remove_all(dir, rm);
+      if (!rm) swept.push_back(std::move(s));
+    }
+    ::unlink(e.path().c_str());
+    ::close(fd);
+  }
+  return swept;
+}
+
+OwnedTempDir::OwnedTempDir(const std::filesystem::path& root, std::string_view prefix,
+                           OnSignal on_signal, std::vector<Swept>* swept) {
+  auto gone = sweep(root);
+  if (swept) *swept = std::move(gone);
+  std::string tmpl =
+      (root / (std::string(prefix) + "-" + host_name() + "-" + std::string(kRandomChars, 'X')))
+          .string();
+  if (::mkdtemp(tmpl.data()) == nullptr)
+    throw std::system_error(errno, std::system_category(), "mkdtemp " + tmpl);
+  path_ = tmpl;
+  owner_ = current_pid();
+  const std::filesystem::path lock = tmpl + std::string(kLockSuffix);
+  lock_fd_ = hold(lock);
+  if (on_signal == OnSignal::leave) return;
+  dir_handle_ = remove_on_signal(path_);
+  if (lock_fd_ >= 0) lock_handle_ = remove_on_signal(lock);
+}
+
+OwnedTempDir::~OwnedTempDir() {
+  remove();
+}
+
+void OwnedTempDir::release_lock() noexcept {
+  forget_on_signal(lock_handle_);
+  lock_handle_ = -1;
+  if (lock_fd_ < 0) return;
+  ::unlink((path_.string() + std::string(kLockSuffix)).c_str());
+  ::close(lock_fd_);  // last: never unlocked while the directory or its lock file is there
+  lock_fd_ = -1;
+}
+
+void OwnedTempDir::remove() noexcept {
+  if (path_.empty() || forget_if_forked()) return;
+  forget_on_signal(dir_handle_);
+  dir_handle_ = -1;
+  std::error_code ec;
+  std::filesystem::remove_all(path_, ec);
+  release_lock();
+  path_.clear();
+}
+
+bool OwnedTempDir::forget_if_forked() noexcept {
+  if (current_pid() == owner_) return false;
+  // A forked child's copy: the directory and its lock file are the parent's, whose descriptor
+  // keeps the lock when the child's closes.
+  if (lock_fd_ >= 0) ::close(lock_fd_);
+  lock_fd_ = -1;
+  path_.clear();
+  return true;
+}
+
+std::filesystem::path OwnedTempDir::keep() noexcept {
+  if (std::filesystem::path p = path_; forget_if_forked()) return p;
+  forget_on_signal(dir_handle_);
+  dir_handle_ = -1;
+  release_lock();
+  return std::exchange(path_, {});
+}
+
+}  // namespace tierswap::detail

@@ -98,13 +98,15 @@ std::vector<OwnedTempDir::Swept> OwnedTempDir::sweep(const std::filesystem::path
     if (fd < 0) continue;
     const std::filesystem::path dir = root / name.substr(0, name.size() - kLockSuffix.size());
     struct stat st {};
+    bool gone = true;  // else the lock file stays, for a later sweep to try again
     if (::lstat(dir.c_str(), &st) == 0 && S_ISDIR(st.st_mode) && st.st_uid == ::geteuid()) {
       Swept s{dir, bytes_in(dir)};
       std::error_code rm;
       std::filesystem::remove_all(dir, rm);
-      if (!rm) swept.push_back(std::move(s));
+      gone = !rm;
+      if (gone) swept.push_back(std::move(s));
     }
-    ::unlink(e.path().c_str());
+    if (gone) ::unlink(e.path().c_str());
     ::close(fd);
   }
   return swept;

@@ -384,9 +384,9 @@ void bind_temp_dir(py::module_& m) {
       .def(py::init([](const std::string& root, const std::string& prefix) {
              return std::make_unique<OwnedTempDir>(root, prefix);
            }),
-           py::arg("root"), py::arg("prefix"))
+           py::arg("root"), py::arg("prefix"), Release())
       .def_property_readonly("path", [](const OwnedTempDir& d) { return d.path().string(); })
-      .def("remove", &OwnedTempDir::remove);
+      .def("remove", &OwnedTempDir::remove, Release());
   m.def(
       "sweep_temp_dirs",
       [](const std::string& root) {
@@ -394,7 +394,7 @@ void bind_temp_dir(py::module_& m) {
         for (const auto& s : OwnedTempDir::sweep(root)) out.emplace_back(s.path.string(), s.bytes);
         return out;
       },
-      py::arg("root"),
+      py::arg("root"), Release(),
       "removes the temporary directories under root whose process has ended: [(path, bytes)]");
 }
 

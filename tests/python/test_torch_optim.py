@@ -748,6 +748,19 @@ def test_the_temporary_swap_directory_of_a_killed_process_is_removed_by_the_next
             proc.wait()
 
 
+@pytest.mark.parametrize("tmpdir", ["missing", "file"])
+def test_a_tmpdir_that_cannot_hold_the_temporary_swap_directory_is_named(tmp_path, monkeypatch,
+                                                                        tmpdir):
+    (tmp_path / "file").write_text("not a directory")
+    monkeypatch.setenv("TMPDIR", str(tmp_path / tmpdir))
+    monkeypatch.delenv("TIERSWAP_SWAP_DIRS", raising=False)
+    lin = torch.nn.Linear(8, 8).to(torch.bfloat16)
+    with pytest.raises(RuntimeError, match=f"no temporary swap directory could be made under "
+                                           f"{tmp_path / tmpdir} .*Give swap_dir"):
+        tt.AdamW(lin.parameters(), telemetry=False)
+    assert os.listdir(tmp_path) == ["file"]
+
+
 def test_a_forked_worker_ended_by_sigterm_leaves_the_temporary_swap_directory(
         tmp_path, monkeypatch):
     """A data loader's worker is a fork of the training process (the handler and its registered

@@ -20,7 +20,12 @@ class TempSwapDir:
             warnings.warn(f"removed {path} ({size / 2**30:.2f} GiB): the temporary swap directory "
                           "of a tierswap optimizer whose process ended without removing it "
                           "(killed with SIGKILL, or by the OOM killer)", stacklevel=4)
-        self._dir = _tierswap.TempDir(root, "tierswap")
+        try:
+            self._dir = _tierswap.TempDir(root, "tierswap")
+        except RuntimeError as e:
+            raise RuntimeError(f"no swap_dir given, and no temporary swap directory could be made "
+                               f"under {root} (TMPDIR, else /var/tmp): {e}. Give swap_dir, or "
+                               "set TMPDIR to a directory on a real disk") from None
         self.path = self._dir.path
 
     def remove(self):

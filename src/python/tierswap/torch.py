@@ -386,12 +386,16 @@ class _TieredOptimizer(Optimizer):
                              f"for a {tuple(p.shape)} CPU parameter")
         return g if g.is_contiguous() else g.contiguous()
 
-    @_one_at_a_time
-    def _add_grad(self, p, nid):
-        """Hands p.grad over, copied (hooks: p.grad is freed next)."""
-        g = self._checked_grad(p, nid)
-        if g is not None:
-            self._native.add_grad(nid, g.data_ptr(), _DTYPE_NAMES[g.dtype], g.numel())
+    def _hand_over(self, p, nid):
+        """A hook's hand-over: p.grad copied into tierswap, then freed. One native call at a
+        time (the lock; re-entrant for _begin), starting the backward if this is its first."""
+        with self._lock:
+            if not self._in_backward:
+                self._begin(self._final)
+            g = self._checked_grad(p, nid)
+            if g is not None:
+                self._native.add_grad(nid, g.data_ptr(), _DTYPE_NAMES[g.dtype], g.numel())
+        p.grad = None
 
     def _lend_grads(self):
         """Lends every p.grad (step-time hand-over: the step reads them in place); returns them,
@@ -437,10 +441,7 @@ class _TieredOptimizer(Optimizer):
     def _install_hooks(self):
         for p, nid in self._ids:
             def hook(*_, p=p, nid=nid):
-                if not self._in_backward:
-                    self._begin(self._final)
-                self._add_grad(p, nid)
-                p.grad = None
+                self._hand_over(p, nid)
             if hasattr(p, "register_post_accumulate_grad_hook"):  # torch >= 2.1
                 self._handles.append(p.register_post_accumulate_grad_hook(lambda _p, h=hook: h()))
             else:  # torch 1.13: the AccumulateGrad node's post-hook runs once p.grad is updated

@@ -21,7 +21,7 @@ namespace tierswap::detail {
 namespace {
 
 constexpr std::string_view kLockSuffix = ".lock";
-constexpr std::size_t kRandomChars = 6;  // mkdtemp's XXXXXX
+constexpr std::size_t kRandomChars = 6;  // what mkdtemp fills in
 
 std::string host_name() {
   char host[256] = {};
@@ -33,7 +33,7 @@ std::string host_name() {
 }
 
 // Whether `name` is the lock file of one of tierswap's directories made on `host`:
-// "tierswap*-<host>-XXXXXX.lock".
+// "tierswap*-<host>-<6 random characters>.lock".
 bool ours(std::string_view name, const std::string& host) {
   if (!name.starts_with("tierswap") || !name.ends_with(kLockSuffix)) return false;
   name.remove_suffix(kLockSuffix.size());

@@ -381,21 +381,28 @@ void bind_temp_dir(py::module_& m) {
   py::class_<OwnedTempDir>(m, "TempDir",
                            "a temporary directory removed at remove(), when SIGINT/SIGTERM/SIGHUP "
                            "ends the process, and by a later sweep when its process was killed")
-      .def(py::init([](const std::string& root, const std::string& prefix) {
-             return std::make_unique<OwnedTempDir>(root, prefix);
-           }),
-           py::arg("root"), py::arg("prefix"), Release())
       .def_property_readonly("path", [](const OwnedTempDir& d) { return d.path().string(); })
       .def("remove", &OwnedTempDir::remove, Release());
   m.def(
-      "sweep_temp_dirs",
-      [](const std::string& root) {
-        std::vector<std::pair<std::string, std::uint64_t>> out;
-        for (const auto& s : OwnedTempDir::sweep(root)) out.emplace_back(s.path.string(), s.bytes);
-        return out;
+      "default_temp_root", [] { return OwnedTempDir::default_root().string(); },
+      "TMPDIR when set and not empty, else /var/tmp");
+  m.def(
+      "make_temp_dir",
+      [](const std::string& root, const std::string& prefix) {
+        std::vector<OwnedTempDir::Swept> swept;
+        std::unique_ptr<OwnedTempDir> dir;
+        {
+          py::gil_scoped_release nogil;
+          dir =
+              std::make_unique<OwnedTempDir>(root, prefix, OwnedTempDir::OnSignal::remove, &swept);
+        }
+        std::vector<std::pair<std::string, std::uint64_t>> gone;
+        for (const auto& g : swept) gone.emplace_back(g.path.string(), g.bytes);
+        return py::make_tuple(py::cast(std::move(dir)), gone);
       },
-      py::arg("root"), Release(),
-      "removes the temporary directories under root whose process has ended: [(path, bytes)]");
+      py::arg("root"), py::arg("prefix"),
+      "a new temporary directory under root, after removing those of processes that have ended: "
+      "(TempDir, [(path removed, bytes)])");
 }
 
 }  // namespace

@@ -109,8 +109,7 @@ std::shared_ptr<Op> TierManager::Impl::start_read(BlockId id, std::byte* into, b
     throw;
   }
   inflight.push_back(op);
-  cv.notify_all();
-  reaper_cv.notify_one();
+  reaper_cv.notify_one();  // `cv`'s waiters wait for a block not busy or a transfer done
   return op;
 }
 
@@ -130,8 +129,7 @@ std::shared_ptr<Op> TierManager::Impl::start_write(BlockId id) {
   b.st[kHost] = CopyState::writing;
   b.op = op;
   inflight.push_back(op);
-  cv.notify_all();
-  reaper_cv.notify_one();
+  reaper_cv.notify_one();  // `cv`'s waiters wait for a block not busy or a transfer done
   return op;
 }
 

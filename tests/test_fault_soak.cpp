@@ -159,8 +159,12 @@ SoakRun soak(std::uint32_t one_in, int steps) {
         EXPECT_GT(inj.hard.load(), hard_before) << "step " << k << " failed without a new fault";
         EXPECT_TRUE(e.code().value() == EIO || e.code().value() == ENOSPC) << e.what();
         EXPECT_EQ(opt.step_count(), k - 1) << "a failed step must leave the committed state";
-        EXPECT_LT(attempt, 5) << "step " << k << " keeps failing";
-        if (attempt >= 5) throw;
+        // Each attempt was failed by a fault of its own (above): a streak is bad luck, not a
+        // poisoned state. At one request in 200 failing hard, a retry that re-reads the state
+        // fails often enough that 6 in a row was seen (1 run in ~10 on 2 vCPUs under load);
+        // 12 in a row would be a state that keeps failing.
+        EXPECT_LT(attempt, 12) << "step " << k << " keeps failing";
+        if (attempt >= 12) throw;
       }
     }
   }

@@ -7,6 +7,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <fstream>
 
 #include "test_util.hpp"
@@ -227,4 +228,30 @@ TEST(OwnedTempDir, RemovesWhatADeadProcessLeftAndNothingElse) {
                           std::filesystem::directory_iterator()),
             6);  // those four and two lock files (another host's, another user's): nothing more
   EXPECT_TRUE(detail::OwnedTempDir::sweep(root.path()).empty());
+}
+
+// A process killed after it made its lock file and before its directory leaves a lock with no
+// directory, which the next sweep removes; a made directory is private and its lock is the only
+// file beside it (no half-made ".new" name).
+TEST(OwnedTempDir, SweepsALockWhoseDirectoryWasNeverMade) {
+  TempDir root;
+  char host[256] = {};
+  ::gethostname(host, sizeof host - 1);
+  const auto orphan = root.path() / (std::string("tierswap-") + host + "-q7R2xZ.lock");
+  std::ofstream(orphan) << "";  // unlocked: its process has ended
+  std::vector<detail::OwnedTempDir::Swept> swept;
+  detail::OwnedTempDir d(root.path(), "tierswap", detail::OwnedTempDir::OnSignal::leave, &swept);
+  EXPECT_TRUE(swept.empty());  // no directory, so nothing to report
+  EXPECT_FALSE(std::filesystem::exists(orphan));
+  struct stat st {};
+  ASSERT_EQ(::stat(d.path().c_str(), &st), 0);
+  EXPECT_EQ(st.st_mode & 0777, 0700u);
+  std::vector<std::string> names;
+  for (const auto& e : std::filesystem::directory_iterator(root.path()))
+    names.push_back(e.path().filename().string());
+  std::sort(names.begin(), names.end());
+  const std::string base = d.path().filename().string();
+  EXPECT_EQ(names, (std::vector<std::string>{base, base + ".lock"}));
+  d.remove();
+  EXPECT_TRUE(std::filesystem::is_empty(root.path()));
 }

@@ -10,6 +10,8 @@
 
 #include <cerrno>
 #include <cstdlib>
+#include <random>
+#include <string>
 #include <system_error>
 #include <utility>
 
@@ -21,7 +23,7 @@ namespace tierswap::detail {
 namespace {
 
 constexpr std::string_view kLockSuffix = ".lock";
-constexpr std::size_t kRandomChars = 6;  // what mkdtemp fills in
+constexpr std::size_t kRandomChars = 6;  // as many as mkdtemp fills in
 
 std::string host_name() {
   char host[256] = {};
@@ -66,18 +68,41 @@ int take_if_free(const std::filesystem::path& lock) {
   return fd;
 }
 
-// Locked under a name no sweep looks for, then renamed: a sweep never finds a live lock free.
-// -1 where the filesystem has no flock (the directory is then never swept).
+// `n` random characters of [0-9A-Za-z], as mkdtemp's.
+std::string random_chars(std::size_t n) {
+  static constexpr std::string_view kChars =
+      "0123456789ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz";
+  std::random_device rd;
+  std::uniform_int_distribution<std::size_t> pick(0, kChars.size() - 1);
+  std::string s(n, '0');
+  for (char& c : s) c = kChars[pick(rd)];
+  return s;
+}
+
+// The lock file `lock`, made and locked before it has its name, so a sweep never finds a live
+// one free: an unnamed file (O_TMPFILE) linked in once locked, or where the filesystem has no
+// O_TMPFILE, a ".new" file hard-linked to the name (never replacing a file there). The
+// descriptor, or -1 with errno (EEXIST: the name is taken).
 int hold(const std::filesystem::path& lock) {
-  const std::string made = lock.string() + ".new";
-  const int fd = ::open(made.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
-  if (fd < 0) return -1;
-  if (::flock(fd, LOCK_EX) != 0 || ::rename(made.c_str(), lock.c_str()) != 0) {
-    ::unlink(made.c_str());
+  int fd = ::open(lock.parent_path().c_str(), O_TMPFILE | O_WRONLY | O_CLOEXEC, 0600);
+  if (fd >= 0) {
+    const std::string self = "/proc/self/fd/" + std::to_string(fd);
+    if (::flock(fd, LOCK_EX) == 0 &&
+        ::linkat(AT_FDCWD, self.c_str(), AT_FDCWD, lock.c_str(), AT_SYMLINK_FOLLOW) == 0)
+      return fd;
+    const int err = errno;
     ::close(fd);
-    return -1;
+    if (err == EEXIST) return errno = EEXIST, -1;  // else (no /proc) the named way below
   }
-  return fd;
+  const std::string made = lock.string() + ".new";
+  fd = ::open(made.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
+  if (fd < 0) return -1;
+  const bool held = ::flock(fd, LOCK_EX) == 0 && ::link(made.c_str(), lock.c_str()) == 0;
+  const int err = errno;
+  ::unlink(made.c_str());
+  if (held) return fd;
+  ::close(fd);
+  return errno = err, -1;
 }
 
 }  // namespace
@@ -112,22 +137,35 @@ std::vector<OwnedTempDir::Swept> OwnedTempDir::sweep(const std::filesystem::path
   return swept;
 }
 
+// The lock first, then the directory: a process killed between the two leaves a free lock with
+// no directory, which a sweep removes; never a directory without its lock.
 OwnedTempDir::OwnedTempDir(const std::filesystem::path& root, std::string_view prefix,
                            OnSignal on_signal, std::vector<Swept>* swept) {
   auto gone = sweep(root);
   if (swept) *swept = std::move(gone);
-  std::string tmpl =
-      (root / (std::string(prefix) + "-" + host_name() + "-" + std::string(kRandomChars, 'X')))
-          .string();
-  if (::mkdtemp(tmpl.data()) == nullptr)
-    throw std::system_error(errno, std::system_category(), "mkdtemp " + tmpl);
-  path_ = tmpl;
+  const std::string stem = std::string(prefix) + "-" + host_name() + "-";
+  for (int attempt = 0; path_.empty(); ++attempt) {
+    const std::filesystem::path dir = root / (stem + random_chars(kRandomChars));
+    const std::filesystem::path lock = dir.string() + std::string(kLockSuffix);
+    lock_fd_ = hold(lock);  // -1 where the filesystem has no flock: then never swept
+    if (lock_fd_ < 0 && errno == EEXIST && attempt < 100) continue;
+    if (::mkdir(dir.c_str(), 0700) == 0) {
+      path_ = dir;
+      break;
+    }
+    const int err = errno;
+    if (lock_fd_ >= 0) {
+      ::unlink(lock.c_str());
+      ::close(lock_fd_);
+      lock_fd_ = -1;
+    }
+    if (err != EEXIST || attempt >= 100)
+      throw std::system_error(err, std::system_category(), "cannot make directory " + dir.string());
+  }
   owner_ = current_pid();
-  const std::filesystem::path lock = tmpl + std::string(kLockSuffix);
-  lock_fd_ = hold(lock);
   if (on_signal == OnSignal::leave) return;
   dir_handle_ = remove_on_signal(path_);
-  if (lock_fd_ >= 0) lock_handle_ = remove_on_signal(lock);
+  if (lock_fd_ >= 0) lock_handle_ = remove_on_signal(path_.string() + std::string(kLockSuffix));
 }
 
 OwnedTempDir::~OwnedTempDir() {

@@ -1,15 +1,17 @@
 // Temporary directories of tierswap's own (a training run's default swap directory, a
 // benchmark's or a test's scratch) that never outlive their process for long.
 //
-// `<root>/<prefix>-<host>-<6 random characters>` (mkdtemp), with `<that>.lock` beside it,
+// `<root>/<prefix>-<host>-<6 random characters>` (mode 0700), with `<that>.lock` beside it,
 // flock(2)ed by the process that made it for as long as it lives (a forked child keeps it too). The
 // directory is removed by the destructor, by the signal handler of signal_cleanup.hpp when SIGINT,
 // SIGTERM or SIGHUP ends the process (unless OnSignal::leave), and otherwise (SIGKILL, the OOM
 // killer, a job killed past its grace time: no code runs) by the next OwnedTempDir made under the
 // same root on the same host, which finds its lock free: the kernel lets go of a dead process's
 // locks however it died. A lock file is locked before it gets its name, so a live one is never
-// found free. Left alone: a directory without a lock file, another user's, and another host's (a
-// root shared over the network, where flock may be local to each node).
+// found free, and made before its directory, so a process killed between the two leaves a lock
+// with no directory, which the sweep removes. Left alone: a directory without a lock file, another
+// user's, and another host's (a root shared over the network, where flock may be local to each
+// node).
 #pragma once
 
 #include <sys/types.h>

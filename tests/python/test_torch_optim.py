@@ -1312,6 +1312,24 @@ def test_a_state_dict_of_another_kind_of_optimizer_is_named_and_changes_nothing(
     adamw = tt.AdamW(lin.parameters(), swap_dir=str(tmp_path / "adamw"), telemetry=False)
     with pytest.raises(ValueError, match="'momentum_buffer' for parameter 0, which AdamW's"):
         adamw.load_state_dict(theirs)
+    # A partial dict (a moment missing) is refused before anything changes; torch.optim would
+    # take it and fail with KeyError at its next step.
+    for p in lin.parameters():
+        p.grad = torch.ones_like(p)
+    adamw.step()
+    whole = adamw.state_dict()
+    partial = adamw.state_dict()
+    del partial["state"][1]["exp_avg_sq"]
+    partial["param_groups"][0]["lr"] = 0.5
+    partial["state"][0]["exp_avg"] = torch.zeros_like(partial["state"][0]["exp_avg"])
+    with pytest.raises(ValueError, match=r"state dict has no 'exp_avg_sq' for parameter 1 \(it "
+                                         r"has 'step', 'exp_avg'\), which AdamW's"):
+        adamw.load_state_dict(partial)
+    after = adamw.state_dict()
+    assert after["param_groups"] == whole["param_groups"]
+    for i, st in whole["state"].items():
+        for k, v in st.items():
+            assert torch.equal(after["state"][i][k], v), (i, k)
     adamw.close()
 
 

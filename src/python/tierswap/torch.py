@@ -645,7 +645,7 @@ class _TieredOptimizer(Optimizer):
             if p is None or id(p) not in ids:
                 raise ValueError(f"state dict holds state for parameter {saved}, which is not a "
                                  "trainable parameter here")
-            self._check_state_keys(saved, st)
+            self._check_state_keys(saved, st, self._state_keys_for(p))
             if "step" in st:
                 steps.add(_step_count(st["step"], saved))
             for key, cls in self._state_keys_for(p):
@@ -671,9 +671,11 @@ class _TieredOptimizer(Optimizer):
             self._sync_groups()
             raise
 
-    def _check_state_keys(self, saved, st):
-        """A key this kind's state never has: the dict of another optimizer (torch would take
-        an AdamW dict into SGD and fail at its step; tierswap would mix the two)."""
+    def _check_state_keys(self, saved, st, needed):
+        """A key this kind's state never has (the dict of another optimizer: torch would take
+        an AdamW dict into SGD and fail at its step; tierswap would mix the two), or one that
+        the parameter's group needs and the entry lacks (a partial dict: torch fails at its
+        next step; tierswap would keep the current value of that state beside the loaded ones)."""
         known = [k for k, _ in self._state_keys]
         stray = sorted(k for k in st if k != "step" and k not in known)
         if stray:
@@ -681,6 +683,12 @@ class _TieredOptimizer(Optimizer):
                              f"{saved}, which {type(self).__name__}'s state does not have (it "
                              f"has {', '.join(known)}): the state dict of another kind of "
                              "optimizer?")
+        absent = [k for k, _ in needed if k not in st]
+        if absent:
+            has = ", ".join(map(repr, st)) or "nothing"
+            raise ValueError(f"state dict has no {', '.join(map(repr, absent))} for parameter "
+                             f"{saved} (it has {has}), which {type(self).__name__}'s state for "
+                             "its group needs: a partial state dict? (nothing was loaded)")
 
     def _warn_stateless(self, saved_state, by_saved, steps):
         """Trainable parameters the state dict holds no state for (torch's dict of a parameter

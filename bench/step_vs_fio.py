@@ -29,6 +29,7 @@ from compare_fio import HUGE_PAGE, HugePages, add_common_args, fio_job, parse_si
 
 
 def run_step(args, workdir):
+    os.makedirs(workdir, exist_ok=True)  # bench step, as tierswap, never makes a swap directory
     cmd = [args.tierswap, "bench", "step", "--dir", workdir, "--params", args.params,
            "--host-budget", args.host_budget, "--runs", "1", "--json"]
     res = subprocess.run(cmd, capture_output=True, text=True)

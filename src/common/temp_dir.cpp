@@ -24,6 +24,11 @@ namespace {
 
 constexpr std::string_view kLockSuffix = ".lock";
 constexpr std::size_t kRandomChars = 6;  // as many as mkdtemp fills in
+constexpr int kNameAttempts = 100;       // names tried before giving up (each taken: EEXIST)
+
+std::filesystem::path lock_of(const std::filesystem::path& dir) {
+  return dir.string() + std::string(kLockSuffix);
+}
 
 std::string host_name() {
   char host[256] = {};
@@ -144,28 +149,23 @@ OwnedTempDir::OwnedTempDir(const std::filesystem::path& root, std::string_view p
   auto gone = sweep(root);
   if (swept) *swept = std::move(gone);
   const std::string stem = std::string(prefix) + "-" + host_name() + "-";
-  for (int attempt = 0; path_.empty(); ++attempt) {
+  for (int attempt = 1; path_.empty(); ++attempt) {
     const std::filesystem::path dir = root / (stem + random_chars(kRandomChars));
-    const std::filesystem::path lock = dir.string() + std::string(kLockSuffix);
-    lock_fd_ = hold(lock);  // -1 where the filesystem has no flock: then never swept
-    if (lock_fd_ < 0 && errno == EEXIST && attempt < 100) continue;
-    if (::mkdir(dir.c_str(), 0700) == 0) {
+    lock_fd_ = hold(lock_of(dir));  // -1 where the filesystem has no flock: then never swept
+    const bool taken = lock_fd_ < 0 && errno == EEXIST;
+    if (!taken && ::mkdir(dir.c_str(), 0700) == 0) {
       path_ = dir;
       break;
     }
-    const int err = errno;
-    if (lock_fd_ >= 0) {
-      ::unlink(lock.c_str());
-      ::close(lock_fd_);
-      lock_fd_ = -1;
-    }
-    if (err != EEXIST || attempt >= 100)
+    const int err = taken ? EEXIST : errno;
+    release_lock_of(dir);
+    if (err != EEXIST || attempt == kNameAttempts)
       throw std::system_error(err, std::system_category(), "cannot make directory " + dir.string());
   }
   owner_ = current_pid();
   if (on_signal == OnSignal::leave) return;
   dir_handle_ = remove_on_signal(path_);
-  if (lock_fd_ >= 0) lock_handle_ = remove_on_signal(path_.string() + std::string(kLockSuffix));
+  if (lock_fd_ >= 0) lock_handle_ = remove_on_signal(lock_of(path_));
 }
 
 OwnedTempDir::~OwnedTempDir() {
@@ -175,8 +175,12 @@ OwnedTempDir::~OwnedTempDir() {
 void OwnedTempDir::release_lock() noexcept {
   forget_on_signal(lock_handle_);
   lock_handle_ = -1;
+  release_lock_of(path_);
+}
+
+void OwnedTempDir::release_lock_of(const std::filesystem::path& dir) noexcept {
   if (lock_fd_ < 0) return;
-  ::unlink((path_.string() + std::string(kLockSuffix)).c_str());
+  ::unlink(lock_of(dir).c_str());
   ::close(lock_fd_);  // last: never unlocked while the directory or its lock file is there
   lock_fd_ = -1;
 }

@@ -60,6 +60,7 @@ class OwnedTempDir {
 
  private:
   void release_lock() noexcept;
+  void release_lock_of(const std::filesystem::path& dir) noexcept;  // unlink, then unlock
   bool forget_if_forked() noexcept;
 
   std::filesystem::path path_;

@@ -645,10 +645,11 @@ class _TieredOptimizer(Optimizer):
             if p is None or id(p) not in ids:
                 raise ValueError(f"state dict holds state for parameter {saved}, which is not a "
                                  "trainable parameter here")
-            self._check_state_keys(saved, st, self._state_keys_for(p))
+            needed = self._state_keys_for(p)
+            self._check_state_keys(saved, st, needed)
             if "step" in st:
                 steps.add(_step_count(st["step"], saved))
-            for key, cls in self._state_keys_for(p):
+            for key, cls in needed:
                 if st.get(key) is not None:
                     items.append(self._state_item(p, ids[id(p)], key, cls, st[key], keep))
             if saved in masters:

@@ -2,12 +2,17 @@
 // or world-writable without the sticky bit are refused with an error naming the directory and
 // the reason, before anything is written there; /var/tmp-like directories (1777) are accepted.
 // Also tierswap's own temporary directories: what a killed process left is removed, nothing else.
+#include <fcntl.h>
 #include <gtest/gtest.h>
+#include <sys/file.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include <algorithm>
+#include <cerrno>
+#include <cstring>
+#include <ctime>
 #include <fstream>
 
 #include "test_util.hpp"
@@ -254,4 +259,54 @@ TEST(OwnedTempDir, SweepsALockWhoseDirectoryWasNeverMade) {
   EXPECT_EQ(names, (std::vector<std::string>{base, base + ".lock"}));
   d.remove();
   EXPECT_TRUE(std::filesystem::is_empty(root.path()));
+}
+
+// The named way of making a lock (filesystems without O_TMPFILE): the name is locked before
+// anyone can open it free, no `.new` file is left, and a taken name is never replaced.
+TEST(OwnedTempDir, TheNamedWayLocksBeforeTheNameAndNeverReplacesOne) {
+  TempDir root;
+  const auto lock = root.path() / "tierswap-h-abcdef.lock";
+  const int fd = detail::lock_by_name(lock);
+  ASSERT_GE(fd, 0) << std::strerror(errno);
+  EXPECT_TRUE(std::filesystem::exists(lock));
+  EXPECT_FALSE(std::filesystem::exists(lock.string() + ".new"));
+  const int other = ::open(lock.c_str(), O_RDONLY | O_CLOEXEC);
+  ASSERT_GE(other, 0);
+  EXPECT_NE(::flock(other, LOCK_EX | LOCK_NB), 0);  // held by fd
+  struct stat before {
+  }, after{};
+  ASSERT_EQ(::stat(lock.c_str(), &before), 0);
+  errno = 0;
+  EXPECT_EQ(detail::lock_by_name(lock), -1);
+  EXPECT_EQ(errno, EEXIST);
+  ASSERT_EQ(::stat(lock.c_str(), &after), 0);
+  EXPECT_EQ(before.st_ino, after.st_ino);  // the taken name still names the held lock
+  EXPECT_FALSE(std::filesystem::exists(lock.string() + ".new"));
+  ::close(fd);
+  EXPECT_EQ(::flock(other, LOCK_EX | LOCK_NB), 0);  // free once its holder closed it
+  ::close(other);
+}
+
+// A `.lock.new` file its process never removed (killed inside the named way) is swept once it is
+// free and older than a minute; a younger one, or one still locked, stays.
+TEST(OwnedTempDir, SweepsAnOldFreeNewLockFileAndKeepsTheOthers) {
+  TempDir root;
+  char host[256] = {};
+  ::gethostname(host, sizeof host - 1);
+  const auto name = [&](const char* r) {
+    return root.path() / (std::string("tierswap-") + host + "-" + r + ".lock.new");
+  };
+  const auto old_free = name("Aa0001"), young_free = name("Aa0002"), old_held = name("Aa0003");
+  for (const auto& p : {old_free, young_free, old_held}) std::ofstream(p) << "";
+  const struct timespec two_minutes_ago[2] = {{::time(nullptr) - 120, 0},
+                                              {::time(nullptr) - 120, 0}};
+  ASSERT_EQ(::utimensat(AT_FDCWD, old_free.c_str(), two_minutes_ago, 0), 0);
+  ASSERT_EQ(::utimensat(AT_FDCWD, old_held.c_str(), two_minutes_ago, 0), 0);
+  const int held = ::open(old_held.c_str(), O_RDONLY | O_CLOEXEC);
+  ASSERT_EQ(::flock(held, LOCK_EX), 0);  // a live process's
+  detail::OwnedTempDir d(root.path(), "tierswap", detail::OwnedTempDir::OnSignal::leave);
+  EXPECT_FALSE(std::filesystem::exists(old_free));
+  EXPECT_TRUE(std::filesystem::exists(young_free));
+  EXPECT_TRUE(std::filesystem::exists(old_held));
+  ::close(held);
 }

@@ -10,6 +10,7 @@
 
 #include <cerrno>
 #include <cstdlib>
+#include <ctime>
 #include <random>
 #include <string>
 #include <system_error>
@@ -25,6 +26,8 @@ namespace {
 constexpr std::string_view kLockSuffix = ".lock";
 constexpr std::size_t kRandomChars = 6;  // as many as mkdtemp fills in
 constexpr int kNameAttempts = 100;       // names tried before giving up (each taken: EEXIST)
+constexpr std::string_view kNewSuffix = ".new";  // lock_by_name()'s file before it has its name
+constexpr std::time_t kNewLifeSeconds = 60;      // a live one lives microseconds
 
 std::filesystem::path lock_of(const std::filesystem::path& dir) {
   return dir.string() + std::string(kLockSuffix);
@@ -86,21 +89,38 @@ std::string random_chars(std::size_t n) {
 
 // The lock file `lock`, made and locked before it has its name, so a sweep never finds a live
 // one free: an unnamed file (O_TMPFILE) linked in once locked, or where the filesystem has no
-// O_TMPFILE, a ".new" file hard-linked to the name (never replacing a file there). The
+// O_TMPFILE (or there is no /proc to link it through) the named way, lock_by_name(). The
 // descriptor, or -1 with errno (EEXIST: the name is taken).
 int hold(const std::filesystem::path& lock) {
-  int fd = ::open(lock.parent_path().c_str(), O_TMPFILE | O_WRONLY | O_CLOEXEC, 0600);
-  if (fd >= 0) {
-    const std::string self = "/proc/self/fd/" + std::to_string(fd);
-    if (::flock(fd, LOCK_EX) == 0 &&
-        ::linkat(AT_FDCWD, self.c_str(), AT_FDCWD, lock.c_str(), AT_SYMLINK_FOLLOW) == 0)
-      return fd;
-    const int err = errno;
-    ::close(fd);
-    if (err == EEXIST) return errno = EEXIST, -1;  // else (no /proc) the named way below
-  }
-  const std::string made = lock.string() + ".new";
-  fd = ::open(made.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
+  const int fd = ::open(lock.parent_path().c_str(), O_TMPFILE | O_WRONLY | O_CLOEXEC, 0600);
+  if (fd < 0) return lock_by_name(lock);
+  const std::string self = "/proc/self/fd/" + std::to_string(fd);
+  if (::flock(fd, LOCK_EX) == 0 &&
+      ::linkat(AT_FDCWD, self.c_str(), AT_FDCWD, lock.c_str(), AT_SYMLINK_FOLLOW) == 0)
+    return fd;
+  const int err = errno;
+  ::close(fd);
+  if (err == EEXIST) return errno = EEXIST, -1;
+  return lock_by_name(lock);
+}
+
+// Removes a ".lock.new" file (lock_by_name()'s, which lives microseconds) left by a process
+// killed before it removed it: free, and older than any live one can be. A younger free one may
+// be a live process's between its open and its flock, so it stays for a later sweep.
+void sweep_new(const std::filesystem::path& made) {
+  const int fd = take_if_free(made);
+  if (fd < 0) return;
+  struct stat st {};
+  if (::fstat(fd, &st) == 0 && ::time(nullptr) - st.st_mtime > kNewLifeSeconds)
+    ::unlink(made.c_str());
+  ::close(fd);
+}
+
+}  // namespace
+
+int lock_by_name(const std::filesystem::path& lock) {
+  const std::string made = lock.string() + std::string(kNewSuffix);
+  const int fd = ::open(made.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
   if (fd < 0) return -1;
   const bool held = ::flock(fd, LOCK_EX) == 0 && ::link(made.c_str(), lock.c_str()) == 0;
   const int err = errno;
@@ -109,8 +129,6 @@ int hold(const std::filesystem::path& lock) {
   ::close(fd);
   return errno = err, -1;
 }
-
-}  // namespace
 
 std::filesystem::path OwnedTempDir::default_root() {
   const char* env = std::getenv("TMPDIR");
@@ -123,6 +141,10 @@ std::vector<OwnedTempDir::Swept> OwnedTempDir::sweep(const std::filesystem::path
   std::error_code ec;
   for (const auto& e : std::filesystem::directory_iterator(root, ec)) {
     const std::string name = e.path().filename().string();
+    if (name.ends_with(kNewSuffix) && ours(name.substr(0, name.size() - kNewSuffix.size()), host)) {
+      sweep_new(e.path());
+      continue;
+    }
     if (!ours(name, host)) continue;
     const int fd = take_if_free(e.path());
     if (fd < 0) continue;

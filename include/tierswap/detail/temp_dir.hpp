@@ -9,7 +9,8 @@
 // same root on the same host, which finds its lock free: the kernel lets go of a dead process's
 // locks however it died. A lock file is locked before it gets its name, so a live one is never
 // found free, and made before its directory, so a process killed between the two leaves a lock
-// with no directory, which the sweep removes. Left alone: a directory without a lock file, another
+// with no directory, which the sweep removes (and a free `.lock.new` file of lock_by_name()'s
+// older than a minute). Left alone: a directory without a lock file, another
 // user's, and another host's (a root shared over the network, where flock may be local to each
 // node).
 #pragma once
@@ -69,5 +70,11 @@ class OwnedTempDir {
   int dir_handle_ = -1;  // signal_cleanup registrations
   int lock_handle_ = -1;
 };
+
+/// The lock file `lock` made and locked under the name `<lock>.new`, then hard-linked to `lock`
+/// (never replacing a file there) and the `.new` name removed: what OwnedTempDir does where the
+/// filesystem has no O_TMPFILE or there is no /proc. The locked descriptor, or -1 with errno
+/// (EEXIST: `lock` or `<lock>.new` exists).
+int lock_by_name(const std::filesystem::path& lock);
 
 }  // namespace tierswap::detail

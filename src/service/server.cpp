@@ -43,6 +43,19 @@ std::uint64_t machine_memory() {
   return static_cast<std::uint64_t>(::sysconf(_SC_PHYS_PAGES)) *
          static_cast<std::uint64_t>(::sysconf(_SC_PAGESIZE));
 }
+
+// The socket's directory, made when missing as mkdir(1) would (one level: its parent must exist,
+// so /run/tierswap/service.sock works without systemd and a mistyped path makes nothing).
+// Searchable by others only when other users' clients are accepted. Before the swap space is
+// opened, so a socket that cannot be made creates nothing.
+void make_socket_dir(const std::filesystem::path& socket, bool others) {
+  const std::filesystem::path dir = socket.parent_path();
+  if (dir.empty() || ::mkdir(dir.c_str(), others ? 0755 : 0700) == 0 || errno == EEXIST) return;
+  throw std::system_error(errno, std::system_category(),
+                          fmt::format("service socket {}: cannot make its directory {} (tierswap "
+                                      "makes one level; its parent must exist)",
+                                      socket.string(), dir.string()));
+}
 }  // namespace
 
 void ServiceConfig::validate() const {
@@ -115,7 +128,6 @@ void SwapService::Impl::listen_on(int inherited_fd) {
   if (s.size() >= sizeof a.sun_path)
     throw std::system_error(ENAMETOOLONG, std::system_category(), "service socket " + s);
   std::memcpy(a.sun_path, s.c_str(), s.size() + 1);
-  std::filesystem::create_directories(socket_path.parent_path());
   listen_fd = ::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
   if (listen_fd < 0) throw std::system_error(errno, std::system_category(), "socket");
   // A socket file of a dead service is replaced; one that answers is another live service.
@@ -639,6 +651,7 @@ SwapService::SwapService(ServiceConfig cfg, int listen_fd) : impl_(std::make_uni
   Impl& m = *impl_;
   m.cfg = std::move(cfg);
   m.socket_path = m.cfg.socket.empty() ? default_service_socket() : m.cfg.socket;
+  if (listen_fd < 0) make_socket_dir(m.socket_path, m.cfg.allow_other_users);
   m.open_storage();
   // The budget is a cap, as in-process; above the machine's memory it caps nothing.
   if (const std::uint64_t ram = machine_memory(); m.cfg.host_budget > ram)

@@ -146,6 +146,34 @@ def test_serve_without_a_swap_space_asks_for_a_capacity(tmp_path):
     assert list(empty.iterdir()) == []  # nothing created
 
 
+def test_serve_makes_one_level_of_socket_directory_and_refuses_a_deeper_one(tmp_path):
+    swap = tmp_path / "swap"
+    swap.mkdir()
+    deep = tmp_path / "missing" / "deeper" / "s.sock"
+    r = subprocess.run([cli_path(), "serve", "--swap-dir", str(swap), "--capacity", "64MiB",
+                        "--host-budget", "4MiB", "--socket", str(deep)],
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode != 0
+    assert str(deep.parent) in r.stderr and "parent must exist" in r.stderr, r.stderr
+    assert not (tmp_path / "missing").exists()
+    assert list(swap.iterdir()) == []  # checked before the swap space is created
+    one = tmp_path / "run" / "s.sock"
+    svc = subprocess.Popen([cli_path(), "serve", "--swap-dir", str(swap), "--capacity", "64MiB",
+                            "--host-budget", "4MiB", "--socket", str(one), "--no-lock"],
+                           stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.time() + 60
+        while not one.exists() and svc.poll() is None and time.time() < deadline:
+            time.sleep(0.05)
+        assert one.exists(), svc.stderr.read() if svc.poll() is not None else "no socket"
+        assert (one.parent.stat().st_mode & 0o777) == 0o700
+    finally:
+        svc.send_signal(signal.SIGTERM)
+        err = svc.communicate(timeout=60)[1]
+    assert svc.returncode == 0, err
+    assert not one.exists()  # removed at the stop
+
+
 def test_serve_warns_of_a_budget_above_the_machine_s_memory(tmp_path):
     ram = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
     svc, _ = start_service(tmp_path, budget=str(ram * 2))

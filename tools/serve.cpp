@@ -6,6 +6,7 @@
 #include <signal.h>
 #include <systemd/sd-daemon.h>
 
+#include <cmath>
 #include <cstdio>
 #include <memory>
 #include <string>
@@ -128,7 +129,14 @@ void add_release(CLI::App& app) {
                 "dir>/service.sock)");
   r->add_option("--timeout", o->timeout, "Seconds to wait for the service")
       ->capture_default_str()
-      ->check(CLI::PositiveNumber);
+      ->check(CLI::Validator(
+          [](std::string& v) -> std::string {
+            double x = 0;
+            return CLI::detail::lexical_cast(v, x) && x > 0 && std::isfinite(x)
+                       ? ""
+                       : "'" + v + "': expected a number of seconds above 0";
+          },
+          "SECONDS"));
   r->callback([o] { run_release(*o); });
 }
 

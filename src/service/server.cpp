@@ -319,8 +319,10 @@ int SwapService::Impl::admit(const wire::Hello& h, const std::string& key, Clien
     return 0;
   }
   if (h.region_bytes() == 0) {
-    *why = fmt::format("client {} is not known to this service (a first attach asks for a region)",
-                       key);
+    *why = fmt::format(
+        "client {} is not known to this service: it holds no region (nothing to reattach to or "
+        "release)",
+        key);
     return ENOENT;
   }
   const std::uint64_t want = round_up(h.region_bytes(), align);

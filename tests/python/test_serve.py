@@ -266,6 +266,12 @@ def test_release_frees_the_region_of_a_job_that_kept_it(tmp_path):
         assert "0 clients known" in service_lines()
         r = release("kept.0")
         assert r.returncode != 0 and "kept.0 is not known" in r.stderr, r.stderr
+        assert "nothing to reattach to or release" in r.stderr, r.stderr
+        for t in ("0", "-1", "nan", "soon"):
+            r = subprocess.run([cli_path(), "release", "kept.0", "--socket", sock, "--timeout", t],
+                               capture_output=True, text=True, timeout=60)
+            assert r.returncode != 0, t
+            assert f"--timeout: '{t}': expected a number of seconds above 0" in r.stderr, r.stderr
     finally:
         svc.terminate()
         assert svc.wait(timeout=30) == 0

@@ -68,6 +68,8 @@ bool holds(ServiceClient& c, std::uint64_t offset, std::uint64_t length, std::ui
   return true;
 }
 
+bool dropped_after(const std::filesystem::path& socket, const std::vector<std::uint8_t>& bytes);
+
 std::string error_of(const std::function<void()>& f) {
   try {
     f();
@@ -179,6 +181,37 @@ TEST(Service, TheNodeBudgetIsSharedAndGivenBack) {
   }
   ServiceClient b(client_config(sc, "b", 0, 512 * kKiB));
   EXPECT_EQ(b.memory().size(), 512 * kKiB);
+}
+
+// An offer is the smallest of the quota, budget / share and what is free, in whole pages; it
+// attaches nothing, and bad asks are named.
+TEST(Service, AnOfferSaysWhatANewClientWouldBeGranted) {
+  TempDir d;
+  auto sc = service_config(d, 4 * kMiB);
+  sc.client_quota = 3 * kMiB;
+  SwapService svc(sc);
+  ServiceOffer o = service_offer(sc.socket, 1, 10);
+  EXPECT_EQ(o.bytes, 3 * kMiB);  // the quota
+  EXPECT_EQ(o.budget, 4 * kMiB);
+  EXPECT_EQ(o.free, 4 * kMiB);
+  EXPECT_EQ(o.quota, 3 * kMiB);
+  EXPECT_EQ(service_offer(sc.socket, 3, 10).bytes, (4 * kMiB / 3) / 4096 * 4096);  // the share
+  ServiceClient a(client_config(sc, "a", 0, 3 * kMiB));
+  EXPECT_EQ(service_offer(sc.socket, 2, 10).bytes, 1 * kMiB);  // what is free
+  ServiceClient b(client_config(sc, "b", 0, 1 * kMiB));        // the offer was real
+  EXPECT_EQ(service_offer(sc.socket, 1, 10).bytes, 0u);
+  EXPECT_EQ(nlohmann::json::parse(svc.status_json()).at("clients").size(), 2u);  // none by offers
+  EXPECT_NE(error_of([&] { service_offer(sc.socket, 0, 10); }).find("share must be at least 1"),
+            std::string::npos);
+  EXPECT_NE(error_of([&] {
+              service_offer(d.path() / "none.sock", 1, 10);
+            }).find("none.sock: cannot connect"),
+            std::string::npos);
+  flatbuffers::FlatBufferBuilder fb;  // another protocol: answered with the reason, then closed
+  fb.Finish(wire::CreateMessage(fb, 1, wire::Body::Offer, wire::CreateOffer(fb, 99, 1).Union()),
+            wire::MessageIdentifier());
+  const std::string f = service::frame(fb);
+  EXPECT_TRUE(dropped_after(sc.socket, {f.begin(), f.end()}));
 }
 
 // Hellos made at once (the memory of each is made outside the service's lock, after its grant
@@ -441,6 +474,16 @@ TEST(Service, MalformedOversizedAndOutOfOrderMessagesDropOnlyThatClient) {
     fb.Finish(wire::CreateMessage(fb, 1, wire::Body::Commit, wire::CreateCommit(fb).Union()),
               wire::MessageIdentifier());
     EXPECT_TRUE(dropped_after(sc.socket, framed(fb)));
+  }
+  {
+    auto bytes = hello_frame(1, service::kProtocolVersion);  // an offer once attached
+    flatbuffers::FlatBufferBuilder fb;
+    fb.Finish(wire::CreateMessage(fb, 2, wire::Body::Offer,
+                                  wire::CreateOffer(fb, service::kProtocolVersion, 1).Union()),
+              wire::MessageIdentifier());
+    const auto offer = framed(fb);
+    bytes.insert(bytes.end(), offer.begin(), offer.end());
+    EXPECT_TRUE(dropped_after(sc.socket, bytes));
   }
   auto corrupt = hello_frame(1, service::kProtocolVersion);
   corrupt[4] = 0xf0;  // the root table's offset points past the end of the message

@@ -92,6 +92,21 @@ struct ServiceClientConfig {
   bool raw = false;
 };
 
+/// What the service would grant a new client that asks for 1/share of the node's budget now: a
+/// snapshot (others may attach in between), for sizing a client before it attaches.
+struct ServiceOffer {
+  std::uint64_t bytes = 0;   ///< min(quota, budget / share, free), in whole 4 KiB pages
+  std::uint64_t budget = 0;  ///< the node's budget of locked shared memory
+  std::uint64_t free = 0;    ///< what attached clients do not hold
+  std::uint64_t quota = 0;   ///< the most one client may hold
+};
+
+/// Asks the service at `socket` (empty: default_service_socket()) for its offer to a client
+/// sharing the budget with `share` - 1 others (share >= 1). Throws std::system_error naming the
+/// socket when it cannot connect, gets no answer within the timeout, or is refused.
+ServiceOffer service_offer(const std::filesystem::path& socket, std::uint32_t share,
+                           double timeout_seconds = 30);
+
 /// A connection to the service. Every call throws std::system_error with the service's reason
 /// (or "service <socket> closed the connection" / "no answer within the timeout") on failure.
 /// Not thread-safe: one caller at a time.
@@ -126,6 +141,7 @@ class ServiceClient {
 
  private:
   friend class ServiceStorage;
+  friend ServiceOffer service_offer(const std::filesystem::path&, std::uint32_t, double);
   struct Impl;
   std::unique_ptr<Impl> impl_;
 };

@@ -42,7 +42,11 @@ class ThreadPool;
 struct TieredOptions {
   /// One directory per drive (each gets a file; the space is striped across them). Required.
   std::vector<std::filesystem::path> swap_dirs;
-  /// Pinned host bytes (0: tiers.host_budget, which TIERSWAP_HOST_BUDGET may set; 1 GiB).
+  /// Pinned host bytes (0: tiers.host_budget, which TIERSWAP_HOST_BUDGET may set; 1 GiB). Through
+  /// a node service (tiers.service), 0 takes at most what the service offers this rank: 1/n of
+  /// the node's budget for the n ranks on the node (LOCAL_WORLD_SIZE, OMPI_COMM_WORLD_LOCAL_SIZE
+  /// or MPI_LOCALNRANKS; else 1), within its per-client quota and what is free, less the slab
+  /// slack the rank's ask adds. A budget given here is asked for as it is (refused if too large).
   std::uint64_t host_budget = 0;
   /// "auto" | "single" | "mpi" | "nccl" (see make_communicator); ignored when `comm` is given.
   std::string communicator = "auto";

@@ -23,6 +23,7 @@
 #include "tierswap/aligned_buffer.hpp"
 #include "tierswap/checksum.hpp"
 #include "tierswap/communicator.hpp"
+#include "tierswap/detail/env.hpp"
 #include "tierswap/detail/file.hpp"
 #include "tierswap/detail/manifest.hpp"
 #include "tierswap/detail/paths.hpp"
@@ -146,6 +147,25 @@ std::uint64_t grad_bytes_needed(const std::vector<std::pair<GroupConfig, std::ui
   return total;
 }
 
+// The locked shared memory a rank asks the node service for: its host budget and two slabs of
+// slack (what opening a committed space reads to verify it, one block at a time).
+std::uint64_t attach_bytes(const TierConfig& tc) {
+  return round_up(tc.host_budget + 2 * tc.host_slab_size, 4096);
+}
+
+// The smallest host budget taken from a service's offer (below it, give host_budget).
+constexpr std::uint64_t kMinServiceBudget = 4 * kMiB;
+
+// The ranks on this node that share a node service's budget: what the launcher says (torchrun,
+// Open MPI, MPICH), else 1.
+std::uint32_t local_ranks() {
+  for (const char* name : {"LOCAL_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_SIZE", "MPI_LOCALNRANKS"}) {
+    const std::uint64_t n = detail::env_u64(name, 0, false);
+    if (n > 0) return static_cast<std::uint32_t>(std::min<std::uint64_t>(n, 1u << 20));
+  }
+  return 1;
+}
+
 }  // namespace
 
 std::uint64_t automatic_subgroup_size(std::uint64_t host_budget, const OptimizerConfig& oc,
@@ -215,6 +235,10 @@ struct TieredOptimizer::Impl {
   void warn_kept() const noexcept;
   void remove_files() noexcept;
   void build();
+  void size_to_budget(TierConfig& tc, OptimizerConfig& oc, bool auto_subgroup, std::uint64_t bpe,
+                      std::uint64_t blocks) const;
+  void fit_to_service(TierConfig& tc, OptimizerConfig& oc, bool auto_subgroup, std::uint64_t bpe,
+                      std::uint64_t blocks) const;
   void open_space(const std::vector<std::pair<GroupConfig, std::uint64_t>>& sizes,
                   const OptimizerConfig& oc, const TierConfig& tc, bool earlier);
   void attach_service(std::uint64_t capacity, const TierConfig& tc, bool earlier);
@@ -238,6 +262,50 @@ void TieredOptimizer::Impl::remove_files() noexcept {
   }
 }
 
+// The sub-group size (when automatic) and the tier settings that follow the host budget.
+void TieredOptimizer::Impl::size_to_budget(TierConfig& tc, OptimizerConfig& oc, bool auto_subgroup,
+                                           std::uint64_t bpe, std::uint64_t blocks) const {
+  if (auto_subgroup) oc.subgroup_size = automatic_subgroup_size(tc.host_budget, oc, bpe);
+  if (o.tune_tiers) tune_tier_config(tc, oc, blocks);
+  if (tc.host_slab_size > tc.host_budget / 8)
+    tc.host_slab_size = std::max<std::uint64_t>(4096, std::bit_floor(tc.host_budget / 8));
+}
+
+// No host_budget given and a node service named: this rank's budget is tiers.host_budget or, when
+// that does not fit, what the service offers it (1/local ranks of the node's budget, within the
+// per-client quota and what is free), less the two slabs of slack its ask adds (attach_service).
+// A slab shrinks with the budget, so the second pass fits.
+void TieredOptimizer::Impl::fit_to_service(TierConfig& tc, OptimizerConfig& oc, bool auto_subgroup,
+                                           std::uint64_t bpe, std::uint64_t blocks) const {
+  const std::uint32_t share = local_ranks();
+  const ServiceOffer offer = service_offer(tc.service, share);
+  const TierConfig given = tc;
+  const OptimizerConfig given_oc = oc;
+  // A slab is at most an eighth of the budget, so at most an eighth of the offer.
+  const std::uint64_t slab_cap = std::bit_floor(std::max<std::uint64_t>(offer.bytes / 8, 4096));
+  for (int pass = 0; attach_bytes(tc) > offer.bytes; ++pass) {
+    const std::uint64_t slack = 2 * std::min(tc.host_slab_size, slab_cap);
+    if (pass == 2 || offer.bytes < slack + kMinServiceBudget)
+      throw std::runtime_error(fmt::format(
+          "tierswap service {}: it offers this rank {} (1/{} of its {} budget, quota {}, {} "
+          "free): too little for a host budget of at least {} and its {} of slab slack; start "
+          "it with a larger --host-budget, or give host_budget",
+          tc.service, format_bytes(offer.bytes), share, format_bytes(offer.budget),
+          format_bytes(offer.quota), format_bytes(offer.free), format_bytes(kMinServiceBudget),
+          format_bytes(slack)));
+    tc = given;
+    oc = given_oc;
+    tc.host_budget = (offer.bytes - slack) / 4096 * 4096;
+    size_to_budget(tc, oc, auto_subgroup, bpe, blocks);
+  }
+  if (tc.host_budget != given.host_budget)
+    log(LogLevel::info,
+        fmt::format("host budget {} (of {} asked): what the tierswap service at {} offers this "
+                    "rank (1/{} of its {}, {} free)",
+                    format_bytes(tc.host_budget), format_bytes(given.host_budget), tc.service,
+                    share, format_bytes(offer.budget), format_bytes(offer.free)));
+}
+
 void TieredOptimizer::Impl::build() {
   TierConfig tc = o.tiers;
   if (o.host_budget != 0) tc.host_budget = o.host_budget;
@@ -250,10 +318,9 @@ void TieredOptimizer::Impl::build() {
     bpe = std::max(bpe, state_bytes_per_element(groups[g].first, oc, &b));
     blocks = std::max(blocks, b - 1);  // state blocks (the gradient's is not read ahead)
   }
-  if (oc.subgroup_size == 0) oc.subgroup_size = automatic_subgroup_size(tc.host_budget, oc, bpe);
-  if (o.tune_tiers) tune_tier_config(tc, oc, blocks);
-  if (tc.host_slab_size > tc.host_budget / 8)
-    tc.host_slab_size = std::max<std::uint64_t>(4096, std::bit_floor(tc.host_budget / 8));
+  const bool auto_subgroup = oc.subgroup_size == 0;
+  size_to_budget(tc, oc, auto_subgroup, bpe, blocks);
+  if (!tc.service.empty() && o.host_budget == 0) fit_to_service(tc, oc, auto_subgroup, bpe, blocks);
   // The gradients of CPU-stepped sub-groups need no pinning on their way to the step: they wait
   // in pageable memory beside the pinned budget, sized to hold them all (spilling them would cost
   // 2 + 2 B/param of NVMe). A pageable_budget set by the caller stays.
@@ -356,7 +423,7 @@ void TieredOptimizer::Impl::attach_service(std::uint64_t capacity, const TierCon
   // The host pools carve their slabs from the shared memory: the pinned pool from the locked part,
   // whose slack holds what opening a committed space reads to verify it (one block at a time);
   // the pageable pool from the unlocked part (one slab of slack: its last slab may be smaller).
-  cc.memory_bytes = round_up(tc.host_budget + 2 * tc.host_slab_size, 4096);
+  cc.memory_bytes = attach_bytes(tc);
   if (tc.pageable_budget > 0)
     cc.pageable_bytes = round_up(tc.pageable_budget + tc.host_slab_size, 4096);
   cc.region_bytes = capacity;

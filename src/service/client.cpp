@@ -26,6 +26,32 @@ std::filesystem::path default_service_socket() {
   return default_runtime_dir() / "service.sock";
 }
 
+ServiceOffer service_offer(const std::filesystem::path& socket, std::uint32_t share,
+                           double timeout_seconds) {
+  ServiceClient::Impl m;
+  m.path = socket.empty() ? default_service_socket() : socket;
+  if (share == 0) m.fail(EINVAL, "offer: share must be at least 1");
+  if (!(timeout_seconds > 0)) m.fail(EINVAL, "offer: the timeout must be positive");
+  m.cfg.timeout_seconds = timeout_seconds;
+  m.connect();
+  m.fb.Finish(m.conn->message(m.fb, wire::Body::Offer,
+                              wire::CreateOffer(m.fb, service::kProtocolVersion, share).Union()),
+              wire::MessageIdentifier());
+  const wire::Message& msg = m.exchange();
+  if (const auto* r = msg.body_as_Reply())
+    m.fail(r->error() ? r->error() : EPROTO,
+           "offer refused: " + (r->message() ? r->message()->str() : std::string()));
+  const auto* o = msg.body_as_Offered();
+  if (!o) m.fail(EPROTO, "offer answered with " + std::string(wire::EnumNameBody(msg.body_type())));
+  const ServiceOffer out{o->bytes(), o->budget(), o->free(), o->quota()};
+  if (out.bytes % 4096 != 0 || out.bytes > out.free || out.bytes > out.quota ||
+      out.free > out.budget || out.quota > out.budget)
+    m.fail(EPROTO, fmt::format("offer answered with inconsistent figures: {} of a {} budget, {} "
+                               "free, quota {}",
+                               out.bytes, out.budget, out.free, out.quota));
+  return out;
+}
+
 void ServiceClient::Impl::connect() {
   sockaddr_un a{};
   a.sun_family = AF_UNIX;

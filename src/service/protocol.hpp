@@ -13,7 +13,7 @@
 
 namespace tierswap::service {
 
-inline constexpr std::uint32_t kProtocolVersion = 2;  // 2: pageable shared memory
+inline constexpr std::uint32_t kProtocolVersion = 3;  // 2: pageable shared memory; 3: Offer
 /// Largest message accepted (the length prefix excluded): control messages are small.
 inline constexpr std::uint32_t kMaxMessageBytes = 64 * 1024;
 

@@ -9,6 +9,7 @@
 #include <sys/un.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cstring>
 #include <filesystem>
@@ -221,6 +222,10 @@ void SwapService::Impl::serve(Peer& p) {
       break;
     }
     if (!s.rec) {
+      if (const auto* o = m->body_as_Offer()) {
+        offer(p, *o);
+        break;
+      }
       const auto* h = m->body_as_Hello();
       if (!h) {
         log(LogLevel::warn,
@@ -234,7 +239,8 @@ void SwapService::Impl::serve(Peer& p) {
       continue;
     }
     const wire::Body type = m->body_type();
-    if (type == wire::Body::Hello || type == wire::Body::Welcome || type == wire::Body::Reply) {
+    if (type == wire::Body::NONE || type == wire::Body::Hello || type == wire::Body::Welcome ||
+        type == wire::Body::Reply || type == wire::Body::Offer || type == wire::Body::Offered) {
       log(LogLevel::warn,
           fmt::format("service: dropped {}: unexpected {}", s.key, wire::EnumNameBody(type)));
       break;
@@ -253,6 +259,27 @@ void SwapService::Impl::serve(Peer& p) {
   // The peer sees the end at once, after its memory and attachment are released (the socket
   // itself is closed when the acceptor reaps this thread).
   ::shutdown(p.conn.fd(), SHUT_RDWR);
+}
+
+int SwapService::Impl::offer(Peer& p, const wire::Offer& o) {
+  flatbuffers::FlatBufferBuilder fb;
+  if (o.protocol() != service::kProtocolVersion || o.share() == 0) {
+    service::build_reply(
+        p.conn, fb,
+        {EINVAL, fmt::format("offer: protocol {}, share {} (this service speaks {}; share >= 1)",
+                             o.protocol(), o.share(), service::kProtocolVersion)});
+    return p.conn.send(fb);
+  }
+  const std::uint64_t quota = cfg.client_quota ? cfg.client_quota : cfg.host_budget;
+  std::uint64_t free = 0;
+  {
+    std::lock_guard lk(mu);
+    free = cfg.host_budget - granted;
+  }
+  const std::uint64_t bytes = std::min({quota, cfg.host_budget / o.share(), free}) / 4096 * 4096;
+  const auto body = wire::CreateOffered(fb, bytes, cfg.host_budget, free, quota);
+  fb.Finish(p.conn.message(fb, wire::Body::Offered, body.Union()), wire::MessageIdentifier());
+  return p.conn.send(fb);
 }
 
 // The checks of a Hello that need no state: protocol, job id, sizes, the pageable quota.
@@ -426,9 +453,11 @@ service::Answer SwapService::Impl::handle(const wire::Message& m, Session& s) {
         for (auto& [id, b] : s.rec->blocks) b.open = false;
         break;
       }
-      default:
+      case wire::Body::Status:
         a.text = status();
-        break;  // Status (the others were refused before)
+        break;
+      default:  // refused before: serve() drops the connection
+        throw std::system_error(EPROTO, std::system_category(), "unexpected message");
     }
   } catch (...) {
     return service::error_answer(std::current_exception(), tag_of(m));

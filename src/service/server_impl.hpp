@@ -138,6 +138,9 @@ struct SwapService::Impl {
   int check_hello(const wire::Hello& h, const std::string& job, std::string* why) const;
   int admit(const wire::Hello& h, const std::string& key, ClientRecord** rec, std::string* why);
   int hello(Peer& p, const wire::Hello& h, Session& s, std::string* why);
+  /// Answers an Offer (the first and only message of its connection) with Offered, or with a
+  /// Reply naming what was wrong; 0 or -errno of the send.
+  int offer(Peer& p, const wire::Offer& o);
   service::Answer handle(const wire::Message& m, Session& s);
   std::uint64_t put(Session& s, const wire::Put& r);
   std::uint64_t get(Session& s, const wire::Get& r);

@@ -1,10 +1,10 @@
 // The node service's messages from a peer, end to end against a live SwapService on a scratch
 // swap space. Selector 0: the input is everything a connection sends (length prefixes, FlatBuffers,
-// sequence numbers). Selector 1: a valid hello first, then the input (requests of an attached
-// client: put, get, commit, discard with any offsets, lengths and block ids). Selector 2: the
-// input is the registry payload (JSON in a valid container) a restarting service reads. Each
-// connection's answers are drained until the service closes it; a good client must then still
-// get a round trip, so a connection that poisons the service is a finding too.
+// sequence numbers; a hello or an offer first). Selector 1: a valid hello first, then the input
+// (requests of an attached client: put, get, commit, discard with any offsets, lengths and block
+// ids). Selector 2: the input is the registry payload (JSON in a valid container) a restarting
+// service reads. Each connection's answers are drained until the service closes it; a good client
+// must then still get a round trip, so a connection that poisons the service is a finding too.
 #include <sys/socket.h>
 #include <sys/un.h>
 #include <unistd.h>

@@ -94,10 +94,15 @@ void text_seeds(int argc, char** argv) {
   }
 }
 
-// Frames as a client sends them (service::frame): a hello (selector 0), requests after it
-// (selector 1), and a real registry payload (selector 2).
+// Frames as a client sends them (service::frame): a hello and an offer (selector 0), requests
+// after a hello (selector 1), and a real registry payload (selector 2).
 void service_seeds() {
   flatbuffers::FlatBufferBuilder fb;
+  fb.Finish(wire::CreateMessage(fb, 1, wire::Body::Offer,
+                                wire::CreateOffer(fb, service::kProtocolVersion, 2).Union()),
+            wire::MessageIdentifier());
+  seed("service_message", "offer", service::frame(fb), 0);
+  fb.Clear();
   const auto h = wire::CreateHello(fb, service::kProtocolVersion, fb.CreateString("seed"), 0,
                                    64 << 10, 1 << 20);
   fb.Finish(wire::CreateMessage(fb, 1, wire::Body::Hello, h.Union()), wire::MessageIdentifier());

@@ -228,6 +228,43 @@ def test_a_pytorch_job_on_the_service_trains_as_on_its_own_swap_files(tmp_path):
         assert svc.wait(timeout=30) == 0
 
 
+def test_ranks_without_a_host_budget_take_their_share_of_the_service(tmp_path, monkeypatch):
+    """The defaults work together: a rank that gives no host_budget takes what the service offers
+    it (1/LOCAL_WORLD_SIZE of the node's budget) when its default 1 GiB does not fit; one that
+    gives a budget is refused when it does not fit; a share too small is named."""
+    import torch
+
+    import tierswap.torch as tt
+
+    svc, sock = start_service(tmp_path, budget="64MiB")
+    opts = []
+    try:
+        monkeypatch.setenv("LOCAL_WORLD_SIZE", "2")
+        for rank in range(2):
+            (tmp_path / f"r{rank}").mkdir()
+            model = torch.nn.Linear(256, 256).to(torch.bfloat16)
+            opt = tt.AdamW(model.parameters(), swap_dir=str(tmp_path / f"r{rank}"), service=sock,
+                           service_job=f"share{rank}", telemetry=False)
+            model(torch.randn(4, 256, dtype=torch.bfloat16)).sum().backward()
+            opt.step()
+            assert 4 << 20 <= opt.residency()["host_budget_bytes"] <= 32 << 20
+            opts.append(opt)
+        (tmp_path / "given").mkdir()
+        small = torch.nn.Linear(8, 8).to(torch.bfloat16)
+        with pytest.raises(RuntimeError, match="of the node's 64.00 MiB is free"):
+            tt.AdamW(small.parameters(), swap_dir=str(tmp_path / "given"), service=sock,
+                     service_job="given", host_budget="8MiB", telemetry=False)
+        monkeypatch.setenv("LOCAL_WORLD_SIZE", "64")
+        with pytest.raises(RuntimeError, match=r"offers this rank 1.00 MiB \(1/64 of its"):
+            tt.AdamW(small.parameters(), swap_dir=str(tmp_path / "given"), service=sock,
+                     service_job="small", telemetry=False)
+    finally:
+        for opt in opts:
+            opt.close()
+        svc.terminate()
+        assert svc.wait(timeout=30) == 0
+
+
 def test_release_frees_the_region_of_a_job_that_kept_it(tmp_path):
     import tierswap.torch as tt
     from tierswap import tinylm

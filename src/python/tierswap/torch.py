@@ -22,7 +22,9 @@ Tier keywords (all optional; the defaults work untuned):
   swap_dir        a directory or a list (one per drive: striped); default TIERSWAP_SWAP_DIRS, else
                   a private temporary directory under $TMPDIR or /var/tmp, removed at close()
                   (one a killed process left: by the next optimizer on the host)
-  host_budget     pinned host bytes, "8GiB" or an int (default 1 GiB, or TIERSWAP_HOST_BUDGET)
+  host_budget     pinned host bytes, "8GiB" or an int (default 1 GiB, or TIERSWAP_HOST_BUDGET;
+                  through a node service, at most what it offers this rank: its share of the
+                  node's budget, 1/LOCAL_WORLD_SIZE)
   state_tier      "auto" (host memory when everything fits in half the budget), "host", "nvme"
   subgroup_size   elements per sub-group, a count as the CLI's --sub-group ("4M" = 4,000,000,
                   rounded up to a multiple of 8192; default: from the budget, at most 8Mi)

@@ -393,6 +393,36 @@ TEST(Service, AClientKilledMidStepKeepsItsCommittedGeneration) {
   EXPECT_TRUE(holds(*c, 0, 16 * kKiB, 1));
 }
 
+// A client that asks to be released when it detaches (a run on a temporary directory, which
+// nothing can resume) leaves no region behind, killed or not; its region is free again.
+TEST(Service, AClientReleasedWhenDetachedLeavesNothingWhenKilled) {
+  TempDir d;
+  const auto sc = service_config(d);
+  SwapService svc(sc);
+  const pid_t child = ::fork();
+  if (child == 0) {
+    auto cc = client_config(sc, "ephemeral");
+    cc.release_when_detached = true;
+    ServiceClient c(cc);
+    fill(c, 0, 16 * kKiB, 1);
+    c.put(1, 0, 16 * kKiB);
+    c.commit();
+    ::kill(::getpid(), SIGKILL);
+  }
+  int status = 0;
+  ASSERT_EQ(::waitpid(child, &status, 0), child);
+  ASSERT_TRUE(WIFSIGNALED(status));
+  bool gone = false;
+  for (int i = 0; i < 100 && !gone; ++i) {  // until the service has seen the connection close
+    gone = nlohmann::json::parse(svc.status_json()).at("clients").empty();
+    if (!gone) std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  EXPECT_TRUE(gone) << svc.status_json();
+  ServiceClient again(client_config(sc, "ephemeral"));  // a new client, not a reattach
+  EXPECT_FALSE(again.reattached());
+  EXPECT_EQ(again.attached_generation(), 0u);
+}
+
 TEST(Service, AKilledServiceFailsItsClientsPromptlyAndRestartsWithTheirState) {
   TempDir d;
   const auto sc = service_config(d);

@@ -90,6 +90,9 @@ struct ServiceClientConfig {
   /// A raw client (a tier manager, through ServiceStorage) addresses its region itself; a block
   /// client uses put/get/commit/discard. Fixed at the first attach of job + rank.
   bool raw = false;
+  /// Forget this client when it detaches, however that happens (kill -9 included): its region,
+  /// blocks and manifest (a run nothing can resume, whose manifest is in a temporary directory).
+  bool release_when_detached = false;
 };
 
 /// What the service would grant a new client that asks for 1/share of the node's budget now: a

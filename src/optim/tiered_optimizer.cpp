@@ -427,6 +427,7 @@ void TieredOptimizer::Impl::attach_service(std::uint64_t capacity, const TierCon
   if (tc.pageable_budget > 0)
     cc.pageable_bytes = round_up(tc.pageable_budget + tc.host_slab_size, 4096);
   cc.region_bytes = capacity;
+  cc.release_when_detached = o.temporary_swap_dirs;
   storage = std::make_unique<ServiceStorage>(cc, dirs.front(), IoEngineConfig::from_env());
   if (earlier && !storage->reattached())
     throw std::runtime_error(fmt::format(

@@ -183,10 +183,10 @@ class PyOptimizer {
               std::string communicator, std::shared_ptr<Communicator> comm, unsigned threads,
               const std::string& optimizer_json, const std::string& tiers_json,
               bool keep_swap_files, std::uint64_t swap_capacity, std::uint64_t subgroup_size,
-              bool resume)
+              bool resume, bool temporary)
       : t_(options(std::move(swap_dirs), host_budget, std::move(communicator), std::move(comm),
                    threads, optimizer_json, tiers_json, keep_swap_files, swap_capacity,
-                   subgroup_size, resume)) {}
+                   subgroup_size, resume, temporary)) {}
 
   TieredOptimizer& t() {
     if (closed_) throw std::logic_error("the tierswap optimizer was closed");
@@ -260,7 +260,7 @@ class PyOptimizer {
                                std::string comm, std::shared_ptr<Communicator> custom,
                                unsigned threads, const std::string& oj, const std::string& tj,
                                bool keep, std::uint64_t capacity, std::uint64_t subgroup,
-                               bool resume) {
+                               bool resume, bool temporary) {
     TieredOptions o;
     for (auto& d : dirs) o.swap_dirs.emplace_back(std::move(d));
     o.host_budget = budget;
@@ -273,6 +273,7 @@ class PyOptimizer {
     o.keep_swap_files = keep;
     o.swap_capacity = capacity;
     o.resume = resume;
+    o.temporary_swap_dirs = temporary;
     return o;
   }
 
@@ -416,11 +417,11 @@ PYBIND11_MODULE(_tierswap, m) {
   PyOptimizerClass c(m, "Optimizer");
   c.def(py::init<std::vector<std::string>, std::uint64_t, std::string,
                  std::shared_ptr<Communicator>, unsigned, const std::string&, const std::string&,
-                 bool, std::uint64_t, std::uint64_t, bool>(),
+                 bool, std::uint64_t, std::uint64_t, bool, bool>(),
         py::arg("swap_dirs"), py::arg("host_budget"), py::arg("communicator"), py::arg("comm"),
         py::arg("threads"), py::arg("optimizer_json"), py::arg("tiers_json"),
         py::arg("keep_swap_files"), py::arg("swap_capacity"), py::arg("subgroup_size"),
-        py::arg("resume"))
+        py::arg("resume"), py::arg("temporary") = false)
       .def("close", &PyOptimizer::close, py::arg("failed") = false, Release());
   bind_setup(c);
   bind_backward_and_step(c);

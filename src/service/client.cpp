@@ -145,6 +145,7 @@ ServiceClient::ServiceClient(ServiceClientConfig cfg) : impl_(std::make_unique<I
   m.space_uuid = w->space_uuid() ? w->space_uuid()->str() : std::string();
   if (m.alignment == 0 || (m.alignment & (m.alignment - 1)) != 0 || m.alignment > 1u << 20)
     m.fail(EPROTO, fmt::format("welcome with alignment {}", m.alignment));
+  if (m.cfg.release_when_detached) release();  // takes effect at the detach
 }
 
 ServiceClient::~ServiceClient() = default;

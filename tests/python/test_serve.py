@@ -265,6 +265,44 @@ def test_ranks_without_a_host_budget_take_their_share_of_the_service(tmp_path, m
         assert svc.wait(timeout=30) == 0
 
 
+def test_a_killed_run_on_a_temporary_directory_leaves_no_region_in_the_service(tmp_path):
+    """A run without swap_dir (a temporary directory, which nothing can resume) asks the service to
+    forget its region when it detaches: killed, it leaves none. One with a swap_dir keeps its
+    region for a resume."""
+    import json
+    import sys
+
+    svc, sock = start_service(tmp_path)
+    child = (
+        "import os, signal, sys, torch\n"
+        "import tierswap.torch as tt\n"
+        "m = torch.nn.Linear(64, 64).to(torch.bfloat16)\n"
+        "kw = {'swap_dir': sys.argv[2]} if len(sys.argv) > 2 else {}\n"
+        "opt = tt.AdamW(m.parameters(), service=sys.argv[1], service_job='killed', "
+        "telemetry=False, **kw)\n"
+        "m(torch.randn(2, 64, dtype=torch.bfloat16)).sum().backward()\n"
+        "opt.step()\n"
+        "os.kill(os.getpid(), signal.SIGKILL)\n")
+
+    def clients():
+        r = subprocess.run([cli_path(), "residency", str(svc.pid), "--json"],
+                           capture_output=True, text=True, check=True)
+        return json.loads(r.stdout)["clients"]
+
+    try:
+        for args, kept in (([], 0), ([str(tmp_path)], 1)):
+            r = subprocess.run([sys.executable, "-c", child, sock, *args], capture_output=True,
+                               text=True, timeout=120, env=dict(os.environ))
+            assert r.returncode == -signal.SIGKILL, r.stderr
+            deadline = time.time() + 30
+            while len(clients()) != kept or any(c.get("attached") for c in clients()):
+                assert time.time() < deadline, clients()
+                time.sleep(0.1)
+    finally:
+        svc.terminate()
+        assert svc.wait(timeout=30) == 0
+
+
 def test_release_frees_the_region_of_a_job_that_kept_it(tmp_path):
     import tierswap.torch as tt
     from tierswap import tinylm

@@ -226,7 +226,8 @@ class _TieredOptimizer(Optimizer):
             self._native = _tierswap.Optimizer(
                 dirs, budget, "single" if self._comm is not None else str(communicator),
                 self._comm, threads, json.dumps(opt_cfg), json.dumps(tier_cfg),
-                bool(keep_swap_files), capacity, subgroup, bool(resume))
+                bool(keep_swap_files), capacity, subgroup, bool(resume),
+                self._tmpdir is not None)
             self._register()
         except BaseException:
             self._abandon()

@@ -239,6 +239,12 @@ def test_ranks_without_a_host_budget_take_their_share_of_the_service(tmp_path, m
     svc, sock = start_service(tmp_path, budget="64MiB")
     opts = []
     try:
+        (tmp_path / "given").mkdir()
+        small = torch.nn.Linear(8, 8).to(torch.bfloat16)
+        monkeypatch.setenv("LOCAL_WORLD_SIZE", "64")  # all 64 MiB free: 1 MiB each
+        with pytest.raises(RuntimeError, match=r"offers this rank 1.00 MiB \(1/64 of its"):
+            tt.AdamW(small.parameters(), swap_dir=str(tmp_path / "given"), service=sock,
+                     service_job="small", telemetry=False)
         monkeypatch.setenv("LOCAL_WORLD_SIZE", "2")
         for rank in range(2):
             (tmp_path / f"r{rank}").mkdir()
@@ -249,15 +255,9 @@ def test_ranks_without_a_host_budget_take_their_share_of_the_service(tmp_path, m
             opt.step()
             assert 4 << 20 <= opt.residency()["host_budget_bytes"] <= 32 << 20
             opts.append(opt)
-        (tmp_path / "given").mkdir()
-        small = torch.nn.Linear(8, 8).to(torch.bfloat16)
         with pytest.raises(RuntimeError, match="of the node's 64.00 MiB is free"):
             tt.AdamW(small.parameters(), swap_dir=str(tmp_path / "given"), service=sock,
                      service_job="given", host_budget="8MiB", telemetry=False)
-        monkeypatch.setenv("LOCAL_WORLD_SIZE", "64")
-        with pytest.raises(RuntimeError, match=r"offers this rank 1.00 MiB \(1/64 of its"):
-            tt.AdamW(small.parameters(), swap_dir=str(tmp_path / "given"), service=sock,
-                     service_job="small", telemetry=False)
     finally:
         for opt in opts:
             opt.close()

@@ -201,6 +201,14 @@ TEST(TieredOptimizer, BadSwapDirectoriesAreRefusedByName) {
   EXPECT_THROW(TieredOptimizer{o}, std::invalid_argument);
   o.swap_dirs = {dir.path(), dir.path()};
   EXPECT_THROW(TieredOptimizer{o}, std::invalid_argument);
+  o = options(dir.path());
+  o.temporary_swap_dirs = true;
+  for (bool TieredOptions::*contradicts :
+       {&TieredOptions::resume, &TieredOptions::keep_swap_files}) {
+    TieredOptions bad = o;
+    bad.*contradicts = true;
+    EXPECT_THROW(TieredOptimizer{bad}, std::invalid_argument);
+  }
   auto finalize_error = [&](const std::filesystem::path& p) -> std::string {
     TieredOptions oo = options(p);
     TieredOptimizer t(oo);

@@ -71,7 +71,8 @@ struct TieredOptions {
   bool keep_swap_files = false;
   /// The swap directories go when the run ends, however it ends (the caller's temporary
   /// directories): nothing can resume from them, so through a node service the rank's region is
-  /// released when it detaches, kill -9 included (else the service would keep it for a resume).
+  /// released when it detaches, kill -9 included (else the service would keep it for a resume),
+  /// and a run that fails keeps nothing. Not with resume or keep_swap_files.
   bool temporary_swap_dirs = false;
   /// Continue from the swap space the rank directories hold (a crashed run's, or one kept with
   /// keep_swap_files): finalize() reopens it and calls ShardedOptimizer::resume(); resumed()

@@ -447,6 +447,10 @@ TieredOptimizer::TieredOptimizer(TieredOptions options) : impl_(std::make_unique
   for (const auto& d : m.o.swap_dirs)
     if (!uniq.insert(std::filesystem::weakly_canonical(d)).second)
       throw std::invalid_argument(fmt::format("swap_dirs: {} is given twice", d.string()));
+  if (m.o.temporary_swap_dirs && (m.o.resume || m.o.keep_swap_files))
+    throw std::invalid_argument(
+        "temporary_swap_dirs: nothing resumes from or keeps temporary swap directories (resume, "
+        "keep_swap_files)");
   m.o.tiers.validate();
   m.comm = m.o.comm ? m.o.comm : std::shared_ptr<Communicator>(make_communicator(m.o.communicator));
 }
@@ -454,7 +458,7 @@ TieredOptimizer::TieredOptimizer(TieredOptions options) : impl_(std::make_unique
 // A run that ends by an error after committing a step keeps its files, as a crash would: the
 // next run resumes from them (removing them would lose every step since the start).
 bool TieredOptimizer::Impl::keeps_after_failure(bool failing) const noexcept {
-  return failing && opt && opt->step_count() > 0;
+  return failing && !o.temporary_swap_dirs && opt && opt->step_count() > 0;
 }
 
 void TieredOptimizer::Impl::warn_kept() const noexcept try {

@@ -10,9 +10,8 @@
 // locks however it died. A lock file is locked before it gets its name, so a live one is never
 // found free, and made before its directory, so a process killed between the two leaves a lock
 // with no directory, which the sweep removes (and a free `.lock.new` file of lock_by_name()'s
-// older than a minute). Left alone: a directory without a lock file, another
-// user's, and another host's (a root shared over the network, where flock may be local to each
-// node).
+// older than a minute). Left alone: a directory without a lock file, another user's, and another
+// host's (a root shared over the network, where flock may be local to each node).
 #pragma once
 
 #include <sys/types.h>

@@ -2,6 +2,7 @@
 // a small swap file, a tier manifest (file and payload), a checkpoint manifest and rank index, a
 // commit record, a residency snapshot, and the configs, profiles, plans and strings a user writes.
 //   make_seeds OUT_DIR PROFILE_JSON...
+#include <cerrno>
 #include <fstream>
 #include <iostream>
 #include <nlohmann/json.hpp>
@@ -147,6 +148,24 @@ void service_seeds() {
   seed("service_message", "registry", detail::read_manifest_file(dir / "tierswap.service"), 2);
 }
 
+// The service's answers a client reads (fuzz_service_answer): an offer (selector 0), a refused
+// hello (1), and a welcome whose sizes match the 64 KiB memfd the fake service passes (2).
+void service_answer_seeds() {
+  flatbuffers::FlatBufferBuilder fb;
+  auto answer = [&](const char* name, int selector, wire::Body t, flatbuffers::Offset<void> body) {
+    fb.Finish(wire::CreateMessage(fb, 1, t, body), wire::MessageIdentifier());
+    seed("service_answer", name, service::frame(fb), selector);
+    fb.Clear();
+  };
+  answer("offered", 0, wire::Body::Offered,
+         wire::CreateOffered(fb, 1 << 20, 4 << 20, 4 << 20, 4 << 20).Union());
+  answer("refused", 1, wire::Body::Reply,
+         wire::CreateReply(fb, EINVAL, fb.CreateString("client fuzz.0 asks too much")).Union());
+  const auto uuid = fb.CreateString("0123456789abcdef");
+  answer("welcome", 2, wire::Body::Welcome,
+         wire::CreateWelcome(fb, 64 << 10, 1 << 20, 0, false, 4096, uuid, 0).Union());
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -159,6 +178,7 @@ int main(int argc, char** argv) {
     tier_and_record_seeds();
     swap_seed();
     service_seeds();
+    service_answer_seeds();
     text_seeds(argc - 1, argv + 1);
   } catch (const std::exception& e) {
     std::cerr << "make_seeds: " << e.what() << "\n";

@@ -286,22 +286,24 @@ void run_residency(const ResidencyOptions& o) {
   }
 }
 
-}  // namespace
-
-// Under a node service's line: its clients (job.rank, pid, memory, NVMe region, generation).
-void print_service_clients(const std::filesystem::path& socket) {
+// A node service's status (its clients: job.rank, pid, memory, NVMe region, generation) from its
+// telemetry socket; null when the process is not a service, or is gone or silent since listed.
+nlohmann::json service_status(const std::filesystem::path& socket) {
   std::string answer;
   try {
     answer = query_telemetry(socket);
   } catch (const std::exception&) {
-    return;  // gone since it was listed, or not answering: the line above says enough
+    return nullptr;  // the process's own line says enough
   }
   const auto j = nlohmann::json::parse(answer, nullptr, false);
   const auto sources =
       j.is_object() && j.contains("sources") ? j.at("sources") : nlohmann::json::array({j});
   for (const auto& s : sources)
-    if (s.is_object() && s.value("service", false)) print_service(s, stdout, "          ");
+    if (s.is_object() && s.value("service", false)) return s;
+  return nullptr;
 }
+
+}  // namespace
 
 void add_ps(CLI::App& app) {
   auto* ps = app.add_subcommand("ps", "List live tierswap processes (telemetry sockets)");
@@ -312,8 +314,11 @@ void add_ps(CLI::App& app) {
     const auto live = list_live_processes(dir);
     if (*json) {
       auto arr = nlohmann::json::array();
-      for (auto& p : live)
-        arr.push_back({{"pid", p.pid}, {"socket", p.socket.string()}, {"command", p.command}});
+      for (auto& p : live) {
+        nlohmann::json e = {{"pid", p.pid}, {"socket", p.socket.string()}, {"command", p.command}};
+        if (auto status = service_status(p.socket); !status.is_null()) e["service"] = status;
+        arr.push_back(std::move(e));
+      }
       fmt::print("{}\n", nlohmann::json{{"runtime_dir", dir.string()}, {"processes", arr}}.dump(2));
       return;
     }
@@ -324,7 +329,8 @@ void add_ps(CLI::App& app) {
     fmt::print("{:>8}  {:<40}  {}\n", "PID", "SOCKET", "COMMAND");
     for (auto& p : live) {
       fmt::print("{:>8}  {:<40}  {}\n", p.pid, p.socket.string(), p.command);
-      print_service_clients(p.socket);
+      if (const auto status = service_status(p.socket); !status.is_null())
+        print_service(status, stdout, "          ");
     }
   });
 }

@@ -1,6 +1,7 @@
 """`tierswap serve` as systemd runs it: readiness through NOTIFY_SOCKET, the socket handed over by
 socket activation (LISTEN_FDS), `tierswap ps` listing the service, its Prometheus endpoint, a
 clean stop on SIGTERM; and bad options named."""
+import json
 import os
 import signal
 import socket
@@ -67,6 +68,11 @@ def test_serve_under_systemd_notifies_lists_and_serves_metrics(tmp_path):
         res = subprocess.run([cli_path(), "residency", str(svc.pid)], env=env, capture_output=True,
                              text=True, check=True)
         assert f"node service (pid {svc.pid}): 0 B of 4.00 MiB" in res.stdout, res.stdout
+        listed = json.loads(subprocess.run([cli_path(), "ps", "--json"], env=env,
+                                           capture_output=True, text=True, check=True).stdout)
+        entry = [p for p in listed["processes"] if p["pid"] == svc.pid]
+        assert len(entry) == 1 and entry[0]["service"]["host_budget"] == 4 << 20, listed
+        assert entry[0]["service"]["clients"] == [], listed
         with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as r:
             types, samples = parse(r.read().decode())
         assert samples["tierswap_service_clients"][""] == 0
@@ -269,7 +275,6 @@ def test_a_killed_run_on_a_temporary_directory_leaves_no_region_in_the_service(t
     """A run without swap_dir (a temporary directory, which nothing can resume) asks the service to
     forget its region when it detaches: killed, it leaves none. One with a swap_dir keeps its
     region for a resume."""
-    import json
     import sys
 
     svc, sock = start_service(tmp_path)
@@ -353,8 +358,6 @@ def test_release_frees_the_region_of_a_job_that_kept_it(tmp_path):
 
 
 def test_bench_io_measures_through_the_service_and_gives_its_region_back(tmp_path):
-    import json
-
     svc, sock = start_service(tmp_path, budget="8MiB")
     try:
         r = subprocess.run([cli_path(), "bench", "io", "--service", sock, "--size", "8MiB",

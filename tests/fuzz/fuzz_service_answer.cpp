@@ -47,7 +47,7 @@ void answer_once(int listen_fd, std::string_view answer, int memfd) {
   (void)!::recv(c, request, sizeof request, 0);
   std::size_t sent = 0;
   if (memfd >= 0 && !answer.empty()) {
-    char control[CMSG_SPACE(sizeof(int))] = {};
+    alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int))] = {};
     iovec iov{const_cast<char*>(answer.data()), 1};
     msghdr msg{};
     msg.msg_iov = &iov;

@@ -274,36 +274,32 @@ void TieredOptimizer::Impl::size_to_budget(TierConfig& tc, OptimizerConfig& oc, 
 // No host_budget given and a node service named: this rank's budget is tiers.host_budget or, when
 // that does not fit, what the service offers it (1/local ranks of the node's budget, within the
 // per-client quota and what is free), less the two slabs of slack its ask adds (attach_service).
-// A slab shrinks with the budget, so the second pass fits.
+// One pass fits: the slabs sized again for the smaller budget are no larger than before, nor
+// than an eighth of the offer, which is the slack taken off.
 void TieredOptimizer::Impl::fit_to_service(TierConfig& tc, OptimizerConfig& oc, bool auto_subgroup,
                                            std::uint64_t bpe, std::uint64_t blocks) const {
   const std::uint32_t share = local_ranks();
   const ServiceOffer offer = service_offer(tc.service, share);
-  const TierConfig given = tc;
-  const OptimizerConfig given_oc = oc;
-  // A slab is at most an eighth of the budget, so at most an eighth of the offer.
+  if (attach_bytes(tc) <= offer.bytes) return;
   const std::uint64_t slab_cap = std::bit_floor(std::max<std::uint64_t>(offer.bytes / 8, 4096));
-  for (int pass = 0; attach_bytes(tc) > offer.bytes; ++pass) {
-    const std::uint64_t slack = 2 * std::min(tc.host_slab_size, slab_cap);
-    if (pass == 2 || offer.bytes < slack + kMinServiceBudget)
-      throw std::runtime_error(fmt::format(
-          "tierswap service {}: it offers this rank {} (1/{} of its {} budget, quota {}, {} "
-          "free): too little for a host budget of at least {} and its {} of slab slack; start "
-          "it with a larger --host-budget, or give host_budget",
-          tc.service, format_bytes(offer.bytes), share, format_bytes(offer.budget),
-          format_bytes(offer.quota), format_bytes(offer.free), format_bytes(kMinServiceBudget),
-          format_bytes(slack)));
-    tc = given;
-    oc = given_oc;
-    tc.host_budget = (offer.bytes - slack) / 4096 * 4096;
-    size_to_budget(tc, oc, auto_subgroup, bpe, blocks);
-  }
-  if (tc.host_budget != given.host_budget)
-    log(LogLevel::info,
-        fmt::format("host budget {} (of {} asked): what the tierswap service at {} offers this "
-                    "rank (1/{} of its {}, {} free)",
-                    format_bytes(tc.host_budget), format_bytes(given.host_budget), tc.service,
-                    share, format_bytes(offer.budget), format_bytes(offer.free)));
+  const std::uint64_t slack = 2 * std::min(tc.host_slab_size, slab_cap);
+  if (offer.bytes < slack + kMinServiceBudget)
+    throw std::runtime_error(fmt::format(
+        "tierswap service {}: it offers this rank {} (1/{} of its {} budget, quota {}, {} "
+        "free): too little for a host budget of at least {} and its {} of slab slack; start it "
+        "with a larger --host-budget, or give host_budget",
+        tc.service, format_bytes(offer.bytes), share, format_bytes(offer.budget),
+        format_bytes(offer.quota), format_bytes(offer.free), format_bytes(kMinServiceBudget),
+        format_bytes(slack)));
+  const std::uint64_t asked = tc.host_budget;
+  tc = o.tiers;  // as build() began, with the smaller budget
+  tc.host_budget = (offer.bytes - slack) / 4096 * 4096;
+  size_to_budget(tc, oc, auto_subgroup, bpe, blocks);
+  log(LogLevel::info,
+      fmt::format("host budget {} (of {} asked): what the tierswap service at {} offers this "
+                  "rank (1/{} of its {}, {} free)",
+                  format_bytes(tc.host_budget), format_bytes(asked), tc.service, share,
+                  format_bytes(offer.budget), format_bytes(offer.free)));
 }
 
 void TieredOptimizer::Impl::build() {

@@ -361,23 +361,30 @@ TEST(Service, PageableMemoryIsSharedButNeitherLockedNorInTheBudget) {
   ServiceClient again(client_config(sc, "a", 0, 512 * kKiB));  // a's budget came back whole
 }
 
+// Runs `body` in a forked child that is then killed with SIGKILL (no code of its runs after);
+// whether the child died by the signal.
+bool killed_after(const std::function<void()>& body) {
+  const pid_t child = ::fork();
+  if (child == 0) {
+    body();
+    ::kill(::getpid(), SIGKILL);
+  }
+  int status = 0;
+  return ::waitpid(child, &status, 0) == child && WIFSIGNALED(status);
+}
+
 TEST(Service, AClientKilledMidStepKeepsItsCommittedGeneration) {
   TempDir d;
   const auto sc = service_config(d);
   SwapService svc(sc);
-  const pid_t child = ::fork();
-  if (child == 0) {
+  ASSERT_TRUE(killed_after([&] {
     ServiceClient c(client_config(sc, "victim"));
     fill(c, 0, 16 * kKiB, 1);
     c.put(1, 0, 16 * kKiB);
     c.commit();
     fill(c, 0, 16 * kKiB, 2);
     c.put(1, 0, 16 * kKiB);  // mid-step: written, not committed
-    ::kill(::getpid(), SIGKILL);
-  }
-  int status = 0;
-  ASSERT_EQ(::waitpid(child, &status, 0), child);
-  ASSERT_TRUE(WIFSIGNALED(status));
+  }));
   std::unique_ptr<ServiceClient> c;
   for (int i = 0; i < 100 && !c; ++i) {  // until the service has seen the connection close
     try {
@@ -399,19 +406,14 @@ TEST(Service, AClientReleasedWhenDetachedLeavesNothingWhenKilled) {
   TempDir d;
   const auto sc = service_config(d);
   SwapService svc(sc);
-  const pid_t child = ::fork();
-  if (child == 0) {
+  ASSERT_TRUE(killed_after([&] {
     auto cc = client_config(sc, "ephemeral");
     cc.release_when_detached = true;
     ServiceClient c(cc);
     fill(c, 0, 16 * kKiB, 1);
     c.put(1, 0, 16 * kKiB);
     c.commit();
-    ::kill(::getpid(), SIGKILL);
-  }
-  int status = 0;
-  ASSERT_EQ(::waitpid(child, &status, 0), child);
-  ASSERT_TRUE(WIFSIGNALED(status));
+  }));
   bool gone = false;
   for (int i = 0; i < 100 && !gone; ++i) {  // until the service has seen the connection close
     gone = nlohmann::json::parse(svc.status_json()).at("clients").empty();

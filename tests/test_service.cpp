@@ -214,6 +214,32 @@ TEST(Service, AnOfferSaysWhatANewClientWouldBeGranted) {
   EXPECT_TRUE(dropped_after(sc.socket, {f.begin(), f.end()}));
 }
 
+// A service older than the Offer (protocol 2) reads a first message that is not a Hello and
+// closes the connection: the client says so, not only that the connection closed.
+TEST(Service, AnOfferToAnOlderServiceSaysWhyItWasNotAnswered) {
+  TempDir d;
+  const auto path = d.path() / "old.sock";
+  const int lfd = ::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  sockaddr_un a{};
+  a.sun_family = AF_UNIX;
+  std::strcpy(a.sun_path, path.c_str());
+  ASSERT_EQ(::bind(lfd, reinterpret_cast<sockaddr*>(&a), sizeof a), 0);
+  ASSERT_EQ(::listen(lfd, 1), 0);
+  std::thread old_service([lfd] {
+    const int c = ::accept(lfd, nullptr, nullptr);
+    char buf[256];
+    (void)!::read(c, buf, sizeof buf);  // the Offer: not a Hello, so dropped
+    ::close(c);
+  });
+  const std::string why = error_of([&] { service_offer(path, 1, 10); });
+  old_service.join();
+  ::close(lfd);
+  EXPECT_NE(why.find("closed the connection without answering the offer: a service older than "
+                     "this client (protocol 3)"),
+            std::string::npos)
+      << why;
+}
+
 // Hellos made at once (the memory of each is made outside the service's lock, after its grant
 // and key are taken): never more granted than the budget, a key attached once at a time, and
 // every grant given back.
@@ -359,6 +385,45 @@ TEST(Service, PageableMemoryIsSharedButNeitherLockedNorInTheBudget) {
   }
   EXPECT_EQ(nlohmann::json::parse(svc.status_json()).at("memory_granted"), 512 * kKiB);
   ServiceClient again(client_config(sc, "a", 0, 512 * kKiB));  // a's budget came back whole
+}
+
+// The clients' pageable memory together stays within the node's pageable budget: an ask past it
+// is refused with the figures (nothing attached), and a detach gives its share back.
+TEST(Service, PageableMemoryOfAllClientsStaysWithinTheNodesPageableBudget) {
+  TempDir d;
+  auto sc = service_config(d, 1 * kMiB);
+  sc.pageable_quota = 2 * kMiB;
+  sc.pageable_budget = 3 * kMiB;
+  SwapService svc(sc);
+  auto with_pageable = [&](std::string job, std::uint64_t pageable) {
+    auto c = client_config(sc, std::move(job), 0, 64 * kKiB);
+    c.pageable_bytes = pageable;
+    return c;
+  };
+  auto a = std::make_unique<ServiceClient>(with_pageable("a", 2 * kMiB));
+  const std::string why = error_of([&] { ServiceClient b(with_pageable("b", 2 * kMiB)); });
+  EXPECT_NE(why.find("client b.0 asks 2.00 MiB of pageable shared memory: 1.00 MiB of the node's "
+                     "pageable budget of 3.00 MiB is free"),
+            std::string::npos)
+      << why;
+  auto st = nlohmann::json::parse(svc.status_json());
+  EXPECT_EQ(st.at("pageable_budget"), 3 * kMiB);
+  EXPECT_EQ(st.at("pageable_granted"), 2 * kMiB);
+  EXPECT_EQ(st.at("memory_granted"), 64 * kKiB);  // the refused client took nothing
+  EXPECT_EQ(st.at("clients").size(), 1u);
+  ServiceClient c(with_pageable("c", 1 * kMiB));  // what is left fits
+  a.reset();
+  for (int i = 0; i < 100; ++i) {
+    if (nlohmann::json::parse(svc.status_json()).at("pageable_granted") == 1 * kMiB) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  ServiceClient b(with_pageable("b", 2 * kMiB));  // a's share came back
+  EXPECT_EQ(nlohmann::json::parse(svc.status_json()).at("pageable_granted"), 3 * kMiB);
+  auto bad = sc;
+  bad.pageable_quota = 4 * kMiB;
+  EXPECT_NE(
+      error_of([&] { bad.validate(); }).find("pageable_quota 4.00 MiB exceeds pageable_budget"),
+      std::string::npos);
 }
 
 // Runs `body` in a forked child that is then killed with SIGKILL (no code of its runs after);

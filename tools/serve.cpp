@@ -28,7 +28,8 @@ namespace {
 
 struct ServeOptions {
   std::vector<std::string> dirs;
-  std::string capacity, host_budget = "1GiB", quota, pageable_quota, socket, metrics;
+  std::string capacity, host_budget = "1GiB", quota, pageable_quota, pageable_budget, socket,
+                        metrics;
   bool allow_other_users = false, no_lock = false;
 };
 
@@ -50,6 +51,8 @@ void run_serve(const ServeOptions& o) {
   if (!o.quota.empty()) c.client_quota = parse_size(o.quota, "--client-quota");
   if (!o.pageable_quota.empty())
     c.pageable_quota = parse_size(o.pageable_quota, "--pageable-quota");
+  if (!o.pageable_budget.empty())
+    c.pageable_budget = parse_size(o.pageable_budget, "--pageable-budget");
   c.socket = o.socket;
   c.allow_other_users = o.allow_other_users;
   c.lock_memory = !o.no_lock;
@@ -155,6 +158,9 @@ void add_serve(CLI::App& app) {
   s->add_option("--pageable-quota", o->pageable_quota,
                 "Most unlocked shared memory one client may hold beside it, outside the budget "
                 "(its gradients; default: a quarter of the node's memory)");
+  s->add_option("--pageable-budget", o->pageable_budget,
+                "Unlocked shared memory for all clients together (default: half the node's "
+                "memory)");
   s->add_option("--socket", o->socket,
                 "Unix socket (default: TIERSWAP_SERVICE, else <runtime dir>/service.sock)");
   s->add_option("--metrics", o->metrics, "Serve Prometheus metrics on [HOST:]PORT (loopback)");

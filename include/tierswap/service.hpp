@@ -47,8 +47,13 @@ struct ServiceConfig {
   /// Most shared memory one client may hold (0: the whole budget).
   std::uint64_t client_quota = 0;
   /// Most unlocked shared memory one client may hold beside it (its gradients on their way to a
-  /// CPU step; not counted in host_budget). 0: a quarter of the node's physical memory.
+  /// CPU step; not counted in host_budget). 0: a quarter of the node's physical memory, or the
+  /// pageable budget if that is less.
   std::uint64_t pageable_quota = 0;
+  /// Unlocked shared memory of all clients together: a client whose ask would take the node past
+  /// it is refused, so ranks cannot together hold more than the machine has. 0: half the node's
+  /// physical memory.
+  std::uint64_t pageable_budget = 0;
   std::filesystem::path socket;  ///< empty: default_service_socket()
   bool allow_other_users = false;
   /// mlock the clients' shared memory (pinned); a failure is a warning, the memory stays usable.

@@ -37,7 +37,12 @@ ServiceOffer service_offer(const std::filesystem::path& socket, std::uint32_t sh
   m.fb.Finish(m.conn->message(m.fb, wire::Body::Offer,
                               wire::CreateOffer(m.fb, service::kProtocolVersion, share).Union()),
               wire::MessageIdentifier());
-  const wire::Message& msg = m.exchange();
+  // A service older than the Offer (protocol 3) drops a first message that is not a Hello.
+  const wire::Message& msg =
+      m.exchange(nullptr,
+                 "closed the connection without answering the offer: a service older than this "
+                 "client (protocol 3) does so; run `tierswap serve` of this version, or give the "
+                 "rank a host_budget (then it asks no offer)");
   if (const auto* r = msg.body_as_Reply())
     m.fail(r->error() ? r->error() : EPROTO,
            "offer refused: " + (r->message() ? r->message()->str() : std::string()));
@@ -71,7 +76,7 @@ void ServiceClient::Impl::connect() {
     fail(errno, "cannot connect (is `tierswap serve` running?)");
 }
 
-const wire::Message& ServiceClient::Impl::exchange(int* fd) {
+const wire::Message& ServiceClient::Impl::exchange(int* fd, const char* closed) {
   if (const int r = conn->send(fb); r != 0) fail(-r, "send failed");
   const wire::Message* m = nullptr;
   std::string why;
@@ -79,7 +84,7 @@ const wire::Message& ServiceClient::Impl::exchange(int* fd) {
     case Connection::Status::ok:
       return *m;
     case Connection::Status::closed:
-      fail(EPIPE, "closed the connection");
+      fail(EPIPE, closed);
     case Connection::Status::error:
       fail(EIO, why);
     case Connection::Status::invalid:

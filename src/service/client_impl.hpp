@@ -40,7 +40,8 @@ struct ServiceClient::Impl {
   }
   void connect();
   // Sends the finished message and returns the verified answer (a Reply unless `welcome`).
-  const wire::Message& exchange(int* fd = nullptr);
+  // `closed`: what a connection closed instead of an answer means here.
+  const wire::Message& exchange(int* fd = nullptr, const char* closed = "closed the connection");
   const wire::Reply& request(wire::Body type, flatbuffers::Offset<void> body, const char* what);
   // An orderly goodbye: the service answers the end of our stream by detaching this client
   // (freeing its memory, ending its attachment) and only then closing its side, so waiting for

@@ -65,6 +65,10 @@ void ServiceConfig::validate() const {
   if (client_quota > host_budget)
     throw std::invalid_argument(fmt::format("service: client_quota {} exceeds host_budget {}",
                                             format_bytes(client_quota), format_bytes(host_budget)));
+  if (pageable_budget != 0 && pageable_quota > pageable_budget)
+    throw std::invalid_argument(fmt::format("service: pageable_quota {} exceeds pageable_budget {}",
+                                            format_bytes(pageable_quota),
+                                            format_bytes(pageable_budget)));
 }
 
 // ---- storage -------------------------------------------------------------------------------
@@ -91,7 +95,13 @@ void SwapService::Impl::open_storage() {
   }
   engine = std::make_unique<IoEngine>(*space, IoEngineConfig::from_env());
   queue_bytes = std::uint64_t{engine->config().queue_depth} * engine->config().block_size;
-  pageable_quota = cfg.pageable_quota ? cfg.pageable_quota : machine_memory() / 4 / 4096 * 4096;
+  // Unset, the node's pageable budget is half its memory (at least a given quota), and the quota a
+  // quarter of it (at most the budget).
+  const std::uint64_t ram = machine_memory() / 4096 * 4096;
+  pageable_budget = cfg.pageable_budget ? cfg.pageable_budget
+                                        : std::max(ram / 2 / 4096 * 4096, cfg.pageable_quota);
+  pageable_quota =
+      cfg.pageable_quota ? cfg.pageable_quota : std::min(ram / 4 / 4096 * 4096, pageable_budget);
   align = std::max<std::uint64_t>(4096, space->alignment());
   uuid = space->uuid();
   files.dir = cfg.swap_dirs.front();
@@ -327,6 +337,15 @@ int SwapService::Impl::admit(const wire::Hello& h, const std::string& key, Clien
         format_bytes(cfg.host_budget));
     return EINVAL;
   }
+  if (const std::uint64_t pageable = h.pageable_bytes();
+      pageable_granted + pageable > pageable_budget) {
+    *why = fmt::format(
+        "client {} asks {} of pageable shared memory: {} of the node's pageable budget of {} is "
+        "free (tierswap serve --pageable-budget)",
+        key, format_bytes(pageable), format_bytes(pageable_budget - pageable_granted),
+        format_bytes(pageable_budget));
+    return EINVAL;
+  }
   auto it = clients.find(key);
   if (it != clients.end()) {
     if (it->second.raw != h.raw()) {
@@ -384,6 +403,7 @@ int SwapService::Impl::hello(Peer& p, const wire::Hello& h, Session& s, std::str
   // the memory is made without the lock: locking gigabytes takes seconds, and every other
   // client's completions count their traffic under it.
   granted += mem;
+  pageable_granted += pageable;
   live[key] = Live{mem, pageable, p.cred.pid, p.cred.uid};
   s.traffic = live[key].traffic;
   lk.unlock();
@@ -393,6 +413,7 @@ int SwapService::Impl::hello(Peer& p, const wire::Hello& h, Session& s, std::str
   } catch (...) {
     lk.lock();
     granted -= mem;
+    pageable_granted -= pageable;
     live.erase(key);
     throw;
   }
@@ -567,6 +588,7 @@ void SwapService::Impl::detach(Session& s) {
     }
   }
   granted -= live.at(s.key).memory;
+  pageable_granted -= live.at(s.key).pageable;
   live.erase(s.key);
   log(LogLevel::info,
       c.raw ? fmt::format("service: {} detached", s.key)
@@ -602,6 +624,8 @@ std::string SwapService::Impl::status() const {
                       {"host_budget", cfg.host_budget},
                       {"memory_granted", granted},
                       {"pageable_quota", pageable_quota},
+                      {"pageable_budget", pageable_budget},
+                      {"pageable_granted", pageable_granted},
                       {"queue_bytes", queue_bytes},
                       {"nvme_capacity", space->capacity()},
                       {"nvme_free", regions->stats().free},
@@ -643,6 +667,13 @@ void SwapService::Impl::fill_metrics(MetricsWriter& w) const {
   w.family("tierswap_service_memory_granted_bytes", "Shared memory granted to clients.",
            MetricType::gauge);
   w.sample(static_cast<double>(granted));
+  w.family("tierswap_service_pageable_budget_bytes",
+           "The node's budget of unlocked shared memory (outside the memory budget).",
+           MetricType::gauge);
+  w.sample(static_cast<double>(pageable_budget));
+  w.family("tierswap_service_pageable_granted_bytes", "Unlocked shared memory granted to clients.",
+           MetricType::gauge);
+  w.sample(static_cast<double>(pageable_granted));
   struct Col {
     const char* name;
     const char* help;

@@ -73,7 +73,9 @@ struct SwapService::Impl {
   };
   std::map<std::string, Live> live;  // attached clients
   std::uint64_t granted = 0;
-  std::uint64_t pageable_quota = 0;  // per client (cfg.pageable_quota or its default)
+  std::uint64_t pageable_granted = 0;
+  std::uint64_t pageable_quota = 0;   // per client (cfg.pageable_quota or its default)
+  std::uint64_t pageable_budget = 0;  // the node's (cfg.pageable_budget or its default)
 
   std::filesystem::path socket_path;
   bool inherited = false;  // systemd's socket: not ours to remove

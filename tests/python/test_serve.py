@@ -132,6 +132,8 @@ def test_serve_takes_the_socket_systemd_hands_over(tmp_path):
     (["--metrics", "nine"], "--metrics"),
     (["--client-quota", "8MiB"], "client_quota"),
     (["--pageable-quota", "much"], "--pageable-quota"),
+    (["--pageable-budget", "much"], "--pageable-budget"),
+    (["--pageable-quota", "8MiB", "--pageable-budget", "4MiB"], "pageable_quota 8.00 MiB exceeds"),
 ])
 def test_serve_names_a_bad_option(tmp_path, args, named):
     r = subprocess.run([cli_path(), "serve", "--swap-dir", str(tmp_path), "--capacity", "64MiB",
@@ -375,7 +377,8 @@ def test_bench_io_measures_through_the_service_and_gives_its_region_back(tmp_pat
         # Each combination's client released its region and memory: the service is as it was.
         ps = subprocess.run([cli_path(), "residency", str(svc.pid)], capture_output=True,
                             text=True, check=True)
-        assert "0 B of 8.00 MiB shared memory granted, 0 clients known" in ps.stdout, ps.stdout
+        assert "0 B of 8.00 MiB shared memory granted (+ 0 B of " in ps.stdout, ps.stdout
+        assert "pageable), 0 clients known" in ps.stdout, ps.stdout
         # A ring larger than the client's share of the budget is refused with the service's reason.
         r = subprocess.run([cli_path(), "bench", "io", "--service", sock, "--size", "8MiB",
                             "--block-size", "4MiB", "--queue-depth", "4", "--runs", "1"],

@@ -318,16 +318,11 @@ int SwapService::Impl::check_hello(const wire::Hello& h, const std::string& job,
   return 0;
 }
 
-// Under mu: client `key` may attach (not attached already, its memory within its quota and the
-// node's budget) as the kind it was first, with a region; a first attach allocates the region
-// and records the client. *rec: its record.
-int SwapService::Impl::admit(const wire::Hello& h, const std::string& key, ClientRecord** rec,
-                             std::string* why) {
-  if (live.count(key)) {
-    *why = fmt::format("client {} is already attached (pid {})", key, live[key].pid);
-    return EBUSY;
-  }
-  const std::uint64_t mem = h.memory_bytes();
+// Under mu: client `key`'s memory fits (within its quota and what is left of the node's budget,
+// and its pageable memory within what is left of the node's pageable budget).
+int SwapService::Impl::check_grant(const wire::Hello& h, const std::string& key,
+                                   std::string* why) const {
+  const std::uint64_t mem = h.memory_bytes(), pageable = h.pageable_bytes();
   const std::uint64_t quota = cfg.client_quota ? cfg.client_quota : cfg.host_budget;
   if (mem > quota || granted + mem > cfg.host_budget) {
     *why = fmt::format(
@@ -337,8 +332,7 @@ int SwapService::Impl::admit(const wire::Hello& h, const std::string& key, Clien
         format_bytes(cfg.host_budget));
     return EINVAL;
   }
-  if (const std::uint64_t pageable = h.pageable_bytes();
-      pageable_granted + pageable > pageable_budget) {
+  if (pageable_granted + pageable > pageable_budget) {
     *why = fmt::format(
         "client {} asks {} of pageable shared memory: {} of the node's pageable budget of {} is "
         "free (tierswap serve --pageable-budget)",
@@ -346,6 +340,19 @@ int SwapService::Impl::admit(const wire::Hello& h, const std::string& key, Clien
         format_bytes(pageable_budget));
     return EINVAL;
   }
+  return 0;
+}
+
+// Under mu: client `key` may attach (not attached already, its memory granted by check_grant)
+// as the kind it was first, with a region; a first attach allocates the region and records the
+// client. *rec: its record.
+int SwapService::Impl::admit(const wire::Hello& h, const std::string& key, ClientRecord** rec,
+                             std::string* why) {
+  if (live.count(key)) {
+    *why = fmt::format("client {} is already attached (pid {})", key, live[key].pid);
+    return EBUSY;
+  }
+  if (const int refused = check_grant(h, key, why); refused != 0) return refused;
   auto it = clients.find(key);
   if (it != clients.end()) {
     if (it->second.raw != h.raw()) {

@@ -232,20 +232,7 @@ void SwapService::Impl::serve(Peer& p) {
       break;
     }
     if (!s.rec) {
-      if (const auto* o = m->body_as_Offer()) {
-        offer(p, *o);
-        break;
-      }
-      const auto* h = m->body_as_Hello();
-      if (!h) {
-        log(LogLevel::warn,
-            fmt::format("service: dropped pid {}: first message is not hello", p.cred.pid));
-        break;
-      }
-      if (const int refused = hello(p, *h, s, &why); refused != 0) {
-        s.out->send({refused, why});
-        break;
-      }
+      if (!first_message(p, *m, s)) break;
       continue;
     }
     const wire::Body type = m->body_type();
@@ -269,6 +256,27 @@ void SwapService::Impl::serve(Peer& p) {
   // The peer sees the end at once, after its memory and attachment are released (the socket
   // itself is closed when the acceptor reaps this thread).
   ::shutdown(p.conn.fd(), SHUT_RDWR);
+}
+
+// Before a hello: an Offer is answered and the connection ends; a Hello attaches (or is refused
+// with the reason, and the connection ends); anything else drops it. Whether to go on.
+bool SwapService::Impl::first_message(Peer& p, const wire::Message& m, Session& s) {
+  if (const auto* o = m.body_as_Offer()) {
+    offer(p, *o);
+    return false;
+  }
+  const auto* h = m.body_as_Hello();
+  if (!h) {
+    log(LogLevel::warn,
+        fmt::format("service: dropped pid {}: first message is not hello", p.cred.pid));
+    return false;
+  }
+  std::string why;
+  if (const int refused = hello(p, *h, s, &why); refused != 0) {
+    s.out->send({refused, why});
+    return false;
+  }
+  return true;
 }
 
 int SwapService::Impl::offer(Peer& p, const wire::Offer& o) {

@@ -138,6 +138,7 @@ struct SwapService::Impl {
   /// Attaches the client a Hello names; 0, or the errno of the refusal (`why` says it): the
   /// stateless checks, then (under mu) the admission against quota, budget, kind and region.
   int check_hello(const wire::Hello& h, const std::string& job, std::string* why) const;
+  bool first_message(Peer& p, const wire::Message& m, Session& s);
   int check_grant(const wire::Hello& h, const std::string& key, std::string* why) const;
   int admit(const wire::Hello& h, const std::string& key, ClientRecord** rec, std::string* why);
   int hello(Peer& p, const wire::Hello& h, Session& s, std::string* why);

@@ -3,8 +3,12 @@
 // sequence numbers; a hello or an offer first). Selector 1: a valid hello first, then the input
 // (requests of an attached client: put, get, commit, discard with any offsets, lengths and block
 // ids). Selector 2: the input is the registry payload (JSON in a valid container) a restarting
-// service reads. Each connection's answers are drained until the service closes it; a good client
-// must then still get a round trip, so a connection that poisons the service is a finding too.
+// service reads. Selector 3: the input is the manifest payload of client seed.0 (its blocks,
+// extents, generation), which a registry naming that client makes the restarting service read;
+// the client then reattaches and reads, writes and commits its blocks. In the payloads of 2 and 3
+// fuzz::kUuidToken stands for the swap space's uuid. Each connection's answers are drained until
+// the service closes it; a good client must then still get a round trip, so a connection that
+// poisons the service is a finding too.
 #include <sys/socket.h>
 #include <sys/un.h>
 #include <unistd.h>
@@ -16,6 +20,7 @@
 #include "src/service/protocol.hpp"
 #include "tierswap/detail/manifest.hpp"
 #include "tierswap/service.hpp"
+#include "tierswap/swap_space.hpp"
 
 using namespace tierswap;
 
@@ -55,12 +60,18 @@ void converse(const std::filesystem::path& socket, const std::string& bytes) {
   ::close(fd);
 }
 
-void still_serves(const ServiceConfig& c) {
+// Client `job`.0 of the service `c`: 4 KiB of memory, a 1 MiB region.
+ServiceClientConfig small_client(const ServiceConfig& c, const char* job) {
   ServiceClientConfig cc;
   cc.socket = c.socket;
-  cc.job = "witness";
+  cc.job = job;
   cc.memory_bytes = 4096;
   cc.region_bytes = 1 << 20;
+  return cc;
+}
+
+void still_serves(const ServiceConfig& c) {
+  const ServiceClientConfig cc = small_client(c, "witness");
   for (int i = 0;; ++i) {  // the fuzz connection's detach may still be running
     try {
       ServiceClient w(cc);
@@ -75,6 +86,41 @@ void still_serves(const ServiceConfig& c) {
   }
 }
 
+// A swap space under `name` made once by a service, with client seed.0 attached once (so the
+// registry names it), and its uuid.
+struct Restart {
+  ServiceConfig cfg;
+  std::string uuid;
+};
+
+Restart restart_space(const char* name) {
+  auto c = config(fuzz::scratch() / name);
+  {
+    SwapService make_space(c);
+    ServiceClient seed(small_client(c, "seed"));
+  }
+  return {c, SwapSpace::open(c.swap_dirs).uuid()};
+}
+
+// A restarting service over what the input made of its files: if it starts, client seed.0
+// reattaches and uses blocks 0-3 (each request may be refused; none may crash the service).
+void restart(const ServiceConfig& c) {
+  try {
+    SwapService s(c);
+    (void)s.status_json();
+    ServiceClient cl(small_client(c, "seed"));
+    for (std::uint64_t id = 0; id < 4; ++id) {
+      try {
+        (void)cl.get(id, 0, 4096);
+        cl.put(id, 0, 4096);
+      } catch (const std::system_error&) {
+      }
+    }
+    (void)cl.commit();
+  } catch (const std::exception&) {
+  }
+}
+
 }  // namespace
 
 extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t n) {
@@ -82,7 +128,7 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t n) {
   static SwapService live(live_cfg);
   static const std::string hello = hello_frame();
   const auto [which, bytes] = fuzz::split(data, n);
-  switch (which % 3) {
+  switch (which % 4) {
     case 0:
       converse(live_cfg.socket, std::string(bytes));
       still_serves(live_cfg);
@@ -91,19 +137,19 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t n) {
       converse(live_cfg.socket, hello + std::string(bytes));
       still_serves(live_cfg);
       break;
+    case 2: {
+      static const Restart r = restart_space("restart");
+      detail::write_manifest_file(r.cfg.swap_dirs.front() / "tierswap.service",
+                                  fuzz::with_uuid(bytes, r.uuid), false);
+      restart(r.cfg);
+      break;
+    }
     default: {
-      static const ServiceConfig cfg = [] {
-        auto c = config(fuzz::scratch() / "restart");
-        SwapService make_space(c);  // creates the swap space once
-        return c;
-      }();
-      detail::write_manifest_file(cfg.swap_dirs.front() / "tierswap.service", std::string(bytes),
-                                  false);
-      try {
-        SwapService s(cfg);
-        (void)s.status_json();
-      } catch (const std::exception&) {
-      }
+      static const Restart r = restart_space("restart-client");
+      const auto manifest = r.cfg.swap_dirs.front() / "service-clients" / "seed.0.manifest";
+      std::filesystem::create_directories(manifest.parent_path());
+      detail::write_manifest_file(manifest, fuzz::with_uuid(bytes, r.uuid), false);
+      restart(r.cfg);
     }
   }
   return 0;

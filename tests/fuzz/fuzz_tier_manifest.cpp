@@ -2,7 +2,7 @@
 // checksums) for read_manifest. Odd: the input is the payload (the block table as JSON) wrapped
 // in a valid container, opened by a TierManager over a real swap space with its checksums
 // verified, as `tierswap residency --swap-dir` does, then snapshotted: every field read from
-// disk is checked before use.
+// disk is checked before use. In the payload, fuzz::kUuidToken stands for this space's uuid.
 #include <cstdint>
 #include <exception>
 #include <memory>
@@ -45,7 +45,7 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t n) {
       fuzz::write_file(path, bytes);
       (void)read_manifest(path);
     } else {
-      detail::write_manifest_file(path, std::string(bytes), false);
+      detail::write_manifest_file(path, fuzz::with_uuid(bytes, s.space->uuid()), false);
       TierConfig cfg;
       cfg.telemetry = false;
       cfg.lock_host_memory = false;

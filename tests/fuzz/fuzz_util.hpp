@@ -35,6 +35,26 @@ inline void write_file(const std::filesystem::path& p, std::string_view bytes) {
   f.write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
 }
 
+/// Stands for the swap space's uuid in seeds of files that name it (a tier manifest, the
+/// service's registry and client manifests): each target's space has a uuid of its own, and a
+/// file naming another is refused before anything else in it is read.
+inline constexpr std::string_view kUuidToken = "@SPACE_UUID@";
+
+/// `bytes` with every kUuidToken replaced by `uuid`.
+inline std::string with_uuid(std::string_view bytes, const std::string& uuid) {
+  std::string out;
+  out.reserve(bytes.size());
+  for (std::size_t i = 0; i < bytes.size();) {
+    if (bytes.substr(i, kUuidToken.size()) == kUuidToken) {
+      out += uuid;
+      i += kUuidToken.size();
+    } else {
+      out += bytes[i++];
+    }
+  }
+  return out;
+}
+
 /// The input's first byte (a selector) and the rest.
 inline std::pair<std::uint8_t, std::string_view> split(const std::uint8_t* data, std::size_t n) {
   if (n == 0) return {0, {}};

@@ -36,6 +36,16 @@ std::string slurp(const std::filesystem::path& p, std::size_t max = SIZE_MAX) {
   return s.substr(0, std::min(max, s.size()));
 }
 
+// A payload naming its swap space (space_uuid), with that uuid written as fuzz::kUuidToken: the
+// fuzz target puts its own space's uuid in its place.
+std::string uuid_as_token(const std::string& payload) {
+  const std::string uuid = nlohmann::json::parse(payload).at("space_uuid");
+  std::string out = payload;
+  for (std::size_t at; (at = out.find(uuid)) != std::string::npos;)
+    out.replace(at, uuid.size(), fuzz::kUuidToken);
+  return out;
+}
+
 void tier_and_record_seeds() {
   const auto dir = fuzz::scratch() / "seed";
   auto t = fuzz::small_model(dir, false);
@@ -43,7 +53,7 @@ void tier_and_record_seeds() {
   const std::string manifest = slurp(rank / detail::kManifestName);
   const std::string payload = detail::read_manifest_file(rank / detail::kManifestName);
   seed("tier_manifest", "file", manifest, 0);
-  seed("tier_manifest", "payload", payload, 1);
+  seed("tier_manifest", "payload", uuid_as_token(payload), 1);
   seed("commit_record", "record", nlohmann::json::parse(payload).at("record").get<std::string>());
   seed("residency_answer", "snapshot", t->tiers().snapshot().to_json());
   t->optimizer().save(fuzz::scratch() / "ckpt");
@@ -96,7 +106,7 @@ void text_seeds(int argc, char** argv) {
 }
 
 // Frames as a client sends them (service::frame): a hello and an offer (selector 0), requests
-// after a hello (selector 1), and a real registry payload (selector 2).
+// after a hello (selector 1), a real registry payload (selector 2) and a client's manifest (3).
 void service_seeds() {
   flatbuffers::FlatBufferBuilder fb;
   fb.Finish(wire::CreateMessage(fb, 1, wire::Body::Offer,
@@ -145,7 +155,10 @@ void service_seeds() {
       cl.commit();
     }
   }
-  seed("service_message", "registry", detail::read_manifest_file(dir / "tierswap.service"), 2);
+  seed("service_message", "registry",
+       uuid_as_token(detail::read_manifest_file(dir / "tierswap.service")), 2);
+  seed("service_message", "client_manifest",
+       uuid_as_token(detail::read_manifest_file(dir / "service-clients" / "seed.0.manifest")), 3);
 }
 
 // The service's answers a client reads (fuzz_service_answer): an offer (selector 0), a refused

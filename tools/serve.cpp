@@ -9,6 +9,7 @@
 #include <cmath>
 #include <cstdio>
 #include <memory>
+#include <nlohmann/json.hpp>
 #include <string>
 #include <system_error>
 #include <tuple>
@@ -67,8 +68,12 @@ void run_serve(const ServeOptions& o) {
   sigaddset(&set, SIGTERM);
   pthread_sigmask(SIG_BLOCK, &set, nullptr);
   SwapService service(c, inherited_socket());
-  fmt::print(stderr, "tierswap serve: listening on {} ({} of shared memory for all clients{})\n",
+  const auto st = nlohmann::json::parse(service.status_json());  // the budgets as resolved
+  fmt::print(stderr,
+             "tierswap serve: listening on {} ({} of shared memory for all clients, {} pageable "
+             "beside it{})\n",
              service.socket_path().string(), format_bytes(c.host_budget),
+             format_bytes(st.at("pageable_budget").get<std::uint64_t>()),
              metrics ? fmt::format(", metrics on port {}", metrics->port()) : std::string());
   sd_notify(0, "READY=1");
   int sig = 0;

@@ -54,8 +54,8 @@ def test_serve_under_systemd_notifies_lists_and_serves_metrics(tmp_path):
     note, note_path = notify_socket(tmp_path)
     env = dict(os.environ, NOTIFY_SOCKET=note_path, TIERSWAP_RUNTIME_DIR=str(run))
     svc = subprocess.Popen([cli_path(), "serve", "--swap-dir", str(swap), "--capacity", "64MiB",
-                            "--host-budget", "4MiB", "--socket", sock, "--no-lock",
-                            "--metrics", f"127.0.0.1:{port}"],
+                            "--host-budget", "4MiB", "--pageable-budget", "6MiB", "--socket", sock,
+                            "--no-lock", "--metrics", f"127.0.0.1:{port}"],
                            env=env, stderr=subprocess.PIPE, text=True)
     try:
         wait_for(note, "READY=1")
@@ -73,13 +73,19 @@ def test_serve_under_systemd_notifies_lists_and_serves_metrics(tmp_path):
         entry = [p for p in listed["processes"] if p["pid"] == svc.pid]
         assert len(entry) == 1 and entry[0]["service"]["host_budget"] == 4 << 20, listed
         assert entry[0]["service"]["clients"] == [], listed
+        assert entry[0]["service"]["pageable_budget"] == 6 << 20, listed
+        assert entry[0]["service"]["pageable_granted"] == 0, listed
         with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as r:
             types, samples = parse(r.read().decode())
         assert samples["tierswap_service_clients"][""] == 0
         assert samples["tierswap_service_memory_budget_bytes"][""] == 4 << 20
+        assert samples["tierswap_service_pageable_budget_bytes"][""] == 6 << 20
+        assert samples["tierswap_service_pageable_granted_bytes"][""] == 0
         svc.send_signal(signal.SIGTERM)
         wait_for(note, "STOPPING=1")
         assert svc.wait(timeout=30) == 0
+        err = svc.stderr.read()
+        assert "(4.00 MiB of shared memory for all clients, 6.00 MiB pageable beside it" in err, err
         assert not os.path.exists(sock)  # its own socket is removed
     finally:
         if svc.poll() is None:

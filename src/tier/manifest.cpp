@@ -14,11 +14,11 @@
 #include "src/tier/tier_impl.hpp"
 #include "tierswap/checksum.hpp"
 #include "tierswap/detail/file.hpp"
+#include "tierswap/detail/json.hpp"
 #include "tierswap/detail/manifest.hpp"
 #include "tierswap/error.hpp"
 
 #include <fmt/format.h>
-#include "tierswap/detail/json.hpp"
 
 namespace tierswap::detail {
 namespace {
@@ -115,10 +115,11 @@ std::filesystem::path TierManager::Impl::manifest_path() const {
   return space.files().front().path.parent_path() / detail::kManifestName;
 }
 
-tier_internal::CommitRecord::CommitRecord(std::string record) : text(std::move(record)) {
-  if (text.empty()) return;
+tier_internal::CommitRecord::CommitRecord(std::string record) {
+  if (record.empty()) return;
   try {
-    quoted = nlohmann::json(text).dump();
+    std::string quoted = detail::json_quoted(record);
+    d_ = std::make_shared<const Data>(Data{std::move(record), std::move(quoted)});
   } catch (const nlohmann::json::exception& e) {
     throw std::invalid_argument(fmt::format(
         "commit record: not valid UTF-8 text ({}); a manifest cannot hold it", e.what()));
@@ -161,10 +162,10 @@ std::string TierManager::Impl::manifest_payload(const CommitRecord& previous_rec
   j["blocks"] = std::move(arr);
   std::string text = j.dump();
   text.pop_back();  // the closing brace: the records go in before it
-  text.reserve(text.size() + pending_record.quoted.size() + previous_record.quoted.size() + 32);
-  if (!pending_record.empty()) text.append(R"(,"record":)").append(pending_record.quoted);
+  text.reserve(text.size() + pending_record.quoted().size() + previous_record.quoted().size() + 32);
+  if (!pending_record.empty()) text.append(R"(,"record":)").append(pending_record.quoted());
   if (!previous_record.empty())
-    text.append(R"(,"previous_record":)").append(previous_record.quoted);
+    text.append(R"(,"previous_record":)").append(previous_record.quoted());
   text += '}';
   return text;
 }

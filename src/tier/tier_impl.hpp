@@ -20,6 +20,7 @@
 #include <deque>
 #include <exception>
 #include <map>
+#include <memory>
 #include <mutex>
 #include <nlohmann/json.hpp>
 #include <set>
@@ -143,13 +144,22 @@ inline void validate_name(const std::string& n) {
 // A commit record (text the tier manager keeps with a generation, for its user: the optimizer's
 // layout and step) and the same text as a JSON string, escaped once: each record goes into two
 // manifests, as "record" and then as "previous_record", and a model's record lists its every
-// parameter. Text that is not UTF-8 (a JSON manifest cannot hold it) is std::invalid_argument.
-struct CommitRecord {
-  std::string text;
-  std::string quoted;  // empty when text is
+// parameter, so the two are shared, not copied, as a record moves from pending to committed to
+// previous. Text that is not UTF-8 (a JSON manifest cannot hold it) is std::invalid_argument.
+class CommitRecord {
+ public:
   CommitRecord() = default;
   explicit CommitRecord(std::string record);
-  bool empty() const noexcept { return text.empty(); }
+  bool empty() const noexcept { return !d_; }
+  const std::string& text() const noexcept { return d_ ? d_->text : kNone; }
+  const std::string& quoted() const noexcept { return d_ ? d_->quoted : kNone; }
+
+ private:
+  struct Data {
+    std::string text, quoted;
+  };
+  static inline const std::string kNone;
+  std::shared_ptr<const Data> d_;  // null when empty
 };
 
 }  // namespace tier_internal

@@ -543,7 +543,7 @@ void TierManager::set_commit_record(std::string record) {
 
 std::string TierManager::commit_record() const {
   std::lock_guard lk(impl_->mu);
-  return impl_->record.text;
+  return impl_->record.text();
 }
 
 std::uint64_t TierManager::committed_generation() const {

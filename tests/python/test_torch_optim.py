@@ -639,6 +639,17 @@ def test_bad_input_raises_naming_the_culprit(tmp_path):
         lin.weight.grad = torch.zeros_like(lin.weight)
         opt.step()
     opt.param_groups[0]["lr"] = 1e-3
+    # A gradient of another size (torch's p.grad setter refuses one; `.data` slips it past) or
+    # dtype is named, and nothing is handed over.
+    lin.weight.grad = torch.zeros_like(lin.weight)
+    lin.weight.grad.data = torch.zeros(3, dtype=torch.bfloat16)
+    with pytest.raises(ValueError, match=r"gradient of parameter 0 is \(3,\) on cpu for a "
+                                         r"\(4, 4\) CPU parameter"):
+        opt.step()
+    lin.weight.grad.data = torch.zeros(4, 4, dtype=torch.int32)
+    with pytest.raises(TypeError, match="gradient of parameter 0 is torch.int32"):
+        opt.step()
+    assert opt.last_step is None  # no step was taken
     lin.weight.grad = None
     with pytest.raises(RuntimeError, match="constructor"):
         opt.add_param_group({"params": [torch.zeros(2, dtype=torch.bfloat16, requires_grad=True)]})

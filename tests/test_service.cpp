@@ -227,11 +227,13 @@ TEST(Service, AnOfferToAnOlderServiceSaysWhyItWasNotAnswered) {
   ASSERT_EQ(::listen(lfd, 1), 0);
   std::thread old_service([lfd] {
     const int c = ::accept(lfd, nullptr, nullptr);
+    if (c < 0) return;  // the client never connected (the shutdown below woke the accept)
     char buf[256];
     (void)!::read(c, buf, sizeof buf);  // the Offer: not a Hello, so dropped
     ::close(c);
   });
   const std::string why = error_of([&] { service_offer(path, 1, 10); });
+  ::shutdown(lfd, SHUT_RDWR);  // so that the join cannot hang if the offer never connected
   old_service.join();
   ::close(lfd);
   EXPECT_NE(why.find("closed the connection without answering the offer: a service older than "

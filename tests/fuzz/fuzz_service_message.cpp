@@ -14,7 +14,9 @@
 #include <unistd.h>
 
 #include <cstring>
+#include <filesystem>
 #include <memory>
+#include <string_view>
 
 #include "fuzz_util.hpp"
 #include "src/service/protocol.hpp"
@@ -121,6 +123,15 @@ void restart(const ServiceConfig& c) {
   }
 }
 
+// The input, its uuid token replaced, written as the file `rel` of r's swap directory (the
+// registry or a client's manifest), then a restart over it.
+void restart_over(const Restart& r, const std::filesystem::path& rel, std::string_view bytes) {
+  const auto file = r.cfg.swap_dirs.front() / rel;
+  std::filesystem::create_directories(file.parent_path());
+  detail::write_manifest_file(file, fuzz::with_uuid(bytes, r.uuid), false);
+  restart(r.cfg);
+}
+
 }  // namespace
 
 extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t n) {
@@ -139,17 +150,12 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t n) {
       break;
     case 2: {
       static const Restart r = restart_space("restart");
-      detail::write_manifest_file(r.cfg.swap_dirs.front() / "tierswap.service",
-                                  fuzz::with_uuid(bytes, r.uuid), false);
-      restart(r.cfg);
+      restart_over(r, "tierswap.service", bytes);
       break;
     }
     default: {
       static const Restart r = restart_space("restart-client");
-      const auto manifest = r.cfg.swap_dirs.front() / "service-clients" / "seed.0.manifest";
-      std::filesystem::create_directories(manifest.parent_path());
-      detail::write_manifest_file(manifest, fuzz::with_uuid(bytes, r.uuid), false);
-      restart(r.cfg);
+      restart_over(r, std::filesystem::path("service-clients") / "seed.0.manifest", bytes);
     }
   }
   return 0;

@@ -78,6 +78,10 @@ SwapFile open_file(const std::filesystem::path& path, DirectIo mode, bool create
   int base = O_RDWR | O_CLOEXEC | O_NOFOLLOW;
   if (create) {
     int fd = ::open(path.c_str(), base | O_CREAT | O_EXCL, 0600);
+    if (fd < 0 && errno == EEXIST)
+      throw_errno(EEXIST, fmt::format("create swap file {}: one is there already (a swap space "
+                                      "of another run: open it, or remove it to start anew)",
+                                      path_str(path)));
     if (fd < 0) throw_errno(errno, fmt::format("create swap file {}", path_str(path)));
     ::close(fd);
   }

@@ -193,6 +193,7 @@ TEST(SwapSpace, NeverOverwritesAnExistingFile) {
   } catch (const std::system_error& e) {
     EXPECT_EQ(e.code().value(), EEXIST);
     EXPECT_NE(std::string(e.what()).find(file.string()), std::string::npos);
+    EXPECT_NE(std::string(e.what()).find("one is there already"), std::string::npos) << e.what();
   }
   EXPECT_EQ(read_file(file, 4096), before);
   EXPECT_EQ(std::filesystem::file_size(file), MiB + 4 * MiB);

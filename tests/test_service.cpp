@@ -219,12 +219,7 @@ TEST(Service, AnOfferSaysWhatANewClientWouldBeGranted) {
 TEST(Service, AnOfferToAnOlderServiceSaysWhyItWasNotAnswered) {
   TempDir d;
   const auto path = d.path() / "old.sock";
-  const int lfd = ::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
-  sockaddr_un a{};
-  a.sun_family = AF_UNIX;
-  std::strcpy(a.sun_path, path.c_str());
-  ASSERT_EQ(::bind(lfd, reinterpret_cast<sockaddr*>(&a), sizeof a), 0);
-  ASSERT_EQ(::listen(lfd, 1), 0);
+  const int lfd = test::listening_socket(path);
   std::thread old_service([lfd] {
     const int c = ::accept(lfd, nullptr, nullptr);
     if (c < 0) return;  // the client never connected (the shutdown below woke the accept)
@@ -590,6 +585,27 @@ TEST(Service, MalformedOversizedAndOutOfOrderMessagesDropOnlyThatClient) {
   good.commit();  // unaffected
   good.get(1, 8 * kKiB, 4 * kKiB);
   EXPECT_TRUE(holds(good, 8 * kKiB, 4 * kKiB, 4));
+}
+
+// A connection that sends nothing, or half a frame, before its first message is dropped at the
+// deadline (a telemetry query aimed at the service's socket used to wait on it forever, and so
+// did the session thread); a client idle for longer than that after its hello stays attached.
+TEST(Service, AConnectionWithoutAFirstMessageIsDroppedAtTheDeadlineAnIdleClientIsNot) {
+  TempDir d;
+  auto sc = service_config(d);
+  sc.first_message_seconds = 0.2;
+  SwapService svc(sc);
+  ServiceClient idle(client_config(sc, "idle"));
+  fill(idle, 0, 4 * kKiB, 6);
+  idle.put(1, 0, 4 * kKiB);
+  EXPECT_TRUE(dropped_after(sc.socket, {}));                    // nothing at all
+  EXPECT_TRUE(dropped_after(sc.socket, {64, 0, 0, 0, 1}));      // a length and one byte of 64
+  std::this_thread::sleep_for(std::chrono::milliseconds(400));  // past the deadline, idle
+  idle.get(1, 8 * kKiB, 4 * kKiB);
+  EXPECT_TRUE(holds(idle, 8 * kKiB, 4 * kKiB, 6));
+  sc.first_message_seconds = 0;
+  EXPECT_NE(error_of([&] { sc.validate(); }).find("first_message_seconds 0: must be positive"),
+            std::string::npos);
 }
 
 TEST(Service, AnotherUidIsRefused) {

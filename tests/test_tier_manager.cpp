@@ -914,6 +914,28 @@ TEST(Telemetry, ARelativeRuntimeDirectoryIsRefusedOrIgnored) {
   std::filesystem::current_path(old);
 }
 
+// A socket that accepts but never answers (a node service's, or a stopped process's): the
+// query ends at its deadline with ETIMEDOUT, naming the socket and the pid that listens there,
+// instead of waiting forever.
+TEST(Telemetry, ASocketThatNeverAnswersTimesOutNamingWhoListens) {
+  TempDir d;
+  const auto path = d.path() / "silent.sock";
+  const int lfd = test::listening_socket(path);  // nothing is ever sent on it
+  try {
+    (void)query_telemetry(path, 0.2);
+    ADD_FAILURE() << "a silent socket gave a snapshot";
+  } catch (const std::system_error& e) {
+    EXPECT_EQ(e.code().value(), ETIMEDOUT);
+    const std::string w = e.what();
+    EXPECT_NE(w.find("no snapshot from " + path.string() + " within 0.2 s"), std::string::npos)
+        << w;
+    EXPECT_NE(w.find("pid " + std::to_string(::getpid()) + " listens there"), std::string::npos)
+        << w;
+  }
+  EXPECT_THROW((void)query_telemetry(path, 0), std::invalid_argument);
+  ::close(lfd);
+}
+
 TEST(TierManager, OverwriteViewsReadNothingAndKeepTheOldDataWhenReleasedClean) {
   const std::uint64_t bytes = 64 * kKiB;
   Rig r(small_config(bytes, 4, 2));

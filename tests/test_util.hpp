@@ -3,9 +3,12 @@
 
 #include <gtest/gtest.h>
 #include <stdlib.h>
+#include <sys/socket.h>
+#include <sys/un.h>
 #include <unistd.h>
 
 #include <cstdint>
+#include <cstring>
 #include <filesystem>
 #include <memory>
 #include <optional>
@@ -73,6 +76,18 @@ class ScopedEnv {
   std::string name_;
   std::optional<std::string> was_;
 };
+
+/// A Unix-domain socket listening at `path` that the test answers (or not) itself: connects
+/// to it complete in the backlog. Its descriptor; the test closes it.
+inline int listening_socket(const std::filesystem::path& path) {
+  const int fd = ::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  sockaddr_un a{};
+  a.sun_family = AF_UNIX;
+  std::strncpy(a.sun_path, path.c_str(), sizeof a.sun_path - 1);
+  EXPECT_EQ(::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a), 0) << path;
+  EXPECT_EQ(::listen(fd, 4), 0) << path;
+  return fd;
+}
 
 /// Deterministic bytes: the value at absolute offset `off` of stream `seed`.
 inline std::uint8_t pattern_byte(std::uint64_t seed, std::uint64_t off) {

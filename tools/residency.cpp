@@ -35,11 +35,12 @@ static void print_service(const nlohmann::json& j, std::FILE* out, const std::st
   const auto clients = j.value("clients", nlohmann::json::array());
   fmt::print(out,
              "{}node service (pid {}): {} of {} shared memory granted (+ {} of {} pageable), {} "
-             "clients known\n",
+             "client{} known\n",
              indent, j.value("pid", 0), format_bytes(j.value("memory_granted", 0ull)),
              format_bytes(j.value("host_budget", 0ull)),
              format_bytes(j.value("pageable_granted", 0ull)),
-             format_bytes(j.value("pageable_budget", 0ull)), clients.size());
+             format_bytes(j.value("pageable_budget", 0ull)), clients.size(),
+             clients.size() == 1 ? "" : "s");
   if (j.contains("shared_memory_pages"))
     fmt::print(out, "{}  shared memory on {}\n", indent, j.value("shared_memory_pages", ""));
   for (const auto& c : clients)

@@ -58,6 +58,10 @@ struct ServiceConfig {
   bool allow_other_users = false;
   /// mlock the clients' shared memory (pinned); a failure is a warning, the memory stays usable.
   bool lock_memory = true;
+  /// A connection whose first message (a hello or an offer) has not come whole within this many
+  /// seconds is dropped, with a logged reason: something that is not a client (a telemetry
+  /// query aimed at this socket, a stopped process) does not hold a session thread forever.
+  double first_message_seconds = 30;
   /// Throws std::invalid_argument naming the setting.
   void validate() const;
 };

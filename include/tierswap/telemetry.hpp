@@ -58,7 +58,9 @@ struct LiveProcess {
 std::vector<LiveProcess> list_live_processes(const std::filesystem::path& runtime_dir);
 
 /// Connects to a telemetry socket and returns the JSON it sends. Throws std::system_error
-/// naming the socket when it cannot connect or read.
-std::string query_telemetry(const std::filesystem::path& socket);
+/// naming the socket when it cannot connect or read, and ETIMEDOUT when no whole answer came
+/// within `timeout_seconds` (a socket that is not a telemetry socket, such as a node service's,
+/// or a stopped process: the message names the pid that listens there).
+std::string query_telemetry(const std::filesystem::path& socket, double timeout_seconds = 10);
 
 }  // namespace tierswap

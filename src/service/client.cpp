@@ -6,7 +6,6 @@
 #include <sys/un.h>
 #include <unistd.h>
 
-#include <cmath>
 #include <cstdlib>
 #include <cstring>
 #include <system_error>
@@ -66,12 +65,7 @@ void ServiceClient::Impl::connect() {
   const int fd = ::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
   if (fd < 0) fail(errno, "socket");
   conn = std::make_unique<Connection>(fd);
-  timeval tv{};
-  tv.tv_sec = static_cast<time_t>(cfg.timeout_seconds);
-  tv.tv_usec =
-      static_cast<suseconds_t>((cfg.timeout_seconds - std::floor(cfg.timeout_seconds)) * 1e6);
-  ::setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
-  ::setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof tv);
+  service::set_socket_timeout(fd, cfg.timeout_seconds, true);
   if (::connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) != 0)
     fail(errno, "cannot connect (is `tierswap serve` running?)");
 }

@@ -4,6 +4,7 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <cmath>
 #include <cstring>
 #include <system_error>
 #include <utility>
@@ -144,6 +145,14 @@ int Connection::send(flatbuffers::FlatBufferBuilder& fb, int fd) noexcept {
   }
   ++sent_;
   return 0;
+}
+
+void set_socket_timeout(int fd, double seconds, bool both) noexcept {
+  timeval tv{};
+  tv.tv_sec = static_cast<time_t>(seconds);
+  tv.tv_usec = static_cast<suseconds_t>((seconds - std::floor(seconds)) * 1e6);
+  ::setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+  if (both) ::setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof tv);
 }
 
 namespace {

@@ -21,6 +21,9 @@ inline constexpr std::uint32_t kMaxMessageBytes = 64 * 1024;
 /// (what Connection::send writes; tests and fuzz seeds build raw streams from it).
 std::string frame(const flatbuffers::FlatBufferBuilder& fb);
 
+/// SO_RCVTIMEO (with `both`, SO_SNDTIMEO too) of `seconds` on a socket; 0: none.
+void set_socket_timeout(int fd, double seconds, bool both = false) noexcept;
+
 /// Verifies one message (without its length prefix). Returns it, or nullptr with `*why` set.
 const wire::Message* verify_message(const std::uint8_t* data, std::size_t n, std::string* why);
 

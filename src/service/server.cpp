@@ -65,6 +65,9 @@ void ServiceConfig::validate() const {
   if (client_quota > host_budget)
     throw std::invalid_argument(fmt::format("service: client_quota {} exceeds host_budget {}",
                                             format_bytes(client_quota), format_bytes(host_budget)));
+  if (!(first_message_seconds > 0))
+    throw std::invalid_argument(
+        fmt::format("service: first_message_seconds {}: must be positive", first_message_seconds));
   if (pageable_budget != 0 && pageable_quota > pageable_budget)
     throw std::invalid_argument(fmt::format("service: pageable_quota {} exceeds pageable_budget {}",
                                             format_bytes(pageable_quota),
@@ -215,6 +218,7 @@ void SwapService::Impl::serve(Peer& p) {
     return;
   }
   s.out = std::make_unique<service::Outbox>(p.conn, s.done_fd);
+  service::set_socket_timeout(p.conn.fd(), cfg.first_message_seconds);  // until the hello
   for (;;) {
     // Raw I/O in flight: account what completed and take in new requests as they come.
     if (s.busy) {
@@ -227,12 +231,16 @@ void SwapService::Impl::serve(Peer& p) {
     const auto st = p.conn.receive(buf, &m, nullptr, &why);
     if (st != Connection::Status::ok) {
       if (st == Connection::Status::invalid || st == Connection::Status::error)
-        log(LogLevel::warn, fmt::format("service: dropped pid {} ({}): {}", p.cred.pid,
-                                        s.key.empty() ? "before hello" : s.key, why));
+        log(LogLevel::warn, fmt::format("service: dropped pid {} ({}): {}{}", p.cred.pid,
+                                        s.key.empty() ? "before hello" : s.key, why,
+                                        s.rec ? ""
+                                              : fmt::format(" ({:g} s for the first message)",
+                                                            cfg.first_message_seconds)));
       break;
     }
     if (!s.rec) {
       if (!first_message(p, *m, s)) break;
+      service::set_socket_timeout(p.conn.fd(), 0);  // a client may be idle between steps
       continue;
     }
     const wire::Body type = m->body_type();

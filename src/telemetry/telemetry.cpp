@@ -9,6 +9,7 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <chrono>
 #include <cstring>
 #include <fstream>
 #include <map>
@@ -316,13 +317,62 @@ std::vector<LiveProcess> list_live_processes(const std::filesystem::path& dir) {
   return out;
 }
 
-std::string query_telemetry(const std::filesystem::path& socket) {
+namespace {
+
+// Reads until EOF or the deadline; false on the deadline.
+bool read_until_eof(int fd, std::string* out, std::chrono::steady_clock::time_point deadline,
+                    const std::filesystem::path& socket) {
+  char buf[1 << 16];
+  for (;;) {
+    const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
+        deadline - std::chrono::steady_clock::now());
+    if (left.count() <= 0) return false;
+    pollfd pf{fd, POLLIN, 0};
+    const int p = ::poll(&pf, 1, static_cast<int>(left.count()));
+    if (p < 0 && errno == EINTR) continue;
+    if (p < 0) throw_errno(errno, "poll " + socket.string());
+    if (p == 0) continue;  // the deadline, checked above
+    const ssize_t r = ::read(fd, buf, sizeof buf);
+    if (r < 0 && errno == EINTR) continue;
+    if (r < 0) throw_errno(errno, "read from " + socket.string());
+    if (r == 0) return true;
+    out->append(buf, static_cast<std::size_t>(r));
+  }
+}
+
+[[noreturn]] void throw_silent(int fd, const std::filesystem::path& socket, double seconds) {
+  ucred cred{};
+  socklen_t len = sizeof cred;
+  const std::string who =
+      ::getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &cred, &len) == 0 && cred.pid > 0
+          ? fmt::format(
+                " (pid {} listens there: `tierswap residency {}` asks its telemetry "
+                "socket)",
+                cred.pid, cred.pid)
+          : "";
+  throw std::system_error(ETIMEDOUT, std::system_category(),
+                          fmt::format("no snapshot from {} within {:g} s: not a tierswap telemetry "
+                                      "socket (a node service's socket?), or its process is "
+                                      "stopped{}",
+                                      socket.string(), seconds, who));
+}
+
+}  // namespace
+
+std::string query_telemetry(const std::filesystem::path& socket, double timeout_seconds) {
+  if (!(timeout_seconds > 0))
+    throw std::invalid_argument("query_telemetry: the timeout must be positive");
+  const auto deadline = std::chrono::steady_clock::now() +
+                        std::chrono::duration_cast<std::chrono::steady_clock::duration>(
+                            std::chrono::duration<double>(timeout_seconds));
   const sockaddr_un a = address_of(socket);
   const detail::File s(::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0), socket.string());
   if (!s) throw_errno(errno, "socket");
   if (::connect(s.fd(), reinterpret_cast<const sockaddr*>(&a), sizeof a) != 0)
     throw_errno(errno, "connect to " + socket.string());
-  const std::string out = s.read_to_end();
+  std::string out;
+  if (!read_until_eof(s.fd(), &out, deadline, socket))
+    throw_silent(s.fd(), socket, timeout_seconds);
   if (out.empty())
     throw std::system_error(ECONNRESET, std::system_category(),
                             "no snapshot from " + socket.string() + " (refused?)");

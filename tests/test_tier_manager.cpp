@@ -929,11 +929,42 @@ TEST(Telemetry, ASocketThatNeverAnswersTimesOutNamingWhoListens) {
     const std::string w = e.what();
     EXPECT_NE(w.find("no snapshot from " + path.string() + " within 0.2 s"), std::string::npos)
         << w;
-    EXPECT_NE(w.find("pid " + std::to_string(::getpid()) + " listens there"), std::string::npos)
+    EXPECT_NE(w.find("not a tierswap telemetry socket (a node service's socket?): process " +
+                     std::to_string(::getpid()) + " listens there"),
+              std::string::npos)
         << w;
   }
   EXPECT_THROW((void)query_telemetry(path, 0), std::invalid_argument);
   ::close(lfd);
+}
+
+// A live process stopped (SIGSTOP, a debugger) accepts on its telemetry socket and answers
+// nothing: the query says so at its deadline.
+TEST(Telemetry, AStoppedProcessIsSaidToBeStopped) {
+  TempDir d;
+  const auto path = d.path() / "listener.sock";
+  const pid_t child = ::fork();
+  ASSERT_GE(child, 0);
+  if (child == 0) {
+    (void)test::listening_socket(path);
+    ::raise(SIGSTOP);
+    ::_exit(0);
+  }
+  int status = 0;
+  ASSERT_EQ(::waitpid(child, &status, WUNTRACED), child);
+  ASSERT_TRUE(WIFSTOPPED(status));
+  try {
+    (void)query_telemetry(path, 0.2);
+    ADD_FAILURE() << "a stopped process gave a snapshot";
+  } catch (const std::system_error& e) {
+    EXPECT_EQ(e.code().value(), ETIMEDOUT);
+    EXPECT_NE(std::string(e.what()).find("process " + std::to_string(child) +
+                                         " is stopped (SIGSTOP or a debugger)"),
+              std::string::npos)
+        << e.what();
+  }
+  ::kill(child, SIGKILL);
+  ::waitpid(child, &status, 0);
 }
 
 TEST(TierManager, OverwriteViewsReadNothingAndKeepTheOldDataWhenReleasedClean) {

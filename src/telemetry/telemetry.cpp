@@ -340,21 +340,34 @@ bool read_until_eof(int fd, std::string* out, std::chrono::steady_clock::time_po
   }
 }
 
+// The state letter of /proc/<pid>/stat ('T': stopped, 't': stopped by a debugger), or 0.
+char process_state(int pid) {
+  std::ifstream f(fmt::format("/proc/{}/stat", pid));
+  std::string stat((std::istreambuf_iterator<char>(f)), {});
+  const auto paren = stat.rfind(')');  // the command may hold spaces and parentheses
+  return paren != std::string::npos && paren + 2 < stat.size() ? stat[paren + 2] : 0;
+}
+
+// Why a socket that accepted gave nothing: its listener is stopped, or it is not a telemetry
+// socket (then the listener's own one is named).
 [[noreturn]] void throw_silent(int fd, const std::filesystem::path& socket, double seconds) {
   ucred cred{};
   socklen_t len = sizeof cred;
-  const std::string who =
-      ::getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &cred, &len) == 0 && cred.pid > 0
-          ? fmt::format(
-                " (pid {} listens there: `tierswap residency {}` asks its telemetry "
-                "socket)",
-                cred.pid, cred.pid)
-          : "";
-  throw std::system_error(ETIMEDOUT, std::system_category(),
-                          fmt::format("no snapshot from {} within {:g} s: not a tierswap telemetry "
-                                      "socket (a node service's socket?), or its process is "
-                                      "stopped{}",
-                                      socket.string(), seconds, who));
+  const int pid = ::getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &cred, &len) == 0 ? cred.pid : 0;
+  const char state = pid > 0 ? process_state(pid) : 0;
+  std::string why;
+  if (state == 'T' || state == 't')
+    why = fmt::format("process {} is stopped (SIGSTOP or a debugger)", pid);
+  else if (pid > 0 && socket.filename() != fmt::format("{}.sock", pid))
+    why = fmt::format(
+        "not a tierswap telemetry socket (a node service's socket?): process {} "
+        "listens there, `tierswap residency {}` asks its own",
+        pid, pid);
+  else
+    why = "the process did not answer";
+  throw std::system_error(
+      ETIMEDOUT, std::system_category(),
+      fmt::format("no snapshot from {} within {:g} s: {}", socket.string(), seconds, why));
 }
 
 }  // namespace

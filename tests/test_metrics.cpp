@@ -119,6 +119,15 @@ TEST(Metrics, ABusyPortIsAnErrorNamingTheAddress) {
     ADD_FAILURE() << "two servers on port " << first.port();
   } catch (const std::system_error& e) {
     EXPECT_NE(std::string(e.what()).find(std::to_string(first.port())), std::string::npos);
+    EXPECT_EQ(e.code().value(), EADDRINUSE) << e.what();
+    EXPECT_NE(std::string(e.what()).find("another process listens there"), std::string::npos)
+        << e.what();
+  }
+  try {  // an address not of this machine
+    MetricsServer other({"192.0.2.1", 0}, [] { return std::string(); });
+    ADD_FAILURE() << "listening on 192.0.2.1";
+  } catch (const std::system_error& e) {
+    EXPECT_EQ(e.code().value(), EADDRNOTAVAIL) << e.what();
   }
 }
 

@@ -4,7 +4,9 @@
 
 #include <httplib.h>
 
+#include <netdb.h>
 #include <sys/socket.h>
+#include <unistd.h>
 
 #include <atomic>
 #include <chrono>
@@ -108,6 +110,33 @@ struct MetricsServer::Impl {
   int port = 0;
 };
 
+namespace {
+// Why httplib could not bind (it keeps no errno): a bind of our own to the same address, with
+// the same SO_REUSEADDR, says. EADDRNOTAVAIL when the host does not resolve.
+int bind_error(const ListenAddress& addr) {
+  addrinfo hints{};
+  hints.ai_family = AF_UNSPEC;
+  hints.ai_socktype = SOCK_STREAM;
+  hints.ai_flags = AI_PASSIVE;
+  addrinfo* res = nullptr;
+  if (::getaddrinfo(addr.host.c_str(), std::to_string(addr.port).c_str(), &hints, &res) != 0)
+    return EADDRNOTAVAIL;
+  int err = EADDRNOTAVAIL;
+  for (const addrinfo* a = res; a != nullptr; a = a->ai_next) {
+    const int fd = ::socket(a->ai_family, a->ai_socktype | SOCK_CLOEXEC, a->ai_protocol);
+    if (fd < 0) continue;
+    int yes = 1;
+    ::setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &yes, sizeof yes);
+    const bool bound = ::bind(fd, a->ai_addr, a->ai_addrlen) == 0;
+    err = bound ? EADDRNOTAVAIL : errno;  // bound now: the failure was httplib's own
+    ::close(fd);
+    if (!bound) break;
+  }
+  ::freeaddrinfo(res);
+  return err;
+}
+}  // namespace
+
 MetricsServer::MetricsServer(const ListenAddress& addr, std::function<std::string()> render)
     : impl_(std::make_unique<Impl>()) {
   Impl& m = *impl_;
@@ -128,10 +157,13 @@ MetricsServer::MetricsServer(const ListenAddress& addr, std::function<std::strin
   });
   m.port = addr.port == 0 ? m.http.bind_to_any_port(addr.host)
                           : (m.http.bind_to_port(addr.host, addr.port) ? addr.port : -1);
-  if (m.port <= 0)
+  if (m.port <= 0) {
+    const int err = bind_error(addr);
     throw std::system_error(
-        EADDRNOTAVAIL, std::system_category(),
-        fmt::format("metrics endpoint: cannot listen on {}:{}", addr.host, addr.port));
+        err, std::system_category(),
+        fmt::format("metrics endpoint: cannot listen on {}:{}{}", addr.host, addr.port,
+                    err == EADDRINUSE ? " (another process listens there)" : ""));
+  }
   m.thread = std::thread([&m] {
     m.http.listen_after_bind();
     m.finished = true;

@@ -228,7 +228,7 @@ Connection::Status Connection::receive(std::vector<std::uint8_t>& buf, const wir
     return Status::invalid;
   }
   if (r < 0) {
-    *why = r == -EAGAIN ? "no answer within the timeout" : std::strerror(-r);
+    *why = r == -EAGAIN ? kNoAnswerInTime : std::strerror(-r);
     return Status::error;
   }
   buf.assign(in_.begin() + static_cast<std::ptrdiff_t>(head_ + 4),

@@ -21,6 +21,9 @@ inline constexpr std::uint32_t kMaxMessageBytes = 64 * 1024;
 /// (what Connection::send writes; tests and fuzz seeds build raw streams from it).
 std::string frame(const flatbuffers::FlatBufferBuilder& fb);
 
+/// What receive() says when the socket's receive timeout ran out.
+inline constexpr const char* kNoAnswerInTime = "no answer within the timeout";
+
 /// SO_RCVTIMEO (with `both`, SO_SNDTIMEO too) of `seconds` on a socket; 0: none.
 void set_socket_timeout(int fd, double seconds, bool both = false) noexcept;
 

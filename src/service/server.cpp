@@ -233,9 +233,10 @@ void SwapService::Impl::serve(Peer& p) {
       if (st == Connection::Status::invalid || st == Connection::Status::error)
         log(LogLevel::warn, fmt::format("service: dropped pid {} ({}): {}{}", p.cred.pid,
                                         s.key.empty() ? "before hello" : s.key, why,
-                                        s.rec ? ""
-                                              : fmt::format(" ({:g} s for the first message)",
-                                                            cfg.first_message_seconds)));
+                                        !s.rec && why == service::kNoAnswerInTime
+                                            ? fmt::format(" ({:g} s for the first message)",
+                                                          cfg.first_message_seconds)
+                                            : ""));
       break;
     }
     if (!s.rec) {

@@ -201,6 +201,22 @@ TEST(Service, AnOfferSaysWhatANewClientWouldBeGranted) {
   ServiceClient b(client_config(sc, "b", 0, 1 * kMiB));        // the offer was real
   EXPECT_EQ(service_offer(sc.socket, 1, 10).bytes, 0u);
   EXPECT_EQ(nlohmann::json::parse(svc.status_json()).at("clients").size(), 2u);  // none by offers
+  // The pageable memory beside it, the same way: its own budget, quota and share.
+  TempDir d2;
+  auto sp = service_config(d2, 4 * kMiB);
+  sp.pageable_budget = 6 * kMiB;
+  sp.pageable_quota = 4 * kMiB;
+  SwapService svc2(sp);
+  o = service_offer(sp.socket, 1, 10);
+  EXPECT_EQ(o.pageable_bytes, 4 * kMiB);  // the quota
+  EXPECT_EQ(o.pageable_budget, 6 * kMiB);
+  EXPECT_EQ(o.pageable_free, 6 * kMiB);
+  EXPECT_EQ(o.pageable_quota, 4 * kMiB);
+  EXPECT_EQ(service_offer(sp.socket, 4, 10).pageable_bytes, (6 * kMiB / 4) / 4096 * 4096);
+  auto cp = client_config(sp, "p", 0, 1 * kMiB);
+  cp.pageable_bytes = 4 * kMiB;
+  ServiceClient p(cp);
+  EXPECT_EQ(service_offer(sp.socket, 1, 10).pageable_bytes, 2 * kMiB);  // what is free
   EXPECT_NE(error_of([&] { service_offer(sc.socket, 0, 10); }).find("share must be at least 1"),
             std::string::npos);
   EXPECT_NE(error_of([&] {
@@ -214,27 +230,64 @@ TEST(Service, AnOfferSaysWhatANewClientWouldBeGranted) {
   EXPECT_TRUE(dropped_after(sc.socket, {f.begin(), f.end()}));
 }
 
+// An offer made to a stand-in service at `path` that answers the one connection with
+// `answer(fd)` (it owns fd); the offer's error, "(no error)" when it was answered.
+std::string offer_to_stand_in(const std::filesystem::path& path,
+                              const std::function<void(int)>& answer, ServiceOffer* out) {
+  const int lfd = test::listening_socket(path);
+  std::thread stand_in([lfd, &answer] {
+    const int fd = ::accept(lfd, nullptr, nullptr);
+    if (fd >= 0) answer(fd);  // else the client never connected (the shutdown below woke it)
+  });
+  const std::string why = error_of([&] { *out = service_offer(path, 1, 10); });
+  ::shutdown(lfd, SHUT_RDWR);  // so that the join cannot hang if the offer never connected
+  stand_in.join();
+  ::close(lfd);
+  return why;
+}
+
 // A service older than the Offer (protocol 2) reads a first message that is not a Hello and
 // closes the connection: the client says so, not only that the connection closed.
 TEST(Service, AnOfferToAnOlderServiceSaysWhyItWasNotAnswered) {
   TempDir d;
-  const auto path = d.path() / "old.sock";
-  const int lfd = test::listening_socket(path);
-  std::thread old_service([lfd] {
-    const int c = ::accept(lfd, nullptr, nullptr);
-    if (c < 0) return;  // the client never connected (the shutdown below woke the accept)
-    char buf[256];
-    (void)!::read(c, buf, sizeof buf);  // the Offer: not a Hello, so dropped
-    ::close(c);
-  });
-  const std::string why = error_of([&] { service_offer(path, 1, 10); });
-  ::shutdown(lfd, SHUT_RDWR);  // so that the join cannot hang if the offer never connected
-  old_service.join();
-  ::close(lfd);
+  ServiceOffer o;
+  const std::string why = offer_to_stand_in(
+      d.path() / "old.sock",
+      [](int fd) {
+        char buf[256];
+        (void)!::read(fd, buf, sizeof buf);  // the Offer: not a Hello, so dropped
+        ::close(fd);
+      },
+      &o);
   EXPECT_NE(why.find("closed the connection without answering the offer: a service older than "
                      "this client (protocol 3)"),
             std::string::npos)
       << why;
+}
+
+// A service of protocol 3 from before the pageable figures answers an offer without them: they
+// read as unknown (no limit), and the locked memory's figures as sent.
+TEST(Service, AnOfferWithoutPageableFiguresReadsAsUnknown) {
+  TempDir d;
+  ServiceOffer o;
+  const std::string why = offer_to_stand_in(
+      d.path() / "older.sock",
+      [](int fd) {
+        service::Connection c(fd);
+        std::vector<std::uint8_t> buf;
+        const wire::Message* m = nullptr;
+        std::string ignored;
+        if (c.receive(buf, &m, nullptr, &ignored) != service::Connection::Status::ok) return;
+        flatbuffers::FlatBufferBuilder fb;
+        const auto body = wire::CreateOffered(fb, 8 * kKiB, 64 * kKiB, 32 * kKiB, 16 * kKiB);
+        fb.Finish(c.message(fb, wire::Body::Offered, body.Union()), wire::MessageIdentifier());
+        (void)c.send(fb);
+      },
+      &o);
+  EXPECT_EQ(why, "(no error)");
+  EXPECT_EQ(o.bytes, 8 * kKiB);
+  EXPECT_EQ(o.free, 32 * kKiB);
+  EXPECT_EQ(o.pageable_bytes, ServiceOffer::kUnknown);
 }
 
 // Hellos made at once (the memory of each is made outside the service's lock, after its grant

@@ -111,6 +111,13 @@ struct ServiceOffer {
   std::uint64_t budget = 0;  ///< the node's budget of locked shared memory
   std::uint64_t free = 0;    ///< what attached clients do not hold
   std::uint64_t quota = 0;   ///< the most one client may hold
+  /// The same for the unlocked (pageable) shared memory beside it, where a client's gradients
+  /// wait for a CPU step. kUnknown from a service that predates these figures.
+  static constexpr std::uint64_t kUnknown = ~std::uint64_t{0};
+  std::uint64_t pageable_bytes = kUnknown;  ///< min(quota, budget / share, free), whole pages
+  std::uint64_t pageable_budget = 0;
+  std::uint64_t pageable_free = 0;
+  std::uint64_t pageable_quota = 0;
 };
 
 /// Asks the service at `socket` (empty: default_service_socket()) for its offer to a client

@@ -14,6 +14,7 @@
 #include <bit>
 #include <cstdlib>
 #include <exception>
+#include <optional>
 #include <set>
 #include <stdexcept>
 #include <system_error>
@@ -237,8 +238,9 @@ struct TieredOptimizer::Impl {
   void build();
   void size_to_budget(TierConfig& tc, OptimizerConfig& oc, bool auto_subgroup, std::uint64_t bpe,
                       std::uint64_t blocks) const;
-  void fit_to_service(TierConfig& tc, OptimizerConfig& oc, bool auto_subgroup, std::uint64_t bpe,
-                      std::uint64_t blocks) const;
+  ServiceOffer fit_to_service(TierConfig& tc, OptimizerConfig& oc, bool auto_subgroup,
+                              std::uint64_t bpe, std::uint64_t blocks) const;
+  void fit_pageable_to_offer(TierConfig& tc, const ServiceOffer& offer) const;
   void open_space(const std::vector<std::pair<GroupConfig, std::uint64_t>>& sizes,
                   const OptimizerConfig& oc, const TierConfig& tc, bool earlier);
   void attach_service(std::uint64_t capacity, const TierConfig& tc, bool earlier);
@@ -276,11 +278,12 @@ void TieredOptimizer::Impl::size_to_budget(TierConfig& tc, OptimizerConfig& oc, 
 // per-client quota and what is free), less the two slabs of slack its ask adds (attach_service).
 // One pass fits: the slabs sized again for the smaller budget are no larger than before, nor
 // than an eighth of the offer, which is the slack taken off.
-void TieredOptimizer::Impl::fit_to_service(TierConfig& tc, OptimizerConfig& oc, bool auto_subgroup,
-                                           std::uint64_t bpe, std::uint64_t blocks) const {
+ServiceOffer TieredOptimizer::Impl::fit_to_service(TierConfig& tc, OptimizerConfig& oc,
+                                                   bool auto_subgroup, std::uint64_t bpe,
+                                                   std::uint64_t blocks) const {
   const std::uint32_t share = local_ranks();
   const ServiceOffer offer = service_offer(tc.service, share);
-  if (attach_bytes(tc) <= offer.bytes) return;
+  if (attach_bytes(tc) <= offer.bytes) return offer;
   const std::uint64_t slab_cap = std::bit_floor(std::max<std::uint64_t>(offer.bytes / 8, 4096));
   const std::uint64_t slack = 2 * std::min(tc.host_slab_size, slab_cap);
   if (offer.bytes < slack + kMinServiceBudget)
@@ -300,6 +303,28 @@ void TieredOptimizer::Impl::fit_to_service(TierConfig& tc, OptimizerConfig& oc, 
                   "rank (1/{} of its {}, {} free)",
                   format_bytes(tc.host_budget), format_bytes(asked), tc.service, share,
                   format_bytes(offer.budget), format_bytes(offer.free)));
+  return offer;
+}
+
+// The pageable pool sized to the gradients, within what the service offers this rank of its
+// unlocked memory (the ask adds a slab of slack): the gradients that do not fit spill to NVMe
+// (2 + 2 B/param) rather than the rank being refused at attach. Under a slab, no pool: they
+// share the pinned budget.
+void TieredOptimizer::Impl::fit_pageable_to_offer(TierConfig& tc, const ServiceOffer& offer) const {
+  const std::uint64_t slab = tc.host_slab_size;
+  if (offer.pageable_bytes == ServiceOffer::kUnknown || tc.pageable_budget == 0 ||
+      round_up(tc.pageable_budget + slab, 4096) <= offer.pageable_bytes)
+    return;
+  const std::uint64_t asked = tc.pageable_budget;
+  const std::uint64_t room = offer.pageable_bytes > slab ? offer.pageable_bytes - slab : 0;
+  tc.pageable_budget = room >= slab ? room / 4096 * 4096 : 0;
+  log(LogLevel::warn,
+      fmt::format("pageable memory for the gradients: {} of the {} they need, what the tierswap "
+                  "service at {} offers this rank (1/{} of its {}, {} free); {} (tierswap serve "
+                  "--pageable-budget)",
+                  format_bytes(tc.pageable_budget), format_bytes(asked), tc.service, local_ranks(),
+                  format_bytes(offer.pageable_budget), format_bytes(offer.pageable_free),
+                  tc.pageable_budget ? "the rest spill to NVMe" : "they share the pinned budget"));
 }
 
 void TieredOptimizer::Impl::build() {
@@ -316,13 +341,18 @@ void TieredOptimizer::Impl::build() {
   }
   const bool auto_subgroup = oc.subgroup_size == 0;
   size_to_budget(tc, oc, auto_subgroup, bpe, blocks);
-  if (!tc.service.empty() && o.host_budget == 0) fit_to_service(tc, oc, auto_subgroup, bpe, blocks);
+  std::optional<ServiceOffer> offer;
+  if (!tc.service.empty() && o.host_budget == 0)
+    offer = fit_to_service(tc, oc, auto_subgroup, bpe, blocks);
   // The gradients of CPU-stepped sub-groups need no pinning on their way to the step: they wait
   // in pageable memory beside the pinned budget, sized to hold them all (spilling them would cost
   // 2 + 2 B/param of NVMe). A pageable_budget set by the caller stays.
   // Through the node service the pageable pool is shared memory the service does not lock and
   // does not count in the node's budget: host_budget is all this rank takes from that budget.
-  if (o.tune_tiers) size_pageable_budget(tc, oc, grad_bytes_needed(sizes, comm->size(), oc));
+  if (o.tune_tiers && tc.pageable_budget == 0) {
+    size_pageable_budget(tc, oc, grad_bytes_needed(sizes, comm->size(), oc));
+    if (offer) fit_pageable_to_offer(tc, *offer);
+  }
   bool earlier = false;
   for (const auto& d : o.swap_dirs) dirs.push_back(rank_dir(d, comm->rank(), o.resume, &earlier));
   open_space(sizes, oc, tc, earlier);

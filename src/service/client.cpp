@@ -47,12 +47,21 @@ ServiceOffer service_offer(const std::filesystem::path& socket, std::uint32_t sh
            "offer refused: " + (r->message() ? r->message()->str() : std::string()));
   const auto* o = msg.body_as_Offered();
   if (!o) m.fail(EPROTO, "offer answered with " + std::string(wire::EnumNameBody(msg.body_type())));
-  const ServiceOffer out{o->bytes(), o->budget(), o->free(), o->quota()};
-  if (out.bytes % 4096 != 0 || out.bytes > out.free || out.bytes > out.quota ||
-      out.free > out.budget || out.quota > out.budget)
+  const ServiceOffer out{o->bytes(),         o->budget(),         o->free(),
+                         o->quota(),         o->pageable_bytes(), o->pageable_budget(),
+                         o->pageable_free(), o->pageable_quota()};
+  const auto consistent = [](std::uint64_t bytes, std::uint64_t budget, std::uint64_t free,
+                             std::uint64_t quota) {
+    return bytes % 4096 == 0 && bytes <= free && bytes <= quota && free <= budget &&
+           quota <= budget;
+  };
+  if (!consistent(out.bytes, out.budget, out.free, out.quota) ||
+      (out.pageable_bytes != ServiceOffer::kUnknown &&
+       !consistent(out.pageable_bytes, out.pageable_budget, out.pageable_free, out.pageable_quota)))
     m.fail(EPROTO, fmt::format("offer answered with inconsistent figures: {} of a {} budget, {} "
-                               "free, quota {}",
-                               out.bytes, out.budget, out.free, out.quota));
+                               "free, quota {}; pageable {} of {}, {} free, quota {}",
+                               out.bytes, out.budget, out.free, out.quota, out.pageable_bytes,
+                               out.pageable_budget, out.pageable_free, out.pageable_quota));
   return out;
 }
 

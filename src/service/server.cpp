@@ -298,13 +298,19 @@ int SwapService::Impl::offer(Peer& p, const wire::Offer& o) {
     return p.conn.send(fb);
   }
   const std::uint64_t quota = cfg.client_quota ? cfg.client_quota : cfg.host_budget;
-  std::uint64_t free = 0;
+  std::uint64_t free = 0, pageable_free = 0;
   {
     std::lock_guard lk(mu);
     free = cfg.host_budget - granted;
+    pageable_free = pageable_budget - pageable_granted;
   }
-  const std::uint64_t bytes = std::min({quota, cfg.host_budget / o.share(), free}) / 4096 * 4096;
-  const auto body = wire::CreateOffered(fb, bytes, cfg.host_budget, free, quota);
+  const auto share_of = [&](std::uint64_t q, std::uint64_t budget, std::uint64_t left) {
+    return std::min({q, budget / o.share(), left}) / 4096 * 4096;
+  };
+  const auto body =
+      wire::CreateOffered(fb, share_of(quota, cfg.host_budget, free), cfg.host_budget, free, quota,
+                          share_of(pageable_quota, pageable_budget, pageable_free), pageable_budget,
+                          pageable_free, pageable_quota);
   fb.Finish(p.conn.message(fb, wire::Body::Offered, body.Union()), wire::MessageIdentifier());
   return p.conn.send(fb);
 }

@@ -197,13 +197,13 @@ def test_serve_warns_of_a_budget_above_the_machine_s_memory(tmp_path):
     assert "is more than this machine's memory" in err, err
 
 
-def start_service(tmp_path, budget="256MiB"):
+def start_service(tmp_path, budget="256MiB", extra=()):
     swap = tmp_path / "service-swap"
     swap.mkdir()
     sock = str(tmp_path / "service.sock")
     note, note_path = notify_socket(tmp_path)
     svc = subprocess.Popen([cli_path(), "serve", "--swap-dir", str(swap), "--capacity", "512MiB",
-                            "--host-budget", budget, "--socket", sock, "--no-lock"],
+                            "--host-budget", budget, "--socket", sock, "--no-lock", *extra],
                            env=dict(os.environ, NOTIFY_SOCKET=note_path), stderr=subprocess.PIPE,
                            text=True)
     wait_for(note, "READY=1")
@@ -277,6 +277,41 @@ def test_ranks_without_a_host_budget_take_their_share_of_the_service(tmp_path, m
             opt.close()
         svc.terminate()
         assert svc.wait(timeout=30) == 0
+
+
+def test_a_rank_takes_the_pageable_memory_the_service_offers_it(tmp_path, monkeypatch, capfd):
+    """Without a host_budget a rank sizes its pageable pool (where the gradients wait) to what the
+    service offers it of its unlocked memory, rather than asking for all its gradients and being
+    refused at attach: those that do not fit spill, and the run is the one on its own files."""
+    import torch
+
+    import tierswap.torch as tt
+
+    svc, sock = start_service(tmp_path, budget="64MiB", extra=("--pageable-budget", "16MiB"))
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "4")  # 4 MiB of pageable memory each: 8 needed
+    runs = {}
+    try:
+        for name, kw in (("own", {}), ("service", {"service": sock, "service_job": "pg"})):
+            (tmp_path / name).mkdir()
+            torch.manual_seed(0)
+            model = torch.nn.Linear(2048, 2048).to(torch.bfloat16)  # 8 MiB of bf16 gradients
+            opt = tt.AdamW(model.parameters(), swap_dir=str(tmp_path / name), telemetry=False,
+                           **kw)
+            for step in range(3):
+                torch.manual_seed(100 + step)
+                model(torch.randn(4, 2048, dtype=torch.bfloat16)).square().sum().backward()
+                opt.step()
+                opt.zero_grad()
+            runs[name] = ({k: v.clone() for k, v in opt.state_dict()["master_params"].items()},
+                          opt.residency())
+            opt.close()
+    finally:
+        svc.terminate()
+        assert svc.wait(timeout=30) == 0
+    assert "pageable memory for the gradients:" in capfd.readouterr().err
+    assert 0 < runs["service"][1]["pageable_budget_bytes"] <= 4 << 20, runs["service"][1]
+    for k, v in runs["own"][0].items():
+        assert torch.equal(v, runs["service"][0][k]), k
 
 
 def test_a_killed_run_on_a_temporary_directory_leaves_no_region_in_the_service(tmp_path):

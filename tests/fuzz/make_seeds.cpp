@@ -171,7 +171,9 @@ void service_answer_seeds() {
     fb.Clear();
   };
   answer("offered", 0, wire::Body::Offered,
-         wire::CreateOffered(fb, 1 << 20, 4 << 20, 4 << 20, 4 << 20).Union());
+         wire::CreateOffered(fb, 1 << 20, 4 << 20, 4 << 20, 4 << 20, 2 << 20, 8 << 20, 8 << 20,
+                             4 << 20)
+             .Union());
   answer("refused", 1, wire::Body::Reply,
          wire::CreateReply(fb, EINVAL, fb.CreateString("client fuzz.0 asks too much")).Union());
   const auto uuid = fb.CreateString("0123456789abcdef");

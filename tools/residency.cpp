@@ -6,6 +6,7 @@
 #include <chrono>
 #include <cstdio>
 #include <filesystem>
+#include <future>
 #include <nlohmann/json.hpp>
 #include <string>
 #include <thread>
@@ -308,6 +309,17 @@ nlohmann::json service_status(const std::filesystem::path& socket) {
   return nullptr;
 }
 
+// The statuses of every process listed, asked all at once: a stopped process costs the query's
+// timeout once, not once per process.
+std::vector<nlohmann::json> service_statuses(const std::vector<LiveProcess>& live) {
+  std::vector<std::future<nlohmann::json>> asked;
+  for (const auto& p : live)
+    asked.push_back(std::async(std::launch::async, service_status, p.socket));
+  std::vector<nlohmann::json> out;
+  for (auto& a : asked) out.push_back(a.get());
+  return out;
+}
+
 }  // namespace
 
 void add_ps(CLI::App& app) {
@@ -317,11 +329,13 @@ void add_ps(CLI::App& app) {
   ps->callback([json] {
     const auto dir = default_runtime_dir();
     const auto live = list_live_processes(dir);
+    const auto statuses = service_statuses(live);
     if (*json) {
       auto arr = nlohmann::json::array();
-      for (auto& p : live) {
+      for (std::size_t i = 0; i < live.size(); ++i) {
+        const auto& p = live[i];
         nlohmann::json e = {{"pid", p.pid}, {"socket", p.socket.string()}, {"command", p.command}};
-        if (auto status = service_status(p.socket); !status.is_null()) e["service"] = status;
+        if (!statuses[i].is_null()) e["service"] = statuses[i];
         arr.push_back(std::move(e));
       }
       fmt::print("{}\n", nlohmann::json{{"runtime_dir", dir.string()}, {"processes", arr}}.dump(2));
@@ -332,10 +346,10 @@ void add_ps(CLI::App& app) {
       return;
     }
     fmt::print("{:>8}  {:<40}  {}\n", "PID", "SOCKET", "COMMAND");
-    for (auto& p : live) {
+    for (std::size_t i = 0; i < live.size(); ++i) {
+      const auto& p = live[i];
       fmt::print("{:>8}  {:<40}  {}\n", p.pid, p.socket.string(), p.command);
-      if (const auto status = service_status(p.socket); !status.is_null())
-        print_service(status, stdout, "          ");
+      if (!statuses[i].is_null()) print_service(statuses[i], stdout, "          ");
     }
   });
 }

@@ -15,9 +15,9 @@ from test_metrics import free_port, parse
 from test_tune import cli_path
 
 
-def notify_socket(tmp_path):
+def notify_socket(tmp_path, name="notify"):
     s = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
-    path = str(tmp_path / "notify")
+    path = str(tmp_path / name)
     s.bind(path)
     s.settimeout(30)
     return s, path
@@ -91,6 +91,45 @@ def test_serve_under_systemd_notifies_lists_and_serves_metrics(tmp_path):
         if svc.poll() is None:
             svc.kill()
         svc.wait()
+
+
+def test_ps_and_residency_do_not_wait_forever_on_a_stopped_process(tmp_path):
+    """A stopped process (SIGSTOP, a debugger) accepts on its telemetry socket and answers
+    nothing: `ps` still lists every process (asking them all at once) and `residency` of it ends
+    with an error saying it is stopped, and so does `residency` aimed at a service's own socket."""
+    run = tmp_path / "run"
+    run.mkdir(mode=0o700)
+    env = dict(os.environ, TIERSWAP_RUNTIME_DIR=str(run))
+    services = []
+    try:
+        for name in ("stopped", "running"):
+            swap = tmp_path / name
+            swap.mkdir()
+            note, note_path = notify_socket(tmp_path, name + ".notify")
+            services.append(subprocess.Popen(
+                [cli_path(), "serve", "--swap-dir", str(swap), "--capacity", "64MiB",
+                 "--host-budget", "4MiB", "--socket", str(tmp_path / f"{name}.sock"), "--no-lock"],
+                env=dict(env, NOTIFY_SOCKET=note_path), stderr=subprocess.DEVNULL))
+            wait_for(note, "READY=1")
+        stopped, running = services
+        stopped.send_signal(signal.SIGSTOP)
+        ps = subprocess.run([cli_path(), "ps"], env=env, capture_output=True, text=True,
+                            check=True, timeout=120)
+        assert str(stopped.pid) in ps.stdout and str(running.pid) in ps.stdout, ps.stdout
+        assert f"node service (pid {running.pid})" in ps.stdout, ps.stdout
+        res = subprocess.run([cli_path(), "residency", str(stopped.pid)], env=env,
+                             capture_output=True, text=True, timeout=120)
+        assert res.returncode != 0
+        assert f"process {stopped.pid} is stopped (SIGSTOP or a debugger)" in res.stderr, res.stderr
+        res = subprocess.run([cli_path(), "residency", str(tmp_path / "running.sock")], env=env,
+                             capture_output=True, text=True, timeout=120)
+        assert res.returncode != 0
+        assert f"process {running.pid} listens there" in res.stderr, res.stderr
+    finally:
+        for svc in services:
+            svc.send_signal(signal.SIGCONT)
+            svc.terminate()
+            svc.wait(timeout=30)
 
 
 def test_serve_takes_the_socket_systemd_hands_over(tmp_path):

@@ -24,7 +24,8 @@ Tier keywords (all optional; the defaults work untuned):
                   (one a killed process left: by the next optimizer on the host)
   host_budget     pinned host bytes, "8GiB" or an int (default 1 GiB, or TIERSWAP_HOST_BUDGET;
                   through a node service, at most what it offers this rank: its share of the
-                  node's budget, 1/LOCAL_WORLD_SIZE)
+                  node's budget, 1/LOCAL_WORLD_SIZE, and so for the pageable memory where the
+                  gradients wait: those that do not fit spill to NVMe)
   state_tier      "auto" (host memory when everything fits in half the budget), "host", "nvme"
   subgroup_size   elements per sub-group, a count as the CLI's --sub-group ("4M" = 4,000,000,
                   rounded up to a multiple of 8192; default: from the budget, at most 8Mi)

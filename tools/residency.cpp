@@ -204,6 +204,7 @@ struct ResidencyOptions {
   std::vector<std::string> swap_dirs;
   bool json = false;
   double watch = 0;
+  double timeout = 10;  // seconds for a live process's snapshot
 };
 
 std::filesystem::path socket_for(const std::string& target) {
@@ -275,7 +276,7 @@ void run_residency(const ResidencyOptions& o) {
   for (bool first = true;; first = false) {
     std::string snap;
     try {
-      snap = query_telemetry(sock);
+      snap = query_telemetry(sock, o.timeout);
     } catch (const std::exception& e) {
       if (first) throw;
       fmt::print(stderr, "tierswap residency: the process is gone ({})\n", e.what());
@@ -294,10 +295,10 @@ void run_residency(const ResidencyOptions& o) {
 
 // A node service's status (its clients: job.rank, pid, memory, NVMe region, generation) from its
 // telemetry socket; null when the process is not a service, or is gone or silent since listed.
-nlohmann::json service_status(const std::filesystem::path& socket) {
+nlohmann::json service_status(const std::filesystem::path& socket, double timeout) {
   std::string answer;
   try {
-    answer = query_telemetry(socket);
+    answer = query_telemetry(socket, timeout);
   } catch (const std::exception&) {
     return nullptr;  // the process's own line says enough
   }
@@ -311,10 +312,10 @@ nlohmann::json service_status(const std::filesystem::path& socket) {
 
 // The statuses of every process listed, asked all at once: a stopped process costs the query's
 // timeout once, not once per process.
-std::vector<nlohmann::json> service_statuses(const std::vector<LiveProcess>& live) {
+std::vector<nlohmann::json> service_statuses(const std::vector<LiveProcess>& live, double timeout) {
   std::vector<std::future<nlohmann::json>> asked;
   for (const auto& p : live)
-    asked.push_back(std::async(std::launch::async, service_status, p.socket));
+    asked.push_back(std::async(std::launch::async, service_status, p.socket, timeout));
   std::vector<nlohmann::json> out;
   for (auto& a : asked) out.push_back(a.get());
   return out;
@@ -325,11 +326,16 @@ std::vector<nlohmann::json> service_statuses(const std::vector<LiveProcess>& liv
 void add_ps(CLI::App& app) {
   auto* ps = app.add_subcommand("ps", "List live tierswap processes (telemetry sockets)");
   auto json = std::make_shared<bool>(false);
+  auto timeout = std::make_shared<double>(10);
   ps->add_flag("--json", *json, "Print JSON on stdout instead of a table");
-  ps->callback([json] {
+  ps->add_option("--timeout", *timeout,
+                 "Seconds to wait for each process's status (a stopped one never answers)")
+      ->capture_default_str();
+  ps->callback([json, timeout] {
+    if (!(*timeout > 0)) throw std::invalid_argument("--timeout: must be > 0 seconds");
     const auto dir = default_runtime_dir();
     const auto live = list_live_processes(dir);
-    const auto statuses = service_statuses(live);
+    const auto statuses = service_statuses(live, *timeout);
     if (*json) {
       auto arr = nlohmann::json::array();
       for (std::size_t i = 0; i < live.size(); ++i) {
@@ -366,8 +372,12 @@ void add_residency(CLI::App& app) {
   r->add_option("--watch", o->watch, "Refresh every SECONDS, like top (live processes)")
       ->expected(0, 1)
       ->default_str("1");
+  r->add_option("--timeout", o->timeout,
+                "Seconds to wait for a live process's snapshot (a stopped one never answers)")
+      ->capture_default_str();
   r->callback([o] {
     if (o->watch < 0) throw std::invalid_argument("--watch: must be > 0 seconds");
+    if (!(o->timeout > 0)) throw std::invalid_argument("--timeout: must be > 0 seconds");
     run_residency(*o);
   });
 }

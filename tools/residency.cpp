@@ -293,30 +293,34 @@ void run_residency(const ResidencyOptions& o) {
   }
 }
 
-// A node service's status (its clients: job.rank, pid, memory, NVMe region, generation) from its
-// telemetry socket; null when the process is not a service, or is gone or silent since listed.
-nlohmann::json service_status(const std::filesystem::path& socket, double timeout) {
+// A process's line in `ps`: its node-service status (its clients: job.rank, pid, memory, NVMe
+// region, generation) when it is a service, and why it gave none when it did not answer.
+struct Listed {
+  nlohmann::json service;  // null: not a service, or no answer
+  std::string no_answer;   // empty: it answered
+};
+
+Listed ask_process(const std::filesystem::path& socket, double timeout) {
   std::string answer;
   try {
     answer = query_telemetry(socket, timeout);
-  } catch (const std::exception&) {
-    return nullptr;  // the process's own line says enough
+  } catch (const std::exception& e) {
+    return {nullptr, e.what()};
   }
   const auto j = nlohmann::json::parse(answer, nullptr, false);
   const auto sources =
       j.is_object() && j.contains("sources") ? j.at("sources") : nlohmann::json::array({j});
   for (const auto& s : sources)
-    if (s.is_object() && s.value("service", false)) return s;
-  return nullptr;
+    if (s.is_object() && s.value("service", false)) return {s, {}};
+  return {};
 }
 
-// The statuses of every process listed, asked all at once: a stopped process costs the query's
-// timeout once, not once per process.
-std::vector<nlohmann::json> service_statuses(const std::vector<LiveProcess>& live, double timeout) {
-  std::vector<std::future<nlohmann::json>> asked;
+// Every process listed, asked all at once: a stopped one costs the timeout once, not once each.
+std::vector<Listed> ask_processes(const std::vector<LiveProcess>& live, double timeout) {
+  std::vector<std::future<Listed>> asked;
   for (const auto& p : live)
-    asked.push_back(std::async(std::launch::async, service_status, p.socket, timeout));
-  std::vector<nlohmann::json> out;
+    asked.push_back(std::async(std::launch::async, ask_process, p.socket, timeout));
+  std::vector<Listed> out;
   for (auto& a : asked) out.push_back(a.get());
   return out;
 }
@@ -335,13 +339,14 @@ void add_ps(CLI::App& app) {
     if (!(*timeout > 0)) throw std::invalid_argument("--timeout: must be > 0 seconds");
     const auto dir = default_runtime_dir();
     const auto live = list_live_processes(dir);
-    const auto statuses = service_statuses(live, *timeout);
+    const auto listed = ask_processes(live, *timeout);
     if (*json) {
       auto arr = nlohmann::json::array();
       for (std::size_t i = 0; i < live.size(); ++i) {
         const auto& p = live[i];
         nlohmann::json e = {{"pid", p.pid}, {"socket", p.socket.string()}, {"command", p.command}};
-        if (!statuses[i].is_null()) e["service"] = statuses[i];
+        if (!listed[i].service.is_null()) e["service"] = listed[i].service;
+        if (!listed[i].no_answer.empty()) e["no_answer"] = listed[i].no_answer;
         arr.push_back(std::move(e));
       }
       fmt::print("{}\n", nlohmann::json{{"runtime_dir", dir.string()}, {"processes", arr}}.dump(2));
@@ -355,7 +360,8 @@ void add_ps(CLI::App& app) {
     for (std::size_t i = 0; i < live.size(); ++i) {
       const auto& p = live[i];
       fmt::print("{:>8}  {:<40}  {}\n", p.pid, p.socket.string(), p.command);
-      if (!statuses[i].is_null()) print_service(statuses[i], stdout, "          ");
+      if (!listed[i].service.is_null()) print_service(listed[i].service, stdout, "          ");
+      if (!listed[i].no_answer.empty()) fmt::print("          {}\n", listed[i].no_answer);
     }
   });
 }

@@ -117,6 +117,7 @@ def test_ps_and_residency_do_not_wait_forever_on_a_stopped_process(tmp_path):
                             capture_output=True, text=True, check=True, timeout=120)
         assert str(stopped.pid) in ps.stdout and str(running.pid) in ps.stdout, ps.stdout
         assert f"node service (pid {running.pid})" in ps.stdout, ps.stdout
+        assert f"process {stopped.pid} is stopped (SIGSTOP or a debugger)" in ps.stdout, ps.stdout
         res = subprocess.run([cli_path(), "residency", str(stopped.pid), "--timeout", "1.5"],
                              env=env, capture_output=True, text=True, timeout=120)
         assert res.returncode != 0

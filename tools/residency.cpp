@@ -3,12 +3,14 @@
 #include <signal.h>
 #include <unistd.h>
 
+#include <cerrno>
 #include <chrono>
 #include <cstdio>
 #include <filesystem>
 #include <future>
 #include <nlohmann/json.hpp>
 #include <string>
+#include <system_error>
 #include <thread>
 #include <vector>
 
@@ -277,10 +279,15 @@ void run_residency(const ResidencyOptions& o) {
     std::string snap;
     try {
       snap = query_telemetry(sock, o.timeout);
-    } catch (const std::exception& e) {
+    } catch (const std::system_error& e) {
       if (first) throw;
-      fmt::print(stderr, "tierswap residency: the process is gone ({})\n", e.what());
-      return;
+      if (e.code().value() != ETIMEDOUT) {
+        fmt::print(stderr, "tierswap residency: the process is gone ({})\n", e.what());
+        return;
+      }
+      fmt::print(stderr, "tierswap residency: {} (still watching)\n", e.what());  // stopped?
+      std::this_thread::sleep_for(std::chrono::duration<double>(o.watch));
+      continue;
     }
     if (o.watch > 0 && !o.json) fmt::print("\x1b[H\x1b[2J");
     if (o.json)

@@ -127,6 +127,24 @@ def test_ps_and_residency_do_not_wait_forever_on_a_stopped_process(tmp_path):
                              capture_output=True, text=True, timeout=120)  # the default 10 s
         assert res.returncode != 0
         assert f"process {running.pid} listens there" in res.stderr, res.stderr
+        # --watch goes on while the process is stopped, shows it again when it goes on, and
+        # ends by itself once it is gone.
+        stopped.send_signal(signal.SIGCONT)
+        watch = subprocess.Popen([cli_path(), "residency", str(stopped.pid), "--watch", "0.3",
+                                  "--timeout", "1", "--json"], env=env, text=True,
+                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        assert f'"pid":{stopped.pid}' in watch.stdout.readline().replace(" ", "")
+        stopped.send_signal(signal.SIGSTOP)
+        time.sleep(3)
+        stopped.send_signal(signal.SIGCONT)
+        time.sleep(1)
+        stopped.terminate()
+        assert stopped.wait(timeout=30) == 0
+        out, err = watch.communicate(timeout=60)
+        assert watch.returncode == 0, err
+        assert f"process {stopped.pid} is stopped (SIGSTOP or a debugger)" in err, err
+        assert "(still watching)" in err and "the process is gone" in err, err
+        assert f'"pid":{stopped.pid}' in out.replace(" ", ""), out[:500]  # shown again
     finally:
         for svc in services:
             svc.send_signal(signal.SIGCONT)

@@ -4,7 +4,8 @@
 // needs no room; one whose commit finds no room (no such file to recycle) fails with an error
 // naming the file, the previous generation stays valid (resume() reopens it), and once space is
 // freed the same step succeeds;
-// a save() into a full filesystem fails naming the file and the previous checkpoint still loads.
+// a save() into a full filesystem fails before writing (or, out of room part-way, removes what it
+// wrote), naming the directory, and the previous checkpoint still loads.
 // Skipped, with the reason, where no mount namespace can be made (not root, no user namespaces).
 #include <gtest/gtest.h>
 #include <sched.h>
@@ -17,6 +18,7 @@
 #include <fstream>
 #include <functional>
 #include <iostream>
+#include <set>
 
 #include "test_util.hpp"
 #include "tierswap/tiered_optimizer.hpp"
@@ -156,7 +158,17 @@ TEST(FullDisk, AStepWithoutRoomFailsNamingTheFileAndTheNextOneAfterFreeingSuccee
   EXPECT_EQ(r, "");
 }
 
-TEST(FullDisk, ASaveWithoutRoomFailsNamingTheFileAndThePreviousCheckpointStillLoads) {
+// The files of `dir` by name.
+std::set<std::string> names_in(const std::filesystem::path& dir) {
+  std::set<std::string> n;
+  for (const auto& e : std::filesystem::directory_iterator(dir)) n.insert(e.path().filename());
+  return n;
+}
+
+// Room for the data file but not for the index after it: the save fails with ENOSPC part-way and
+// removes what it wrote. No room for the data: it fails before writing, saying what it needs.
+// Either way the previous checkpoint still loads, and with room again a save succeeds.
+TEST(FullDisk, ASaveWithoutRoomFailsLeavingThePreviousCheckpointAsItWas) {
   TempDir mnt, swap;
   const std::string r = with_small_filesystem(mnt.path(), 8, [&] {
     const auto ckpt = mnt.path() / "ckpt";
@@ -164,13 +176,27 @@ TEST(FullDisk, ASaveWithoutRoomFailsNamingTheFileAndThePreviousCheckpointStillLo
     m.step();
     m.t.optimizer().save(ckpt);
     const auto saved = m.t.optimizer().gather(m.w);
+    const auto files = names_in(ckpt);
     m.step();
     const auto filler = fill(mnt.path());
-    const std::string e = error_of([&] { m.t.optimizer().save(ckpt); });
-    check(!e.empty(), "a save into a full filesystem succeeded");
-    check(e.find(ckpt.string()) != std::string::npos, "the error names the file: " + e);
+    const std::uint64_t page = 4096, need = m.t.optimizer().state_bytes();
+    std::filesystem::resize_file(
+        filler, std::filesystem::file_size(filler) / page * page - (need + page - 1) / page * page);
+    std::string e = error_of([&] { m.t.optimizer().save(ckpt); });
+    check(!e.empty(), "a save with room for its data file only succeeded");
     check(e.find("No space left") != std::string::npos, "the error says ENOSPC: " + e);
+    check(e.find(ckpt.string()) != std::string::npos, "the error names the file: " + e);
+    check(names_in(ckpt) == files, "the partial save's files are removed");
+    const auto filler2 = fill(mnt.path(), "filler2");
+    e = error_of([&] { m.t.optimizer().save(ckpt); });
+    check(e.find("save to " + ckpt.string() + " failed") != std::string::npos,
+          "the error names the directory: " + e);
+    check(e.find("needs 658.72 KiB (674532 B)") != std::string::npos,
+          "the error says what the state needs: " + e);
+    check(e.find("is kept") != std::string::npos, "the error says the old one is kept: " + e);
+    check(names_in(ckpt) == files, "nothing was written beside the previous checkpoint");
     std::filesystem::remove(filler);
+    std::filesystem::remove(filler2);
     m.t.optimizer().load(ckpt);  // the previous checkpoint, intact
     check(m.t.optimizer().gather(m.w) == saved, "the previous checkpoint loads bit for bit");
     check(m.t.optimizer().step_count() == 1, "at its step");

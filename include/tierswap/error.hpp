@@ -6,6 +6,7 @@
 #pragma once
 
 #include <cstdint>
+#include <exception>
 #include <stdexcept>
 #include <string>
 #include <string_view>
@@ -24,5 +25,8 @@ std::system_error io_error(int err, std::string_view op, std::string_view path,
 
 /// Throws std::system_error(errno, "<what>") for a failed system call outside the hot path.
 [[noreturn]] void throw_errno(int err, std::string_view what);
+
+/// The message of a caught exception ("unknown error" for one not from std::exception).
+std::string what_of(const std::exception_ptr& e);
 
 }  // namespace tierswap

@@ -442,13 +442,17 @@ class ShardedOptimizer {
   /// manifest (format version, world size, layout, hyper-parameters, step count, loss scaler,
   /// XXH3 checksums), every file written to a temporary name, fsynced and renamed; the manifest
   /// last. Collective. Reads the state through the tiers: NVMe-resident state stays where it is.
+  /// Each rank first checks that its filesystem has room for its state. A save that fails on any
+  /// rank (no room, an I/O error) throws std::runtime_error on every rank, naming the directory
+  /// and the cause; the partial files are removed and the checkpoint already there still loads.
   void save(const std::filesystem::path& dir);
   /// Restores a checkpoint written at any world size into this optimizer's layout (same groups
   /// and parameters, any world size and sub-group size). Hyper-parameters, step count and loss
   /// scaler come from the checkpoint. Commits a generation. A missing, truncated, corrupt or
   /// mismatched checkpoint throws std::runtime_error naming the file and the problem, and the
   /// state already stored is untouched (with shadow slots: a corrupt piece found mid-copy
-  /// discards the partial generation; in-place mode cannot).
+  /// discards the partial generation; in-place mode cannot). Collective: every rank verifies its
+  /// part before any commits; one that fails makes every rank throw with the state unchanged.
   void load(const std::filesystem::path& dir);
 
  private:

@@ -3,6 +3,7 @@
 
 #include <fcntl.h>
 #include <sys/stat.h>
+#include <sys/statvfs.h>
 #include <unistd.h>
 
 #include <cerrno>
@@ -118,6 +119,12 @@ void File::sync() const {
 void fsync_directory(const std::filesystem::path& dir) {
   const File d = File::open(dir, O_RDONLY | O_DIRECTORY);
   if (::fsync(d.fd()) != 0) throw_errno(errno, "fsync directory " + dir.string());
+}
+
+std::uint64_t filesystem_free_bytes(const std::filesystem::path& path) {
+  struct statvfs st {};
+  if (::statvfs(path.c_str(), &st) != 0) throw_errno(errno, "statvfs " + path.string());
+  return std::uint64_t{st.f_bavail} * st.f_frsize;
 }
 
 }  // namespace tierswap::detail

@@ -67,4 +67,14 @@ void throw_errno(int err, std::string_view what) {
   throw std::system_error(err, std::system_category(), std::string(what));
 }
 
+std::string what_of(const std::exception_ptr& e) {
+  try {
+    std::rethrow_exception(e);
+  } catch (const std::exception& x) {
+    return x.what();
+  } catch (...) {
+    return "unknown error";
+  }
+}
+
 }  // namespace tierswap

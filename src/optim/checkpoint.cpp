@@ -17,6 +17,8 @@
 
 #include <cerrno>
 #include <cstring>
+#include <exception>
+#include <functional>
 #include <nlohmann/json.hpp>
 #include <random>
 #include <system_error>
@@ -29,6 +31,7 @@
 #include "tierswap/detail/paths.hpp"
 #include "tierswap/error.hpp"
 #include "tierswap/log.hpp"
+#include "tierswap/units.hpp"
 
 namespace tierswap {
 namespace {
@@ -220,50 +223,99 @@ void ShardedOptimizer::Impl::write_checkpoint_manifest(const std::filesystem::pa
 
 namespace {
 
-// Rank `rank`'s files of earlier saves (any id but `id`): unreferenced once the manifest of `id`
-// is in place.
-void remove_earlier_saves(const std::filesystem::path& dir, int rank, std::uint64_t id) {
+// Rank `rank`'s files of the save `id` (keep == false) or of every save but `id` (keep == true).
+void remove_saves(const std::filesystem::path& dir, int rank, std::uint64_t id, bool keep) {
   const std::string mine = fmt::format("rank-{:05}-", rank);
   const std::string current = fmt::format("{:016x}", id);
   std::error_code ec;
   for (const auto& e : std::filesystem::directory_iterator(dir, ec)) {
     const std::string n = e.path().filename().string();
-    if (n.rfind(mine, 0) == 0 && n.find(current) == std::string::npos)
+    if (n.rfind(mine, 0) == 0 && (n.find(current) == std::string::npos) == keep)
       std::filesystem::remove(e.path(), ec);
   }
 }
 
+// Runs `f`; returns what it threw (null when nothing).
+template <class F>
+std::exception_ptr thrown_by(F&& f) {
+  try {
+    f();
+  } catch (...) {
+    return std::current_exception();
+  }
+  return nullptr;
+}
+
+// A refused directory (std::invalid_argument) as it is; any other failure (null: another rank's)
+// as std::runtime_error saying that the checkpoint already there is kept.
+[[noreturn]] void throw_save_failure(const std::filesystem::path& dir,
+                                     const std::exception_ptr& failed) {
+  try {
+    if (failed) std::rethrow_exception(failed);
+  } catch (const std::invalid_argument&) {
+    throw;
+  } catch (...) {
+  }
+  throw std::runtime_error(fmt::format(
+      "save to {} failed: {}; the checkpoint there before (if any) is kept", dir.string(),
+      failed ? what_of(failed) : "another rank could not write its part (its error says why)"));
+}
+
 }  // namespace
 
-void ShardedOptimizer::save(const std::filesystem::path& dir) {
-  Impl& m = *impl_;
-  m.require_checkpointable("save");
-  m.require_state("save");
+std::string ShardedOptimizer::Impl::write_rank_files(const std::filesystem::path& dir,
+                                                     const std::string& tag) {
   std::error_code ec;
   std::filesystem::create_directories(dir, ec);
   if (ec) throw_errno(ec.value(), "create checkpoint directory " + dir.string());
   detail::check_trusted_dir(dir, "save: checkpoint directory");
-  std::uint64_t id = 0;  // drawn anew: a save that dies half-way leaves the previous one whole
-  if (m.rank == 0) id = std::random_device{}() * 0x100000001ull ^ std::random_device{}();
-  m.comm.broadcast(&id, sizeof id, 0);
-  const std::string tag = fmt::format("rank-{:05}-{:016x}", m.rank, id);
+  const std::uint64_t need = state_bytes(), free = detail::filesystem_free_bytes(dir);
+  if (free < need)
+    throw std::runtime_error(fmt::format(
+        "checkpoint directory {}: this rank's state needs {} ({} B), its filesystem has {} free "
+        "(a checkpoint already there is removed only once the new one is complete)",
+        dir.string(), format_bytes(need), need, format_bytes(free)));
   const auto data_path = dir / (tag + ".bin");
-
-  auto [sections, bytes] = m.write_rank_state(dir / (tag + ".bin.tmp"));
+  auto [sections, bytes] = write_rank_state(dir / (tag + ".bin.tmp"));
   std::filesystem::rename(dir / (tag + ".bin.tmp"), data_path);
   const nlohmann::json index = {{"format", "tierswap-checkpoint-rank"},
                                 {"version", kCheckpointVersion},
-                                {"rank", m.rank},
-                                {"world_size", m.world},
+                                {"rank", rank},
+                                {"world_size", world},
                                 {"data", data_path.filename().string()},
                                 {"data_bytes", bytes},
                                 {"piece", kPiece},
                                 {"sections", std::move(sections)}};
-  const std::string index_payload = index.dump();
-  detail::write_manifest_file(dir / (tag + ".json"), index_payload, true);
-  m.write_checkpoint_manifest(dir, id, index_payload);  // rank 0 binds every index, last
-  m.comm.barrier();
-  remove_earlier_saves(dir, m.rank, id);
+  std::string payload = index.dump();
+  detail::write_manifest_file(dir / (tag + ".json"), payload, true);
+  return payload;
+}
+
+// Two agreements make a failed save leave the directory as it was on every rank: after the rank
+// files (if any rank failed, every rank removes its files of this save; none writes the
+// manifest), and after
+// the manifest (whether it was renamed into place or not, the previous save's files are still
+// there, and the next save removes what no manifest names).
+void ShardedOptimizer::save(const std::filesystem::path& dir) {
+  Impl& m = *impl_;
+  m.require_checkpointable("save");
+  m.require_state("save");
+  std::uint64_t id = 0;  // drawn anew: a save that dies half-way leaves the previous one whole
+  if (m.rank == 0) id = std::random_device{}() * 0x100000001ull ^ std::random_device{}();
+  m.comm.broadcast(&id, sizeof id, 0);
+  const std::string tag = fmt::format("rank-{:05}-{:016x}", m.rank, id);
+  std::string index_payload;
+  std::exception_ptr failed = thrown_by([&] { index_payload = m.write_rank_files(dir, tag); });
+  bool any = m.comm.all_reduce_or(failed != nullptr);
+  if (any) {  // no manifest names this save: its files go, on every rank, before any returns
+    remove_saves(dir, m.rank, id, false);
+    m.comm.barrier();
+  } else {
+    failed = thrown_by([&] { m.write_checkpoint_manifest(dir, id, index_payload); });
+    any = m.comm.all_reduce_or(failed != nullptr);
+  }
+  if (any) throw_save_failure(dir, failed);
+  remove_saves(dir, m.rank, id, true);
 }
 
 namespace {
@@ -348,59 +400,92 @@ nlohmann::json read_checkpoint_manifest(const std::filesystem::path& dir) {
   }
 }
 
-}  // namespace
-
-void ShardedOptimizer::load(const std::filesystem::path& dir) {
-  Impl& m = *impl_;
-  m.require_checkpointable("load");
-  const nlohmann::json man = read_checkpoint_manifest(dir);
-  const auto man_path = dir / kManifest;
-  auto bad = [&](const std::string& why) { return bad_file(man_path, why); };
-  // The manifest and every rank's index, validated before any state is touched.
+// What load() reads before it touches any state: the manifest and every rank's index, validated.
+// What load() reads before it touches any state.
+struct Tables {
   Head head;
   OldState old;
   std::vector<GroupConfig> cfgs;
+};
+
+// The manifest and every rank's index, validated (check_groups: Impl::check_groups).
+template <class CheckGroups>
+void read_tables(const std::filesystem::path& dir, Dtype moments, std::size_t ngroups,
+                 const CheckGroups& check_groups, Tables& t) {
+  const nlohmann::json man = read_checkpoint_manifest(dir);
+  const auto man_path = dir / kManifest;
+  auto bad = [&](const std::string& why) { return bad_file(man_path, why); };
   try {
-    head = read_head(man, man_path, m.moment_dtype());
-    cfgs = m.check_groups(man.at("groups"), bad, &old.partition);
+    t.head = read_head(man, man_path, moments);
+    t.cfgs = check_groups(man.at("groups"), bad, &t.old.partition);
     const auto& ranks = man.at("ranks");
-    if (static_cast<int>(ranks.size()) != head.world || head.world < 1)
+    if (static_cast<int>(ranks.size()) != t.head.world || t.head.world < 1)
       throw bad("rank table does not match the world size");
-    for (int r = 0; r < head.world; ++r)
-      old.ranks.push_back(read_rank_index(dir, ranks[r], r, m.groups.size()));
+    for (int r = 0; r < t.head.world; ++r)
+      t.old.ranks.push_back(read_rank_index(dir, ranks[r], r, ngroups));
   } catch (const std::runtime_error&) {
     throw;
   } catch (const std::exception& e) {
     throw bad(std::string("malformed: ") + e.what());
   }
-  old.files.resize(old.ranks.size());
+  t.old.files.resize(t.old.ranks.size());
+}
+
+// Collective: when any rank failed, runs `undo`, then rethrows this rank's failure or (another
+// rank failed) throws `then`. Returns when no rank failed.
+void agree(Communicator& comm, const std::exception_ptr& failed, const std::function<void()>& undo,
+           const std::string& then) {
+  if (!comm.all_reduce_or(failed != nullptr)) return;
+  undo();
+  if (failed) std::rethrow_exception(failed);
+  throw std::runtime_error(then);
+}
+
+}  // namespace
+
+// Every rank agrees on each phase before the next (a rank that failed would otherwise leave the
+// others waiting in a collective, or with a state from another step): the tables and the copy of
+// the state into a new generation (any rank failed: every rank discards it), then the commit.
+void ShardedOptimizer::load(const std::filesystem::path& dir) {
+  Impl& m = *impl_;
+  m.require_checkpointable("load");
+  Tables t;
+  auto check_groups = [&m](const nlohmann::json& g, const auto& bad, auto* part) {
+    return m.check_groups(g, bad, part);
+  };
+  bool copying = false;
   const Impl::ReadState read = [&](std::size_t gi, int slot, Dtype dt, std::uint64_t b,
                                    std::uint64_t e,
-                                   std::byte* dst) { old.read(gi, slot, dt, b, e, dst); };
+                                   std::byte* dst) { t.old.read(gi, slot, dt, b, e, dst); };
   // Pass 0 copies the state that lives in generations (a failure discards it) and only reads and
   // verifies what goes to memory-only state, which no discard can restore; pass 1 copies that
   // after the commit, once every piece has been verified.
-  try {
+  const std::exception_ptr failed = thrown_by([&] {
+    read_tables(dir, m.moment_dtype(), m.groups.size(), check_groups, t);
+    copying = true;
     m.load_state_pass(0, read);
-  } catch (...) {
-    if (m.tiers.config().shadow_slots) m.tiers.discard();  // the stored state, untouched
-    throw;
-  }
-  for (std::size_t gi = 0; gi < m.groups.size(); ++gi) m.groups[gi].cfg = cfgs[gi];
-  m.step_count = head.step;
-  m.scale = head.scale;
-  m.growth_tracker = head.tracker;
+  });
+  const std::string where = fmt::format("load {}: another rank ", dir.string());
+  agree(
+      m.comm, failed,
+      [&] {
+        if (copying && m.tiers.config().shadow_slots) m.tiers.discard();  // stored state kept
+      },
+      where + "could not read or verify its part (its error says why); the state is unchanged");
+  for (std::size_t gi = 0; gi < m.groups.size(); ++gi) m.groups[gi].cfg = t.cfgs[gi];
+  m.step_count = t.head.step;
+  m.scale = t.head.scale;
+  m.growth_tracker = t.head.tracker;
   m.drop_all_grads();
   m.commit();
-  try {
-    m.load_state_pass(1, read);
-  } catch (const std::exception& e) {
+  const std::exception_ptr late = thrown_by([&] { m.load_state_pass(1, read); });
+  if (late)
     log(LogLevel::error,
-        fmt::format("load {}: reading memory-only state failed after it was verified ({}): "
-                    "that state is partly loaded; load again",
-                    dir.string(), e.what()));
-    throw;
-  }
+        fmt::format("load {}: reading memory-only state failed after it was verified ({}): that "
+                    "state is partly loaded; load again",
+                    dir.string(), what_of(late)));
+  agree(
+      m.comm, late, [] {}, where + "failed reading its memory-only state: load again");
   m.refresh_param16();
   m.upload16_all();
   m.p16_sync();

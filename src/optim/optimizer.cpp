@@ -249,11 +249,14 @@ std::pair<std::uint64_t, std::uint64_t> ShardedOptimizer::partition(int group, i
 }
 
 std::uint64_t ShardedOptimizer::state_bytes() const {
-  const Impl& m = *impl_;
+  return impl_->state_bytes();
+}
+
+std::uint64_t ShardedOptimizer::Impl::state_bytes() const {
   std::uint64_t n = 0;
-  for (const auto& s : m.subs)
+  for (const auto& s : subs)
     for (int slot = 0; slot < kStateSlots; ++slot)
-      if (s.state[slot] != kNoBlock) n += s.numel * dtype_size(m.slot_dtype(slot));
+      if (s.state[slot] != kNoBlock) n += s.numel * dtype_size(slot_dtype(slot));
   return n;
 }
 

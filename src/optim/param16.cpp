@@ -18,25 +18,12 @@
 #include "src/optim/optimizer_impl.hpp"
 #include "tierswap/cuda_runtime.hpp"
 #include "tierswap/device.hpp"
+#include "tierswap/error.hpp"
 #include "tierswap/log.hpp"
 #include "tierswap/thread_pool.hpp"
 #include "tierswap/units.hpp"
 
 namespace tierswap {
-namespace {
-
-std::string what_of(const std::exception_ptr& e) {
-  try {
-    std::rethrow_exception(e);
-  } catch (const std::exception& x) {
-    return x.what();
-  } catch (...) {
-    return "unknown error";
-  }
-}
-
-}  // namespace
-
 void ShardedOptimizer::Impl::promote_memory_only_gpu(const OptSub& s, BlockId b) {
   if (!s.memory_only || !s.on_gpu) return;
   BlockView v = tiers.acquire(b, Tier::device);

@@ -4,7 +4,6 @@
 
 #include <fcntl.h>
 #include <sys/stat.h>
-#include <sys/statvfs.h>
 #include <unistd.h>
 
 #include <fmt/format.h>
@@ -61,10 +60,7 @@ std::uint64_t state_bytes_per_element(const GroupConfig& g, const OptimizerConfi
 void check_free_space(const std::vector<std::filesystem::path>& dirs, std::uint64_t capacity) {
   const std::uint64_t per_dir = (capacity + dirs.size() - 1) / dirs.size() + kMiB;
   for (const auto& d : dirs) {
-    struct statvfs st {};
-    if (::statvfs(d.c_str(), &st) != 0)
-      throw std::system_error(errno, std::system_category(), "statvfs " + d.string());
-    const std::uint64_t free = std::uint64_t{st.f_bavail} * st.f_frsize;
+    const std::uint64_t free = detail::filesystem_free_bytes(d);
     if (free < per_dir)
       throw std::runtime_error(fmt::format(
           "swap directory {}: needs {} ({} B) for this rank's share of {} of swap space "

@@ -358,6 +358,10 @@ void bind_introspection(PyOptimizerClass& c) {
       .def("state_bytes", [](PyOptimizer& s) { return s.opt().state_bytes(); })
       .def("world", [](PyOptimizer& s) { return s.t().communicator().size(); })
       .def("rank", [](PyOptimizer& s) { return s.t().communicator().rank(); })
+      .def(  // collective: whether `flag` is true on any rank
+          "any_rank",
+          [](PyOptimizer& s, bool flag) { return s.t().communicator().all_reduce_or(flag); },
+          Release())
       .def("residency_json",
            [](PyOptimizer& s) {
              ResidencySnapshot snap;

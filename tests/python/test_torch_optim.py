@@ -1255,6 +1255,71 @@ def test_gloo_ranks_are_bit_identical_to_one_rank(tmp_path, world):
         assert torch.equal(a, b)
 
 
+SAVE_RANK = r"""
+import os, sys, torch, torch.distributed as dist, tierswap.torch as tt
+rank, port, root = int(sys.argv[1]), sys.argv[2], sys.argv[3]
+dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2)
+p = torch.nn.Parameter(torch.ones(5000, dtype=torch.bfloat16))
+opt = tt.AdamW([p], lr=0.1, swap_dir=os.path.join(root, f"swap{rank}"), telemetry=False)
+
+def step():
+    p.grad = torch.full_like(p, 0.5)
+    opt.step()
+
+def refused(path, message, what="save"):
+    try:
+        getattr(opt, what)(path)
+    except (RuntimeError, OSError, ValueError) as e:
+        assert message in str(e), (rank, str(e))
+        return
+    raise AssertionError(f"rank {rank}: {what}({path}) succeeded")
+
+ck = os.path.join(root, "ck")
+step()
+opt.save(ck)
+files, saved = sorted(os.listdir(ck)), p.detach().clone()
+step()
+# rank 1's path is a symbolic link: refused by tierswap's own check, after the ranks agreed on
+# the save's id; rank 0 (whose part was written) removes it and raises too
+refused(ck if rank == 0 else os.path.join(root, "link"),
+        "another rank could not write its part" if rank == 0 else "symbolic link")
+assert sorted(os.listdir(ck)) == files, (rank, os.listdir(ck))
+# rank 1's path is under a file: refused by the Python checks, before anything is written
+refused(ck if rank == 0 else os.path.join(root, "file", "ck"),
+        "another rank refused its checkpoint directory" if rank == 0 else "Not a directory")
+assert sorted(os.listdir(ck)) == files
+# a load that rank 1 refuses: rank 0, whose copy was verified, discards it and raises too
+now, before = p.detach().clone(), opt.state_dict()
+refused(ck if rank == 0 else os.path.join(root, "link"),
+        "another rank could not read or verify its part" if rank == 0 else "symbolic link", "load")
+after = opt.state_dict()
+assert torch.equal(p.detach(), now) and opt.step_count == 2
+assert torch.equal(after["master_params"][0], before["master_params"][0])
+assert all(torch.equal(after["state"][0][k], before["state"][0][k]) for k in before["state"][0])
+opt.load(ck)
+assert torch.equal(p.detach(), saved) and opt.step_count == 1
+step()
+opt.save(ck)  # both ranks on the good directory again: saved
+print("rank", rank, "ok")
+"""
+
+
+def test_a_save_or_load_refused_on_one_rank_raises_on_every_rank_and_changes_nothing(tmp_path):
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path), OMP_NUM_THREADS="1")
+    (tmp_path / "ck").mkdir()
+    (tmp_path / "link").symlink_to(tmp_path / "ck")
+    for r in range(2):
+        (tmp_path / f"swap{r}").mkdir()
+    (tmp_path / "file").write_text("not a directory")
+    port = str(_free_port())
+    procs = [subprocess.Popen([sys.executable, "-c", SAVE_RANK, str(r), port, str(tmp_path)],
+                              env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+             for r in range(2)]
+    for r, p in enumerate(procs):
+        out = p.communicate(timeout=120)[0]  # a rank left waiting in a collective times out here
+        assert p.returncode == 0 and f"rank {r} ok" in out, out
+
+
 def test_bad_values_in_groups_and_state_dicts_are_named_and_change_nothing(tmp_path):
     lin = torch.nn.Linear(4, 4).to(torch.bfloat16)
     with pytest.raises(ValueError, match=r"param_groups\[0\]: eps='x': expected a number"):

@@ -70,4 +70,8 @@ void close_lock(int fd) noexcept;
 /// fsync(2) of a directory (a rename or create in it made durable).
 void fsync_directory(const std::filesystem::path& dir);
 
+/// Bytes an unprivileged writer may still allocate on the filesystem of `path` (statvfs(2):
+/// f_bavail x f_frsize); throws std::system_error naming the path.
+std::uint64_t filesystem_free_bytes(const std::filesystem::path& path);
+
 }  // namespace tierswap::detail

@@ -725,7 +725,21 @@ class _TieredOptimizer(Optimizer):
     @_one_at_a_time
     def save(self, path):
         """tierswap's native checkpoint (the state stays on the tiers: nothing is materialized);
-        loads at any world size with load()."""
+        loads at any world size with load(). Collective: a rank that refuses its path makes every
+        rank raise, and nothing is written."""
+        try:
+            problem = None
+            self._check_save_path(path)
+        except (OSError, ValueError) as e:
+            problem = e
+        if self._native.world() > 1 and self._native.any_rank(problem is not None) and not problem:
+            raise RuntimeError(f"save({os.fspath(path)!r}): another rank refused its checkpoint "
+                               "directory (its error says why); nothing was written")
+        if problem:
+            raise problem
+        self._native.save(os.fspath(path))
+
+    def _check_save_path(self, path):
         if os.path.exists(path) and not os.path.isdir(path):
             raise NotADirectoryError(f"save({os.fspath(path)!r}): not a directory (a checkpoint "
                                      "is one)")
@@ -735,7 +749,6 @@ class _TieredOptimizer(Optimizer):
                 raise ValueError(f"save({os.fspath(path)!r}): inside this optimizer's temporary "
                                  f"swap directory {tmp}, which close() removes: save elsewhere")
         os.makedirs(path, exist_ok=True)
-        self._native.save(os.fspath(path))
 
     @_one_at_a_time
     def load(self, path):

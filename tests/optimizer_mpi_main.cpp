@@ -7,7 +7,11 @@
 //                 [--overlap [--param16-in-place]] [--device-grads]
 // --device-grads: a simulated device tier; gradients through add_grad_device (host memory standing
 // in for the GPU's) and the 16-bit parameters kept in bound device copies (bind_param16_device),
-// checked against param16() at the end.
+// checked against param16() at the end. --fail-reads-at N DIR: swap files kept in DIR, the last
+// rank's reads fail (EIO) in step N; every rank's step must throw with no rank stepped, and
+// --resume DIR then continues from step N - 1.
+#include <atomic>
+#include <cerrno>
 #include <cmath>
 #include <cstdio>
 #include <cstring>
@@ -20,6 +24,7 @@
 #include "optim_model.hpp"
 #include "test_util.hpp"
 #include "tierswap/communicator.hpp"
+#include "tierswap/detail/io_backend.hpp"
 #include "tierswap/io_engine.hpp"
 #include "tierswap/swap_space.hpp"
 
@@ -29,7 +34,7 @@ namespace {
 
 struct Args {
   std::string out, save_dir, load_dir, fixture, swap_dir;
-  int save_at = 0, stop_at = 0;
+  int save_at = 0, stop_at = 0, fail_at = 0;
   bool resume = false, lagging = false;
   bool coalesce = true, overlap = false, device_grads = false, in_place16 = false;
 };
@@ -51,6 +56,8 @@ Args parse_args(int argc, char** argv) {
       o.resume = true, o.swap_dir = argv[++i];
     else if (a == "--resume-lagging" && i + 1 < argc)  // as if ranks > 0 missed the last commit
       o.resume = o.lagging = true, o.swap_dir = argv[++i];
+    else if (a == "--fail-reads-at" && i + 2 < argc)  // keep the swap files in DIR, fail step N
+      o.fail_at = std::stoi(argv[++i]), o.swap_dir = argv[++i];
     else if (a == "--fixture" && i + 1 < argc)
       o.fixture = argv[++i];
     else if (a == "--no-coalesce")
@@ -64,7 +71,8 @@ Args parse_args(int argc, char** argv) {
     else
       throw std::invalid_argument(
           "usage: optimizer_mpi --out FILE [--save-at N DIR] [--load DIR] [--fixture F] "
-          "[--no-coalesce] [--overlap [--param16-in-place]] [--device-grads] "
+          "[--no-coalesce] [--overlap [--param16-in-place]] [--device-grads] [--fail-reads-at N "
+          "DIR] "
           "[--stop-at N DIR | --resume DIR | --resume-lagging DIR]");
   }
   return o;
@@ -110,13 +118,53 @@ int compare_with_torch(const std::vector<float>& dump, const test::ModelOptimize
   return bad;
 }
 
+std::atomic<int> g_reads_fail{0};
+
+// The engine; with `faulty`, its next g_reads_fail reads fail with EIO.
+std::unique_ptr<IoEngine> make_engine(SwapSpace& space, bool faulty) {
+  if (!faulty) return std::make_unique<IoEngine>(space);
+  std::string why;
+  auto inner = test::make_backend(IoBackendKind::posix, space, 16, &why);
+  IoEngineConfig ec;
+  ec.queue_depth = 16;  // the backend's
+  return std::make_unique<IoEngine>(
+      space, ec,
+      detail::make_fault_backend(std::move(inner), [](const detail::IoRequest& r, std::uint64_t) {
+        if (r.op != IoOp::read || g_reads_fail <= 0) return detail::Fault{};
+        --g_reads_fail;
+        return detail::Fault{detail::Fault::Kind::error, EIO};
+      }));
+}
+
+// Step t with the last rank's reads failing: it must throw on every rank (the others saying
+// that another rank failed), and no rank may have stepped. (The last rank cannot restore its
+// 16-bit parameters either, its reads failing: the job ends, to resume from its swap files.)
+void fail_once(ShardedOptimizer& opt, const test::ModelOptimizer& m, int t, int rank, int world) {
+  g_reads_fail = rank == world - 1 ? 1 << 30 : 0;
+  std::string err;
+  try {
+    test::train(opt, m, t, t, rank, world);
+  } catch (const std::exception& e) {
+    err = e.what();
+  }
+  const std::string who = "--fail-reads-at: rank " + std::to_string(rank) + ": ";
+  g_reads_fail = 0;
+  if (err.empty()) throw std::runtime_error(who + "the failing step succeeded");
+  if (opt.step_count() != static_cast<std::uint64_t>(t - 1))
+    throw std::runtime_error(who + "at step " + std::to_string(opt.step_count()) + " after step " +
+                             std::to_string(t) + " failed (" + err + ")");
+  if (rank != world - 1 && err.find("another rank's step failed") == std::string::npos)
+    throw std::runtime_error(who + "unexpected error: " + err);
+  std::printf("rank %d: step %d failed on every rank: %s\n", rank, t, err.c_str());
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
   try {
     const Args args = parse_args(argc, argv);
-    const auto& [out, save_dir, load_dir, fixture, swap_dir, save_at, stop_at, resume, lagging,
-                 coalesce, overlap, device_grads, in_place16] = args;
+    const auto& [out, save_dir, load_dir, fixture, swap_dir, save_at, stop_at, fail_at, resume,
+                 lagging, coalesce, overlap, device_grads, in_place16] = args;
     auto comm = make_communicator("auto");
     const int rank = comm->rank(), world = comm->size();
     test::TempDir dir;
@@ -128,9 +176,12 @@ int main(int argc, char** argv) {
     }
     sc.capacity = 64 << 20;
     SwapSpace space = resume ? SwapSpace::open(sc.dirs) : SwapSpace::create(sc);
-    IoEngine engine(space);
+    const auto engine_ptr = make_engine(space, fail_at > 0 && rank == world - 1);
+    IoEngine& engine = *engine_ptr;
     TierConfig tc;
-    tc.host_budget = 1 << 20;  // far below the state: everything streams through NVMe
+    tc.host_budget = 1 << 20;  // below the whole model's state: it streams through NVMe
+    if (fail_at > 0)           // below a rank's part too: the step reads
+      tc.host_budget = 192 << 10, tc.host_slab_size = 8 << 10;
     tc.host_slab_size = 128 << 10;
     tc.device_mode = device_grads ? DeviceTierMode::simulated : DeviceTierMode::off;
     tc.device_budget = device_grads ? 4 << 20 : 0;
@@ -155,6 +206,11 @@ int main(int argc, char** argv) {
       first = save_at > 0 ? save_at + 1 : 11;
     } else {
       test::init_model(opt, m);
+    }
+    if (fail_at > 0) {
+      test::train(opt, m, first, fail_at - 1, rank, world);
+      fail_once(opt, m, fail_at, rank, world);
+      return 0;  // the swap files stay
     }
     if (save_at > 0 && load_dir.empty()) {
       test::train(opt, m, first, save_at, rank, world);

@@ -29,4 +29,15 @@ std::system_error io_error(int err, std::string_view op, std::string_view path,
 /// The message of a caught exception ("unknown error" for one not from std::exception).
 std::string what_of(const std::exception_ptr& e);
 
+/// Runs `f`; returns what it threw (null when nothing).
+template <class F>
+std::exception_ptr thrown_by(F&& f) {
+  try {
+    f();
+  } catch (...) {
+    return std::current_exception();
+  }
+  return nullptr;
+}
+
 }  // namespace tierswap

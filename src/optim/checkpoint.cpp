@@ -235,17 +235,6 @@ void remove_saves(const std::filesystem::path& dir, int rank, std::uint64_t id, 
   }
 }
 
-// Runs `f`; returns what it threw (null when nothing).
-template <class F>
-std::exception_ptr thrown_by(F&& f) {
-  try {
-    f();
-  } catch (...) {
-    return std::current_exception();
-  }
-  return nullptr;
-}
-
 // A refused directory (std::invalid_argument) as it is; any other failure (null: another rank's)
 // as std::runtime_error saying that the checkpoint already there is kept.
 [[noreturn]] void throw_save_failure(const std::filesystem::path& dir,

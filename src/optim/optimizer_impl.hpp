@@ -466,8 +466,17 @@ struct ShardedOptimizer::Impl {
   void restore_from_record();
   std::string resume_record;  // resume(): the record being resumed from (empty otherwise)
   bool adopt_blocks = false;  // resume(): make_block() takes the stored blocks
-  /// The global gradient statistics: sum of squares, and whether any value is non-finite.
-  std::pair<double, bool> global_grad_stats();
+  struct GradStats {
+    double sum_sq = 0;
+    bool nonfinite = false;        // any value on any rank
+    bool failed_anywhere = false;  // *failed on any rank
+  };
+  /// The step's first collective: the gradients' sum of squares and whether any is non-finite,
+  /// over every rank, and whether any rank failed before it (*failed: this rank's failure so far,
+  /// or in reading its gradients here), so that no rank steps when another cannot.
+  GradStats global_grad_stats(std::exception_ptr* failed);
+  /// This rank's gradient statistics per chunk (GradStats, before the sum over ranks).
+  void local_grad_stats(std::vector<double>& chunk);
   /// Every group's hyper-parameters (what a speculative step is checked against).
   std::vector<GroupConfig> group_configs() const;
   struct StepPlan {
@@ -487,6 +496,10 @@ struct ShardedOptimizer::Impl {
                            std::vector<std::size_t>* late) const;
   void keep_speculative_param16(StepResult& r, bool* p16_changed);
   void roll_back_failed_step(bool p16_changed);
+  /// Whether `flag` is true on any rank (collective; true too when the ranks cannot agree): in
+  /// run_pipeline_and_commit(), whether any rank's pipeline failed, then whether any rank's
+  /// 16-bit parameters changed.
+  bool any_rank_failed(bool flag);
   void run_pipeline_and_commit(const StepPlan& sp, bool keep, std::vector<BlockView>* late_grads,
                                StepResult& r);
   /// run_pipeline_and_commit() with the loss scaler as it is after this step (it goes into the

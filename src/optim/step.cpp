@@ -19,6 +19,7 @@
 #include "tierswap/cuda_kernels.hpp"
 #include "tierswap/detail/clock.hpp"
 #include "tierswap/device.hpp"
+#include "tierswap/error.hpp"
 #include "tierswap/log.hpp"
 #include "tierswap/thread_pool.hpp"
 #include "tierswap/units.hpp"
@@ -288,8 +289,7 @@ void ShardedOptimizer::Impl::drop_all_grads() {
 // Chunk sums of the 16-bit gradient, gathered so every rank adds the same numbers in the same
 // order (the norm is the same for every world size and thread count): the sum of squares, and
 // whether any is non-finite.
-std::pair<double, bool> ShardedOptimizer::Impl::global_grad_stats() {
-  std::vector<double> chunk(chunks, 0.0);
+void ShardedOptimizer::Impl::local_grad_stats(std::vector<double>& chunk) {
   for (auto& s : subs) {
     const OptGroup& g = groups[s.group];
     double* out = chunk.data() + g.chunk_base + s.begin / kGradStatsChunk;
@@ -301,14 +301,21 @@ std::pair<double, bool> ShardedOptimizer::Impl::global_grad_stats() {
     BlockView v = tiers.acquire(s.grad, tier);
     chunk_sums(s, v, tier, out);
   }
+}
+
+ShardedOptimizer::Impl::GradStats ShardedOptimizer::Impl::global_grad_stats(
+    std::exception_ptr* failed) {
+  std::vector<double> chunk(chunks + 1, 0.0);  // the last: how many ranks failed
+  if (!*failed) *failed = thrown_by([&] { local_grad_stats(chunk); });
+  chunk[chunks] = *failed ? 1 : 0;
   if (world > 1) comm.all_reduce_sum(chunk.data(), chunk.size());
-  double sum_sq = 0;
-  bool nonfinite = false;
-  for (double c : chunk) {
-    sum_sq += c;
-    nonfinite |= !std::isfinite(c);
+  GradStats st;
+  st.failed_anywhere = chunk[chunks] > 0;
+  for (std::size_t i = 0; i < chunks; ++i) {
+    st.sum_sq += chunk[i];
+    st.nonfinite |= !std::isfinite(chunk[i]);
   }
-  return {sum_sq, nonfinite};
+  return st;
 }
 
 std::vector<GroupConfig> ShardedOptimizer::Impl::group_configs() const {
@@ -360,7 +367,9 @@ void ShardedOptimizer::Impl::keep_speculative_param16(StepResult& r, bool* p16_c
 void ShardedOptimizer::Impl::run_pipeline_and_commit(const StepPlan& sp, bool keep,
                                                      std::vector<BlockView>* late_grads,
                                                      StepResult& r) {
-  bool p16_changed = false;  // param16 no longer matches the committed master weights
+  bool p16_changed = false;    // param16 no longer matches the committed master weights
+  bool agreed = false;         // whether every rank knows if any rank's pipeline failed
+  bool all_roll_back = false;  // it did: every rank rolls back
   try {
     p16_begin();
     if (keep) keep_speculative_param16(r, &p16_changed);
@@ -380,6 +389,10 @@ void ShardedOptimizer::Impl::run_pipeline_and_commit(const StepPlan& sp, bool ke
     for (std::size_t k : sp.late)  // where the step reads it (a lent one: the caller's memory)
       if (!subs[k].all_lent())
         (*late_grads)[k] = tiers.acquire(subs[k].grad, grad_tier_of(subs[k]));
+    agreed = true;
+    if ((all_roll_back = any_rank_failed(false)))
+      throw std::runtime_error(fmt::format(
+          "step {}: another rank's step failed (its error says why); rolled back here too", sp.t));
     step_count = sp.t;
     const auto c0 = Clock::now();
     commit();
@@ -387,8 +400,24 @@ void ShardedOptimizer::Impl::run_pipeline_and_commit(const StepPlan& sp, bool ke
   } catch (...) {
     late_grads->clear();
     step_count = sp.t - 1;
+    if (!agreed) all_roll_back = any_rank_failed(true);
+    if (all_roll_back) p16_changed = any_rank_failed(p16_changed);
     roll_back_failed_step(p16_changed);
     throw;
+  }
+}
+
+// A rank whose pipeline failed would otherwise roll back while the others commit: the ranks'
+// states a step apart. (A commit that fails on one rank still leaves them so; resume() steps the
+// ranks ahead back.) Every rank that agreed on a failure rolls back its 16-bit parameters if any
+// rank's changed, for restore_param16()'s gather is a collective.
+bool ShardedOptimizer::Impl::any_rank_failed(bool failed) {
+  if (world == 1) return failed;
+  try {
+    return comm.all_reduce_or(failed);
+  } catch (const std::exception& e) {
+    log(LogLevel::error, fmt::format("step: the ranks could not agree on the step ({})", e.what()));
+    return true;
   }
 }
 
@@ -538,11 +567,18 @@ StepResult ShardedOptimizer::Impl::step_once(std::optional<double> given_clip) {
   // Overlapped mode: the speculative steps finish first (they overlap the statistics below). A
   // failed step leaves the state as it was before the backward and drops the gradients.
   Speculation left = drain_speculation();
-  if (left.error) {
-    roll_back_failed_step(false);
-    std::rethrow_exception(left.error);
+  std::exception_ptr failed = left.error;
+  const auto [sum_sq, nonfinite, failed_anywhere] = global_grad_stats(&failed);
+  if (failed_anywhere) {  // nothing has stepped on any rank
+    if (left.error) {
+      roll_back_failed_step(false);
+      std::rethrow_exception(left.error);
+    }
+    if (failed) std::rethrow_exception(failed);
+    throw std::runtime_error(fmt::format(
+        "step {}: another rank's step failed (its error says why); nothing stepped here either",
+        step_count + 1));
   }
-  const auto [sum_sq, nonfinite] = global_grad_stats();
 
   // The verdict: skip (non-finite), clip, keep or redo the speculative results.
   r.loss_scale = scale;

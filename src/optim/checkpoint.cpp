@@ -420,16 +420,6 @@ void read_tables(const std::filesystem::path& dir, Dtype moments, std::size_t ng
   t.old.files.resize(t.old.ranks.size());
 }
 
-// Collective: when any rank failed, runs `undo`, then rethrows this rank's failure or (another
-// rank failed) throws `then`. Returns when no rank failed.
-void agree(Communicator& comm, const std::exception_ptr& failed, const std::function<void()>& undo,
-           const std::string& then) {
-  if (!comm.all_reduce_or(failed != nullptr)) return;
-  undo();
-  if (failed) std::rethrow_exception(failed);
-  throw std::runtime_error(then);
-}
-
 }  // namespace
 
 // Every rank agrees on each phase before the next (a rank that failed would otherwise leave the
@@ -455,8 +445,8 @@ void ShardedOptimizer::load(const std::filesystem::path& dir) {
     m.load_state_pass(0, read);
   });
   const std::string where = fmt::format("load {}: another rank ", dir.string());
-  agree(
-      m.comm, failed,
+  m.agree(
+      failed,
       [&] {
         if (copying && m.tiers.config().shadow_slots) m.tiers.discard();  // stored state kept
       },
@@ -473,8 +463,8 @@ void ShardedOptimizer::load(const std::filesystem::path& dir) {
         fmt::format("load {}: reading memory-only state failed after it was verified ({}): that "
                     "state is partly loaded; load again",
                     dir.string(), what_of(late)));
-  agree(
-      m.comm, late, [] {}, where + "failed reading its memory-only state: load again");
+  m.agree(
+      late, [] {}, where + "failed reading its memory-only state: load again");
   m.refresh_param16();
   m.upload16_all();
   m.p16_sync();

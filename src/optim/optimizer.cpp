@@ -248,6 +248,14 @@ std::pair<std::uint64_t, std::uint64_t> ShardedOptimizer::partition(int group, i
   return m.rank_range(m.groups[group], rank);
 }
 
+void ShardedOptimizer::Impl::agree(const std::exception_ptr& failed,
+                                   const std::function<void()>& undo, const std::string& then) {
+  if (!comm.all_reduce_or(failed != nullptr)) return;
+  undo();
+  if (failed) std::rethrow_exception(failed);
+  throw std::runtime_error(then);
+}
+
 std::uint64_t ShardedOptimizer::state_bytes() const {
   return impl_->state_bytes();
 }

@@ -410,6 +410,17 @@ struct ShardedOptimizer::Impl {
   /// drop_grad() for every sub-group.
   void drop_all_grads();
   // ---- checkpoints (checkpoint.cpp) -------------------------------------------------------------
+  /// Collective: when any rank failed (`failed`: this rank's failure, or null), runs `undo`, then
+  /// rethrows this rank's failure or throws std::runtime_error(`then`: another rank failed).
+  /// Returns when no rank failed. What save(), load() and import_state() do before committing,
+  /// so that no rank is left waiting in a collective or a step apart.
+  void agree(const std::exception_ptr& failed, const std::function<void()>& undo,
+             const std::string& then);
+  /// import_state(), before anything is written: every entry trainable, of a kept slot, of the
+  /// right length, given once (std::invalid_argument naming it).
+  void check_import(std::span<const StateTensor> tensors) const;
+  /// import_state(): the values into a new generation; whether master weights were among them.
+  bool write_imported(std::span<const StateTensor> tensors);
   /// save() and load(): finalized, no backward under way, no speculative step waiting.
   void require_checkpointable(const char* what);
   /// save(): this rank's state, group by group and slot by slot, into `path` (synced), checksummed

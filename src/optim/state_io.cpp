@@ -10,6 +10,7 @@
 #include <stdexcept>
 
 #include "src/optim/optimizer_impl.hpp"
+#include "tierswap/error.hpp"
 
 namespace tierswap {
 namespace {
@@ -86,18 +87,11 @@ std::vector<float> ShardedOptimizer::gather(ParamId id, BlockClass cls) {
   return out;
 }
 
-void ShardedOptimizer::import_state(std::span<const StateTensor> tensors,
-                                    std::optional<std::uint64_t> step) {
-  Impl& m = *impl_;
-  m.require_finalized("import_state");
-  if (m.in_backward || m.spec_pending())
-    throw std::logic_error(
-        "import_state: between steps only (not during a backward, nor with speculative results "
-        "waiting for step())");
+void ShardedOptimizer::Impl::check_import(std::span<const StateTensor> tensors) const {
   std::set<std::pair<ParamId, BlockClass>> seen;
   for (const auto& t : tensors) {
-    const OptParam& p = trainable(m.params, "import_state", t.param);
-    checked_slot(m.groups, "import_state", p, t.cls);
+    const OptParam& p = trainable(params, "import_state", t.param);
+    checked_slot(groups, "import_state", p, t.cls);
     if (t.values.size() != p.numel)
       throw std::invalid_argument(
           fmt::format("import_state: parameter '{}' {}: {} values for {} "
@@ -107,35 +101,58 @@ void ShardedOptimizer::import_state(std::span<const StateTensor> tensors,
       throw std::invalid_argument(fmt::format("import_state: parameter '{}' {} given twice",
                                               p.spec.name, to_string(t.cls)));
   }
+}
+
+bool ShardedOptimizer::Impl::write_imported(std::span<const StateTensor> tensors) {
   bool master = false;
-  try {
-    for (const auto& t : tensors) {
-      const OptParam& p = m.params[t.param];
-      const int slot = checked_slot(m.groups, "import_state", p, t.cls);
-      const Dtype dt = m.slot_dtype(slot);
-      master |= slot == kMaster;
-      for (const OptSub& s : m.subs_holding(p)) {
-        const auto [b, e] = Impl::slice(p, s);
-        if (b >= e) continue;
-        const Access access =
-            b == s.begin && e == s.begin + s.numel ? Access::overwrite : Access::write;
-        BlockView v = m.tiers.acquire(s.state[slot], Tier::host, access);
-        try {
-          cast(t.values.data() + (b - p.offset), Dtype::f32,
-               v.data() + (b - s.begin) * dtype_size(dt), dt, e - b);
-        } catch (...) {
-          m.tiers.release(v, false);
-          throw;
-        }
-        m.tiers.release(v, true);
-        if (s.streaming) m.tiers.write_back(s.state[slot]);
-        m.promote_memory_only_gpu(s, s.state[slot]);
+  for (const auto& t : tensors) {
+    const OptParam& p = params[t.param];
+    const int slot = checked_slot(groups, "import_state", p, t.cls);
+    const Dtype dt = slot_dtype(slot);
+    master |= slot == kMaster;
+    for (const OptSub& s : subs_holding(p)) {
+      const auto [b, e] = Impl::slice(p, s);
+      if (b >= e) continue;
+      const Access access =
+          b == s.begin && e == s.begin + s.numel ? Access::overwrite : Access::write;
+      BlockView v = tiers.acquire(s.state[slot], Tier::host, access);
+      try {
+        cast(t.values.data() + (b - p.offset), Dtype::f32,
+             v.data() + (b - s.begin) * dtype_size(dt), dt, e - b);
+      } catch (...) {
+        tiers.release(v, false);
+        throw;
       }
+      tiers.release(v, true);
+      if (s.streaming) tiers.write_back(s.state[slot]);
+      promote_memory_only_gpu(s, s.state[slot]);
     }
-  } catch (...) {
-    if (m.tiers.config().shadow_slots) m.tiers.discard();
-    throw;
   }
+  return master;
+}
+
+void ShardedOptimizer::import_state(std::span<const StateTensor> tensors,
+                                    std::optional<std::uint64_t> step) {
+  Impl& m = *impl_;
+  m.require_finalized("import_state");
+  if (m.in_backward || m.spec_pending())
+    throw std::logic_error(
+        "import_state: between steps only (not during a backward, nor with speculative results "
+        "waiting for step())");
+  bool master = false, writing = false;
+  const std::exception_ptr failed = thrown_by([&] {
+    m.check_import(tensors);
+    writing = true;
+    master = m.write_imported(tensors);
+  });
+  m.agree(
+      failed,
+      [&] {
+        if (writing && m.tiers.config().shadow_slots) m.tiers.discard();
+      },
+      "import_state: another rank could not check or write its part (its error says why); the "
+      "state is unchanged");
+  master = m.comm.all_reduce_or(master);
   if (step) m.step_count = *step;
   m.commit();
   if (!master) return;

@@ -886,8 +886,9 @@ def test_a_parameter_unfrozen_after_construction_is_named_not_silently_left_untr
     opt.close()
     opt = tt.AdamW(model.parameters(), lr=1e-2, swap_dir=str(tmp_path / "b"), telemetry=False)
     with pytest.warns(UserWarning, match=r"no state for trainable parameter\(s\) \[0, 1\].*"
-                      r"common step count \(1\)"):
+                      r"common step count \(1\)") as said:
         opt.load_state_dict(saved)
+    assert said[0].filename == __file__  # the caller's line, not tierswap's
     assert torch.equal(opt.state_dict()["state"][2]["exp_avg"], saved["state"][2]["exp_avg"])
     with warnings.catch_warnings():
         warnings.simplefilter("error")
@@ -1286,7 +1287,7 @@ refused(ck if rank == 0 else os.path.join(root, "link"),
 assert sorted(os.listdir(ck)) == files, (rank, os.listdir(ck))
 # rank 1's path is under a file: refused by the Python checks, before anything is written
 refused(ck if rank == 0 else os.path.join(root, "file", "ck"),
-        "another rank refused its checkpoint directory" if rank == 0 else "Not a directory")
+        "another rank refused its arguments" if rank == 0 else "Not a directory")
 assert sorted(os.listdir(ck)) == files
 # a load that rank 1 refuses: rank 0, whose copy was verified, discards it and raises too
 now, before = p.detach().clone(), opt.state_dict()
@@ -1295,6 +1296,17 @@ refused(ck if rank == 0 else os.path.join(root, "link"),
 after = opt.state_dict()
 assert torch.equal(p.detach(), now) and opt.step_count == 2
 assert torch.equal(after["master_params"][0], before["master_params"][0])
+assert all(torch.equal(after["state"][0][k], before["state"][0][k]) for k in before["state"][0])
+# a state dict that rank 1 refuses (a moment of the wrong shape): rank 0 raises too, unchanged
+sd = opt.state_dict()
+if rank == 1:
+    sd["state"][0]["exp_avg"] = torch.zeros(3)
+try:
+    opt.load_state_dict(sd)
+    raise AssertionError(f"rank {rank}: load_state_dict succeeded")
+except (RuntimeError, ValueError) as e:
+    assert ("another rank refused its arguments" if rank == 0 else "(3,) for a") in str(e), str(e)
+after = opt.state_dict()
 assert all(torch.equal(after["state"][0][k], before["state"][0][k]) for k in before["state"][0])
 opt.load(ck)
 assert torch.equal(p.detach(), saved) and opt.step_count == 1

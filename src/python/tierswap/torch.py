@@ -629,7 +629,40 @@ class _TieredOptimizer(Optimizer):
     def load_state_dict(self, state_dict):
         """Takes torch's format (from this class or from the matching torch.optim optimizer):
         hyper-parameters, step and moments; master weights from 'master_params' when present,
-        else the current ones are kept. Bit-exact on fp32 state."""
+        else the current ones are kept. Bit-exact on fp32 state. Collective at world size > 1: a
+        rank that refuses its state dict makes every rank raise, and nothing changes."""
+        before = [dict(g) for g in self.param_groups]
+        try:
+            problem = None
+            try:
+                items, step, keep = self._checked_import(state_dict)  # keep: what items point to
+                for mine, theirs in zip(self.param_groups, state_dict["param_groups"]):
+                    mine.update({k: v for k, v in theirs.items() if k != "params"})
+                self._sync_groups()
+            except (ValueError, TypeError, KeyError, RuntimeError) as e:
+                problem = e
+            self._agree(problem, "load_state_dict")
+            self._native.import_state(items, step)
+            del keep
+        except BaseException:  # the groups as they were (state is imported whole or not at all)
+            for mine, old in zip(self.param_groups, before):
+                mine.clear()
+                mine.update(old)
+            self._sync_groups()
+            raise
+
+    def _agree(self, problem, what):
+        """Raises `problem` (this rank's exception, or None) and, at world size > 1, on every rank
+        when any rank has one: before a collective that a rank refusing would leave waiting."""
+        if self._native.world() > 1 and self._native.any_rank(problem is not None) and not problem:
+            raise RuntimeError(f"{what}: another rank refused its arguments (its error says why); "
+                               "nothing changed")
+        if problem is not None:
+            raise problem
+
+    def _checked_import(self, state_dict):
+        """load_state_dict()'s checks: the native items to import, the step count, and the
+        tensors the items point to."""
         _check_optimizer_state_dict(state_dict)
         groups = state_dict["param_groups"]
         if len(groups) != len(self.param_groups):
@@ -666,18 +699,7 @@ class _TieredOptimizer(Optimizer):
             raise ValueError(f"parameters are at different steps {sorted(steps)}: tierswap keeps "
                              "one step count")
         self._warn_stateless(state_dict["state"], by_saved, steps)
-        before = [dict(g) for g in self.param_groups]
-        try:
-            for mine, theirs in zip(self.param_groups, groups):
-                mine.update({k: v for k, v in theirs.items() if k != "params"})
-            self._sync_groups()
-            self._native.import_state(items, steps.pop() if steps else None)
-        except BaseException:  # the groups as they were (state is imported whole or not at all)
-            for mine, old in zip(self.param_groups, before):
-                mine.clear()
-                mine.update(old)
-            self._sync_groups()
-            raise
+        return items, steps.pop() if steps else None, keep
 
     def _check_state_keys(self, saved, st, needed):
         """A key this kind's state never has (the dict of another optimizer: torch would take
@@ -710,7 +732,7 @@ class _TieredOptimizer(Optimizer):
             warnings.warn(f"load_state_dict: no state for trainable parameter(s) {missing}: "
                           "tierswap keeps their current state and steps them at the common step "
                           f"count ({step}), where torch.optim would start them afresh at step 0",
-                          stacklevel=3)
+                          stacklevel=5)
 
     @staticmethod
     def _state_item(p, nid, key, cls, value, keep):
@@ -732,11 +754,7 @@ class _TieredOptimizer(Optimizer):
             self._check_save_path(path)
         except (OSError, ValueError) as e:
             problem = e
-        if self._native.world() > 1 and self._native.any_rank(problem is not None) and not problem:
-            raise RuntimeError(f"save({os.fspath(path)!r}): another rank refused its checkpoint "
-                               "directory (its error says why); nothing was written")
-        if problem:
-            raise problem
+        self._agree(problem, f"save({os.fspath(path)!r})")
         self._native.save(os.fspath(path))
 
     def _check_save_path(self, path):

@@ -102,7 +102,9 @@ void ShardedOptimizer::Impl::after_ingest(OptSub& s, bool final) {
 
 // Reduce-scatters group g's local gradient, slot by slot, into this rank's gradient blocks.
 void ShardedOptimizer::Impl::reduce_local(OptGroup& g) {
-  if (!g.local_dirty) return;
+  // Collective: a rank that has no gradient for the group (None in torch: zeros) takes part
+  // with zeros, for the ranks with one reduce theirs.
+  if (!comm.all_reduce_or(g.local_dirty)) return;
   const Dtype dt = acc_dtype(g);
   const std::size_t es = dtype_size(dt);
   std::vector<std::size_t> counts(world);

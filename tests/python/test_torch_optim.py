@@ -1310,7 +1310,22 @@ after = opt.state_dict()
 assert all(torch.equal(after["state"][0][k], before["state"][0][k]) for k in before["state"][0])
 opt.load(ck)
 assert torch.equal(p.detach(), saved) and opt.step_count == 1
+# a gradient that rank 1 refuses (a sparse one): no rank steps, and both step on after
+p.grad = torch.full_like(p, 0.5) if rank == 0 else torch.full_like(p, 0.5).to_sparse()
+try:
+    opt.step()
+    raise AssertionError(f"rank {rank}: a step with a refused gradient succeeded")
+except (RuntimeError, TypeError) as e:
+    assert ("step: another rank refused" if rank == 0 else "is sparse") in str(e), str(e)
+assert torch.equal(p.detach(), saved) and opt.step_count == 1
 step()
+# no gradient on rank 1 (None counts as zero): both ranks step, with rank 0's gradient
+p.grad = torch.full_like(p, 0.25) if rank == 0 else None
+opt.step()
+assert opt.step_count == 3
+both = [torch.empty(5000) for _ in range(2)]
+dist.all_gather(both, p.detach().float())
+assert torch.equal(both[0], both[1]) and not torch.equal(p.detach(), saved)
 opt.save(ck)  # both ranks on the good directory again: saved
 print("rank", rank, "ok")
 """

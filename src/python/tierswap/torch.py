@@ -467,21 +467,25 @@ class _TieredOptimizer(Optimizer):
 
     @_one_at_a_time
     def _step(self):
-        self._check_storage()
-        self._check_frozen()
         t0 = time.perf_counter()
-        lent = []  # gradients the step reads in place: alive until it returns
-        if self._hooks:
-            self._end()
-        else:
-            self._begin(True)
-            try:
+        lent, problem = [], None  # lent: gradients the step reads in place, alive until it returns
+        try:
+            self._check_storage()
+            self._check_frozen()
+            if not self._hooks:
+                self._begin(True)
                 lent = self._lend_grads()
-            except BaseException:
-                self._end()
-                self._native.drop_grads()  # none half handed over (nor lent past this call)
-                raise
+        except BaseException as e:  # pylint: disable=broad-except
+            problem = e
+        try:  # every rank, before end_backward() (a collective without coalescing) and the step
+            self._agree(problem, "step")
+        except BaseException:
+            if not self._in_backward:
+                self._begin(True)  # every rank ends one backward pass
             self._end()
+            self._native.drop_grads()  # none half handed over (nor lent past this call)
+            raise
+        self._end()
         handover = time.perf_counter() - t0
         clip, self._clip_factor = self._clip_factor, None
         self.last_step = self._native.step(clip)  # p (aliasing param16) now holds the new values

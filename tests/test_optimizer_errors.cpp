@@ -73,6 +73,26 @@ TEST(ShardedOptimizer, MisuseIsRejectedWithClearErrors) {
   EXPECT_THROW(twin.finalize(), std::runtime_error);
 }
 
+// A host budget that cannot hold one streamed sub-group's state beside the gradients is refused by
+// finalize(), with the figures, instead of failing every step; just above, the model trains.
+TEST(ShardedOptimizer, AHostBudgetNoStepCanWorkInIsRefusedAtFinalize) {
+  Rig small(tier_config(128 * kKiB, 8 * kKiB));
+  try {
+    (void)test::build_model(*small.opt);
+    ADD_FAILURE() << "finalize accepted a budget no step can work in";
+  } catch (const std::invalid_argument& e) {
+    const std::string m = e.what();
+    EXPECT_NE(m.find("host budget 128.00 KiB: a sub-group's state streamed from NVMe (96.00 KiB) "
+                     "does not fit beside"),
+              std::string::npos)
+        << m;
+    EXPECT_NE(m.find("a step needs more than"), std::string::npos) << m;
+  }
+  Rig enough(tier_config(256 * kKiB, 8 * kKiB));
+  auto m = test::start_model(*enough.opt);
+  EXPECT_EQ(test::train(*enough.opt, m, 1, 3, 0, 1).back().step, 3u);
+}
+
 TEST(ShardedOptimizer, ConfigFromJsonAndEnvironment) {
   const auto c = OptimizerConfig::from_json(
       R"({"subgroup_size": "4M", "prefetch_depth": 3, "state_tier": "host", "grad_tier": "nvme",

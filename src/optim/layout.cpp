@@ -399,6 +399,19 @@ void ShardedOptimizer::Impl::warn_plan_mismatch(std::uint64_t grads) const {
 // written behind, the one the GPU steps meanwhile (a concurrent split step), and `depth` read
 // ahead must fit, or memory pressure would spill gradients and drop prefetched state before its
 // use.
+// A streamed sub-group steps with its whole state in host memory, beside the host-resident
+// gradients: a budget below that would let finalize() pass and every step fail. (The slab slack
+// is left out: a budget a little short of it works, reading less ahead.)
+void ShardedOptimizer::Impl::check_streaming_budget(std::uint64_t grads, std::uint64_t per) const {
+  const std::uint64_t budget = tiers.config().host_budget;
+  if (grads + per <= budget) return;
+  throw std::invalid_argument(fmt::format(
+      "host budget {}: a sub-group's state streamed from NVMe ({}) does not fit beside {} of "
+      "host-resident gradients; a step needs more than {} (raise the host budget, lower "
+      "subgroup_size, or give gradients a pageable budget)",
+      format_bytes(budget), format_bytes(per), format_bytes(grads), format_bytes(grads + per)));
+}
+
 void ShardedOptimizer::Impl::fit_prefetch_depth(std::uint64_t grads, std::uint64_t per_sub,
                                                 bool any_streaming) {
   depth = cfg.prefetch_depth;
@@ -410,8 +423,10 @@ void ShardedOptimizer::Impl::fit_prefetch_depth(std::uint64_t grads, std::uint64
     const std::uint64_t budget = tiers.config().host_budget;
     // The slab slack too: whole slabs, and a prefetch that finds no room drops another one's
     // copy before its use (read twice).
-    const std::uint64_t held = (cfg.grad_tier == Tier::host ? grads : 0) + (split ? 3 : 2) * per +
-                               tiers.config().slab_slack(Tier::host);
+    const std::uint64_t host_grads = cfg.grad_tier == Tier::host ? grads : 0;
+    check_streaming_budget(host_grads, per);
+    const std::uint64_t held =
+        host_grads + (split ? 3 : 2) * per + tiers.config().slab_slack(Tier::host);
     const std::uint64_t fit = budget > held ? (budget - held) / std::max<std::uint64_t>(per, 1) : 0;
     if (fit < depth) {
       log(LogLevel::info,

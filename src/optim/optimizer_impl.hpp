@@ -293,6 +293,9 @@ struct ShardedOptimizer::Impl {
   void assign_undo_copies(TierBytes held, std::uint64_t per_sub, bool any_streaming);
   void choose_device_gradients();
   void warn_plan_mismatch(std::uint64_t grads) const;
+  /// finalize(), with streamed state: throws std::invalid_argument when the host budget cannot
+  /// hold one sub-group's state (`per`) beside the host-resident gradients.
+  void check_streaming_budget(std::uint64_t grads, std::uint64_t per) const;
   void fit_prefetch_depth(std::uint64_t grads, std::uint64_t per_sub, bool any_streaming);
   void create_state_blocks();
   /// tiers.create(d); when resuming, the stored block of that name instead (checked against d).

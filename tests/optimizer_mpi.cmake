@@ -9,8 +9,8 @@
 #  - 3 ranks stopped after step 4 with their swap files kept resume from them (resume()) to the
 #    same bits, and so do 3 ranks of which only rank 0 committed step 5 (it steps back);
 #  - 2 ranks of which the last one's reads fail in step 3 (in the pipeline; with the overlapped
-#    step, in a speculative step) both throw from that step with neither stepped, and resume
-#    from step 2 to the same bits;
+#    step, in a speculative step), or its writes (the write-behind), both throw from that step
+#    with neither stepped, and resume from step 2 to the same bits;
 #  - 3 ranks agree with torch.optim.AdamW (the fixture).
 # Inputs: -DPROG= -DMPIEXEC= -DWORK= -DFIXTURE=
 set(ENV{OMPI_ALLOW_RUN_AS_ROOT} 1)
@@ -43,11 +43,13 @@ run(3 --stop-at 4 ${WORK}/swap3)  # 3 ranks stop after step 4 keeping their swap
 run(3 --out ${WORK}/np3swap.bin --resume ${WORK}/swap3)  # ... and resume from them
 run(3 --stop-at 5 ${WORK}/swap3lag)  # stopped after step 5, and ranks 1, 2 as if they had not
 run(3 --out ${WORK}/np3lag.bin --resume-lagging ${WORK}/swap3lag)  # committed it: rank 0 steps back
-run(2 --fail-reads-at 3 ${WORK}/swap2fail)  # rank 1's reads fail in step 3: no rank steps ...
+run(2 --fail-io-at 3 read ${WORK}/swap2fail)  # rank 1's reads fail in step 3: no rank steps ...
 run(2 --out ${WORK}/np2fail.bin --resume ${WORK}/swap2fail)  # ... and both resume after step 2
-run(2 --overlap --fail-reads-at 3 ${WORK}/swap2ovfail)
+run(2 --overlap --fail-io-at 3 read ${WORK}/swap2ovfail)
 run(2 --out ${WORK}/np2ovfail.bin --overlap --resume ${WORK}/swap2ovfail)
-foreach(f np2 np3 np4 np3nc np2ov np3ncov np3dev np3ovip resume np3swap np3lag np2fail np2ovfail)
+run(2 --fail-io-at 3 write ${WORK}/swap2wfail)  # its writes fail
+run(2 --out ${WORK}/np2wfail.bin --resume ${WORK}/swap2wfail)
+foreach(f np2 np3 np4 np3nc np2ov np3ncov np3dev np3ovip resume np3swap np3lag np2fail np2ovfail np2wfail)
   execute_process(COMMAND ${CMAKE_COMMAND} -E compare_files ${WORK}/np1.bin ${WORK}/${f}.bin
                   RESULT_VARIABLE same)
   if(NOT same EQUAL 0)

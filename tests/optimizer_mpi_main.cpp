@@ -7,9 +7,9 @@
 //                 [--overlap [--param16-in-place]] [--device-grads]
 // --device-grads: a simulated device tier; gradients through add_grad_device (host memory standing
 // in for the GPU's) and the 16-bit parameters kept in bound device copies (bind_param16_device),
-// checked against param16() at the end. --fail-reads-at N DIR: swap files kept in DIR, the last
-// rank's reads fail (EIO) in step N; every rank's step must throw with no rank stepped, and
-// --resume DIR then continues from step N - 1.
+// checked against param16() at the end. --fail-io-at N read|write DIR: swap files kept in DIR, the
+// last rank's reads (or writes) fail (EIO) in step N; every rank's step must throw with no rank
+// stepped, and --resume DIR then continues from step N - 1.
 #include <atomic>
 #include <cerrno>
 #include <cmath>
@@ -35,7 +35,7 @@ namespace {
 struct Args {
   std::string out, save_dir, load_dir, fixture, swap_dir;
   int save_at = 0, stop_at = 0, fail_at = 0;
-  bool resume = false, lagging = false;
+  bool resume = false, lagging = false, fail_writes = false;
   bool coalesce = true, overlap = false, device_grads = false, in_place16 = false;
 };
 
@@ -56,8 +56,9 @@ Args parse_args(int argc, char** argv) {
       o.resume = true, o.swap_dir = argv[++i];
     else if (a == "--resume-lagging" && i + 1 < argc)  // as if ranks > 0 missed the last commit
       o.resume = o.lagging = true, o.swap_dir = argv[++i];
-    else if (a == "--fail-reads-at" && i + 2 < argc)  // keep the swap files in DIR, fail step N
-      o.fail_at = std::stoi(argv[++i]), o.swap_dir = argv[++i];
+    else if (a == "--fail-io-at" && i + 3 < argc)  // keep the swap files in DIR, fail step N
+      o.fail_at = std::stoi(argv[++i]), o.fail_writes = std::string(argv[++i]) == "write",
+      o.swap_dir = argv[++i];
     else if (a == "--fixture" && i + 1 < argc)
       o.fixture = argv[++i];
     else if (a == "--no-coalesce")
@@ -118,10 +119,10 @@ int compare_with_torch(const std::vector<float>& dump, const test::ModelOptimize
   return bad;
 }
 
-std::atomic<int> g_reads_fail{0};
+std::atomic<int> g_io_fails{0};
 
-// The engine; with `faulty`, its next g_reads_fail reads fail with EIO.
-std::unique_ptr<IoEngine> make_engine(SwapSpace& space, bool faulty) {
+// The engine; with `faulty`, its next g_io_fails requests of kind `op` fail with EIO.
+std::unique_ptr<IoEngine> make_engine(SwapSpace& space, bool faulty, IoOp op) {
   if (!faulty) return std::make_unique<IoEngine>(space);
   std::string why;
   auto inner = test::make_backend(IoBackendKind::posix, space, 16, &why);
@@ -129,26 +130,26 @@ std::unique_ptr<IoEngine> make_engine(SwapSpace& space, bool faulty) {
   ec.queue_depth = 16;  // the backend's
   return std::make_unique<IoEngine>(
       space, ec,
-      detail::make_fault_backend(std::move(inner), [](const detail::IoRequest& r, std::uint64_t) {
-        if (r.op != IoOp::read || g_reads_fail <= 0) return detail::Fault{};
-        --g_reads_fail;
+      detail::make_fault_backend(std::move(inner), [op](const detail::IoRequest& r, std::uint64_t) {
+        if (r.op != op || g_io_fails <= 0) return detail::Fault{};
+        --g_io_fails;
         return detail::Fault{detail::Fault::Kind::error, EIO};
       }));
 }
 
-// Step t with the last rank's reads failing: it must throw on every rank (the others saying
-// that another rank failed), and no rank may have stepped. (The last rank cannot restore its
-// 16-bit parameters either, its reads failing: the job ends, to resume from its swap files.)
+// Step t with the last rank's reads or writes failing: it must throw on every rank (the others
+// saying that another rank failed), and no rank may have stepped. (With failing reads the last
+// rank cannot restore its 16-bit parameters either: the job ends, to resume from its swap files.)
 void fail_once(ShardedOptimizer& opt, const test::ModelOptimizer& m, int t, int rank, int world) {
-  g_reads_fail = rank == world - 1 ? 1 << 30 : 0;
+  g_io_fails = rank == world - 1 ? 1 << 30 : 0;
   std::string err;
   try {
     test::train(opt, m, t, t, rank, world);
   } catch (const std::exception& e) {
     err = e.what();
   }
-  const std::string who = "--fail-reads-at: rank " + std::to_string(rank) + ": ";
-  g_reads_fail = 0;
+  const std::string who = "--fail-io-at: rank " + std::to_string(rank) + ": ";
+  g_io_fails = 0;
   if (err.empty()) throw std::runtime_error(who + "the failing step succeeded");
   if (opt.step_count() != static_cast<std::uint64_t>(t - 1))
     throw std::runtime_error(who + "at step " + std::to_string(opt.step_count()) + " after step " +
@@ -164,7 +165,7 @@ int main(int argc, char** argv) {
   try {
     const Args args = parse_args(argc, argv);
     const auto& [out, save_dir, load_dir, fixture, swap_dir, save_at, stop_at, fail_at, resume,
-                 lagging, coalesce, overlap, device_grads, in_place16] = args;
+                 lagging, fail_writes, coalesce, overlap, device_grads, in_place16] = args;
     auto comm = make_communicator("auto");
     const int rank = comm->rank(), world = comm->size();
     test::TempDir dir;
@@ -176,7 +177,8 @@ int main(int argc, char** argv) {
     }
     sc.capacity = 64 << 20;
     SwapSpace space = resume ? SwapSpace::open(sc.dirs) : SwapSpace::create(sc);
-    const auto engine_ptr = make_engine(space, fail_at > 0 && rank == world - 1);
+    const auto engine_ptr = make_engine(space, fail_at > 0 && rank == world - 1,
+                                        fail_writes ? IoOp::write : IoOp::read);
     IoEngine& engine = *engine_ptr;
     TierConfig tc;
     tc.host_budget = 1 << 20;  // below the whole model's state: it streams through NVMe

@@ -389,12 +389,13 @@ void ShardedOptimizer::Impl::run_pipeline_and_commit(const StepPlan& sp, bool ke
     for (std::size_t k : sp.late)  // where the step reads it (a lent one: the caller's memory)
       if (!subs[k].all_lent())
         (*late_grads)[k] = tiers.acquire(subs[k].grad, grad_tier_of(subs[k]));
+    const auto c0 = Clock::now();
+    tiers.flush();  // the generation's data written (the commit's own flush then finds none)
     agreed = true;
     if ((all_roll_back = any_rank_failed(false)))
       throw std::runtime_error(fmt::format(
           "step {}: another rank's step failed (its error says why); rolled back here too", sp.t));
     step_count = sp.t;
-    const auto c0 = Clock::now();
     commit();
     r.commit_seconds = seconds_since(c0);
   } catch (...) {
@@ -407,10 +408,11 @@ void ShardedOptimizer::Impl::run_pipeline_and_commit(const StepPlan& sp, bool ke
   }
 }
 
-// A rank whose pipeline failed would otherwise roll back while the others commit: the ranks'
-// states a step apart. (A commit that fails on one rank still leaves them so; resume() steps the
-// ranks ahead back.) Every rank that agreed on a failure rolls back its 16-bit parameters if any
-// rank's changed, for restore_param16()'s gather is a collective.
+// A rank whose pipeline or write-back failed would otherwise roll back while the others commit:
+// the ranks' states a step apart. (A commit that fails on one rank after that, in its sync or its
+// manifest, still leaves them so; resume() steps the ranks ahead back.) Every rank that agreed on a
+// failure rolls back its 16-bit parameters if any rank's changed, for restore_param16()'s gather is
+// a collective.
 bool ShardedOptimizer::Impl::any_rank_failed(bool failed) {
   if (world == 1) return failed;
   try {

@@ -1,7 +1,10 @@
 // ShardedOptimizer at world size 1, checkpoints: resuming bit-identically at another sub-group
 // size, and bad checkpoints refused with the state left alone.
 // (Multi-rank runs: optimizer_mpi under mpirun.)
+#include <set>
+
 #include "optim_fixture.hpp"
+#include "tierswap/detail/file.hpp"
 
 using namespace tierswap::optim_test;
 
@@ -32,6 +35,38 @@ TEST(ShardedOptimizer, CheckpointResumesBitIdenticallyAtAnotherSubgroupSize) {
     const auto y = b.opt->param16(mb.ids[p]);
     EXPECT_TRUE(std::equal(x.begin(), x.end(), y.begin(), y.end()));
   }
+}
+
+// Two saves into one directory at once would each remove the other's files: the second is
+// refused at once, naming the holder, and the directory keeps the first's checkpoint.
+TEST(ShardedOptimizer, ASaveIntoADirectoryAnotherSaveHoldsIsRefused) {
+  Rig a;
+  auto ma = test::start_model(*a.opt);
+  test::train(*a.opt, ma, 1, 2, 0, 1);
+  TempDir ck;
+  a.opt->save(ck.path());
+  std::set<std::string> files;
+  for (auto& e : std::filesystem::directory_iterator(ck.path())) files.insert(e.path().filename());
+  const int held = detail::open_lock(ck.path(), "test: checkpoint directory");  // a save going on
+  test::train(*a.opt, ma, 3, 3, 0, 1);
+  try {
+    a.opt->save(ck.path());
+    ADD_FAILURE() << "a save into a directory another save holds succeeded";
+  } catch (const std::runtime_error& e) {
+    EXPECT_NE(std::string(e.what()).find("save: checkpoint directory " + ck.path().string() +
+                                         " is in use by this process"),
+              std::string::npos)
+        << e.what();
+  }
+  std::set<std::string> now;
+  for (auto& e : std::filesystem::directory_iterator(ck.path())) now.insert(e.path().filename());
+  EXPECT_EQ(now, files);
+  detail::close_lock(held);
+  a.opt->save(ck.path());  // the other save done: this one goes ahead
+  Rig b;
+  auto mb = test::build_model(*b.opt);
+  b.opt->load(ck.path());
+  EXPECT_EQ(b.opt->step_count(), 3u);
 }
 
 TEST(ShardedOptimizer, BadCheckpointsGiveClearErrorsAndLeaveTheStateAlone) {

@@ -61,8 +61,8 @@ std::string holder_text(long pid) {
   if (pid <= 0) return "another process";
   if (pid == ::getpid())  // a notebook's second optimizer on the directory, say
     return fmt::format(
-        "this process ({}): a space on it is still open here (an optimizer not "
-        "yet closed: close() it first)",
+        "this process ({}), which holds it already (an optimizer on it not yet closed: close() "
+        "it first; or a save into it under way on another thread)",
         pid);
   if (alive(pid)) return fmt::format("process {}", pid);
   return fmt::format(

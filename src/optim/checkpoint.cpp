@@ -253,11 +253,12 @@ void remove_saves(const std::filesystem::path& dir, int rank, std::uint64_t id, 
 }  // namespace
 
 std::string ShardedOptimizer::Impl::write_rank_files(const std::filesystem::path& dir,
-                                                     const std::string& tag) {
+                                                     const std::string& tag, int* lock_fd) {
   std::error_code ec;
   std::filesystem::create_directories(dir, ec);
   if (ec) throw_errno(ec.value(), "create checkpoint directory " + dir.string());
   detail::check_trusted_dir(dir, "save: checkpoint directory");
+  if (lock_fd != nullptr) *lock_fd = detail::open_lock(dir, "save: checkpoint directory");
   const std::uint64_t need = state_bytes(), free = detail::filesystem_free_bytes(dir);
   if (free < need)
     throw std::runtime_error(fmt::format(
@@ -280,7 +281,11 @@ std::string ShardedOptimizer::Impl::write_rank_files(const std::filesystem::path
   return payload;
 }
 
-// Two agreements make a failed save leave the directory as it was on every rank: after the rank
+// Rank 0 holds a lock on the directory (flock) from before its files to after the removal of the
+// earlier saves' files: two saves into one directory at once (two jobs given one path) would
+// otherwise each remove the other's files, leaving a manifest whose files are gone; the second
+// fails at once naming the holder. Two agreements make a failed save leave the directory as it
+// was on every rank: after the rank
 // files (if any rank failed, every rank removes its files of this save; none writes the
 // manifest), and after
 // the manifest (whether it was renamed into place or not, the previous save's files are still
@@ -294,7 +299,12 @@ void ShardedOptimizer::save(const std::filesystem::path& dir) {
   m.comm.broadcast(&id, sizeof id, 0);
   const std::string tag = fmt::format("rank-{:05}-{:016x}", m.rank, id);
   std::string index_payload;
-  std::exception_ptr failed = thrown_by([&] { index_payload = m.write_rank_files(dir, tag); });
+  struct Lock {  // rank 0's, on the directory: one save at a time into it
+    int fd = -1;
+    ~Lock() { detail::close_lock(fd); }
+  } lock;
+  std::exception_ptr failed = thrown_by(
+      [&] { index_payload = m.write_rank_files(dir, tag, m.rank == 0 ? &lock.fd : nullptr); });
   bool any = m.comm.all_reduce_or(failed != nullptr);
   if (any) {  // no manifest names this save: its files go, on every rank, before any returns
     remove_saves(dir, m.rank, id, false);

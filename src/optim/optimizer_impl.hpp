@@ -429,9 +429,11 @@ struct ShardedOptimizer::Impl {
   /// save(): this rank's state, group by group and slot by slot, into `path` (synced), checksummed
   /// piece by piece; returns the sections' table (the rank index's) and the bytes written.
   std::pair<nlohmann::json, std::uint64_t> write_rank_state(const std::filesystem::path& path);
-  /// save(): this rank's data file and index, `<dir>/<tag>.bin` and `.json`, after making `dir`
-  /// and checking that its filesystem has room for the data; returns the index's payload.
-  std::string write_rank_files(const std::filesystem::path& dir, const std::string& tag);
+  /// save(): this rank's data file and index, `<dir>/<tag>.bin` and `.json`, after making `dir`,
+  /// locking it (when `lock_fd` is given: rank 0) and checking that its filesystem has room for
+  /// the data; returns the index's payload.
+  std::string write_rank_files(const std::filesystem::path& dir, const std::string& tag,
+                               int* lock_fd);
   /// Bytes of this rank's state (ShardedOptimizer::state_bytes).
   std::uint64_t state_bytes() const;
   /// save(), collective: every rank's index checksum to rank 0, which writes the manifest that

@@ -37,16 +37,23 @@ TEST(ShardedOptimizer, CheckpointResumesBitIdenticallyAtAnotherSubgroupSize) {
   }
 }
 
+namespace {
+std::set<std::string> names_in(const std::filesystem::path& dir) {
+  std::set<std::string> n;
+  for (auto& e : std::filesystem::directory_iterator(dir)) n.insert(e.path().filename());
+  return n;
+}
+}  // namespace
+
 // Two saves into one directory at once would each remove the other's files: the second is
 // refused at once, naming the holder, and the directory keeps the first's checkpoint.
 TEST(ShardedOptimizer, ASaveIntoADirectoryAnotherSaveHoldsIsRefused) {
   Rig a;
   auto ma = test::start_model(*a.opt);
-  test::train(*a.opt, ma, 1, 2, 0, 1);
   TempDir ck;
+  test::train(*a.opt, ma, 1, 2, 0, 1);
   a.opt->save(ck.path());
-  std::set<std::string> files;
-  for (auto& e : std::filesystem::directory_iterator(ck.path())) files.insert(e.path().filename());
+  const std::set<std::string> files = names_in(ck.path());
   const int held = detail::open_lock(ck.path(), "test: checkpoint directory");  // a save going on
   test::train(*a.opt, ma, 3, 3, 0, 1);
   try {
@@ -58,9 +65,7 @@ TEST(ShardedOptimizer, ASaveIntoADirectoryAnotherSaveHoldsIsRefused) {
               std::string::npos)
         << e.what();
   }
-  std::set<std::string> now;
-  for (auto& e : std::filesystem::directory_iterator(ck.path())) now.insert(e.path().filename());
-  EXPECT_EQ(now, files);
+  EXPECT_EQ(names_in(ck.path()), files);
   detail::close_lock(held);
   a.opt->save(ck.path());  // the other save done: this one goes ahead
   Rig b;

@@ -285,11 +285,10 @@ std::string ShardedOptimizer::Impl::write_rank_files(const std::filesystem::path
 // earlier saves' files: two saves into one directory at once (two jobs given one path) would
 // otherwise each remove the other's files, leaving a manifest whose files are gone; the second
 // fails at once naming the holder. Two agreements make a failed save leave the directory as it
-// was on every rank: after the rank
-// files (if any rank failed, every rank removes its files of this save; none writes the
-// manifest), and after
-// the manifest (whether it was renamed into place or not, the previous save's files are still
-// there, and the next save removes what no manifest names).
+// was on every rank: after the rank files (if any rank failed, every rank removes its files of
+// this save; none writes the manifest), and after the manifest (whether it was renamed into place
+// or not, the previous save's files are still there, and the next save removes what no manifest
+// names).
 void ShardedOptimizer::save(const std::filesystem::path& dir) {
   Impl& m = *impl_;
   m.require_checkpointable("save");
@@ -399,7 +398,6 @@ nlohmann::json read_checkpoint_manifest(const std::filesystem::path& dir) {
   }
 }
 
-// What load() reads before it touches any state: the manifest and every rank's index, validated.
 // What load() reads before it touches any state.
 struct Tables {
   Head head;

@@ -395,10 +395,6 @@ void ShardedOptimizer::Impl::warn_plan_mismatch(std::uint64_t grads) const {
                     format_bytes(resident), format_bytes(tiers.config().host_budget)));
 }
 
-// Read-ahead within the budget: host-resident gradients, the sub-group being stepped, one being
-// written behind, the one the GPU steps meanwhile (a concurrent split step), and `depth` read
-// ahead must fit, or memory pressure would spill gradients and drop prefetched state before its
-// use.
 // A streamed sub-group steps with its whole state in host memory, beside the host-resident
 // gradients: a budget below that would let finalize() pass and every step fail. (The slab slack
 // is left out: a budget a little short of it works, reading less ahead.)
@@ -412,6 +408,10 @@ void ShardedOptimizer::Impl::check_streaming_budget(std::uint64_t grads, std::ui
       format_bytes(budget), format_bytes(per), format_bytes(grads), format_bytes(grads + per)));
 }
 
+// Read-ahead within the budget: host-resident gradients, the sub-group being stepped, one being
+// written behind, the one the GPU steps meanwhile (a concurrent split step), and `depth` read
+// ahead must fit, or memory pressure would spill gradients and drop prefetched state before its
+// use.
 void ShardedOptimizer::Impl::fit_prefetch_depth(std::uint64_t grads, std::uint64_t per_sub,
                                                 bool any_streaming) {
   depth = cfg.prefetch_depth;

@@ -475,7 +475,7 @@ class _TieredOptimizer(Optimizer):
             if not self._hooks:
                 self._begin(True)
                 lent = self._lend_grads()
-        except BaseException as e:  # pylint: disable=broad-except
+        except BaseException as e:  # every rank learns of it, below
             problem = e
         try:  # every rank, before end_backward() (a collective without coalescing) and the step
             self._agree(problem, "step")

@@ -74,6 +74,36 @@ TEST(ShardedOptimizer, ASaveIntoADirectoryAnotherSaveHoldsIsRefused) {
   EXPECT_EQ(b.opt->step_count(), 3u);
 }
 
+// A load reads under a shared lock: not while a save writes the directory (it would remove files
+// under the load), alongside any other load, and a save waits for no load: it is refused.
+TEST(ShardedOptimizer, ALoadAndASaveOfOneDirectoryExcludeEachOtherAndLoadsShareIt) {
+  Rig a;
+  auto ma = test::start_model(*a.opt);
+  TempDir ck;
+  test::train(*a.opt, ma, 1, 2, 0, 1);
+  a.opt->save(ck.path());
+  Rig b;
+  auto mb = test::build_model(*b.opt);
+  const int writing = detail::open_lock(ck.path(), "test: checkpoint directory");
+  try {
+    b.opt->load(ck.path());
+    ADD_FAILURE() << "a load while a save writes the directory succeeded";
+  } catch (const std::runtime_error& e) {
+    EXPECT_NE(std::string(e.what()).find("load: checkpoint directory " + ck.path().string() +
+                                         " is in use by this process"),
+              std::string::npos)
+        << e.what();
+    EXPECT_NE(std::string(e.what()).find("it is being written"), std::string::npos) << e.what();
+  }
+  detail::close_lock(writing);
+  const int reading = detail::open_lock(ck.path(), "test: checkpoint directory", true);
+  b.opt->load(ck.path());  // another load at the same time: shared
+  EXPECT_EQ(b.opt->step_count(), 2u);
+  EXPECT_THROW(a.opt->save(ck.path()), std::runtime_error);  // a save under a load: refused
+  detail::close_lock(reading);
+  a.opt->save(ck.path());
+}
+
 TEST(ShardedOptimizer, BadCheckpointsGiveClearErrorsAndLeaveTheStateAlone) {
   Rig a;
   auto ma = test::start_model(*a.opt);

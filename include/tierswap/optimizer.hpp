@@ -461,6 +461,8 @@ class ShardedOptimizer {
   /// state already stored is untouched (with shadow slots: a corrupt piece found mid-copy
   /// discards the partial generation; in-place mode cannot). Collective: every rank verifies its
   /// part before any commits; one that fails makes every rank throw with the state unchanged.
+  /// Rank 0 holds a shared lock on the directory: a save into it meanwhile is refused, and a load
+  /// while a save writes it fails at once.
   void load(const std::filesystem::path& dir);
 
  private:

@@ -27,7 +27,7 @@ namespace tierswap::detail {
 namespace {
 
 // The pid /proc/locks gives for a flock on the file: the process that took it, which may have
-// exited since while something else keeps the open file (see lock_exclusive). Matched by device and
+// exited since while something else keeps the open file (see lock_file). Matched by device and
 // inode, else by inode alone when that is unique (an overlay filesystem reports another device than
 // /proc/locks). 0 when not found.
 long flock_holder(int fd) {
@@ -71,30 +71,31 @@ std::string holder_text(long pid) {
       pid);
 }
 
-bool try_lock(int fd, const std::string& path) {
+bool try_lock(int fd, const std::string& path, bool shared) {
   int rc;
-  do rc = ::flock(fd, LOCK_EX | LOCK_NB);
+  do rc = ::flock(fd, (shared ? LOCK_SH : LOCK_EX) | LOCK_NB);
   while (rc != 0 && errno == EINTR);
   if (rc == 0) return true;
   if (errno != EWOULDBLOCK) throw_errno(errno, "flock " + path);
   return false;
 }
 
-void lock_exclusive(int fd, const std::string& path, std::string_view what) {
+void lock_file(int fd, const std::string& path, std::string_view what, bool shared) {
   // A live holder is an error at once. One that has exited lets go when whatever still has the
   // descriptor closes it (a child made without fork's handlers, as posix_spawn does, between its
   // clone and its exec), so that is waited for, up to kDeadHolderWait.
   constexpr auto kDeadHolderWait = std::chrono::seconds(10);
   const auto deadline = std::chrono::steady_clock::now() + kDeadHolderWait;
   long holder = 0;
-  while (!try_lock(fd, path)) {
+  while (!try_lock(fd, path, shared)) {
     holder = flock_holder(fd);
     if ((holder > 0 && alive(holder)) || std::chrono::steady_clock::now() >= deadline)
       throw std::runtime_error(fmt::format(
-          "{} {} is in use by {}: one process at a time uses it (a run still going, or two jobs "
-          "given one directory; `tierswap ps` lists live runs, `tierswap residency PID` shows "
-          "one)",
-          what, path, holder_text(holder)));
+          "{} {} is in use by {}: {}", what, path, holder_text(holder),
+          shared ? "it is being written (a save into it under way): read it once that is done"
+                 : "one process at a time uses it (a run still going, or two jobs given one "
+                   "directory; `tierswap ps` lists live runs, `tierswap residency PID` shows "
+                   "one)"));
     std::this_thread::sleep_for(std::chrono::milliseconds(5));
   }
 }
@@ -126,9 +127,9 @@ void register_lock(int fd) {
 
 }  // namespace
 
-int open_lock(const std::filesystem::path& path, std::string_view what) {
+int open_lock(const std::filesystem::path& path, std::string_view what, bool shared) {
   File f = File::open(path, O_RDONLY);
-  lock_exclusive(f.fd(), f.path(), what);
+  lock_file(f.fd(), f.path(), what, shared);
   register_lock(f.fd());
   return f.release();
 }

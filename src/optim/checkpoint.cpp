@@ -235,6 +235,16 @@ void remove_saves(const std::filesystem::path& dir, int rank, std::uint64_t id, 
   }
 }
 
+// Rank 0's flock on a checkpoint directory: exclusive while a save writes it, shared while a load
+// reads it (any number of loads at once; no save while one reads, no load while one writes).
+struct DirLock {
+  int fd = -1;
+  DirLock() = default;
+  DirLock(const DirLock&) = delete;
+  DirLock& operator=(const DirLock&) = delete;
+  ~DirLock() { detail::close_lock(fd); }
+};
+
 // A refused directory (std::invalid_argument) as it is; any other failure (null: another rank's)
 // as std::runtime_error saying that the checkpoint already there is kept.
 [[noreturn]] void throw_save_failure(const std::filesystem::path& dir,
@@ -298,10 +308,7 @@ void ShardedOptimizer::save(const std::filesystem::path& dir) {
   m.comm.broadcast(&id, sizeof id, 0);
   const std::string tag = fmt::format("rank-{:05}-{:016x}", m.rank, id);
   std::string index_payload;
-  struct Lock {  // rank 0's, on the directory: one save at a time into it
-    int fd = -1;
-    ~Lock() { detail::close_lock(fd); }
-  } lock;
+  DirLock lock;  // rank 0's: one save at a time into the directory, and no load meanwhile
   std::exception_ptr failed = thrown_by(
       [&] { index_payload = m.write_rank_files(dir, tag, m.rank == 0 ? &lock.fd : nullptr); });
   bool any = m.comm.all_reduce_or(failed != nullptr);
@@ -433,6 +440,7 @@ void read_tables(const std::filesystem::path& dir, Dtype moments, std::size_t ng
 // Every rank agrees on each phase before the next (a rank that failed would otherwise leave the
 // others waiting in a collective, or with a state from another step): the tables and the copy of
 // the state into a new generation (any rank failed: every rank discards it), then the commit.
+// Rank 0 holds a shared lock on the directory meanwhile, so that no save removes files under it.
 void ShardedOptimizer::load(const std::filesystem::path& dir) {
   Impl& m = *impl_;
   m.require_checkpointable("load");
@@ -447,7 +455,11 @@ void ShardedOptimizer::load(const std::filesystem::path& dir) {
   // Pass 0 copies the state that lives in generations (a failure discards it) and only reads and
   // verifies what goes to memory-only state, which no discard can restore; pass 1 copies that
   // after the commit, once every piece has been verified.
+  DirLock lock;
   const std::exception_ptr failed = thrown_by([&] {
+    // (Not a directory, or a symbolic link: read_tables() says what it is.)
+    if (m.rank == 0 && std::filesystem::is_directory(std::filesystem::symlink_status(dir)))
+      lock.fd = detail::open_lock(dir, "load: checkpoint directory", /*shared=*/true);
     read_tables(dir, m.moment_dtype(), m.groups.size(), check_groups, t);
     copying = true;
     m.load_state_pass(0, read);

@@ -63,8 +63,10 @@ void pread_all(int fd, std::string_view path, void* data, std::size_t n, std::ui
 /// time, so one process. The lock goes with it: close_lock(), or a process that dies (kill -9
 /// too). A child forked while it is open does not keep it. Held by a live process: throws
 /// std::runtime_error "<what> <path> is in use by process N ..." at once (a holder that has
-/// exited, with the file still open somewhere, is waited for up to 10 s first).
-int open_lock(const std::filesystem::path& path, std::string_view what);
+/// exited, with the file still open somewhere, is waited for up to 10 s first). `shared`:
+/// LOCK_SH, which any number of holders share and only an exclusive one refuses (and is refused
+/// by).
+int open_lock(const std::filesystem::path& path, std::string_view what, bool shared = false);
 void close_lock(int fd) noexcept;
 
 /// fsync(2) of a directory (a rename or create in it made durable).

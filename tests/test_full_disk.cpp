@@ -18,12 +18,12 @@
 #include <fstream>
 #include <functional>
 #include <iostream>
-#include <set>
 
 #include "test_util.hpp"
 #include "tierswap/tiered_optimizer.hpp"
 
 using namespace tierswap;
+using tierswap::test::names_in;
 using tierswap::test::TempDir;
 
 namespace {
@@ -156,13 +156,6 @@ TEST(FullDisk, AStepWithoutRoomFailsNamingTheFileAndTheNextOneAfterFreeingSuccee
   });
   if (r.rfind("skip:", 0) == 0) GTEST_SKIP() << r;
   EXPECT_EQ(r, "");
-}
-
-// The files of `dir` by name.
-std::set<std::string> names_in(const std::filesystem::path& dir) {
-  std::set<std::string> n;
-  for (const auto& e : std::filesystem::directory_iterator(dir)) n.insert(e.path().filename());
-  return n;
 }
 
 // Room for the data file but not for the index after it: the save fails with ENOSPC part-way and

@@ -1,8 +1,6 @@
 // ShardedOptimizer at world size 1, checkpoints: resuming bit-identically at another sub-group
 // size, and bad checkpoints refused with the state left alone.
 // (Multi-rank runs: optimizer_mpi under mpirun.)
-#include <set>
-
 #include "optim_fixture.hpp"
 #include "tierswap/detail/file.hpp"
 
@@ -37,14 +35,6 @@ TEST(ShardedOptimizer, CheckpointResumesBitIdenticallyAtAnotherSubgroupSize) {
   }
 }
 
-namespace {
-std::set<std::string> names_in(const std::filesystem::path& dir) {
-  std::set<std::string> n;
-  for (auto& e : std::filesystem::directory_iterator(dir)) n.insert(e.path().filename());
-  return n;
-}
-}  // namespace
-
 // Two saves into one directory at once would each remove the other's files: the second is
 // refused at once, naming the holder, and the directory keeps the first's checkpoint.
 TEST(ShardedOptimizer, ASaveIntoADirectoryAnotherSaveHoldsIsRefused) {
@@ -53,7 +43,7 @@ TEST(ShardedOptimizer, ASaveIntoADirectoryAnotherSaveHoldsIsRefused) {
   TempDir ck;
   test::train(*a.opt, ma, 1, 2, 0, 1);
   a.opt->save(ck.path());
-  const std::set<std::string> files = names_in(ck.path());
+  const std::set<std::string> files = test::names_in(ck.path());
   const int held = detail::open_lock(ck.path(), "test: checkpoint directory");  // a save going on
   test::train(*a.opt, ma, 3, 3, 0, 1);
   try {
@@ -65,7 +55,7 @@ TEST(ShardedOptimizer, ASaveIntoADirectoryAnotherSaveHoldsIsRefused) {
               std::string::npos)
         << e.what();
   }
-  EXPECT_EQ(names_in(ck.path()), files);
+  EXPECT_EQ(test::names_in(ck.path()), files);
   detail::close_lock(held);
   a.opt->save(ck.path());  // the other save done: this one goes ahead
   Rig b;

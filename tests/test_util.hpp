@@ -12,6 +12,7 @@
 #include <filesystem>
 #include <memory>
 #include <optional>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -22,6 +23,13 @@
 #include "tierswap/tiered_optimizer.hpp"
 
 namespace tierswap::test {
+
+/// The names of the entries of `dir`.
+inline std::set<std::string> names_in(const std::filesystem::path& dir) {
+  std::set<std::string> n;
+  for (const auto& e : std::filesystem::directory_iterator(dir)) n.insert(e.path().filename());
+  return n;
+}
 
 /// The one-object setup's options for a test: one swap directory, `budget` pinned bytes, one
 /// process, `threads` kernel threads, no telemetry and no device tier, commits without fsync.

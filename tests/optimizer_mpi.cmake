@@ -11,6 +11,10 @@
 #  - 2 ranks of which the last one's reads fail in step 3 (in the pipeline; with the overlapped
 #    step, in a speculative step), or its writes (the write-behind), both throw from that step
 #    with neither stepped, and resume from step 2 to the same bits;
+#  - 2 ranks (and 3, overlapped) of which the last one's commit of step 4 fails (its manifest
+#    cannot be written) all throw from that step, the others undo their commit, and all redo
+#    it and go on in the same processes to the same bits; without shadow slots (in place) the
+#    commit cannot be undone, and every rank's step and next call say so;
 #  - 3 ranks agree with torch.optim.AdamW (the fixture).
 # Inputs: -DPROG= -DMPIEXEC= -DWORK= -DFIXTURE=
 set(ENV{OMPI_ALLOW_RUN_AS_ROOT} 1)
@@ -49,7 +53,12 @@ run(2 --overlap --fail-io-at 3 read ${WORK}/swap2ovfail)
 run(2 --out ${WORK}/np2ovfail.bin --overlap --resume ${WORK}/swap2ovfail)
 run(2 --fail-io-at 3 write ${WORK}/swap2wfail)  # its writes fail
 run(2 --out ${WORK}/np2wfail.bin --resume ${WORK}/swap2wfail)
-foreach(f np2 np3 np4 np3nc np2ov np3ncov np3dev np3ovip resume np3swap np3lag np2fail np2ovfail np2wfail)
+run(2 --out ${WORK}/np2cfail.bin --fail-commit-at 4)  # rank 1's commit of step 4 fails: both
+run(3 --out ${WORK}/np3cfail.bin --overlap --fail-commit-at 4)  # redo it and go on
+run(2 --out ${WORK}/unused.bin --in-place --fail-commit-at 4)  # without shadow slots rank 0
+# cannot undo its commit: both ranks' step 4 and the next call say so
+foreach(f np2 np3 np4 np3nc np2ov np3ncov np3dev np3ovip resume np3swap np3lag np2fail np2ovfail np2wfail
+        np2cfail np3cfail)
   execute_process(COMMAND ${CMAKE_COMMAND} -E compare_files ${WORK}/np1.bin ${WORK}/${f}.bin
                   RESULT_VARIABLE same)
   if(NOT same EQUAL 0)

@@ -9,12 +9,15 @@
 // in for the GPU's) and the 16-bit parameters kept in bound device copies (bind_param16_device),
 // checked against param16() at the end. --fail-io-at N read|write DIR: swap files kept in DIR, the
 // last rank's reads (or writes) fail (EIO) in step N; every rank's step must throw with no rank
-// stepped, and --resume DIR then continues from step N - 1.
+// stepped, and --resume DIR then continues from step N - 1. --fail-commit-at N: the last rank's
+// commit of step N fails (its manifest cannot be written); every rank's step must throw, the
+// ranks that committed undo it, and the run goes on from step N to the end in the same process.
 #include <atomic>
 #include <cerrno>
 #include <cmath>
 #include <cstdio>
 #include <cstring>
+#include <filesystem>
 #include <fstream>
 #include <iostream>
 #include <map>
@@ -25,6 +28,7 @@
 #include "test_util.hpp"
 #include "tierswap/communicator.hpp"
 #include "tierswap/detail/io_backend.hpp"
+#include "tierswap/detail/manifest.hpp"
 #include "tierswap/io_engine.hpp"
 #include "tierswap/swap_space.hpp"
 
@@ -34,9 +38,10 @@ namespace {
 
 struct Args {
   std::string out, save_dir, load_dir, fixture, swap_dir;
-  int save_at = 0, stop_at = 0, fail_at = 0;
+  int save_at = 0, stop_at = 0, fail_at = 0, fail_commit_at = 0;
   bool resume = false, lagging = false, fail_writes = false;
   bool coalesce = true, overlap = false, device_grads = false, in_place16 = false;
+  bool in_place = false;  // TierConfig::shadow_slots off: a commit cannot be undone
 };
 
 // Throws std::invalid_argument with the usage on a bad command line.
@@ -59,6 +64,8 @@ Args parse_args(int argc, char** argv) {
     else if (a == "--fail-io-at" && i + 3 < argc)  // keep the swap files in DIR, fail step N
       o.fail_at = std::stoi(argv[++i]), o.fail_writes = std::string(argv[++i]) == "write",
       o.swap_dir = argv[++i];
+    else if (a == "--fail-commit-at" && i + 1 < argc)
+      o.fail_commit_at = std::stoi(argv[++i]);
     else if (a == "--fixture" && i + 1 < argc)
       o.fixture = argv[++i];
     else if (a == "--no-coalesce")
@@ -69,11 +76,13 @@ Args parse_args(int argc, char** argv) {
       o.device_grads = true;
     else if (a == "--param16-in-place")
       o.in_place16 = true;
+    else if (a == "--in-place")
+      o.in_place = true;
     else
       throw std::invalid_argument(
           "usage: optimizer_mpi --out FILE [--save-at N DIR] [--load DIR] [--fixture F] "
-          "[--no-coalesce] [--overlap [--param16-in-place]] [--device-grads] [--fail-reads-at N "
-          "DIR] "
+          "[--no-coalesce] [--overlap [--param16-in-place]] [--device-grads] [--fail-io-at N "
+          "read|write DIR] [--fail-commit-at N [--in-place]] "
           "[--stop-at N DIR | --resume DIR | --resume-lagging DIR]");
   }
   return o;
@@ -159,13 +168,55 @@ void fail_once(ShardedOptimizer& opt, const test::ModelOptimizer& m, int t, int 
   std::printf("rank %d: step %d failed on every rank: %s\n", rank, t, err.c_str());
 }
 
+// Step t with the last rank's commit failing (a directory where its manifest's temporary file
+// goes: the manifest cannot be written): every rank's step must throw, the others saying that
+// another rank's commit failed, and every rank must be back at step t - 1. `in_place` (no shadow
+// slots): the ranks that committed cannot undo it; every rank's step, and the next step, must
+// say so (and that only a save() checkpoint helps).
+void fail_commit_once(ShardedOptimizer& opt, const test::ModelOptimizer& m, int t, int rank,
+                      int world, const std::filesystem::path& swap_dir, bool in_place) {
+  const auto blocker = swap_dir / (std::string(detail::kManifestName) + ".tmp");
+  if (rank == world - 1) {
+    std::filesystem::remove(blocker);  // the recycled file the next commit would write
+    std::filesystem::create_directory(blocker);
+  }
+  std::string err;
+  try {
+    test::train(opt, m, t, t, rank, world);
+  } catch (const std::exception& e) {
+    err = e.what();
+  }
+  if (rank == world - 1) std::filesystem::remove(blocker);
+  const std::string who = "--fail-commit-at: rank " + std::to_string(rank) + ": ";
+  if (err.empty()) throw std::runtime_error(who + "the step whose commit failed succeeded");
+  if (opt.step_count() != static_cast<std::uint64_t>(t - 1))
+    throw std::runtime_error(who + "at step " + std::to_string(opt.step_count()) + " after step " +
+                             std::to_string(t) + "'s commit failed (" + err + ")");
+  const bool others = err.find("another rank's commit failed") != std::string::npos;
+  if (others != (rank != world - 1)) throw std::runtime_error(who + "unexpected error: " + err);
+  const bool apart = err.find("could not step back") != std::string::npos &&
+                     err.find("restart from a save() checkpoint") != std::string::npos;
+  if (apart != in_place) throw std::runtime_error(who + "unexpected error: " + err);
+  std::printf("rank %d: step %d's commit failed on every rank: %s\n", rank, t, err.c_str());
+  if (!in_place) return;
+  try {
+    test::train(opt, m, t, t, rank, world);
+  } catch (const std::exception& e) {
+    if (std::string(e.what()).find("could not step back") == std::string::npos) throw;
+    std::printf("rank %d: step %d again refused: %s\n", rank, t, e.what());
+    return;
+  }
+  throw std::runtime_error(who + "a step after the ranks came apart succeeded");
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
   try {
     const Args args = parse_args(argc, argv);
-    const auto& [out, save_dir, load_dir, fixture, swap_dir, save_at, stop_at, fail_at, resume,
-                 lagging, fail_writes, coalesce, overlap, device_grads, in_place16] = args;
+    const auto& [out, save_dir, load_dir, fixture, swap_dir, save_at, stop_at, fail_at,
+                 fail_commit_at, resume, lagging, fail_writes, coalesce, overlap, device_grads,
+                 in_place16, in_place] = args;
     auto comm = make_communicator("auto");
     const int rank = comm->rank(), world = comm->size();
     test::TempDir dir;
@@ -189,6 +240,7 @@ int main(int argc, char** argv) {
     tc.device_budget = device_grads ? 4 << 20 : 0;
     tc.durable = false;
     tc.telemetry = false;
+    tc.shadow_slots = !in_place;
     TierManager tiers(space, engine, tc);
     // A job killed between the ranks' commits of the last step: ranks > 0 never committed it.
     if (lagging && rank > 0 && !tiers.roll_back_generation())
@@ -213,6 +265,13 @@ int main(int argc, char** argv) {
       test::train(opt, m, first, fail_at - 1, rank, world);
       fail_once(opt, m, fail_at, rank, world);
       return 0;  // the swap files stay
+    }
+    if (fail_commit_at > 0) {
+      test::train(opt, m, first, fail_commit_at - 1, rank, world);
+      fail_commit_once(opt, m, fail_commit_at, rank, world,
+                       space.files().front().path.parent_path(), in_place);
+      if (in_place) return 0;
+      first = fail_commit_at;  // redone: every rank is back at the step before
     }
     if (save_at > 0 && load_dir.empty()) {
       test::train(opt, m, first, save_at, rank, world);

@@ -353,9 +353,11 @@ class ShardedOptimizer {
   double loss_scale() const;
   /// Steps every sub-group of this rank and commits the new generation. Collective. A step that
   /// fails (an I/O error) rolls back; the ranks agree before committing, so one rank's failure
-  /// makes every rank throw with no rank stepped (the others: "another rank's step failed"). A
-  /// commit that fails on one rank only leaves the ranks a step apart: resume() steps back the
-  /// ones ahead.
+  /// makes every rank throw with no rank stepped (the others: "another rank's step failed").
+  /// So do the commits: a commit that fails on one rank (its sync or manifest write) makes every
+  /// rank throw, and the ranks whose commit of the step happened undo it (their previous
+  /// generation is intact), so all stay at the step before. Should that undo fail too, every
+  /// later call refuses: restart and resume(), which steps the ranks ahead back.
   StepResult step();
   /// step() clipped by the factor the caller computed from its own norm of the same unscaled
   /// gradients, in (0, 1], instead of by max_grad_norm (which must be 0: clipping twice throws

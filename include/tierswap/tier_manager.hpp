@@ -336,11 +336,13 @@ class TierManager {
   /// Makes the generation before the committed one the committed one again, on disk: every
   /// block the last commit changed returns to its previous extent (read back and checked
   /// against its checksum first), the previous commit record with it. For a group of processes
-  /// whose commits of one step did not all happen (a job killed between them): the ones ahead
-  /// step back. Only right after opening a manifest, before any block is used, with shadow
-  /// slots, and once (the generation before that is gone). Returns false when there is no
-  /// previous generation to return to; throws std::runtime_error naming the block when its
-  /// previous data no longer matches (overwritten), std::logic_error when blocks are in use.
+  /// whose commits of one step did not all happen (a job killed between them, or one process's
+  /// commit failed): the ones ahead step back. Only while no block (transient ones aside) has a
+  /// view or a change since the last commit: right after opening a manifest or right after a
+  /// commit; transfers in flight (read-ahead) are waited for. With shadow slots, and once (the
+  /// generation before that is gone). Returns false when there is no previous generation to
+  /// return to; throws std::runtime_error naming the block when its previous data no longer
+  /// matches (overwritten), std::logic_error naming a block in use.
   bool roll_back_generation();
 
   ResidencySnapshot snapshot() const;

@@ -316,6 +316,9 @@ struct ShardedOptimizer::Impl {
   void mark_param16_stale(std::exception_ptr why);  // logs it
   static constexpr int kRestoreAttempts = 3;
   std::exception_ptr p16_stale;  // why param16 no longer matches the committed masters
+  /// Set on every rank when a step's commit happened on some ranks and could not be undone on
+  /// them after another's failed: every call needing the state refuses (require_state).
+  std::string ranks_apart;
   void gather_param16();
   void reduce_local(OptGroup& g);
   /// At the end of a sub-group's ingest in a final backward: its statistics (view: its
@@ -514,10 +517,12 @@ struct ShardedOptimizer::Impl {
   void roll_back_failed_step(bool p16_changed);
   /// Whether `flag` is true on any rank (collective; true too when the ranks cannot agree): in
   /// run_pipeline_and_commit(), whether any rank's pipeline failed, then whether any rank's
-  /// 16-bit parameters changed.
+  /// commit failed, then whether any rank's 16-bit parameters changed.
   bool any_rank_failed(bool flag);
   void run_pipeline_and_commit(const StepPlan& sp, bool keep, std::vector<BlockView>* late_grads,
                                StepResult& r);
+  void commit_agreed(std::uint64_t t, bool* committed, bool* all_roll_back);
+  void undo_commit_agreed(std::uint64_t t, bool committed);
   /// run_pipeline_and_commit() with the loss scaler as it is after this step (it goes into the
   /// commit record); a failure restores the scaler.
   void commit_step(const StepPlan& sp, bool keep, std::vector<BlockView>* late_grads,

@@ -369,7 +369,8 @@ void ShardedOptimizer::Impl::run_pipeline_and_commit(const StepPlan& sp, bool ke
                                                      StepResult& r) {
   bool p16_changed = false;    // param16 no longer matches the committed master weights
   bool agreed = false;         // whether every rank knows if any rank's pipeline failed
-  bool all_roll_back = false;  // it did: every rank rolls back
+  bool all_roll_back = false;  // it did, or a rank's commit failed: every rank rolls back
+  bool committed = false;      // this rank's commit happened (to be undone if another's did not)
   try {
     p16_begin();
     if (keep) keep_speculative_param16(r, &p16_changed);
@@ -396,23 +397,68 @@ void ShardedOptimizer::Impl::run_pipeline_and_commit(const StepPlan& sp, bool ke
       throw std::runtime_error(fmt::format(
           "step {}: another rank's step failed (its error says why); rolled back here too", sp.t));
     step_count = sp.t;
-    commit();
+    commit_agreed(sp.t, &committed, &all_roll_back);
     r.commit_seconds = seconds_since(c0);
   } catch (...) {
     late_grads->clear();
     step_count = sp.t - 1;
     if (!agreed) all_roll_back = any_rank_failed(true);
-    if (all_roll_back) p16_changed = any_rank_failed(p16_changed);
+    if (all_roll_back) {
+      undo_commit_agreed(sp.t, committed);
+      p16_changed = any_rank_failed(p16_changed);
+    }
     roll_back_failed_step(p16_changed);
+    if (!ranks_apart.empty())
+      throw std::runtime_error(fmt::format("{} (the first error here: {})", ranks_apart,
+                                           what_of(std::current_exception())));
     throw;
   }
 }
 
-// A rank whose pipeline or write-back failed would otherwise roll back while the others commit:
-// the ranks' states a step apart. (A commit that fails on one rank after that, in its sync or its
-// manifest, still leaves them so; resume() steps the ranks ahead back.) Every rank that agreed on a
-// failure rolls back its 16-bit parameters if any rank's changed, for restore_param16()'s gather is
-// a collective.
+// The ranks commit one after another; one whose sync or manifest write fails would leave the
+// others a step ahead. So they agree once more: if any rank's commit failed, every rank throws
+// (*all_roll_back set) and the ones that committed (*committed) undo it (undo_commit_agreed).
+void ShardedOptimizer::Impl::commit_agreed(std::uint64_t t, bool* committed, bool* all_roll_back) {
+  std::exception_ptr failed;
+  try {
+    commit();
+    *committed = true;
+  } catch (...) {
+    failed = std::current_exception();
+  }
+  if (!(*all_roll_back = any_rank_failed(failed != nullptr))) return;
+  if (failed) std::rethrow_exception(failed);
+  throw std::runtime_error(fmt::format(
+      "step {}: another rank's commit failed (its error says why); rolled back here too", t));
+}
+
+// A rank that committed step t while another's commit failed returns to step t - 1 (its data
+// is intact in the other slots: nothing was written since). Should that fail too, the ranks
+// hold different steps: every rank learns it, and every call after this one refuses until the
+// job restarts and resume() steps the ranks ahead back.
+void ShardedOptimizer::Impl::undo_commit_agreed(std::uint64_t t, bool committed) {
+  std::string err;
+  if (committed) try {
+      if (!tiers.roll_back_generation()) err = "no earlier generation to return to";
+    } catch (const std::exception& e) {
+      err = e.what();
+    }
+  if (!err.empty())
+    log(LogLevel::error,
+        fmt::format("step {}: rank {} could not undo its commit: {}", t, rank, err));
+  if (!any_rank_failed(!err.empty())) return;
+  ranks_apart = fmt::format(
+      "step {} was committed on some ranks and not on others, and the ranks ahead could not step "
+      "back{}{}: {}",
+      t, err.empty() ? "" : " (here: ", err.empty() ? "" : err + ")",
+      tiers.config().shadow_slots
+          ? "restart the job and resume() from the swap directory (it steps the ranks ahead back)"
+          : "in place (no shadow slots) no rank can step back: restart from a save() checkpoint");
+}
+
+// A rank whose pipeline, write-back or commit failed would otherwise roll back while the others
+// commit: the ranks' states a step apart. Every rank that agreed on a failure rolls back its
+// 16-bit parameters if any rank's changed, for restore_param16()'s gather is a collective.
 bool ShardedOptimizer::Impl::any_rank_failed(bool failed) {
   if (world == 1) return failed;
   try {

@@ -509,10 +509,13 @@ bool TierManager::roll_back_generation() {
   std::unique_lock lk(impl_->mu);
   Impl& m = *impl_;
   if (!m.cfg.shadow_slots || m.prev_record.empty()) return false;
-  for (auto& b : m.blocks)
-    if (b->changed() || b->pins[kDev] + b->pins[kHost] > 0 || b->op || b->busy)
-      throw std::logic_error(fmt::format(
-          "roll_back_generation: block '{}' is in use (only right after opening)", b->desc.name));
+  for (auto& b : m.blocks)  // transient blocks hold nothing committed: they stay as they are
+    if (!b->desc.transient && (b->changed() || b->pins[kDev] + b->pins[kHost] > 0))
+      throw std::logic_error(
+          fmt::format("roll_back_generation: block '{}' {} since the last commit", b->desc.name,
+                      b->changed() ? "was changed" : "has a view"));
+  m.wait_all(lk);  // read-ahead of the generation undone
+  for (auto& b : m.blocks) m.cv.wait(lk, [&] { return !b->busy; });
   for (auto& bp : m.blocks)  // every previous extent checked before anything changes
     if (bp->prev.valid && bp->prev.has_data)
       m.verify_extent(*bp, bp->prev.extent, bp->prev.checksum, bp->prev.gen);

@@ -1257,7 +1257,7 @@ def test_gloo_ranks_are_bit_identical_to_one_rank(tmp_path, world):
 
 
 SAVE_RANK = r"""
-import os, sys, torch, torch.distributed as dist, tierswap.torch as tt
+import glob, os, sys, torch, torch.distributed as dist, tierswap.torch as tt
 rank, port, root = int(sys.argv[1]), sys.argv[2], sys.argv[3]
 dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2)
 p = torch.nn.Parameter(torch.ones(5000, dtype=torch.bfloat16))
@@ -1323,6 +1323,26 @@ step()
 p.grad = torch.full_like(p, 0.25) if rank == 0 else None
 opt.step()
 assert opt.step_count == 3
+# rank 1's commit fails (a directory where its manifest's next copy goes): both ranks raise with
+# the parameters as they were (rank 0 undoes its commit), and the step redone succeeds on both
+now = p.detach().clone()
+if rank == 1:
+    blocker = glob.glob(os.path.join(root, "swap1", "**", "tierswap.manifest"),
+                        recursive=True)[0] + ".tmp"
+    if os.path.exists(blocker):
+        os.remove(blocker)
+    os.mkdir(blocker)
+p.grad = torch.full_like(p, 0.5)
+try:
+    opt.step()
+    raise AssertionError(f"rank {rank}: a step whose commit failed succeeded")
+except (RuntimeError, OSError) as e:
+    assert ("another rank's commit failed" if rank == 0 else "Is a directory") in str(e), str(e)
+if rank == 1:
+    os.rmdir(blocker)
+assert torch.equal(p.detach(), now) and opt.step_count == 3
+step()
+assert opt.step_count == 4
 both = [torch.empty(5000) for _ in range(2)]
 dist.all_gather(both, p.detach().float())
 assert torch.equal(both[0], both[1]) and not torch.equal(p.detach(), saved)
@@ -1331,7 +1351,7 @@ print("rank", rank, "ok")
 """
 
 
-def test_a_save_or_load_refused_on_one_rank_raises_on_every_rank_and_changes_nothing(tmp_path):
+def test_a_save_load_or_commit_failing_on_one_rank_raises_on_every_rank_and_changes_nothing(tmp_path):
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path), OMP_NUM_THREADS="1")
     (tmp_path / "ck").mkdir()
     (tmp_path / "link").symlink_to(tmp_path / "ck")

@@ -233,9 +233,9 @@ int main(int argc, char** argv) {
     IoEngine& engine = *engine_ptr;
     TierConfig tc;
     tc.host_budget = 1 << 20;  // below the whole model's state: it streams through NVMe
-    if (fail_at > 0)           // below a rank's part too: the step reads
-      tc.host_budget = 192 << 10, tc.host_slab_size = 8 << 10;
     tc.host_slab_size = 128 << 10;
+    if (fail_at > 0)  // below a rank's part too (~180 KiB at 2 ranks): every step reads
+      tc.host_budget = 160 << 10;
     tc.device_mode = device_grads ? DeviceTierMode::simulated : DeviceTierMode::off;
     tc.device_budget = device_grads ? 4 << 20 : 0;
     tc.durable = false;

@@ -1589,3 +1589,42 @@ TEST(HostPool, SmallSlabsAreCarvedFromHugePageChunksWithinTheBudget) {
   pool.free(b);
   EXPECT_EQ(pool.try_allocate(M), b);  // a freed piece is reused inside its slab
 }
+
+// Slabs made for pieces of odd sizes (a group's last sub-group is smaller) give their bytes back
+// once empty when a larger piece needs the budget, smallest first and only as many as needed;
+// when giving back every empty one would not make room, none goes. Pieces in use stay as they
+// are, and the budget is never exceeded. For the host pool (ranges of huge-page chunks, given
+// back to their chunk) and the simulated device pool (memory of their own).
+TEST(HostPool, EmptySlabsOfOddSizesGiveTheirBytesBackWhenALargerPieceNeedsThem) {
+  constexpr std::uint64_t K = 1024;
+  const auto check = [&](detail::SlabPool& pool) {
+    std::byte* x = pool.try_allocate(280 * K);  // each a slab of its own size (over 256 KiB)
+    std::byte* y = pool.try_allocate(344 * K);
+    std::byte* z = pool.try_allocate(256 * K);
+    ASSERT_TRUE(x && y && z);
+    std::memset(z, 0x5a, 256 * K);
+    EXPECT_EQ(pool.reserved(), 880 * K);
+    pool.free(x);
+    pool.free(y);
+    EXPECT_EQ(pool.try_allocate(900 * K), nullptr);  // 256 + 900 > 1024 even with both back
+    EXPECT_EQ(pool.slab_count(), 3u);
+    std::byte* w = pool.try_allocate(512 * K);  // both go (280 alone would leave 1112 KiB)
+    ASSERT_NE(w, nullptr);
+    EXPECT_EQ(pool.slab_count(), 2u);
+    EXPECT_EQ(pool.reserved(), 768 * K);
+    std::memset(w, 0xa5, 512 * K);
+    for (std::uint64_t i = 0; i < 256 * K; i += 4096) ASSERT_EQ(z[i], std::byte{0x5a}) << i;
+    std::byte* v = pool.try_allocate(256 * K);  // 1 MiB: the budget, whole
+    ASSERT_NE(v, nullptr);
+    EXPECT_EQ(pool.reserved(), 1024 * K);
+    EXPECT_EQ(pool.try_allocate(4 * K), nullptr);
+    pool.free(v);
+    std::byte* u = pool.try_allocate(128 * K);  // an empty slab is reused, not given back
+    EXPECT_EQ(u, v);
+    EXPECT_LE(pool.peak_reserved(), 1024 * K);
+  };
+  detail::HostPool host(1024 * K, 256 * K, /*lock=*/false, /*numa_node=*/-1, /*engine=*/nullptr);
+  check(host);
+  detail::DevicePool device(1024 * K, 256 * K, /*simulated=*/true);
+  check(device);
+}

@@ -100,10 +100,13 @@ std::byte* TierManager::Impl::try_take(int s, const Block& b) {
   return p;
 }
 
-// Memory for block `id` as copy s, evicting others (LRU) as needed.
+// Memory for block `id` as copy s, evicting others (LRU) as needed. Null when the block got a
+// copy s while this waited (its prefetch landed): the caller, which finds the copy there, looks
+// again. (Else that copy, which this must not evict, could leave no room for a second one.)
 std::byte* TierManager::Impl::alloc_copy(std::unique_lock<std::mutex>& lk, int s, BlockId id) {
   for (;;) {
     Block& b = *blocks[id];
+    if (b.st[s] != CopyState::absent) return nullptr;
     if (std::byte* p = try_take(s, b)) return p;
     if (!pool(b, s).could_fit(b.alloc_bytes)) budget_error(s, b);
     // Cheapest first: a clean copy that nobody is about to use goes at once; else a

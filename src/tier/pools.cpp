@@ -3,6 +3,7 @@
 
 #include <numa.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
 #include <filesystem>
@@ -40,32 +41,57 @@ bool SlabPool::could_fit(std::uint64_t bytes) const noexcept {
   return round_up(std::max<std::uint64_t>(bytes, 1), kPiece) <= budget_;
 }
 
+std::byte* SlabPool::hand_out(Slab& s, const Extent& e) {
+  std::byte* p = s.base + e.offset;
+  pieces_[p] = {&s, e.length};
+  s.used += e.length;
+  used_ += e.length;
+  return p;
+}
+
 std::byte* SlabPool::try_allocate(std::uint64_t bytes) {
   const std::uint64_t len = round_up(std::max<std::uint64_t>(bytes, 1), kPiece);
-  for (auto& s : slabs_) {
-    if (auto e = s->alloc->try_allocate(len)) {
-      std::byte* p = s->base + e->offset;
-      pieces_[p] = {s.get(), e->length};
-      used_ += e->length;
-      return p;
-    }
-  }
+  for (auto& s : slabs_)
+    if (auto e = s->alloc->try_allocate(len)) return hand_out(*s, *e);
   // A new slab: the usual size, or one just big enough for a larger piece, within the budget.
   std::uint64_t size = std::max(slab_size_, len);
-  if (reserved_ + size > budget_) size = len;
-  if (reserved_ + size > budget_) return nullptr;
+  if (!make_room(size)) {
+    size = len;
+    if (!make_room(size)) return nullptr;
+  }
   auto s = std::make_unique<Slab>();
   make_slab(*s, size);
   s->bytes = size;
   s->alloc = std::make_unique<ExtentAllocator>(size, kPiece);
   reserved_ += size;
   peak_ = std::max(peak_, reserved_);
-  const Extent e = s->alloc->allocate(len);
-  std::byte* p = s->base + e.offset;
-  pieces_[p] = {s.get(), e.length};
-  used_ += e.length;
-  slabs_.push_back(std::move(s));
-  return p;
+  Slab& slab = *slabs_.emplace_back(std::move(s));
+  return hand_out(slab, slab.alloc->allocate(len));
+}
+
+// Slabs made for pieces of odd sizes (the last sub-group of a group is smaller) would otherwise
+// hold the budget for good in sizes no later piece fits: every empty one is too small for the
+// piece asked for (it would have served it), so the smallest go back first.
+bool SlabPool::make_room(std::uint64_t size) {
+  if (reserved_ + size <= budget_) return true;
+  std::vector<std::size_t> empty;
+  std::uint64_t empty_bytes = 0;
+  for (std::size_t i = 0; i < slabs_.size(); ++i)
+    if (slabs_[i]->used == 0) empty.push_back(i), empty_bytes += slabs_[i]->bytes;
+  if (reserved_ - empty_bytes + size > budget_) return false;
+  std::sort(empty.begin(), empty.end(),
+            [&](std::size_t a, std::size_t b) { return slabs_[a]->bytes < slabs_[b]->bytes; });
+  std::vector<const Slab*> gone;
+  for (std::size_t i : empty) {
+    if (reserved_ + size <= budget_) break;
+    drop_slab(*slabs_[i]);
+    reserved_ -= slabs_[i]->bytes;
+    gone.push_back(slabs_[i].get());
+  }
+  std::erase_if(slabs_, [&](const std::unique_ptr<Slab>& s) {
+    return std::find(gone.begin(), gone.end(), s.get()) != gone.end();
+  });
+  return true;
 }
 
 void SlabPool::free(std::byte* p) noexcept {
@@ -76,6 +102,7 @@ void SlabPool::free(std::byte* p) noexcept {
     s->alloc->free({static_cast<std::uint64_t>(p - s->base), it->second.second});
   } catch (...) {
   }
+  s->used -= it->second.second;
   used_ -= it->second.second;
   pieces_.erase(it);
 }
@@ -121,6 +148,7 @@ void HostPool::make_slab(Slab& s, std::uint64_t bytes) {
     return;
   }
   s.base = carve(bytes);
+  s.carved = s.base != nullptr;
   if (s.base == nullptr) {
     s.host = AlignedBuffer(bytes, 4096, false);
     s.base = s.host.data();
@@ -145,29 +173,42 @@ void HostPool::make_slab(Slab& s, std::uint64_t bytes) {
   if (engine_ != nullptr && register_) s.engine_handle = engine_->register_buffer(s.base, bytes);
 }
 
-// A slab from the current chunk, or a new chunk (up to 64 MiB, no more than the budget left,
-// whole 2 MiB pages, on transparent huge pages: AlignedBuffer). A slab of its own smaller than
-// 2 MiB would never be on a huge page, and every NVMe transfer into it would touch scattered
+// A slab's range of a chunk (best fit), or of a new chunk (up to 64 MiB, no more than the budget
+// left, whole 2 MiB pages, on transparent huge pages: AlignedBuffer). A slab of its own smaller
+// than 2 MiB would never be on a huge page, and every NVMe transfer into it would touch scattered
 // 4 KiB pages: on the machine of bench/RESULTS.md reads into them ran at about half the speed.
-// Slabs are only ever added until release_all(), so carving in order wastes no touched
-// memory (a chunk's tail no slab fits is address space only). Null when
-// huge pages are off or no chunk could be allocated (the slab then gets its own memory).
+// A slab given back returns its range (uncarve); a chunk with no range left in use is freed.
+// Null when huge pages are off or no chunk could be allocated (the slab then gets its own
+// memory).
 std::byte* HostPool::carve(std::uint64_t bytes) {
   constexpr std::uint64_t kChunk = 64ull << 20;
   if (!ProcessConfig::current().huge_pages) return nullptr;
-  if (chunks_.empty() || chunk_used_ + bytes > chunks_.back().size()) {
-    const std::uint64_t left = budget() > reserved() ? budget() - reserved() : 0;
-    const std::uint64_t size = round_up(std::max(bytes, std::min(kChunk, left)), kHugePageBytes);
-    try {
-      chunks_.emplace_back(size, kHugePageBytes, false);
-    } catch (const std::bad_alloc&) {
-      return nullptr;
-    }
-    chunk_used_ = 0;
+  const std::uint64_t len = round_up(bytes, kPiece);
+  for (auto& c : chunks_)
+    if (auto e = c.ranges->try_allocate(len)) return c.mem.data() + e->offset;
+  const std::uint64_t left = budget() > reserved() ? budget() - reserved() : 0;
+  const std::uint64_t size = round_up(std::max(len, std::min(kChunk, left)), kHugePageBytes);
+  try {
+    Chunk c{AlignedBuffer(size, kHugePageBytes, false),
+            std::make_unique<ExtentAllocator>(size, kPiece)};
+    const Extent e = c.ranges->allocate(len);
+    return chunks_.emplace_back(std::move(c)).mem.data() + e.offset;
+  } catch (const std::bad_alloc&) {
+    return nullptr;
   }
-  std::byte* p = chunks_.back().data() + chunk_used_;
-  chunk_used_ += round_up(bytes, kPiece);
-  return p;
+}
+
+void HostPool::uncarve(const Slab& s) noexcept {
+  for (auto it = chunks_.begin(); it != chunks_.end(); ++it) {
+    std::byte* base = it->mem.data();
+    if (s.base < base || s.base >= base + it->mem.size()) continue;
+    try {
+      it->ranges->free({static_cast<std::uint64_t>(s.base - base), round_up(s.bytes, kPiece)});
+    } catch (...) {
+    }
+    if (it->ranges->stats().used == 0) chunks_.erase(it);
+    return;
+  }
 }
 
 void HostPool::drop_slab(Slab& s) noexcept {
@@ -175,6 +216,7 @@ void HostPool::drop_slab(Slab& s) noexcept {
   if (engine_ != nullptr && s.engine_handle >= 0) engine_->unregister_buffer(s.engine_handle);
   if (s.cuda_registered) cuda::host_unregister(s.base);
   if (s.mlocked) ::munlock(s.base, s.bytes);
+  if (s.carved) uncarve(s);
   s.host = AlignedBuffer();
 }
 

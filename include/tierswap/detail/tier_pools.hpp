@@ -1,5 +1,6 @@
 // Memory pools of the tier manager (internal). A pool hands out aligned pieces of large slabs
-// under a byte budget that counts whole slabs and is never exceeded.
+// under a byte budget that counts whole slabs and is never exceeded. A piece no slab has room
+// for gets a new slab; when that would pass the budget, empty slabs are given back first.
 //
 //   HostPool    page-aligned slabs (huge pages requested), pinned with cudaHostRegister when a GPU
 //               is usable, else mlock'ed where the memlock limit allows, else plain memory (one
@@ -37,7 +38,9 @@ class SlabPool {
     int engine_handle = -1;  // I/O engine registration
     bool cuda_registered = false;
     bool mlocked = false;
-    bool shared = false;  // carved from the memory shared with the node service
+    bool shared = false;     // carved from the memory shared with the node service
+    bool carved = false;     // a range of one of HostPool's huge-page chunks
+    std::uint64_t used = 0;  // bytes of pieces handed out from it
   };
   virtual ~SlabPool() = default;
   /// A piece of `bytes` (rounded up to 4 KiB), or nullptr when the budget cannot hold it now.
@@ -50,6 +53,7 @@ class SlabPool {
   std::uint64_t peak_reserved() const noexcept { return peak_; }  ///< most slab bytes ever
   /// Whether a piece of `bytes` could ever fit (a slab of that size fits the budget).
   bool could_fit(std::uint64_t bytes) const noexcept;
+  std::size_t slab_count() const noexcept { return slabs_.size(); }
 
  protected:
   SlabPool(std::uint64_t budget, std::uint64_t slab_size);
@@ -58,6 +62,11 @@ class SlabPool {
   void release_all() noexcept;
 
  private:
+  /// Whether a new slab of `size` fits the budget, after giving back empty slabs if that makes
+  /// it fit (none is given back otherwise).
+  bool make_room(std::uint64_t size);
+  std::byte* hand_out(Slab& s, const Extent& e);
+
   std::uint64_t budget_;
   std::uint64_t slab_size_;
   std::uint64_t reserved_ = 0;
@@ -85,10 +94,15 @@ class HostPool final : public SlabPool {
   void make_slab(Slab& s, std::uint64_t bytes) override;
   void drop_slab(Slab& s) noexcept override;
   std::byte* carve(std::uint64_t bytes);
-  // Slabs are carved in order from chunks of whole 2 MiB pages (transparent huge pages: see
-  // carve()); a slab owns its memory only when huge pages are off or no chunk could be had.
-  std::vector<AlignedBuffer> chunks_;
-  std::uint64_t chunk_used_ = 0;  // bytes of chunks_.back() carved
+  void uncarve(const Slab& s) noexcept;
+  // Slabs are carved from chunks of whole 2 MiB pages (transparent huge pages: see carve()),
+  // and a slab given back returns its range to its chunk; a slab owns its memory only when huge
+  // pages are off or no chunk could be had.
+  struct Chunk {
+    AlignedBuffer mem;
+    std::unique_ptr<ExtentAllocator> ranges;
+  };
+  std::vector<Chunk> chunks_;
   bool lock_;
   int numa_node_;
   IoEngine* engine_;

@@ -15,6 +15,9 @@
 #    cannot be written) all throw from that step, the others undo their commit, and all redo
 #    it and go on in the same processes to the same bits; without shadow slots (in place) the
 #    commit cannot be undone, and every rank's step and next call say so;
+#  - 2 ranks of which the last one's budget is refused at finalize() both throw from it; 2 ranks of
+#    which the last one's writes fail in initialize() both throw, refuse to step, and initialize
+#    again to the same bits;
 #  - 3 ranks agree with torch.optim.AdamW (the fixture).
 # Inputs: -DPROG= -DMPIEXEC= -DWORK= -DFIXTURE=
 set(ENV{OMPI_ALLOW_RUN_AS_ROOT} 1)
@@ -57,8 +60,11 @@ run(2 --out ${WORK}/np2cfail.bin --fail-commit-at 4)  # rank 1's commit of step 
 run(3 --out ${WORK}/np3cfail.bin --overlap --fail-commit-at 4)  # redo it and go on
 run(2 --out ${WORK}/unused.bin --in-place --fail-commit-at 4)  # without shadow slots rank 0
 # cannot undo its commit: both ranks' step 4 and the next call say so
+run(2 --out ${WORK}/unused.bin --refuse-finalize)  # rank 1's budget refused: both finalize()s throw
+run(2 --out ${WORK}/np2ifail.bin --fail-init)  # rank 1's writes fail in initialize(): both throw,
+# both refuse to step, and both initialize() again to the same bits
 foreach(f np2 np3 np4 np3nc np2ov np3ncov np3dev np3ovip resume np3swap np3lag np2fail np2ovfail np2wfail
-        np2cfail np3cfail)
+        np2cfail np3cfail np2ifail)
   execute_process(COMMAND ${CMAKE_COMMAND} -E compare_files ${WORK}/np1.bin ${WORK}/${f}.bin
                   RESULT_VARIABLE same)
   if(NOT same EQUAL 0)

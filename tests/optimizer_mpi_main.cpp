@@ -42,6 +42,7 @@ struct Args {
   bool resume = false, lagging = false, fail_writes = false;
   bool coalesce = true, overlap = false, device_grads = false, in_place16 = false;
   bool in_place = false;  // TierConfig::shadow_slots off: a commit cannot be undone
+  bool refuse_finalize = false, fail_init = false;
 };
 
 // Throws std::invalid_argument with the usage on a bad command line.
@@ -78,11 +79,15 @@ Args parse_args(int argc, char** argv) {
       o.in_place16 = true;
     else if (a == "--in-place")
       o.in_place = true;
+    else if (a == "--refuse-finalize")
+      o.refuse_finalize = true;
+    else if (a == "--fail-init")
+      o.fail_init = true;
     else
       throw std::invalid_argument(
           "usage: optimizer_mpi --out FILE [--save-at N DIR] [--load DIR] [--fixture F] "
           "[--no-coalesce] [--overlap [--param16-in-place]] [--device-grads] [--fail-io-at N "
-          "read|write DIR] [--fail-commit-at N [--in-place]] "
+          "read|write DIR] [--fail-commit-at N [--in-place]] [--refuse-finalize] [--fail-init] "
           "[--stop-at N DIR | --resume DIR | --resume-lagging DIR]");
   }
   return o;
@@ -209,6 +214,50 @@ void fail_commit_once(ShardedOptimizer& opt, const test::ModelOptimizer& m, int 
   throw std::runtime_error(who + "a step after the ranks came apart succeeded");
 }
 
+// The last rank's host budget refused at finalize(): every rank's finalize() must throw, the
+// others saying that another rank's failed (none left waiting in a collective).
+void refuse_finalize(ShardedOptimizer& opt, int rank, int world) {
+  std::string err;
+  try {
+    opt.finalize();
+  } catch (const std::exception& e) {
+    err = e.what();
+  }
+  const std::string who = "--refuse-finalize: rank " + std::to_string(rank) + ": ";
+  const bool others = err.find("another rank's finalize failed") != std::string::npos;
+  const bool mine = err.find("host budget") != std::string::npos;
+  if (rank == world - 1 ? !mine : !others) throw std::runtime_error(who + "got '" + err + "'");
+  std::printf("rank %d: finalize refused on every rank: %s\n", rank, err.c_str());
+}
+
+// The last rank's writes fail while initialize() writes the first state: every rank's
+// initialize() must throw, every rank then refuses to step, and initialize() again (the disk
+// back) must give every rank the state a run without the failure has.
+void fail_init_once(ShardedOptimizer& opt, const test::ModelOptimizer& m, int rank, int world) {
+  g_io_fails = rank == world - 1 ? 1 << 30 : 0;
+  std::string err, again;
+  try {
+    test::init_model(opt, m);
+  } catch (const std::exception& e) {
+    err = e.what();
+  }
+  g_io_fails = 0;
+  try {
+    opt.begin_backward();
+  } catch (const std::exception& e) {
+    again = e.what();
+  }
+  const std::string who = "--fail-init: rank " + std::to_string(rank) + ": ";
+  const bool others = err.find("another rank failed committing") != std::string::npos;
+  if (err.empty() || others != (rank != world - 1))
+    throw std::runtime_error(who + "initialize() gave '" + err + "'");
+  if (again.find("until initialize() or load() succeeds on every rank") == std::string::npos)
+    throw std::runtime_error(who + "begin_backward() after it gave '" + again + "'");
+  std::printf("rank %d: initialize failed on every rank (%s); then refused: %s\n", rank,
+              err.c_str(), again.c_str());
+  test::init_model(opt, m);
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -216,7 +265,7 @@ int main(int argc, char** argv) {
     const Args args = parse_args(argc, argv);
     const auto& [out, save_dir, load_dir, fixture, swap_dir, save_at, stop_at, fail_at,
                  fail_commit_at, resume, lagging, fail_writes, coalesce, overlap, device_grads,
-                 in_place16, in_place] = args;
+                 in_place16, in_place, refuse_finalize_, fail_init] = args;
     auto comm = make_communicator("auto");
     const int rank = comm->rank(), world = comm->size();
     test::TempDir dir;
@@ -228,8 +277,8 @@ int main(int argc, char** argv) {
     }
     sc.capacity = 64 << 20;
     SwapSpace space = resume ? SwapSpace::open(sc.dirs) : SwapSpace::create(sc);
-    const auto engine_ptr = make_engine(space, fail_at > 0 && rank == world - 1,
-                                        fail_writes ? IoOp::write : IoOp::read);
+    const auto engine_ptr = make_engine(space, (fail_at > 0 || fail_init) && rank == world - 1,
+                                        fail_writes || fail_init ? IoOp::write : IoOp::read);
     IoEngine& engine = *engine_ptr;
     TierConfig tc;
     tc.host_budget = 1 << 20;  // below the whole model's state: it streams through NVMe
@@ -241,6 +290,8 @@ int main(int argc, char** argv) {
     tc.durable = false;
     tc.telemetry = false;
     tc.shadow_slots = !in_place;
+    if (refuse_finalize_ && rank == world - 1)  // too small for a sub-group's state
+      tc.host_budget = tc.host_slab_size = 4096;
     TierManager tiers(space, engine, tc);
     // A job killed between the ranks' commits of the last step: ranks > 0 never committed it.
     if (lagging && rank > 0 && !tiers.roll_back_generation())
@@ -250,6 +301,11 @@ int main(int argc, char** argv) {
     oc.overlap = overlap;    // sub-groups step speculatively as their reduced gradient arrives
     oc.overlap_param16_in_place = in_place16;
     ShardedOptimizer opt(tiers, *comm, oc);
+    if (refuse_finalize_) {
+      test::build_model(opt, /*finalize=*/false);
+      refuse_finalize(opt, rank, world);
+      return 0;
+    }
     auto m = test::build_model(opt, !resume);
     int first = 1;
     if (resume) {
@@ -258,6 +314,8 @@ int main(int argc, char** argv) {
     } else if (!load_dir.empty()) {
       opt.load(load_dir);
       first = save_at > 0 ? save_at + 1 : 11;
+    } else if (fail_init) {
+      fail_init_once(opt, m, rank, world);
     } else {
       test::init_model(opt, m);
     }

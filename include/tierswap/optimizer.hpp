@@ -263,7 +263,8 @@ class ShardedOptimizer {
   ParamId add_param(int group, const ParamSpec& spec);
   /// Lays out partitions and sub-groups and creates the state blocks. The swap space must not
   /// hold this rank's blocks already (resume() continues from them; load() restores a
-  /// checkpoint).
+  /// checkpoint). Collective: a rank whose layout or budget is refused makes every rank throw
+  /// (the others: "another rank's finalize failed"), none left waiting in what follows.
   void finalize();
   /// finalize() that continues from the swap space after a crash (kill -9, power loss, an OOM
   /// kill) or a clean stop with the swap files kept. Every commit writes a record of the state
@@ -298,7 +299,10 @@ class ShardedOptimizer {
   /// GPU-stepped sub-group, when that tier can hold them beside a step's views; see finalize()).
   bool gradient_on_device(std::size_t k) const;
   /// Writes every master weight (the caller's init), zeroes the state, computes the 16-bit
-  /// copies and commits. Collective.
+  /// copies and commits. Collective: the ranks agree after writing and after committing, so a
+  /// rank's failure throws on every rank. One in the commit (the state written on some ranks
+  /// and not on others) leaves every rank refusing to step or save until initialize() or
+  /// load() succeeds again; so does such a failure of load() or import_state().
   void initialize(const ParamInit& init);
 
   // ---- hyper-parameters ------------------------------------------------------------------

@@ -476,18 +476,8 @@ void ShardedOptimizer::load(const std::filesystem::path& dir) {
   m.scale = t.head.scale;
   m.growth_tracker = t.head.tracker;
   m.drop_all_grads();
-  m.commit();
-  const std::exception_ptr late = thrown_by([&] { m.load_state_pass(1, read); });
-  if (late)
-    log(LogLevel::error,
-        fmt::format("load {}: reading memory-only state failed after it was verified ({}): that "
-                    "state is partly loaded; load again",
-                    dir.string(), what_of(late)));
-  m.agree(
-      late, [] {}, where + "failed reading its memory-only state: load again");
-  m.refresh_param16();
-  m.upload16_all();
-  m.p16_sync();
+  m.commit_replaced_state(fmt::format("load({})", dir.string()), Impl::Param16::refresh,
+                          [&] { m.load_state_pass(1, read); });
 }
 
 }  // namespace tierswap

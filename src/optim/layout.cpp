@@ -121,7 +121,7 @@ void ShardedOptimizer::Impl::require_finalized(const char* what) const {
 // fresh swap space holds).
 void ShardedOptimizer::Impl::require_state(const char* what) const {
   require_finalized(what);
-  if (!ranks_apart.empty()) throw std::runtime_error(fmt::format("{}: {}", what, ranks_apart));
+  if (!unusable.empty()) throw std::runtime_error(fmt::format("{}: {}", what, unusable));
   if (tiers.committed_generation() == 0)
     throw std::logic_error(fmt::format(
         "{}: the optimizer holds no state yet: call initialize() or load() after finalize() (or "

@@ -16,6 +16,7 @@
 #include "src/optim/optimizer_impl.hpp"
 #include "tierswap/cuda_runtime.hpp"
 #include "tierswap/device.hpp"
+#include "tierswap/error.hpp"
 #include "tierswap/log.hpp"
 #include "tierswap/thread_pool.hpp"
 #include "tierswap/units.hpp"
@@ -83,34 +84,42 @@ ParamId ShardedOptimizer::add_param(int group, const ParamSpec& spec) {
   return id;
 }
 
+// Collective: the ranks agree, so that one whose budget or layout is refused does not leave the
+// others waiting in the collective that follows (initialize(), load(), resume()'s).
 void ShardedOptimizer::finalize() {
   Impl& m = *impl_;
   if (m.finalized) throw std::logic_error("finalize: already finalized");
-  if (m.cfg.overlap && !m.tiers.config().shadow_slots)
+  m.agree(
+      thrown_by([&] { m.finalize_local(); }), [&] { m.finalized = false; },
+      "finalize: another rank's finalize failed (its error says why)");
+}
+
+void ShardedOptimizer::Impl::finalize_local() {
+  if (cfg.overlap && !tiers.config().shadow_slots)
     throw std::invalid_argument(
         "overlap: the overlapped step needs shadow slots to discard a speculative step "
         "(TierConfig::shadow_slots is off)");
-  const int node = m.tiers.config().numa_node;
-  if (node >= 0 && (!m.pool || m.pool->numa_node() != node))
+  const int node = tiers.config().numa_node;
+  if (node >= 0 && (!pool || pool->numa_node() != node))
     log(LogLevel::warn,
         fmt::format("finalize: the host slabs are bound to NUMA node {} but the step's workers are "
                     "not (pass a ThreadPool(threads, {}) to the optimizer)",
                     node, node));
-  m.layout();
-  if (m.adopt_blocks) m.check_record_layout();
-  m.create_blocks();
-  m.keep_params_records();
+  layout();
+  if (adopt_blocks) check_record_layout();
+  create_blocks();
+  keep_params_records();
   if (cuda::available())  // copies of the 16-bit parameters to the GPU go straight from here
-    for (auto& g : m.groups) {
+    for (auto& g : groups) {
       if (g.p16.empty()) continue;
       if (cuda::host_register(g.p16.data(), g.p16.size() * sizeof(std::uint16_t)))
-        m.p16_registered.push_back(g.p16.data());
+        p16_registered.push_back(g.p16.data());
       else
         log(LogLevel::info, fmt::format("finalize: could not page-lock the 16-bit parameters of "
                                         "group '{}'; copies to the GPU will be staged",
                                         g.name));
     }
-  m.finalized = true;
+  finalized = true;
 }
 
 void ShardedOptimizer::set_plan(const Plan& plan) {
@@ -144,45 +153,51 @@ void ShardedOptimizer::initialize(const ParamInit& init) {
   Impl& m = *impl_;
   m.require_finalized("initialize");
   if (!init) throw std::invalid_argument("initialize: no initializer");
-  const bool in_place = !m.tiers.config().shadow_slots;
-  for (auto& s : m.subs) {
-    OptGroup& g = m.groups[s.group];
-    {
-      BlockView v = m.tiers.acquire(s.state[kMaster], Tier::host, Access::overwrite);
-      auto* out = reinterpret_cast<float*>(v.data());
-      for (ParamId id : g.params) {
-        const OptParam& p = m.params[id];
-        if (!p.spec.requires_grad) continue;
-        const auto [b, e] = Impl::slice(p, s);
-        if (b < e) init(id, b - p.offset, out + (b - s.begin), e - b);
-      }
-      cast(out, Dtype::f32, g.p16.data() + s.begin, g.dtype16, s.numel, m.ctx());
-      v.mark_dirty();
-    }
-    if (s.streaming) m.tiers.write_back(s.state[kMaster]);
-    m.promote_memory_only_gpu(s, s.state[kMaster]);
-    for (int slot = kExpAvg; slot < kStateSlots; ++slot) {
-      if (s.state[slot] == kNoBlock) continue;
-      if (!in_place) {
-        m.tiers.trim(s.state[slot]);  // zeros, without writing them
-        continue;
-      }
-      {
-        BlockView v = m.tiers.acquire(s.state[slot], Tier::host, Access::overwrite);
-        std::memset(v.data(), 0, v.bytes());
-        v.mark_dirty();
-      }
-      m.promote_memory_only_gpu(s, s.state[slot]);
-    }
-  }
+  m.agree(
+      thrown_by([&] { m.write_initial_state(init); }),
+      [&] {
+        if (m.tiers.config().shadow_slots) m.tiers.discard();
+      },
+      "initialize: another rank could not write its initial state (its error says why)");
   m.drop_all_grads();
-  m.gather_param16();
-  m.upload16_all();
-  m.p16_sync();
   m.step_count = 0;
   m.scale = m.cfg.loss_scaler.mode != LossScaling::none ? m.cfg.loss_scaler.init_scale : 1.0;
   m.growth_tracker = 0;
-  m.commit();
+  m.commit_replaced_state("initialize()", Impl::Param16::gather);
+}
+
+void ShardedOptimizer::Impl::write_initial_state(const ParamInit& init) {
+  const bool in_place = !tiers.config().shadow_slots;
+  for (auto& s : subs) {
+    OptGroup& g = groups[s.group];
+    {
+      BlockView v = tiers.acquire(s.state[kMaster], Tier::host, Access::overwrite);
+      auto* out = reinterpret_cast<float*>(v.data());
+      for (ParamId id : g.params) {
+        const OptParam& p = params[id];
+        if (!p.spec.requires_grad) continue;
+        const auto [b, e] = slice(p, s);
+        if (b < e) init(id, b - p.offset, out + (b - s.begin), e - b);
+      }
+      cast(out, Dtype::f32, g.p16.data() + s.begin, g.dtype16, s.numel, ctx());
+      v.mark_dirty();
+    }
+    if (s.streaming) tiers.write_back(s.state[kMaster]);
+    promote_memory_only_gpu(s, s.state[kMaster]);
+    for (int slot = kExpAvg; slot < kStateSlots; ++slot) {
+      if (s.state[slot] == kNoBlock) continue;
+      if (!in_place) {
+        tiers.trim(s.state[slot]);  // zeros, without writing them
+        continue;
+      }
+      {
+        BlockView v = tiers.acquire(s.state[slot], Tier::host, Access::overwrite);
+        std::memset(v.data(), 0, v.bytes());
+        v.mark_dirty();
+      }
+      promote_memory_only_gpu(s, s.state[slot]);
+    }
+  }
 }
 
 int ShardedOptimizer::group_count() const {
@@ -254,6 +269,31 @@ void ShardedOptimizer::Impl::agree(const std::exception_ptr& failed,
   undo();
   if (failed) std::rethrow_exception(failed);
   throw std::runtime_error(then);
+}
+
+void ShardedOptimizer::Impl::commit_replaced_state(const std::string& what, Param16 p16,
+                                                   const std::function<void()>& more) {
+  const std::exception_ptr failed = thrown_by([&] {
+    commit();
+    if (more) more();
+    if (p16 == Param16::refresh)
+      for (const auto& s : subs) refresh_sub16(s);
+  });
+  if (comm.all_reduce_or(failed != nullptr)) {
+    unusable = fmt::format(
+        "{} failed on a rank after the new state was written{}{}: the ranks' states may differ, "
+        "and until initialize() or load() succeeds on every rank the optimizer refuses to step "
+        "or save",
+        what, failed ? " (here: " : "", failed ? what_of(failed) + ")" : "");
+    if (failed) std::rethrow_exception(failed);
+    throw std::runtime_error(
+        fmt::format("{}: another rank failed committing its new state (its error says why)", what));
+  }
+  unusable.clear();
+  if (p16 == Param16::keep) return;
+  gather_param16();
+  upload16_all();
+  p16_sync();
 }
 
 std::uint64_t ShardedOptimizer::state_bytes() const {

@@ -300,10 +300,9 @@ struct ShardedOptimizer::Impl {
   void create_state_blocks();
   /// tiers.create(d); when resuming, the stored block of that name instead (checked against d).
   BlockId make_block(const BlockDesc& d);
-  /// Recomputes this rank's 16-bit parameters from the master weights, then all-gathers them.
-  void refresh_param16();
-  /// A failed step's rollback: refresh_param16() with each sub-group's read tried a few times
-  /// (a second fault may hit it); if one still fails, param16 is left stale (p16_stale).
+  /// A failed step's rollback: this rank's 16-bit parameters recomputed from the master weights
+  /// (each sub-group's read tried a few times: a second fault may hit it), then all-gathered; if
+  /// a read still fails, param16 is left stale (p16_stale).
   void restore_param16();
   /// Stale 16-bit parameters (p16_stale) are restored first (world size 1; with several ranks
   /// it throws asking for a restart and resume); then `what` throws, since the
@@ -316,9 +315,11 @@ struct ShardedOptimizer::Impl {
   void mark_param16_stale(std::exception_ptr why);  // logs it
   static constexpr int kRestoreAttempts = 3;
   std::exception_ptr p16_stale;  // why param16 no longer matches the committed masters
-  /// Set on every rank when a step's commit happened on some ranks and could not be undone on
-  /// them after another's failed: every call needing the state refuses (require_state).
-  std::string ranks_apart;
+  /// Set on every rank when a collective call left the ranks' committed states apart or
+  /// unfinished (a step's commit that could not be undone, a commit of initialize(), load() or
+  /// import_state() that failed on a rank): why, and what to do. Every call needing the state
+  /// refuses with it (require_state) until initialize() or load() succeeds.
+  std::string unusable;
   void gather_param16();
   void reduce_local(OptGroup& g);
   /// At the end of a sub-group's ingest in a final backward: its statistics (view: its
@@ -422,6 +423,19 @@ struct ShardedOptimizer::Impl {
   /// so that no rank is left waiting in a collective or a step apart.
   void agree(const std::exception_ptr& failed, const std::function<void()>& undo,
              const std::string& then);
+  /// What happens to the 16-bit parameters after commit_replaced_state()'s commit: nothing,
+  /// this rank's (already computed) all-gathered, or recomputed from the masters and gathered.
+  enum class Param16 { keep, gather, refresh };
+  /// The last phase of initialize(), load() and import_state(): commits the new state, runs
+  /// `more` (load's memory-only state), recomputes this rank's 16-bit parameters if asked, and
+  /// agrees; then gathers them. A failure on any rank throws on every rank and leaves every
+  /// rank unusable (`what` again, or initialize() or load()). Collective.
+  void commit_replaced_state(const std::string& what, Param16 p16,
+                             const std::function<void()>& more = {});
+  /// finalize()'s work on this rank (layout, blocks), before the ranks agree.
+  void finalize_local();
+  /// initialize()'s writes on this rank (masters from `init`, zeroed moments, the 16-bit copy).
+  void write_initial_state(const ParamInit& init);
   /// import_state(), before anything is written: every entry trainable, of a kept slot, of the
   /// right length, given once (std::invalid_argument naming it).
   void check_import(std::span<const StateTensor> tensors) const;

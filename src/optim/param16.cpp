@@ -88,11 +88,6 @@ void ShardedOptimizer::Impl::p16_all() {
   }
 }
 
-void ShardedOptimizer::Impl::refresh_param16() {
-  for (const auto& s : subs) refresh_sub16(s);
-  gather_param16();
-}
-
 std::exception_ptr ShardedOptimizer::Impl::refresh_sub16_retrying(const OptSub& s) {
   for (int attempt = 1;; ++attempt) {
     try {

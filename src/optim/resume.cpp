@@ -11,6 +11,7 @@
 
 #include "src/optim/optimizer_impl.hpp"
 #include "tierswap/detail/json.hpp"
+#include "tierswap/error.hpp"
 #include "tierswap/log.hpp"
 #include "tierswap/units.hpp"
 
@@ -136,16 +137,22 @@ void ShardedOptimizer::Impl::agree_on_step() {
 
 void ShardedOptimizer::Impl::restore_from_record() {
   agree_on_step();
-  const nlohmann::json j = parse_record(tiers, resume_record);
-  std::vector<std::uint64_t> part;
-  const auto cfgs = check_groups(
-      j.at("groups"), [&](const std::string& why) { return record_error(tiers, why); }, &part);
-  step_count = detail::json_int<std::uint64_t>(j.at("step"));
-  scale = j.at("loss_scale").get<double>();
-  growth_tracker = detail::json_int<std::uint32_t>(j.at("growth_tracker"));
-  for (std::size_t gi = 0; gi < groups.size(); ++gi) groups[gi].cfg = cfgs[gi];
-  drop_all_grads();
-  refresh_param16();
+  agree(
+      thrown_by([&] {
+        const nlohmann::json j = parse_record(tiers, resume_record);
+        std::vector<std::uint64_t> part;
+        const auto cfgs = check_groups(
+            j.at("groups"), [&](const std::string& why) { return record_error(tiers, why); },
+            &part);
+        step_count = detail::json_int<std::uint64_t>(j.at("step"));
+        scale = j.at("loss_scale").get<double>();
+        growth_tracker = detail::json_int<std::uint32_t>(j.at("growth_tracker"));
+        for (std::size_t gi = 0; gi < groups.size(); ++gi) groups[gi].cfg = cfgs[gi];
+        drop_all_grads();
+        for (const auto& s : subs) refresh_sub16(s);
+      }),
+      [] {}, "resume: another rank could not restore its state (its error says why)");
+  gather_param16();
   upload16_all();
   p16_sync();
 }
@@ -165,11 +172,16 @@ bool ShardedOptimizer::resume() {
     finalize();
     return false;
   }
-  m.check_record(parse_record(m.tiers, rec));
-  m.resume_record = rec;
   m.adopt_blocks = true;
   try {
-    finalize();
+    m.agree(
+        thrown_by([&] {
+          m.check_record(parse_record(m.tiers, rec));
+          m.resume_record = rec;
+          m.finalize_local();
+        }),
+        [&] { m.finalized = false; },
+        "resume: another rank's swap directory or layout was refused (its error says why)");
     m.restore_from_record();
   } catch (...) {
     m.adopt_blocks = false;

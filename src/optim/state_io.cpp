@@ -154,11 +154,7 @@ void ShardedOptimizer::import_state(std::span<const StateTensor> tensors,
       "state is unchanged");
   master = m.comm.all_reduce_or(master);
   if (step) m.step_count = *step;
-  m.commit();
-  if (!master) return;
-  m.refresh_param16();
-  m.upload16_all();
-  m.p16_sync();
+  m.commit_replaced_state("import_state()", master ? Impl::Param16::refresh : Impl::Param16::keep);
 }
 
 }  // namespace tierswap

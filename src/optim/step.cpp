@@ -408,8 +408,8 @@ void ShardedOptimizer::Impl::run_pipeline_and_commit(const StepPlan& sp, bool ke
       p16_changed = any_rank_failed(p16_changed);
     }
     roll_back_failed_step(p16_changed);
-    if (!ranks_apart.empty())
-      throw std::runtime_error(fmt::format("{} (the first error here: {})", ranks_apart,
+    if (!unusable.empty())
+      throw std::runtime_error(fmt::format("{} (the first error here: {})", unusable,
                                            what_of(std::current_exception())));
     throw;
   }
@@ -447,7 +447,7 @@ void ShardedOptimizer::Impl::undo_commit_agreed(std::uint64_t t, bool committed)
     log(LogLevel::error,
         fmt::format("step {}: rank {} could not undo its commit: {}", t, rank, err));
   if (!any_rank_failed(!err.empty())) return;
-  ranks_apart = fmt::format(
+  unusable = fmt::format(
       "step {} was committed on some ranks and not on others, and the ranks ahead could not step "
       "back{}{}: {}",
       t, err.empty() ? "" : " (here: ", err.empty() ? "" : err + ")",

@@ -28,6 +28,7 @@
 #include "tierswap/detail/manifest.hpp"
 #include "tierswap/detail/paths.hpp"
 #include "tierswap/detail/process.hpp"
+#include "tierswap/error.hpp"
 #include "tierswap/io_engine.hpp"
 #include "tierswap/log.hpp"
 #include "tierswap/service.hpp"
@@ -232,6 +233,11 @@ struct TieredOptimizer::Impl {
   void warn_kept() const noexcept;
   void remove_files() noexcept;
   void build();
+  /// build()'s part of this rank alone (the swap space, engine, tier manager, pool and
+  /// optimizer with its groups and parameters), before the ranks agree that every one has it.
+  void build_parts(TierConfig& tc, OptimizerConfig& oc,
+                   std::vector<std::pair<GroupConfig, std::uint64_t>>& sizes);
+  void agree_on_parts(const std::exception_ptr& failed) const;
   void size_to_budget(TierConfig& tc, OptimizerConfig& oc, bool auto_subgroup, std::uint64_t bpe,
                       std::uint64_t blocks) const;
   ServiceOffer fit_to_service(TierConfig& tc, OptimizerConfig& oc, bool auto_subgroup,
@@ -323,11 +329,29 @@ void TieredOptimizer::Impl::fit_pageable_to_offer(TierConfig& tc, const ServiceO
                   tc.pageable_budget ? "the rest spill to NVMe" : "they share the pinned budget"));
 }
 
+// The ranks agree before the optimizer's finalize() or resume(), which are collective: one rank
+// whose swap directory, space or budget is refused would otherwise leave the others waiting.
 void TieredOptimizer::Impl::build() {
   TierConfig tc = o.tiers;
-  if (o.host_budget != 0) tc.host_budget = o.host_budget;
   OptimizerConfig oc = o.optimizer;
   std::vector<std::pair<GroupConfig, std::uint64_t>> sizes;
+  agree_on_parts(thrown_by([&] { build_parts(tc, oc, sizes); }));
+  finalize_optimizer(sizes, oc, tc);
+}
+
+void TieredOptimizer::Impl::agree_on_parts(const std::exception_ptr& failed) const {
+  const bool any = comm->size() > 1 ? comm->all_reduce_or(failed != nullptr) : failed != nullptr;
+  if (failed) std::rethrow_exception(failed);
+  if (any)
+    throw std::runtime_error(fmt::format(
+        "finalize: rank {}: another rank could not set up its swap space and tiers (its error "
+        "says why); this rank's are undone",
+        comm->rank()));
+}
+
+void TieredOptimizer::Impl::build_parts(TierConfig& tc, OptimizerConfig& oc,
+                                        std::vector<std::pair<GroupConfig, std::uint64_t>>& sizes) {
+  if (o.host_budget != 0) tc.host_budget = o.host_budget;
   std::uint64_t bpe = 0, blocks = 0;
   for (std::size_t g = 0; g < groups.size(); ++g) {
     sizes.emplace_back(groups[g].first, group_numel[g]);
@@ -364,7 +388,6 @@ void TieredOptimizer::Impl::build() {
   opt = std::make_unique<ShardedOptimizer>(*tiers, *comm, oc, pool.get());
   for (const auto& [cfg, name] : groups) opt->add_group(cfg, name);
   for (const auto& [g, spec] : params) opt->add_param(g, spec);
-  finalize_optimizer(sizes, oc, tc);
 }
 
 // The optimizer's finalize() (or resume()); a given swap_capacity too small for the parameters is

@@ -1290,6 +1290,20 @@ import glob, os, sys, torch, torch.distributed as dist, tierswap.torch as tt
 rank, port, root = int(sys.argv[1]), sys.argv[2], sys.argv[3]
 dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2)
 p = torch.nn.Parameter(torch.ones(5000, dtype=torch.bfloat16))
+# a construction refused on rank 1 (its swap_dir is a file; its budget cannot hold a sub-group):
+# every rank raises, none left waiting, and rank 0's swap directory is left empty for the next
+q = torch.nn.Parameter(torch.ones(300000, dtype=torch.bfloat16))
+for bad, message in ((dict(swap_dir=os.path.join(root, "file")), "is not a directory"),
+                     (dict(host_budget="64KiB", subgroup_size=65536), "host budget")):
+    kw = dict(swap_dir=os.path.join(root, f"swap{rank}"), telemetry=False, state_tier="nvme")
+    if rank == 1:
+        kw.update(bad)
+    try:
+        tt.AdamW([q], lr=0.1, **kw)
+        raise AssertionError(f"rank {rank}: a construction refused on rank 1 succeeded")
+    except (RuntimeError, ValueError) as e:
+        assert (message if rank == 1 else "another rank") in str(e), (rank, str(e))
+    assert os.listdir(os.path.join(root, f"swap{rank}")) == [], os.listdir(root)
 opt = tt.AdamW([p], lr=0.1, swap_dir=os.path.join(root, f"swap{rank}"), telemetry=False)
 
 def step():
@@ -1380,7 +1394,7 @@ print("rank", rank, "ok")
 """
 
 
-def test_a_save_load_or_commit_failing_on_one_rank_raises_on_every_rank_and_changes_nothing(tmp_path):
+def test_a_setup_save_load_or_commit_failing_on_one_rank_raises_on_every_rank_and_changes_nothing(tmp_path):
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path), OMP_NUM_THREADS="1")
     (tmp_path / "ck").mkdir()
     (tmp_path / "link").symlink_to(tmp_path / "ck")

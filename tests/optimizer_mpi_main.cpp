@@ -42,7 +42,7 @@ struct Args {
   bool resume = false, lagging = false, fail_writes = false;
   bool coalesce = true, overlap = false, device_grads = false, in_place16 = false;
   bool in_place = false;  // TierConfig::shadow_slots off: a commit cannot be undone
-  bool refuse_finalize = false, fail_init = false;
+  bool refuse_finalize = false, fail_init = false, fail_gather = false;
 };
 
 // Throws std::invalid_argument with the usage on a bad command line.
@@ -83,11 +83,14 @@ Args parse_args(int argc, char** argv) {
       o.refuse_finalize = true;
     else if (a == "--fail-init")
       o.fail_init = true;
+    else if (a == "--fail-gather")
+      o.fail_gather = true;
     else
       throw std::invalid_argument(
           "usage: optimizer_mpi --out FILE [--save-at N DIR] [--load DIR] [--fixture F] "
           "[--no-coalesce] [--overlap [--param16-in-place]] [--device-grads] [--fail-io-at N "
           "read|write DIR] [--fail-commit-at N [--in-place]] [--refuse-finalize] [--fail-init] "
+          "[--fail-gather] "
           "[--stop-at N DIR | --resume DIR | --resume-lagging DIR]");
   }
   return o;
@@ -258,6 +261,27 @@ void fail_init_once(ShardedOptimizer& opt, const test::ModelOptimizer& m, int ra
   test::init_model(opt, m);
 }
 
+// The last rank's reads fail while every rank gathers the state (ShardedOptimizer::gather,
+// which reads what the host budget does not hold): every rank's gather() must throw (the others:
+// another rank could not read its part), none left waiting; the state is then gathered again.
+void fail_gather_once(ShardedOptimizer& opt, const test::ModelOptimizer& m, int rank, int world) {
+  g_io_fails = rank == world - 1 ? 1 << 30 : 0;
+  std::string err;
+  try {
+    for (std::size_t p = 0; p < m.ids.size(); ++p)
+      for (auto cls : {BlockClass::master, BlockClass::exp_avg, BlockClass::exp_avg_sq})
+        if (test::model_params()[p].trainable) opt.gather(m.ids[p], cls);
+  } catch (const std::exception& e) {
+    err = e.what();
+  }
+  g_io_fails = 0;
+  const bool others = err.find("another rank could not read its part") != std::string::npos;
+  if (err.empty() || others != (rank != world - 1))
+    throw std::runtime_error("--fail-gather: rank " + std::to_string(rank) + ": gather gave '" +
+                             err + "'");
+  std::printf("rank %d: the gather failed on every rank: %s\n", rank, err.c_str());
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -265,7 +289,7 @@ int main(int argc, char** argv) {
     const Args args = parse_args(argc, argv);
     const auto& [out, save_dir, load_dir, fixture, swap_dir, save_at, stop_at, fail_at,
                  fail_commit_at, resume, lagging, fail_writes, coalesce, overlap, device_grads,
-                 in_place16, in_place, refuse_finalize_, fail_init] = args;
+                 in_place16, in_place, refuse_finalize_, fail_init, fail_gather] = args;
     auto comm = make_communicator("auto");
     const int rank = comm->rank(), world = comm->size();
     test::TempDir dir;
@@ -277,13 +301,14 @@ int main(int argc, char** argv) {
     }
     sc.capacity = 64 << 20;
     SwapSpace space = resume ? SwapSpace::open(sc.dirs) : SwapSpace::create(sc);
-    const auto engine_ptr = make_engine(space, (fail_at > 0 || fail_init) && rank == world - 1,
-                                        fail_writes || fail_init ? IoOp::write : IoOp::read);
+    const auto engine_ptr =
+        make_engine(space, (fail_at > 0 || fail_init || fail_gather) && rank == world - 1,
+                    fail_writes || fail_init ? IoOp::write : IoOp::read);
     IoEngine& engine = *engine_ptr;
     TierConfig tc;
     tc.host_budget = 1 << 20;  // below the whole model's state: it streams through NVMe
     tc.host_slab_size = 128 << 10;
-    if (fail_at > 0)  // below a rank's part too (~180 KiB at 2 ranks): every step reads
+    if (fail_at > 0 || fail_gather)  // below a rank's part (~180 KiB at 2 ranks): reads
       tc.host_budget = 160 << 10;
     tc.device_mode = device_grads ? DeviceTierMode::simulated : DeviceTierMode::off;
     tc.device_budget = device_grads ? 4 << 20 : 0;
@@ -374,6 +399,7 @@ int main(int argc, char** argv) {
         throw std::runtime_error("on_param16_ready: the last values handed out for parameter " +
                                  std::to_string(id) + " are not param16()");
     }
+    if (fail_gather) fail_gather_once(opt, m, rank, world);
     const std::vector<float> dump = gather_state(opt, m, *comm);
     int bad = 0;
     if (rank == 0) {

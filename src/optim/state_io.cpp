@@ -68,8 +68,15 @@ std::vector<float> ShardedOptimizer::gather(ParamId id, BlockClass cls) {
   const OptParam& p = trainable(m.params, "gather", id);
   checked_slot(m.groups, "gather", p, cls);
   std::vector<float> out(p.numel, 0.0f);
-  for (auto& [off, vals] : shard(id, cls)) std::copy(vals.begin(), vals.end(), out.begin() + off);
+  const std::exception_ptr failed = thrown_by([&] {
+    for (auto& [off, vals] : shard(id, cls)) std::copy(vals.begin(), vals.end(), out.begin() + off);
+  });
+  if (m.world == 1 && failed) std::rethrow_exception(failed);
   if (m.world == 1) return out;
+  m.agree(
+      failed, [] {},
+      fmt::format("gather '{}': another rank could not read its part (its error says why)",
+                  p.spec.name));
   const OptGroup& g = m.groups[p.group];
   std::vector<std::size_t> counts(m.world, 0), displs(m.world, 0);
   for (int r = 0; r < m.world; ++r) {

@@ -121,7 +121,9 @@ class TieredOptimizer {
   ParamId add_param(int group, const ParamSpec& spec);
   /// Sizes and creates the swap space (std::runtime_error naming each directory and the bytes
   /// needed when a filesystem lacks the room, or when a directory holds an earlier run's space),
-  /// builds engine, tier manager, pool and optimizer, and finalizes the optimizer.
+  /// builds engine, tier manager, pool and optimizer, and finalizes the optimizer. Collective:
+  /// a rank whose directory, space or budget is refused makes every rank throw (the others:
+  /// "another rank could not set up its swap space and tiers"), each with nothing kept.
   void finalize();
   bool finalized() const noexcept;
   /// Whether finalize() continued an earlier run (TieredOptions::resume and a swap space was

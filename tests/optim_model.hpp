@@ -115,6 +115,29 @@ inline ModelOptimizer start_model(ShardedOptimizer& opt) {
   return m;
 }
 
+/// Parameter p's 16-bit gradient of micro-batch u of step t on this rank's samples, into g16.
+inline void micro_grad16(const ShardedOptimizer& opt, const ModelOptimizer& m, int t, int u,
+                         int rank, int world, std::size_t p, std::vector<std::uint16_t>& g16) {
+  g16.assign(opt.param(m.ids[p]).numel(), 0);
+  for (std::uint64_t i = 0; i < g16.size(); ++i) {
+    float sum = 0;  // exact: see the header comment
+    for (int s = rank; s < kSamples; s += world) sum += sample_grad(t, u, s, p, i);
+    g16[i] = float_to_f16(sum);
+  }
+}
+
+/// Micro-batch u of step t: every trainable parameter's gradient through add_grad (between
+/// begin_backward and end_backward).
+inline void add_micro_grads(ShardedOptimizer& opt, const ModelOptimizer& m, int t, int u, int rank,
+                            int world) {
+  std::vector<std::uint16_t> g16;
+  for (std::size_t p = 0; p < model_params().size(); ++p) {
+    if (!model_params()[p].trainable) continue;
+    micro_grad16(opt, m, t, u, rank, world, p, g16);
+    opt.add_grad(m.ids[p], g16.data(), Dtype::f16);
+  }
+}
+
 /// Runs steps [first, last] (1-based) of the gradient sequence on this rank's samples.
 /// `device_grads`: through add_grad_device, from GPU memory with `gpu` (copied there first), else
 /// from host memory standing in for a simulated device's.
@@ -133,19 +156,11 @@ inline std::vector<StepResult> train(ShardedOptimizer& opt, const ModelOptimizer
   for (int t = first; t <= last; ++t) {
     for (int u = 0; u < kMicroSteps; ++u) {
       opt.begin_backward(u == kMicroSteps - 1);
-      for (std::size_t p = 0; p < model_params().size(); ++p) {
+      if (!device_grads) add_micro_grads(opt, m, t, u, rank, world);
+      for (std::size_t p = 0; device_grads && p < model_params().size(); ++p) {
         if (!model_params()[p].trainable) continue;
-        const std::uint64_t n = opt.param(m.ids[p]).numel();
-        g16.assign(n, 0);
-        for (std::uint64_t i = 0; i < n; ++i) {
-          float sum = 0;  // exact: see the header comment
-          for (int s = rank; s < kSamples; s += world) sum += sample_grad(t, u, s, p, i);
-          g16[i] = float_to_f16(sum);
-        }
-        if (device_grads)
-          opt.add_grad_device(m.ids[p], device_copy(), Dtype::f16, {});
-        else
-          opt.add_grad(m.ids[p], g16.data(), Dtype::f16);
+        micro_grad16(opt, m, t, u, rank, world, p, g16);
+        opt.add_grad_device(m.ids[p], device_copy(), Dtype::f16, {});
       }
       opt.end_backward();
     }

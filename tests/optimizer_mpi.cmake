@@ -18,7 +18,8 @@
 #  - 2 ranks of which the last one's budget is refused at finalize() both throw from it; 2 ranks of
 #    which the last one's writes fail in initialize() both throw, refuse to step, and initialize
 #    again to the same bits; 2 ranks of which the last one's reads fail in a gather both throw
-#    from it, and gather again to the same bits;
+#    from it, and gather again to the same bits; and so do 2 ranks whose gradients' reduction
+#    fails on the last one (reading a gradient it spilled), redoing the step;
 #  - 3 ranks agree with torch.optim.AdamW (the fixture).
 # Inputs: -DPROG= -DMPIEXEC= -DWORK= -DFIXTURE=
 set(ENV{OMPI_ALLOW_RUN_AS_ROOT} 1)
@@ -65,8 +66,9 @@ run(2 --out ${WORK}/unused.bin --refuse-finalize)  # rank 1's budget refused: bo
 run(2 --out ${WORK}/np2ifail.bin --fail-init)  # rank 1's writes fail in initialize(): both throw,
 # both refuse to step, and both initialize() again to the same bits
 run(2 --out ${WORK}/np2gfail.bin --fail-gather)  # rank 1's reads fail in a gather: both throw
+run(2 --out ${WORK}/np2rfail.bin --fail-reduce-at 3)  # ... in a reduction: both throw, redo step 3
 foreach(f np2 np3 np4 np3nc np2ov np3ncov np3dev np3ovip resume np3swap np3lag np2fail np2ovfail np2wfail
-        np2cfail np3cfail np2ifail np2gfail)
+        np2cfail np3cfail np2ifail np2gfail np2rfail)
   execute_process(COMMAND ${CMAKE_COMMAND} -E compare_files ${WORK}/np1.bin ${WORK}/${f}.bin
                   RESULT_VARIABLE same)
   if(NOT same EQUAL 0)

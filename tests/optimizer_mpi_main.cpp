@@ -43,6 +43,7 @@ struct Args {
   bool coalesce = true, overlap = false, device_grads = false, in_place16 = false;
   bool in_place = false;  // TierConfig::shadow_slots off: a commit cannot be undone
   bool refuse_finalize = false, fail_init = false, fail_gather = false;
+  int fail_reduce_at = 0;
 };
 
 // Throws std::invalid_argument with the usage on a bad command line.
@@ -85,12 +86,14 @@ Args parse_args(int argc, char** argv) {
       o.fail_init = true;
     else if (a == "--fail-gather")
       o.fail_gather = true;
+    else if (a == "--fail-reduce-at" && i + 1 < argc)
+      o.fail_reduce_at = std::stoi(argv[++i]), o.coalesce = false;
     else
       throw std::invalid_argument(
           "usage: optimizer_mpi --out FILE [--save-at N DIR] [--load DIR] [--fixture F] "
           "[--no-coalesce] [--overlap [--param16-in-place]] [--device-grads] [--fail-io-at N "
           "read|write DIR] [--fail-commit-at N [--in-place]] [--refuse-finalize] [--fail-init] "
-          "[--fail-gather] "
+          "[--fail-gather] [--fail-reduce-at N] "
           "[--stop-at N DIR | --resume DIR | --resume-lagging DIR]");
   }
   return o;
@@ -282,6 +285,35 @@ void fail_gather_once(ShardedOptimizer& opt, const test::ModelOptimizer& m, int 
   std::printf("rank %d: the gather failed on every rank: %s\n", rank, err.c_str());
 }
 
+// Step t reduced after every backward (no coalescing): after the first micro-batch the last rank's
+// gradients are written out of host memory, and its reads fail in the second one, whose
+// reduction reads them back to add to them. Every rank's end_backward() must throw (the others:
+// another rank could not take its part) with every gradient dropped; step t is then redone.
+void fail_reduce_once(ShardedOptimizer& opt, TierManager& tiers, const test::ModelOptimizer& m,
+                      int t, int rank, int world) {
+  opt.begin_backward(false);
+  test::add_micro_grads(opt, m, t, 0, rank, world);
+  opt.end_backward();
+  if (rank == world - 1)
+    for (const auto& b : tiers.snapshot().blocks)
+      if (b.name.ends_with(".grad16")) tiers.evict(*tiers.find(b.name), Tier::host);
+  g_io_fails = rank == world - 1 ? 1 << 30 : 0;
+  std::string err;
+  try {
+    opt.begin_backward(true);
+    test::add_micro_grads(opt, m, t, 1, rank, world);
+    opt.end_backward();
+  } catch (const std::exception& e) {
+    err = e.what();
+  }
+  g_io_fails = 0;
+  const bool others = err.find("another rank could not take its part") != std::string::npos;
+  if (err.empty() || others != (rank != world - 1))
+    throw std::runtime_error("--fail-reduce-at: rank " + std::to_string(rank) +
+                             ": end_backward() gave '" + err + "'");
+  std::printf("rank %d: the reduction failed on every rank: %s\n", rank, err.c_str());
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -289,7 +321,8 @@ int main(int argc, char** argv) {
     const Args args = parse_args(argc, argv);
     const auto& [out, save_dir, load_dir, fixture, swap_dir, save_at, stop_at, fail_at,
                  fail_commit_at, resume, lagging, fail_writes, coalesce, overlap, device_grads,
-                 in_place16, in_place, refuse_finalize_, fail_init, fail_gather] = args;
+                 in_place16, in_place, refuse_finalize_, fail_init, fail_gather, fail_reduce_at] =
+        args;
     auto comm = make_communicator("auto");
     const int rank = comm->rank(), world = comm->size();
     test::TempDir dir;
@@ -301,9 +334,9 @@ int main(int argc, char** argv) {
     }
     sc.capacity = 64 << 20;
     SwapSpace space = resume ? SwapSpace::open(sc.dirs) : SwapSpace::create(sc);
-    const auto engine_ptr =
-        make_engine(space, (fail_at > 0 || fail_init || fail_gather) && rank == world - 1,
-                    fail_writes || fail_init ? IoOp::write : IoOp::read);
+    const auto engine_ptr = make_engine(
+        space, (fail_at > 0 || fail_init || fail_gather || fail_reduce_at > 0) && rank == world - 1,
+        fail_writes || fail_init ? IoOp::write : IoOp::read);
     IoEngine& engine = *engine_ptr;
     TierConfig tc;
     tc.host_budget = 1 << 20;  // below the whole model's state: it streams through NVMe
@@ -348,6 +381,11 @@ int main(int argc, char** argv) {
       test::train(opt, m, first, fail_at - 1, rank, world);
       fail_once(opt, m, fail_at, rank, world);
       return 0;  // the swap files stay
+    }
+    if (fail_reduce_at > 0) {
+      test::train(opt, m, first, fail_reduce_at - 1, rank, world);
+      fail_reduce_once(opt, tiers, m, fail_reduce_at, rank, world);
+      first = fail_reduce_at;  // the gradients were dropped: the step is taken afresh
     }
     if (fail_commit_at > 0) {
       test::train(opt, m, first, fail_commit_at - 1, rank, world);

@@ -16,6 +16,7 @@
 #include "src/optim/optimizer_impl.hpp"
 #include "tierswap/cuda_kernels.hpp"
 #include "tierswap/device.hpp"
+#include "tierswap/error.hpp"
 #include "tierswap/log.hpp"
 #include "tierswap/thread_pool.hpp"
 #include "tierswap/units.hpp"
@@ -109,6 +110,7 @@ void ShardedOptimizer::Impl::reduce_local(OptGroup& g) {
   const std::size_t es = dtype_size(dt);
   std::vector<std::size_t> counts(world);
   std::vector<std::byte> send, recv;
+  std::exception_ptr failed;  // this rank's ingest (reading a spilled gradient, say)
   for (std::uint64_t k = 0; k < g.subs_per_part; ++k) {
     std::size_t total = 0;
     for (int r = 0; r < world; ++r) total += counts[r] = piece(g, r, k).second;
@@ -122,23 +124,30 @@ void ShardedOptimizer::Impl::reduce_local(OptGroup& g) {
     }
     recv.resize(std::max<std::size_t>(1, counts[rank]) * es);
     comm.reduce_scatter(send.data(), recv.data(), counts, dt);
-    if (counts[rank] == 0) continue;
+    if (counts[rank] == 0 || failed) continue;  // a failed rank still takes part in the rest
     OptSub& s = subs[g.first_sub + k];
     // The first reduction since the drop lands on zeros: taken as it is. The reduction holds
     // every parameter's share of the sub-group at once.
     const bool fresh = s.grad_zero;
-    ingest(
-        s, Tier::host, fresh ? Access::overwrite : Access::write,
-        [&](std::byte* v) {
-          if (fresh)
-            std::memcpy(v, recv.data(), s.numel * es);
-          else
-            accumulate(v, dt, recv.data(), dt, s.numel, ctx());
-        },
-        true);
+    failed = thrown_by([&] {
+      ingest(
+          s, Tier::host, fresh ? Access::overwrite : Access::write,
+          [&](std::byte* v) {
+            if (fresh)
+              std::memcpy(v, recv.data(), s.numel * es);
+            else
+              accumulate(v, dt, recv.data(), dt, s.numel, ctx());
+          },
+          true);
+    });
   }
   std::memset(g.local_grad.data(), 0, g.local_grad.size());
   g.local_dirty = false;
+  agree(
+      failed, [&] { drop_grads_now(); },
+      fmt::format("reducing the gradients of group '{}': another rank could not take its part "
+                  "(its error says why); every rank's gradients are dropped",
+                  g.name));
 }
 
 void ShardedOptimizer::begin_backward(bool final) {
@@ -300,15 +309,19 @@ void ShardedOptimizer::drop_grads() {
   Impl& m = *impl_;
   m.require_finalized("drop_grads");
   if (m.in_backward) throw std::logic_error("drop_grads: end_backward() first");
-  if (m.cfg.overlap) {
-    m.spec_drain();
-    if (m.spec_pending()) m.spec_discard();  // the committed state, bit for bit
+  m.drop_grads_now();
+}
+
+void ShardedOptimizer::Impl::drop_grads_now() {
+  if (cfg.overlap) {
+    spec_drain();
+    if (spec_pending()) spec_discard();  // the committed state, bit for bit
   }
-  for (auto& g : m.groups) {
+  for (auto& g : groups) {
     std::fill(g.local_grad.begin(), g.local_grad.end(), std::byte{0});
     g.local_dirty = false;
   }
-  m.drop_all_grads();
+  drop_all_grads();
 }
 
 bool ShardedOptimizer::gradient_final(std::size_t k) const {

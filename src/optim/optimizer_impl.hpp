@@ -321,7 +321,13 @@ struct ShardedOptimizer::Impl {
   /// refuses with it (require_state) until initialize() or load() succeeds.
   std::string unusable;
   void gather_param16();
+  /// Collective: this rank's local gradients of `g` reduce-scattered into its sub-groups. A rank
+  /// that fails to take its part (an I/O error reading a spilled gradient) still takes part in
+  /// every reduction; then the ranks agree, and on a failure every rank drops its gradients and
+  /// throws.
   void reduce_local(OptGroup& g);
+  /// drop_grads() without its checks: speculative results discarded, every gradient dropped.
+  void drop_grads_now();
   /// At the end of a sub-group's ingest in a final backward: its statistics (view: its
   /// gradient, in `tier`), which also mark the gradient final.
   /// Returns whether the gradient is final (and finite) and so may be stepped speculatively.

@@ -160,7 +160,8 @@ std::unique_ptr<IoEngine> make_engine(SwapSpace& space, bool faulty, IoOp op) {
 // Step t with the last rank's reads or writes failing: it must throw on every rank (the others
 // saying that another rank failed), and no rank may have stepped. (With failing reads the last
 // rank cannot restore its 16-bit parameters either: the job ends, to resume from its swap files.)
-void fail_once(ShardedOptimizer& opt, const test::ModelOptimizer& m, int t, int rank, int world) {
+void fail_once(ShardedOptimizer& opt, const test::ModelOptimizer& m, Communicator& comm, int t,
+               int rank, int world) {
   g_io_fails = rank == world - 1 ? 1 << 30 : 0;
   std::string err;
   try {
@@ -177,6 +178,21 @@ void fail_once(ShardedOptimizer& opt, const test::ModelOptimizer& m, int t, int 
   if (rank != world - 1 && err.find("another rank's step failed") == std::string::npos)
     throw std::runtime_error(who + "unexpected error: " + err);
   std::printf("rank %d: step %d failed on every rank: %s\n", rank, t, err.c_str());
+  // A rank whose 16-bit parameters could not be restored (its reads fail) makes every rank refuse
+  // the next backward, or none does: no rank goes on alone into a collective.
+  double refused = 0;
+  try {
+    opt.begin_backward();
+    opt.end_backward();
+    opt.drop_grads();
+  } catch (const std::exception& e) {
+    if (std::string(e.what()).find("restart the job") == std::string::npos) throw;
+    refused = 1;
+  }
+  comm.all_reduce_sum(&refused, 1);
+  if (refused != 0 && refused != world)
+    throw std::runtime_error(who + std::to_string(static_cast<int>(refused)) + " of " +
+                             std::to_string(world) + " ranks refused the next backward");
 }
 
 // Step t with the last rank's commit failing (a directory where its manifest's temporary file
@@ -379,7 +395,7 @@ int main(int argc, char** argv) {
     }
     if (fail_at > 0) {
       test::train(opt, m, first, fail_at - 1, rank, world);
-      fail_once(opt, m, fail_at, rank, world);
+      fail_once(opt, m, *comm, fail_at, rank, world);
       return 0;  // the swap files stay
     }
     if (fail_reduce_at > 0) {

@@ -535,6 +535,9 @@ struct ShardedOptimizer::Impl {
                            std::vector<std::size_t>* late) const;
   void keep_speculative_param16(StepResult& r, bool* p16_changed);
   void roll_back_failed_step(bool p16_changed);
+  /// Collective (after a rollback every rank took part in): p16_stale on any rank makes it
+  /// stale on every rank.
+  void agree_on_stale_param16();
   /// Whether `flag` is true on any rank (collective; true too when the ranks cannot agree): in
   /// run_pipeline_and_commit(), whether any rank's pipeline failed, then whether any rank's
   /// commit failed, then whether any rank's 16-bit parameters changed.

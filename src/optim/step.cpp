@@ -408,6 +408,7 @@ void ShardedOptimizer::Impl::run_pipeline_and_commit(const StepPlan& sp, bool ke
       p16_changed = any_rank_failed(p16_changed);
     }
     roll_back_failed_step(p16_changed);
+    if (all_roll_back) agree_on_stale_param16();
     if (!unusable.empty())
       throw std::runtime_error(fmt::format("{} (the first error here: {})", unusable,
                                            what_of(std::current_exception())));
@@ -467,6 +468,15 @@ bool ShardedOptimizer::Impl::any_rank_failed(bool failed) {
     log(LogLevel::error, fmt::format("step: the ranks could not agree on the step ({})", e.what()));
     return true;
   }
+}
+
+// Several ranks: one whose 16-bit parameters could not be restored after a rollback makes every
+// rank's stale, so that every rank's next begin_backward() or step() throws (restart and resume)
+// rather than that rank alone, with the others waiting for it in a collective.
+void ShardedOptimizer::Impl::agree_on_stale_param16() {
+  if (world == 1 || !any_rank_failed(p16_stale != nullptr) || p16_stale) return;
+  p16_stale = std::make_exception_ptr(
+      std::runtime_error("another rank's 16-bit parameters could not be restored"));
 }
 
 // Each part of the rollback runs even if one before it failed; the 16-bit parameters are
@@ -618,10 +628,9 @@ StepResult ShardedOptimizer::Impl::step_once(std::optional<double> given_clip) {
   std::exception_ptr failed = left.error;
   const auto [sum_sq, nonfinite, failed_anywhere] = global_grad_stats(&failed);
   if (failed_anywhere) {  // nothing has stepped on any rank
-    if (left.error) {
-      roll_back_failed_step(false);
-      std::rethrow_exception(left.error);
-    }
+    if (left.error) roll_back_failed_step(false);
+    agree_on_stale_param16();
+    if (left.error) std::rethrow_exception(left.error);
     if (failed) std::rethrow_exception(failed);
     throw std::runtime_error(fmt::format(
         "step {}: another rank's step failed (its error says why); nothing stepped here either",

@@ -15,8 +15,11 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <exception>
+#include <functional>
 #include <memory>
 #include <span>
+#include <string>
 #include <string_view>
 
 #include "tierswap/kernels.hpp"
@@ -48,6 +51,13 @@ class Communicator {
   virtual void broadcast(void* data, std::size_t bytes, int root) = 0;
   virtual void barrier() = 0;
 };
+
+/// Collective: whether any rank failed (`failed`: this rank's error, or null). Returns when none
+/// did; else runs `undo` (when given), then rethrows this rank's error or throws
+/// std::runtime_error(`then`: another rank failed). How a collective call makes one rank's error
+/// every rank's, none left waiting in the collective that follows.
+void agree_on_failure(Communicator& comm, const std::exception_ptr& failed,
+                      const std::function<void()>& undo, const std::string& then);
 
 /// World size 1.
 std::unique_ptr<Communicator> make_single_communicator();

@@ -44,6 +44,14 @@ class SingleCommunicator final : public Communicator {
 
 }  // namespace
 
+void agree_on_failure(Communicator& comm, const std::exception_ptr& failed,
+                      const std::function<void()>& undo, const std::string& then) {
+  if (!comm.all_reduce_or(failed != nullptr)) return;
+  if (undo) undo();
+  if (failed) std::rethrow_exception(failed);
+  throw std::runtime_error(then);
+}
+
 std::unique_ptr<Communicator> make_single_communicator() {
   return std::make_unique<SingleCommunicator>();
 }

@@ -465,8 +465,8 @@ void ShardedOptimizer::load(const std::filesystem::path& dir) {
     m.load_state_pass(0, read);
   });
   const std::string where = fmt::format("load {}: another rank ", dir.string());
-  m.agree(
-      failed,
+  agree_on_failure(
+      m.comm, failed,
       [&] {
         if (copying && m.tiers.config().shadow_slots) m.tiers.discard();  // stored state kept
       },

@@ -143,8 +143,8 @@ void ShardedOptimizer::Impl::reduce_local(OptGroup& g) {
   }
   std::memset(g.local_grad.data(), 0, g.local_grad.size());
   g.local_dirty = false;
-  agree(
-      failed, [&] { drop_grads_now(); },
+  agree_on_failure(
+      comm, failed, [&] { drop_grads_now(); },
       fmt::format("reducing the gradients of group '{}': another rank could not take its part "
                   "(its error says why); every rank's gradients are dropped",
                   g.name));

@@ -89,8 +89,8 @@ ParamId ShardedOptimizer::add_param(int group, const ParamSpec& spec) {
 void ShardedOptimizer::finalize() {
   Impl& m = *impl_;
   if (m.finalized) throw std::logic_error("finalize: already finalized");
-  m.agree(
-      thrown_by([&] { m.finalize_local(); }), [&] { m.finalized = false; },
+  agree_on_failure(
+      m.comm, thrown_by([&] { m.finalize_local(); }), [&] { m.finalized = false; },
       "finalize: another rank's finalize failed (its error says why)");
 }
 
@@ -153,8 +153,8 @@ void ShardedOptimizer::initialize(const ParamInit& init) {
   Impl& m = *impl_;
   m.require_finalized("initialize");
   if (!init) throw std::invalid_argument("initialize: no initializer");
-  m.agree(
-      thrown_by([&] { m.write_initial_state(init); }),
+  agree_on_failure(
+      m.comm, thrown_by([&] { m.write_initial_state(init); }),
       [&] {
         if (m.tiers.config().shadow_slots) m.tiers.discard();
       },
@@ -263,14 +263,6 @@ std::pair<std::uint64_t, std::uint64_t> ShardedOptimizer::partition(int group, i
   return m.rank_range(m.groups[group], rank);
 }
 
-void ShardedOptimizer::Impl::agree(const std::exception_ptr& failed,
-                                   const std::function<void()>& undo, const std::string& then) {
-  if (!comm.all_reduce_or(failed != nullptr)) return;
-  undo();
-  if (failed) std::rethrow_exception(failed);
-  throw std::runtime_error(then);
-}
-
 void ShardedOptimizer::Impl::commit_replaced_state(const std::string& what, Param16 p16,
                                                    const std::function<void()>& more) {
   const std::exception_ptr failed = thrown_by([&] {
@@ -279,16 +271,16 @@ void ShardedOptimizer::Impl::commit_replaced_state(const std::string& what, Para
     if (p16 == Param16::refresh)
       for (const auto& s : subs) refresh_sub16(s);
   });
-  if (comm.all_reduce_or(failed != nullptr)) {
-    unusable = fmt::format(
-        "{} failed on a rank after the new state was written{}{}: the ranks' states may differ, "
-        "and until initialize() or load() succeeds on every rank the optimizer refuses to step "
-        "or save",
-        what, failed ? " (here: " : "", failed ? what_of(failed) + ")" : "");
-    if (failed) std::rethrow_exception(failed);
-    throw std::runtime_error(
-        fmt::format("{}: another rank failed committing its new state (its error says why)", what));
-  }
+  agree_on_failure(
+      comm, failed,
+      [&] {
+        unusable = fmt::format(
+            "{} failed on a rank after the new state was written{}{}: the ranks' states may "
+            "differ, and until initialize() or load() succeeds on every rank the optimizer "
+            "refuses to step or save",
+            what, failed ? " (here: " : "", failed ? what_of(failed) + ")" : "");
+      },
+      fmt::format("{}: another rank failed committing its new state (its error says why)", what));
   unusable.clear();
   if (p16 == Param16::keep) return;
   gather_param16();

@@ -423,12 +423,6 @@ struct ShardedOptimizer::Impl {
   /// drop_grad() for every sub-group.
   void drop_all_grads();
   // ---- checkpoints (checkpoint.cpp) -------------------------------------------------------------
-  /// Collective: when any rank failed (`failed`: this rank's failure, or null), runs `undo`, then
-  /// rethrows this rank's failure or throws std::runtime_error(`then`: another rank failed).
-  /// Returns when no rank failed. What save(), load() and import_state() do before committing,
-  /// so that no rank is left waiting in a collective or a step apart.
-  void agree(const std::exception_ptr& failed, const std::function<void()>& undo,
-             const std::string& then);
   /// What happens to the 16-bit parameters after commit_replaced_state()'s commit: nothing,
   /// this rank's (already computed) all-gathered, or recomputed from the masters and gathered.
   enum class Param16 { keep, gather, refresh };

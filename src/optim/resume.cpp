@@ -137,21 +137,20 @@ void ShardedOptimizer::Impl::agree_on_step() {
 
 void ShardedOptimizer::Impl::restore_from_record() {
   agree_on_step();
-  agree(
-      thrown_by([&] {
-        const nlohmann::json j = parse_record(tiers, resume_record);
-        std::vector<std::uint64_t> part;
-        const auto cfgs = check_groups(
-            j.at("groups"), [&](const std::string& why) { return record_error(tiers, why); },
-            &part);
-        step_count = detail::json_int<std::uint64_t>(j.at("step"));
-        scale = j.at("loss_scale").get<double>();
-        growth_tracker = detail::json_int<std::uint32_t>(j.at("growth_tracker"));
-        for (std::size_t gi = 0; gi < groups.size(); ++gi) groups[gi].cfg = cfgs[gi];
-        drop_all_grads();
-        for (const auto& s : subs) refresh_sub16(s);
-      }),
-      [] {}, "resume: another rank could not restore its state (its error says why)");
+  agree_on_failure(comm, thrown_by([&] {
+                     const nlohmann::json j = parse_record(tiers, resume_record);
+                     std::vector<std::uint64_t> part;
+                     const auto cfgs = check_groups(
+                         j.at("groups"),
+                         [&](const std::string& why) { return record_error(tiers, why); }, &part);
+                     step_count = detail::json_int<std::uint64_t>(j.at("step"));
+                     scale = j.at("loss_scale").get<double>();
+                     growth_tracker = detail::json_int<std::uint32_t>(j.at("growth_tracker"));
+                     for (std::size_t gi = 0; gi < groups.size(); ++gi) groups[gi].cfg = cfgs[gi];
+                     drop_all_grads();
+                     for (const auto& s : subs) refresh_sub16(s);
+                   }),
+                   {}, "resume: another rank could not restore its state (its error says why)");
   gather_param16();
   upload16_all();
   p16_sync();
@@ -174,8 +173,8 @@ bool ShardedOptimizer::resume() {
   }
   m.adopt_blocks = true;
   try {
-    m.agree(
-        thrown_by([&] {
+    agree_on_failure(
+        m.comm, thrown_by([&] {
           m.check_record(parse_record(m.tiers, rec));
           m.resume_record = rec;
           m.finalize_local();

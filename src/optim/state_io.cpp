@@ -71,12 +71,11 @@ std::vector<float> ShardedOptimizer::gather(ParamId id, BlockClass cls) {
   const std::exception_ptr failed = thrown_by([&] {
     for (auto& [off, vals] : shard(id, cls)) std::copy(vals.begin(), vals.end(), out.begin() + off);
   });
-  if (m.world == 1 && failed) std::rethrow_exception(failed);
-  if (m.world == 1) return out;
-  m.agree(
-      failed, [] {},
+  agree_on_failure(
+      m.comm, failed, {},
       fmt::format("gather '{}': another rank could not read its part (its error says why)",
                   p.spec.name));
+  if (m.world == 1) return out;
   const OptGroup& g = m.groups[p.group];
   std::vector<std::size_t> counts(m.world, 0), displs(m.world, 0);
   for (int r = 0; r < m.world; ++r) {
@@ -152,8 +151,8 @@ void ShardedOptimizer::import_state(std::span<const StateTensor> tensors,
     writing = true;
     master = m.write_imported(tensors);
   });
-  m.agree(
-      failed,
+  agree_on_failure(
+      m.comm, failed,
       [&] {
         if (writing && m.tiers.config().shadow_slots) m.tiers.discard();
       },

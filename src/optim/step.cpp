@@ -420,13 +420,10 @@ void ShardedOptimizer::Impl::run_pipeline_and_commit(const StepPlan& sp, bool ke
 // others a step ahead. So they agree once more: if any rank's commit failed, every rank throws
 // (*all_roll_back set) and the ones that committed (*committed) undo it (undo_commit_agreed).
 void ShardedOptimizer::Impl::commit_agreed(std::uint64_t t, bool* committed, bool* all_roll_back) {
-  std::exception_ptr failed;
-  try {
+  const std::exception_ptr failed = thrown_by([&] {
     commit();
     *committed = true;
-  } catch (...) {
-    failed = std::current_exception();
-  }
+  });
   if (!(*all_roll_back = any_rank_failed(failed != nullptr))) return;
   if (failed) std::rethrow_exception(failed);
   throw std::runtime_error(fmt::format(

@@ -237,7 +237,6 @@ struct TieredOptimizer::Impl {
   /// optimizer with its groups and parameters), before the ranks agree that every one has it.
   void build_parts(TierConfig& tc, OptimizerConfig& oc,
                    std::vector<std::pair<GroupConfig, std::uint64_t>>& sizes);
-  void agree_on_parts(const std::exception_ptr& failed) const;
   void size_to_budget(TierConfig& tc, OptimizerConfig& oc, bool auto_subgroup, std::uint64_t bpe,
                       std::uint64_t blocks) const;
   ServiceOffer fit_to_service(TierConfig& tc, OptimizerConfig& oc, bool auto_subgroup,
@@ -335,18 +334,11 @@ void TieredOptimizer::Impl::build() {
   TierConfig tc = o.tiers;
   OptimizerConfig oc = o.optimizer;
   std::vector<std::pair<GroupConfig, std::uint64_t>> sizes;
-  agree_on_parts(thrown_by([&] { build_parts(tc, oc, sizes); }));
+  agree_on_failure(*comm, thrown_by([&] { build_parts(tc, oc, sizes); }), {},
+                   fmt::format("finalize: rank {}: another rank could not set up its swap space "
+                               "and tiers (its error says why); this rank's are undone",
+                               comm->rank()));
   finalize_optimizer(sizes, oc, tc);
-}
-
-void TieredOptimizer::Impl::agree_on_parts(const std::exception_ptr& failed) const {
-  const bool any = comm->size() > 1 ? comm->all_reduce_or(failed != nullptr) : failed != nullptr;
-  if (failed) std::rethrow_exception(failed);
-  if (any)
-    throw std::runtime_error(fmt::format(
-        "finalize: rank {}: another rank could not set up its swap space and tiers (its error "
-        "says why); this rank's are undone",
-        comm->rank()));
 }
 
 void TieredOptimizer::Impl::build_parts(TierConfig& tc, OptimizerConfig& oc,

@@ -24,6 +24,7 @@
 #include "src/service/outbox.hpp"
 #include "src/service/protocol.hpp"
 #include "test_util.hpp"
+#include "tierswap/detail/manifest.hpp"
 #include "tierswap/metrics.hpp"
 #include "tierswap/service.hpp"
 #include "tierswap/tier_manager.hpp"
@@ -698,6 +699,40 @@ TEST(Service, ACorruptRegistryIsAnErrorAndLeftAlone) {
   const std::string why = error_of([&] { SwapService svc(sc); });
   EXPECT_NE(why.find(reg.string()), std::string::npos) << why;
   EXPECT_EQ(std::filesystem::file_size(reg), before);
+}
+
+// A client manifest whose container is sound but whose numbers are not integers of their field's
+// range (a float past 2^64, a negative length, a slot of 2^40) names the file; nothing is cast out
+// of range (UBSan found one by fuzzing) and the file is left as it was.
+TEST(Service, OutOfRangeNumbersInAClientManifestAreAnErrorAndLeftAlone) {
+  TempDir d;
+  const auto sc = service_config(d);
+  {
+    SwapService svc(sc);
+    ServiceClient c(client_config(sc, "n"));
+    fill(c, 0, 4 * kKiB, 1);
+    c.put(1, 0, 4 * kKiB);
+    c.commit();
+  }
+  const auto man = d.path() / "service-clients" / "n.0.manifest";
+  const auto good = nlohmann::json::parse(detail::read_manifest_file(man));
+  const std::pair<const char*, nlohmann::json> cases[] = {{"sums", {65013106456947493306.0, 0}},
+                                                          {"length", -4096},
+                                                          {"committed", 1099511627776LL},
+                                                          {"extents", {0, 1e300}}};
+  for (const auto& [field, value] : cases) {
+    auto bad = good;
+    bad["blocks"][0][field] = value;
+    detail::write_manifest_file(man, bad.dump(), true);
+    const auto before = detail::read_manifest_file(man);
+    const std::string why = error_of([&] { SwapService svc(sc); });
+    EXPECT_NE(why.find(man.string() + ": bad block table"), std::string::npos) << field << why;
+    EXPECT_EQ(detail::read_manifest_file(man), before) << field;
+  }
+  detail::write_manifest_file(man, good.dump(), true);
+  SwapService svc(sc);
+  ServiceClient c(client_config(sc, "n"));
+  EXPECT_EQ(c.attached_generation(), 1u);
 }
 
 // Without a capacity the service opens what the directories hold: each is checked first.

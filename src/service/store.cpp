@@ -4,6 +4,7 @@
 #include <stdexcept>
 #include <system_error>
 
+#include "tierswap/detail/json.hpp"
 #include "tierswap/detail/manifest.hpp"
 #include "tierswap/detail/paths.hpp"
 #include "tierswap/units.hpp"
@@ -46,8 +47,13 @@ void check_header(const nlohmann::json& j, const std::filesystem::path& p, const
                   const std::string& uuid) {
   if (!j.is_object() || j.value("format", "") != format)
     corrupt(p, fmt::format("not a {} file", format));
-  if (j.value("version", 0) != 1) corrupt(p, "unsupported version");
+  if (j.value("version", nlohmann::json()) != 1)
+    corrupt(p, "unsupported version " + j.value("version", nlohmann::json()).dump());
   if (j.value("space_uuid", "") != uuid) corrupt(p, "belongs to another swap space");
+}
+
+std::uint64_t u64(const nlohmann::json& j) {
+  return detail::json_int<std::uint64_t>(j);
 }
 
 void load_blocks(const ServiceFiles& f, const std::string& uuid, ClientRecord& c) {
@@ -57,19 +63,21 @@ void load_blocks(const ServiceFiles& f, const std::string& uuid, ClientRecord& c
   check_header(j, p, "tierswap.service-client", uuid);
   try {
     if (j.at("job") != c.job || j.at("rank") != c.rank) corrupt(p, "names another client");
-    c.generation = j.at("generation");
+    c.generation = u64(j.at("generation"));
     for (const auto& b : j.at("blocks")) {
       BlockRecord r;
-      r.length = b.at("length");
-      r.committed = b.at("committed");
+      r.length = u64(b.at("length"));
+      r.committed = detail::json_int<int>(b.at("committed"));
       for (int s = 0; s < 2; ++s) {
-        r.extent[s] = b.at("extents").at(s);
-        r.sum[s] = b.at("sums").at(s);
+        r.extent[s] = u64(b.at("extents").at(s));
+        r.sum[s] = u64(b.at("sums").at(s));
       }
       if (r.committed < -1 || r.committed > 1 || r.length == 0) corrupt(p, "bad block record");
-      c.blocks.emplace(b.at("id").get<std::uint64_t>(), r);
+      c.blocks.emplace(u64(b.at("id")), r);
     }
   } catch (const nlohmann::json::exception& e) {
+    corrupt(p, std::string("bad block table: ") + e.what());
+  } catch (const std::invalid_argument& e) {
     corrupt(p, std::string("bad block table: ") + e.what());
   }
 }
@@ -86,9 +94,9 @@ std::map<std::string, ClientRecord> load_clients(const ServiceFiles& f, const st
     for (const auto& e : j.at("clients")) {
       ClientRecord c;
       c.job = e.at("job");
-      c.rank = e.at("rank");
-      c.base = e.at("base");
-      c.bytes = e.at("bytes");
+      c.rank = detail::json_int<std::uint32_t>(e.at("rank"));
+      c.base = u64(e.at("base"));
+      c.bytes = u64(e.at("bytes"));
       c.raw = e.value("raw", false);
       if (!detail::valid_job_id(c.job)) corrupt(f.registry(), "bad job id '" + c.job + "'");
       load_blocks(f, uuid, c);
@@ -100,6 +108,8 @@ std::map<std::string, ClientRecord> load_clients(const ServiceFiles& f, const st
       out.emplace(c.key(), std::move(c));
     }
   } catch (const nlohmann::json::exception& e) {
+    corrupt(f.registry(), std::string("bad client table: ") + e.what());
+  } catch (const std::invalid_argument& e) {
     corrupt(f.registry(), std::string("bad client table: ") + e.what());
   }
   return out;

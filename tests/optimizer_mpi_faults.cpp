@@ -21,17 +21,6 @@ bool last_rank(const Communicator& comm) {
   return comm.rank() == comm.size() - 1;
 }
 
-// What `f` threw ("" when nothing).
-template <class F>
-std::string error_of(F&& f) {
-  try {
-    f();
-  } catch (const std::exception& e) {
-    return e.what();
-  }
-  return {};
-}
-
 // error_of(f) while the last rank's faulty engine fails every request.
 template <class F>
 std::string error_under_faults(const Communicator& comm, F&& f) {

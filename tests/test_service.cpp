@@ -71,14 +71,7 @@ bool holds(ServiceClient& c, std::uint64_t offset, std::uint64_t length, std::ui
 
 bool dropped_after(const std::filesystem::path& socket, const std::vector<std::uint8_t>& bytes);
 
-std::string error_of(const std::function<void()>& f) {
-  try {
-    f();
-  } catch (const std::exception& e) {
-    return e.what();
-  }
-  return "(no error)";
-}
+using test::error_of;
 
 TEST(Service, BlocksGoThroughSharedMemoryWithGenerations) {
   TempDir d;
@@ -232,7 +225,7 @@ TEST(Service, AnOfferSaysWhatANewClientWouldBeGranted) {
 }
 
 // An offer made to a stand-in service at `path` that answers the one connection with
-// `answer(fd)` (it owns fd); the offer's error, "(no error)" when it was answered.
+// `answer(fd)` (it owns fd); the offer's error, "" when it was answered.
 std::string offer_to_stand_in(const std::filesystem::path& path,
                               const std::function<void(int)>& answer, ServiceOffer* out) {
   const int lfd = test::listening_socket(path);
@@ -285,7 +278,7 @@ TEST(Service, AnOfferWithoutPageableFiguresReadsAsUnknown) {
         (void)c.send(fb);
       },
       &o);
-  EXPECT_EQ(why, "(no error)");
+  EXPECT_EQ(why, "");
   EXPECT_EQ(o.bytes, 8 * kKiB);
   EXPECT_EQ(o.free, 32 * kKiB);
   EXPECT_EQ(o.pageable_bytes, ServiceOffer::kUnknown);

@@ -35,14 +35,7 @@ void poke(const std::filesystem::path& p, off_t off, char value) {
   ::close(fd);
 }
 
-std::string what_of(auto&& fn) {
-  try {
-    fn();
-  } catch (const std::exception& e) {
-    return e.what();
-  }
-  return "(no exception)";
-}
+using test::error_of;
 
 }  // namespace
 
@@ -86,11 +79,11 @@ TEST(SwapSpace, ASpaceInUseIsRefusedNamingItsHolder) {
   {
     SwapSpace s = test::make_space({a.path(), b.path()}, 4 * MiB, 1 * MiB);
     const std::string here = fmt::format("in use by this process ({})", ::getpid());
-    EXPECT_NE(what_of([&] {
+    EXPECT_NE(error_of([&] {
                 SwapSpace::open({a.path(), b.path()});
               }).find(here),
               std::string::npos);
-    EXPECT_NE(what_of([&] {
+    EXPECT_NE(error_of([&] {
                 SwapSpace::open({b.path(), a.path()});
               }).find("is in use"),
               std::string::npos);
@@ -114,7 +107,7 @@ TEST(SwapSpace, ASpaceInUseIsRefusedNamingItsHolder) {
   char c = 0;
   ASSERT_EQ(::read(ready[0], &c, 1), 1);
   ::close(ready[0]);
-  EXPECT_NE(what_of([&] {
+  EXPECT_NE(error_of([&] {
               SwapSpace::open({a.path(), b.path()});
             }).find(fmt::format("in use by process {}", child)),
             std::string::npos);
@@ -205,7 +198,7 @@ TEST(SwapSpace, DoesNotFollowSymlinks) {
   { std::ofstream(target) << "precious"; }
   std::filesystem::create_symlink(target, a.path() / "tierswap.swap");
   EXPECT_THROW(test::make_space({a.path()}, 1 * MiB), std::system_error);
-  std::string w = what_of([&] { SwapSpace::open({a.path()}); });
+  std::string w = error_of([&] { SwapSpace::open({a.path()}); });
   EXPECT_NE(w.find("tierswap.swap"), std::string::npos) << w;
   EXPECT_EQ(read_file(target, 8), "precious");
 }
@@ -215,18 +208,18 @@ TEST(SwapSpace, CorruptTruncatedOrForeignFilesGiveClearErrors) {
   { SwapSpace s = test::make_space({a.path()}, 4 * MiB); }
   auto file = a.path() / "tierswap.swap";
   poke(file, 40, 0x5a);  // inside the header, covered by the checksum
-  EXPECT_NE(what_of([&] { SwapSpace::open({a.path()}); }).find("checksum"), std::string::npos);
+  EXPECT_NE(error_of([&] { SwapSpace::open({a.path()}); }).find("checksum"), std::string::npos);
   poke(file, 0, 'X');
-  EXPECT_NE(what_of([&] { SwapSpace::open({a.path()}); }).find("not a tierswap swap file"),
+  EXPECT_NE(error_of([&] { SwapSpace::open({a.path()}); }).find("not a tierswap swap file"),
             std::string::npos);
 
   TempDir b;
   { SwapSpace s = test::make_space({b.path()}, 4 * MiB); }
   auto file_b = b.path() / "tierswap.swap";
   ASSERT_EQ(::truncate(file_b.c_str(), 2 * MiB), 0);
-  EXPECT_NE(what_of([&] { SwapSpace::open({b.path()}); }).find("truncated"), std::string::npos);
+  EXPECT_NE(error_of([&] { SwapSpace::open({b.path()}); }).find("truncated"), std::string::npos);
   ASSERT_EQ(::truncate(file_b.c_str(), 100), 0);
-  EXPECT_NE(what_of([&] { SwapSpace::open({b.path()}); }).find("truncated"), std::string::npos);
+  EXPECT_NE(error_of([&] { SwapSpace::open({b.path()}); }).find("truncated"), std::string::npos);
 }
 
 TEST(SwapSpace, MismatchedSetsAreRejected) {
@@ -234,15 +227,15 @@ TEST(SwapSpace, MismatchedSetsAreRejected) {
   { SwapSpace s = test::make_space({a.path(), b.path()}, 4 * MiB); }
   { SwapSpace s = test::make_space({c.path()}, 4 * MiB); }
   EXPECT_NE(
-      what_of([&] { SwapSpace::open({a.path()}); }).find("striped over 2 files but 1 directories"),
+      error_of([&] { SwapSpace::open({a.path()}); }).find("striped over 2 files but 1 directories"),
       std::string::npos);
-  EXPECT_NE(what_of([&] {
+  EXPECT_NE(error_of([&] {
               SwapSpace::open({a.path(), c.path()});
             }).find("different swap space"),
             std::string::npos);
   TempDir empty;  // a directory of none of its files: named, with where they are
   EXPECT_NE(
-      what_of([&] {
+      error_of([&] {
         SwapSpace::open({b.path(), empty.path(), a.path()});
       })
           .find(empty.path().string() + " holds no file of the swap space whose files are in " +
@@ -251,7 +244,7 @@ TEST(SwapSpace, MismatchedSetsAreRejected) {
   SwapSpaceConfig cfg;
   cfg.dirs = {a.path(), b.path()};
   cfg.capacity = 8 * MiB;
-  EXPECT_NE(what_of([&] { SwapSpace::open_or_create(cfg); }).find("exists with capacity"),
+  EXPECT_NE(error_of([&] { SwapSpace::open_or_create(cfg); }).find("exists with capacity"),
             std::string::npos);
   cfg.capacity = 4 * MiB;
   bool created = true;
@@ -264,7 +257,7 @@ TEST(SwapSpace, MismatchedSetsAreRejected) {
   EXPECT_TRUE(created);
   TempDir d;
   cfg.dirs = {a.path(), d.path()};
-  EXPECT_NE(what_of([&] { SwapSpace::open_or_create(cfg); })
+  EXPECT_NE(error_of([&] { SwapSpace::open_or_create(cfg); })
                 .find(d.path().string() + " holds no file of the swap space whose files are in " +
                       a.path().string()),
             std::string::npos);
@@ -276,18 +269,18 @@ TEST(SwapSpace, BadConfigNamesTheProblem) {
   SwapSpaceConfig c;
   c.dirs = {a.path() / "missing"};
   c.capacity = MiB;
-  EXPECT_NE(what_of([&] { SwapSpace::create(c); }).find("not an existing directory"),
+  EXPECT_NE(error_of([&] { SwapSpace::create(c); }).find("not an existing directory"),
             std::string::npos);
   c.dirs = {a.path(), a.path()};
-  EXPECT_NE(what_of([&] { SwapSpace::create(c); }).find("same directory"), std::string::npos);
+  EXPECT_NE(error_of([&] { SwapSpace::create(c); }).find("same directory"), std::string::npos);
   c.dirs = {a.path()};
   c.stripe_size = 1000;
-  EXPECT_NE(what_of([&] { SwapSpace::create(c); }).find("stripe_size"), std::string::npos);
+  EXPECT_NE(error_of([&] { SwapSpace::create(c); }).find("stripe_size"), std::string::npos);
   c.stripe_size = MiB;
   c.capacity = 0;
-  EXPECT_NE(what_of([&] { SwapSpace::create(c); }).find("capacity"), std::string::npos);
+  EXPECT_NE(error_of([&] { SwapSpace::create(c); }).find("capacity"), std::string::npos);
   c.capacity = 1ull << 60;  // an exbibyte: more than any test disk
-  std::string w = what_of([&] { SwapSpace::create(c); });
+  std::string w = error_of([&] { SwapSpace::create(c); });
   EXPECT_NE(w.find("only"), std::string::npos) << w;
   EXPECT_NE(w.find(a.path().string()), std::string::npos) << w;
   EXPECT_FALSE(std::filesystem::exists(a.path() / "tierswap.swap")) << "half-built file left";
@@ -300,9 +293,9 @@ TEST(SwapSpaceConfig, JsonAndEnv) {
   EXPECT_EQ(c.capacity, 8 * GiB);
   EXPECT_EQ(c.stripe_size, 256 * KiB);
   EXPECT_EQ(c.direct, DirectIo::off);
-  EXPECT_NE(what_of([] { SwapSpaceConfig::from_json(R"({"capasity": 1})"); }).find("capasity"),
+  EXPECT_NE(error_of([] { SwapSpaceConfig::from_json(R"({"capasity": 1})"); }).find("capasity"),
             std::string::npos);
-  EXPECT_NE(what_of([] { SwapSpaceConfig::from_json(R"({"direct": "maybe"})"); }).find("direct"),
+  EXPECT_NE(error_of([] { SwapSpaceConfig::from_json(R"({"direct": "maybe"})"); }).find("direct"),
             std::string::npos);
   EXPECT_THROW(SwapSpaceConfig::from_json("{"), std::invalid_argument);
 

@@ -572,6 +572,44 @@ TEST(TierManager, ACommitIsUndoneRightAfterItWithCopiesAndReadAheadInFlight) {
   expect_pattern(*r.mgr, *r.mgr->find("b"), 7);
 }
 
+// A commit whose directory sync fails after its manifest was renamed into place throws, and the
+// manifest's earlier state is put back: the caller keeps the earlier generation and may overwrite
+// the slots the failed commit named, so a crash after that must not find them named (it found
+// checksum mismatches before). Also for the first commit, which had no manifest to replace.
+TEST(TierManager, ACommitWhoseDirectorySyncFailsLeavesTheEarlierGenerationOnDisk) {
+  const std::uint64_t bytes = 64 * kKiB;
+  TierConfig cfg = small_config(bytes, 4);
+  cfg.shadow_slots = true;
+  cfg.durable = true;
+  Rig r(cfg);
+  const BlockId a = r.mgr->create(desc("a", bytes / 4));
+  const auto manifest = r.dir.path() / std::string(detail::kManifestName);
+  const auto commit_failing_sync = [&](std::uint64_t seed) {
+    write_pattern(*r.mgr, a, seed);
+    const auto before = detail::replace_directory_sync([](const std::filesystem::path& d) {
+      throw std::system_error(EIO, std::system_category(), "fsync directory " + d.string());
+    });
+    const std::string why = test::error_of([&] { r.mgr->commit(); });
+    detail::replace_directory_sync(before);
+    EXPECT_NE(why.find("fsync directory"), std::string::npos) << why;
+    EXPECT_NE(why.find("earlier state was put back"), std::string::npos) << why;
+  };
+  commit_failing_sync(1);
+  EXPECT_FALSE(std::filesystem::exists(manifest));
+  EXPECT_EQ(r.mgr->committed_generation(), 0u);
+  r.mgr->set_commit_record("step 1");
+  write_pattern(*r.mgr, a, 2);
+  r.mgr->commit();
+  commit_failing_sync(3);
+  EXPECT_EQ(r.mgr->committed_generation(), 1u);
+  write_pattern(*r.mgr, a, 4);  // into the slot the failed commit named
+  r.mgr->flush();
+  r.reopen(cfg);  // as after a crash here
+  EXPECT_EQ(r.mgr->committed_generation(), 1u);
+  EXPECT_EQ(r.mgr->commit_record(), "step 1");
+  expect_pattern(*r.mgr, *r.mgr->find("a"), 2);
+}
+
 TEST(TierManager, MisuseIsRejectedWithClearErrors) {
   const std::uint64_t bytes = 64 * kKiB;
   Rig r(small_config(bytes, 8));

@@ -98,6 +98,17 @@ inline int listening_socket(const std::filesystem::path& path) {
 }
 
 /// Deterministic bytes: the value at absolute offset `off` of stream `seed`.
+// What `f` threw ("" when nothing).
+template <class F>
+std::string error_of(F&& f) {
+  try {
+    f();
+  } catch (const std::exception& e) {
+    return e.what();
+  }
+  return {};
+}
+
 inline std::uint8_t pattern_byte(std::uint64_t seed, std::uint64_t off) {
   std::uint64_t x = (off >> 3) * 0x9E3779B97F4A7C15ull + seed * 0xD1B54A32D192ED03ull;
   x ^= x >> 29;

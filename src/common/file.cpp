@@ -6,6 +6,7 @@
 #include <sys/statvfs.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <cerrno>
 #include <cstring>
 #include <stdexcept>
@@ -116,9 +117,20 @@ void File::sync() const {
   if (::fsync(fd_) != 0) throw_errno(errno, "fsync " + path_);
 }
 
-void fsync_directory(const std::filesystem::path& dir) {
+namespace {
+void sync_directory(const std::filesystem::path& dir) {
   const File d = File::open(dir, O_RDONLY | O_DIRECTORY);
   if (::fsync(d.fd()) != 0) throw_errno(errno, "fsync directory " + dir.string());
+}
+std::atomic<DirectorySync> directory_sync{&sync_directory};
+}  // namespace
+
+void fsync_directory(const std::filesystem::path& dir) {
+  directory_sync.load(std::memory_order_acquire)(dir);
+}
+
+DirectorySync replace_directory_sync(DirectorySync sync) noexcept {
+  return directory_sync.exchange(sync ? sync : &sync_directory, std::memory_order_acq_rel);
 }
 
 std::uint64_t filesystem_free_bytes(const std::filesystem::path& path) {

@@ -36,13 +36,35 @@ T get(const unsigned char* p) {
   return v;
 }
 
-// Links the manifest about to be replaced as `old`, so that the rename does not free it. False when
-// there is none yet, or the file system refuses hard links (the rename frees it then).
-bool keep_replaced(const std::string& path, const std::string& old) noexcept {
-  if (::link(path.c_str(), old.c_str()) == 0) return true;
-  if (errno != EEXIST) return false;
+// What a recycling write did with the manifest it replaces.
+enum class Replaced {
+  none,  ///< there was none yet
+  kept,  ///< linked as "<path>.old", so that the rename does not free it
+  lost,  ///< the file system refuses hard links (the rename frees it)
+};
+
+Replaced keep_replaced(const std::string& path, const std::string& old) noexcept {
+  if (::link(path.c_str(), old.c_str()) == 0) return Replaced::kept;
+  if (errno == ENOENT) return Replaced::none;
+  if (errno != EEXIST) return Replaced::lost;
   ::unlink(old.c_str());  // left by a write that was cut off
-  return ::link(path.c_str(), old.c_str()) == 0;
+  return ::link(path.c_str(), old.c_str()) == 0 ? Replaced::kept : Replaced::lost;
+}
+
+// The directory sync after the rename failed: the new manifest is in place but may not survive a
+// power loss, and the caller, told the write failed, keeps to the state the old one describes and
+// may overwrite what only the new one names. So a recycling write puts the old state back: the
+// replaced file (now "<path>.tmp") renamed over the new one, or no manifest where there was none.
+[[noreturn]] void put_back_replaced(const std::filesystem::path& path, const std::string& tmp,
+                                    Replaced replaced, const std::system_error& e) {
+  bool back = false;
+  if (replaced == Replaced::kept) back = ::rename(tmp.c_str(), path.c_str()) == 0;
+  if (replaced == Replaced::none) back = ::unlink(path.c_str()) == 0;
+  throw std::system_error(e.code(),
+                          fmt::format("{}; {}", e.what(),
+                                      back ? "the manifest's earlier state was put back"
+                                           : "the new manifest " + path.string() +
+                                                 " is in place and may not survive a power loss"));
 }
 }  // namespace
 
@@ -67,15 +89,23 @@ void write_manifest_file(const std::filesystem::path& path, const std::string& p
     ::unlink(tmp.c_str());
     throw;
   }
-  const bool kept = recycle && keep_replaced(path.string(), old);
+  Replaced replaced = recycle ? keep_replaced(path.string(), old) : Replaced::lost;
+  const bool kept = replaced == Replaced::kept;
   if (::rename(tmp.c_str(), path.c_str()) != 0) {
     const int err = errno;
     ::unlink(tmp.c_str());
     if (kept) ::unlink(old.c_str());
     throw_errno(err, fmt::format("rename {} -> {}", tmp, path.string()));
   }
-  if (kept && ::rename(old.c_str(), tmp.c_str()) != 0) ::unlink(old.c_str());
-  if (durable) fsync_directory(path.parent_path().empty() ? "." : path.parent_path());
+  if (kept && ::rename(old.c_str(), tmp.c_str()) != 0) {
+    ::unlink(old.c_str());
+    replaced = Replaced::lost;
+  }
+  if (durable) try {
+      fsync_directory(path.parent_path().empty() ? "." : path.parent_path());
+    } catch (const std::system_error& e) {
+      put_back_replaced(path, tmp, replaced, e);
+    }
 }
 
 void remove_manifest_file(const std::filesystem::path& path) noexcept {

@@ -71,6 +71,11 @@ void close_lock(int fd) noexcept;
 
 /// fsync(2) of a directory (a rename or create in it made durable).
 void fsync_directory(const std::filesystem::path& dir);
+/// What fsync_directory() runs. A directory sync almost never fails on a healthy disk, so the
+/// fault tests put in one that throws, to see what a failing sync leaves on disk. nullptr:
+/// fsync(2) again. Returns the one it replaces; not for use while other threads sync.
+using DirectorySync = void (*)(const std::filesystem::path& dir);
+DirectorySync replace_directory_sync(DirectorySync sync) noexcept;
 
 /// Bytes an unprivileged writer may still allocate on the filesystem of `path` (statvfs(2):
 /// f_bavail x f_frsize); throws std::system_error naming the path.

@@ -24,7 +24,10 @@ inline constexpr std::string_view kManifestName = "tierswap.manifest";
 
 /// Writes the payload atomically. Throws std::system_error naming the path on failure (the old
 /// manifest is then untouched). `recycle`: keep the replaced file as the next write's "<path>.tmp"
-/// (see above; where hard links are refused, the replaced file is freed as without it).
+/// (see above; where hard links are refused, the replaced file is freed as without it). A durable
+/// recycling write whose directory sync fails after the rename puts the earlier state back (the
+/// replaced file, or no manifest where there was none) before it throws, so that what is on disk
+/// matches what a caller that saw the write fail keeps to; its error says whether it could.
 void write_manifest_file(const std::filesystem::path& path, const std::string& payload,
                          bool durable, bool recycle = false);
 /// Removes the manifest and the files a recycling write keeps beside it; errors ignored.

@@ -694,6 +694,32 @@ TEST(Service, ACorruptRegistryIsAnErrorAndLeftAlone) {
   EXPECT_EQ(std::filesystem::file_size(reg), before);
 }
 
+// A first attach whose registry entry cannot be written is refused, and nothing of it stays: an
+// attach after that records the client, whose state then survives the service's restart (the
+// record kept in memory alone made a second attach skip the registry, and the restart lose it).
+TEST(Service, AnAttachWhoseRegistryWriteFailsIsRefusedAndLeavesNoClient) {
+  TempDir d;
+  const auto sc = service_config(d);
+  {
+    SwapService svc(sc);
+    const auto blocker = d.path() / "tierswap.service.tmp";
+    std::filesystem::create_directory(blocker);  // the registry's write opens this file
+    const std::string why = error_of([&] { ServiceClient c(client_config(sc, "r")); });
+    EXPECT_NE(why.find("tierswap.service.tmp"), std::string::npos) << why;
+    EXPECT_TRUE(nlohmann::json::parse(svc.status_json()).at("clients").empty());
+    std::filesystem::remove(blocker);
+    ServiceClient c(client_config(sc, "r"));
+    EXPECT_FALSE(c.reattached());
+    fill(c, 0, 4 * kKiB, 1);
+    c.put(1, 0, 4 * kKiB);
+    c.commit();
+  }
+  SwapService svc(sc);
+  ServiceClient c(client_config(sc, "r"));
+  EXPECT_TRUE(c.reattached());
+  EXPECT_EQ(c.attached_generation(), 1u);
+}
+
 // A client manifest whose container is sound but whose numbers are not integers of their field's
 // range (a float past 2^64, a negative length, a slot of 2^40) names the file; nothing is cast out
 // of range (UBSan found one by fuzzing) and the file is left as it was.

@@ -281,8 +281,15 @@ bool SwapService::Impl::first_message(Peer& p, const wire::Message& m, Session& 
     return false;
   }
   std::string why;
-  if (const int refused = hello(p, *h, s, &why); refused != 0) {
-    s.out->send({refused, why});
+  try {
+    if (const int refused = hello(p, *h, s, &why); refused != 0) {
+      s.out->send({refused, why});
+      return false;
+    }
+  } catch (...) {  // its registry entry or its memory could not be made: refused, as above
+    const service::Answer a = service::error_answer(std::current_exception());
+    log(LogLevel::error, fmt::format("service: refused pid {}: {}", p.cred.pid, a.message));
+    s.out->send(a);
     return false;
   }
   return true;
@@ -415,8 +422,15 @@ int SwapService::Impl::admit(const wire::Hello& h, const std::string& key, Clien
   c.bytes = e->length;
   c.raw = h.raw();
   c.rebuild(align);
-  *rec = &clients.emplace(key, std::move(c)).first->second;
-  save_registry(files, uuid, clients);
+  const auto added = clients.emplace(key, std::move(c)).first;
+  try {  // a client the registry does not name would lose its state at the service's restart
+    save_registry(files, uuid, clients);
+  } catch (...) {
+    clients.erase(added);
+    regions->free(*e);
+    throw;
+  }
+  *rec = &added->second;
   return 0;
 }
 

@@ -19,8 +19,14 @@ for corpus in "$here"/corpus/*/; do
   mkdir -p "$work/$t"
   (cd "$work" && "$bin" -runs=0 -artifact_prefix="$findings/$t-" "$corpus" >"$work/$t.replay.log" 2>&1) ||
     { cat "$work/$t.replay.log"; echo "fuzz_$t: the seed corpus fails"; exit 1; }
+  # fuzz_service_message's live service serves each connection on a thread of its own that ends
+  # after the peer saw the close, so libFuzzer's leak check after each input runs beside threads
+  # of that input still ending (it once reported such a session as leaked; the input alone does
+  # not leak). That target keeps the leak check at exit, after the service has joined them all.
+  per_input_leaks=1
+  [[ $t == service_message ]] && per_input_leaks=0
   (cd "$work" && "$bin" -max_total_time="$seconds" -print_final_stats=1 -timeout=20 \
-     -artifact_prefix="$findings/$t-" \
+     -detect_leaks=$per_input_leaks -artifact_prefix="$findings/$t-" \
      -rss_limit_mb=4096 "$work/$t" "$corpus" >"$work/$t.log" 2>&1) ||
     { tail -50 "$work/$t.log"; echo "fuzz_$t: FAILED (the input is in $findings; add it to corpus/$t once fixed)"; exit 1; }
   runs=$(sed -n 's/^stat::number_of_executed_units: *//p' "$work/$t.log")

@@ -209,7 +209,6 @@ void SwapService::Impl::reap_peers(bool all) {
 
 // ---- one connection ------------------------------------------------------------------------
 void SwapService::Impl::serve(Peer& p) {
-  std::vector<std::uint8_t> buf;
   Session s;
   s.done_fd = ::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
   if (s.done_fd < 0) {
@@ -219,11 +218,29 @@ void SwapService::Impl::serve(Peer& p) {
   }
   s.out = std::make_unique<service::Outbox>(p.conn, s.done_fd);
   service::set_socket_timeout(p.conn.fd(), cfg.first_message_seconds);  // until the hello
+  try {
+    converse(p, s);
+  } catch (const std::exception& e) {  // an error of one connection ends that one alone
+    log(LogLevel::error, fmt::format("service: dropped pid {} ({}): {}", p.cred.pid,
+                                     s.key.empty() ? "before hello" : s.key, e.what()));
+  }
+  abandon_raw(s);  // waits: the memory must outlive its I/O
+  if (s.registered >= 0) engine->unregister_buffer(s.registered);
+  ::close(s.done_fd);
+  detach(s);
+  // The peer sees the end at once, after its memory and attachment are released (the socket
+  // itself is closed when the acceptor reaps this thread).
+  ::shutdown(p.conn.fd(), SHUT_RDWR);
+}
+
+// The connection's messages, until it ends or is dropped.
+void SwapService::Impl::converse(Peer& p, Session& s) {
+  std::vector<std::uint8_t> buf;
   for (;;) {
     // Raw I/O in flight: account what completed and take in new requests as they come.
     if (s.busy) {
       bool request = false;
-      if (!wait_raw(p, s, &request)) break;
+      if (!wait_raw(p, s, &request)) return;
       if (!request) continue;
     }
     const wire::Message* m = nullptr;
@@ -237,10 +254,10 @@ void SwapService::Impl::serve(Peer& p) {
                                             ? fmt::format(" ({:g} s for the first message)",
                                                           cfg.first_message_seconds)
                                             : ""));
-      break;
+      return;
     }
     if (!s.rec) {
-      if (!first_message(p, *m, s)) break;
+      if (!first_message(p, *m, s)) return;
       service::set_socket_timeout(p.conn.fd(), 0);  // a client may be idle between steps
       continue;
     }
@@ -249,22 +266,15 @@ void SwapService::Impl::serve(Peer& p) {
         type == wire::Body::Reply || type == wire::Body::Offer || type == wire::Body::Offered) {
       log(LogLevel::warn,
           fmt::format("service: dropped {}: unexpected {}", s.key, wire::EnumNameBody(type)));
-      break;
+      return;
     }
     if (type == wire::Body::Read || type == wire::Body::Write) {
-      if (!queue_raw(s, *m)) break;
+      if (!queue_raw(s, *m)) return;
       continue;
     }
-    if (!drain_raw(s)) break;  // everything before it first (a Sync covers those writes)
-    if (s.out->send(handle(*m, s)) != 0) break;
+    if (!drain_raw(s)) return;  // everything before it first (a Sync covers those writes)
+    if (s.out->send(handle(*m, s)) != 0) return;
   }
-  abandon_raw(s);  // waits: the memory must outlive its I/O
-  if (s.registered >= 0) engine->unregister_buffer(s.registered);
-  ::close(s.done_fd);
-  detach(s);
-  // The peer sees the end at once, after its memory and attachment are released (the socket
-  // itself is closed when the acceptor reaps this thread).
-  ::shutdown(p.conn.fd(), SHUT_RDWR);
 }
 
 // Before a hello: an Offer is answered and the connection ends; a Hello attaches (or is refused

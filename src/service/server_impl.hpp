@@ -94,6 +94,7 @@ struct SwapService::Impl {
     if (wake_fd >= 0) ::close(wake_fd);
   }
   void accept_loop();
+  /// One connection, on a thread of its own: converse(), then whatever the client held is freed.
   void serve(Peer& p);
   void reap_peers(bool all);
   // Requests of an attached client (its record is only touched by its own connection).
@@ -138,6 +139,7 @@ struct SwapService::Impl {
   /// Attaches the client a Hello names; 0, or the errno of the refusal (`why` says it): the
   /// stateless checks, then (under mu) the admission against quota, budget, kind and region.
   int check_hello(const wire::Hello& h, const std::string& job, std::string* why) const;
+  void converse(Peer& p, Session& s);
   bool first_message(Peer& p, const wire::Message& m, Session& s);
   int check_grant(const wire::Hello& h, const std::string& key, std::string* why) const;
   int admit(const wire::Hello& h, const std::string& key, ClientRecord** rec, std::string* why);

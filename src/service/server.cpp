@@ -187,10 +187,16 @@ void SwapService::Impl::accept_loop() {
     Peer& p = *peer;
     std::lock_guard lk(peers_mu);
     peers.push_back(std::move(peer));
-    p.thread = std::thread([this, &p] {
-      serve(p);
-      p.done = true;
-    });
+    try {
+      p.thread = std::thread([this, &p] {
+        serve(p);
+        p.done = true;
+      });
+    } catch (const std::system_error& e) {  // out of threads: this connection alone is refused
+      log(LogLevel::error,
+          fmt::format("service: refused pid {}: no thread to serve it: {}", p.cred.pid, e.what()));
+      peers.pop_back();  // closed by ~Peer
+    }
   }
 }
 

@@ -32,6 +32,18 @@ std::string bytes_of(const nlohmann::json& v) {
   return format_bytes(detail::json_int<std::uint64_t>(v));
 }
 
+// A field of a peer's answer: an integer of T's range (json_int: a float such as 1e300 is an
+// error, not a cast out of range), 0 when absent.
+template <class T>
+T int_field(const nlohmann::json& j, const char* key) {
+  const auto it = j.find(key);
+  return it == j.end() ? T{0} : detail::json_int<T>(*it);
+}
+
+std::string bytes_field(const nlohmann::json& j, const char* key) {
+  return format_bytes(int_field<std::uint64_t>(j, key));
+}
+
 }  // namespace
 
 static void print_service(const nlohmann::json& j, std::FILE* out, const std::string& indent) {
@@ -39,25 +51,23 @@ static void print_service(const nlohmann::json& j, std::FILE* out, const std::st
   fmt::print(out,
              "{}node service (pid {}): {} of {} shared memory granted (+ {} of {} pageable), {} "
              "client{} known\n",
-             indent, j.value("pid", 0), format_bytes(j.value("memory_granted", 0ull)),
-             format_bytes(j.value("host_budget", 0ull)),
-             format_bytes(j.value("pageable_granted", 0ull)),
-             format_bytes(j.value("pageable_budget", 0ull)), clients.size(),
-             clients.size() == 1 ? "" : "s");
+             indent, int_field<int>(j, "pid"), bytes_field(j, "memory_granted"),
+             bytes_field(j, "host_budget"), bytes_field(j, "pageable_granted"),
+             bytes_field(j, "pageable_budget"), clients.size(), clients.size() == 1 ? "" : "s");
   if (j.contains("shared_memory_pages"))
     fmt::print(out, "{}  shared memory on {}\n", indent, j.value("shared_memory_pages", ""));
   for (const auto& c : clients)
     fmt::print(out, "{}  {}.{} ({}): {}, {} of NVMe, {}\n", indent, c.value("job", std::string()),
-               c.value("rank", 0u), c.value("raw", false) ? "tier manager" : "blocks",
+               int_field<std::uint32_t>(c, "rank"),
+               c.value("raw", false) ? "tier manager" : "blocks",
                c.value("attached", false)
-                   ? fmt::format("pid {}, {} shared, {} read, {} written", c.value("pid", 0),
-                                 format_bytes(c.value("memory_bytes", 0ull)),
-                                 format_bytes(c.value("nvme_read_bytes", 0ull)),
-                                 format_bytes(c.value("nvme_written_bytes", 0ull)))
+                   ? fmt::format("pid {}, {} shared, {} read, {} written", int_field<int>(c, "pid"),
+                                 bytes_field(c, "memory_bytes"), bytes_field(c, "nvme_read_bytes"),
+                                 bytes_field(c, "nvme_written_bytes"))
                    : std::string("detached"),
-               format_bytes(c.value("region_bytes", 0ull)),
+               bytes_field(c, "region_bytes"),
                c.contains("generation")  // a tier manager commits in its own manifest
-                   ? fmt::format("generation {}", c.value("generation", 0ull))
+                   ? fmt::format("generation {}", int_field<std::uint64_t>(c, "generation"))
                    : std::string("generations in its swap directory's manifest"));
 }
 
@@ -194,7 +204,7 @@ void print_residency(const std::string& json_text, std::FILE* out) {
   const auto& sources = j.at("sources");  // several tier managers (or a service) in one process
   for (std::size_t i = 0; i < sources.size(); ++i) {
     fmt::print(out, "{}== {} of {} in process {} ==\n", i ? "\n" : "", i + 1, sources.size(),
-               j.value("pid", 0));
+               int_field<int>(j, "pid"));
     print_document(sources[i], out);
   }
 }

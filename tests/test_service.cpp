@@ -720,6 +720,38 @@ TEST(Service, AnAttachWhoseRegistryWriteFailsIsRefusedAndLeavesNoClient) {
   EXPECT_EQ(c.attached_generation(), 1u);
 }
 
+// A release whose registry write fails keeps the client, with its region and committed blocks
+// (it was forgotten in memory and its manifest removed while the registry still named it: the
+// next start brought it back empty); released again, it is gone.
+TEST(Service, AReleaseWhoseRegistryWriteFailsKeepsTheClientWhole) {
+  TempDir d;
+  const auto sc = service_config(d);
+  const auto cc = client_config(sc, "k");
+  const auto blocker = d.path() / "tierswap.service.tmp";
+  {
+    SwapService svc(sc);
+    ServiceClient c(cc);
+    fill(c, 0, 4 * kKiB, 1);
+    c.put(1, 0, 4 * kKiB);
+    c.commit();
+    c.release();
+    std::filesystem::remove(blocker);  // the registry's recycled spare: its write opens this
+    std::filesystem::create_directory(blocker);
+  }
+  std::filesystem::remove(blocker);
+  {
+    SwapService svc(sc);
+    ServiceClient c(cc);
+    EXPECT_TRUE(c.reattached());
+    EXPECT_EQ(c.attached_generation(), 1u);
+    EXPECT_EQ(c.get(1, 0, 4 * kKiB), 4 * kKiB);
+    c.release();
+  }
+  SwapService svc(sc);
+  EXPECT_TRUE(nlohmann::json::parse(svc.status_json()).at("clients").empty());
+  EXPECT_TRUE(std::filesystem::is_empty(d.path() / "service-clients"));
+}
+
 // A client manifest whose container is sound but whose numbers are not integers of their field's
 // range (a float past 2^64, a negative length, a slot of 2^40) names the file; nothing is cast out
 // of range (UBSan found one by fuzzing) and the file is left as it was.

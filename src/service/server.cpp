@@ -659,18 +659,24 @@ void SwapService::Impl::detach(Session& s) {
   s.mem.reset();  // unmapping gigabytes takes a while: not under the lock
 }
 
+// The registry without the client first: should that fail, it stays known with all it holds (a
+// registry naming a client whose manifest is gone brought it back empty at the next start).
 void SwapService::Impl::forget(const std::string& key) {
   const auto it = clients.find(key);
   if (it == clients.end()) return;
-  const ClientRecord& c = it->second;
-  detail::remove_manifest_file(files.manifest(c));  // with its recycled spare
-  regions->free({c.base, c.bytes});
-  clients.erase(it);
+  auto gone = clients.extract(it);
   try {
     save_registry(files, uuid, clients);
   } catch (const std::exception& e) {
-    log(LogLevel::error, fmt::format("service: releasing {}: {}", key, e.what()));
+    clients.insert(std::move(gone));
+    log(LogLevel::error, fmt::format("service: releasing {}: {}; it stays known, with its region "
+                                     "and committed blocks (release it again)",
+                                     key, e.what()));
+    return;
   }
+  const ClientRecord& c = gone.mapped();
+  detail::remove_manifest_file(files.manifest(c));  // with its recycled spare
+  regions->free({c.base, c.bytes});
   log(LogLevel::info, fmt::format("service: {} released", key));
 }
 

@@ -62,6 +62,13 @@ void fill(ServiceClient& c, std::uint64_t offset, std::uint64_t length, std::uin
     m[i] = std::byte(static_cast<std::uint8_t>(seed + i * 7));
 }
 
+// Block 1 (4 KiB of pattern 1) put and committed: generation 1 for a new client.
+void commit_one_block(ServiceClient& c) {
+  fill(c, 0, 4 * kKiB, 1);
+  c.put(1, 0, 4 * kKiB);
+  c.commit();
+}
+
 bool holds(ServiceClient& c, std::uint64_t offset, std::uint64_t length, std::uint8_t seed) {
   auto m = c.memory().subspan(offset, length);
   for (std::size_t i = 0; i < m.size(); ++i)
@@ -710,9 +717,7 @@ TEST(Service, AnAttachWhoseRegistryWriteFailsIsRefusedAndLeavesNoClient) {
     std::filesystem::remove(blocker);
     ServiceClient c(client_config(sc, "r"));
     EXPECT_FALSE(c.reattached());
-    fill(c, 0, 4 * kKiB, 1);
-    c.put(1, 0, 4 * kKiB);
-    c.commit();
+    commit_one_block(c);
   }
   SwapService svc(sc);
   ServiceClient c(client_config(sc, "r"));
@@ -731,9 +736,7 @@ TEST(Service, AReleaseWhoseRegistryWriteFailsKeepsTheClientWhole) {
   {
     SwapService svc(sc);
     ServiceClient c(cc);
-    fill(c, 0, 4 * kKiB, 1);
-    c.put(1, 0, 4 * kKiB);
-    c.commit();
+    commit_one_block(c);
     c.release();
     std::filesystem::remove(blocker);  // the registry's recycled spare: its write opens this
     std::filesystem::create_directory(blocker);
@@ -761,9 +764,7 @@ TEST(Service, OutOfRangeNumbersInAClientManifestAreAnErrorAndLeftAlone) {
   {
     SwapService svc(sc);
     ServiceClient c(client_config(sc, "n"));
-    fill(c, 0, 4 * kKiB, 1);
-    c.put(1, 0, 4 * kKiB);
-    c.commit();
+    commit_one_block(c);
   }
   const auto man = d.path() / "service-clients" / "n.0.manifest";
   const auto good = nlohmann::json::parse(detail::read_manifest_file(man));

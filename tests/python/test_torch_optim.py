@@ -1294,7 +1294,11 @@ p = torch.nn.Parameter(torch.ones(5000, dtype=torch.bfloat16))
 # every rank raises, none left waiting, and rank 0's swap directory is left empty for the next
 q = torch.nn.Parameter(torch.ones(300000, dtype=torch.bfloat16))
 for bad, message in ((dict(swap_dir=os.path.join(root, "file")), "is not a directory"),
-                     (dict(host_budget="64KiB", subgroup_size=65536), "host budget")):
+                     (dict(host_budget="64KiB", subgroup_size=65536), "host budget"),
+                     # refused by the Python checks before the native constructor, and while
+                     # registering the groups before finalize(): both collectives
+                     (dict(max_grad_norm=-1.0), "max_grad_norm"),
+                     (dict(eps="x"), "eps='x'")):
     kw = dict(swap_dir=os.path.join(root, f"swap{rank}"), telemetry=False, state_tier="nvme")
     if rank == 1:
         kw.update(bad)

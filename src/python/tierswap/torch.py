@@ -196,34 +196,42 @@ class _TieredOptimizer(Optimizer):
                  service=None, service_job=None):
         self._native = None
         self._lock = threading.RLock()  # see _one_at_a_time
-        if overlap and not hooks:
-            raise ValueError("overlap=True steps sub-groups during the backward: it needs hooks=True")
-        super().__init__(params, defaults)
-        self._check_params()
-        opt_cfg = {
-            "state_tier": _choice("state_tier", state_tier, ("auto", "host", "nvme")),
-            "overlap": bool(overlap),
-            "max_grad_norm": _nonneg("max_grad_norm", max_grad_norm),
-            "bf16_moments": bool(bf16_moments),
-            "accumulate_fp32": bool(accumulate_fp32),
-            "persist_resident_state": bool(persist_resident_state),
-            "loss_scaler": _scaler(loss_scale, init_scale, growth_factor, backoff_factor,
-                                   growth_interval),
-        }
-        if plan is not None:
-            opt_cfg["plan"] = os.fspath(plan)
-        for flag, why in ((resume, "resume=True continues from a swap directory"),
-                          (keep_swap_files, "keep_swap_files=True keeps the files for a later run")):
-            if flag and _temporary(swap_dir):
-                raise ValueError(f"{why}: give swap_dir (a temporary one is removed at close)")
-        budget = 0 if host_budget is None else parse_size(host_budget, "host_budget")
-        capacity = 0 if swap_capacity is None else parse_size(swap_capacity, "swap_capacity")
-        subgroup = 0 if subgroup_size is None else parse_count(subgroup_size, "subgroup_size")
-        threads = _threads(threads)
-        tier_cfg = _tier_config(telemetry, durable, service, service_job)
+        self._tmpdir = None
         self._comm = default_communicator(communicator)  # kept alive beside the native side
-        dirs, self._tmpdir = _swap_dirs(swap_dir)
         try:
+            if overlap and not hooks:
+                raise ValueError("overlap=True steps sub-groups during the backward: it needs "
+                                 "hooks=True")
+            super().__init__(params, defaults)
+            self._check_params()
+            opt_cfg = {
+                "state_tier": _choice("state_tier", state_tier, ("auto", "host", "nvme")),
+                "overlap": bool(overlap),
+                "max_grad_norm": _nonneg("max_grad_norm", max_grad_norm),
+                "bf16_moments": bool(bf16_moments),
+                "accumulate_fp32": bool(accumulate_fp32),
+                "persist_resident_state": bool(persist_resident_state),
+                "loss_scaler": _scaler(loss_scale, init_scale, growth_factor, backoff_factor,
+                                       growth_interval),
+            }
+            if plan is not None:
+                opt_cfg["plan"] = os.fspath(plan)
+            for flag, why in ((resume, "resume=True continues from a swap directory"),
+                              (keep_swap_files,
+                               "keep_swap_files=True keeps the files for a later run")):
+                if flag and _temporary(swap_dir):
+                    raise ValueError(f"{why}: give swap_dir (a temporary one is removed at close)")
+            budget = 0 if host_budget is None else parse_size(host_budget, "host_budget")
+            capacity = 0 if swap_capacity is None else parse_size(swap_capacity, "swap_capacity")
+            subgroup = 0 if subgroup_size is None else parse_count(subgroup_size, "subgroup_size")
+            threads = _threads(threads)
+            tier_cfg = _tier_config(telemetry, durable, service, service_job)
+            dirs, self._tmpdir = _swap_dirs(swap_dir)
+            problem = None
+        except BaseException as e:
+            problem = e
+        try:
+            _agree_before_native(self._comm, problem)
             self._native = _tierswap.Optimizer(
                 dirs, budget, "single" if self._comm is not None else str(communicator),
                 self._comm, threads, json.dumps(opt_cfg), json.dumps(tier_cfg),
@@ -288,6 +296,29 @@ class _TieredOptimizer(Optimizer):
 
     def _register(self):
         n = self._native
+        problem = None
+        try:
+            self._add_groups(n)
+        except (ValueError, TypeError, KeyError, RuntimeError) as e:
+            problem = e
+        self._agree(problem, "the optimizer's setup")  # finalize() is a collective
+        self._nid_of = {id(p): nid for p, nid in self._ids}  # opt.state's lookups
+        self._numel = {nid: p.numel() for p, nid in self._ids}
+        self._group_at = {pid: gi for gi, ids in enumerate(self._group_ids) for pid in ids}
+        n.finalize()
+        self.resumed = n.resumed()
+        if self.resumed:  # param_groups stay as the trainer made them (torch's way: a scheduler
+            # stepped step_count times restores the lr), sent at the next step
+            self._hyper_sent = [None] * len(self._hyper_sent)
+        else:
+            n.initialize(self._refs())
+        # Zero-copy: each trainable parameter's storage becomes tierswap's 16-bit copy, which
+        # the fused kernel writes at every step (no copy into p afterwards).
+        for p, nid in self._ids:
+            p.data = torch.frombuffer(n.param16_view(nid), dtype=p.dtype).view(p.shape)
+        self._storage = [p.data_ptr() for p, _ in self._ids]
+
+    def _add_groups(self, n):
         self._ids = []  # (param, native id) of trainable parameters, in order
         self._frozen = []  # (where, param): no state kept, so never given a gradient later
         self._group_ids = []
@@ -306,21 +337,6 @@ class _TieredOptimizer(Optimizer):
                     self._ids.append((p, nid))
                 else:
                     self._frozen.append((f"param_groups[{gi}]['params'][{pi}]", p))
-        self._nid_of = {id(p): nid for p, nid in self._ids}  # opt.state's lookups
-        self._numel = {nid: p.numel() for p, nid in self._ids}
-        self._group_at = {pid: gi for gi, ids in enumerate(self._group_ids) for pid in ids}
-        n.finalize()
-        self.resumed = n.resumed()
-        if self.resumed:  # param_groups stay as the trainer made them (torch's way: a scheduler
-            # stepped step_count times restores the lr), sent at the next step
-            self._hyper_sent = [None] * len(self._hyper_sent)
-        else:
-            n.initialize(self._refs())
-        # Zero-copy: each trainable parameter's storage becomes tierswap's 16-bit copy, which
-        # the fused kernel writes at every step (no copy into p afterwards).
-        for p, nid in self._ids:
-            p.data = torch.frombuffer(n.param16_view(nid), dtype=p.dtype).view(p.shape)
-        self._storage = [p.data_ptr() for p, _ in self._ids]
 
     def _check_storage(self):
         """Each trainable parameter still on the storage the constructor gave it: the step writes
@@ -1008,6 +1024,19 @@ def _temporary(swap_dir):
     """Whether the optimizer makes its own temporary swap directory (no swap_dir, and no
     TIERSWAP_SWAP_DIRS)."""
     return swap_dir is None and not os.environ.get("TIERSWAP_SWAP_DIRS")
+
+
+def _agree_before_native(comm, problem):
+    """The checks before the native constructor are this rank's own; the constructor's first
+    agreement is a collective, so a rank that failed them would leave the others waiting there.
+    Over torch.distributed (`comm`) every rank learns first whether any failed, and each raises
+    (its own error, or one naming another rank). Raises `problem` when there is one."""
+    if comm is not None and comm.size() > 1 and comm.all_reduce_or(problem is not None) \
+            and problem is None:
+        raise RuntimeError("optimizer setup: another rank refused its arguments (its error says "
+                           "why); nothing was made")
+    if problem is not None:
+        raise problem
 
 
 def _swap_dirs(swap_dir):

@@ -299,7 +299,7 @@ class _TieredOptimizer(Optimizer):
         problem = None
         try:
             self._add_groups(n)
-        except (ValueError, TypeError, KeyError, RuntimeError) as e:
+        except BaseException as e:  # every rank learns of it, below
             problem = e
         self._agree(problem, "the optimizer's setup")  # finalize() is a collective
         self._nid_of = {id(p): nid for p, nid in self._ids}  # opt.state's lookups

@@ -40,7 +40,7 @@ T get(const unsigned char* p) {
 enum class Replaced {
   none,  ///< there was none yet
   kept,  ///< linked as "<path>.old", so that the rename does not free it
-  lost,  ///< the file system refuses hard links (the rename frees it)
+  lost,  ///< not kept: not a recycling write, or hard links refused (the rename frees it)
 };
 
 Replaced keep_replaced(const std::string& path, const std::string& old) noexcept {

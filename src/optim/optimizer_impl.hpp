@@ -497,6 +497,8 @@ struct ShardedOptimizer::Impl {
   /// resume(), after the blocks: hyper-parameters, step count and loss scaler from the record,
   /// the ranks' steps agreed, the 16-bit parameters recomputed from the master weights.
   void restore_from_record();
+  /// restore_from_record()'s part on this rank, before the ranks agree (the gather follows).
+  void restore_local();
   std::string resume_record;  // resume(): the record being resumed from (empty otherwise)
   bool adopt_blocks = false;  // resume(): make_block() takes the stored blocks
   struct GradStats {

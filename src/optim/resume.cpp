@@ -137,23 +137,24 @@ void ShardedOptimizer::Impl::agree_on_step() {
 
 void ShardedOptimizer::Impl::restore_from_record() {
   agree_on_step();
-  agree_on_failure(comm, thrown_by([&] {
-                     const nlohmann::json j = parse_record(tiers, resume_record);
-                     std::vector<std::uint64_t> part;
-                     const auto cfgs = check_groups(
-                         j.at("groups"),
-                         [&](const std::string& why) { return record_error(tiers, why); }, &part);
-                     step_count = detail::json_int<std::uint64_t>(j.at("step"));
-                     scale = j.at("loss_scale").get<double>();
-                     growth_tracker = detail::json_int<std::uint32_t>(j.at("growth_tracker"));
-                     for (std::size_t gi = 0; gi < groups.size(); ++gi) groups[gi].cfg = cfgs[gi];
-                     drop_all_grads();
-                     for (const auto& s : subs) refresh_sub16(s);
-                   }),
-                   {}, "resume: another rank could not restore its state (its error says why)");
+  agree_on_failure(comm, thrown_by([&] { restore_local(); }), {},
+                   "resume: another rank could not restore its state (its error says why)");
   gather_param16();
   upload16_all();
   p16_sync();
+}
+
+void ShardedOptimizer::Impl::restore_local() {
+  const nlohmann::json j = parse_record(tiers, resume_record);
+  std::vector<std::uint64_t> part;
+  const auto cfgs = check_groups(
+      j.at("groups"), [&](const std::string& why) { return record_error(tiers, why); }, &part);
+  step_count = detail::json_int<std::uint64_t>(j.at("step"));
+  scale = j.at("loss_scale").get<double>();
+  growth_tracker = detail::json_int<std::uint32_t>(j.at("growth_tracker"));
+  for (std::size_t gi = 0; gi < groups.size(); ++gi) groups[gi].cfg = cfgs[gi];
+  drop_all_grads();
+  for (const auto& s : subs) refresh_sub16(s);
 }
 
 bool ShardedOptimizer::resume() {

@@ -672,13 +672,9 @@ class _TieredOptimizer(Optimizer):
             raise
 
     def _agree(self, problem, what):
-        """Raises `problem` (this rank's exception, or None) and, at world size > 1, on every rank
-        when any rank has one: before a collective that a rank refusing would leave waiting."""
-        if self._native.world() > 1 and self._native.any_rank(problem is not None) and not problem:
-            raise RuntimeError(f"{what}: another rank refused its arguments (its error says why); "
-                               "nothing changed")
-        if problem is not None:
-            raise problem
+        _agree_on(problem, self._native.world(), self._native.any_rank,
+                  f"{what}: another rank refused its arguments (its error says why); nothing "
+                  "changed")
 
     def _checked_import(self, state_dict):
         """load_state_dict()'s checks: the native items to import, the step count, and the
@@ -1026,17 +1022,23 @@ def _temporary(swap_dir):
     return swap_dir is None and not os.environ.get("TIERSWAP_SWAP_DIRS")
 
 
-def _agree_before_native(comm, problem):
-    """The checks before the native constructor are this rank's own; the constructor's first
-    agreement is a collective, so a rank that failed them would leave the others waiting there.
-    Over torch.distributed (`comm`) every rank learns first whether any failed, and each raises
-    (its own error, or one naming another rank). Raises `problem` when there is one."""
-    if comm is not None and comm.size() > 1 and comm.all_reduce_or(problem is not None) \
-            and problem is None:
-        raise RuntimeError("optimizer setup: another rank refused its arguments (its error says "
-                           "why); nothing was made")
+def _agree_on(problem, world, any_rank, message):
+    """Raises `problem` (this rank's exception, or None) and, at world size > 1, on every rank
+    when any rank has one (the others: RuntimeError(message)); `any_rank(flag)` is the collective
+    that tells. Before a collective that a rank refusing would leave waiting."""
+    if world > 1 and any_rank(problem is not None) and problem is None:
+        raise RuntimeError(message)
     if problem is not None:
         raise problem
+
+
+def _agree_before_native(comm, problem):
+    """The checks before the native constructor are this rank's own, and the constructor's first
+    agreement is a collective: over torch.distributed (`comm`) the ranks agree on them first."""
+    _agree_on(problem, 1 if comm is None else comm.size(),
+              None if comm is None else comm.all_reduce_or,
+              "optimizer setup: another rank refused its arguments (its error says why); nothing "
+              "was made")
 
 
 def _swap_dirs(swap_dir):

@@ -12,6 +12,7 @@
 // stepped, and --resume DIR then continues from step N - 1. The other --fail-* and --refuse-*
 // options make the last rank fail inside another collective call (optimizer_mpi_faults.hpp); the
 // run then goes on to the end where the call can be redone.
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <cstring>
@@ -22,6 +23,8 @@
 #include <nlohmann/json.hpp>
 #include <optional>
 #include <string>
+#include <string_view>
+#include <utility>
 
 #include "optim_model.hpp"
 #include "optimizer_mpi_faults.hpp"
@@ -47,9 +50,21 @@ struct Args {
 // Throws std::invalid_argument with the usage on a bad command line.
 Args parse_args(int argc, char** argv) {
   Args o;
+  // Flags without a value, each setting its field.
+  const std::pair<std::string_view, bool*> flags[] = {{"--overlap", &o.overlap},
+                                                      {"--device-grads", &o.device_grads},
+                                                      {"--param16-in-place", &o.in_place16},
+                                                      {"--in-place", &o.in_place},
+                                                      {"--refuse-finalize", &o.refuse_finalize},
+                                                      {"--fail-init", &o.fail_init},
+                                                      {"--fail-gather", &o.fail_gather}};
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
-    if (a == "--out" && i + 1 < argc)
+    const auto flag = std::find_if(std::begin(flags), std::end(flags),
+                                   [&](const auto& f) { return a == f.first; });
+    if (flag != std::end(flags))
+      *flag->second = true;
+    else if (a == "--out" && i + 1 < argc)
       o.out = argv[++i];
     else if (a == "--save-at" && i + 2 < argc)
       o.save_at = std::stoi(argv[++i]), o.save_dir = argv[++i];
@@ -70,20 +85,6 @@ Args parse_args(int argc, char** argv) {
       o.fixture = argv[++i];
     else if (a == "--no-coalesce")
       o.coalesce = false;
-    else if (a == "--overlap")
-      o.overlap = true;
-    else if (a == "--device-grads")
-      o.device_grads = true;
-    else if (a == "--param16-in-place")
-      o.in_place16 = true;
-    else if (a == "--in-place")
-      o.in_place = true;
-    else if (a == "--refuse-finalize")
-      o.refuse_finalize = true;
-    else if (a == "--fail-init")
-      o.fail_init = true;
-    else if (a == "--fail-gather")
-      o.fail_gather = true;
     else if (a == "--fail-reduce-at" && i + 1 < argc)
       o.fail_reduce_at = std::stoi(argv[++i]), o.coalesce = false;
     else

@@ -342,7 +342,10 @@ class TierManager {
   /// commit; transfers in flight (read-ahead) are waited for. With shadow slots, and once (the
   /// generation before that is gone). Returns false when there is no previous generation to
   /// return to; throws std::runtime_error naming the block when its previous data no longer
-  /// matches (overwritten), std::logic_error naming a block in use.
+  /// matches (overwritten), std::logic_error naming a block in use, std::system_error when the
+  /// manifest cannot be written. Whatever it throws, the generation it would have undone is
+  /// still the committed one in memory, and on disk too unless the error says the new manifest
+  /// is in place (its earlier state could not be put back); it may be tried again.
   bool roll_back_generation();
 
   ResidencySnapshot snapshot() const;

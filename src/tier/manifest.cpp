@@ -200,6 +200,42 @@ std::string TierManager::Impl::manifest_payload(const CommitRecord& previous_rec
   return text;
 }
 
+void TierManager::Impl::write_rolled_back_manifest() {
+  struct Kept {
+    Block* b;
+    int committed;
+    bool has_data;
+    std::uint64_t data_gen, checksum;
+  };
+  std::vector<Kept> kept;
+  for (auto& bp : blocks) {
+    Block& b = *bp;
+    if (!b.prev.valid) continue;
+    kept.push_back({&b, b.committed, b.has_data, b.data_gen, b.checksum});
+    b.committed = b.prev.extent;
+    b.has_data = b.prev.has_data;
+    b.data_gen = b.prev.gen;
+    b.checksum = b.prev.checksum;
+  }
+  CommitRecord was_record = record, was_pending = pending_record;
+  record = pending_record = prev_record;
+  try {
+    detail::write_manifest_file(manifest_path(), manifest_payload({}), cfg.durable,
+                                /*recycle=*/true);
+  } catch (...) {
+    for (const Kept& k : kept) {
+      k.b->committed = k.committed;
+      k.b->has_data = k.has_data;
+      k.b->data_gen = k.data_gen;
+      k.b->checksum = k.checksum;
+    }
+    record = std::move(was_record);
+    pending_record = std::move(was_pending);
+    throw;
+  }
+  prev_record = {};
+}
+
 void TierManager::Impl::load_manifest() {
   const auto path = manifest_path();
   const ManifestInfo info = read_manifest(path);

@@ -402,10 +402,13 @@ struct TierManager::Impl {
   // ---- manifest ----------------------------------------------------------------------------
   std::filesystem::path manifest_path() const;
 
-  // The block table as it will be once the open generation is committed.
   /// The block table as it will be once the open generation is committed; `previous_record`:
   /// the record of the generation it replaces (empty: none to roll back to).
   std::string manifest_payload(const CommitRecord& previous_record) const;
+  /// roll_back_generation()'s write: every block with a previous generation takes it back, the
+  /// previous record with it, and the manifest says so. A write that throws leaves every field
+  /// as it was (and write_manifest_file the file as it was): the committed generation stays.
+  void write_rolled_back_manifest();
   /// Reads NVMe extent `extent` of b and compares its checksum with `sum`; throws naming the block
   /// otherwise.
   void verify_extent(const Block& b, int extent, std::uint64_t sum, std::uint64_t gen);

@@ -519,20 +519,14 @@ bool TierManager::roll_back_generation() {
   for (auto& bp : m.blocks)  // every previous extent checked before anything changes
     if (bp->prev.valid && bp->prev.has_data)
       m.verify_extent(*bp, bp->prev.extent, bp->prev.checksum, bp->prev.gen);
+  m.write_rolled_back_manifest();
   for (auto& bp : m.blocks) {
     Block& b = *bp;
     if (!b.prev.valid) continue;
     for (int s : {kDev, kHost})
       if (b.st[s] != CopyState::absent) m.drop(b, s);  // copies of the generation undone
-    b.committed = b.prev.extent;
-    b.has_data = b.prev.has_data;
-    b.data_gen = b.prev.gen;
-    b.checksum = b.prev.checksum;
     b.prev.valid = false;
   }
-  m.record = m.pending_record = std::exchange(m.prev_record, {});
-  detail::write_manifest_file(m.manifest_path(), m.manifest_payload({}), m.cfg.durable,
-                              /*recycle=*/true);
   ++m.committed_gen;
   m.check_invariants();
   return true;

@@ -572,6 +572,17 @@ TEST(TierManager, ACommitIsUndoneRightAfterItWithCopiesAndReadAheadInFlight) {
   expect_pattern(*r.mgr, *r.mgr->find("b"), 7);
 }
 
+// What `f` throws while every directory sync fails with EIO (after a manifest's rename).
+template <class F>
+std::string error_with_failing_directory_sync(F&& f) {
+  const auto before = detail::replace_directory_sync([](const std::filesystem::path& d) {
+    throw std::system_error(EIO, std::system_category(), "fsync directory " + d.string());
+  });
+  std::string why = test::error_of(std::forward<F>(f));
+  detail::replace_directory_sync(before);
+  return why;
+}
+
 // A commit whose directory sync fails after its manifest was renamed into place throws, and the
 // manifest's earlier state is put back: the caller keeps the earlier generation and may overwrite
 // the slots the failed commit named, so a crash after that must not find them named (it found
@@ -586,11 +597,7 @@ TEST(TierManager, ACommitWhoseDirectorySyncFailsLeavesTheEarlierGenerationOnDisk
   const auto manifest = r.dir.path() / std::string(detail::kManifestName);
   const auto commit_failing_sync = [&](std::uint64_t seed) {
     write_pattern(*r.mgr, a, seed);
-    const auto before = detail::replace_directory_sync([](const std::filesystem::path& d) {
-      throw std::system_error(EIO, std::system_category(), "fsync directory " + d.string());
-    });
-    const std::string why = test::error_of([&] { r.mgr->commit(); });
-    detail::replace_directory_sync(before);
+    const std::string why = error_with_failing_directory_sync([&] { r.mgr->commit(); });
     EXPECT_NE(why.find("fsync directory"), std::string::npos) << why;
     EXPECT_NE(why.find("earlier state was put back"), std::string::npos) << why;
   };
@@ -626,11 +633,7 @@ TEST(TierManager, ARollBackWhoseManifestWriteFailsLeavesTheCommittedGenerationAs
     write_pattern(*r.mgr, a, gen);
     r.mgr->commit();
   }
-  const auto before = detail::replace_directory_sync([](const std::filesystem::path& d) {
-    throw std::system_error(EIO, std::system_category(), "fsync directory " + d.string());
-  });
-  const std::string why = test::error_of([&] { r.mgr->roll_back_generation(); });
-  detail::replace_directory_sync(before);
+  const std::string why = error_with_failing_directory_sync([&] { r.mgr->roll_back_generation(); });
   EXPECT_NE(why.find("earlier state was put back"), std::string::npos) << why;
   EXPECT_EQ(r.mgr->committed_generation(), 2u);
   EXPECT_EQ(r.mgr->commit_record(), "step 2");

@@ -572,6 +572,14 @@ TEST(TierManager, ACommitIsUndoneRightAfterItWithCopiesAndReadAheadInFlight) {
   expect_pattern(*r.mgr, *r.mgr->find("b"), 7);
 }
 
+// small_config() of four `bytes` blocks with shadow slots and every commit synced.
+TierConfig durable_shadow_config(std::uint64_t bytes) {
+  TierConfig cfg = small_config(bytes, 4);
+  cfg.shadow_slots = true;
+  cfg.durable = true;
+  return cfg;
+}
+
 // What `f` throws while every directory sync fails with EIO (after a manifest's rename).
 template <class F>
 std::string error_with_failing_directory_sync(F&& f) {
@@ -589,9 +597,7 @@ std::string error_with_failing_directory_sync(F&& f) {
 // checksum mismatches before). Also for the first commit, which had no manifest to replace.
 TEST(TierManager, ACommitWhoseDirectorySyncFailsLeavesTheEarlierGenerationOnDisk) {
   const std::uint64_t bytes = 64 * kKiB;
-  TierConfig cfg = small_config(bytes, 4);
-  cfg.shadow_slots = true;
-  cfg.durable = true;
+  const TierConfig cfg = durable_shadow_config(bytes);
   Rig r(cfg);
   const BlockId a = r.mgr->create(desc("a", bytes / 4));
   const auto manifest = r.dir.path() / std::string(detail::kManifestName);
@@ -623,9 +629,7 @@ TEST(TierManager, ACommitWhoseDirectorySyncFailsLeavesTheEarlierGenerationOnDisk
 // blocks and the record stepped back in memory first, so memory and disk disagreed.
 TEST(TierManager, ARollBackWhoseManifestWriteFailsLeavesTheCommittedGenerationAsItWas) {
   const std::uint64_t bytes = 64 * kKiB;
-  TierConfig cfg = small_config(bytes, 4);
-  cfg.shadow_slots = true;
-  cfg.durable = true;
+  const TierConfig cfg = durable_shadow_config(bytes);
   Rig r(cfg);
   const BlockId a = r.mgr->create(desc("a", bytes / 4));
   for (std::uint64_t gen = 1; gen <= 2; ++gen) {

@@ -65,9 +65,11 @@ std::unique_ptr<Communicator> make_single_communicator();
 /// Whether this build has the MPI communicator (TIERSWAP_WITH_MPI).
 bool mpi_available() noexcept;
 /// The MPI communicator over MPI_COMM_WORLD. Initializes MPI (MPI_THREAD_SERIALIZED) unless the
-/// program already did; MPI is finalized when the last communicator that initialized it goes
-/// (MPI cannot be initialized twice in a process). Throws std::runtime_error in a build without
-/// MPI or when MPI cannot start.
+/// program already did, and then finalizes it at the process's exit (std::atexit), not when the
+/// last communicator goes: MPI can be initialized only once in a process, and a later optimizer
+/// in the same process makes a communicator again. A program that initialized MPI itself
+/// finalizes it itself, after its communicators are gone. Throws std::runtime_error in a build
+/// without MPI, when MPI cannot start, or once MPI was finalized.
 std::unique_ptr<Communicator> make_mpi_communicator();
 /// Whether this process was started by an MPI launcher (mpirun/mpiexec environment variables).
 bool launched_by_mpi() noexcept;

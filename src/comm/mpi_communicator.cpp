@@ -6,6 +6,7 @@
 #include <mpi.h>
 
 #include <climits>
+#include <cstdlib>
 #include <mutex>
 #include <stdexcept>
 #include <string>
@@ -32,9 +33,21 @@ void sum16(void* in, void* inout, int* len, MPI_Datatype*) {
 }
 
 std::mutex g_mu;
-int g_users = 0;         // live communicators
-bool g_we_init = false;  // this library called MPI_Init_thread
+int g_users = 0;  // live communicators
 MPI_Op g_sum_bf16 = MPI_OP_NULL, g_sum_f16 = MPI_OP_NULL;
+
+bool mpi_finalized() noexcept {
+  int fin = 0;
+  MPI_Finalized(&fin);
+  return fin != 0;
+}
+
+// MPI can be initialized once per process: a library that initialized it finalizes it at exit,
+// not when its last communicator goes (a second optimizer in the same process would find it
+// finalized).
+void finalize_at_exit() noexcept {
+  if (!mpi_finalized()) MPI_Finalize();
+}
 
 int to_int(std::size_t n, const char* what) {
   if (n > static_cast<std::size_t>(INT_MAX))
@@ -47,15 +60,16 @@ class MpiCommunicator final : public Communicator {
  public:
   MpiCommunicator() {
     std::lock_guard lk(g_mu);
+    if (mpi_finalized())
+      throw std::runtime_error(
+          "mpi communicator: MPI was already finalized in this process (MPI_Finalize was "
+          "called); no communicator can be made after it");
     int init = 0;
     MPI_Initialized(&init);
     if (!init) {
-      int fin = 0;
-      MPI_Finalized(&fin);
-      if (fin) throw std::runtime_error("mpi communicator: MPI was already finalized");
       int provided = 0;
       check(MPI_Init_thread(nullptr, nullptr, MPI_THREAD_SERIALIZED, &provided), "init");
-      g_we_init = true;
+      std::atexit(finalize_at_exit);
     }
     if (g_users == 0) {
       check(MPI_Op_create(&sum16<bf16_to_float, float_to_bf16>, 1, &g_sum_bf16), "op_create");
@@ -69,11 +83,12 @@ class MpiCommunicator final : public Communicator {
   }
   ~MpiCommunicator() override {
     std::lock_guard lk(g_mu);
+    --g_users;
+    if (mpi_finalized()) return;  // destroyed after the exit's finalize: nothing to free
     MPI_Comm_free(&comm_);
-    if (--g_users == 0) {
+    if (g_users == 0) {
       MPI_Op_free(&g_sum_bf16);
       MPI_Op_free(&g_sum_f16);
-      if (g_we_init) MPI_Finalize();
     }
   }
   int rank() const noexcept override { return rank_; }

@@ -417,7 +417,16 @@ PYBIND11_MODULE(_tierswap, m) {
   py::class_<Communicator, PyCommunicator, std::shared_ptr<Communicator>>(m, "Communicator")
       .def(py::init<>())
       .def("rank", &Communicator::rank)
-      .def("size", &Communicator::size);
+      .def("size", &Communicator::size)
+      .def("all_reduce_or", &Communicator::all_reduce_or, py::arg("flag"), Release());
+  // A native communicator ("mpi", "auto", ...: make_communicator's kinds), made before the
+  // optimizer so that the ranks can agree on the Python side's checks over it first.
+  m.def(
+      "make_communicator",
+      [](const std::string& kind) { return std::shared_ptr<Communicator>(make_communicator(kind)); },
+      py::arg("kind"), Release());
+  m.def("launched_by_mpi", &launched_by_mpi);
+  m.def("mpi_available", &mpi_available);
   PyOptimizerClass c(m, "Optimizer");
   c.def(py::init<std::vector<std::string>, std::uint64_t, std::string,
                  std::shared_ptr<Communicator>, unsigned, const std::string&, const std::string&,

@@ -1216,10 +1216,14 @@ def test_cli_config_from_deepspeed(tmp_path):
 
 
 RANK = r"""
-import sys, torch, torch.distributed as dist, tierswap.torch as tt
+import os, sys, torch, torch.distributed as dist, tierswap.torch as tt
 rank, world, sources, port, out, swap = (int(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3]),
                                          sys.argv[4], sys.argv[5], sys.argv[6])
-if world > 1:
+if port == "mpi":  # under mpirun: tierswap's MPI communicator, one swap directory per rank
+    rank = int(os.environ["OMPI_COMM_WORLD_RANK"])
+    swap = os.path.join(swap, f"r{rank}")
+    os.makedirs(swap)
+elif world > 1:
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
                             world_size=world)
 gen = torch.Generator().manual_seed(7)
@@ -1232,7 +1236,8 @@ def grad(i, r, step):  # multiples of 2^-10 of magnitude <= 16: sums over <= 3 r
 
 opt = tt.AdamW([{"params": params[:3]}, {"params": params[3:], "weight_decay": 0.0, "lr": 3e-3}],
                lr=1e-2, swap_dir=swap, host_budget="8MiB", state_tier="nvme",
-               max_grad_norm=0.5, subgroup_size=8192, telemetry=False)
+               max_grad_norm=0.5, subgroup_size=8192, telemetry=False,
+               communicator="mpi" if port == "mpi" else "auto")
 assert opt._native.world() == world
 for step in range(4):
     for i, p in enumerate(params):
@@ -1261,12 +1266,28 @@ def _free_port():
         return s.getsockname()[1]
 
 
+def _one_rank(tmp_path, sources, env):
+    """RANK in one process that sums every rank's gradients itself: what the ranks must equal."""
+    (tmp_path / "one").mkdir()
+    subprocess.run([sys.executable, "-c", RANK, "0", "1", str(sources), "0",
+                    str(tmp_path / "one.pt"), str(tmp_path / "one")], check=True, env=env,
+                   timeout=300)
+    return torch.load(tmp_path / "one.pt")
+
+
+def _expect_same_state(one, many):
+    for i in one["masters"]:
+        assert torch.equal(one["masters"][i], many["masters"][i]), f"master {i}"
+        for key in ("exp_avg", "exp_avg_sq"):
+            assert torch.equal(one["state"][i][key], many["state"][i][key]), f"{key} {i}"
+    for a, b in zip(one["params"], many["params"]):
+        assert torch.equal(a, b)
+
+
 @pytest.mark.parametrize("world", [2, 3])
 def test_gloo_ranks_are_bit_identical_to_one_rank(tmp_path, world):
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path), OMP_NUM_THREADS="1")
-    (tmp_path / "one").mkdir()
-    subprocess.run([sys.executable, "-c", RANK, "0", "1", str(world), "0", str(tmp_path / "one.pt"),
-                    str(tmp_path / "one")], check=True, env=env, timeout=300)
+    one = _one_rank(tmp_path, world, env)
     port = str(_free_port())
     procs = []
     for r in range(world):
@@ -1276,13 +1297,64 @@ def test_gloo_ranks_are_bit_identical_to_one_rank(tmp_path, world):
                                       env=env))
     for p in procs:
         assert p.wait(timeout=300) == 0
-    one, many = torch.load(tmp_path / "one.pt"), torch.load(tmp_path / "many.pt")
-    for i in one["masters"]:
-        assert torch.equal(one["masters"][i], many["masters"][i]), f"master {i}"
-        for key in ("exp_avg", "exp_avg_sq"):
-            assert torch.equal(one["state"][i][key], many["state"][i][key]), f"{key} {i}"
-    for a, b in zip(one["params"], many["params"]):
-        assert torch.equal(a, b)
+    _expect_same_state(one, torch.load(tmp_path / "many.pt"))
+
+
+def _mpirun(ranks, script, *args, env):
+    """`script` at `ranks` MPI ranks (Debian's OpenMPI; skips without mpirun or an MPI build)."""
+    import shutil
+    from tierswap import _tierswap
+    mpirun = shutil.which("mpirun")
+    if mpirun is None or not _tierswap.mpi_available():
+        pytest.skip("no mpirun (Debian's openmpi-bin) or a build without MPI")
+    env = dict(env, OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1",
+               OMPI_MCA_btl_vader_single_copy_mechanism="none")
+    return subprocess.run([mpirun, "--oversubscribe", "-np", str(ranks), sys.executable, "-c",
+                           script, *args], env=env, timeout=120, capture_output=True, text=True)
+
+
+def test_mpi_ranks_are_bit_identical_to_one_rank(tmp_path):
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path), OMP_NUM_THREADS="1")
+    one = _one_rank(tmp_path, 2, env)
+    (tmp_path / "mpi").mkdir()
+    r = _mpirun(2, RANK, "0", "2", "2", "mpi", str(tmp_path / "many.pt"), str(tmp_path / "mpi"),
+                env=env)
+    assert r.returncode == 0, r.stdout + r.stderr
+    _expect_same_state(one, torch.load(tmp_path / "many.pt"))
+
+
+MPI_AGAIN = r"""
+import os, sys, torch, tierswap.torch as tt
+rank, root, kind = int(os.environ["OMPI_COMM_WORLD_RANK"]), sys.argv[1], sys.argv[2]
+swap = os.path.join(root, f"swap{rank}")
+os.makedirs(swap)
+lin = torch.nn.Linear(8, 8).to(torch.bfloat16)
+# a refusal by the Python checks on rank 1 alone: both ranks raise before the native
+# constructor's collectives (rank 0 used to go on into them and wait)
+try:
+    tt.AdamW(lin.parameters(), swap_dir=swap, host_budget="lots" if rank == 1 else None,
+             communicator=kind, telemetry=False)
+    raise AssertionError(f"rank {rank}: a construction refused on rank 1 succeeded")
+except (RuntimeError, ValueError) as e:
+    assert ("host_budget=lots" if rank == 1 else "another rank refused") in str(e), (rank, e)
+# optimizers one after the other in one process: MPI stays initialized (a communicator that went
+# away used to finalize it, and the next one aborted the process)
+for _ in range(2):
+    opt = tt.AdamW(lin.parameters(), swap_dir=swap, communicator=kind, telemetry=False)
+    assert opt._native.world() == 2
+    lin(torch.ones(2, 8, dtype=torch.bfloat16)).sum().backward()
+    opt.step()
+    opt.close()
+open(os.path.join(root, f"ok{rank}"), "w").close()  # (the ranks' stdout interleaves)
+"""
+
+
+@pytest.mark.parametrize("kind", ["mpi", "auto"])
+def test_mpi_ranks_agree_on_refused_arguments_and_make_optimizers_again(tmp_path, kind):
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path), OMP_NUM_THREADS="1")
+    r = _mpirun(2, MPI_AGAIN, str(tmp_path), kind, env=env)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert (tmp_path / "ok0").exists() and (tmp_path / "ok1").exists(), r.stdout + r.stderr
 
 
 SAVE_RANK = r"""

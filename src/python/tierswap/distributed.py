@@ -84,7 +84,10 @@ _CHOICES = ("auto", "single", "torch", "mpi", "nccl")
 
 def default_communicator(requested):
     """What tierswap.torch uses: a TorchCommunicator when `requested` is one or is "auto" with
-    torch.distributed initialized at world size > 1; else None (the native "auto")."""
+    torch.distributed initialized at world size > 1; the native MPI communicator for "mpi", and
+    for "auto" under an MPI launcher (made here, before the optimizer, so that the ranks agree on
+    the Python side's checks over it before the native constructor's collectives); else None
+    (the native "single" or "nccl")."""
     if isinstance(requested, _tierswap.Communicator):
         return requested
     if requested not in _CHOICES:
@@ -96,4 +99,7 @@ def default_communicator(requested):
     if requested == "auto" and dist.is_available() and dist.is_initialized() \
             and dist.get_world_size() > 1:
         return TorchCommunicator()
+    if requested == "mpi" or (requested == "auto" and _tierswap.launched_by_mpi()
+                              and _tierswap.mpi_available()):
+        return _tierswap.make_communicator("mpi")
     return None

@@ -1034,7 +1034,8 @@ def _agree_on(problem, world, any_rank, message):
 
 def _agree_before_native(comm, problem):
     """The checks before the native constructor are this rank's own, and the constructor's first
-    agreement is a collective: over torch.distributed (`comm`) the ranks agree on them first."""
+    agreement is a collective: over `comm` (torch.distributed's or MPI's) the ranks agree on them
+    first."""
     _agree_on(problem, 1 if comm is None else comm.size(),
               None if comm is None else comm.all_reduce_or,
               "optimizer setup: another rank refused its arguments (its error says why); nothing "

@@ -318,7 +318,13 @@ class ShardedOptimizer {
   /// gradients are complete then report gradient_final().
   void begin_backward(bool final = true);
   /// Adds this rank's local gradient of a trainable parameter (param.numel() values of `dtype`,
-  /// host memory) to the accumulated gradient.
+  /// host memory) to the accumulated gradient. Bad arguments throw std::invalid_argument (or
+  /// std::logic_error outside a backward) and change nothing. When the tiers cannot take the
+  /// gradient (a read or write of the swap files fails, the budget cannot hold it) the backward
+  /// is abandoned before the error is rethrown: every gradient since the last step is dropped,
+  /// speculative steps taken from them are discarded (the committed state, bit for bit), and
+  /// the backward is over (in_backward() is false): begin the step's backward passes again.
+  /// The same holds for add_grad_device, add_grad_bucket and lend_grad.
   void add_grad(ParamId param, const void* grad, Dtype dtype);
   /// The same from device memory, ordered after every event in `events` (cudaEvent_t as void*:
   /// one per producing stream) with cudaStreamWaitEvent, so the host does not block on them. At
@@ -344,6 +350,8 @@ class ShardedOptimizer {
   void lend_grad(ParamId param, const void* grad, Dtype dtype);
   /// Ends the backward pass (reduces now unless `coalesce`).
   void end_backward();
+  /// Whether a backward pass is in progress: begun, not ended, not abandoned by a failure.
+  bool in_backward() const noexcept;
   /// Drops every gradient handed over since the last step (a hand-over that failed part-way,
   /// a trainer's zero_grad between steps): speculative steps taken from them are discarded, the
   /// committed state stays as it is. Between backward passes (std::logic_error during one).

@@ -211,10 +211,43 @@ void ShardedOptimizer::add_grad(ParamId id, const void* grad, Dtype dtype) {
     g.local_dirty = true;
     return;
   }
-  for (OptSub& s : m.subs_holding(p)) {
-    const auto [b, e] = Impl::slice(p, s);
-    if (b < e) m.add_slice(s, id, b, e, grad, dtype);
+  m.taking_grads("add_grad", [&] {
+    for (OptSub& s : m.subs_holding(p)) {
+      const auto [b, e] = Impl::slice(p, s);
+      if (b < e) m.add_slice(s, id, b, e, grad, dtype);
+    }
+  });
+}
+
+void ShardedOptimizer::Impl::abandon_backward() noexcept {
+  in_backward = false;
+  try {
+    if (cfg.overlap) spec_drain();  // the worker is done with what it took
+    roll_back_failed_step(false);   // speculative steps discarded, gradients dropped
+    for (auto& g : groups) {
+      std::fill(g.local_grad.begin(), g.local_grad.end(), std::byte{0});
+      g.local_dirty = false;
+    }
+  } catch (const std::exception& e) {
+    log(LogLevel::error, fmt::format("abandoning the backward failed too: {}", e.what()));
   }
+}
+
+void ShardedOptimizer::Impl::rethrow_abandoned(const char* what, const std::exception& e) {
+  constexpr std::string_view kAbandoned =
+      "; the backward is abandoned (every gradient since the last step dropped, speculative "
+      "steps discarded): begin the step's backward again";
+  if (const auto* se = dynamic_cast<const std::system_error*>(&e)) {
+    std::string msg = se->what();  // std::system_error appends the code's message again
+    const std::string tail = ": " + se->code().message();
+    if (msg.ends_with(tail)) msg.resize(msg.size() - tail.size());
+    throw std::system_error(se->code(), fmt::format("{}: {}{}", what, msg, kAbandoned));
+  }
+  throw std::runtime_error(fmt::format("{}: {}{}", what, e.what(), kAbandoned));
+}
+
+bool ShardedOptimizer::in_backward() const noexcept {
+  return impl_->in_backward;
 }
 
 void ShardedOptimizer::add_grad_device(ParamId id, const void* d_grad, Dtype dtype,
@@ -246,34 +279,38 @@ void ShardedOptimizer::add_grad_device(ParamId id, const void* d_grad, Dtype dty
     cuda::synchronize(nullptr);
     return dst;
   };
-  OptGroup& g = m.groups[p.group];
   if (m.world > 1) {  // the reduction runs in host memory
     add_grad(id, to_host(0, p.numel), dtype);
     return;
   }
-  const Dtype acc = m.acc_dtype(g);
-  const std::size_t acc_es = dtype_size(acc);
-  for (OptSub& s : m.subs_holding(p)) {
-    const auto range = Impl::slice(p, s);  // not a structured binding: lambdas capture it
-    const std::uint64_t b = range.first, e = range.second;
-    if (b >= e) continue;
-    const std::size_t at = (b - s.begin) * acc_es;
-    m.materialize_lent(s);  // (never lent: a sub-group the GPU steps) added to in the block
-    const Tier tier = s.grad_gpu ? Tier::device : Tier::host;  // where it accumulates
-    if (tier == Tier::device && gpu && !m.gpu_simulated) {
-      // A sub-group the GPU steps: its gradient is accumulated where it is stepped (never
-      // down to the host and back up).
-      m.ingest(s, Tier::device, Access::write, [&](std::byte* v) {
-        cuda::accumulate(v + at, acc, src + (b - p.offset) * in_es, dtype, e - b, nullptr);
-        cuda::synchronize(nullptr);  // before the view goes: the tier manager may copy it
-      });
-    } else {
-      const std::byte* host = to_host(b - p.offset, e - b);
-      m.ingest(s, tier, Access::write,
-               [&](std::byte* v) { accumulate(v + at, acc, host, dtype, e - b, m.ctx()); });
-    }
-    s.slice_written[s.slice_of(id)] = 1;  // added to: a later add_grad must add, not copy
+  m.taking_grads("add_grad_device", [&] {
+    for (OptSub& s : m.subs_holding(p)) m.add_device_slice(s, p, id, src, dtype, to_host);
+  });
+}
+
+template <class ToHost>
+void ShardedOptimizer::Impl::add_device_slice(OptSub& s, const OptParam& p, ParamId id,
+                                              const std::byte* src, Dtype dtype, ToHost& to_host) {
+  const auto range = Impl::slice(p, s);  // not a structured binding: lambdas capture it
+  const std::uint64_t b = range.first, e = range.second;
+  if (b >= e) return;
+  const Dtype acc = acc_dtype(groups[p.group]);
+  const std::size_t at = (b - s.begin) * dtype_size(acc), in_es = dtype_size(dtype);
+  materialize_lent(s);  // (never lent: a sub-group the GPU steps) added to in the block
+  const Tier tier = s.grad_gpu ? Tier::device : Tier::host;  // where it accumulates
+  if (tier == Tier::device && device_ptrs && !gpu_simulated) {
+    // A sub-group the GPU steps: its gradient is accumulated where it is stepped (never
+    // down to the host and back up).
+    ingest(s, Tier::device, Access::write, [&](std::byte* v) {
+      cuda::accumulate(v + at, acc, src + (b - p.offset) * in_es, dtype, e - b, nullptr);
+      cuda::synchronize(nullptr);  // before the view goes: the tier manager may copy it
+    });
+  } else {
+    const std::byte* host = to_host(b - p.offset, e - b);
+    ingest(s, tier, Access::write,
+           [&](std::byte* v) { accumulate(v + at, acc, host, dtype, e - b, ctx()); });
   }
+  s.slice_written[s.slice_of(id)] = 1;  // added to: a later add_grad must add, not copy
 }
 
 void ShardedOptimizer::add_grad_bucket(ParamId first, std::size_t count, const void* grad,
@@ -283,17 +320,19 @@ void ShardedOptimizer::add_grad_bucket(ParamId first, std::size_t count, const v
     throw std::invalid_argument(
         fmt::format("add_grad_bucket: parameters {}..{} do not exist", first, first + count));
   const int group = m.params[first].group;
-  std::uint64_t off = 0;
-  for (std::size_t i = 0; i < count; ++i) {
+  for (std::size_t i = 0; i < count; ++i) {  // all checked before any is added
     const OptParam& p = m.params[first + i];
     if (p.group != group || !p.spec.requires_grad)
       throw std::invalid_argument(fmt::format(
           "add_grad_bucket: parameter '{}' is {} (a bucket holds trainable parameters of one "
           "group)",
           p.spec.name, p.spec.requires_grad ? "in another group" : "frozen"));
+  }
+  std::uint64_t off = 0;
+  for (std::size_t i = 0; i < count; ++i) {
     add_grad(first + static_cast<ParamId>(i),
              static_cast<const std::byte*>(grad) + off * dtype_size(dtype), dtype);
-    off += p.numel;
+    off += m.params[first + i].numel;
   }
 }
 

@@ -92,25 +92,29 @@ void ShardedOptimizer::lend_grad(ParamId id, const void* grad, Dtype dtype) {
     add_grad(id, grad, dtype);
     return;
   }
-  for (OptSub& s : m.subs_holding(p)) {
-    const auto [b, e] = Impl::slice(p, s);
-    if (b >= e) continue;
-    const std::size_t at = s.slice_of(id);
-    if (!m.may_lend(s, dtype) || s.slice_written[at]) {
-      m.add_slice(s, id, b, e, grad, dtype);  // copies in what s lent first
-      continue;
-    }
-    const auto* src = static_cast<const std::byte*>(grad) + (b - p.offset) * dtype_size(dtype);
-    const auto pos =
-        std::lower_bound(s.lent.begin(), s.lent.end(), b,
-                         [](const OptSub::Lent& l, std::uint64_t x) { return l.b < x; });
-    s.lent.insert(pos, OptSub::Lent{b, e, src});
-    s.slice_written[at] = 1;
-    s.sums.clear();
-    if (++s.seen == s.pids.size() && s.all_lent()) {
-      s.sums.assign((s.numel + kGradStatsChunk - 1) / kGradStatsChunk, 0.0);
-      m.lent_chunk_sums(s, s.sums.data());
-    }
+  m.taking_grads("lend_grad", [&] {
+    for (OptSub& s : m.subs_holding(p)) m.lend_slice(s, p, id, grad, dtype);
+  });
+}
+
+void ShardedOptimizer::Impl::lend_slice(OptSub& s, const OptParam& p, ParamId id, const void* grad,
+                                        Dtype dtype) {
+  const auto [b, e] = slice(p, s);
+  if (b >= e) return;
+  const std::size_t at = s.slice_of(id);
+  if (!may_lend(s, dtype) || s.slice_written[at]) {
+    add_slice(s, id, b, e, grad, dtype);  // copies in what s lent first
+    return;
+  }
+  const auto* src = static_cast<const std::byte*>(grad) + (b - p.offset) * dtype_size(dtype);
+  const auto pos = std::lower_bound(s.lent.begin(), s.lent.end(), b,
+                                    [](const OptSub::Lent& l, std::uint64_t x) { return l.b < x; });
+  s.lent.insert(pos, OptSub::Lent{b, e, src});
+  s.slice_written[at] = 1;
+  s.sums.clear();
+  if (++s.seen == s.pids.size() && s.all_lent()) {
+    s.sums.assign((s.numel + kGradStatsChunk - 1) / kGradStatsChunk, 0.0);
+    lent_chunk_sums(s, s.sums.data());
   }
 }
 

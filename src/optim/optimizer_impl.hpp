@@ -328,6 +328,27 @@ struct ShardedOptimizer::Impl {
   void reduce_local(OptGroup& g);
   /// drop_grads() without its checks: speculative results discarded, every gradient dropped.
   void drop_grads_now();
+  /// add_grad_device's part for sub-group s (world size 1): accumulated in the device tier where
+  /// the GPU steps it, else brought to host memory by `to_host(offset, count)` and added there.
+  template <class ToHost>
+  void add_device_slice(OptSub& s, const OptParam& p, ParamId id, const std::byte* src, Dtype dtype,
+                        ToHost& to_host);
+  /// Runs `take` (a gradient's hand-over to the tiers); if it throws, the backward is abandoned
+  /// (abandon_backward) and the error rethrown, saying so.
+  template <class F>
+  void taking_grads(const char* what, F&& take) {
+    try {
+      take();
+    } catch (const std::exception& e) {
+      abandon_backward();
+      rethrow_abandoned(what, e);
+    }
+  }
+  /// A backward whose gradients the tiers could not all take: what it took is incomplete, and
+  /// sub-groups may have stepped on it speculatively. Discards those steps, drops every
+  /// gradient and ends the backward.
+  void abandon_backward() noexcept;
+  [[noreturn]] static void rethrow_abandoned(const char* what, const std::exception& e);
   /// At the end of a sub-group's ingest in a final backward: its statistics (view: its
   /// gradient, in `tier`), which also mark the gradient final.
   /// Returns whether the gradient is final (and finite) and so may be stepped speculatively.
@@ -355,6 +376,8 @@ struct ShardedOptimizer::Impl {
   void materialize_lent(OptSub& s);
   void materialize_all_lent() noexcept;
   void lent_chunk_sums(const OptSub& s, double* out);
+  /// lend_grad's part for sub-group s: lent where it may be, else copied in (add_slice).
+  void lend_slice(OptSub& s, const OptParam& p, ParamId id, const void* grad, Dtype dtype);
   void step_lent(const OptSub& s, const GroupConfig& gc, void* const* ptr, float multiplier,
                  std::uint64_t t, std::uint16_t* p16, const CpuKernelContext& kc);
   /// add_grad() at world size 1, one sub-group: parameter id's slice [b, e) of `grad` (the whole

@@ -317,6 +317,7 @@ void bind_backward_and_step(PyOptimizerClass& c) {
           "drop_grads", [](PyOptimizer& s) { s.opt().drop_grads(); }, Release())
       .def(
           "end_backward", [](PyOptimizer& s) { s.opt().end_backward(); }, Release())
+      .def("in_backward", [](PyOptimizer& s) { return s.opt().in_backward(); })
       .def(
           "step",
           [](PyOptimizer& s, std::optional<double> clip_factor) {

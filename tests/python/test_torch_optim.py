@@ -202,6 +202,50 @@ def test_zero_grad_forgets_what_the_hooks_handed_over(tmp_path, overlap):
         assert torch.equal(outs[0][i], outs[1][i])
 
 
+def test_a_hook_hand_over_the_tiers_refuse_leaves_the_next_backward_working(tmp_path):
+    """When the tiers cannot take a gradient (a read of the swap files fails, say), the native
+    add_grad abandons the backward: every gradient since the last step dropped, the backward
+    over (tests/test_optimizer_step.cpp, AGradientTheTiersCannotTakeAbandonsTheBackward). The
+    error leaves loss.backward() from the hook; the Python side's backward ends with the native
+    one's, so the next backward begins anew and the step takes only its gradients."""
+    outs = []
+    for failing in (False, True):
+        torch.manual_seed(0)
+        model = torch.nn.Linear(16, 8).to(torch.bfloat16)
+        x = torch.randn(4, 16).to(torch.bfloat16)
+        (tmp_path / str(failing)).mkdir()
+        opt = tt.AdamW(model.parameters(), swap_dir=str(tmp_path / str(failing)),
+                       telemetry=False, hooks=True)
+        if failing:
+            native = opt._native
+
+            class Refusing:  # the native optimizer whose tiers refuse the second hand-over
+                calls = 0
+
+                def __getattr__(self, name):
+                    return getattr(native, name)
+
+                def add_grad(self, *args):
+                    Refusing.calls += 1
+                    if Refusing.calls < 2:
+                        return native.add_grad(*args)
+                    native.end_backward()  # what the native side does before it throws
+                    native.drop_grads()
+                    raise OSError("add_grad: read ...: the backward is abandoned")
+
+            opt._native = Refusing()
+            with pytest.raises(OSError, match="the backward is abandoned"):
+                (model(x) * -3).float().sum().backward()
+            opt._native = native
+            assert not native.in_backward()
+        model(x).float().sum().backward()
+        opt.step()
+        outs.append(masters(opt))
+        opt.close()
+    for i in outs[0]:
+        assert torch.equal(outs[0][i], outs[1][i])
+
+
 RESUME = r"""
 import sys, torch, tierswap.torch as tt
 from tierswap import tinylm

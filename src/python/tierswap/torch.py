@@ -417,7 +417,16 @@ class _TieredOptimizer(Optimizer):
                 self._begin(self._final)
             g = self._checked_grad(p, nid)
             if g is not None:
-                self._native.add_grad(nid, g.data_ptr(), _DTYPE_NAMES[g.dtype], g.numel())
+                try:
+                    self._native.add_grad(nid, g.data_ptr(), _DTYPE_NAMES[g.dtype], g.numel())
+                except BaseException:
+                    # the tiers could not take it: the native side abandoned the backward
+                    # (every gradient since the last step dropped, this one too); the next
+                    # backward begins anew
+                    self._in_backward = self._native.in_backward()
+                    if not self._in_backward:
+                        p.grad = None
+                    raise
         p.grad = None
 
     def _lend_grads(self):
@@ -442,7 +451,8 @@ class _TieredOptimizer(Optimizer):
     def _end(self):
         if self._in_backward:
             self._in_backward = False
-            self._native.end_backward()
+            if self._native.in_backward():  # else a failed hand-over abandoned it already
+                self._native.end_backward()
 
     @contextlib.contextmanager
     def micro_batch(self, final=True):

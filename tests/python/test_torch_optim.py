@@ -179,27 +179,36 @@ def test_hooks_and_overlap_are_bit_identical_to_step_time_hand_over(tmp_path, mo
     opt.close()
 
 
-@pytest.mark.parametrize("overlap", [False, True])
-def test_zero_grad_forgets_what_the_hooks_handed_over(tmp_path, overlap):
-    """torch's zero_grad forgets p.grad; with hooks=True the gradients already went to
-    tierswap, which forgets them too: a backward, zero_grad, a backward, step takes the second."""
+def _expect_only_the_last_backward_stepped(tmp_path, before, **kw):
+    """Two runs of a backward and a step with hooks=True: as they are, and with `before(opt,
+    model, x)` ahead of that backward. Both must end with the same masters: the step took that
+    backward's gradients alone."""
     outs = []
-    for discarded in (False, True):
+    for interrupted in (False, True):
         torch.manual_seed(0)
         model = torch.nn.Linear(16, 8).to(torch.bfloat16)
         x = torch.randn(4, 16).to(torch.bfloat16)
-        (tmp_path / str(discarded)).mkdir()
-        opt = tt.AdamW(model.parameters(), swap_dir=str(tmp_path / str(discarded)),
-                       telemetry=False, hooks=True, overlap=overlap)
-        if discarded:
-            (model(x) * -3).float().sum().backward()  # kept, it would flip the sum
-            opt.zero_grad()
+        (tmp_path / str(interrupted)).mkdir()
+        opt = tt.AdamW(model.parameters(), swap_dir=str(tmp_path / str(interrupted)),
+                       telemetry=False, hooks=True, **kw)
+        if interrupted:
+            before(opt, model, x)
         model(x).float().sum().backward()
         opt.step()
         outs.append(masters(opt))
         opt.close()
     for i in outs[0]:
         assert torch.equal(outs[0][i], outs[1][i])
+
+
+@pytest.mark.parametrize("overlap", [False, True])
+def test_zero_grad_forgets_what_the_hooks_handed_over(tmp_path, overlap):
+    """torch's zero_grad forgets p.grad; with hooks=True the gradients already went to
+    tierswap, which forgets them too: a backward, zero_grad, a backward, step takes the second."""
+    def discarded(opt, model, x):
+        (model(x) * -3).float().sum().backward()  # kept, it would flip the sum
+        opt.zero_grad()
+    _expect_only_the_last_backward_stepped(tmp_path, discarded, overlap=overlap)
 
 
 def test_a_hook_hand_over_the_tiers_refuse_leaves_the_next_backward_working(tmp_path):
@@ -208,42 +217,29 @@ def test_a_hook_hand_over_the_tiers_refuse_leaves_the_next_backward_working(tmp_
     over (tests/test_optimizer_step.cpp, AGradientTheTiersCannotTakeAbandonsTheBackward). The
     error leaves loss.backward() from the hook; the Python side's backward ends with the native
     one's, so the next backward begins anew and the step takes only its gradients."""
-    outs = []
-    for failing in (False, True):
-        torch.manual_seed(0)
-        model = torch.nn.Linear(16, 8).to(torch.bfloat16)
-        x = torch.randn(4, 16).to(torch.bfloat16)
-        (tmp_path / str(failing)).mkdir()
-        opt = tt.AdamW(model.parameters(), swap_dir=str(tmp_path / str(failing)),
-                       telemetry=False, hooks=True)
-        if failing:
-            native = opt._native
+    def refused(opt, model, x):
+        native = opt._native
 
-            class Refusing:  # the native optimizer whose tiers refuse the second hand-over
-                calls = 0
+        class Refusing:  # the native optimizer whose tiers refuse the second hand-over
+            calls = 0
 
-                def __getattr__(self, name):
-                    return getattr(native, name)
+            def __getattr__(self, name):
+                return getattr(native, name)
 
-                def add_grad(self, *args):
-                    Refusing.calls += 1
-                    if Refusing.calls < 2:
-                        return native.add_grad(*args)
-                    native.end_backward()  # what the native side does before it throws
-                    native.drop_grads()
-                    raise OSError("add_grad: read ...: the backward is abandoned")
+            def add_grad(self, *args):
+                Refusing.calls += 1
+                if Refusing.calls < 2:
+                    return native.add_grad(*args)
+                native.end_backward()  # what the native side does before it throws
+                native.drop_grads()
+                raise OSError("add_grad: read ...: the backward is abandoned")
 
-            opt._native = Refusing()
-            with pytest.raises(OSError, match="the backward is abandoned"):
-                (model(x) * -3).float().sum().backward()
-            opt._native = native
-            assert not native.in_backward()
-        model(x).float().sum().backward()
-        opt.step()
-        outs.append(masters(opt))
-        opt.close()
-    for i in outs[0]:
-        assert torch.equal(outs[0][i], outs[1][i])
+        opt._native = Refusing()
+        with pytest.raises(OSError, match="the backward is abandoned"):
+            (model(x) * -3).float().sum().backward()
+        opt._native = native
+        assert not native.in_backward()
+    _expect_only_the_last_backward_stepped(tmp_path, refused)
 
 
 RESUME = r"""

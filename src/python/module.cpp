@@ -424,7 +424,9 @@ PYBIND11_MODULE(_tierswap, m) {
   // optimizer so that the ranks can agree on the Python side's checks over it first.
   m.def(
       "make_communicator",
-      [](const std::string& kind) { return std::shared_ptr<Communicator>(make_communicator(kind)); },
+      [](const std::string& kind) {
+        return std::shared_ptr<Communicator>(make_communicator(kind));
+      },
       py::arg("kind"), Release());
   m.def("launched_by_mpi", &launched_by_mpi);
   m.def("mpi_available", &mpi_available);

@@ -224,10 +224,7 @@ void ShardedOptimizer::Impl::abandon_backward() noexcept {
   try {
     if (cfg.overlap) spec_drain();  // the worker is done with what it took
     roll_back_failed_step(false);   // speculative steps discarded, gradients dropped
-    for (auto& g : groups) {
-      std::fill(g.local_grad.begin(), g.local_grad.end(), std::byte{0});
-      g.local_dirty = false;
-    }
+    clear_local_grads();
   } catch (const std::exception& e) {
     log(LogLevel::error, fmt::format("abandoning the backward failed too: {}", e.what()));
   }
@@ -356,11 +353,15 @@ void ShardedOptimizer::Impl::drop_grads_now() {
     spec_drain();
     if (spec_pending()) spec_discard();  // the committed state, bit for bit
   }
+  clear_local_grads();
+  drop_all_grads();
+}
+
+void ShardedOptimizer::Impl::clear_local_grads() noexcept {
   for (auto& g : groups) {
     std::fill(g.local_grad.begin(), g.local_grad.end(), std::byte{0});
     g.local_dirty = false;
   }
-  drop_all_grads();
 }
 
 bool ShardedOptimizer::gradient_final(std::size_t k) const {

@@ -328,6 +328,8 @@ struct ShardedOptimizer::Impl {
   void reduce_local(OptGroup& g);
   /// drop_grads() without its checks: speculative results discarded, every gradient dropped.
   void drop_grads_now();
+  /// The unreduced local gradients (world size > 1) zeroed, none pending.
+  void clear_local_grads() noexcept;
   /// add_grad_device's part for sub-group s (world size 1): accumulated in the device tier where
   /// the GPU steps it, else brought to host memory by `to_host(offset, count)` and added there.
   template <class ToHost>

@@ -200,35 +200,30 @@ std::string TierManager::Impl::manifest_payload(const CommitRecord& previous_rec
   return text;
 }
 
+namespace {
+// Exchanges a block's committed fields with those of its previous generation: the roll-back,
+// and its undoing when the roll-back's manifest cannot be written.
+void swap_with_previous(tier_internal::Block& b) {
+  std::swap(b.committed, b.prev.extent);
+  std::swap(b.has_data, b.prev.has_data);
+  std::swap(b.data_gen, b.prev.gen);
+  std::swap(b.checksum, b.prev.checksum);
+}
+}  // namespace
+
 void TierManager::Impl::write_rolled_back_manifest() {
-  struct Kept {
-    Block* b;
-    int committed;
-    bool has_data;
-    std::uint64_t data_gen, checksum;
+  const auto swap_all = [&] {
+    for (auto& bp : blocks)
+      if (bp->prev.valid) swap_with_previous(*bp);
   };
-  std::vector<Kept> kept;
-  for (auto& bp : blocks) {
-    Block& b = *bp;
-    if (!b.prev.valid) continue;
-    kept.push_back({&b, b.committed, b.has_data, b.data_gen, b.checksum});
-    b.committed = b.prev.extent;
-    b.has_data = b.prev.has_data;
-    b.data_gen = b.prev.gen;
-    b.checksum = b.prev.checksum;
-  }
+  swap_all();
   CommitRecord was_record = record, was_pending = pending_record;
   record = pending_record = prev_record;
   try {
     detail::write_manifest_file(manifest_path(), manifest_payload({}), cfg.durable,
                                 /*recycle=*/true);
   } catch (...) {
-    for (const Kept& k : kept) {
-      k.b->committed = k.committed;
-      k.b->has_data = k.has_data;
-      k.b->data_gen = k.data_gen;
-      k.b->checksum = k.checksum;
-    }
+    swap_all();
     record = std::move(was_record);
     pending_record = std::move(was_pending);
     throw;

@@ -64,6 +64,90 @@ TEST(ShardedOptimizer, ASaveIntoADirectoryAnotherSaveHoldsIsRefused) {
   EXPECT_EQ(b.opt->step_count(), 3u);
 }
 
+namespace {
+
+// World size 1, calling `on_collective` at each collective call: what a save leaves for the other
+// ranks to see while it still holds the directory.
+class WatchingCommunicator final : public Communicator {
+ public:
+  std::function<void()> on_collective;
+  int rank() const noexcept override { return 0; }
+  int size() const noexcept override { return 1; }
+  std::string_view name() const noexcept override { return "single"; }
+  void reduce_scatter(const void* send, void* recv, std::span<const std::size_t> counts,
+                      Dtype dtype) override {
+    watch();
+    inner_->reduce_scatter(send, recv, counts, dtype);
+  }
+  void all_gather_v(void* buf, std::span<const std::size_t> counts,
+                    std::span<const std::size_t> displs, Dtype dtype) override {
+    watch();
+    inner_->all_gather_v(buf, counts, displs, dtype);
+  }
+  void all_reduce_sum(double* data, std::size_t n) override {
+    watch();
+    inner_->all_reduce_sum(data, n);
+  }
+  bool all_reduce_or(bool flag) override {
+    watch();
+    return inner_->all_reduce_or(flag);
+  }
+  void broadcast(void* data, std::size_t bytes, int root) override {
+    watch();
+    inner_->broadcast(data, bytes, root);
+  }
+  void barrier() override {
+    watch();
+    inner_->barrier();
+  }
+
+ private:
+  void watch() {
+    if (on_collective) on_collective();
+  }
+  std::unique_ptr<Communicator> inner_ = make_single_communicator();
+};
+
+}  // namespace
+
+// Rank 0's lock on the directory lasts until every rank has removed its earlier save's files:
+// a save that took the lock while a slower rank still removed them would lose its own files to
+// that removal. At the last collective call of a save (after which rank 0 lets the lock go), the
+// earlier files are gone and the lock is still held.
+TEST(ShardedOptimizer, ASaveHoldsItsDirectoryUntilEveryRankHasRemovedTheEarlierFiles) {
+  WatchingCommunicator comm;  // outlives the optimizer
+  Rig r;
+  r.opt.reset();
+  r.opt = std::make_unique<ShardedOptimizer>(*r.tiers, comm, test::model_config());
+  auto m = test::start_model(*r.opt);
+  test::train(*r.opt, m, 1, 2, 0, 1);
+  TempDir ck;
+  r.opt->save(ck.path());
+  const std::set<std::string> first = test::names_in(ck.path());
+  test::train(*r.opt, m, 3, 3, 0, 1);
+  bool earlier_files = true, locked = false;
+  comm.on_collective = [&] {
+    const std::set<std::string> now = test::names_in(ck.path());
+    earlier_files = std::any_of(first.begin(), first.end(), [&](const std::string& n) {
+      return n.rfind("rank-", 0) == 0 && now.count(n) > 0;
+    });
+    try {
+      detail::close_lock(detail::open_lock(ck.path(), "test: checkpoint directory"));
+      locked = false;
+    } catch (const std::runtime_error&) {
+      locked = true;
+    }
+  };
+  r.opt->save(ck.path());
+  comm.on_collective = nullptr;
+  EXPECT_FALSE(earlier_files) << "the last collective call came before the earlier files went";
+  EXPECT_TRUE(locked) << "the directory was not held at the save's last collective call";
+  Rig b;
+  auto mb = test::build_model(*b.opt);
+  b.opt->load(ck.path());
+  EXPECT_EQ(b.opt->step_count(), 3u);
+}
+
 // A load reads under a shared lock: not while a save writes the directory (it would remove files
 // under the load), alongside any other load, and a save waits for no load: it is refused.
 TEST(ShardedOptimizer, ALoadAndASaveOfOneDirectoryExcludeEachOtherAndLoadsShareIt) {

@@ -462,11 +462,11 @@ class ShardedOptimizer {
   /// XXH3 checksums), every file written to a temporary name, fsynced and renamed; the manifest
   /// last. Collective. Reads the state through the tiers: NVMe-resident state stays where it is.
   /// Each rank first checks that its filesystem has room for its state; rank 0 locks the
-  /// directory (flock) for the save's length, so a second save into it at once fails naming the
-  /// holder. A save that fails on any rank (no room, an I/O error, the lock) throws
-  /// std::runtime_error on every rank, naming the directory and the cause (a refused directory:
-  /// std::invalid_argument); the partial files are removed and the checkpoint already there
-  /// still loads.
+  /// directory (flock) for the save's length (until every rank has removed its earlier save's
+  /// files), so a second save into it at once fails naming the holder. A save that fails on any
+  /// rank (no room, an I/O error, the lock) throws std::runtime_error on every rank, naming the
+  /// directory and the cause (a refused directory: std::invalid_argument); the partial files are
+  /// removed and the checkpoint already there still loads.
   void save(const std::filesystem::path& dir);
   /// Restores a checkpoint written at any world size into this optimizer's layout (same groups
   /// and parameters, any world size and sub-group size). Hyper-parameters, step count and loss

@@ -291,8 +291,8 @@ std::string ShardedOptimizer::Impl::write_rank_files(const std::filesystem::path
   return payload;
 }
 
-// Rank 0 holds a lock on the directory (flock) from before its files to after the removal of the
-// earlier saves' files: two saves into one directory at once (two jobs given one path) would
+// Rank 0 holds a lock on the directory (flock) from before its files to after every rank's removal
+// of the earlier saves' files: two saves into one directory at once (two jobs given one path) would
 // otherwise each remove the other's files, leaving a manifest whose files are gone; the second
 // fails at once naming the holder. Two agreements make a failed save leave the directory as it
 // was on every rank: after the rank files (if any rank failed, every rank removes its files of
@@ -321,6 +321,9 @@ void ShardedOptimizer::save(const std::filesystem::path& dir) {
   }
   if (any) throw_save_failure(dir, failed);
   remove_saves(dir, m.rank, id, true);
+  // Rank 0's lock goes only once every rank has removed its earlier files: a save that took the
+  // lock while another rank still removed them would lose its files to that removal.
+  m.comm.barrier();
 }
 
 namespace {

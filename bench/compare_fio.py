@@ -11,17 +11,22 @@ before the writes also every engine's earlier file deleted):
           so the reads compare engines, not file layouts fio's io_uring job uses fixed buffers and registered files, as tierswap does. It prints every run, the medians, and
 the ratios tierswap / best fio engine for throughput and CPU seconds per GiB.
 
-Both sides get the same kind of buffer memory, in two cells (--pages):
-  4k:   4 KiB pages on both sides: fio --mem=malloc, tierswap with TIERSWAP_HUGE_PAGES=0;
-  huge: 2 MiB pages on both sides: fio --mem=shmhuge on hugetlb pages this script reserves
-        through /proc/sys/vm/nr_hugepages (and gives back), tierswap's own THP buffers.
+Both sides get the same kind of buffer memory, in three cells (--pages):
+  4k:     4 KiB pages on both sides: fio --mem=malloc, tierswap with TIERSWAP_HUGE_PAGES=0;
+  huge:   2 MiB pages on both sides: fio --mem=shmhuge on hugetlb pages this script reserves
+          through /proc/sys/vm/nr_hugepages (and gives back), tierswap's own THP buffers;
+  shared: the same 4 KiB pages on both sides: a file in --shm-dir (tmpfs) the script writes
+          anew before each repetition, which fio maps (--mem=mmapshared:FILE) and tierswap maps
+          (bench io --buffer-file FILE), as a shared-memory tensor handed in by a caller.
 On both sides the buffers are registered before they are first written (fio's order, which
 tierswap's bench io follows): on 4 KiB pages the physical layout of the pages, and so the number
-of segments per request a virtio disk sees, depends on that order (bench/RESULTS.md).
+of segments per request a virtio disk sees, depends on that order and on the order in which the
+process before freed its pages (bench/RESULTS.md). The shared cell takes that out of the
+comparison: every engine of a repetition moves its data through the same physical pages.
 
 Usage: bench/compare_fio.py --tierswap build/tierswap --dir /var/tmp [--size 1GiB]
-       [--block-size 1MiB] [--queue-depth 32] [--repeats 6] [--settle 2] [--pages 4k,huge]
-       [--json]
+       [--block-size 1MiB] [--queue-depth 32] [--repeats 6] [--settle 2]
+       [--pages 4k,huge,shared] [--shm-dir /dev/shm] [--json]
 Needs fio (Debian package `fio`); the huge cell needs root (vm.nr_hugepages). Standard library
 only.
 """
@@ -93,8 +98,9 @@ def engine_file(workdir, name):
     return os.path.join(workdir, name, "tierswap.swap" if name == "tierswap" else "fio.dat")
 
 
-def run_tierswap(args, workdir, mode, pages, env=None):
-    """One `tierswap bench io --runs 1` of `mode`; `env`: more variables for it."""
+def run_tierswap(args, workdir, mode, pages, buffer=None, env=None):
+    """One `tierswap bench io --runs 1` of `mode`; `buffer`: the file its ring is (the shared
+    cell); `env`: more variables for it."""
     swap = engine_file(workdir, "tierswap")
     tdir = os.path.dirname(swap)
     if mode == "write" and os.path.exists(swap):
@@ -103,8 +109,8 @@ def run_tierswap(args, workdir, mode, pages, env=None):
     cmd = [args.tierswap, "bench", "io", "--dir", tdir, "--size", args.size,
            "--block-size", args.block_size, "--queue-depth", str(args.queue_depth),
            "--backend", "uring", "--mode", mode, "--runs", "1", "--direct", "on", "--keep",
-           "--json"]
-    env = dict(os.environ, **(env or {}), TIERSWAP_HUGE_PAGES="0" if pages == "4k" else "1")
+           "--json"] + (["--buffer-file", buffer] if buffer else [])
+    env = dict(os.environ, **(env or {}), TIERSWAP_HUGE_PAGES="1" if pages == "huge" else "0")
     env.pop("TIERSWAP_IO_CONFIG", None)  # the settings above, not a tuned file's, against fio's
     out = subprocess.run(cmd, check=True, capture_output=True, text=True, env=env).stdout
     r = json.loads(out)["runs"][0]
@@ -131,9 +137,16 @@ def add_common_args(p):
     p.add_argument("--queue-depth", type=int, default=32)
 
 
-def run_fio(args, workdir, name, mode, pages):
+def fio_mem(pages, buffer):
+    """fio's --mem for a cell."""
+    if buffer:
+        return "mmapshared:" + buffer
+    return "malloc" if pages == "4k" else "shmhuge"
+
+
+def run_fio(args, workdir, name, mode, pages, buffer=None):
     """One fio job of engine `name` ("fio-io_uring", "fio-libaio"): a write of a fresh file, or
-    a read of the file tierswap's write left."""
+    a read of the file tierswap's write left; `buffer`: the file its buffers are (shared cell)."""
     engine = name.split("-", 1)[1]
     path, offset = engine_file(workdir, name), 0
     os.makedirs(os.path.dirname(path), exist_ok=True)
@@ -145,7 +158,7 @@ def run_fio(args, workdir, name, mode, pages):
            f"--size={args.size_bytes}",
            f"--bs={args.block_size_bytes}", f"--iodepth={args.queue_depth}",
            f"--ioengine={engine}", "--direct=1", f"--rw={mode}", "--output-format=json",
-           "--fallocate=native", "--mem=" + ("malloc" if pages == "4k" else "shmhuge")]
+           "--fallocate=native", "--mem=" + fio_mem(pages, buffer)]
     if engine == "io_uring":
         cmd += ["--fixedbufs=1", "--registerfiles=1"]
     job = fio_job(cmd)
@@ -164,12 +177,51 @@ def remove_old_files(workdir):
             os.unlink(f)
 
 
+def shared_buffer_bytes(args):
+    """The shared cell's buffer file: depth x block, and a huge page of slack for fio's
+    alignment of its buffers."""
+    return args.queue_depth * args.block_size_bytes + HUGE_PAGE
+
+
+def write_shared_buffer(path, nbytes):
+    """The shared cell's buffer file, written anew (its 4 KiB pages placed now, before any engine
+    maps it)."""
+    if os.path.exists(path):
+        os.unlink(path)
+    with open(path, "wb") as f:
+        chunk = os.urandom(1 << 20)
+        for _ in range(nbytes // len(chunk)):
+            f.write(chunk)
+        f.write(chunk[:nbytes % len(chunk)])
+
+
+def check_shared_pages(shm_dir):
+    """The shared cell is a 4 KiB-page cell: refused where tmpfs would give the file huge pages."""
+    if not os.path.isdir(shm_dir):
+        sys.exit(f"compare_fio.py: --shm-dir {shm_dir}: not a directory (the shared cell needs a "
+                 "tmpfs directory, e.g. /dev/shm)")
+    try:
+        with open("/sys/kernel/mm/transparent_hugepage/shmem_enabled") as f:
+            policy = f.read().split("[")[1].split("]")[0]
+    except (OSError, IndexError):
+        policy = "never"
+    if policy in ("always", "within_size", "force"):
+        sys.exit(f"compare_fio.py: shmem_enabled is {policy}: tmpfs files get huge pages, so the "
+                 "shared cell would not be a 4 KiB-page cell; set it to advise or never, or leave "
+                 "out --pages shared")
+
+
 def run_cell(args, pages):
     """Every repetition of one buffer-memory cell; {engine: {mode: [sample, ...]}}."""
     samples = {e: {"write": [], "read": []} for e in ENGINES}
     workdir = tempfile.mkdtemp(prefix="tierswap-fio-", dir=args.dir)
+    buffer = None
+    if pages == "shared":
+        buffer = os.path.join(args.shm_dir, f"tierswap-fio-buffer-{os.getpid()}")
     try:
         for rep in range(args.repeats):
+            if buffer:  # new pages each repetition, the same for every engine within it
+                write_shared_buffer(buffer, shared_buffer_bytes(args))
             # Rotate who goes first: on a shared virtual disk the first run after the other
             # phase is penalized, so each engine takes each position equally often.
             order = ENGINES[rep % 3:] + ENGINES[:rep % 3]
@@ -184,9 +236,9 @@ def run_cell(args, pages):
                 time.sleep(args.settle)  # let the disk absorb the phase before
                 for name in order:
                     if name == "tierswap":
-                        sample = run_tierswap(args, workdir, mode, pages)
+                        sample = run_tierswap(args, workdir, mode, pages, buffer)
                     else:
-                        sample = run_fio(args, workdir, name, mode, pages)
+                        sample = run_fio(args, workdir, name, mode, pages, buffer)
                     samples[name][mode].append(sample)
             if not args.json:
                 line = "  ".join(f"{e} {m} {samples[e][m][-1]['gbps']:.3f}" for e in ENGINES
@@ -194,6 +246,8 @@ def run_cell(args, pages):
                 print(f"{pages} rep {rep + 1}/{args.repeats}: GB/s {line}", file=sys.stderr)
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
+        if buffer and os.path.exists(buffer):
+            os.unlink(buffer)
     return samples
 
 
@@ -222,14 +276,20 @@ def main():
     p.add_argument("--repeats", type=int, default=6, help="a multiple of 3 balances the order")
     p.add_argument("--settle", type=float, default=2.0,
                    help="seconds of pause (after sync) before each write and each read phase")
-    p.add_argument("--pages", default="4k,huge", help="cells to run: 4k, huge or both")
+    p.add_argument("--pages", default="4k,huge,shared",
+                   help="cells to run, comma-separated: 4k, huge, shared")
+    p.add_argument("--shm-dir", default="/dev/shm",
+                   help="tmpfs directory for the shared cell's buffer file")
     p.add_argument("--json", action="store_true")
     args = p.parse_args()
     args.size_bytes = parse_size(args.size)
     args.block_size_bytes = parse_size(args.block_size)
     cells = [c.strip() for c in args.pages.split(",") if c.strip()]
-    if not cells or any(c not in ("4k", "huge") for c in cells):
-        sys.exit(f"compare_fio.py: --pages {args.pages}: expected 4k, huge or 4k,huge")
+    if not cells or any(c not in ("4k", "huge", "shared") for c in cells):
+        sys.exit(f"compare_fio.py: --pages {args.pages}: expected a comma-separated list of 4k, "
+                 "huge and shared")
+    if "shared" in cells:
+        check_shared_pages(args.shm_dir)
     if shutil.which("fio") is None:
         sys.exit("compare_fio.py: fio is not installed (apt-get install fio)")
     if args.repeats < 1:
@@ -254,11 +314,11 @@ def main():
         return
     print(f"{args.repeats} interleaved repetitions, {args.size} O_DIRECT, block {args.block_size},"
           f" depth {args.queue_depth}; medians")
-    print(f"{'pages':<5} {'mode':<6} {'engine':<14} {'GB/s':>8} {'CPU s/GiB':>10}")
+    print(f"{'pages':<6} {'mode':<6} {'engine':<14} {'GB/s':>8} {'CPU s/GiB':>10}")
     for pages, cell in report["cells"].items():
         for m in ("write", "read"):
             for e in ENGINES:
-                print(f"{pages:<5} {m:<6} {e:<14} {cell[m]['median_gbps'][e]:>8.3f} "
+                print(f"{pages:<6} {m:<6} {e:<14} {cell[m]['median_gbps'][e]:>8.3f} "
                       f"{cell[m]['median_cpu_s_per_gib'][e]:>10.4f}")
     for pages, cell in report["cells"].items():
         for m in ("write", "read"):

@@ -104,3 +104,39 @@ foreach(mode write read)
     message(FATAL_ERROR "sweep: no best ${mode} configuration: ${out}")
   endif()
 endforeach()
+
+# --buffer-file: the ring is the file's first block x depth bytes, mapped shared (the file's
+# contents are what the engine moved); a file too small, missing, or with --service is refused.
+set(buffer "${CMAKE_CURRENT_BINARY_DIR}/bench-io-buffer")
+file(REMOVE "${buffer}")
+execute_process(COMMAND truncate -s 1M "${buffer}")
+execute_process(COMMAND ${CLI} bench io --size 4MiB --block-size 256KiB --queue-depth 4 --runs 1
+                        --buffer-file "${buffer}" --json
+                RESULT_VARIABLE rc OUTPUT_VARIABLE out ERROR_VARIABLE err)
+if(NOT rc EQUAL 0)
+  message(FATAL_ERROR "bench io --buffer-file failed (${rc}): ${err}")
+endif()
+string(JSON n LENGTH "${out}" runs)
+file(READ "${buffer}" head LIMIT 64 HEX)
+if(NOT n EQUAL 2 OR head MATCHES "^0+$")
+  message(FATAL_ERROR "bench io --buffer-file: ${n} runs, the file's first bytes ${head}")
+endif()
+execute_process(COMMAND truncate -s 512K "${buffer}")
+foreach(bad "${buffer};it holds 524288 B; the ring needs 1.00 MiB"
+            "${buffer}.missing;cannot open it \\(No such file or directory\\)")
+  list(GET bad 0 path)
+  list(GET bad 1 want)
+  execute_process(COMMAND ${CLI} bench io --size 4MiB --block-size 256KiB --queue-depth 4
+                          --buffer-file "${path}"
+                  RESULT_VARIABLE rc ERROR_VARIABLE err OUTPUT_QUIET)
+  if(rc EQUAL 0 OR NOT err MATCHES "--buffer-file ${path}: ${want}")
+    message(FATAL_ERROR "bench io --buffer-file ${path} accepted or unclear: rc=${rc} ${err}")
+  endif()
+endforeach()
+execute_process(COMMAND ${CLI} bench io --size 4MiB --service /nonexistent.sock
+                        --buffer-file "${buffer}"
+                RESULT_VARIABLE rc ERROR_VARIABLE err OUTPUT_QUIET)
+if(rc EQUAL 0 OR NOT err MATCHES "--service with --buffer-file")
+  message(FATAL_ERROR "bench io --service --buffer-file accepted or unclear: rc=${rc} ${err}")
+endif()
+file(REMOVE "${buffer}")

@@ -6,11 +6,19 @@
 #include <functional>
 #include <memory>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <set>
+#include <span>
 #include <string>
 #include <vector>
 
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
 #include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
 
 #include "tierswap/io_engine.hpp"
 #include "tierswap/service.hpp"
@@ -27,7 +35,8 @@ namespace {
 
 struct BenchIoOptions {
   std::vector<std::string> dirs;
-  std::string service;  // a node service's socket: measure through it
+  std::string service;      // a node service's socket: measure through it
+  std::string buffer_file;  // the ring: this file's first bytes, mapped shared
   std::string size = "1GiB";
   std::string block_size = "1MiB";
   std::string stripe_size = "1MiB";
@@ -136,6 +145,7 @@ void check_service_options(const BenchIoOptions& o) {
   const char* bad = !o.dirs.empty()                                   ? "--dir"
                     : o.sweep                                         ? "--sweep"
                     : o.keep                                          ? "--keep"
+                    : !o.buffer_file.empty()                          ? "--buffer-file"
                     : o.sqpoll                                        ? "--sqpoll"
                     : o.backend != "auto"                             ? "--backend"
                     : o.direct != "auto"                              ? "--direct"
@@ -171,6 +181,44 @@ SweepOptions::Target open_service_target(const BenchIoOptions& o, std::uint64_t 
                                          format_bytes(ring_bytes)));
   return {&h->storage->engine(), ring, h};
 }
+
+// --buffer-file: the first `bytes` of an existing file, mapped shared and read-write, with its
+// pages where they already are (a file in /dev/shm written before: the same physical pages for
+// every process that maps it, as a shared-memory tensor a caller hands in).
+class MappedFile {
+ public:
+  MappedFile(const std::string& path, std::uint64_t bytes) : bytes_(bytes) {
+    const int fd = ::open(path.c_str(), O_RDWR | O_CLOEXEC);
+    if (fd < 0) fail(path, "cannot open it");
+    struct stat st {};
+    if (::fstat(fd, &st) != 0 || !S_ISREG(st.st_mode) ||
+        static_cast<std::uint64_t>(st.st_size) < bytes) {
+      const bool regular = S_ISREG(st.st_mode);
+      ::close(fd);
+      throw std::invalid_argument(
+          fmt::format("--buffer-file {}: {}; the ring needs {} ({} B)", path,
+                      regular ? fmt::format("it holds {} B", st.st_size) : "not a regular file",
+                      format_bytes(bytes), bytes));
+    }
+    void* p = ::mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    const int err = errno;
+    ::close(fd);
+    if (p == MAP_FAILED) fail(path, "cannot map it", err);
+    data_ = static_cast<std::byte*>(p);
+  }
+  MappedFile(const MappedFile&) = delete;
+  MappedFile& operator=(const MappedFile&) = delete;
+  ~MappedFile() { ::munmap(data_, bytes_); }
+  std::span<std::byte> span() const { return {data_, bytes_}; }
+
+ private:
+  [[noreturn]] static void fail(const std::string& path, const char* what, int err = errno) {
+    throw std::invalid_argument(
+        fmt::format("--buffer-file {}: {} ({})", path, what, std::strerror(err)));
+  }
+  std::byte* data_ = nullptr;
+  std::uint64_t bytes_ = 0;
+};
 
 struct Measured {
   std::vector<IoRun> runs;
@@ -211,6 +259,11 @@ Measured measure_local(const BenchIoOptions& o, std::uint64_t size,
                format_bytes(space.stripe_size()));
   });
   so.space_is_new = created;
+  std::optional<MappedFile> buffer;
+  if (!o.buffer_file.empty()) {
+    buffer.emplace(o.buffer_file, ring_bytes(combos));
+    so.ring_memory = buffer->span();
+  }
   m.runs = sweep(space, combos, so);
   m.storage = {{"direct_io", space.all_direct()}, {"files", space.files().size()}};
   return m;
@@ -274,6 +327,10 @@ void add_bench_io(CLI::App& bench) {
   io->add_option("--service", opts->service,
                  "Measure through the node service at this socket (a raw client of its own: the "
                  "service's drives and engine; --block-size and --queue-depth are the client's)");
+  io->add_option("--buffer-file", opts->buffer_file,
+                 "Move the data through this existing file's first block-size x queue-depth "
+                 "bytes, mapped shared, its pages as they are (e.g. a file in /dev/shm: the same "
+                 "physical pages as another program given that file)");
   io->add_option("--size", opts->size, "Bytes to move per phase (suffixes: KiB, MiB, GiB)")
       ->capture_default_str();
   io->add_option("--block-size", opts->block_size,

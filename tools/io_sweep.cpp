@@ -112,9 +112,7 @@ IoRun run_phase(IoEngine& engine, const IoCombo& c, bool write, std::uint64_t si
 // in physically contiguous runs of 2-4 pages on the machine of bench/RESULTS.md, pages first
 // written by the CPU one at a time, and a virtio disk's speed follows the segment count.
 AlignedBuffer make_ring(const std::vector<IoCombo>& combos) {
-  std::uint64_t bytes = 0;
-  for (const auto& c : combos) bytes = std::max(bytes, c.block * c.depth);
-  return AlignedBuffer(bytes, 4096);
+  return AlignedBuffer(ring_bytes(combos), 4096);
 }
 
 void fill_ring(std::span<std::byte> ring) {
@@ -145,9 +143,21 @@ void run_combo(IoEngine& engine, const IoCombo& c, std::byte* ring, const SweepO
 
 }  // namespace
 
+std::uint64_t ring_bytes(const std::vector<IoCombo>& combos) {
+  std::uint64_t bytes = 0;
+  for (const auto& c : combos) bytes = std::max(bytes, c.block * c.depth);
+  return bytes;
+}
+
 std::vector<IoRun> sweep(const SwapSpace& space, const std::vector<IoCombo>& combos,
                          const SweepOptions& opt) {
-  AlignedBuffer ring = make_ring(combos);
+  AlignedBuffer own = opt.ring_memory.empty() ? make_ring(combos) : AlignedBuffer();
+  const std::span<std::byte> ring =
+      opt.ring_memory.empty() ? std::span(own.data(), own.size()) : opt.ring_memory;
+  if (ring.size() < ring_bytes(combos))
+    throw std::invalid_argument(fmt::format("the ring's memory holds {}, the sweep needs {}",
+                                            format_bytes(ring.size()),
+                                            format_bytes(ring_bytes(combos))));
   std::vector<IoRun> out;
   const std::size_t total = combos.size() * static_cast<std::size_t>(opt.runs);
   std::size_t done = 0;
@@ -163,7 +173,7 @@ std::vector<IoRun> sweep(const SwapSpace& space, const std::vector<IoCombo>& com
       continue;
     }
     const int handle = engine->register_buffer(ring.data(), ring.size());
-    if (!filled) fill_ring(std::span(ring.data(), ring.size()));
+    if (!filled) fill_ring(ring);
     filled = true;
     if (opt.on_engine) opt.on_engine(*engine, handle >= 0);
     run_combo(*engine, c, ring.data(), opt, &has_data, &done, total, out);

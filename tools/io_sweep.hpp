@@ -9,6 +9,7 @@
 #include <memory>
 #include <nlohmann/json.hpp>
 #include <optional>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -49,6 +50,10 @@ struct SweepOptions {
   bool write = true, read = true;
   /// A read-only sweep over a space that holds no data yet writes it first (not reported).
   bool space_is_new = true;
+  /// sweep(): the memory the ring is carved from (at least the largest block x depth), as it is:
+  /// a caller's buffer (`bench io --buffer-file`) whose pages are already placed. Empty: a ring
+  /// of the sweep's own, registered before it is first written.
+  std::span<std::byte> ring_memory;
   /// Called after each repetition of each combination (for progress).
   std::function<void(std::size_t done, std::size_t total, const IoCombo&)> progress;
   /// Called once per combination, with the engine built for it, before its first run.
@@ -66,6 +71,9 @@ struct SweepOptions {
   /// sweep_targets(): builds each combination's target, whose storage holds no data yet.
   std::function<Target(const IoCombo&, std::uint64_t ring_bytes)> open;
 };
+
+/// The ring a sweep of `combos` moves data through: the largest block x depth.
+std::uint64_t ring_bytes(const std::vector<IoCombo>& combos);
 
 /// Runs every combination `runs` times on `space`; the runs in order.
 std::vector<IoRun> sweep(const SwapSpace& space, const std::vector<IoCombo>& combos,

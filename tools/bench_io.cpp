@@ -10,6 +10,7 @@
 #include <set>
 #include <span>
 #include <string>
+#include <system_error>
 #include <vector>
 
 #include <fcntl.h>
@@ -20,6 +21,7 @@
 #include <cerrno>
 #include <cstring>
 
+#include "tierswap/detail/file.hpp"
 #include "tierswap/io_engine.hpp"
 #include "tierswap/service.hpp"
 #include "tierswap/swap_space.hpp"
@@ -188,22 +190,17 @@ SweepOptions::Target open_service_target(const BenchIoOptions& o, std::uint64_t 
 class MappedFile {
  public:
   MappedFile(const std::string& path, std::uint64_t bytes) : bytes_(bytes) {
-    const int fd = ::open(path.c_str(), O_RDWR | O_CLOEXEC);
-    if (fd < 0) fail(path, "cannot open it");
+    const detail::File f = open_file(path);
     struct stat st {};
-    if (::fstat(fd, &st) != 0 || !S_ISREG(st.st_mode) ||
-        static_cast<std::uint64_t>(st.st_size) < bytes) {
-      const bool regular = S_ISREG(st.st_mode);
-      ::close(fd);
+    if (::fstat(f.fd(), &st) != 0) fail(path, "cannot stat it", errno);
+    if (!S_ISREG(st.st_mode) || static_cast<std::uint64_t>(st.st_size) < bytes)
       throw std::invalid_argument(
           fmt::format("--buffer-file {}: {}; the ring needs {} ({} B)", path,
-                      regular ? fmt::format("it holds {} B", st.st_size) : "not a regular file",
+                      S_ISREG(st.st_mode) ? fmt::format("it holds {} B", st.st_size)
+                                          : std::string("not a regular file"),
                       format_bytes(bytes), bytes));
-    }
-    void* p = ::mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
-    const int err = errno;
-    ::close(fd);
-    if (p == MAP_FAILED) fail(path, "cannot map it", err);
+    void* p = ::mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, f.fd(), 0);
+    if (p == MAP_FAILED) fail(path, "cannot map it", errno);
     data_ = static_cast<std::byte*>(p);
   }
   MappedFile(const MappedFile&) = delete;
@@ -212,7 +209,14 @@ class MappedFile {
   std::span<std::byte> span() const { return {data_, bytes_}; }
 
  private:
-  [[noreturn]] static void fail(const std::string& path, const char* what, int err = errno) {
+  static detail::File open_file(const std::string& path) {
+    try {
+      return detail::File::open(path, O_RDWR);
+    } catch (const std::system_error& e) {
+      fail(path, "cannot open it", e.code().value());
+    }
+  }
+  [[noreturn]] static void fail(const std::string& path, const char* what, int err) {
     throw std::invalid_argument(
         fmt::format("--buffer-file {}: {} ({})", path, what, std::strerror(err)));
   }

@@ -478,3 +478,106 @@ TEST(ShardedOptimizer, FixedLossScaleNeverChangesAndStillSkipsOverflow) {
   }
   EXPECT_EQ(r.opt->step_count(), 7u);
 }
+
+// leave_alone(): the middle of three ragged parameters (spanning sub-groups) keeps its state and
+// 16-bit values through the step; the other two step exactly as without the call. With state on
+// NVMe, in the overlapped mode (its speculative results redone) and with lent gradients.
+struct LeaveAloneCase {
+  bool overlap, lend;
+};
+class LeaveAlone : public ::testing::TestWithParam<LeaveAloneCase> {};
+
+TEST_P(LeaveAlone, KeepsTheParameterAndStepsTheOthersAsWithoutIt) {
+  const auto c = GetParam();
+  OptimizerConfig oc;
+  oc.subgroup_size = 8192;
+  oc.state_tier = OptimizerConfig::StateTier::nvme;
+  oc.overlap = c.overlap;
+  const std::uint64_t sizes[] = {5000, 20000, 3001};
+  auto make = [&](Rig& r, std::vector<ParamId>& ids) {
+    r.opt->add_group(GroupConfig{});  // AdamW, weight decay 1e-2: a zero gradient still moves it
+    for (int i = 0; i < 3; ++i)
+      ids.push_back(r.opt->add_param(0, {fmt::format("p{}", i), {sizes[i]}, Dtype::bf16, true}));
+    r.opt->finalize();
+    r.opt->initialize([](ParamId id, std::uint64_t off, float* out, std::uint64_t k) {
+      for (std::uint64_t i = 0; i < k; ++i)
+        out[i] = 0.01f * static_cast<float>((off + i + id) % 89);
+    });
+  };
+  auto backward = [&](Rig& r, const std::vector<ParamId>& ids, int step, bool skip_mid) {
+    r.opt->begin_backward();
+    static std::vector<std::uint16_t> g[3];
+    for (int i = 0; i < 3; ++i) {
+      if (skip_mid && i == 1) continue;
+      g[i].resize(sizes[i]);
+      for (std::uint64_t j = 0; j < sizes[i]; ++j)
+        g[i][j] = float_to_bf16(0.01f * static_cast<float>((j * (step + i)) % 17) - 0.08f);
+      if (c.lend)
+        r.opt->lend_grad(ids[i], g[i].data(), Dtype::bf16);
+      else
+        r.opt->add_grad(ids[i], g[i].data(), Dtype::bf16);
+    }
+    r.opt->end_backward();
+  };
+  Rig a(tier_config(2 * kMiB, 64 * kKiB), oc), b(tier_config(2 * kMiB, 64 * kKiB), oc);
+  std::vector<ParamId> ia, ib;
+  make(a, ia);
+  make(b, ib);
+  for (Rig* r : {&a, &b}) {
+    backward(*r, r == &a ? ia : ib, 1, false);
+    ASSERT_FALSE(r->opt->step().skipped);
+  }
+  const auto mid_master = full(*b.opt, ib[1]);
+  const auto mid_m = full(*b.opt, ib[1], BlockClass::exp_avg);
+  const auto p16 = b.opt->param16(ib[1]);
+  const std::vector<std::uint16_t> mid16(p16.begin(), p16.end());
+  backward(a, ia, 2, false);
+  a.opt->step();
+  backward(b, ib, 2, true);
+  const ParamId mid[] = {ib[1]};
+  b.opt->leave_alone(mid);
+  const StepResult rb = b.opt->step();
+  ASSERT_FALSE(rb.skipped);
+  EXPECT_EQ(b.opt->step_count(), 2u);
+  EXPECT_TRUE(same_bits(full(*b.opt, ib[1]), mid_master));
+  EXPECT_TRUE(same_bits(full(*b.opt, ib[1], BlockClass::exp_avg), mid_m));
+  const auto after16 = b.opt->param16(ib[1]);
+  EXPECT_TRUE(std::equal(after16.begin(), after16.end(), mid16.begin()));
+  for (int i : {0, 2}) {
+    for (BlockClass cls : {BlockClass::master, BlockClass::exp_avg, BlockClass::exp_avg_sq})
+      EXPECT_TRUE(same_bits(full(*a.opt, ia[i], cls), full(*b.opt, ib[i], cls))) << "param " << i;
+    const auto x = a.opt->param16(ia[i]), y = b.opt->param16(ib[i]);
+    EXPECT_TRUE(std::equal(x.begin(), x.end(), y.begin())) << "param " << i;
+  }
+  // The set held for that step only: the next one steps the middle parameter again.
+  backward(b, ib, 3, false);
+  b.opt->step();
+  EXPECT_FALSE(same_bits(full(*b.opt, ib[1]), mid_master));
+}
+
+INSTANTIATE_TEST_SUITE_P(Modes, LeaveAlone,
+                         ::testing::Values(LeaveAloneCase{false, false},
+                                           LeaveAloneCase{false, true},
+                                           LeaveAloneCase{true, false}),
+                         [](const auto& info) {
+                           return std::string(info.param.overlap ? "Overlap" : "Plain") +
+                                  (info.param.lend ? "Lent" : "Copied");
+                         });
+
+TEST(ShardedOptimizer, LeaveAloneRefusesUnknownAndFrozenParametersAndChangesNothing) {
+  Rig r;
+  r.opt->add_group(GroupConfig{});
+  const ParamId w = r.opt->add_param(0, {"w", {64}, Dtype::bf16, true});
+  const ParamId f = r.opt->add_param(0, {"frozen", {8}, Dtype::bf16, false});
+  r.opt->finalize();
+  r.opt->initialize(
+      [](ParamId, std::uint64_t, float* out, std::uint64_t k) { std::fill(out, out + k, 0.5f); });
+  const ParamId frozen[] = {f}, unknown[] = {w, 99};
+  EXPECT_THROW(r.opt->leave_alone(frozen), std::invalid_argument);
+  EXPECT_THROW(r.opt->leave_alone(unknown), std::invalid_argument);
+  r.opt->begin_backward();
+  EXPECT_THROW(r.opt->leave_alone(std::span<const ParamId>{}), std::logic_error);
+  r.opt->end_backward();
+  r.opt->step();  // nothing was left alone: w decays
+  EXPECT_NE(full(*r.opt, w)[0], 0.5f);
+}

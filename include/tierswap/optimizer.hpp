@@ -356,6 +356,17 @@ class ShardedOptimizer {
   /// a trainer's zero_grad between steps): speculative steps taken from them are discarded, the
   /// committed state stays as it is. Between backward passes (std::logic_error during one).
   void drop_grads();
+  /// Leaves `params` (trainable parameters) as they are in the next step(): their master
+  /// weights, moments and 16-bit values are not updated (a gradient they were given still counts
+  /// in the norm and the non-finite check) (torch.optim's step for a parameter whose .grad is None;
+  /// without this call a parameter given no gradient steps on zeros: its moments decay, its weight
+  /// decay applies). The others step as usual; the step count is the optimizer's one. Call it after
+  /// the step's last end_backward() and before step(); the set holds for that step() only, and the
+  /// next begin_backward() or drop_grads() clears it. Speculative results of the overlapped mode
+  /// are redone when the set is not empty. Every rank passes the same set (a collective's caller
+  /// agrees on it first). std::invalid_argument naming an unknown or frozen parameter, and
+  /// nothing changes; std::logic_error during a backward.
+  void leave_alone(std::span<const ParamId> params);
   /// Whether sub-group k's gradient is final for this step (the hook for stepping a sub-group as
   /// soon as its gradients are complete).
   bool gradient_final(std::size_t k) const;

@@ -157,6 +157,7 @@ void ShardedOptimizer::begin_backward(bool final) {
   m.require_current_param16("begin_backward");
   m.in_backward = true;
   m.final_backward = final;
+  m.clear_left_alone();
   for (auto& s : m.subs) s.seen = 0;
   if (!m.cfg.overlap || !final) return;
   // What a speculative step uses; if results from an earlier final backward are pending, they
@@ -345,6 +346,7 @@ void ShardedOptimizer::drop_grads() {
   Impl& m = *impl_;
   m.require_finalized("drop_grads");
   if (m.in_backward) throw std::logic_error("drop_grads: end_backward() first");
+  m.clear_left_alone();
   m.drop_grads_now();
 }
 

@@ -194,6 +194,16 @@ struct ShardedOptimizer::Impl {
   double scale = 1.0;
   std::uint32_t growth_tracker = 0;
   bool in_backward = false, final_backward = false;
+  // leave_alone(): the trainable parameters the next step leaves as they are (by ParamId).
+  std::vector<char> left_alone;
+  bool any_left_alone = false;
+  void clear_left_alone() noexcept;
+  // The runs of sub-group s that a step updates, as [begin, end) offsets in it: all of it, less
+  // the parameters left alone.
+  using Runs = std::vector<std::pair<std::uint64_t, std::uint64_t>>;
+  Runs active_runs(const OptSub& s) const;
+  // The state pointers of the slots in `ptr`, `at` elements on.
+  void offset_slots(void* const* ptr, std::uint64_t at, void** out) const;
 
   // ---- overlapped step (cfg.overlap) ----------------------------------------------------------
   // One background thread steps the sub-groups whose gradient became final during the final
@@ -380,6 +390,8 @@ struct ShardedOptimizer::Impl {
   void lent_chunk_sums(const OptSub& s, double* out);
   /// lend_grad's part for sub-group s: lent where it may be, else copied in (add_slice).
   void lend_slice(OptSub& s, const OptParam& p, ParamId id, const void* grad, Dtype dtype);
+  void step_runs(const OptSub& s, const GroupConfig& gc, void* const* ptr, const GradView& grad,
+                 std::uint64_t t, std::uint16_t* p16, const CpuKernelContext& kc);
   void step_lent(const OptSub& s, const GroupConfig& gc, void* const* ptr, float multiplier,
                  std::uint64_t t, std::uint16_t* p16, const CpuKernelContext& kc);
   /// add_grad() at world size 1, one sub-group: parameter id's slice [b, e) of `grad` (the whole

@@ -153,19 +153,25 @@ void ShardedOptimizer::Impl::gpu_step(OptSub& s, const GroupConfig& gc, const Gr
                                       bool speculative) {
   const OptGroup& g = groups[s.group];
   const std::size_t bytes16 = s.numel * sizeof(std::uint16_t);
-  void* const d16 = gpu_p16.reserve(bytes16);
-  const Param16View out{d16, g.dtype16};
-  run_kernel(gc, t, ptr, moment_dtype(), grad, out, s.numel, static_cast<void*>(nullptr));
-  cuda::copy_to_host(p16, d16, bytes16, nullptr);  // stream-ordered after the kernel
+  auto* const d16 = static_cast<std::uint16_t*>(gpu_p16.reserve(bytes16));
+  const std::size_t es = dtype_size(grad.dtype);
+  for (const auto& [b, e] : active_runs(s)) {  // the output of a run left alone stays as it is
+    void* sp[kStateSlots];
+    offset_slots(ptr, b, sp);
+    const GradView gv{static_cast<const std::byte*>(grad.data) + b * es, grad.dtype,
+                      grad.multiplier};
+    run_kernel(gc, t, sp, moment_dtype(), gv, Param16View{d16 + b, g.dtype16}, e - b,
+               static_cast<void*>(nullptr));
+    cuda::copy_to_host(p16 + b, d16 + b, (e - b) * sizeof(std::uint16_t), nullptr);
+  }
   // The final output (not a speculative one) at world size 1: bound device copies take it from
   // the kernel's output, device to device (at world size > 1 they follow the all-gather).
   if (world == 1 && !speculative) {
     for (ParamId id : s.pids) {
       const OptParam& q = params[id];
-      if (q.d16 == nullptr) continue;
+      if (q.d16 == nullptr || (any_left_alone && left_alone[id])) continue;
       const auto [b, e] = Impl::slice(q, s);
-      cuda::copy_on_device(static_cast<std::uint16_t*>(q.d16) + (b - q.offset),
-                           static_cast<const std::uint16_t*>(d16) + (b - s.begin),
+      cuda::copy_on_device(static_cast<std::uint16_t*>(q.d16) + (b - q.offset), d16 + (b - s.begin),
                            (e - b) * sizeof(std::uint16_t), nullptr);
     }
     s.d16_done = true;
@@ -201,7 +207,7 @@ void ShardedOptimizer::Impl::step_sub(OptSub& s, const GroupConfig& gc, float mu
       if (s.step_gpu && !gpu_simulated)
         gpu_step(s, gc, gview, ptr, t, p16, speculative);
       else
-        run_kernel(gc, t, ptr, moment_dtype(), gview, Param16View{p16, g.dtype16}, s.numel, kc);
+        step_runs(s, gc, ptr, gview, t, p16, kc);
     }
     for (auto& h : st)
       if (h) h.mark_dirty();
@@ -211,21 +217,79 @@ void ShardedOptimizer::Impl::step_sub(OptSub& s, const GroupConfig& gc, float mu
       if (b != kNoBlock) tiers.write_back(b);
 }
 
-// The kernel is elementwise: slice by slice it computes what it computes on the whole block.
+// The kernel is elementwise: run by run it computes what it computes on the whole block.
+void ShardedOptimizer::Impl::step_runs(const OptSub& s, const GroupConfig& gc, void* const* ptr,
+                                       const GradView& grad, std::uint64_t t, std::uint16_t* p16,
+                                       const CpuKernelContext& kc) {
+  const Dtype dt16 = groups[s.group].dtype16;
+  const std::size_t es = dtype_size(grad.dtype);
+  for (const auto& [b, e] : active_runs(s)) {
+    void* sp[kStateSlots];
+    offset_slots(ptr, b, sp);
+    const GradView gv{static_cast<const std::byte*>(grad.data) + b * es, grad.dtype,
+                      grad.multiplier};
+    run_kernel(gc, t, sp, moment_dtype(), gv, Param16View{p16 + b, dt16}, e - b, kc);
+  }
+}
+
 void ShardedOptimizer::Impl::step_lent(const OptSub& s, const GroupConfig& gc, void* const* ptr,
                                        float multiplier, std::uint64_t t, std::uint16_t* p16,
                                        const CpuKernelContext& kc) {
   const Dtype dt = acc_dtype(groups[s.group]);
   const Dtype dt16 = groups[s.group].dtype16;
-  for (const OptSub::Lent& l : s.lent) {
+  for (const OptSub::Lent& l : s.lent) {  // none left alone: leave_alone() copied those in
     const std::uint64_t at = l.b - s.begin;
-    void* sp[kStateSlots] = {};
-    for (int slot = 0; slot < kStateSlots; ++slot)
-      if (ptr[slot] != nullptr)
-        sp[slot] = static_cast<std::byte*>(ptr[slot]) + at * dtype_size(slot_dtype(slot));
+    void* sp[kStateSlots];
+    offset_slots(ptr, at, sp);
     run_kernel(gc, t, sp, moment_dtype(), GradView{l.data, dt, multiplier},
                Param16View{p16 + at, dt16}, l.e - l.b, kc);
   }
+}
+
+void ShardedOptimizer::Impl::offset_slots(void* const* ptr, std::uint64_t at, void** out) const {
+  for (int slot = 0; slot < kStateSlots; ++slot)
+    out[slot] = ptr[slot] == nullptr
+                    ? nullptr
+                    : static_cast<std::byte*>(ptr[slot]) + at * dtype_size(slot_dtype(slot));
+}
+
+ShardedOptimizer::Impl::Runs ShardedOptimizer::Impl::active_runs(const OptSub& s) const {
+  if (!any_left_alone) return {{0, s.numel}};
+  Runs runs;
+  for (ParamId id : s.pids) {
+    if (left_alone[id]) continue;
+    const auto [b, e] = slice(params[id], s);
+    if (!runs.empty() && runs.back().second == b - s.begin)
+      runs.back().second = e - s.begin;
+    else
+      runs.emplace_back(b - s.begin, e - s.begin);
+  }
+  return runs;
+}
+
+void ShardedOptimizer::leave_alone(std::span<const ParamId> ids) {
+  Impl& m = *impl_;
+  m.require_finalized("leave_alone");
+  if (m.in_backward) throw std::logic_error("leave_alone: end_backward() first");
+  for (ParamId id : ids) {
+    if (id >= m.params.size())
+      throw std::invalid_argument(fmt::format("leave_alone: no parameter {}", id));
+    if (!m.params[id].spec.requires_grad)
+      throw std::invalid_argument(fmt::format(
+          "leave_alone: parameter '{}' is frozen: no step changes it", m.params[id].spec.name));
+  }
+  m.left_alone.assign(m.params.size(), 0);
+  for (ParamId id : ids) m.left_alone[id] = 1;
+  m.any_left_alone = !ids.empty();
+  // A lent gradient of a parameter left alone: its sub-group steps by runs, from its block.
+  for (auto& s : m.subs)
+    if (std::any_of(s.pids.begin(), s.pids.end(), [&](ParamId id) { return m.left_alone[id]; }))
+      m.materialize_lent(s);
+}
+
+void ShardedOptimizer::Impl::clear_left_alone() noexcept {
+  any_left_alone = false;
+  std::fill(left_alone.begin(), left_alone.end(), 0);
 }
 
 template <class Step, class After>
@@ -562,8 +626,11 @@ StepResult ShardedOptimizer::step() {
 // mid-step) or is copied in now (one before the pipeline), for the next step to take.
 StepResult ShardedOptimizer::Impl::run_step(std::optional<double> given_clip) {
   try {
-    return step_once(given_clip);
+    StepResult r = step_once(given_clip);
+    clear_left_alone();
+    return r;
   } catch (...) {
+    clear_left_alone();
     materialize_all_lent();
     throw;
   }
@@ -648,8 +715,9 @@ StepResult ShardedOptimizer::Impl::step_once(std::optional<double> given_clip) {
   Impl::StepPlan sp;
   sp.multiplier = static_cast<float>(inv * r.clip_factor);
   sp.t = step_count + 1;
-  if (left.keep)
-    left.keep = sp.multiplier == spec.mult && sp.t == spec.t && group_configs() == spec.cfgs;
+  if (left.keep)  // speculation stepped parameters now left alone whole: redone
+    left.keep = sp.multiplier == spec.mult && sp.t == spec.t && group_configs() == spec.cfgs &&
+                !any_left_alone;
   if (left.any && !left.keep) {  // clipping (or a change) discovered late: discard and redo
     spec_discard();
     r.redone = true;

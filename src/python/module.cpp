@@ -316,6 +316,10 @@ void bind_backward_and_step(PyOptimizerClass& c) {
       .def(
           "drop_grads", [](PyOptimizer& s) { s.opt().drop_grads(); }, Release())
       .def(
+          "leave_alone",
+          [](PyOptimizer& s, const std::vector<ParamId>& ids) { s.opt().leave_alone(ids); },
+          Release())
+      .def(
           "end_backward", [](PyOptimizer& s) { s.opt().end_backward(); }, Release())
       .def("in_backward", [](PyOptimizer& s) { return s.opt().in_backward(); })
       .def(
@@ -362,6 +366,14 @@ void bind_introspection(PyOptimizerClass& c) {
       .def(  // collective: whether `flag` is true on any rank
           "any_rank",
           [](PyOptimizer& s, bool flag) { return s.t().communicator().all_reduce_or(flag); },
+          Release())
+      .def(  // collective: flag by flag, whether it is true on any rank (one reduction)
+          "any_rank_each",
+          [](PyOptimizer& s, const std::vector<bool>& flags) {
+            std::vector<double> v(flags.begin(), flags.end());
+            s.t().communicator().all_reduce_sum(v.data(), v.size());
+            return std::vector<bool>(v.begin(), v.end());  // sums of 0 and 1: exact
+          },
           Release())
       .def("residency_json",
            [](PyOptimizer& s) {

@@ -3,11 +3,14 @@
 ``tierswap.torch.AdamW`` (and ``Adam``, ``SGD``, ``Lion``) subclass :class:`torch.optim.Optimizer`:
 torch's constructor arguments and defaults, plus the tier keywords below. The model keeps its
 parameters in bfloat16 or float16; tierswap keeps the fp32 master weights and the moments on the
-tiers, takes each ``p.grad`` (bf16, fp16 or fp32; ``None`` counts as zero), steps with its fused
-kernels, and the new 16-bit values appear in ``p``: each trainable parameter's storage is
-tierswap's own 16-bit copy, which the fused kernel writes (zero-copy; close() gives the
-parameters their own storage back). Load model weights before constructing the optimizer (or
-through its load_state_dict / load): an in-place write into ``p`` does not reach the fp32 masters::
+tiers, takes each ``p.grad`` (bf16, fp16 or fp32; a parameter whose ``p.grad`` is ``None`` is
+left alone, as torch.optim leaves it), steps with its fused kernels, and the new 16-bit values
+appear in ``p``: each trainable parameter's storage is tierswap's own 16-bit copy, which the fused
+kernel writes (zero-copy; close() gives the parameters their own storage back). Weights written
+into ``p`` after construction (``model.load_state_dict``, ``torch.nn.init``, ``p.copy_``) become
+the fp32 masters at the next backward or step (a one-time warning says so); a write through
+``p.data`` escapes torch's version counter and is not seen. What differs from torch.optim is
+listed in the README's table::
 
     model = model.to(torch.bfloat16)
     opt = tierswap.torch.AdamW(model.parameters(), lr=3e-4, weight_decay=0.1,
@@ -39,7 +42,9 @@ Tier keywords (all optional; the defaults work untuned):
   bf16_moments    moments stored in bf16 (fewer bytes; changes results)
   accumulate_fp32 gradient accumulation in fp32 (else in the parameters' 16-bit dtype)
   telemetry       serve `tierswap ps` / `tierswap residency PID` (default on)
-  hooks           hand each gradient over as soon as the backward accumulated it (frees p.grad)
+  hooks           hand each gradient over as soon as the backward accumulated it (frees p.grad:
+                  torch.nn.utils.clip_grad_norm_ then refuses these parameters; clip with
+                  max_grad_norm)
   threads         CPU kernel threads (default: all)
   communicator    "auto" (torch.distributed's world when initialized with > 1 rank, else MPI
                   under mpirun, else one process), "torch", "single", "mpi", or a
@@ -96,6 +101,7 @@ __all__ = ["AdamW", "Adam", "SGD", "Lion", "from_deepspeed_config"]
 
 _DTYPE_NAMES = {torch.bfloat16: "bfloat16", torch.float16: "float16", torch.float32: "float32"}
 _TORCH_VERSION = tuple(int(x) for x in torch.__version__.split("+")[0].split(".")[:2])
+_TORCH_DIR = os.path.dirname(torch.__file__)
 
 
 def _one_at_a_time(method):
@@ -221,9 +227,9 @@ class _TieredOptimizer(Optimizer):
                                "keep_swap_files=True keeps the files for a later run")):
                 if flag and _temporary(swap_dir):
                     raise ValueError(f"{why}: give swap_dir (a temporary one is removed at close)")
-            budget = 0 if host_budget is None else parse_size(host_budget, "host_budget")
-            capacity = 0 if swap_capacity is None else parse_size(swap_capacity, "swap_capacity")
-            subgroup = 0 if subgroup_size is None else parse_count(subgroup_size, "subgroup_size")
+            budget = _positive(host_budget, "host_budget", parse_size)
+            capacity = _positive(swap_capacity, "swap_capacity", parse_size)
+            subgroup = _positive(subgroup_size, "subgroup_size", parse_count)
             threads = _threads(threads)
             tier_cfg = _tier_config(telemetry, durable, service, service_job)
             dirs, self._tmpdir = _swap_dirs(swap_dir)
@@ -245,24 +251,28 @@ class _TieredOptimizer(Optimizer):
                                         [p for p, _ in self._ids], os.getpid())
         self._hooks = bool(hooks)
         self._max_grad_norm = opt_cfg["max_grad_norm"]
+        self._scaled = opt_cfg["loss_scaler"]["mode"] != "none"
         self._clip_factor = None  # clip_grad_norm_'s, for the next step
         self._handles = []
         self._in_backward = False
         self._final = True
+        self._handed = set()  # native ids given a gradient since the last step
+        self._said = set()  # the one-time warnings given
         self.last_step = None
         self.state = _StateView(self)
+        for p, _ in self._ids:
+            p._tierswap_owner = weakref.ref(self)
+        self._record_versions()
         if self._hooks:
             self._install_hooks()
+            _guard_torch_clipping(self)
 
     # ---- construction -----------------------------------------------------------------------
     def add_param_group(self, param_group):
         if getattr(self, "_native", None) is not None:
             raise RuntimeError("tierswap optimizers lay out their parameters once: add every param "
                                "group to the constructor")
-        params = param_group["params"]
-        params = [params] if isinstance(params, torch.Tensor) else list(params)
-        if len({id(p) for p in params}) != len(params):
-            raise ValueError(f"param group {len(self.param_groups)} holds a parameter twice")
+        _listed_params(param_group, len(self.param_groups))
         super().add_param_group(param_group)
 
     def _check_params(self):
@@ -280,11 +290,25 @@ class _TieredOptimizer(Optimizer):
                                      "parameters (GPU tensors are not supported yet)")
                 if not p.is_contiguous():
                     raise ValueError(f"{where} is not contiguous")
+                _check_not_owned(p, where)
                 first = group["params"][0].dtype
                 if p.dtype != first:
                     raise ValueError(f"{where} is {p.dtype} and param_groups[{gi}]['params'][0] "
                                      f"{first}: one dtype per group (give the {p.dtype} "
                                      "parameters a group of their own)")
+
+    def _where(self, p):
+        """The parameter as the user wrote it: its place in param_groups, and its shape."""
+        for gi, group in enumerate(self.param_groups):
+            for pi, q in enumerate(group["params"]):
+                if q is p:
+                    return f"param_groups[{gi}]['params'][{pi}] (shape {tuple(p.shape)})"
+        return f"a parameter of shape {tuple(p.shape)}"
+
+    def _warn_once(self, key, message):
+        if key not in self._said:
+            self._said.add(key)
+            warnings.warn(message, stacklevel=_user_level())
 
     def _abandon(self):
         """A constructor that failed: the native side closed now (what it would do when collected:
@@ -371,12 +395,57 @@ class _TieredOptimizer(Optimizer):
     def _refs(self):
         return [(nid, p.data_ptr(), _DTYPE_NAMES[p.dtype], p.numel()) for p, nid in self._ids]
 
+    # ---- weights changed in the model ---------------------------------------------------------
+    def _record_versions(self):
+        """torch's version counter of each trainable parameter: every in-place write through the
+        parameter (copy_, model.load_state_dict, torch.nn.init) moves it; tierswap's own writes
+        (the step's, load's, import_state's) go to the memory underneath and do not."""
+        self._versions = [p._version for p, _ in self._ids]
+
+    def _any_rank_each(self, flags):
+        """Flag by flag, whether any rank raised it (this rank's flags at world size 1)."""
+        if self._native.world() == 1 or not self._native.any_rank(any(flags)):
+            return flags
+        return self._native.any_rank_each(flags)
+
+    def _adopt_changed_weights(self):
+        """Parameters written in the model since the last step (model.load_state_dict after the
+        optimizer was built, an in-place init, p.copy_): where the 16-bit value is no longer the
+        rounding of its fp32 master, the new value becomes the master (moments and step count
+        kept, as torch keeps them), instead of the next step putting the old weights back.
+        Collective at world size > 1 (before the first hand-over of a step's backward)."""
+        moved = [p._version != v for (p, _), v in zip(self._ids, self._versions)]
+        moved = self._any_rank_each(moved)
+        if not any(moved):
+            return
+        items, keep, named = [], [], []
+        for (p, nid), m in zip(self._ids, moved):
+            if not m:
+                continue
+            master = self._gather(p, nid, "master")
+            if not torch.equal(master.to(p.dtype).view(torch.int16), p.view(torch.int16)):
+                items.append(self._state_item(p, nid, "master", "master", p, keep))
+                named.append(self._where(p))
+        if self._native.world() > 1:  # every rank imports the same parameters' masters
+            differs = self._any_rank_each([any(i[0] == nid for i in items)
+                                           for _, nid in self._ids])
+            items = [self._state_item(p, nid, "master", "master", p, keep)
+                     for (p, nid), d in zip(self._ids, differs) if d]
+        if items:
+            self._native.import_state(items, None)
+            self._warn_once("adopted", f"{', '.join(named[:3]) or 'parameters on another rank'}"
+                            f"{' and others' if len(named) > 3 else ''} changed in the model "
+                            "since the last step (model.load_state_dict, an in-place init or "
+                            "copy_): the new values are taken as the fp32 master weights "
+                            "(moments and step count kept). Said once")
+        self._record_versions()
+
     # ---- hyper-parameters ---------------------------------------------------------------------
     def _group_hyper(self, gi, group):
         try:
             return self._hyper(group)
-        except ValueError as e:
-            raise ValueError(f"param_groups[{gi}]: {e}") from None
+        except (ValueError, TypeError) as e:
+            raise type(e)(f"param_groups[{gi}]: {e}") from None
 
     def _sync_groups(self):
         if len(self.param_groups) != len(self._group_ids):
@@ -426,7 +495,9 @@ class _TieredOptimizer(Optimizer):
                     self._in_backward = self._native.in_backward()
                     if not self._in_backward:
                         p.grad = None
+                        self._handed.clear()
                     raise
+                self._handed.add(nid)
         p.grad = None
 
     def _lend_grads(self):
@@ -436,14 +507,16 @@ class _TieredOptimizer(Optimizer):
         for p, nid in self._ids:
             g = self._checked_grad(p, nid)
             if g is not None:
-                lent.append(g)
+                lent.append((p, g))
                 refs.append((nid, g.data_ptr(), _DTYPE_NAMES[g.dtype], g.numel()))
         self._native.lend_grads(refs)
+        self._handed.update(r[0] for r in refs)
         return lent
 
     @_one_at_a_time
     def _begin(self, final):
         self._sync_groups()
+        self._adopt_changed_weights()
         self._native.begin_backward(final)
         self._in_backward = True
 
@@ -510,16 +583,50 @@ class _TieredOptimizer(Optimizer):
                 self._begin(True)  # every rank ends one backward pass
             self._end()
             self._native.drop_grads()  # none half handed over (nor lent past this call)
+            self._handed.clear()
             raise
         self._end()
-        handover = time.perf_counter() - t0
+        try:
+            if self._leave_alone_those_without_grad():
+                self._run_native_step(lent, time.perf_counter() - t0)
+        finally:
+            self._handed.clear()
+            self._record_versions()
+
+    def _leave_alone_those_without_grad(self):
+        """torch.optim steps only the parameters whose .grad is not None: the others (frozen
+        after construction, unused by this step's forward) keep their weights and state. Every
+        rank agrees (a parameter with a gradient on any rank steps). False: no parameter has a
+        gradient anywhere, and the step does nothing, as torch's."""
+        had = self._any_rank_each([nid in self._handed for _, nid in self._ids])
+        if not any(had):
+            self._native.drop_grads()
+            self._warn_once("no grads", "step(): no parameter has a gradient (no backward since "
+                            "the last step, or every parameter frozen or unused): nothing was "
+                            "stepped, as torch.optim steps nothing. Said once")
+            return False
+        left = [nid for (_, nid), h in zip(self._ids, had) if not h]
+        if left:
+            self._native.leave_alone(left)
+        return True
+
+    def _run_native_step(self, lent, handover):
         clip, self._clip_factor = self._clip_factor, None
         self.last_step = self._native.step(clip)  # p (aliasing param16) now holds the new values
-        del lent
         self.last_step["handover_seconds"] = handover
         self.last_step["skip_reason"] = (
             f"non-finite gradient (inf or nan); loss scale {self.last_step['loss_scale']:g} -> "
             f"{self.last_step['next_loss_scale']:g}" if self.last_step["skipped"] else None)
+        if self.last_step["skipped"] and not self._scaled:
+            bad = next((self._where(p) for p, g in lent if not bool(torch.isfinite(g).all())),
+                       None)
+            which = (f"the gradient of {bad} is" if bad else "a gradient is" if self._hooks
+                     else "a gradient on another rank is")
+            warnings.warn(f"step {self.last_step['step'] + 1} skipped: {which} not finite (inf or "
+                          "nan). torch.optim would have written it into the weights; tierswap "
+                          "leaves weights and state as they were. Look for the cause "
+                          "(torch.autograd.set_detect_anomaly), or train fp16 with "
+                          "loss_scale='dynamic'", stacklevel=_user_level())
 
     @torch.no_grad()
     @_one_at_a_time
@@ -574,6 +681,7 @@ class _TieredOptimizer(Optimizer):
             # zero_grad forgets p.grad (a backward, zero_grad, a backward, step: the second only).
             self._end()
             self._native.drop_grads()
+            self._handed.clear()
         super().zero_grad(set_to_none=set_to_none)
 
     @property
@@ -929,6 +1037,81 @@ _TIER_KEYWORDS = {"swap_dir", "host_budget", "state_tier", "subgroup_size", "ove
 _TORCH_SWITCHES = {"foreach", "fused", "capturable", "differentiable"}
 
 
+_HOOKED = weakref.WeakSet()  # optimizers with hooks=True: their parameters' p.grad is freed
+
+
+def _guard_torch_clipping(opt):
+    """torch.nn.utils.clip_grad_norm_ and clip_grad_value_ refuse the parameters of an optimizer
+    with hooks=True: the hooks hand each gradient over and free p.grad during the backward, so
+    torch's clipping would find none, return 0 and clip nothing. Installed with the first such
+    optimizer (a name imported from torch.nn.utils before then keeps torch's function)."""
+    _HOOKED.add(opt)
+    for module in (torch.nn.utils, torch.nn.utils.clip_grad):
+        for name in ("clip_grad_norm_", "clip_grad_value_"):
+            fn = getattr(module, name, None)
+            if fn is not None and not hasattr(fn, "_tierswap_original"):
+                setattr(module, name, _refusing_hooked(fn, name))
+
+
+def _refusing_hooked(original, name):
+    @functools.wraps(original)
+    def guarded(parameters, *args, **kwargs):
+        parameters = [parameters] if isinstance(parameters, torch.Tensor) else list(parameters)
+        for opt in list(_HOOKED):
+            if opt._closer.alive and any(id(p) in opt._nid_of for p in parameters):
+                raise RuntimeError(
+                    f"torch.nn.utils.{name} on parameters of a tierswap optimizer built with "
+                    "hooks=True: their gradients were handed over to tierswap during the "
+                    "backward and p.grad freed, so torch would clip nothing. Clip inside the "
+                    "step with max_grad_norm=... (the same norm at any world size), or build the "
+                    "optimizer with hooks=False and call opt.clip_grad_norm_(params, max_norm) "
+                    "where the recipe clips")
+        return original(parameters, *args, **kwargs)
+    guarded._tierswap_original = original
+    return guarded
+
+
+def _user_level():
+    """warnings.warn's stacklevel, from its caller, of the first frame outside this module and
+    torch (the decorators of step()): the user's line."""
+    f, level = sys._getframe(1), 1
+    while f is not None and (f.f_code.co_filename == __file__
+                             or f.f_code.co_filename.startswith(_TORCH_DIR)):
+        f, level = f.f_back, level + 1
+    return level
+
+
+def _check_not_owned(p, where):
+    """A parameter whose storage another live tierswap optimizer's step writes (its 16-bit copy):
+    a second optimizer would move it to its own and the first would stop reaching it."""
+    ref = getattr(p, "_tierswap_owner", None)
+    other = ref() if ref is not None else None
+    if other is not None and other._closer.alive:
+        raise ValueError(f"{where} is already trained by another tierswap optimizer, whose step "
+                         "writes its new values into the parameter's storage: a parameter can "
+                         "belong to one tierswap optimizer at a time. Give each optimizer its own "
+                         "parameters (param groups of one optimizer for different settings), or "
+                         "close() the other one first")
+
+
+def _listed_params(param_group, gi):
+    """param_group['params'] made a list in place, as torch.optim's add_param_group does: a
+    generator (model.parameters()) or any other iterable is read once, here, so that the group
+    holds its parameters (read twice, a generator gives nothing the second time)."""
+    if not isinstance(param_group, Mapping):
+        raise TypeError(f"param group {gi} is {type(param_group).__name__}: a dict with 'params'")
+    if "params" not in param_group:
+        raise ValueError(f"param group {gi} has no 'params'")
+    params = param_group["params"]
+    if isinstance(params, torch.Tensor):
+        param_group["params"] = [params]
+    elif not isinstance(params, set):  # torch refuses a set (its order is not stable)
+        param_group["params"] = list(params)
+    params = param_group["params"]
+    if isinstance(params, list) and len({id(p) for p in params}) != len(params):
+        raise ValueError(f"param group {gi} holds a parameter twice")
+
+
 def _reject_torch_only(tier):
     for k in list(tier):
         if k in _TORCH_SWITCHES:
@@ -939,10 +1122,15 @@ def _reject_torch_only(tier):
 
 
 def _number(name, value):
-    """float(value), or a ValueError naming the option (a string, None, a list...)."""
+    """float(value) of a real number (a Python or numpy number, a one-element tensor); a string
+    is a TypeError as in torch.optim ('1e-3' is not 1e-3), anything else a ValueError, each
+    naming the option."""
+    if isinstance(value, (str, bytes)):
+        raise TypeError(f"{name}={value!r}: expected a number, got a string (write {name}="
+                        f"{value.strip() if isinstance(value, str) else value!r} without quotes)")
     try:
         return float(value)
-    except (TypeError, ValueError):
+    except (TypeError, ValueError, RuntimeError):
         raise ValueError(f"{name}={value!r}: expected a number") from None
 
 
@@ -1004,6 +1192,17 @@ def _choice(name, value, allowed):
     if value not in allowed:
         raise ValueError(f"{name}={value!r}: one of {', '.join(allowed)}")
     return value
+
+
+def _positive(value, name, parse):
+    """A size or count the native side reads with 0 as "the default": None gives that default,
+    and an explicit 0 (or "0") is refused instead of silently becoming it."""
+    if value is None:
+        return 0
+    v = parse(value, name)
+    if v <= 0:
+        raise ValueError(f"{name}={value!r}: must be > 0 (leave it out, or None, for the default)")
+    return v
 
 
 def _nonneg(name, value):

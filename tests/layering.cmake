@@ -1,4 +1,4 @@
-# The layer order of ../shared/DESIGN.md, enforced: a file may include its own layer's headers
+# The layer order of the README's architecture section, enforced: a file may include its own layer's headers
 # and those of layers below it, never one above. Fails listing every include that goes up.
 #   cmake -DSRC=<repository root> -P tests/layering.cmake
 #

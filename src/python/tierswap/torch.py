@@ -418,19 +418,14 @@ class _TieredOptimizer(Optimizer):
         moved = self._any_rank_each(moved)
         if not any(moved):
             return
-        items, keep, named = [], [], []
-        for (p, nid), m in zip(self._ids, moved):
-            if not m:
-                continue
-            master = self._gather(p, nid, "master")
-            if not torch.equal(master.to(p.dtype).view(torch.int16), p.view(torch.int16)):
-                items.append(self._state_item(p, nid, "master", "master", p, keep))
-                named.append(self._where(p))
-        if self._native.world() > 1:  # every rank imports the same parameters' masters
-            differs = self._any_rank_each([any(i[0] == nid for i in items)
-                                           for _, nid in self._ids])
-            items = [self._state_item(p, nid, "master", "master", p, keep)
-                     for (p, nid), d in zip(self._ids, differs) if d]
+        differs = [m and not torch.equal(self._gather(p, nid, "master").to(p.dtype)
+                                         .view(torch.int16), p.view(torch.int16))
+                   for (p, nid), m in zip(self._ids, moved)]  # gather: collective
+        named = [self._where(p) for (p, _), d in zip(self._ids, differs) if d]
+        differs = self._any_rank_each(differs)  # every rank imports the same parameters
+        keep = []
+        items = [self._state_item(p, nid, "master", "master", p, keep)
+                 for (p, nid), d in zip(self._ids, differs) if d]
         if items:
             self._native.import_state(items, None)
             self._warn_once("adopted", f"{', '.join(named[:3]) or 'parameters on another rank'}"

@@ -497,7 +497,8 @@ TEST_P(LeaveAlone, KeepsTheParameterAndStepsTheOthersAsWithoutIt) {
   auto make = [&](Rig& r, std::vector<ParamId>& ids) {
     r.opt->add_group(GroupConfig{});  // AdamW, weight decay 1e-2: a zero gradient still moves it
     for (int i = 0; i < 3; ++i)
-      ids.push_back(r.opt->add_param(0, {fmt::format("p{}", i), {sizes[i]}, Dtype::bf16, true}));
+      ids.push_back(r.opt->add_param(
+          0, {fmt::format("p{}", i), {static_cast<std::int64_t>(sizes[i])}, Dtype::bf16, true}));
     r.opt->finalize();
     r.opt->initialize([](ParamId id, std::uint64_t off, float* out, std::uint64_t k) {
       for (std::uint64_t i = 0; i < k; ++i)

@@ -304,6 +304,24 @@ class ShardedOptimizer {
   /// and not on others) leaves every rank refusing to step or save until initialize() or
   /// load() succeeds again; so does such a failure of load() or import_state().
   void initialize(const ParamInit& init);
+  /// Adds a parameter group between steps (torch's add_param_group: progressive unfreezing): lays
+  /// out the new group alone (its own partitions and sub-groups after the others'), places its
+  /// sub-groups by OptimizerConfig::state_tier (a plan covers the groups it was made for), checks
+  /// the budgets with them, creates their blocks, writes their master weights from `init` (moments
+  /// zero) and commits. The other groups' state, placement and gradients are untouched. The
+  /// group's step count starts at 0 (group_step_count(): torch counts steps per parameter), and
+  /// the commit record and checkpoints hold it: a resumed run passes the group to add_group()
+  /// before resume(), in the same order. Returns the new parameters' ids, in order.
+  /// Throws: std::logic_error before the state exists, during a backward or with speculative
+  ///   results pending; std::invalid_argument for a bad group or parameter (as add_group() and
+  ///   add_param()), a budget that cannot hold the new state, or a swap space with no room for
+  ///   it (it is sized at construction: TieredOptions::swap_capacity leaves room). Nothing
+  ///   changes then. Collective.
+  std::vector<ParamId> add_group_between_steps(const GroupConfig& cfg, std::string name,
+                                               std::span<const ParamSpec> params,
+                                               const ParamInit& init);
+  /// Steps group `group` took: step_count() less the step at which it was added.
+  std::uint64_t group_step_count(int group) const;
 
   // ---- hyper-parameters ------------------------------------------------------------------
   int group_count() const;
@@ -456,7 +474,10 @@ class ShardedOptimizer {
   /// (std::invalid_argument naming the parameter: unknown, frozen, a state its group does not
   /// keep, a wrong length, or given twice); an I/O error while writing discards the partial
   /// generation (shadow slots), so the committed state stays as it was. Collective.
-  void import_state(std::span<const StateTensor> tensors, std::optional<std::uint64_t> step);
+  /// `group_steps` (one per group, none above `step`, which it needs) gives each group its own
+  /// step count (group_step_count()), as a torch state dict of groups added at different steps.
+  void import_state(std::span<const StateTensor> tensors, std::optional<std::uint64_t> step,
+                    std::span<const std::uint64_t> group_steps = {});
   const ParamSpec& param(ParamId id) const;
   std::size_t param_count() const;
   std::size_t subgroup_count() const;  ///< this rank's

@@ -349,6 +349,9 @@ class TierManager {
   bool roll_back_generation();
 
   ResidencySnapshot snapshot() const;
+  /// The NVMe tier's extents now (capacity, reserved by blocks, free, the largest free extent),
+  /// without a snapshot's pass over the blocks.
+  ExtentStats swap_extents() const;
   TierCounters counters() const;
   const TierConfig& config() const noexcept;
   /// The device tier this manager runs: DeviceTierMode::gpu (GPU memory), ::simulated (host

@@ -413,6 +413,7 @@ struct Tables {
   Head head;
   OldState old;
   std::vector<GroupConfig> cfgs;
+  std::vector<std::uint64_t> step_bases;
 };
 
 // The manifest and every rank's index, validated (check_groups: Impl::check_groups).
@@ -424,7 +425,7 @@ void read_tables(const std::filesystem::path& dir, Dtype moments, std::size_t ng
   auto bad = [&](const std::string& why) { return bad_file(man_path, why); };
   try {
     t.head = read_head(man, man_path, moments);
-    t.cfgs = check_groups(man.at("groups"), bad, &t.old.partition);
+    t.cfgs = check_groups(man.at("groups"), bad, &t.old.partition, &t.step_bases);
     const auto& ranks = man.at("ranks");
     if (static_cast<int>(ranks.size()) != t.head.world || t.head.world < 1)
       throw bad("rank table does not match the world size");
@@ -448,8 +449,8 @@ void ShardedOptimizer::load(const std::filesystem::path& dir) {
   Impl& m = *impl_;
   m.require_checkpointable("load");
   Tables t;
-  auto check_groups = [&m](const nlohmann::json& g, const auto& bad, auto* part) {
-    return m.check_groups(g, bad, part);
+  auto check_groups = [&m](const nlohmann::json& g, const auto& bad, auto* part, auto* bases) {
+    return m.check_groups(g, bad, part, bases);
   };
   bool copying = false;
   const Impl::ReadState read = [&](std::size_t gi, int slot, Dtype dt, std::uint64_t b,
@@ -464,6 +465,11 @@ void ShardedOptimizer::load(const std::filesystem::path& dir) {
     if (m.rank == 0 && std::filesystem::is_directory(std::filesystem::symlink_status(dir)))
       lock.fd = detail::open_lock(dir, "load: checkpoint directory", /*shared=*/true);
     read_tables(dir, m.moment_dtype(), m.groups.size(), check_groups, t);
+    for (std::size_t gi = 0; gi < t.step_bases.size(); ++gi)
+      if (t.step_bases[gi] > t.head.step)
+        throw std::runtime_error(
+            fmt::format("load {}: group {} was added at step {}, after step {}", dir.string(), gi,
+                        t.step_bases[gi], t.head.step));
     copying = true;
     m.load_state_pass(0, read);
   });
@@ -476,6 +482,7 @@ void ShardedOptimizer::load(const std::filesystem::path& dir) {
       where + "could not read or verify its part (its error says why); the state is unchanged");
   for (std::size_t gi = 0; gi < m.groups.size(); ++gi) m.groups[gi].cfg = t.cfgs[gi];
   m.step_count = t.head.step;
+  for (std::size_t gi = 0; gi < m.groups.size(); ++gi) m.groups[gi].step_base = t.step_bases[gi];
   m.scale = t.head.scale;
   m.growth_tracker = t.head.tracker;
   m.drop_all_grads();

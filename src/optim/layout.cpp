@@ -131,43 +131,47 @@ void ShardedOptimizer::Impl::require_state(const char* what) const {
 
 void ShardedOptimizer::Impl::layout() {
   if (groups.empty()) throw std::logic_error("finalize: no parameter groups were added");
-  for (auto& g : groups) {
-    g.numel = 0;
-    for (ParamId id : g.params) {
-      OptParam& p = params[id];
-      if (!p.spec.requires_grad) continue;
-      p.offset = g.numel;
-      g.numel += p.numel;
-    }
-    const std::uint64_t per = (g.numel + world - 1) / static_cast<std::uint64_t>(world);
-    g.part = std::max<std::uint64_t>(kGradStatsChunk, round_up(per, kGradStatsChunk));
-    std::tie(g.lo, g.hi) = rank_range(g, rank);
-    g.subs_per_part = (g.part + sub_size - 1) / sub_size;
-    g.chunk_base = chunks;
-    chunks += (g.numel + kGradStatsChunk - 1) / kGradStatsChunk;
-    g.p16.assign(g.numel, 0);
-    g.first_sub = subs.size();
-    for (std::uint64_t k = 0; k < g.subs_per_part; ++k) {
-      const auto [b, n] = piece(g, rank, k);
-      if (n == 0) break;
-      OptSub s;
-      s.group = static_cast<int>(&g - groups.data());
-      s.index = static_cast<int>(k);
-      s.begin = b;
-      s.numel = n;
-      for (ParamId id : g.params) {
-        const OptParam& p = params[id];
-        if (p.spec.requires_grad && p.offset < b + n && p.offset + p.numel > b) {
-          s.pids.push_back(id);
-          ++params[id].nsubs;
-        }
-      }
-      s.slice_written.assign(s.pids.size(), 0);
-      subs.push_back(s);
-    }
-    g.nsubs = subs.size() - g.first_sub;
-    if (world > 1) g.local_grad.assign(g.numel * dtype_size(acc_dtype(g)), std::byte{0});
+  for (auto& g : groups) layout_group(g);
+}
+
+// g's partitions and this rank's sub-groups of them, appended to subs; its statistics chunks
+// after the groups' before it.
+void ShardedOptimizer::Impl::layout_group(OptGroup& g) {
+  g.numel = 0;
+  for (ParamId id : g.params) {
+    OptParam& p = params[id];
+    if (!p.spec.requires_grad) continue;
+    p.offset = g.numel;
+    g.numel += p.numel;
   }
+  const std::uint64_t per = (g.numel + world - 1) / static_cast<std::uint64_t>(world);
+  g.part = std::max<std::uint64_t>(kGradStatsChunk, round_up(per, kGradStatsChunk));
+  std::tie(g.lo, g.hi) = rank_range(g, rank);
+  g.subs_per_part = (g.part + sub_size - 1) / sub_size;
+  g.chunk_base = chunks;
+  chunks += (g.numel + kGradStatsChunk - 1) / kGradStatsChunk;
+  g.p16.assign(g.numel, 0);
+  g.first_sub = subs.size();
+  for (std::uint64_t k = 0; k < g.subs_per_part; ++k) {
+    const auto [b, n] = piece(g, rank, k);
+    if (n == 0) break;
+    OptSub s;
+    s.group = static_cast<int>(&g - groups.data());
+    s.index = static_cast<int>(k);
+    s.begin = b;
+    s.numel = n;
+    for (ParamId id : g.params) {
+      const OptParam& p = params[id];
+      if (p.spec.requires_grad && p.offset < b + n && p.offset + p.numel > b) {
+        s.pids.push_back(id);
+        ++params[id].nsubs;
+      }
+    }
+    s.slice_written.assign(s.pids.size(), 0);
+    subs.push_back(s);
+  }
+  g.nsubs = subs.size() - g.first_sub;
+  if (world > 1) g.local_grad.assign(g.numel * dtype_size(acc_dtype(g)), std::byte{0});
 }
 
 std::uint64_t ShardedOptimizer::Impl::state_block_bytes(const OptSub& s) const {
@@ -451,7 +455,9 @@ BlockId ShardedOptimizer::Impl::make_block(const BlockDesc& d) {
           d.name));
     return tiers.create(d);
   }
-  if (!adopt_blocks)
+  // A group added between steps takes the blocks an earlier attempt that failed left (no
+  // group holds them; their contents are written again).
+  if (!adopt_blocks && !adding_group)
     throw std::runtime_error(fmt::format(
         "finalize: the swap space already holds block '{}' (optimizer state of an earlier run): "
         "resume() continues from it; or use a fresh swap directory and load() a checkpoint",
@@ -460,16 +466,20 @@ BlockId ShardedOptimizer::Impl::make_block(const BlockDesc& d) {
   if (b.cls != d.cls || b.dtype != d.dtype || b.numel != d.numel || !(b.owner == d.owner) ||
       b.memory_only != d.memory_only)
     throw std::runtime_error(fmt::format(
-        "resume: block '{}' in the swap directory is {} {} x{}{}, this layout needs {} {} x{}{}",
-        d.name, to_string(b.cls), to_string(b.dtype), b.numel,
-        b.memory_only ? " (memory-only)" : "", to_string(d.cls), to_string(d.dtype), d.numel,
-        d.memory_only ? " (memory-only)" : ""));
+        "{}: block '{}' in the swap directory is {} {} x{}{}, this layout needs {} {} x{}{}{}",
+        adding_group ? "add_group_between_steps" : "resume", d.name, to_string(b.cls),
+        to_string(b.dtype), b.numel, b.memory_only ? " (memory-only)" : "", to_string(d.cls),
+        to_string(d.dtype), d.numel, d.memory_only ? " (memory-only)" : "",
+        adding_group ? " (left by an earlier attempt to add a group of another shape: add that "
+                       "group, or resume this run from its last commit in a fresh process)"
+                     : ""));
   tiers.set_pageable(*have, d.pageable);  // where the host copy lives is not stored
   return *have;
 }
 
-void ShardedOptimizer::Impl::create_state_blocks() {
-  for (auto& s : subs) {
+void ShardedOptimizer::Impl::create_state_blocks(std::size_t from) {
+  for (std::size_t k = from; k < subs.size(); ++k) {
+    OptSub& s = subs[k];
     const OptGroup& g = groups[s.group];
     const std::string base = fmt::format("g{}.r{}.s{}", s.group, rank, s.index);
     for (int slot = 0; slot < kStateSlots; ++slot) {

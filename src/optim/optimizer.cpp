@@ -55,6 +55,11 @@ int ShardedOptimizer::add_group(const GroupConfig& cfg, std::string name) {
 ParamId ShardedOptimizer::add_param(int group, const ParamSpec& spec) {
   Impl& m = *impl_;
   if (m.finalized) throw std::logic_error("add_param: the optimizer is finalized");
+  return m.register_param(group, spec);
+}
+
+ParamId ShardedOptimizer::Impl::register_param(int group, const ParamSpec& spec) {
+  Impl& m = *this;
   if (group < 0 || group >= static_cast<int>(m.groups.size()))
     throw std::invalid_argument(fmt::format("add_param '{}': no group {}", spec.name, group));
   if (spec.name.empty()) throw std::invalid_argument("add_param: empty parameter name");
@@ -109,17 +114,19 @@ void ShardedOptimizer::Impl::finalize_local() {
   if (adopt_blocks) check_record_layout();
   create_blocks();
   keep_params_records();
-  if (cuda::available())  // copies of the 16-bit parameters to the GPU go straight from here
-    for (auto& g : groups) {
-      if (g.p16.empty()) continue;
-      if (cuda::host_register(g.p16.data(), g.p16.size() * sizeof(std::uint16_t)))
-        p16_registered.push_back(g.p16.data());
-      else
-        log(LogLevel::info, fmt::format("finalize: could not page-lock the 16-bit parameters of "
-                                        "group '{}'; copies to the GPU will be staged",
-                                        g.name));
-    }
+  for (auto& g : groups) register_p16(g);
   finalized = true;
+}
+
+// Copies of the 16-bit parameters to the GPU go straight from them.
+void ShardedOptimizer::Impl::register_p16(OptGroup& g) {
+  if (!cuda::available() || g.p16.empty()) return;
+  if (cuda::host_register(g.p16.data(), g.p16.size() * sizeof(std::uint16_t)))
+    p16_registered.push_back(g.p16.data());
+  else
+    log(LogLevel::info, fmt::format("finalize: could not page-lock the 16-bit parameters of group "
+                                    "'{}'; copies to the GPU will be staged",
+                                    g.name));
 }
 
 void ShardedOptimizer::set_plan(const Plan& plan) {
@@ -166,9 +173,10 @@ void ShardedOptimizer::initialize(const ParamInit& init) {
   m.commit_replaced_state("initialize()", Impl::Param16::gather);
 }
 
-void ShardedOptimizer::Impl::write_initial_state(const ParamInit& init) {
+void ShardedOptimizer::Impl::write_initial_state(const ParamInit& init, std::size_t from) {
   const bool in_place = !tiers.config().shadow_slots;
-  for (auto& s : subs) {
+  for (std::size_t k = from; k < subs.size(); ++k) {
+    OptSub& s = subs[k];
     OptGroup& g = groups[s.group];
     {
       BlockView v = tiers.acquire(s.state[kMaster], Tier::host, Access::overwrite);

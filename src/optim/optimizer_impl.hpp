@@ -126,6 +126,9 @@ struct OptGroup {
   std::size_t first_sub = 0, nsubs = 0;  // this rank's sub-groups in Impl::subs
   std::string params_record;  // its parameters as groups_json() lists them, as text: made by
                               // finalize() (fixed since), spliced into every commit record
+  // The optimizer's step count when the group was added between steps (0 for the others): the
+  // group's own step count, its kernels' t, is step_count - step_base.
+  std::uint64_t step_base = 0;
   bool has_slot(int slot) const;
   /// The state slot holding `cls`, or -1 when this group keeps no such state.
   int slot_for(BlockClass cls) const;
@@ -279,6 +282,8 @@ struct ShardedOptimizer::Impl {
   void require_finalized(const char* what) const;
   void require_state(const char* what) const;  // finalized, and initialized, loaded or resumed
   void layout();
+  /// One group's partitions and this rank's sub-groups (appended to subs), statistics chunks.
+  void layout_group(OptGroup& g);
   /// Decides every sub-group's placement and read-ahead and creates its blocks (the pieces below,
   /// in order; layout.cpp).
   void create_blocks();
@@ -307,7 +312,8 @@ struct ShardedOptimizer::Impl {
   /// hold one sub-group's state (`per`) beside the host-resident gradients.
   void check_streaming_budget(std::uint64_t grads, std::uint64_t per) const;
   void fit_prefetch_depth(std::uint64_t grads, std::uint64_t per_sub, bool any_streaming);
-  void create_state_blocks();
+  /// The blocks of sub-groups [from, end).
+  void create_state_blocks(std::size_t from = 0);
   /// tiers.create(d); when resuming, the stored block of that name instead (checked against d).
   BlockId make_block(const BlockDesc& d);
   /// A failed step's rollback: this rank's 16-bit parameters recomputed from the master weights
@@ -472,7 +478,7 @@ struct ShardedOptimizer::Impl {
   /// finalize()'s work on this rank (layout, blocks), before the ranks agree.
   void finalize_local();
   /// initialize()'s writes on this rank (masters from `init`, zeroed moments, the 16-bit copy).
-  void write_initial_state(const ParamInit& init);
+  void write_initial_state(const ParamInit& init, std::size_t from = 0);
   /// import_state(), before anything is written: every entry trainable, of a kept slot, of the
   /// right length, given once (std::invalid_argument naming it).
   void check_import(std::span<const StateTensor> tensors) const;
@@ -515,9 +521,12 @@ struct ShardedOptimizer::Impl {
   using Bad = std::function<std::runtime_error(const std::string&)>;
   /// Checks stored groups_json() against this optimizer's groups and parameters (throws bad(why)
   /// naming the first difference); returns the stored hyper-parameters and, in *part, each
-  /// group's stored partition size.
+  /// group's stored partition size (in *step_base, when given, each group's step_base).
   std::vector<GroupConfig> check_groups(const nlohmann::json& groups, const Bad& bad,
-                                        std::vector<std::uint64_t>* part) const;
+                                        std::vector<std::uint64_t>* part,
+                                        std::vector<std::uint64_t>* step_base = nullptr) const;
+  /// Each group's step_base from a record at step `step` (bad(why) for one above it).
+  void set_step_bases(const std::vector<std::uint64_t>& bases, std::uint64_t step, const Bad& bad);
   /// What this generation holds, for resume(): format, version, world size, rank, sub-group
   /// size, dtypes, groups_json(), step count, loss scaler.
   std::string commit_record() const;
@@ -538,6 +547,28 @@ struct ShardedOptimizer::Impl {
   void restore_local();
   std::string resume_record;  // resume(): the record being resumed from (empty otherwise)
   bool adopt_blocks = false;  // resume(): make_block() takes the stored blocks
+  bool adding_group = false;  // add_group_between_steps(): make_block() takes orphaned blocks
+  // ---- groups added between steps (add_group.cpp) ---------------------------------------------
+  /// add_param()'s checks and registration (before or after finalize()).
+  ParamId register_param(int group, const ParamSpec& spec);
+  /// What a failed add_group_between_steps() takes back: the sizes before it.
+  struct Added {
+    std::size_t groups = 0, params = 0, subs = 0, chunks = 0;
+    std::uint32_t depth = 0;
+  };
+  Added mark_added() const;
+  void take_back(const Added& a) noexcept;
+  /// The new group's layout, placement, budget checks, blocks and initial state (this rank).
+  void add_group_local(const Added& a, const ParamInit& init);
+  /// Swap bytes sub-groups [from, end) reserve; the error when the swap space cannot hold them;
+  /// that error unless it can.
+  std::uint64_t swap_bytes_of(std::size_t from) const;
+  std::invalid_argument no_swap_room(std::size_t from, const std::string& why) const;
+  void check_swap_room(std::size_t from) const;
+  /// Places sub-groups [from, end) by OptimizerConfig::state_tier over the whole state.
+  void place_added(std::size_t from);
+  /// Page-locks g's 16-bit parameters for copies to the GPU (when one is usable).
+  void register_p16(OptGroup& g);
   struct GradStats {
     double sum_sq = 0;
     bool nonfinite = false;        // any value on any rank

@@ -69,11 +69,8 @@ nlohmann::json group_entry(const OptGroup& g) {
   nlohmann::json slots = nlohmann::json::array();
   for (int slot = 0; slot < kStateSlots; ++slot)
     if (g.has_slot(slot)) slots.push_back(slot_name(slot));
-  return {{"name", g.name},
-          {"config", group_json(g.cfg)},
-          {"numel", g.numel},
-          {"part", g.part},
-          {"slots", std::move(slots)}};
+  return {{"name", g.name}, {"config", group_json(g.cfg)}, {"numel", g.numel},
+          {"part", g.part}, {"step_base", g.step_base},    {"slots", std::move(slots)}};
 }
 
 }  // namespace
@@ -107,7 +104,8 @@ std::string ShardedOptimizer::Impl::groups_record() const {
 }
 
 std::vector<GroupConfig> ShardedOptimizer::Impl::check_groups(
-    const nlohmann::json& stored, const Bad& bad, std::vector<std::uint64_t>* part) const {
+    const nlohmann::json& stored, const Bad& bad, std::vector<std::uint64_t>* part,
+    std::vector<std::uint64_t>* step_base) const {
   if (!stored.is_array()) throw bad("malformed: \"groups\" is not a list");
   if (stored.size() != groups.size())
     throw bad(
@@ -138,8 +136,20 @@ std::vector<GroupConfig> ShardedOptimizer::Impl::check_groups(
     const auto p = detail::json_int<std::uint64_t>(jg.at("part"));
     if (p == 0 && g.numel > 0) throw bad(fmt::format("group {}: partition size 0", gi));
     part->push_back(p);
+    // Records written before groups could be added between steps have none: every group 0.
+    if (step_base)
+      step_base->push_back(
+          jg.contains("step_base") ? detail::json_int<std::uint64_t>(jg.at("step_base")) : 0);
   }
   return cfgs;
+}
+
+void ShardedOptimizer::Impl::set_step_bases(const std::vector<std::uint64_t>& bases,
+                                            std::uint64_t step, const Bad& bad) {
+  for (std::size_t gi = 0; gi < bases.size(); ++gi)
+    if (bases[gi] > step)
+      throw bad(fmt::format("group {} was added at step {}, after step {}", gi, bases[gi], step));
+  for (std::size_t gi = 0; gi < bases.size(); ++gi) groups[gi].step_base = bases[gi];
 }
 
 std::string ShardedOptimizer::Impl::commit_record() const {

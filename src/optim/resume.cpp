@@ -146,10 +146,11 @@ void ShardedOptimizer::Impl::restore_from_record() {
 
 void ShardedOptimizer::Impl::restore_local() {
   const nlohmann::json j = parse_record(tiers, resume_record);
-  std::vector<std::uint64_t> part;
-  const auto cfgs = check_groups(
-      j.at("groups"), [&](const std::string& why) { return record_error(tiers, why); }, &part);
+  std::vector<std::uint64_t> part, bases;
+  const Bad bad = [&](const std::string& why) { return record_error(tiers, why); };
+  const auto cfgs = check_groups(j.at("groups"), bad, &part, &bases);
   step_count = detail::json_int<std::uint64_t>(j.at("step"));
+  set_step_bases(bases, step_count, bad);
   scale = j.at("loss_scale").get<double>();
   growth_tracker = detail::json_int<std::uint32_t>(j.at("growth_tracker"));
   for (std::size_t gi = 0; gi < groups.size(); ++gi) groups[gi].cfg = cfgs[gi];

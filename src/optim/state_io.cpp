@@ -138,13 +138,22 @@ bool ShardedOptimizer::Impl::write_imported(std::span<const StateTensor> tensors
 }
 
 void ShardedOptimizer::import_state(std::span<const StateTensor> tensors,
-                                    std::optional<std::uint64_t> step) {
+                                    std::optional<std::uint64_t> step,
+                                    std::span<const std::uint64_t> group_steps) {
   Impl& m = *impl_;
   m.require_finalized("import_state");
   if (m.in_backward || m.spec_pending())
     throw std::logic_error(
         "import_state: between steps only (not during a backward, nor with speculative results "
         "waiting for step())");
+  if (!group_steps.empty() && (!step || group_steps.size() != m.groups.size()))
+    throw std::invalid_argument(
+        fmt::format("import_state: {} group step counts for {} groups{}", group_steps.size(),
+                    m.groups.size(), step ? "" : ", without the step count they count back from"));
+  for (std::size_t gi = 0; gi < group_steps.size(); ++gi)
+    if (group_steps[gi] > *step)
+      throw std::invalid_argument(fmt::format("import_state: group {} at step {}, after step {}",
+                                              gi, group_steps[gi], *step));
   bool master = false, writing = false;
   const std::exception_ptr failed = thrown_by([&] {
     m.check_import(tensors);
@@ -160,6 +169,8 @@ void ShardedOptimizer::import_state(std::span<const StateTensor> tensors,
       "state is unchanged");
   master = m.comm.all_reduce_or(master);
   if (step) m.step_count = *step;
+  for (std::size_t gi = 0; step && gi < m.groups.size(); ++gi)
+    m.groups[gi].step_base = group_steps.empty() ? 0 : *step - group_steps[gi];
   m.commit_replaced_state("import_state()", master ? Impl::Param16::refresh : Impl::Param16::keep);
 }
 

@@ -183,6 +183,7 @@ void ShardedOptimizer::Impl::step_sub(OptSub& s, const GroupConfig& gc, float mu
                                       std::uint64_t t, std::uint16_t* p16, bool* wrote16,
                                       bool speculative) {
   const OptGroup& g = groups[s.group];
+  t -= g.step_base;  // the group's own step number (a group added between steps starts at 1)
   // Where the state is read and written: host memory, or GPU memory for GPU-resident state. A GPU
   // step of host-resident state (a plan's choice on a coherent link) works on it in place.
   const Tier tier = s.on_gpu ? Tier::device : Tier::host;

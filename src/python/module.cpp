@@ -218,6 +218,26 @@ class PyOptimizer {
     });
   }
 
+  // A group added between steps: (name, shape, dtype, requires_grad, values' address) per
+  // parameter; the values (16-bit, the parameter's own) become its masters. The new ids, in order.
+  using NewParam = std::tuple<std::string, std::vector<std::int64_t>, std::string, bool,
+                              std::uintptr_t>;
+  std::vector<ParamId> add_group_between_steps(const GroupConfig& cfg, std::string name,
+                                               const std::vector<NewParam>& given) {
+    std::vector<ParamSpec> specs;
+    std::unordered_map<std::string, std::pair<const std::byte*, Dtype>> src;
+    for (const auto& [pname, shape, dt, trainable, ptr] : given) {
+      specs.push_back({pname, shape, parse_dtype(dt), trainable});
+      src[pname] = {reinterpret_cast<const std::byte*>(ptr), parse_dtype(dt)};
+    }
+    return opt().add_group_between_steps(
+        cfg, std::move(name), specs,
+        [&](ParamId id, std::uint64_t off, float* out, std::uint64_t n) {
+          const auto [p, dt] = src.at(opt().param(id).name);
+          cast(p + off * dtype_size(dt), dt, out, Dtype::f32, n);
+        });
+  }
+
   void add_grad(ParamId id, std::uintptr_t ptr, const std::string& dt, std::uint64_t n) {
     checked(id, n, "gradient of");
     opt().add_grad(id, reinterpret_cast<const void*>(ptr), parse_dtype(dt));
@@ -240,12 +260,12 @@ class PyOptimizer {
 
   void import_state(
       const std::vector<std::tuple<ParamId, std::string, std::uintptr_t, std::uint64_t>>& items,
-      std::optional<std::uint64_t> step) {
+      std::optional<std::uint64_t> step, const std::vector<std::uint64_t>& group_steps) {
     std::vector<ShardedOptimizer::StateTensor> in;
     for (const auto& [id, cls, ptr, n] : items)
       in.push_back({id, parse_block_class(cls),
                     std::span<const float>(reinterpret_cast<const float*>(ptr), n)});
-    opt().import_state(in, step);
+    opt().import_state(in, step, group_steps);
   }
 
   /// `failed`: the run ends by an error (its swap files are kept for a resume).
@@ -301,6 +321,15 @@ void bind_setup(PyOptimizerClass& c) {
              return s.t().add_param(
                  g, {std::move(name), std::move(shape), parse_dtype(dt), requires_grad});
            })
+      .def(
+          "add_group_between_steps",
+          [](PyOptimizer& s, const std::string& kind, const py::dict& h, std::string name,
+             const std::vector<PyOptimizer::NewParam>& params) {
+            const GroupConfig cfg = group_config(kind, h);  // with the GIL: reads the dict
+            py::gil_scoped_release nogil;
+            return s.add_group_between_steps(cfg, std::move(name), params);
+          })
+      .def("group_step_count", [](PyOptimizer& s, int g) { return s.opt().group_step_count(g); })
       .def(
           "finalize", [](PyOptimizer& s) { s.t().finalize(); }, Release())
       .def("initialize", &PyOptimizer::initialize, Release());

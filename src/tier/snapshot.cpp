@@ -93,6 +93,11 @@ ResidencySnapshot TierManager::snapshot() const {
   return r;
 }
 
+ExtentStats TierManager::swap_extents() const {
+  std::lock_guard lk(impl_->mu);
+  return impl_->alloc.stats();
+}
+
 namespace {
 
 nlohmann::json tiers_json(const std::vector<ResidencySnapshot::TierRow>& tiers) {

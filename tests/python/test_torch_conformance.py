@@ -231,13 +231,41 @@ def test_sparse_parameters_and_gradients_are_refused_as_by_torch(tmp_path):
     opt.close()
 
 
-def test_add_param_group_after_construction_is_refused_with_the_fix(tmp_path):
-    t = Twin(tmp_path, "AdamW")
-    extra = torch.nn.Parameter(torch.zeros(3, dtype=torch.bfloat16))
-    with pytest.raises(RuntimeError, match="lay out their parameters once: add every param group "
-                                           "to the constructor"):
-        t.opt.add_param_group({"params": [extra]})
-    assert len(t.opt.param_groups) == 1
-    t.step()
+@pytest.mark.parametrize("kind,hooks", [("AdamW", False), ("AdamW", True), ("SGD", False),
+                                        ("Lion", False)])
+def test_add_param_group_between_steps_trains_the_group_as_torch_does(tmp_path, kind, hooks):
+    """Progressive unfreezing: the group added after two steps takes its step count from 1, as
+    torch's per-parameter count does (Adam's bias correction, SGD's first momentum buffer)."""
+    if kind == "Lion" and not hasattr(torch.optim, "Lion"):
+        pytest.skip("torch has no Lion to compare with")
+    hyper = {"lr": 0.01, "momentum": 0.9} if kind == "SGD" else {}
+    t = Twin(tmp_path, kind, groups=lambda ps: [{"params": ps[:3]}], tier={"hooks": hooks},
+             **hyper)
+    for _ in range(2):
+        _backward_and_step(t, hooks)
+    t.opt.add_param_group({"params": t.params[3:], "lr": 3e-3})
+    t.torch.add_param_group({"params": t.ref[3:], "lr": 3e-3})
+    assert t.opt.param_groups[1]["lr"] == 3e-3
+    for _ in range(3):
+        _backward_and_step(t, hooks)
     assert t.differing() == []
+    sd, ref = t.opt.state_dict(), t.torch.state_dict()
+    assert [float(sd["state"][i]["step"]) for i in (0, 4)] == [5.0, 3.0]
+    if kind != "SGD":  # torch's SGD keeps no step
+        assert [float(ref["state"][i]["step"]) for i in (0, 4)] == [5.0, 3.0]
     t.close()
+
+
+def _backward_and_step(t, hooks):
+    """One step of both sides; with hooks the gradients reach tierswap through a backward."""
+    if not hooks:
+        t.step()
+        return
+    t.grads()
+    given = [p.grad for p in t.params]
+    for p in t.params:
+        p.grad = None
+    loss = sum((p.float() * g.float()).sum() for p, g in zip(t.params, given))
+    loss.backward()  # d loss / d p = g, handed over by the hooks of the optimizer's parameters
+    t.opt.step()
+    t.torch.step()

@@ -180,3 +180,76 @@ def test_strings_for_numbers_and_zero_budgets_are_refused(tmp_path):
     with pytest.raises(TypeError, match="lr='3e-4'"):
         opt.step()
     opt.close()
+
+
+def _unfreezing_run(params, swap_dir, **kw):
+    """Two steps of the first three parameters, then the last two added as a group of their
+    own (progressive unfreezing), two more steps; the gradients come from `gen`."""
+    gen = torch.Generator().manual_seed(5)
+    opt = tt.AdamW(params[:3], lr=1e-2, swap_dir=str(swap_dir), telemetry=False, **kw)
+    for k in range(4):
+        if k == 2:
+            opt.add_param_group({"params": params[3:], "lr": 3e-3})
+        for p in params:
+            p.grad = torch.randn(p.shape, generator=gen).to(torch.bfloat16)
+        opt.step()
+    return opt
+
+
+def _same_state(a, b):
+    assert a["state"].keys() == b["state"].keys()
+    for i, st in a["state"].items():
+        assert st.keys() == b["state"][i].keys()
+        assert all(torch.equal(v, b["state"][i][k]) for k, v in st.items()), i
+    assert all(torch.equal(v, b["master_params"][i]) for i, v in a["master_params"].items())
+
+
+def test_a_group_added_between_steps_is_in_resume_and_state_dicts(tmp_path):
+    params = [torch.nn.Parameter(torch.randn(s).to(torch.bfloat16)) for s in ((9, 4), (9,), (5,),
+                                                                              (300, 7), (7,))]
+    (tmp_path / "run").mkdir()
+    (tmp_path / "load").mkdir()
+    opt = _unfreezing_run(params, tmp_path / "run", keep_swap_files=True, swap_capacity="64MiB")
+    sd = opt.state_dict()
+    assert [float(sd["state"][i]["step"]) for i in (0, 3)] == [4.0, 2.0]
+    assert sd["param_groups"][1]["lr"] == 3e-3
+    opt.close()
+    # kill -9 and resume: the run passes every group, the added one too, to the constructor
+    resumed = tt.AdamW([{"params": params[:3]}, {"params": params[3:], "lr": 3e-3}], lr=1e-2,
+                       swap_dir=str(tmp_path / "run"), resume=True, telemetry=False)
+    assert resumed.resumed
+    _same_state(resumed.state_dict(), sd)
+    # torch's way: the same add_param_group, then load_state_dict
+    twins = [torch.nn.Parameter(p.detach().clone()) for p in params]
+    loaded = tt.AdamW(twins[:3], lr=1e-2, swap_dir=str(tmp_path / "load"), telemetry=False)
+    loaded.add_param_group({"params": twins[3:], "lr": 3e-3})
+    loaded.load_state_dict(sd)
+    _same_state(loaded.state_dict(), sd)
+    for p, q in zip(params, twins):
+        p.grad = torch.full(p.shape, 0.5, dtype=torch.bfloat16)
+        q.grad = p.grad.clone()
+    resumed.step()
+    loaded.step()
+    _same_state(loaded.state_dict(), resumed.state_dict())
+    assert all(torch.equal(p, q) for p, q in zip(params, twins))
+    resumed.close()
+    loaded.close()
+
+
+def test_a_group_the_swap_space_cannot_hold_is_refused_naming_swap_capacity(tmp_path):
+    small = [torch.nn.Parameter(torch.randn(64).to(torch.bfloat16))]
+    big = torch.nn.Parameter(torch.randn(4096, 1024).to(torch.bfloat16))  # 48 MiB of state
+    opt = tt.AdamW(small, swap_dir=str(tmp_path), telemetry=False)  # sized for 64 elements
+    with pytest.raises(ValueError, match="no room for the new group.*swap_capacity"):
+        opt.add_param_group({"params": [big]})
+    assert len(opt.param_groups) == 1
+    big.grad = torch.ones_like(big)  # not the optimizer's: ignored, as torch ignores it
+    small[0].grad = torch.ones_like(small[0])
+    opt.step()
+    assert getattr(big, "_tierswap_owner", None) is None
+    later = torch.nn.Parameter(torch.randn(100).to(torch.bfloat16))
+    opt.add_param_group({"params": [later]})  # one that fits
+    later.grad = torch.ones_like(later)
+    opt.step()
+    assert opt.state[later]["step"] == 1 and opt.state[small[0]]["step"] == 2
+    opt.close()

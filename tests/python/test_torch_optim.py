@@ -723,8 +723,9 @@ def test_bad_input_raises_naming_the_culprit(tmp_path):
         opt.step()
     assert opt.last_step is None  # no step was taken
     lin.weight.grad = None
-    with pytest.raises(RuntimeError, match="constructor"):
-        opt.add_param_group({"params": [torch.zeros(2, dtype=torch.bfloat16, requires_grad=True)]})
+    with pytest.raises(TypeError, match=r"param_groups\[1\]\['params'\]\[0\] .* is torch.float32"):
+        opt.add_param_group({"params": [torch.zeros(2, requires_grad=True)]})
+    assert len(opt.param_groups) == 1  # nothing added
     bad = opt.state_dict()  # no state yet (no step): one of the wrong size
     bad["state"][0] = {"step": torch.tensor(1.0), "exp_avg": torch.zeros(5)}
     with pytest.raises(ValueError, match="exp_avg"):

@@ -159,18 +159,18 @@ class _StateView(Mapping):
 
     def _params(self):
         opt = self._opt()
-        return [] if opt is None or not opt._has_state() else [p for p, _ in opt._ids]
+        return [] if opt is None else [p for p, _ in opt._ids if opt._has_state(p)]
 
     def __getitem__(self, p):
         opt = self._opt()
         nid = None if opt is None else opt._nid_of.get(id(p))
         if nid is None:
             raise KeyError("not a trainable parameter of this optimizer")
-        return opt._param_state(p, nid) if opt._has_state() else {}
+        return opt._param_state(p, nid) if opt._has_state(p) else {}
 
     def __contains__(self, p):
         opt = self._opt()
-        return opt is not None and id(p) in opt._nid_of and opt._has_state()
+        return opt is not None and id(p) in opt._nid_of and opt._has_state(p)
 
     def __iter__(self):
         return iter(self._params())
@@ -247,8 +247,9 @@ class _TieredOptimizer(Optimizer):
         except BaseException:
             self._abandon()
             raise
+        self._aliased = [p for p, _ in self._ids]  # given their own memory again at close
         self._closer = weakref.finalize(self, _close_native, self._native, self._tmpdir,
-                                        [p for p, _ in self._ids], os.getpid())
+                                        self._aliased, os.getpid())
         self._hooks = bool(hooks)
         self._max_grad_norm = opt_cfg["max_grad_norm"]
         self._scaled = opt_cfg["loss_scaler"]["mode"] != "none"
@@ -264,38 +265,98 @@ class _TieredOptimizer(Optimizer):
             p._tierswap_owner = weakref.ref(self)
         self._record_versions()
         if self._hooks:
-            self._install_hooks()
+            self._install_hooks(self._ids)
             _guard_torch_clipping(self)
 
     # ---- construction -----------------------------------------------------------------------
     def add_param_group(self, param_group):
-        if getattr(self, "_native", None) is not None:
-            raise RuntimeError("tierswap optimizers lay out their parameters once: add every param "
-                               "group to the constructor")
-        _listed_params(param_group, len(self.param_groups))
-        super().add_param_group(param_group)
+        """torch's add_param_group. Between steps (progressive unfreezing) the new group's state
+        is laid out beside the others', its master weights taken from its parameters, and
+        committed; its step count starts at 0 as torch's does. The swap space is sized at
+        construction: give swap_capacity room for groups added later (the error says how much).
+        A resumed run (resume=True) passes every group, the added ones too, to the constructor.
+        Collective at world size > 1."""
+        if getattr(self, "_native", None) is None:  # torch's constructor adding its groups
+            _listed_params(param_group, len(self.param_groups))
+            super().add_param_group(param_group)
+            return
+        self._add_group_between_steps(param_group)
+
+    @_one_at_a_time
+    def _add_group_between_steps(self, param_group):
+        gi, problem = len(self.param_groups), None
+        try:
+            if self._in_backward:
+                raise RuntimeError("add_param_group: between steps only (a backward is under "
+                                   "way: add it after step())")
+            _listed_params(param_group, gi)
+            super().add_param_group(param_group)  # torch's checks and defaults
+            self._check_group(gi, self.param_groups[gi])
+            h = self._group_hyper(gi, self.param_groups[gi])
+        except BaseException as e:  # every rank learns of it, below
+            problem = e
+        try:
+            self._agree(problem, "add_param_group")
+            group = self.param_groups[gi]
+            given = [(f"group{gi}.param{pi}", list(p.shape), _DTYPE_NAMES[p.dtype],
+                      bool(p.requires_grad), p.data_ptr())
+                     for pi, p in enumerate(group["params"]) if p.numel() > 0]
+            nids = self._native.add_group_between_steps(self._kind, h, f"group{gi}", given)
+        except BaseException:
+            del self.param_groups[gi:]
+            raise
+        self._adopt_group(gi, group, h, iter(nids))
+
+    def _adopt_group(self, gi, group, h, nids):
+        """The Python side of a group the native side added: its parameters alias their 16-bit
+        copies, and every lookup knows them."""
+        new = []
+        for pi, p in enumerate(group["params"]):
+            if p.numel() == 0:
+                continue
+            nid = next(nids)
+            if not p.requires_grad:
+                self._frozen.append((f"param_groups[{gi}]['params'][{pi}]", p))
+                continue
+            p.data = torch.frombuffer(self._native.param16_view(nid), dtype=p.dtype).view(p.shape)
+            p._tierswap_owner = weakref.ref(self)
+            new.append((p, nid))
+        self._ids.extend(new)
+        self._aliased.extend(p for p, _ in new)
+        self._storage.extend(p.data_ptr() for p, _ in new)
+        self._versions.extend(p._version for p, _ in new)
+        self._nid_of.update((id(p), nid) for p, nid in new)
+        self._numel.update((nid, p.numel()) for p, nid in new)
+        self._group_ids.append([id(p) for p in group["params"]])
+        self._group_at.update((id(p), gi) for p in group["params"])
+        self._hyper_sent.append(h)
+        if self._hooks:
+            self._install_hooks(new)
 
     def _check_params(self):
         for gi, group in enumerate(self.param_groups):
-            for pi, p in enumerate(group["params"]):
-                where = f"param_groups[{gi}]['params'][{pi}] (shape {tuple(p.shape)})"
-                if p.is_sparse:
-                    raise TypeError(f"{where} is sparse: tierswap takes dense parameters")
-                if p.dtype not in (torch.bfloat16, torch.float16):
-                    raise TypeError(
-                        f"{where} is {p.dtype}: tierswap keeps the fp32 master weights itself and "
-                        "takes the model in bfloat16 or float16 (model.to(torch.bfloat16))")
-                if p.device.type != "cpu":
-                    raise ValueError(f"{where} is on {p.device}: tierswap.torch takes CPU "
-                                     "parameters (GPU tensors are not supported yet)")
-                if not p.is_contiguous():
-                    raise ValueError(f"{where} is not contiguous")
-                _check_not_owned(p, where)
-                first = group["params"][0].dtype
-                if p.dtype != first:
-                    raise ValueError(f"{where} is {p.dtype} and param_groups[{gi}]['params'][0] "
-                                     f"{first}: one dtype per group (give the {p.dtype} "
-                                     "parameters a group of their own)")
+            self._check_group(gi, group)
+
+    def _check_group(self, gi, group):
+        for pi, p in enumerate(group["params"]):
+            where = f"param_groups[{gi}]['params'][{pi}] (shape {tuple(p.shape)})"
+            if p.is_sparse:
+                raise TypeError(f"{where} is sparse: tierswap takes dense parameters")
+            if p.dtype not in (torch.bfloat16, torch.float16):
+                raise TypeError(
+                    f"{where} is {p.dtype}: tierswap keeps the fp32 master weights itself and "
+                    "takes the model in bfloat16 or float16 (model.to(torch.bfloat16))")
+            if p.device.type != "cpu":
+                raise ValueError(f"{where} is on {p.device}: tierswap.torch takes CPU "
+                                 "parameters (GPU tensors are not supported yet)")
+            if not p.is_contiguous():
+                raise ValueError(f"{where} is not contiguous")
+            _check_not_owned(p, where)
+            first = group["params"][0].dtype
+            if p.dtype != first:
+                raise ValueError(f"{where} is {p.dtype} and param_groups[{gi}]['params'][0] "
+                                 f"{first}: one dtype per group (give the {p.dtype} "
+                                 "parameters a group of their own)")
 
     def _where(self, p):
         """The parameter as the user wrote it: its place in param_groups, and its shape."""
@@ -539,8 +600,8 @@ class _TieredOptimizer(Optimizer):
             self._end()
             self._final = True
 
-    def _install_hooks(self):
-        for p, nid in self._ids:
+    def _install_hooks(self, pairs):
+        for p, nid in pairs:
             def hook(*_, p=p, nid=nid):
                 self._hand_over(p, nid)
             if hasattr(p, "register_post_accumulate_grad_hook"):  # torch >= 2.1
@@ -712,9 +773,15 @@ class _TieredOptimizer(Optimizer):
         self._native.gather(nid, cls, t.data_ptr(), t.numel())
         return t
 
-    def _has_state(self):
-        """Whether a step was taken (or state loaded at a step): before, torch's state is empty."""
-        return self.step_count > 0
+    def _group_step(self, p):
+        """The steps parameter p's group took (torch counts per parameter; tierswap per group:
+        a group added between steps starts at 0)."""
+        return self._native.group_step_count(self._group_at[id(p)])
+
+    def _has_state(self, p):
+        """Whether p's group took a step (or state was loaded at a step): before, torch's state
+        for p is empty."""
+        return self._group_step(p) > 0
 
     @_one_at_a_time
     def state_dict(self):
@@ -724,10 +791,9 @@ class _TieredOptimizer(Optimizer):
         as torch's is."""
         index = self._index()
         state, masters = {}, {}
-        has_state = self._has_state()
         for p, nid in self._ids:
             i = index[id(p)]
-            if has_state:
+            if self._has_state(p):
                 state[i] = self._param_state(p, nid, collective=True)
             masters[i] = self._gather(p, nid, "master")
         groups = []
@@ -743,7 +809,7 @@ class _TieredOptimizer(Optimizer):
         if not collective and self._native.world() > 1:
             raise RuntimeError(f"opt.state[p] would gather from every one of the "
                                f"{self._native.world()} ranks: call state_dict() on every rank")
-        entry = {"step": torch.tensor(float(self._native.step_count()))}
+        entry = {"step": torch.tensor(float(self._group_step(p)))}
         for key, cls in self._state_keys_for(p):
             entry[key] = self._gather(p, nid, cls)
         return entry
@@ -775,7 +841,7 @@ class _TieredOptimizer(Optimizer):
             except (ValueError, TypeError, KeyError, RuntimeError) as e:
                 problem = e
             self._agree(problem, "load_state_dict")
-            self._native.import_state(items, step)
+            self._native.import_state(items, *step)
             del keep
         except BaseException:  # the groups as they were (state is imported whole or not at all)
             for mine, old in zip(self.param_groups, before):
@@ -805,7 +871,7 @@ class _TieredOptimizer(Optimizer):
         for mine, theirs in zip(self.param_groups, groups):
             by_saved.update(zip(theirs["params"], mine["params"]))
         ids = {id(p): nid for p, nid in self._ids}
-        items, keep, steps = [], [], set()
+        items, keep, steps = [], [], {}  # steps: {group index: the steps its parameters took}
         masters = state_dict.get("master_params", {})
         for saved, st in state_dict["state"].items():
             p = by_saved.get(saved)
@@ -817,18 +883,31 @@ class _TieredOptimizer(Optimizer):
             needed = self._state_keys_for(p)
             self._check_state_keys(saved, st, needed)
             if "step" in st:
-                steps.add(_step_count(st["step"], saved))
+                steps.setdefault(self._group_at[id(p)], set()).add(_step_count(st["step"], saved))
             for key, cls in needed:
                 if st.get(key) is not None:
                     items.append(self._state_item(p, ids[id(p)], key, cls, st[key], keep))
             if saved in masters:
                 items.append(self._state_item(p, ids[id(p)], "master", "master", masters[saved],
                                               keep))
-        if len(steps) > 1:
-            raise ValueError(f"parameters are at different steps {sorted(steps)}: tierswap keeps "
-                             "one step count")
-        self._warn_stateless(state_dict["state"], by_saved, steps)
-        return items, steps.pop() if steps else None, keep
+        step = self._step_counts(steps)
+        self._warn_stateless(state_dict["state"], by_saved, step[0])
+        return items, step, keep
+
+    def _step_counts(self, steps):
+        """import_state's step count and per-group counts from {group: steps of its parameters}:
+        one count for all when the groups agree (a torch dict of one run), else one per group (a
+        group without state keeps its own)."""
+        for gi, s in steps.items():
+            if len(s) > 1:
+                raise ValueError(f"param group {gi}: parameters at different steps {sorted(s)}: "
+                                 "tierswap keeps one step count per group")
+        counts = {gi: s.pop() for gi, s in steps.items()}
+        if len(set(counts.values())) <= 1:
+            return (next(iter(counts.values()), None), [])
+        per = [counts.get(gi, self._native.group_step_count(gi))
+               for gi in range(len(self.param_groups))]
+        return (max(per), per)
 
     def _check_state_keys(self, saved, st, needed):
         """A key this kind's state never has (the dict of another optimizer: torch would take
@@ -849,14 +928,14 @@ class _TieredOptimizer(Optimizer):
                              f"{saved} (it has {has}), which {type(self).__name__}'s state for "
                              "its group needs: a partial state dict? (nothing was loaded)")
 
-    def _warn_stateless(self, saved_state, by_saved, steps):
+    def _warn_stateless(self, saved_state, by_saved, step):
         """Trainable parameters the state dict holds no state for (torch's dict of a parameter
         that never had a gradient): torch would start them afresh, tierswap keeps their state
         and its one step count. Said, not refused: the common case is a fresh optimizer."""
         have = {id(by_saved[k]) for k in saved_state if k in by_saved}
         index = self._index()
         missing = [index[id(p)] for p, _ in self._ids if id(p) not in have]
-        step = next(iter(steps)) if steps else self._native.step_count()  # after the load
+        step = self._native.step_count() if step is None else step  # after the load
         if missing and step > 0:
             warnings.warn(f"load_state_dict: no state for trainable parameter(s) {missing}: "
                           "tierswap keeps their current state and steps them at the common step "

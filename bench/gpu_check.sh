@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # The checks that need a GPU, in one run, on a machine with one (the CI machine has none, so
-# these paths skip there): every test binary with the GPU visible (the CUDA kernels against the
+# these paths skip there): first tierswap.torch with the model on the GPU (its pytest module,
+# tinylm at widths 256 and 1024 bit-identical to the CPU path with state on the host and on
+# NVMe, tokens/s against torch's fused AdamW on GPU-resident masters), then every test binary with the GPU visible (the CUDA kernels against the
 # scalar reference, the optimizer and tier manager with a real device tier present), the demo's
 # GPU-stepped sub-groups against the CPU bit for bit (state digests), the split step's time with
 # the GPU part beside the CPU part and in turn, the CUDA kernels' bandwidth and the pinned copy
@@ -9,8 +11,11 @@
 #   bench/gpu_check.sh CLI TESTS_DIR OUT_DIR
 #     CLI        the tierswap binary (build/tierswap)
 #     TESTS_DIR  where the test binaries are (build/tests)
-#     OUT_DIR    receives summary.txt, tests.log, demo.jsonl, kernels.json, probe.json
+#     OUT_DIR    receives summary.txt, torch.log, torch_gpu.jsonl, tests.log, demo.jsonl,
+#                kernels.json, probe.json
 #   PLAN_PARAMS (environment) sizes the planned demo of step 4 (default 2B).
+#   PYTHON (environment): an interpreter whose torch has CUDA (default python3); the tierswap
+#   module is the build's (the directory of CLI, python/).
 set -u
 CLI=${1:?usage: gpu_check.sh CLI TESTS_DIR OUT_DIR}
 TESTS=${2:?usage: gpu_check.sh CLI TESTS_DIR OUT_DIR}
@@ -23,6 +28,20 @@ say() { echo "$*" | tee -a "$S"; }
 say "== $(date -u +%FT%TZ) $(git -C "$SRC" rev-parse --short HEAD 2>/dev/null)"
 nvidia-smi -L 2>&1 | tee -a "$S"
 "$CLI" info 2>&1 | tee -a "$S"
+
+# 0. tierswap.torch on the GPU: the device path's pytest module (its CUDA test runs here), the
+# exactness check, and the speed against the in-memory recipe.
+say "== tierswap.torch on the GPU"
+PY=${PYTHON:-python3}
+export PYTHONPATH="$(cd "$(dirname "$CLI")" && pwd)/python:$SRC/tests/python"
+timeout 240 "$PY" -m pytest -q -p no:cacheprovider -rs "$SRC/tests/python/test_torch_device.py" \
+  > "$OUT/torch.log" 2>&1
+tail -5 "$OUT/torch.log" | tee -a "$S"
+timeout 240 "$PY" "$SRC/bench/torch_gpu.py" check --widths 256,1024 --steps 4 \
+  > "$OUT/torch_gpu.jsonl" 2>> "$OUT/torch.log"
+timeout 300 "$PY" "$SRC/bench/torch_gpu.py" speed --width 1024 --steps 10 --reps 3 \
+  >> "$OUT/torch_gpu.jsonl" 2>> "$OUT/torch.log"
+cat "$OUT/torch_gpu.jsonl" | tee -a "$S"
 
 # 1. Every test binary, eight at a time, each in its own temporary directory.
 say "== tests"

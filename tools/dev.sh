@@ -4,7 +4,8 @@
 #   tools/dev.sh test                   install what is missing, build, run every test
 # `run` trains tierswap.tinylm (a small byte-level transformer LM in bf16, PyTorch from Debian's
 # python3-torch) for 30 steps through tierswap.torch.AdamW with its state on the NVMe tier of a
-# temporary swap directory: loss, tokens/s and NVMe bytes per step, then the residency table.
+# temporary swap directory: loss, tokens/s and NVMe bytes per step, then the residency table; on
+# the GPU when torch sees one (the first line says which device).
 # `test` builds four times: the normal build (whole suite, the > 4 GiB transfers included, then
 # the Python tests with pytest), an ASan+UBSan build (whole suite but the > 4 GiB transfers), a
 # ThreadSanitizer build of the concurrent components (tier manager, I/O engine, thread pool, the

@@ -243,6 +243,16 @@ class PyOptimizer {
     opt().add_grad(id, reinterpret_cast<const void*>(ptr), parse_dtype(dt));
   }
 
+  // From device memory (host memory standing in on a simulated device tier), ordered after the
+  // events (cudaEvent_t addresses) of the streams that produced it.
+  void add_grad_device(ParamId id, std::uintptr_t ptr, const std::string& dt, std::uint64_t n,
+                       const std::vector<std::uintptr_t>& events) {
+    checked(id, n, "gradient of");
+    std::vector<void*> ev;
+    for (std::uintptr_t e : events) ev.push_back(reinterpret_cast<void*>(e));
+    opt().add_grad_device(id, reinterpret_cast<const void*>(ptr), parse_dtype(dt), ev);
+  }
+
   // The caller keeps the tensors alive and unchanged until step() returns (tierswap.torch does).
   // One call for a step's every gradient: the GIL is released once, not per parameter.
   void lend_grads(const std::vector<TensorRef>& grads) {
@@ -342,6 +352,13 @@ void bind_backward_and_step(PyOptimizerClass& c) {
        Release())
       .def("add_grad", &PyOptimizer::add_grad, Release())
       .def("lend_grads", &PyOptimizer::lend_grads, Release())
+      .def("add_grad_device", &PyOptimizer::add_grad_device, Release())
+      .def(
+          "bind_param16_device",
+          [](PyOptimizer& s, ParamId id, std::uintptr_t ptr) {
+            s.opt().bind_param16_device(id, reinterpret_cast<void*>(ptr));
+          },
+          Release())
       .def(
           "drop_grads", [](PyOptimizer& s) { s.opt().drop_grads(); }, Release())
       .def(
@@ -375,7 +392,8 @@ void bind_state(PyOptimizerClass& c) {
                                                 static_cast<py::ssize_t>(v.size_bytes()), false);
            })
       .def("gather", &PyOptimizer::gather, Release())
-      .def("import_state", &PyOptimizer::import_state, Release())
+      .def("import_state", &PyOptimizer::import_state, py::arg("items"), py::arg("step"),
+           py::arg("group_steps") = std::vector<std::uint64_t>{}, Release())
       .def(
           "save", [](PyOptimizer& s, const std::string& d) { s.opt().save(d); }, Release())
       .def(

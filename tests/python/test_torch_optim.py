@@ -1282,7 +1282,8 @@ def grad(i, r, step):  # multiples of 2^-10 of magnitude <= 16: sums over <= 3 r
 opt = tt.AdamW([{"params": params[:3]}, {"params": params[3:], "weight_decay": 0.0, "lr": 3e-3}],
                lr=1e-2, swap_dir=swap, host_budget="8MiB", state_tier="nvme",
                max_grad_norm=0.5, subgroup_size=8192, telemetry=False,
-               communicator="mpi" if port == "mpi" else "auto")
+               communicator="mpi" if port == "mpi" else "auto",
+               device_tier=os.environ.get("TS_DEVICE_TIER") or None)
 assert opt._native.world() == world
 def has(i, r, step):  # parameter 2: a gradient from source 1 only; parameter 4: none at step 1
     return (i != 2 or r == 1) and (i != 4 or step != 1)

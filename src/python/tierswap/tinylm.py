@@ -137,9 +137,10 @@ def train_tierswap(model, opt, steps, start=0, sched=None, log=None, total=None,
     if sched is None:
         sched = torch.optim.lr_scheduler.LambdaLR(opt, schedule(total=total or steps))
     losses = []
+    device = next(model.parameters()).device
     for step in range(start, steps):
         t0 = time.perf_counter()
-        mbs = batches(step)
+        mbs = [(x.to(device), y.to(device)) for x, y in batches(step)]
         total = 0.0
         for i, (x, y) in enumerate(mbs):
             with opt.micro_batch(final=i == len(mbs) - 1):
@@ -170,21 +171,23 @@ def clip_fp64(params, max_norm):
     return total
 
 
-def train_reference(model, steps, max_norm=1.0, norm="fp32"):
+def train_reference(model, steps, max_norm=1.0, norm="fp32", fused=False):
     """The standard mixed-precision recipe: torch.optim.AdamW on fp32 master copies of the bf16
     model, gradients accumulated in bf16 by autograd, clipped on the fp32 masters, the masters
     rounded back into the model after each step. `norm`: "fp32" (torch.nn.utils.clip_grad_norm_)
-    or "fp64" (clip_fp64). Returns (losses, masters in state-dict order, optimizer)."""
+    or "fp64" (clip_fp64). `fused`: torch's fused AdamW (CUDA; else its single-tensor loop). The
+    masters live where the model does. Returns (losses, masters in state-dict order, optimizer)."""
     params = list(model.parameters())
     masters = [p.detach().float().clone().requires_grad_(True) for p in params]
     index = {id(p): i for i, p in enumerate(params)}
     groups = [dict(g, params=[masters[index[id(p)]] for p in g["params"]])
               for g in param_groups(model)]
-    opt = torch.optim.AdamW(groups, foreach=False)
+    opt = torch.optim.AdamW(groups, fused=True) if fused else torch.optim.AdamW(groups, foreach=False)
     sched = torch.optim.lr_scheduler.LambdaLR(opt, schedule(total=steps))
     losses = []
+    device = params[0].device
     for step in range(steps):
-        mbs = batches(step)
+        mbs = [(x.to(device), y.to(device)) for x, y in batches(step)]
         total = 0.0
         for x, y in mbs:
             loss = loss_of(model, x, y) / len(mbs)
@@ -230,10 +233,17 @@ def main(argv=None):
                     help="step sub-groups during the backward (implies --hooks)")
     ap.add_argument("--bf16-moments", action="store_true",
                     help="keep AdamW's moments in bf16 (16 B/param of NVMe traffic, not 24)")
+    ap.add_argument("--device", default="auto", choices=("auto", "cpu", "cuda"),
+                    help="where the model trains (default: cuda when torch sees a GPU, else cpu)")
     a = ap.parse_args(argv)
+    device = a.device
+    if device == "auto":
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+    elif device == "cuda" and not torch.cuda.is_available():
+        ap.error("--device cuda: torch sees no usable GPU")
     if not os.path.exists(TEXT):
         sys.exit(f"tinylm: {TEXT} is missing (Debian's base-files ships it)")
-    model = make_model()
+    model = make_model().to(device)
     # No --swap-dir: the optimizer's temporary one (removed at close, or when a signal ends us).
     try:
         opt = tt.AdamW(param_groups(model), swap_dir=a.swap_dir, host_budget=a.host_budget,
@@ -242,7 +252,8 @@ def main(argv=None):
     except (ValueError, TypeError, RuntimeError) as e:  # a bad option, a swap dir it refuses
         ap.error(str(e))
     n = sum(p.numel() for p in model.parameters())
-    print(f"tinylm: {n} parameters (bf16), AdamW state {opt._native.state_bytes() / 2**20:.1f} MiB "
+    where = torch.cuda.get_device_name() if device == "cuda" else "the CPU"
+    print(f"tinylm: training on {device} ({where}); {n} parameters (bf16), AdamW state {opt._native.state_bytes() / 2**20:.1f} MiB "
           f"on the {a.state_tier} tier under a {a.host_budget} host budget, "
           f"{opt._native.subgroup_count()} sub-groups; swap {opt._native.rank_dirs()[0]}")
     print(f"{'step':>4} {'loss':>8} {'tokens/s':>9} {'nvme read':>10} {'nvme written':>12} {'norm':>7}")

@@ -1,5 +1,10 @@
 """torch.optim optimizers whose state lives on tierswap's tiers (pinned host memory and NVMe).
 
+The model may be on the GPU (``cuda:N``, bf16 or fp16) or on the CPU. On the GPU each step's
+gradients go to the host tier from the GPU, ordered after torch's current stream, and the new
+16-bit values are written back into each ``p`` on the GPU; the state stays on the host and NVMe
+tiers (ZeRO-Offload / ZeRO-Infinity). On the CPU:
+
 ``tierswap.torch.AdamW`` (and ``Adam``, ``SGD``, ``Lion``) subclass :class:`torch.optim.Optimizer`:
 torch's constructor arguments and defaults, plus the tier keywords below. The model keeps its
 parameters in bfloat16 or float16; tierswap keeps the fp32 master weights and the moments on the
@@ -64,6 +69,9 @@ Tier keywords (all optional; the defaults work untuned):
                   (and the previous one, recycled as the next commit's file)
   service_job     the job id the service knows this run by (default TIERSWAP_SERVICE_JOB, else
                   derived from swap_dir): with the rank, what a resumed run reattaches to
+  device_tier     None: follow the parameters (CPU or CUDA); "simulated": CPU parameters handed
+                  over as GPU ones, host memory standing in for the GPU's (the GPU path's logic
+                  exercised without a GPU: tests)
   persist_resident_state  host-resident state is also committed to NVMe every step (default:
                   crash-consistent, exact rollback); False keeps it in memory only (no NVMe I/O
                   for it, as torch.optim's state; save() is then its durability)
@@ -93,7 +101,7 @@ from collections.abc import Mapping
 import torch
 from torch.optim import Optimizer
 
-from . import _tierswap, parse_count, parse_size
+from . import _device, _tierswap, parse_count, parse_size
 from ._swapdir import TempSwapDir
 from .distributed import default_communicator
 
@@ -199,7 +207,7 @@ class _TieredOptimizer(Optimizer):
                  growth_interval=2000, bf16_moments=False, accumulate_fp32=False, telemetry=True,
                  hooks=False, threads=None, communicator="auto", keep_swap_files=False,
                  swap_capacity=None, persist_resident_state=True, durable=True, resume=False,
-                 service=None, service_job=None):
+                 service=None, service_job=None, device_tier=None):
         self._native = None
         self._lock = threading.RLock()  # see _one_at_a_time
         self._tmpdir = None
@@ -209,6 +217,8 @@ class _TieredOptimizer(Optimizer):
                 raise ValueError("overlap=True steps sub-groups during the backward: it needs "
                                  "hooks=True")
             super().__init__(params, defaults)
+            self._dev = _device.for_params((p for g in self.param_groups for p in g["params"]),
+                                           device_tier)
             self._check_params()
             opt_cfg = {
                 "state_tier": _choice("state_tier", state_tier, ("auto", "host", "nvme")),
@@ -232,6 +242,7 @@ class _TieredOptimizer(Optimizer):
             subgroup = _positive(subgroup_size, "subgroup_size", parse_count)
             threads = _threads(threads)
             tier_cfg = _tier_config(telemetry, durable, service, service_job)
+            tier_cfg.update(self._dev.tier_keys())
             dirs, self._tmpdir = _swap_dirs(swap_dir)
             problem = None
         except BaseException as e:
@@ -247,7 +258,8 @@ class _TieredOptimizer(Optimizer):
         except BaseException:
             self._abandon()
             raise
-        self._aliased = [p for p, _ in self._ids]  # given their own memory again at close
+        # given their own memory again at close (CPU parameters: their storage is tierswap's)
+        self._aliased = [p for p, _ in self._ids] if self._dev.aliases else []
         self._closer = weakref.finalize(self, _close_native, self._native, self._tmpdir,
                                         self._aliased, os.getpid())
         self._hooks = bool(hooks)
@@ -298,9 +310,10 @@ class _TieredOptimizer(Optimizer):
         try:
             self._agree(problem, "add_param_group")
             group = self.param_groups[gi]
+            values = [(pi, p, self._dev.host_values(p)) for pi, p in enumerate(group["params"])
+                      if p.numel() > 0]
             given = [(f"group{gi}.param{pi}", list(p.shape), _DTYPE_NAMES[p.dtype],
-                      bool(p.requires_grad), p.data_ptr())
-                     for pi, p in enumerate(group["params"]) if p.numel() > 0]
+                      bool(p.requires_grad), v.data_ptr()) for pi, p, v in values]
             nids = self._native.add_group_between_steps(self._kind, h, f"group{gi}", given)
         except BaseException:
             del self.param_groups[gi:]
@@ -318,12 +331,12 @@ class _TieredOptimizer(Optimizer):
             if not p.requires_grad:
                 self._frozen.append((f"param_groups[{gi}]['params'][{pi}]", p))
                 continue
-            p.data = torch.frombuffer(self._native.param16_view(nid), dtype=p.dtype).view(p.shape)
+            self._storage.append(self._dev.attach(self._native, p, nid))
             p._tierswap_owner = weakref.ref(self)
             new.append((p, nid))
         self._ids.extend(new)
-        self._aliased.extend(p for p, _ in new)
-        self._storage.extend(p.data_ptr() for p, _ in new)
+        if self._dev.aliases:
+            self._aliased.extend(p for p, _ in new)
         self._versions.extend(p._version for p, _ in new)
         self._nid_of.update((id(p), nid) for p, nid in new)
         self._numel.update((nid, p.numel()) for p, nid in new)
@@ -346,9 +359,7 @@ class _TieredOptimizer(Optimizer):
                 raise TypeError(
                     f"{where} is {p.dtype}: tierswap keeps the fp32 master weights itself and "
                     "takes the model in bfloat16 or float16 (model.to(torch.bfloat16))")
-            if p.device.type != "cpu":
-                raise ValueError(f"{where} is on {p.device}: tierswap.torch takes CPU "
-                                 "parameters (GPU tensors are not supported yet)")
+            self._dev.check(p, where)
             if not p.is_contiguous():
                 raise ValueError(f"{where} is not contiguous")
             _check_not_owned(p, where)
@@ -396,12 +407,13 @@ class _TieredOptimizer(Optimizer):
             # stepped step_count times restores the lr), sent at the next step
             self._hyper_sent = [None] * len(self._hyper_sent)
         else:
-            n.initialize(self._refs())
-        # Zero-copy: each trainable parameter's storage becomes tierswap's 16-bit copy, which
-        # the fused kernel writes at every step (no copy into p afterwards).
-        for p, nid in self._ids:
-            p.data = torch.frombuffer(n.param16_view(nid), dtype=p.dtype).view(p.shape)
-        self._storage = [p.data_ptr() for p, _ in self._ids]
+            keep = [(self._dev.host_values(p), nid) for p, nid in self._ids]
+            n.initialize([(nid, v.data_ptr(), _DTYPE_NAMES[v.dtype], v.numel()) for v, nid in keep])
+            del keep
+        # CPU parameters: each one's storage becomes tierswap's 16-bit copy, which the fused
+        # kernel writes at every step (zero-copy). Device parameters keep theirs, bound as the
+        # device copy the step writes.
+        self._storage = [self._dev.attach(n, p, nid) for p, nid in self._ids]
 
     def _add_groups(self, n):
         self._ids = []  # (param, native id) of trainable parameters, in order
@@ -453,9 +465,6 @@ class _TieredOptimizer(Optimizer):
                                "which torch.optim would apply: set its .grad to None (zero_grad "
                                "does) or build the optimizer with it trainable")
 
-    def _refs(self):
-        return [(nid, p.data_ptr(), _DTYPE_NAMES[p.dtype], p.numel()) for p, nid in self._ids]
-
     # ---- weights changed in the model ---------------------------------------------------------
     def _record_versions(self):
         """torch's version counter of each trainable parameter: every in-place write through the
@@ -480,7 +489,8 @@ class _TieredOptimizer(Optimizer):
         if not any(moved):
             return
         differs = [m and not torch.equal(self._gather(p, nid, "master").to(p.dtype)
-                                         .view(torch.int16), p.view(torch.int16))
+                                         .view(torch.int16),
+                                         self._dev.host_values(p).view(torch.int16))
                    for (p, nid), m in zip(self._ids, moved)]  # gather: collective
         named = [self._where(p) for (p, _), d in zip(self._ids, differs) if d]
         differs = self._any_rank_each(differs)  # every rank imports the same parameters
@@ -529,9 +539,9 @@ class _TieredOptimizer(Optimizer):
         # torch's p.grad setter refuses another shape (and device) already: the size the native
         # side reads is checked, against the parameter's as registered (shapes, or a
         # Parameter's numel(), cost 0.3-0.4 us per parameter at every step).
-        if not g.is_cpu or g.numel() != self._numel[nid]:
+        if g.is_cpu != self._dev.grads_on_cpu or g.numel() != self._numel[nid]:
             raise ValueError(f"the gradient of parameter {nid} is {tuple(g.shape)} on {g.device} "
-                             f"for a {tuple(p.shape)} CPU parameter")
+                             f"for a {tuple(p.shape)} {self._dev.describe(p)} parameter")
         return g if g.is_contiguous() else g.contiguous()
 
     def _hand_over(self, p, nid):
@@ -543,7 +553,7 @@ class _TieredOptimizer(Optimizer):
             g = self._checked_grad(p, nid)
             if g is not None:
                 try:
-                    self._native.add_grad(nid, g.data_ptr(), _DTYPE_NAMES[g.dtype], g.numel())
+                    self._dev.add_grad(self._native, nid, g)
                 except BaseException:
                     # the tiers could not take it: the native side abandoned the backward
                     # (every gradient since the last step dropped, this one too); the next
@@ -565,7 +575,11 @@ class _TieredOptimizer(Optimizer):
             if g is not None:
                 lent.append((p, g))
                 refs.append((nid, g.data_ptr(), _DTYPE_NAMES[g.dtype], g.numel()))
-        self._native.lend_grads(refs)
+        if self._dev.lends:
+            self._native.lend_grads(refs)
+        else:  # from device memory: copied over now, in the accumulation dtype's blocks
+            for (_, g), (nid, *_) in zip(lent, refs):
+                self._dev.add_grad(self._native, nid, g)
         self._handed.update(r[0] for r in refs)
         return lent
 
@@ -1106,7 +1120,8 @@ _TIER_KEYWORDS = {"swap_dir", "host_budget", "state_tier", "subgroup_size", "ove
                   "max_grad_norm", "loss_scale", "init_scale", "growth_factor", "backoff_factor",
                   "growth_interval", "bf16_moments", "accumulate_fp32", "telemetry", "hooks",
                   "threads", "communicator", "keep_swap_files", "swap_capacity",
-                  "persist_resident_state", "durable", "resume", "service", "service_job"}
+                  "persist_resident_state", "durable", "resume", "service", "service_job",
+                  "device_tier"}
 # torch.optim implementation switches: accepted and ignored (tierswap has one implementation).
 _TORCH_SWITCHES = {"foreach", "fused", "capturable", "differentiable"}
 

@@ -2,6 +2,7 @@
 // clients, the node budget, a client killed with kill -9, the service killed and restarted,
 // malformed and out-of-order messages, another uid, a corrupt registry, and its metrics.
 #include <gtest/gtest.h>
+
 #include <signal.h>
 #include <sys/eventfd.h>
 #include <sys/mman.h>
@@ -15,6 +16,7 @@
 #include <chrono>
 #include <cstring>
 #include <fstream>
+#include <functional>
 #include <nlohmann/json.hpp>
 #include <system_error>
 #include <thread>
@@ -27,6 +29,7 @@
 #include "tierswap/detail/manifest.hpp"
 #include "tierswap/metrics.hpp"
 #include "tierswap/service.hpp"
+#include "tierswap/swap_space.hpp"
 #include "tierswap/tier_manager.hpp"
 
 namespace tierswap {
@@ -684,6 +687,79 @@ TEST(Service, AnotherUidIsRefused) {
   ASSERT_TRUE(WIFEXITED(status));
   EXPECT_EQ(WEXITSTATUS(status), 0);
   EXPECT_TRUE(nlohmann::json::parse(svc.status_json()).at("clients").empty());
+}
+
+// What `fn` returns, run in a child process as uid 65534 (nobody); 99 when it throws.
+int as_nobody(const std::function<int()>& fn) {
+  const pid_t child = ::fork();
+  if (child == 0) {
+    if (::setuid(65534) != 0) ::_exit(98);
+    try {
+      ::_exit(fn());
+    } catch (...) {
+      ::_exit(99);
+    }
+  }
+  int status = 0;
+  if (::waitpid(child, &status, 0) != child || !WIFEXITED(status)) return -1;
+  return WEXITSTATUS(status);
+}
+
+// issue 61: with --allow-other-users, uid 1001 attached root's job, read its block and released
+// it. A region is its maker's (and the service's uid's, the operator's), across restarts.
+TEST(Service, ARegionIsItsOwnersAloneAcrossRestarts) {
+  if (::getuid() != 0) GTEST_SKIP() << "needs root to connect as another uid";
+  TempDir d;
+  auto sc = service_config(d);
+  sc.allow_other_users = true;
+  ::chmod(d.path().c_str(), 0755);
+  const auto refused_root_job = [&] {
+    try {
+      ServiceClient c(client_config(sc, "rootjob"));
+      return 1;  // attached another uid's region
+    } catch (const std::system_error& e) {
+      return std::string(e.what()).find("belongs to uid 0: uid 65534 may not") == std::string::npos
+                 ? 2
+                 : 0;
+    }
+  };
+  {
+    SwapService svc(sc);
+    {
+      ServiceClient root(client_config(sc, "rootjob"));
+      commit_one_block(root);
+    }
+    EXPECT_EQ(as_nobody(refused_root_job), 0);
+    EXPECT_EQ(as_nobody([&] {
+                ServiceClient own(client_config(sc, "nobodyjob"));
+                commit_one_block(own);
+                return 0;
+              }),
+              0);
+    ServiceClient operator_view(client_config(sc, "nobodyjob"));  // the service's uid may
+    EXPECT_EQ(operator_view.attached_generation(), 1u);
+  }
+  SwapService again(sc);  // the owners come back from the registry
+  EXPECT_EQ(as_nobody(refused_root_job), 0);
+  ServiceClient root(client_config(sc, "rootjob"));
+  EXPECT_EQ(root.attached_generation(), 1u);
+}
+
+// issue 61: after rm -rf of the swap directory, commits were acknowledged as durable into the
+// deleted file.
+TEST(Service, ACommitIntoADeletedSwapFileIsRefusedNamingIt) {
+  TempDir d;
+  const auto sc = service_config(d);
+  SwapService svc(sc);
+  ServiceClient c(client_config(sc, "j"));
+  commit_one_block(c);
+  std::filesystem::remove(d.path() / SwapSpace::kFileName);
+  fill(c, 0, 4 * kKiB, 2);
+  c.put(1, 0, 4 * kKiB);
+  const std::string why = error_of([&] { c.commit(); });
+  EXPECT_NE(why.find("was deleted or replaced while the service ran"), std::string::npos) << why;
+  EXPECT_NE(why.find(SwapSpace::kFileName), std::string::npos) << why;
+  EXPECT_NE(error_of([&] { c.commit(); }).find("deleted or replaced"), std::string::npos);
 }
 
 TEST(Service, ACorruptRegistryIsAnErrorAndLeftAlone) {

@@ -8,6 +8,7 @@
 
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <memory>
 #include <nlohmann/json.hpp>
 #include <string>
@@ -16,6 +17,7 @@
 #include <utility>
 #include <vector>
 
+#include "tierswap/log.hpp"
 #include "tierswap/metrics.hpp"
 #include "tierswap/process_config.hpp"
 #include "tierswap/service.hpp"
@@ -44,7 +46,17 @@ int inherited_socket() {
   return n == 1 ? SD_LISTEN_FDS_START : -1;
 }
 
+// A service's log: what happens to its clients (attach, detach, refusals, commit failures: info
+// and up) unless TIERSWAP_LOG_LEVEL says otherwise, each line with its time unless journald,
+// which stamps lines itself, takes stderr.
+void configure_service_log() {
+  if (std::getenv("TIERSWAP_LOG_LEVEL") == nullptr && log_level() < LogLevel::info)
+    set_log_level(LogLevel::info);
+  if (std::getenv("JOURNAL_STREAM") == nullptr) set_log_timestamps(true);
+}
+
 void run_serve(const ServeOptions& o) {
+  configure_service_log();
   ServiceConfig c;
   for (const auto& d : o.dirs) c.swap_dirs.emplace_back(d);
   if (!o.capacity.empty()) c.capacity = parse_size(o.capacity, "--capacity");

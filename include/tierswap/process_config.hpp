@@ -46,9 +46,9 @@ struct ListenAddress {
   int port = 0;  ///< 0: any free port
 };
 
-/// "[HOST:]PORT": HOST an IPv4 literal, a bracketed IPv6 literal or `localhost` (default
-/// 127.0.0.1, loopback), PORT 0..65535 (0: any free port). std::invalid_argument naming `key`
-/// otherwise.
+/// "[HOST:]PORT": HOST a loopback address, 127.x.x.x, [::1] or `localhost` (default 127.0.0.1;
+/// the endpoints have no authentication), PORT 0..65535 (0: any free port).
+/// std::invalid_argument naming `key` otherwise.
 ListenAddress parse_listen_address(std::string_view text, std::string_view key);
 
 /// "off" | "error" | "warn" | "info" | "debug"; std::invalid_argument naming `key` otherwise.

@@ -3,6 +3,8 @@
 #include <unistd.h>
 
 #include <atomic>
+#include <chrono>
+#include <ctime>
 #include <string>
 
 #include "tierswap/error.hpp"
@@ -32,6 +34,19 @@ std::atomic<int>& level_ref() noexcept {
 
 constexpr const char* kNames[] = {"error", "warn", "info", "debug"};
 
+std::atomic<bool> timestamps{false};
+
+std::string now_utc() {
+  const auto t = std::chrono::system_clock::now();
+  const std::time_t s = std::chrono::system_clock::to_time_t(t);
+  const auto ms =
+      std::chrono::duration_cast<std::chrono::milliseconds>(t.time_since_epoch()).count() % 1000;
+  std::tm tm{};
+  ::gmtime_r(&s, &tm);
+  return fmt::format("{:04}-{:02}-{:02}T{:02}:{:02}:{:02}.{:03}Z ", tm.tm_year + 1900,
+                     tm.tm_mon + 1, tm.tm_mday, tm.tm_hour, tm.tm_min, tm.tm_sec, ms);
+}
+
 }  // namespace
 
 LogLevel log_level() noexcept {
@@ -40,13 +55,17 @@ LogLevel log_level() noexcept {
 void set_log_level(LogLevel level) noexcept {
   level_ref().store(static_cast<int>(level));
 }
+void set_log_timestamps(bool on) noexcept {
+  timestamps.store(on);
+}
 
 void log(LogLevel level, std::string_view message) noexcept {
   if (level == LogLevel::off ||
       static_cast<int>(level) > level_ref().load(std::memory_order_relaxed))
     return;
   try {
-    std::string line = fmt::format("tierswap[{}]: {}\n", kNames[static_cast<int>(level)], message);
+    std::string line = fmt::format("{}tierswap[{}]: {}\n", timestamps.load() ? now_utc() : "",
+                                   kNames[static_cast<int>(level)], message);
     [[maybe_unused]] auto r = ::write(STDERR_FILENO, line.data(), line.size());
   } catch (...) {
   }

@@ -32,6 +32,14 @@ ListenAddress parse_listen_address(std::string_view s, std::string_view key) {
                    : host.find_first_not_of("0123456789.") == std::string_view::npos);
     if (host.empty() || !ok)
       throw_invalid(key, s, "expected [HOST:]PORT, HOST an IPv4 address, [IPv6] or localhost");
+    // The endpoints answer anyone who reaches them (no authentication): loopback only; a
+    // scraper on another machine goes through a proxy of the operator's choosing.
+    const bool loopback =
+        host == "localhost" || host == "::1" || (!bracketed && host.substr(0, 4) == "127.");
+    if (!loopback)
+      throw_invalid(key, s,
+                    "the endpoint is unauthenticated and listens on loopback only (127.x.x.x, "
+                    "[::1] or localhost): expose it through a proxy");
     a.host = std::string(host);
   }
   const bool digits = !port.empty() && port.size() <= 5 &&

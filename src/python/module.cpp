@@ -220,8 +220,8 @@ class PyOptimizer {
 
   // A group added between steps: (name, shape, dtype, requires_grad, values' address) per
   // parameter; the values (16-bit, the parameter's own) become its masters. The new ids, in order.
-  using NewParam = std::tuple<std::string, std::vector<std::int64_t>, std::string, bool,
-                              std::uintptr_t>;
+  using NewParam =
+      std::tuple<std::string, std::vector<std::int64_t>, std::string, bool, std::uintptr_t>;
   std::vector<ParamId> add_group_between_steps(const GroupConfig& cfg, std::string name,
                                                const std::vector<NewParam>& given) {
     std::vector<ParamSpec> specs;
@@ -331,14 +331,13 @@ void bind_setup(PyOptimizerClass& c) {
              return s.t().add_param(
                  g, {std::move(name), std::move(shape), parse_dtype(dt), requires_grad});
            })
-      .def(
-          "add_group_between_steps",
-          [](PyOptimizer& s, const std::string& kind, const py::dict& h, std::string name,
-             const std::vector<PyOptimizer::NewParam>& params) {
-            const GroupConfig cfg = group_config(kind, h);  // with the GIL: reads the dict
-            py::gil_scoped_release nogil;
-            return s.add_group_between_steps(cfg, std::move(name), params);
-          })
+      .def("add_group_between_steps",
+           [](PyOptimizer& s, const std::string& kind, const py::dict& h, std::string name,
+              const std::vector<PyOptimizer::NewParam>& params) {
+             const GroupConfig cfg = group_config(kind, h);  // with the GIL: reads the dict
+             py::gil_scoped_release nogil;
+             return s.add_group_between_steps(cfg, std::move(name), params);
+           })
       .def("group_step_count", [](PyOptimizer& s, int g) { return s.opt().group_step_count(g); })
       .def(
           "finalize", [](PyOptimizer& s) { s.t().finalize(); }, Release())

@@ -108,7 +108,7 @@ void SwapService::Impl::open_storage() {
   align = std::max<std::uint64_t>(4096, space->alignment());
   uuid = space->uuid();
   files.dir = cfg.swap_dirs.front();
-  clients = service::load_clients(files, uuid, align);
+  clients = service::load_clients(files, uuid, align, ::getuid());
   regions = std::make_unique<ExtentAllocator>(space->capacity() / align * align, align);
   for (auto& [k, c] : clients) {
     try {
@@ -392,8 +392,16 @@ int SwapService::Impl::check_grant(const wire::Hello& h, const std::string& key,
 // Under mu: client `key` may attach (not attached already, its memory granted by check_grant)
 // as the kind it was first, with a region; a first attach allocates the region and records the
 // client. *rec: its record.
-int SwapService::Impl::admit(const wire::Hello& h, const std::string& key, ClientRecord** rec,
-                             std::string* why) {
+int SwapService::Impl::admit(const wire::Hello& h, const std::string& key, uid_t uid,
+                             ClientRecord** rec, std::string* why) {
+  if (const auto it = clients.find(key);
+      it != clients.end() && it->second.uid != uid && uid != ::getuid()) {
+    *why = fmt::format(
+        "client {} belongs to uid {}: uid {} may not attach, read or release it (a job id of "
+        "your own gets a region of its own)",
+        key, it->second.uid, uid);
+    return EACCES;
+  }
   if (live.count(key)) {
     *why = fmt::format("client {} is already attached (pid {})", key, live[key].pid);
     return EBUSY;
@@ -437,6 +445,7 @@ int SwapService::Impl::admit(const wire::Hello& h, const std::string& key, Clien
   c.base = e->offset;
   c.bytes = e->length;
   c.raw = h.raw();
+  c.uid = uid;
   c.rebuild(align);
   const auto added = clients.emplace(key, std::move(c)).first;
   try {  // a client the registry does not name would lose its state at the service's restart
@@ -458,7 +467,11 @@ int SwapService::Impl::hello(Peer& p, const wire::Hello& h, Session& s, std::str
   std::unique_lock lk(mu);
   const bool reattached = clients.count(key) != 0;
   ClientRecord* rec = nullptr;
-  if (const int refused = admit(h, key, &rec, why); refused != 0) return refused;
+  if (const int refused = admit(h, key, p.cred.uid, &rec, why); refused != 0) {
+    log(LogLevel::warn, fmt::format("service: refused {} to pid {} of uid {}: {}", key, p.cred.pid,
+                                    p.cred.uid, *why));
+    return refused;
+  }
   // The grant and the key are taken now (a second hello for the key is refused as attached);
   // the memory is made without the lock: locking gigabytes takes seconds, and every other
   // client's completions count their traffic under it.
@@ -514,7 +527,7 @@ service::Answer SwapService::Impl::handle(const wire::Message& m, Session& s) {
       case wire::Body::Sync:
         if (!s.rec->raw)
           throw std::system_error(EPERM, std::system_category(), "sync: not a raw client");
-        space->sync();
+        sync_swap();
         a.tag = m.body_as_Sync()->tag();
         break;
       case wire::Body::Release:
@@ -612,9 +625,30 @@ std::uint64_t SwapService::Impl::get(Session& s, const wire::Get& r) {
   return b.length;
 }
 
+// fdatasync of the swap files, after checking that each is still the file at its path: one
+// deleted (rm -rf of the swap directory) or replaced would take every write acknowledged as
+// durable with it. Then nothing is acknowledged, and the log says why, at every attempt.
+void SwapService::Impl::sync_swap() {
+  for (const SwapFile& f : space->files()) {
+    struct stat open_st {
+    }, path_st{};
+    const bool linked = ::fstat(f.fd, &open_st) == 0 && open_st.st_nlink > 0 &&
+                        ::stat(f.path.c_str(), &path_st) == 0 && path_st.st_ino == open_st.st_ino &&
+                        path_st.st_dev == open_st.st_dev;
+    if (linked) continue;
+    const std::string why = fmt::format(
+        "swap file {} was deleted or replaced while the service ran: no write is durable any "
+        "more; stop the service (what its clients committed went with the file)",
+        f.path.string());
+    log(LogLevel::error, "service: " + why);
+    throw std::system_error(ENOENT, std::system_category(), why);
+  }
+  space->sync();
+}
+
 std::uint64_t SwapService::Impl::commit(Session& s) {
   ClientRecord& c = *s.rec;
-  space->sync();
+  sync_swap();
   ClientRecord next;  // the manifest is written from a copy: a failed write changes nothing
   next.job = c.job;
   next.rank = c.rank;
@@ -779,14 +813,15 @@ SwapService::SwapService(ServiceConfig cfg, int listen_fd) : impl_(std::make_uni
   Impl& m = *impl_;
   m.cfg = std::move(cfg);
   m.socket_path = m.cfg.socket.empty() ? default_service_socket() : m.cfg.socket;
+  // The budget is a cap, as in-process; above the machine's memory it caps nothing: refused
+  // before anything is made.
+  if (const std::uint64_t ram = machine_memory(); m.cfg.host_budget > ram)
+    throw std::invalid_argument(
+        fmt::format("service: host_budget {} is more than this machine's memory ({}): clients "
+                    "would be granted more shared memory than it can hold",
+                    format_bytes(m.cfg.host_budget), format_bytes(ram)));
   if (listen_fd < 0) make_socket_dir(m.socket_path, m.cfg.allow_other_users);
   m.open_storage();
-  // The budget is a cap, as in-process; above the machine's memory it caps nothing.
-  if (const std::uint64_t ram = machine_memory(); m.cfg.host_budget > ram)
-    log(LogLevel::warn,
-        fmt::format("service: host_budget {} is more than this machine's memory ({}): clients "
-                    "may be granted more shared memory than can be held",
-                    format_bytes(m.cfg.host_budget), format_bytes(ram)));
   m.huge_pages = service::shmem_huge_pages();
   if (m.huge_pages.asked && !m.huge_pages.lent)
     log(LogLevel::warn,

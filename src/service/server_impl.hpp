@@ -142,7 +142,10 @@ struct SwapService::Impl {
   void converse(Peer& p, Session& s);
   bool first_message(Peer& p, const wire::Message& m, Session& s);
   int check_grant(const wire::Hello& h, const std::string& key, std::string* why) const;
-  int admit(const wire::Hello& h, const std::string& key, ClientRecord** rec, std::string* why);
+  /// Under mu: whether client `key` may attach for `uid` (its region's owner, or the service's
+  /// own uid), is not attached already, fits (check_grant); a first attach makes its region.
+  int admit(const wire::Hello& h, const std::string& key, uid_t uid, ClientRecord** rec,
+            std::string* why);
   int hello(Peer& p, const wire::Hello& h, Session& s, std::string* why);
   /// Answers an Offer (the first and only message of its connection) with Offered, or with a
   /// Reply naming what was wrong; 0 or -errno of the send.
@@ -150,6 +153,8 @@ struct SwapService::Impl {
   service::Answer handle(const wire::Message& m, Session& s);
   std::uint64_t put(Session& s, const wire::Put& r);
   std::uint64_t get(Session& s, const wire::Get& r);
+  /// fdatasync of the swap files, refused (logged) once one was deleted or replaced.
+  void sync_swap();
   std::uint64_t commit(Session& s);
   void detach(Session& s);
   void forget(const std::string& key);  // under mu

@@ -85,7 +85,7 @@ void load_blocks(const ServiceFiles& f, const std::string& uuid, ClientRecord& c
 }  // namespace
 
 std::map<std::string, ClientRecord> load_clients(const ServiceFiles& f, const std::string& uuid,
-                                                 std::uint64_t align) {
+                                                 std::uint64_t align, std::uint32_t service_uid) {
   std::map<std::string, ClientRecord> out;
   if (!std::filesystem::exists(f.registry())) return out;
   const auto j = nlohmann::json::parse(detail::read_manifest_file(f.registry()), nullptr, false);
@@ -98,6 +98,7 @@ std::map<std::string, ClientRecord> load_clients(const ServiceFiles& f, const st
       c.base = u64(e.at("base"));
       c.bytes = u64(e.at("bytes"));
       c.raw = e.value("raw", false);
+      c.uid = e.contains("uid") ? detail::json_int<std::uint32_t>(e.at("uid")) : service_uid;
       if (!detail::valid_job_id(c.job)) corrupt(f.registry(), "bad job id '" + c.job + "'");
       load_blocks(f, uuid, c);
       try {
@@ -120,8 +121,12 @@ void save_registry(const ServiceFiles& f, const std::string& uuid,
   nlohmann::json j = {{"format", "tierswap.service"}, {"version", 1}, {"space_uuid", uuid}};
   j["clients"] = nlohmann::json::array();
   for (const auto& [k, c] : clients)
-    j["clients"].push_back(
-        {{"job", c.job}, {"rank", c.rank}, {"base", c.base}, {"bytes", c.bytes}, {"raw", c.raw}});
+    j["clients"].push_back({{"job", c.job},
+                            {"rank", c.rank},
+                            {"base", c.base},
+                            {"bytes", c.bytes},
+                            {"raw", c.raw},
+                            {"uid", c.uid}});
   detail::write_manifest_file(f.registry(), j.dump(), true, /*recycle=*/true);
 }
 

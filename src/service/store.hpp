@@ -32,6 +32,9 @@ struct ClientRecord {
   std::uint64_t bytes = 0;  ///< region size
   std::uint64_t generation = 0;
   bool raw = false;  ///< addresses its region itself (a tier manager); no blocks here
+  /// The uid that made the region: only it (and the service's own uid) may attach it, read it
+  /// or release it. A registry written before regions had owners: the service's uid.
+  std::uint32_t uid = 0;
   std::map<std::uint64_t, BlockRecord> blocks;
 
   std::string key() const { return job + "." + std::to_string(rank); }
@@ -54,9 +57,9 @@ struct ServiceFiles {
 
 /// The regions of every known client, keyed by ClientRecord::key(); blocks and generation from
 /// each client's manifest. Throws std::runtime_error naming the file when one is corrupt or of
-/// another swap space.
+/// another swap space. Records without an owner (an older registry) get `service_uid`.
 std::map<std::string, ClientRecord> load_clients(const ServiceFiles& f, const std::string& uuid,
-                                                 std::uint64_t align);
+                                                 std::uint64_t align, std::uint32_t service_uid);
 void save_registry(const ServiceFiles& f, const std::string& uuid,
                    const std::map<std::string, ClientRecord>& clients);
 void save_manifest(const ServiceFiles& f, const std::string& uuid, const ClientRecord& c);

@@ -247,13 +247,32 @@ def test_serve_makes_one_level_of_socket_directory_and_refuses_a_deeper_one(tmp_
     assert not one.exists()  # removed at the stop
 
 
-def test_serve_warns_of_a_budget_above_the_machine_s_memory(tmp_path):
+def test_serve_refuses_a_budget_above_the_machine_s_memory_and_makes_nothing(tmp_path):
     ram = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
-    svc, _ = start_service(tmp_path, budget=str(ram * 2))
-    svc.send_signal(signal.SIGTERM)
-    err = svc.communicate(timeout=60)[1]
-    assert svc.returncode == 0, err
-    assert "is more than this machine's memory" in err, err
+    swap = tmp_path / "service-swap"
+    swap.mkdir()
+    r = subprocess.run([cli_path(), "serve", "--swap-dir", str(swap), "--capacity", "512MiB",
+                        "--host-budget", str(ram * 2), "--socket", str(tmp_path / "s" / "sock"),
+                        "--no-lock"], capture_output=True, text=True, timeout=60)
+    assert r.returncode != 0
+    assert "is more than this machine's memory" in r.stderr, r.stderr
+    assert list(swap.iterdir()) == [] and not (tmp_path / "s").exists()
+
+
+def test_the_service_log_says_when_and_whom_it_refused(tmp_path):
+    """issue 61: log lines had no time, and the default level hid refusals and attaches."""
+    import re
+    svc, sock = start_service(tmp_path)
+    try:
+        r = subprocess.run([cli_path(), "release", "nosuch.0", "--socket", sock, "--timeout", "10"],
+                           capture_output=True, text=True, timeout=60)
+        assert r.returncode != 0 and "not known to this service" in r.stderr, r.stderr
+    finally:
+        svc.send_signal(signal.SIGTERM)
+        err = svc.communicate(timeout=60)[1]
+    stamp = r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z "
+    assert re.search(f"^{stamp}tierswap\\[warn\\]: service: refused nosuch.0 to pid \\d+ of uid "
+                     f"{os.getuid()}: client nosuch.0 is not known", err, re.M), err
 
 
 def start_service(tmp_path, budget="256MiB", extra=()):
@@ -263,7 +282,9 @@ def start_service(tmp_path, budget="256MiB", extra=()):
     note, note_path = notify_socket(tmp_path)
     svc = subprocess.Popen([cli_path(), "serve", "--swap-dir", str(swap), "--capacity", "512MiB",
                             "--host-budget", budget, "--socket", sock, "--no-lock", *extra],
-                           env=dict(os.environ, NOTIFY_SOCKET=note_path), stderr=subprocess.PIPE,
+                           env=dict({k: v for k, v in os.environ.items()
+                                     if k not in ("JOURNAL_STREAM", "TIERSWAP_LOG_LEVEL")},
+                                    NOTIFY_SOCKET=note_path), stderr=subprocess.PIPE,
                            text=True)
     wait_for(note, "READY=1")
     return svc, sock

@@ -71,6 +71,15 @@ void expect_same_state(ShardedOptimizer& a, ParamId ia, ShardedOptimizer& b, Par
   EXPECT_EQ(std::memcmp(a.param16(ia).data(), b.param16(ib).data(), a.param16(ia).size() * 2), 0);
 }
 
+// `r` built with one group of one parameter, initialized from `seed`; the parameter's id.
+ParamId one_param(Rig& r, const GroupConfig& g, const ParamSpec& spec, std::uint64_t seed) {
+  r.opt->add_group(g);
+  const ParamId id = r.opt->add_param(0, spec);
+  r.opt->finalize();
+  r.opt->initialize(init_from(seed));
+  return id;
+}
+
 struct Case {
   const char* name;
   GroupConfig added;
@@ -84,10 +93,7 @@ TEST_P(AddGroup, StepsAsAFreshOptimizerOfItAndLeavesTheOthersAsTheyWere) {
   const ParamSpec old_spec{"old", {kOld}, Dtype::bf16, true};
   const ParamSpec new_spec{"new", {kNew}, Dtype::bf16, true};
   Rig a(tier_config(4 * kMiB, 64 * kKiB), plain_config(c.tier));
-  a.opt->add_group(GroupConfig{});
-  const ParamId old_id = a.opt->add_param(0, old_spec);
-  a.opt->finalize();
-  a.opt->initialize(init_from(1));
+  const ParamId old_id = one_param(a, GroupConfig{}, old_spec, 1);
   for (int k = 1; k <= 3; ++k) backward_and_step(*a.opt, {{old_id, k}}, {1});
   const std::size_t subs_before = a.opt->subgroup_count();
   const std::vector<ParamSpec> added = {new_spec, {"frozen", {7}, Dtype::bf16, false}};
@@ -105,18 +111,12 @@ TEST_P(AddGroup, StepsAsAFreshOptimizerOfItAndLeavesTheOthersAsTheyWere) {
   EXPECT_EQ(a.opt->group_step_count(1), 3u);
 
   Rig old_only(tier_config(4 * kMiB, 64 * kKiB), plain_config(c.tier));
-  old_only.opt->add_group(GroupConfig{});
-  const ParamId o = old_only.opt->add_param(0, old_spec);
-  old_only.opt->finalize();
-  old_only.opt->initialize(init_from(1));
+  const ParamId o = one_param(old_only, GroupConfig{}, old_spec, 1);
   for (int k = 1; k <= 6; ++k) backward_and_step(*old_only.opt, {{o, k}}, {1});
   expect_same_state(*a.opt, old_id, *old_only.opt, o);
 
   Rig new_only(tier_config(4 * kMiB, 64 * kKiB), plain_config(c.tier));
-  new_only.opt->add_group(c.added);
-  const ParamId n = new_only.opt->add_param(0, new_spec);
-  new_only.opt->finalize();
-  new_only.opt->initialize(init_from(2));
+  const ParamId n = one_param(new_only, c.added, new_spec, 2);
   for (int k = 1; k <= 3; ++k) backward_and_step(*new_only.opt, {{n, k}}, {2});
   expect_same_state(*a.opt, new_id, *new_only.opt, n);
 }
@@ -135,10 +135,7 @@ struct Built {
   explicit Built(std::uint64_t capacity = 64 * kMiB)
       : rig(tier_config(4 * kMiB, 64 * kKiB), plain_config(OptimizerConfig::StateTier::nvme),
             capacity) {
-    rig.opt->add_group(GroupConfig{});
-    old_id = rig.opt->add_param(0, {"old", {kOld}, Dtype::bf16, true});
-    rig.opt->finalize();
-    rig.opt->initialize(init_from(1));
+    old_id = one_param(rig, GroupConfig{}, {"old", {kOld}, Dtype::bf16, true}, 1);
     for (int k = 1; k <= 2; ++k) backward_and_step(*rig.opt, {{old_id, k}}, {1});
   }
 };

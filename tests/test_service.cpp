@@ -18,8 +18,6 @@
 #include <fstream>
 #include <functional>
 #include <nlohmann/json.hpp>
-
-#include <fmt/format.h>
 #include <system_error>
 #include <thread>
 #include <utility>
@@ -1206,66 +1204,6 @@ TEST(Service, ARawClientCannotReachOutsideItsRegionOrMemory) {
   EXPECT_EQ(
       MetricsRegistry::process().render().find("tierswap_client_generation{client=\"raw.0\"}"),
       std::string::npos);
-}
-
-// issue 61: SIGSTOP on the service left a client in its step for 60 s without an error. A
-// sync with nothing else in flight waited for a reaper that was not polling, and each request
-// that woke the reaper started the timeout anew.
-TEST(Service, AStoppedServiceFailsItsClientsWithinTheirTimeout) {
-  TempDir d, mdir;
-  const auto sc = service_config(d, 8 * kMiB);
-  const pid_t svc = test::spawn_service(sc);
-  ASSERT_GT(svc, 0);
-  auto cc = client_config(sc, "stopped", 0, 2 * kMiB);
-  cc.timeout_seconds = 1;
-  {
-    ServiceStorage st(cc, mdir.path());
-    TierManager tm(st.space(), st.engine(), raw_tier_config());
-    std::vector<BlockId> ids;
-    for (int i = 0; i < 4; ++i) {
-      BlockDesc bd;
-      bd.name = fmt::format("b{}", i);
-      bd.cls = BlockClass::master;
-      bd.numel = 16 * 1024;
-      ids.push_back(tm.create(bd));
-    }
-    const auto dirty_all = [&] {
-      for (BlockId id : ids) {
-        auto v = tm.acquire(id, Tier::host, Access::write);
-        std::memset(v.data(), 1, v.bytes());
-        v.mark_dirty();
-      }
-    };
-    dirty_all();
-    tm.commit();
-    ::kill(svc, SIGSTOP);
-    // Another thread keeps writing (into the space's unused end, from shared memory) while this
-    // one waits for its write: before, each of its requests restarted this one's timeout.
-    auto v = tm.acquire(ids[0], Tier::host, Access::read);
-    const std::uint64_t spare = st.space().capacity() - 64 * kKiB;
-    std::atomic<bool> stop{false};
-    std::thread other([&] {
-      std::vector<IoTicket> kept;
-      for (int i = 0; i < 75 && !stop; ++i) {  // 15 s at most
-        kept.push_back(st.engine().write(spare + 4096 * (i % 8 + 8), v.data(), 4096));
-        std::this_thread::sleep_for(std::chrono::milliseconds(200));
-      }
-      for (auto& t : kept) (void)error_of([&] { t.wait(); });
-    });
-    const auto t0 = std::chrono::steady_clock::now();
-    const std::string why = error_of([&] { st.engine().write(spare, v.data(), 4096).wait(); });
-    const auto waited = std::chrono::steady_clock::now() - t0;
-    stop = true;
-    other.join();
-    EXPECT_FALSE(why.empty());
-    EXPECT_LT(waited, std::chrono::seconds(10)) << "the timeout is 1 s";
-    v = {};
-    dirty_all();
-    const std::string commit = error_of([&] { tm.commit(); });
-    EXPECT_NE(commit.find("service"), std::string::npos) << commit;
-  }
-  ::kill(svc, SIGKILL);
-  ::waitpid(svc, nullptr, 0);
 }
 
 // A tier manager whose service is killed fails its next transfer promptly, naming the service,

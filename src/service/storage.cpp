@@ -5,10 +5,8 @@
 #include <sys/eventfd.h>
 #include <unistd.h>
 
-#include <algorithm>
 #include <atomic>
 #include <cerrno>
-#include <chrono>
 #include <condition_variable>
 #include <cstring>
 #include <deque>
@@ -73,7 +71,6 @@ class ServiceBackend final : public detail::IoBackend {
         ready_.push_back({r, -ENOMEM});
         continue;
       }
-      if (outstanding_.empty() && syncs_waiting_ == 0) heard_ = Clock::now();
       outstanding_[r->id] = r;
     }
     if (dead_ == 0 && c_.conn->has_output())
@@ -94,10 +91,8 @@ class ServiceBackend final : public detail::IoBackend {
     int timeout = wait ? -1 : 0;
     {
       std::lock_guard lk(mu_);
-      if (wait && listening && (!outstanding_.empty() || syncs_waiting_ > 0)) {
-        timeout = std::max(1, left_ms());  // what is left since the service last answered
-        if (left_ms() <= 0) die(ETIMEDOUT);
-      }
+      if (wait && listening && (!outstanding_.empty() || syncs_waiting_ > 0))
+        timeout = c_.timeout_ms;
     }
     const int p = ::poll(fds, 2, timeout);
     if (p < 0) return errno == EINTR ? 0 : -errno;
@@ -126,15 +121,9 @@ class ServiceBackend final : public detail::IoBackend {
       die(-e);
       return e;
     }
-    if (outstanding_.empty() && syncs_waiting_ == 0) heard_ = Clock::now();
     ++syncs_waiting_;
     kick();  // the reaper may be in a poll without a timeout: let it take one now
-    // Not longer than the timeout either, should no reaper be polling (nothing else in flight).
-    while (!sync_done_.count(tag) && dead_ == 0)
-      if (cv_.wait_for(lk, std::chrono::milliseconds(std::max(1, left_ms()))) ==
-              std::cv_status::timeout &&
-          left_ms() <= 0)
-        die(ETIMEDOUT);
+    cv_.wait(lk, [&] { return sync_done_.count(tag) || dead_ != 0; });
     --syncs_waiting_;
     const auto it = sync_done_.find(tag);
     if (it == sync_done_.end()) return -dead_;
@@ -166,17 +155,6 @@ class ServiceBackend final : public detail::IoBackend {
   }
 
  private:
-  using Clock = std::chrono::steady_clock;
-
-  // Under mu_: milliseconds of the timeout left since the service last answered (or since the
-  // first request of a busy spell went out): a request waits that long at most, however many
-  // others went out meanwhile (each wakes the reaper, which used to start the timeout anew).
-  int left_ms() const {
-    const auto waited =
-        std::chrono::duration_cast<std::chrono::milliseconds>(Clock::now() - heard_).count();
-    return static_cast<int>(std::max<std::int64_t>(c_.timeout_ms - waited, 0));
-  }
-
   // Under mu_: every outstanding request fails with `err`, and every later one.
   void die(int err) {
     if (dead_ != 0) return;
@@ -226,7 +204,6 @@ class ServiceBackend final : public detail::IoBackend {
     }
     const wire::Reply* r = m->body_as_Reply();
     if (r == nullptr) return die(EPROTO);
-    heard_ = Clock::now();
     const int res_err = r->error();
     if (r->tag() & kSyncTag) {
       sync_done_[r->tag()] = res_err ? -res_err : 0;
@@ -254,8 +231,7 @@ class ServiceBackend final : public detail::IoBackend {
   std::map<std::uint64_t, int> sync_done_;
   std::uint64_t sync_seq_ = 0;
   int syncs_waiting_ = 0;
-  Clock::time_point heard_ = Clock::now();  // the service's last answer (see left_ms)
-  std::atomic<int> dead_{0};                // errno once the connection is gone (set under mu_)
+  std::atomic<int> dead_{0};  // errno once the connection is gone (set under mu_)
   std::vector<std::uint8_t> buf_;
 };
 

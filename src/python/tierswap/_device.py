@@ -17,11 +17,12 @@ the host memory standing in.
 
 import torch
 
-_DTYPE_NAMES = {torch.bfloat16: "bfloat16", torch.float16: "float16", torch.float32: "float32"}
+# The native side's names of the dtypes it takes (tierswap.torch uses this table too).
+DTYPE_NAMES = {torch.bfloat16: "bfloat16", torch.float16: "float16", torch.float32: "float32"}
 
 
 def dtype_name(dtype):
-    return _DTYPE_NAMES[dtype]
+    return DTYPE_NAMES[dtype]
 
 
 class HostParams:

@@ -107,7 +107,7 @@ from .distributed import default_communicator
 
 __all__ = ["AdamW", "Adam", "SGD", "Lion", "from_deepspeed_config"]
 
-_DTYPE_NAMES = {torch.bfloat16: "bfloat16", torch.float16: "float16", torch.float32: "float32"}
+_DTYPE_NAMES = _device.DTYPE_NAMES
 _TORCH_VERSION = tuple(int(x) for x in torch.__version__.split("+")[0].split(".")[:2])
 _TORCH_DIR = os.path.dirname(torch.__file__)
 

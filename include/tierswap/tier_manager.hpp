@@ -134,6 +134,10 @@ struct TierConfig {
   /// rank it names the region a restarted run reattaches to. Empty: derived from the swap
   /// directory's path.
   std::string service_job;
+  /// Seconds each request to the service may wait for its answer (TIERSWAP_SERVICE_TIMEOUT): a
+  /// service that does not answer in time (stopped, hung) fails the request, and the connection
+  /// is not used again.
+  double service_timeout = 30;
   /// Overrides from the environment: each setting's variable as keys() lists it (the README's
   /// configuration table). A value that does not parse throws naming the variable.
   static TierConfig from_env();

@@ -452,6 +452,7 @@ void TieredOptimizer::Impl::attach_service(std::uint64_t capacity, const TierCon
   ServiceClientConfig cc;
   cc.socket = tc.service;
   cc.job = tc.service_job;
+  cc.timeout_seconds = tc.service_timeout;
   if (cc.job.empty()) {
     const std::string where = std::filesystem::weakly_canonical(o.swap_dirs.front()).string();
     cc.job = "run-" + checksum_hex(checksum64(where.data(), where.size()));

@@ -80,6 +80,11 @@ void ServiceClient::Impl::connect() {
 }
 
 const wire::Message& ServiceClient::Impl::exchange(int* fd, const char* closed) {
+  if (const int err = conn->broken(); err != 0)
+    fail(err, err == ETIMEDOUT ? fmt::format("the service did not answer within {} s earlier; this "
+                                             "connection is not used again",
+                                             cfg.timeout_seconds)
+                               : "the connection failed earlier; it is not used again");
   if (const int r = conn->send(fb); r != 0) fail(-r, "send failed");
   const wire::Message* m = nullptr;
   std::string why;
@@ -89,7 +94,9 @@ const wire::Message& ServiceClient::Impl::exchange(int* fd, const char* closed) 
     case Connection::Status::closed:
       fail(EPIPE, closed);
     case Connection::Status::error:
-      fail(EIO, why);
+      fail(conn->broken() == ETIMEDOUT ? ETIMEDOUT : EIO,
+           why == service::kNoAnswerInTime ? fmt::format("{} ({} s)", why, cfg.timeout_seconds)
+                                           : why);
     case Connection::Status::invalid:
       fail(EPROTO, "sent an invalid message: " + why);
   }

@@ -46,8 +46,9 @@ struct ServiceClient::Impl {
   // An orderly goodbye: the service answers the end of our stream by detaching this client
   // (freeing its memory, ending its attachment) and only then closing its side, so waiting for
   // that close (at most the receive timeout) lets the same job + rank attach again at once.
+  // A connection that already failed (a service that stopped answering) is closed at once.
   ~Impl() {
-    if (conn && conn->fd() >= 0 && ::shutdown(conn->fd(), SHUT_WR) == 0) {
+    if (conn && conn->fd() >= 0 && conn->broken() == 0 && ::shutdown(conn->fd(), SHUT_WR) == 0) {
       char sink[256];
       while (::recv(conn->fd(), sink, sizeof sink, 0) > 0) {
       }

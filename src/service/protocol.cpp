@@ -51,7 +51,8 @@ Connection::Connection(Connection&& o) noexcept
       tail_(std::exchange(o.tail_, 0)),
       pending_fd_(std::exchange(o.pending_fd_, -1)),
       out_(std::move(o.out_)),
-      out_head_(std::exchange(o.out_head_, 0)) {}
+      out_head_(std::exchange(o.out_head_, 0)),
+      broken_(o.broken_.load()) {}
 
 Connection::~Connection() {
   if (sock_ >= 0) ::close(sock_);
@@ -80,7 +81,11 @@ int Connection::write_out(int flags) noexcept {
         ::send(sock_, out_.data() + out_head_, out_.size() - out_head_, MSG_NOSIGNAL | flags);
     if (w < 0 && errno == EINTR) continue;
     if (w < 0 && (errno == EAGAIN || errno == EWOULDBLOCK) && (flags & MSG_DONTWAIT)) return 1;
-    if (w < 0) return -errno;
+    if (w < 0) {
+      const int err = errno;
+      break_off(err);  // part of a frame may have gone
+      return -err;
+    }
     out_head_ += static_cast<std::size_t>(w);
   }
   out_.clear();
@@ -127,7 +132,11 @@ int Connection::send(flatbuffers::FlatBufferBuilder& fb, int fd) noexcept {
   while (done < total) {
     ssize_t w = ::sendmsg(sock_, &mh, MSG_NOSIGNAL);
     if (w < 0 && errno == EINTR) continue;
-    if (w < 0) return -errno;
+    if (w < 0) {
+      const int err = errno;
+      break_off(err);
+      return -err;
+    }
     done += static_cast<std::size_t>(w);
     // The descriptor went with the first bytes; send the rest plainly.
     mh.msg_control = nullptr;
@@ -222,13 +231,18 @@ Connection::Status Connection::receive(std::vector<std::uint8_t>& buf, const wir
   if (fd) *fd = -1;
   std::uint32_t n = 0;
   const int r = await_frame(&n);
-  if (r == 0) return Status::closed;
+  if (r == 0) {
+    break_off(EPIPE);
+    return Status::closed;
+  }
   if (r == -EMSGSIZE) {
     *why = fmt::format("message length {} (8..{} allowed)", n, kMaxMessageBytes);
+    break_off(EPROTO);
     return Status::invalid;
   }
   if (r < 0) {
     *why = r == -EAGAIN ? kNoAnswerInTime : std::strerror(-r);
+    break_off(r == -EAGAIN ? ETIMEDOUT : -r);
     return Status::error;
   }
   buf.assign(in_.begin() + static_cast<std::ptrdiff_t>(head_ + 4),
@@ -243,7 +257,10 @@ Connection::Status Connection::receive(std::vector<std::uint8_t>& buf, const wir
   }
   if (!m || !fd) {
     if (passed >= 0) ::close(passed);
-    if (!m) return Status::invalid;
+    if (!m) {
+      break_off(EPROTO);
+      return Status::invalid;
+    }
   } else {
     *fd = passed;
   }

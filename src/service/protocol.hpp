@@ -4,6 +4,8 @@
 // (flatbuffers::Verifier, file identifier) and in sequence before anyone reads a field.
 #pragma once
 
+#include <atomic>
+#include <cerrno>
 #include <cstdint>
 #include <exception>
 #include <string>
@@ -68,6 +70,14 @@ class Connection {
   /// receive() reads as much as the socket has, so requests and answers sent back to back
   /// arrive with one read.
   bool buffered() const noexcept;
+  /// 0, or the errno with which the connection stopped being usable: a receive that failed or
+  /// timed out (an answer may still arrive, out of step with the next request), a send that
+  /// failed, or break_off(). Nothing is sent or received on it after that.
+  int broken() const noexcept { return broken_.load(); }
+  void break_off(int err) noexcept {
+    int none = 0;
+    broken_.compare_exchange_strong(none, err ? err : EIO);
+  }
 
  private:
   int await_frame(std::uint32_t* n);
@@ -79,6 +89,7 @@ class Connection {
   int pending_fd_ = -1;            // a descriptor received with bytes not yet taken
   std::vector<std::uint8_t> out_;  // queued frames: out_[out_head_, end) not yet sent
   std::size_t out_head_ = 0;
+  std::atomic<int> broken_{0};
 };
 
 /// What a Reply carries: `error` (0 or errno) with its `message`, or a `value` and `text`; `tag`

@@ -159,6 +159,7 @@ class ServiceBackend final : public detail::IoBackend {
   void die(int err) {
     if (dead_ != 0) return;
     dead_ = err;
+    c_.conn->break_off(err);  // the client's own requests (release, status) fail at once too
     log(LogLevel::error,
         fmt::format("tierswap service {}: {}: {} request(s) fail", c_.path.string(),
                     err == ETIMEDOUT ? "no answer within the timeout" : "connection lost",

@@ -94,6 +94,9 @@ void TierConfig::validate() const {
   if (device_mode == DeviceTierMode::simulated && device_budget == 0)
     throw_invalid("device_budget", "0",
                   "the simulated device tier needs a capacity (TIERSWAP_DEVICE_BUDGET)");
+  if (!(service_timeout > 0) || service_timeout > 86400)
+    throw_invalid("service_timeout", std::to_string(service_timeout),
+                  "must be in (0, 86400] seconds");
   if (lookahead < 1 || lookahead > 4096)
     throw_invalid("lookahead", std::to_string(lookahead), "must be in 1..4096");
 }
@@ -111,7 +114,7 @@ using Field = detail::ConfigField<TierConfig>;
 using detail::bool_field;
 
 // Every setting of TierConfig, in the README's order.
-const std::array<Field, 16> kFields = {{
+const std::array<Field, 17> kFields = {{
     detail::size_field<TierConfig, &TierConfig::host_budget>("host_budget", "TIERSWAP_HOST_BUDGET"),
     detail::size_field<TierConfig, &TierConfig::host_slab_size>("host_slab_size",
                                                                 "TIERSWAP_HOST_SLAB"),
@@ -135,14 +138,8 @@ const std::array<Field, 16> kFields = {{
      }},
     detail::size_field<TierConfig, &TierConfig::device_budget>("device_budget",
                                                                "TIERSWAP_DEVICE_BUDGET"),
-    {"simulated_device_gbps", "TIERSWAP_SIM_DEVICE_GBPS",
-     [](TierConfig& c, const nlohmann::json& v, const std::string& k) {
-       if (!v.is_number()) throw_invalid(k, v.dump(), "expected a number (GB/s)");
-       c.simulated_device_gbps = v.get<double>();
-     },
-     [](TierConfig& c, const char* n) {
-       c.simulated_device_gbps = detail::env_double(n, c.simulated_device_gbps);
-     }},
+    detail::number_field<TierConfig, &TierConfig::simulated_device_gbps>(
+        "simulated_device_gbps", "TIERSWAP_SIM_DEVICE_GBPS"),
     detail::size_field<TierConfig, &TierConfig::max_dirty_bytes>("max_dirty_bytes",
                                                                  "TIERSWAP_MAX_DIRTY"),
     detail::count_field<TierConfig, &TierConfig::lookahead>("lookahead", "TIERSWAP_LOOKAHEAD"),
@@ -174,6 +171,8 @@ const std::array<Field, 16> kFields = {{
      [](TierConfig& c, const char* n) {
        if (const char* v = std::getenv(n)) c.service_job = v;
      }},
+    detail::number_field<TierConfig, &TierConfig::service_timeout>("service_timeout",
+                                                                   "TIERSWAP_SERVICE_TIMEOUT"),
 }};
 
 }  // namespace

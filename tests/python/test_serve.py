@@ -519,3 +519,48 @@ def test_bench_io_through_the_service_refuses_the_service_s_own_settings(tmp_pat
     r = subprocess.run([cli_path(), "bench", "io", "--service", str(tmp_path / "none.sock"),
                         "--size", "1MiB"] + extra, capture_output=True, text=True, timeout=60)
     assert r.returncode != 0 and named in r.stderr and "tierswap serve" in r.stderr, r.stderr
+
+
+def test_a_stopped_service_fails_its_client_within_its_timeout(tmp_path):
+    """SIGSTOP on the service (a hung service): the client's step fails with ETIMEDOUT after its
+    timeout (TIERSWAP_SERVICE_TIMEOUT), and closing the optimizer does not wait for the service a
+    second time (before, the release and the goodbye each waited the timeout again)."""
+    import sys
+
+    svc, sock = start_service(tmp_path)
+    child = (
+        "import sys, time\n"
+        "import tierswap.torch as tt\n"
+        "from tierswap import tinylm\n"
+        "model = tinylm.make_model()\n"
+        "opt = tt.AdamW(tinylm.param_groups(model), swap_dir=sys.argv[2], host_budget='16MiB',\n"
+        "               state_tier='nvme', telemetry=False, service=sys.argv[1], service_job='hung')\n"
+        "try:\n"
+        "    while True:\n"
+        "        tinylm.train_tierswap(model, opt, 1, total=1)\n"
+        "        print('stepped', flush=True)\n"
+        "except Exception as e:\n"
+        "    print('failed:', e, flush=True)\n"
+        "failed = time.monotonic()\n"
+        "opt.close()\n"
+        "print('closed after', time.monotonic() - failed, flush=True)\n")
+    (tmp_path / "job").mkdir()
+    timeout = 8
+    client = subprocess.Popen([sys.executable, "-c", child, sock, str(tmp_path / "job")],
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                              env=dict(os.environ, TIERSWAP_SERVICE_TIMEOUT=str(timeout)))
+    try:
+        assert client.stdout.readline() == "stepped\n", client.stderr.read()
+        svc.send_signal(signal.SIGSTOP)
+        out, err = client.communicate(timeout=10 * timeout)
+        assert client.returncode == 0, err
+        failed = [line for line in out.splitlines() if line.startswith("failed:")]
+        assert failed and "Connection timed out" in failed[0], out + err
+        closed = float(out.splitlines()[-1].split()[-1])
+        assert closed < timeout, (closed, err)  # the close did not wait for the service again
+        assert f"did not answer within {timeout} s earlier" in err, err
+    finally:
+        client.kill()
+        svc.send_signal(signal.SIGCONT)
+        svc.terminate()
+        assert svc.wait(timeout=30) == 0

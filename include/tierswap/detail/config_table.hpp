@@ -168,4 +168,15 @@ ConfigField<C> count_field(std::string_view key, std::string_view env) {
           }};
 }
 
+/// A real number (its range is the struct's validate()'s to check).
+template <class C, double C::*M>
+ConfigField<C> number_field(std::string_view key, std::string_view env) {
+  return {key, env,
+          [](C& c, const nlohmann::json& v, const std::string& k) {
+            if (!v.is_number()) throw_invalid(k, v.dump(), "expected a number");
+            c.*M = v.get<double>();
+          },
+          [](C& c, const char* n) { c.*M = env_double(n, c.*M); }};
+}
+
 }  // namespace tierswap::detail

@@ -150,6 +150,13 @@ def _tier_config(telemetry, durable, service, service_job):
         job = os.environ.get("TIERSWAP_SERVICE_JOB") if service_job is None else service_job
         if job:
             cfg["service_job"] = str(job)
+        timeout = os.environ.get("TIERSWAP_SERVICE_TIMEOUT")
+        if timeout:
+            try:
+                cfg["service_timeout"] = float(timeout)
+            except ValueError:
+                raise ValueError(f"TIERSWAP_SERVICE_TIMEOUT={timeout!r}: expected seconds, "
+                                 "a number") from None
     return cfg
 
 

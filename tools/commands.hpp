@@ -3,6 +3,7 @@
 #pragma once
 
 #include <CLI/CLI.hpp>
+#include <cmath>
 #include <cstdio>
 #include <filesystem>
 #include <string>
@@ -21,6 +22,19 @@ inline const CLI::Validator kOutputFile(
       return path + ": its directory " + dir.string() + " does not exist";
     },
     "FILE");
+
+/// A duration option's check: a finite number of seconds, above 0 (or from 0 with `zero_ok`).
+inline CLI::Validator seconds_validator(bool zero_ok) {
+  return CLI::Validator(
+      [zero_ok](std::string& v) -> std::string {
+        double x = 0;
+        const bool ok =
+            CLI::detail::lexical_cast(v, x) && std::isfinite(x) && (zero_ok ? x >= 0 : x > 0);
+        return ok ? ""
+                  : "'" + v + "': expected a number of seconds " + (zero_ok ? "from 0" : "above 0");
+      },
+      "SECONDS");
+}
 
 /// `tierswap bench io ...`
 void add_bench_io(CLI::App& bench);

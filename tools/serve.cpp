@@ -34,6 +34,7 @@ struct ServeOptions {
   std::string capacity, host_budget = "1GiB", quota, pageable_quota, pageable_budget, socket,
                         metrics;
   bool allow_other_users = false, no_lock = false;
+  double drain_seconds = 30;
 };
 
 int inherited_socket() {
@@ -92,6 +93,7 @@ void run_serve(const ServeOptions& o) {
   sigwait(&set, &sig);
   sd_notify(0, "STOPPING=1");
   fmt::print(stderr, "tierswap serve: signal {}: stopping\n", sig);
+  service.stop(o.drain_seconds);
 }
 
 struct ReleaseOptions {
@@ -149,14 +151,7 @@ void add_release(CLI::App& app) {
                 "dir>/service.sock)");
   r->add_option("--timeout", o->timeout, "Seconds to wait for the service")
       ->capture_default_str()
-      ->check(CLI::Validator(
-          [](std::string& v) -> std::string {
-            double x = 0;
-            return CLI::detail::lexical_cast(v, x) && x > 0 && std::isfinite(x)
-                       ? ""
-                       : "'" + v + "': expected a number of seconds above 0";
-          },
-          "SECONDS"));
+      ->check(seconds_validator(false));
   r->callback([o] { run_release(*o); });
 }
 
@@ -184,6 +179,11 @@ void add_serve(CLI::App& app) {
   s->add_flag("--allow-other-users", o->allow_other_users,
               "Accept clients of other uids (the socket becomes world-connectable)");
   s->add_flag("--no-lock", o->no_lock, "Do not mlock the clients' shared memory");
+  s->add_option("--drain-seconds", o->drain_seconds,
+                "At SIGTERM: how long attached clients may take to reach their next commit "
+                "before they are cut off")
+      ->capture_default_str()
+      ->check(seconds_validator(true));
   s->callback([o] { run_serve(*o); });
 }
 

@@ -80,6 +80,14 @@ class SwapService {
   const std::filesystem::path& socket_path() const noexcept;
   /// Clients, budget and traffic as JSON (what `tierswap serve --status` prints).
   std::string status_json() const;
+  /// A graceful stop (SIGTERM): new clients are refused (ESHUTDOWN, "the service is stopping"),
+  /// and each attached client is served until its state is committed: a client that has written
+  /// since its last commit (Sync, or Commit) goes on to its next one, then its next request is
+  /// refused with ESHUTDOWN and its session ends; one that has not is refused at its next
+  /// request. Returns when no client is attached, or after `drain_seconds`, logging each client
+  /// still attached then (the destructor cuts them off): how many those are. Call before the
+  /// destructor; a second call returns 0 at once.
+  std::size_t stop(double drain_seconds);
 
  private:
   struct Impl;
@@ -96,6 +104,10 @@ struct ServiceClientConfig {
   std::uint64_t region_bytes = 0;  ///< NVMe bytes asked for at the first attach
   /// How long a request may wait for the service before failing (a killed or hung service).
   double timeout_seconds = 30;
+  /// How long attaching waits for a service that is not there yet or is going (restarting: its
+  /// socket missing or refusing, or it refused the hello because it is stopping), trying again
+  /// every half second; 0: fail at once.
+  double wait_seconds = 0;
   /// A raw client (a tier manager, through ServiceStorage) addresses its region itself; a block
   /// client uses put/get/commit/discard. Fixed at the first attach of job + rank.
   bool raw = false;
@@ -123,8 +135,9 @@ struct ServiceOffer {
 /// Asks the service at `socket` (empty: default_service_socket()) for its offer to a client
 /// sharing the budget with `share` - 1 others (share >= 1). Throws std::system_error naming the
 /// socket when it cannot connect, gets no answer within the timeout, or is refused.
+/// `wait_seconds`: as ServiceClientConfig::wait_seconds.
 ServiceOffer service_offer(const std::filesystem::path& socket, std::uint32_t share,
-                           double timeout_seconds = 30);
+                           double timeout_seconds = 30, double wait_seconds = 0);
 
 /// A connection to the service. Every call throws std::system_error with the service's reason
 /// (or "service <socket> closed the connection" / "no answer within the timeout") on failure.
@@ -160,7 +173,7 @@ class ServiceClient {
 
  private:
   friend class ServiceStorage;
-  friend ServiceOffer service_offer(const std::filesystem::path&, std::uint32_t, double);
+  friend ServiceOffer service_offer(const std::filesystem::path&, std::uint32_t, double, double);
   struct Impl;
   std::unique_ptr<Impl> impl_;
 };

@@ -138,6 +138,9 @@ struct TierConfig {
   /// service that does not answer in time (stopped, hung) fails the request, and the connection
   /// is not used again.
   double service_timeout = 30;
+  /// Seconds attaching waits for a service that is restarting or stopping (its socket missing
+  /// or refusing, or a hello refused with ESHUTDOWN; TIERSWAP_SERVICE_WAIT); 0: fail at once.
+  double service_wait = 0;
   /// Overrides from the environment: each setting's variable as keys() lists it (the README's
   /// configuration table). A value that does not parse throws naming the variable.
   static TierConfig from_env();

@@ -283,7 +283,7 @@ ServiceOffer TieredOptimizer::Impl::fit_to_service(TierConfig& tc, OptimizerConf
                                                    bool auto_subgroup, std::uint64_t bpe,
                                                    std::uint64_t blocks) const {
   const std::uint32_t share = local_ranks();
-  const ServiceOffer offer = service_offer(tc.service, share);
+  const ServiceOffer offer = service_offer(tc.service, share, tc.service_timeout, tc.service_wait);
   if (attach_bytes(tc) <= offer.bytes) return offer;
   const std::uint64_t slab_cap = std::bit_floor(std::max<std::uint64_t>(offer.bytes / 8, 4096));
   const std::uint64_t slack = 2 * std::min(tc.host_slab_size, slab_cap);
@@ -453,6 +453,7 @@ void TieredOptimizer::Impl::attach_service(std::uint64_t capacity, const TierCon
   cc.socket = tc.service;
   cc.job = tc.service_job;
   cc.timeout_seconds = tc.service_timeout;
+  cc.wait_seconds = tc.service_wait;
   if (cc.job.empty()) {
     const std::string where = std::filesystem::weakly_canonical(o.swap_dirs.front()).string();
     cc.job = "run-" + checksum_hex(checksum64(where.data(), where.size()));

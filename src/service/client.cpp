@@ -6,12 +6,15 @@
 #include <sys/un.h>
 #include <unistd.h>
 
+#include <chrono>
 #include <cstdlib>
 #include <cstring>
 #include <system_error>
+#include <thread>
 
 #include "src/service/client_impl.hpp"
 #include "src/service/shared_memory.hpp"
+#include "tierswap/log.hpp"
 #include "tierswap/process_config.hpp"
 #include "tierswap/service.hpp"
 #include "tierswap/telemetry.hpp"
@@ -25,44 +28,81 @@ std::filesystem::path default_service_socket() {
   return default_runtime_dir() / "service.sock";
 }
 
+namespace {
+
+// Whether attaching may be tried again: the service is restarting (its socket gone or not
+// accepting yet) or stopping.
+bool service_is_away(const std::system_error& e) {
+  const int err = e.code().value();
+  return err == ENOENT || err == ECONNREFUSED || err == ESHUTDOWN;
+}
+
+// attempt(), tried again every half second for up to `wait_seconds` while the service is away.
+template <class F>
+decltype(auto) waiting_for_service(double wait_seconds, F&& attempt) {
+  const auto until = std::chrono::steady_clock::now() +
+                     std::chrono::duration_cast<std::chrono::steady_clock::duration>(
+                         std::chrono::duration<double>(wait_seconds));
+  for (bool said = false;; said = true) {
+    try {
+      return attempt();
+    } catch (const std::system_error& e) {
+      if (!service_is_away(e) || std::chrono::steady_clock::now() >= until) throw;
+      if (!said)
+        log(LogLevel::warn, fmt::format("{}; waiting up to {:g} s for the service "
+                                        "(TIERSWAP_SERVICE_WAIT)",
+                                        e.what(), wait_seconds));
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(500));
+  }
+}
+
+}  // namespace
+
 ServiceOffer service_offer(const std::filesystem::path& socket, std::uint32_t share,
-                           double timeout_seconds) {
-  ServiceClient::Impl m;
-  m.path = socket.empty() ? default_service_socket() : socket;
-  if (share == 0) m.fail(EINVAL, "offer: share must be at least 1");
-  if (!(timeout_seconds > 0)) m.fail(EINVAL, "offer: the timeout must be positive");
-  m.cfg.timeout_seconds = timeout_seconds;
-  m.connect();
-  m.fb.Finish(m.conn->message(m.fb, wire::Body::Offer,
-                              wire::CreateOffer(m.fb, service::kProtocolVersion, share).Union()),
-              wire::MessageIdentifier());
-  // A service older than the Offer (protocol 3) drops a first message that is not a Hello.
-  const wire::Message& msg =
-      m.exchange(nullptr,
-                 "closed the connection without answering the offer: a service older than this "
-                 "client (protocol 3) does so; run `tierswap serve` of this version, or give the "
-                 "rank a host_budget (then it asks no offer)");
-  if (const auto* r = msg.body_as_Reply())
-    m.fail(r->error() ? r->error() : EPROTO,
-           "offer refused: " + (r->message() ? r->message()->str() : std::string()));
-  const auto* o = msg.body_as_Offered();
-  if (!o) m.fail(EPROTO, "offer answered with " + std::string(wire::EnumNameBody(msg.body_type())));
-  const ServiceOffer out{o->bytes(),         o->budget(),         o->free(),
-                         o->quota(),         o->pageable_bytes(), o->pageable_budget(),
-                         o->pageable_free(), o->pageable_quota()};
-  const auto consistent = [](std::uint64_t bytes, std::uint64_t budget, std::uint64_t free,
-                             std::uint64_t quota) {
-    return bytes % 4096 == 0 && bytes <= free && bytes <= quota && free <= budget &&
-           quota <= budget;
-  };
-  if (!consistent(out.bytes, out.budget, out.free, out.quota) ||
-      (out.pageable_bytes != ServiceOffer::kUnknown &&
-       !consistent(out.pageable_bytes, out.pageable_budget, out.pageable_free, out.pageable_quota)))
-    m.fail(EPROTO, fmt::format("offer answered with inconsistent figures: {} of a {} budget, {} "
-                               "free, quota {}; pageable {} of {}, {} free, quota {}",
-                               out.bytes, out.budget, out.free, out.quota, out.pageable_bytes,
-                               out.pageable_budget, out.pageable_free, out.pageable_quota));
-  return out;
+                           double timeout_seconds, double wait_seconds) {
+  if (!(wait_seconds >= 0))
+    throw std::invalid_argument("service_offer: wait_seconds must be 0 or more");
+  return waiting_for_service(wait_seconds, [&] {  // one offer asked and checked
+    ServiceClient::Impl m;
+    m.path = socket.empty() ? default_service_socket() : socket;
+    if (share == 0) m.fail(EINVAL, "offer: share must be at least 1");
+    if (!(timeout_seconds > 0)) m.fail(EINVAL, "offer: the timeout must be positive");
+    m.cfg.timeout_seconds = timeout_seconds;
+    m.connect();
+    m.fb.Finish(m.conn->message(m.fb, wire::Body::Offer,
+                                wire::CreateOffer(m.fb, service::kProtocolVersion, share).Union()),
+                wire::MessageIdentifier());
+    // A service older than the Offer (protocol 3) drops a first message that is not a Hello.
+    const wire::Message& msg =
+        m.exchange(nullptr,
+                   "closed the connection without answering the offer: a service older than this "
+                   "client (protocol 3) does so; run `tierswap serve` of this version, or give the "
+                   "rank a host_budget (then it asks no offer)");
+    if (const auto* r = msg.body_as_Reply())
+      m.fail(r->error() ? r->error() : EPROTO,
+             "offer refused: " + (r->message() ? r->message()->str() : std::string()));
+    const auto* o = msg.body_as_Offered();
+    if (!o)
+      m.fail(EPROTO, "offer answered with " + std::string(wire::EnumNameBody(msg.body_type())));
+    const ServiceOffer out{o->bytes(),         o->budget(),         o->free(),
+                           o->quota(),         o->pageable_bytes(), o->pageable_budget(),
+                           o->pageable_free(), o->pageable_quota()};
+    const auto consistent = [](std::uint64_t bytes, std::uint64_t budget, std::uint64_t free,
+                               std::uint64_t quota) {
+      return bytes % 4096 == 0 && bytes <= free && bytes <= quota && free <= budget &&
+             quota <= budget;
+    };
+    if (!consistent(out.bytes, out.budget, out.free, out.quota) ||
+        (out.pageable_bytes != ServiceOffer::kUnknown &&
+         !consistent(out.pageable_bytes, out.pageable_budget, out.pageable_free,
+                     out.pageable_quota)))
+      m.fail(EPROTO, fmt::format("offer answered with inconsistent figures: {} of a {} budget, {} "
+                                 "free, quota {}; pageable {} of {}, {} free, quota {}",
+                                 out.bytes, out.budget, out.free, out.quota, out.pageable_bytes,
+                                 out.pageable_budget, out.pageable_free, out.pageable_quota));
+    return out;
+  });
 }
 
 void ServiceClient::Impl::connect() {
@@ -84,7 +124,8 @@ const wire::Message& ServiceClient::Impl::exchange(int* fd, const char* closed) 
     fail(err, err == ETIMEDOUT ? fmt::format("the service did not answer within {} s earlier; this "
                                              "connection is not used again",
                                              cfg.timeout_seconds)
-                               : "the connection failed earlier; it is not used again");
+              : err == ESHUTDOWN ? "the service is stopping; this connection is not used again"
+                                 : "the connection failed earlier; it is not used again");
   if (const int r = conn->send(fb); r != 0) fail(-r, "send failed");
   const wire::Message* m = nullptr;
   std::string why;
@@ -116,11 +157,23 @@ const wire::Reply& ServiceClient::Impl::request(wire::Body type, flatbuffers::Of
 }
 
 ServiceClient::ServiceClient(ServiceClientConfig cfg) : impl_(std::make_unique<Impl>()) {
-  Impl& m = *impl_;
-  m.cfg = std::move(cfg);
-  m.path = m.cfg.socket.empty() ? default_service_socket() : m.cfg.socket;
-  if (!(m.cfg.timeout_seconds > 0))
+  impl_->cfg = std::move(cfg);
+  impl_->path = impl_->cfg.socket.empty() ? default_service_socket() : impl_->cfg.socket;
+  if (!(impl_->cfg.timeout_seconds > 0))
     throw std::invalid_argument("ServiceClientConfig::timeout_seconds: must be positive");
+  if (!(impl_->cfg.wait_seconds >= 0))
+    throw std::invalid_argument("ServiceClientConfig::wait_seconds: must be 0 or more");
+  waiting_for_service(impl_->cfg.wait_seconds, [&] {
+    impl_->conn.reset();
+    impl_->attach();
+  });
+  if (impl_->cfg.release_when_detached) release();  // takes effect at the detach
+}
+
+// Connects, says hello, and maps the shared memory the welcome comes with.
+void ServiceClient::Impl::attach() {
+  Impl& m = *this;
+  m.fb.Clear();
   m.connect();
   const auto job = m.fb.CreateString(m.cfg.job);
   const auto h =
@@ -160,7 +213,6 @@ ServiceClient::ServiceClient(ServiceClientConfig cfg) : impl_(std::make_unique<I
   m.space_uuid = w->space_uuid() ? w->space_uuid()->str() : std::string();
   if (m.alignment == 0 || (m.alignment & (m.alignment - 1)) != 0 || m.alignment > 1u << 20)
     m.fail(EPROTO, fmt::format("welcome with alignment {}", m.alignment));
-  if (m.cfg.release_when_detached) release();  // takes effect at the detach
 }
 
 ServiceClient::~ServiceClient() = default;

@@ -39,6 +39,7 @@ struct ServiceClient::Impl {
                             fmt::format("tierswap service {}: {}", path.string(), what));
   }
   void connect();
+  void attach();
   // Sends the finished message and returns the verified answer (a Reply unless `welcome`).
   // `closed`: what a connection closed instead of an answer means here.
   const wire::Message& exchange(int* fd = nullptr, const char* closed = "closed the connection");

@@ -269,6 +269,19 @@ Connection::Status Connection::receive(std::vector<std::uint8_t>& buf, const wir
   return Status::ok;
 }
 
+std::uint64_t tag_of(const wire::Message& m) {
+  switch (m.body_type()) {
+    case wire::Body::Sync:
+      return m.body_as_Sync()->tag();
+    case wire::Body::Read:
+      return m.body_as_Read()->tag();
+    case wire::Body::Write:
+      return m.body_as_Write()->tag();
+    default:
+      return 0;
+  }
+}
+
 void build_reply(Connection& c, flatbuffers::FlatBufferBuilder& fb, const Answer& a) {
   const auto msg = fb.CreateString(a.message);
   const auto txt = fb.CreateString(a.text);

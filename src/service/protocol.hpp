@@ -106,6 +106,9 @@ struct Answer {
 /// the exception's message.
 Answer error_answer(std::exception_ptr err, std::uint64_t tag = 0);
 
+/// The tag a request carries for its answer (Read, Write, Sync; 0 for the others).
+std::uint64_t tag_of(const wire::Message& m);
+
 /// Builds `a` as the next message of `c` in `fb` (finished, not sent).
 void build_reply(Connection& c, flatbuffers::FlatBufferBuilder& fb, const Answer& a);
 

@@ -274,18 +274,30 @@ void SwapService::Impl::converse(Peer& p, Session& s) {
           fmt::format("service: dropped {}: unexpected {}", s.key, wire::EnumNameBody(type)));
       return;
     }
+    if (stopping.load() && done_when_stopping(s, type)) return refuse_stopping(s, *m);
+    if (type == wire::Body::Write || type == wire::Body::Put) ++s.writes_since_commit;
     if (type == wire::Body::Read || type == wire::Body::Write) {
       if (!queue_raw(s, *m)) return;
       continue;
     }
     if (!drain_raw(s)) return;  // everything before it first (a Sync covers those writes)
-    if (s.out->send(handle(*m, s)) != 0) return;
+    const service::Answer a = handle(*m, s);
+    if (a.error == 0 &&
+        (type == wire::Body::Sync || type == wire::Body::Commit || type == wire::Body::Discard))
+      s.writes_since_commit = 0;
+    if (s.out->send(a) != 0) return;
   }
 }
 
 // Before a hello: an Offer is answered and the connection ends; a Hello attaches (or is refused
 // with the reason, and the connection ends); anything else drops it. Whether to go on.
 bool SwapService::Impl::first_message(Peer& p, const wire::Message& m, Session& s) {
+  if (stopping.load()) {  // a hello or an offer: refused, with the reason
+    log(LogLevel::info,
+        fmt::format("service: stopping: refused pid {} of uid {}", p.cred.pid, p.cred.uid));
+    s.out->send(stopping_answer());
+    return false;
+  }
   if (const auto* o = m.body_as_Offer()) {
     offer(p, *o);
     return false;
@@ -508,12 +520,6 @@ int SwapService::Impl::hello(Peer& p, const wire::Hello& h, Session& s, std::str
   return p.conn.send(fb, s.mem->fd) == 0 ? 0 : EPIPE;
 }
 
-namespace {
-std::uint64_t tag_of(const wire::Message& m) {
-  return m.body_type() == wire::Body::Sync ? m.body_as_Sync()->tag() : 0;
-}
-}  // namespace
-
 service::Answer SwapService::Impl::handle(const wire::Message& m, Session& s) {
   service::Answer a;
   try {
@@ -554,7 +560,7 @@ service::Answer SwapService::Impl::handle(const wire::Message& m, Session& s) {
         throw std::system_error(EPROTO, std::system_category(), "unexpected message");
     }
   } catch (...) {
-    return service::error_answer(std::current_exception(), tag_of(m));
+    return service::error_answer(std::current_exception(), service::tag_of(m));
   }
   return a;
 }

@@ -121,6 +121,7 @@ struct SwapService::Impl {
     int registered = -1;   // the locked memory as the engine's fixed buffers (-1: not)
     bool busy = false;     // counted in busy_clients
     bool release = false;  // forget the client at the disconnect
+    std::uint64_t writes_since_commit = 0;  // Write and Put requests since its last Sync/Commit
   };
   // ---- raw I/O: each busy client's share of the engine's queue (raw_io.cpp) ----
   std::uint64_t queue_bytes = 0;               // the engine's depth x block size
@@ -160,6 +161,15 @@ struct SwapService::Impl {
   void forget(const std::string& key);  // under mu
   std::string status() const;
   void fill_metrics(MetricsWriter& w) const;
+  // ---- a graceful stop (stop.cpp) ----
+  std::atomic<bool> stopping{false};
+  /// While stopping: whether a request of `type` finds the session done (at a commit: nothing
+  /// written since its last one) and is refused instead of served.
+  static bool done_when_stopping(const Session& s, wire::Body type);
+  /// Refuses `m` (ESHUTDOWN, the reason) after the session's raw I/O completes; the session ends.
+  void refuse_stopping(Session& s, const wire::Message& m);
+  /// The refusal of a hello or an offer while stopping.
+  static service::Answer stopping_answer(std::uint64_t tag = 0);
 };
 
 }  // namespace tierswap

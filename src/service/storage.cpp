@@ -162,7 +162,9 @@ class ServiceBackend final : public detail::IoBackend {
     c_.conn->break_off(err);  // the client's own requests (release, status) fail at once too
     log(LogLevel::error,
         fmt::format("tierswap service {}: {}: {} request(s) fail", c_.path.string(),
-                    err == ETIMEDOUT ? "no answer within the timeout" : "connection lost",
+                    err == ETIMEDOUT    ? "no answer within the timeout"
+                    : err == ESHUTDOWN ? "the service is stopping"
+                                       : "connection lost",
                     outstanding_.size()));
     for (auto& [id, r] : outstanding_) ready_.push_back({r, -err});
     outstanding_.clear();
@@ -206,6 +208,11 @@ class ServiceBackend final : public detail::IoBackend {
     const wire::Reply* r = m->body_as_Reply();
     if (r == nullptr) return die(EPROTO);
     const int res_err = r->error();
+    if (res_err == ESHUTDOWN) {  // the service is going: this request and every later one fail
+      log(LogLevel::error, fmt::format("tierswap service {}: {}", c_.path.string(),
+                                       r->message() ? r->message()->str() : "stopping"));
+      return die(ESHUTDOWN);
+    }
     if (r->tag() & kSyncTag) {
       sync_done_[r->tag()] = res_err ? -res_err : 0;
       cv_.notify_all();

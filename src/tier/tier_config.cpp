@@ -97,6 +97,8 @@ void TierConfig::validate() const {
   if (!(service_timeout > 0) || service_timeout > 86400)
     throw_invalid("service_timeout", std::to_string(service_timeout),
                   "must be in (0, 86400] seconds");
+  if (!(service_wait >= 0) || service_wait > 86400)
+    throw_invalid("service_wait", std::to_string(service_wait), "must be in [0, 86400] seconds");
   if (lookahead < 1 || lookahead > 4096)
     throw_invalid("lookahead", std::to_string(lookahead), "must be in 1..4096");
 }
@@ -114,7 +116,7 @@ using Field = detail::ConfigField<TierConfig>;
 using detail::bool_field;
 
 // Every setting of TierConfig, in the README's order.
-const std::array<Field, 17> kFields = {{
+const std::array<Field, 18> kFields = {{
     detail::size_field<TierConfig, &TierConfig::host_budget>("host_budget", "TIERSWAP_HOST_BUDGET"),
     detail::size_field<TierConfig, &TierConfig::host_slab_size>("host_slab_size",
                                                                 "TIERSWAP_HOST_SLAB"),
@@ -173,6 +175,8 @@ const std::array<Field, 17> kFields = {{
      }},
     detail::number_field<TierConfig, &TierConfig::service_timeout>("service_timeout",
                                                                    "TIERSWAP_SERVICE_TIMEOUT"),
+    detail::number_field<TierConfig, &TierConfig::service_wait>("service_wait",
+                                                                "TIERSWAP_SERVICE_WAIT"),
 }};
 
 }  // namespace

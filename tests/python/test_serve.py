@@ -276,10 +276,12 @@ def test_the_service_log_says_when_and_whom_it_refused(tmp_path):
 
 
 def start_service(tmp_path, budget="256MiB", extra=()):
+    """A service on tmp_path/service-swap (made at the first start, reopened at a later one)."""
     swap = tmp_path / "service-swap"
-    swap.mkdir()
+    swap.mkdir(exist_ok=True)
     sock = str(tmp_path / "service.sock")
-    note, note_path = notify_socket(tmp_path)
+    starts = len(list(tmp_path.glob("notify*")))
+    note, note_path = notify_socket(tmp_path, f"notify{starts}")
     svc = subprocess.Popen([cli_path(), "serve", "--swap-dir", str(swap), "--capacity", "512MiB",
                             "--host-budget", budget, "--socket", sock, "--no-lock", *extra],
                            env=dict({k: v for k, v in os.environ.items()
@@ -562,5 +564,63 @@ def test_a_stopped_service_fails_its_client_within_its_timeout(tmp_path):
     finally:
         client.kill()
         svc.send_signal(signal.SIGCONT)
+        svc.terminate()
+        assert svc.wait(timeout=30) == 0
+
+
+def test_sigterm_lets_a_training_job_commit_and_tells_it_the_service_is_going(tmp_path):
+    """SIGTERM (systemctl stop): the job attached is served to its next commit, then told the
+    service is stopping (ESHUTDOWN with the reason), and the service logs it and exits; the job
+    run again on the restarted service resumes from the last step it completed."""
+    import sys
+
+    svc, sock = start_service(tmp_path)
+    child = (
+        "import sys\n"
+        "import tierswap.torch as tt\n"
+        "from tierswap import tinylm\n"
+        "model = tinylm.make_model()\n"
+        "opt = tt.AdamW(tinylm.param_groups(model), swap_dir=sys.argv[2], host_budget='16MiB',\n"
+        "               telemetry=False, service=sys.argv[1], service_job='lm',\n"
+        "               keep_swap_files=True, resume=True)\n"
+        "print('resumed at', opt.step_count, flush=True)\n"
+        "if len(sys.argv) > 3:\n"
+        "    sys.exit(0)\n"
+        "try:\n"
+        "    while True:\n"
+        "        tinylm.train_tierswap(model, opt, opt.step_count + 1, start=opt.step_count)\n"
+        "        print('stepped', opt.step_count, flush=True)\n"
+        "except Exception as e:\n"
+        "    print('failed:', e, flush=True)\n")
+    job = tmp_path / "job"
+    job.mkdir()
+
+    def run(*more):
+        return subprocess.Popen([sys.executable, "-c", child, sock, str(job), *more],
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+    client = run()
+    try:
+        assert client.stdout.readline() == "resumed at 0\n", client.stderr.read()
+        first = client.stdout.readline()
+        assert first.startswith("stepped"), client.stderr.read()
+        svc.send_signal(signal.SIGTERM)
+        log = svc.communicate(timeout=120)[1]
+        assert svc.returncode == 0, log
+        out, err = client.communicate(timeout=120)
+        out = first + out
+    finally:
+        client.kill()
+        svc.kill()
+    assert "stopping: lm.0 is at its last commit; told it the service is going" in log, log
+    assert "stopping: every client is detached" in log, log
+    assert "the tierswap service is stopping (SIGTERM)" in err, err
+    steps = [int(line.split()[1]) for line in out.splitlines() if line.startswith("stepped")]
+    assert out.splitlines()[-1].startswith("failed:"), out
+    svc, sock = start_service(tmp_path)  # restarted over the same swap files
+    try:
+        out, err = run("resume-only").communicate(timeout=120)
+        assert out.splitlines()[0] == f"resumed at {steps[-1]}", out + err
+    finally:
         svc.terminate()
         assert svc.wait(timeout=30) == 0

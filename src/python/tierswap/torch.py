@@ -150,13 +150,14 @@ def _tier_config(telemetry, durable, service, service_job):
         job = os.environ.get("TIERSWAP_SERVICE_JOB") if service_job is None else service_job
         if job:
             cfg["service_job"] = str(job)
-        timeout = os.environ.get("TIERSWAP_SERVICE_TIMEOUT")
-        if timeout:
-            try:
-                cfg["service_timeout"] = float(timeout)
-            except ValueError:
-                raise ValueError(f"TIERSWAP_SERVICE_TIMEOUT={timeout!r}: expected seconds, "
-                                 "a number") from None
+        for key, var in (("service_timeout", "TIERSWAP_SERVICE_TIMEOUT"),
+                         ("service_wait", "TIERSWAP_SERVICE_WAIT")):
+            if os.environ.get(var):
+                try:
+                    cfg[key] = float(os.environ[var])
+                except ValueError:
+                    raise ValueError(f"{var}={os.environ[var]!r}: expected seconds, a "
+                                     "number") from None
     return cfg
 
 

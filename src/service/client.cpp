@@ -116,7 +116,11 @@ void ServiceClient::Impl::connect() {
   conn = std::make_unique<Connection>(fd);
   service::set_socket_timeout(fd, cfg.timeout_seconds, true);
   if (::connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) != 0)
-    fail(errno, "cannot connect (is `tierswap serve` running?)");
+    fail(errno, errno == EACCES || errno == EPERM
+                    ? fmt::format("cannot connect: the socket is not open to uid {} (a service "
+                                  "serves other users' jobs only with --allow-other-users)",
+                                  ::getuid())
+                    : std::string("cannot connect (is `tierswap serve` running?)"));
 }
 
 const wire::Message& ServiceClient::Impl::exchange(int* fd, const char* closed) {

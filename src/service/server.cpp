@@ -178,12 +178,6 @@ void SwapService::Impl::accept_loop() {
     auto peer = std::make_unique<Peer>(fd);
     socklen_t len = sizeof peer->cred;
     if (::getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &peer->cred, &len) != 0) continue;
-    if (peer->cred.uid != ::getuid() && !cfg.allow_other_users) {
-      log(LogLevel::warn, fmt::format("service: refused pid {} of uid {} (not ours; "
-                                      "--allow-other-users to accept)",
-                                      peer->cred.pid, peer->cred.uid));
-      continue;  // closed by ~Peer
-    }
     Peer& p = *peer;
     std::lock_guard lk(peers_mu);
     peers.push_back(std::move(peer));
@@ -292,6 +286,15 @@ void SwapService::Impl::converse(Peer& p, Session& s) {
 // Before a hello: an Offer is answered and the connection ends; a Hello attaches (or is refused
 // with the reason, and the connection ends); anything else drops it. Whether to go on.
 bool SwapService::Impl::first_message(Peer& p, const wire::Message& m, Session& s) {
+  if (p.cred.uid != ::getuid() && !cfg.allow_other_users) {  // told why, not just closed
+    const std::string why = fmt::format(
+        "uid {} is not the service's (uid {}): start it with --allow-other-users to "
+        "serve other users' jobs",
+        p.cred.uid, ::getuid());
+    log(LogLevel::warn, fmt::format("service: refused pid {}: {}", p.cred.pid, why));
+    s.out->send({EACCES, why});
+    return false;
+  }
   if (stopping.load()) {  // a hello or an offer: refused, with the reason
     log(LogLevel::info,
         fmt::format("service: stopping: refused pid {} of uid {}", p.cred.pid, p.cred.uid));

@@ -151,6 +151,13 @@ std::uint64_t attach_bytes(const TierConfig& tc) {
   return round_up(tc.host_budget + 2 * tc.host_slab_size, 4096);
 }
 
+// The two slabs of slack the host pools need beside their budget (what opening a committed
+// space reads to verify it), for pools that must fit in `charge` bytes: the slabs are sized again
+// for the smaller budget, to at most an eighth of it.
+std::uint64_t slack_within(std::uint64_t charge, std::uint64_t slab) {
+  return 2 * std::min(slab, std::bit_floor(std::max<std::uint64_t>(charge / 8, 4096)));
+}
+
 // The smallest host budget taken from a service's offer (below it, give host_budget).
 constexpr std::uint64_t kMinServiceBudget = 4 * kMiB;
 
@@ -239,8 +246,10 @@ struct TieredOptimizer::Impl {
                    std::vector<std::pair<GroupConfig, std::uint64_t>>& sizes);
   void size_to_budget(TierConfig& tc, OptimizerConfig& oc, bool auto_subgroup, std::uint64_t bpe,
                       std::uint64_t blocks) const;
-  ServiceOffer fit_to_service(TierConfig& tc, OptimizerConfig& oc, bool auto_subgroup,
-                              std::uint64_t bpe, std::uint64_t blocks) const;
+  ServiceOffer fit_to_service(TierConfig& tc) const;
+  void fit_slack_within(TierConfig& tc, OptimizerConfig& oc, bool auto_subgroup, std::uint64_t bpe,
+                        std::uint64_t blocks);
+  std::uint64_t service_charge = 0;  // the shared memory asked of the service (fit_slack_within)
   void fit_pageable_to_offer(TierConfig& tc, const ServiceOffer& offer) const;
   void open_space(const std::vector<std::pair<GroupConfig, std::uint64_t>>& sizes,
                   const OptimizerConfig& oc, const TierConfig& tc, bool earlier);
@@ -276,17 +285,12 @@ void TieredOptimizer::Impl::size_to_budget(TierConfig& tc, OptimizerConfig& oc, 
 
 // No host_budget given and a node service named: this rank's budget is tiers.host_budget or, when
 // that does not fit, what the service offers it (1/local ranks of the node's budget, within the
-// per-client quota and what is free), less the two slabs of slack its ask adds (attach_service).
-// One pass fits: the slabs sized again for the smaller budget are no larger than before, nor
-// than an eighth of the offer, which is the slack taken off.
-ServiceOffer TieredOptimizer::Impl::fit_to_service(TierConfig& tc, OptimizerConfig& oc,
-                                                   bool auto_subgroup, std::uint64_t bpe,
-                                                   std::uint64_t blocks) const {
+// per-client quota and what is free); fit_slack_within() then makes room for the slack in it.
+ServiceOffer TieredOptimizer::Impl::fit_to_service(TierConfig& tc) const {
   const std::uint32_t share = local_ranks();
   const ServiceOffer offer = service_offer(tc.service, share, tc.service_timeout, tc.service_wait);
-  if (attach_bytes(tc) <= offer.bytes) return offer;
-  const std::uint64_t slab_cap = std::bit_floor(std::max<std::uint64_t>(offer.bytes / 8, 4096));
-  const std::uint64_t slack = 2 * std::min(tc.host_slab_size, slab_cap);
+  if (round_up(tc.host_budget, 4096) <= offer.bytes) return offer;
+  const std::uint64_t slack = slack_within(offer.bytes, tc.host_slab_size);
   if (offer.bytes < slack + kMinServiceBudget)
     throw std::runtime_error(fmt::format(
         "tierswap service {}: it offers this rank {} (1/{} of its {} budget, quota {}, {} "
@@ -295,16 +299,38 @@ ServiceOffer TieredOptimizer::Impl::fit_to_service(TierConfig& tc, OptimizerConf
         tc.service, format_bytes(offer.bytes), share, format_bytes(offer.budget),
         format_bytes(offer.quota), format_bytes(offer.free), format_bytes(kMinServiceBudget),
         format_bytes(slack)));
-  const std::uint64_t asked = tc.host_budget;
-  tc = o.tiers;  // as build() began, with the smaller budget
-  tc.host_budget = (offer.bytes - slack) / 4096 * 4096;
-  size_to_budget(tc, oc, auto_subgroup, bpe, blocks);
   log(LogLevel::info,
       fmt::format("host budget {} (of {} asked): what the tierswap service at {} offers this "
                   "rank (1/{} of its {}, {} free)",
-                  format_bytes(tc.host_budget), format_bytes(asked), tc.service, share,
+                  format_bytes(offer.bytes), format_bytes(tc.host_budget), tc.service, share,
                   format_bytes(offer.budget), format_bytes(offer.free)));
+  tc.host_budget = offer.bytes;
   return offer;
+}
+
+// Through the node service the host budget is all the rank takes from the node's budget: the
+// charge is the budget (in whole pages), and the pools' slab slack comes out of it. One pass
+// fits: the slabs sized again for the smaller budget are no larger than before, nor than an
+// eighth of the charge, which is the slack taken off.
+void TieredOptimizer::Impl::fit_slack_within(TierConfig& tc, OptimizerConfig& oc,
+                                             bool auto_subgroup, std::uint64_t bpe,
+                                             std::uint64_t blocks) {
+  const std::uint64_t charge = round_up(tc.host_budget, 4096);
+  const std::uint64_t slack = slack_within(charge, tc.host_slab_size);
+  if (charge < slack + 4 * 4096)
+    throw std::invalid_argument(fmt::format(
+        "host_budget {} through the tierswap service {}: too little for its {} of slab slack, "
+        "which is part of what the rank takes from the service's budget",
+        format_bytes(tc.host_budget), tc.service, format_bytes(slack)));
+  tc = o.tiers;  // as build() began, with the budget less the slack
+  tc.host_budget = (charge - slack) / 4096 * 4096;
+  size_to_budget(tc, oc, auto_subgroup, bpe, blocks);
+  if (attach_bytes(tc) > charge) tc.host_budget = (charge - 2 * tc.host_slab_size) / 4096 * 4096;
+  service_charge = charge;
+  log(LogLevel::debug, fmt::format("host budget {} of the {} taken from the tierswap service "
+                                   "(the rest: two slabs of {})",
+                                   format_bytes(tc.host_budget), format_bytes(charge),
+                                   format_bytes(tc.host_slab_size)));
 }
 
 // The pageable pool sized to the gradients, within what the service offers this rank of its
@@ -354,8 +380,10 @@ void TieredOptimizer::Impl::build_parts(TierConfig& tc, OptimizerConfig& oc,
   const bool auto_subgroup = oc.subgroup_size == 0;
   size_to_budget(tc, oc, auto_subgroup, bpe, blocks);
   std::optional<ServiceOffer> offer;
-  if (!tc.service.empty() && o.host_budget == 0)
-    offer = fit_to_service(tc, oc, auto_subgroup, bpe, blocks);
+  if (!tc.service.empty()) {
+    if (o.host_budget == 0) offer = fit_to_service(tc);
+    fit_slack_within(tc, oc, auto_subgroup, bpe, blocks);
+  }
   // The gradients of CPU-stepped sub-groups need no pinning on their way to the step: they wait
   // in pageable memory beside the pinned budget, sized to hold them all (spilling them would cost
   // 2 + 2 B/param of NVMe). A pageable_budget set by the caller stays.
@@ -462,7 +490,7 @@ void TieredOptimizer::Impl::attach_service(std::uint64_t capacity, const TierCon
   // The host pools carve their slabs from the shared memory: the pinned pool from the locked part,
   // whose slack holds what opening a committed space reads to verify it (one block at a time);
   // the pageable pool from the unlocked part (one slab of slack: its last slab may be smaller).
-  cc.memory_bytes = attach_bytes(tc);
+  cc.memory_bytes = service_charge;
   if (tc.pageable_budget > 0)
     cc.pageable_bytes = round_up(tc.pageable_budget + tc.host_slab_size, 4096);
   cc.region_bytes = capacity;

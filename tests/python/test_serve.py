@@ -308,6 +308,11 @@ def test_a_pytorch_job_on_the_service_trains_as_on_its_own_swap_files(tmp_path):
                            host_budget="16MiB", state_tier="nvme", max_grad_norm=1.0,
                            telemetry=False, **kw)
             losses = tinylm.train_tierswap(model, opt, 4, total=4)
+            if name == "service":  # issue 61: host_budget 16MiB was charged 20 MiB
+                r = subprocess.run([cli_path(), "residency", str(svc.pid), "--json"],
+                                   capture_output=True, text=True, check=True)
+                (client,) = json.loads(r.stdout)["clients"]
+                assert client["memory_bytes"] == 16 << 20, client
             masters = opt.state_dict()["master_params"]
             runs[name] = (losses, {k: v.clone() for k, v in masters.items()}, opt.residency())
             opt.close()

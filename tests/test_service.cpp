@@ -905,6 +905,56 @@ TEST(Service, MetricsCountClientsAndTheirTraffic) {
       std::string::npos);
 }
 
+// The value of the sample line `sample` (a name and its labels) in a scrape; -1 when absent.
+double sample_of(const std::string& scrape, const std::string& sample) {
+  const std::string head = sample + " ";
+  for (std::size_t at = 0; at < scrape.size();) {
+    const std::size_t end = std::min(scrape.find('\n', at), scrape.size());
+    if (scrape.compare(at, head.size(), head) == 0)
+      return std::stod(scrape.substr(at + head.size(), end - at - head.size()));
+    at = end + 1;
+  }
+  return -1;
+}
+
+// issue 61: no NVMe capacity or free, no error counters, no build or process metrics.
+TEST(Service, MetricsSayWhatWentWrongAndWhatIsLeft) {
+  TempDir d;
+  const auto sc = service_config(d);
+  SwapService svc(sc);
+  const auto scrape = [] { return MetricsRegistry::process().render(); };
+  EXPECT_EQ(sample_of(scrape(), "tierswap_service_nvme_capacity_bytes"), 64.0 * kMiB);
+  EXPECT_EQ(sample_of(scrape(), "tierswap_service_nvme_free_bytes"), 64.0 * kMiB);
+  ServiceClient c(client_config(sc, "m"));
+  commit_one_block(c);
+  const std::string t = scrape();
+  EXPECT_LT(sample_of(t, "tierswap_service_nvme_free_bytes"), 64.0 * kMiB) << t;
+  EXPECT_GT(sample_of(t, "tierswap_service_nvme_free_bytes"), 0) << t;
+  EXPECT_EQ(sample_of(t, "tierswap_service_refused_connections_total"), 0) << t;
+  EXPECT_EQ(sample_of(t, "tierswap_service_dropped_connections_total"), 0) << t;
+  EXPECT_EQ(sample_of(t, "tierswap_service_failed_requests_total{request=\"commit\"}"), 0) << t;
+  EXPECT_NE(t.find("tierswap_build_info{version=\""), std::string::npos) << t;
+  EXPECT_GT(sample_of(t, "process_resident_memory_bytes"), 0) << t;
+  EXPECT_GT(sample_of(t, "process_open_fds"), 2) << t;
+  EXPECT_GT(sample_of(t, "process_start_time_seconds"), 1.7e9) << t;
+  EXPECT_GE(sample_of(t, "process_cpu_seconds_total"), 0) << t;
+
+  EXPECT_TRUE(dropped_after(sc.socket, hello_frame(1, 99)));  // refused: its protocol
+  EXPECT_TRUE(dropped_after(                                  // dropped: garbage
+      sc.socket, {16, 0, 0, 0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16}));
+  std::filesystem::remove(d.path() / SwapSpace::kFileName);
+  fill(c, 0, 4 * kKiB, 2);
+  c.put(1, 0, 4 * kKiB);
+  EXPECT_THROW(c.commit(), std::system_error);  // failed: its swap file is gone
+  const std::string after = scrape();
+  EXPECT_EQ(sample_of(after, "tierswap_service_refused_connections_total"), 1) << after;
+  EXPECT_EQ(sample_of(after, "tierswap_service_dropped_connections_total"), 1) << after;
+  EXPECT_EQ(sample_of(after, "tierswap_service_failed_requests_total{request=\"commit\"}"), 1)
+      << after;
+  EXPECT_EQ(sample_of(after, "tierswap_service_failed_requests_total{request=\"put\"}"), 0)
+      << after;
+}
+
 }  // namespace
 }  // namespace tierswap
 

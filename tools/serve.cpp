@@ -48,12 +48,13 @@ int inherited_socket() {
 }
 
 // A service's log: what happens to its clients (attach, detach, refusals, commit failures: info
-// and up) unless TIERSWAP_LOG_LEVEL says otherwise, each line with its time unless journald,
-// which stamps lines itself, takes stderr.
+// and up) unless TIERSWAP_LOG_LEVEL says otherwise, each line with its time, or with its syslog
+// priority when journald (which stamps lines itself) takes stderr.
 void configure_service_log() {
   if (std::getenv("TIERSWAP_LOG_LEVEL") == nullptr && log_level() < LogLevel::info)
     set_log_level(LogLevel::info);
-  if (std::getenv("JOURNAL_STREAM") == nullptr) set_log_timestamps(true);
+  set_log_prefix(std::getenv("JOURNAL_STREAM") != nullptr ? LogPrefix::journald
+                                                          : LogPrefix::timestamp);
 }
 
 void run_serve(const ServeOptions& o) {

@@ -12,10 +12,13 @@ enum class LogLevel { off = -1, error = 0, warn = 1, info = 2, debug = 3 };
 /// Current level (read once from the environment, then settable).
 LogLevel log_level() noexcept;
 void set_log_level(LogLevel level) noexcept;
-/// Writes "tierswap[<level>]: <message>\n" when `level` is enabled, after an ISO 8601 UTC time
-/// with milliseconds and a space when timestamps are on (a long-running service's log; off by
-/// default: a journal or a training script's output has its own).
+/// What starts each line: nothing (the default: a training script's output), an ISO 8601 UTC
+/// time with milliseconds and a space (a long-running service's own log), or the syslog priority
+/// "<N>" that journald reads as the line's level (a service whose stderr is the journal, which
+/// stamps the time itself).
+enum class LogPrefix { none, timestamp, journald };
+void set_log_prefix(LogPrefix prefix) noexcept;
+/// Writes "<prefix>tierswap[<level>]: <message>\n" when `level` is enabled.
 void log(LogLevel level, std::string_view message) noexcept;
-void set_log_timestamps(bool on) noexcept;
 
 }  // namespace tierswap

@@ -68,6 +68,11 @@ class MetricsServer {
   std::unique_ptr<Impl> impl_;
 };
 
+/// tierswap_build_info (version, CUDA built in) and the standard process_* metrics (CPU seconds,
+/// resident and virtual memory, open and most descriptors, start time): the end of every
+/// MetricsRegistry::render().
+void fill_process_metrics(MetricsWriter& w);
+
 /// The process's metric sources and its endpoint. Thread-safe.
 class MetricsRegistry {
  public:

@@ -34,7 +34,7 @@ std::atomic<int>& level_ref() noexcept {
 
 constexpr const char* kNames[] = {"error", "warn", "info", "debug"};
 
-std::atomic<bool> timestamps{false};
+std::atomic<LogPrefix> prefix{LogPrefix::none};
 
 std::string now_utc() {
   const auto t = std::chrono::system_clock::now();
@@ -47,6 +47,21 @@ std::string now_utc() {
                      tm.tm_mon + 1, tm.tm_mday, tm.tm_hour, tm.tm_min, tm.tm_sec, ms);
 }
 
+// syslog's priorities of error, warning, info and debug (sd-daemon(3)).
+constexpr const char* kJournalPriorities[] = {"<3>", "<4>", "<6>", "<7>"};
+
+std::string prefix_of(LogLevel level) {
+  switch (prefix.load()) {
+    case LogPrefix::timestamp:
+      return now_utc();
+    case LogPrefix::journald:
+      return kJournalPriorities[static_cast<int>(level)];
+    case LogPrefix::none:
+      break;
+  }
+  return {};
+}
+
 }  // namespace
 
 LogLevel log_level() noexcept {
@@ -55,8 +70,8 @@ LogLevel log_level() noexcept {
 void set_log_level(LogLevel level) noexcept {
   level_ref().store(static_cast<int>(level));
 }
-void set_log_timestamps(bool on) noexcept {
-  timestamps.store(on);
+void set_log_prefix(LogPrefix p) noexcept {
+  prefix.store(p);
 }
 
 void log(LogLevel level, std::string_view message) noexcept {
@@ -64,7 +79,7 @@ void log(LogLevel level, std::string_view message) noexcept {
       static_cast<int>(level) > level_ref().load(std::memory_order_relaxed))
     return;
   try {
-    std::string line = fmt::format("{}tierswap[{}]: {}\n", timestamps.load() ? now_utc() : "",
+    std::string line = fmt::format("{}tierswap[{}]: {}\n", prefix_of(level),
                                    kNames[static_cast<int>(level)], message);
     [[maybe_unused]] auto r = ::write(STDERR_FILENO, line.data(), line.size());
   } catch (...) {

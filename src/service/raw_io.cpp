@@ -95,6 +95,7 @@ bool SwapService::Impl::submit_raw(Session& s) {
       IoTicket t = engine->submit(std::span(&seg, 1), [this, &s, q](std::exception_ptr err) {
         Traffic& c = *s.traffic;  // counted before the client can see the answer
         if (!err) (q.write ? c.written_bytes : c.read_bytes) += q.length;
+        if (err) count_failed(q.write ? wire::Body::Write : wire::Body::Read);
         s.out->post(err ? service::error_answer(err, q.tag)
                         : service::Answer{0, {}, q.length, {}, q.tag});
         if (s.in_engine.fetch_sub(1) == 1 || s.waiting_any.load()) signal(s.done_fd);
@@ -103,6 +104,7 @@ bool SwapService::Impl::submit_raw(Session& s) {
       s.inflight_bytes += q.length;
     } catch (...) {
       s.in_engine.fetch_sub(1);
+      count_failed(q.write ? wire::Body::Write : wire::Body::Read);
       if (s.out->send(service::error_answer(std::current_exception(), q.tag)) != 0) return false;
     }
   }

@@ -187,6 +187,7 @@ void SwapService::Impl::accept_loop() {
         p.done = true;
       });
     } catch (const std::system_error& e) {  // out of threads: this connection alone is refused
+      ++refused;
       log(LogLevel::error,
           fmt::format("service: refused pid {}: no thread to serve it: {}", p.cred.pid, e.what()));
       peers.pop_back();  // closed by ~Peer
@@ -221,6 +222,7 @@ void SwapService::Impl::serve(Peer& p) {
   try {
     converse(p, s);
   } catch (const std::exception& e) {  // an error of one connection ends that one alone
+    ++dropped;
     log(LogLevel::error, fmt::format("service: dropped pid {} ({}): {}", p.cred.pid,
                                      s.key.empty() ? "before hello" : s.key, e.what()));
   }
@@ -247,13 +249,15 @@ void SwapService::Impl::converse(Peer& p, Session& s) {
     std::string why;
     const auto st = p.conn.receive(buf, &m, nullptr, &why);
     if (st != Connection::Status::ok) {
-      if (st == Connection::Status::invalid || st == Connection::Status::error)
+      if (st == Connection::Status::invalid || st == Connection::Status::error) {
+        ++dropped;
         log(LogLevel::warn, fmt::format("service: dropped pid {} ({}): {}{}", p.cred.pid,
                                         s.key.empty() ? "before hello" : s.key, why,
                                         !s.rec && why == service::kNoAnswerInTime
                                             ? fmt::format(" ({:g} s for the first message)",
                                                           cfg.first_message_seconds)
                                             : ""));
+      }
       return;
     }
     if (!s.rec) {
@@ -264,6 +268,7 @@ void SwapService::Impl::converse(Peer& p, Session& s) {
     const wire::Body type = m->body_type();
     if (type == wire::Body::NONE || type == wire::Body::Hello || type == wire::Body::Welcome ||
         type == wire::Body::Reply || type == wire::Body::Offer || type == wire::Body::Offered) {
+      ++dropped;
       log(LogLevel::warn,
           fmt::format("service: dropped {}: unexpected {}", s.key, wire::EnumNameBody(type)));
       return;
@@ -276,6 +281,7 @@ void SwapService::Impl::converse(Peer& p, Session& s) {
     }
     if (!drain_raw(s)) return;  // everything before it first (a Sync covers those writes)
     const service::Answer a = handle(*m, s);
+    if (a.error != 0) count_failed(type);
     if (a.error == 0 &&
         (type == wire::Body::Sync || type == wire::Body::Commit || type == wire::Body::Discard))
       s.writes_since_commit = 0;
@@ -291,11 +297,13 @@ bool SwapService::Impl::first_message(Peer& p, const wire::Message& m, Session& 
         "uid {} is not the service's (uid {}): start it with --allow-other-users to "
         "serve other users' jobs",
         p.cred.uid, ::getuid());
+    ++refused;
     log(LogLevel::warn, fmt::format("service: refused pid {}: {}", p.cred.pid, why));
     s.out->send({EACCES, why});
     return false;
   }
   if (stopping.load()) {  // a hello or an offer: refused, with the reason
+    ++refused;
     log(LogLevel::info,
         fmt::format("service: stopping: refused pid {} of uid {}", p.cred.pid, p.cred.uid));
     s.out->send(stopping_answer());
@@ -307,18 +315,21 @@ bool SwapService::Impl::first_message(Peer& p, const wire::Message& m, Session& 
   }
   const auto* h = m.body_as_Hello();
   if (!h) {
+    ++dropped;
     log(LogLevel::warn,
         fmt::format("service: dropped pid {}: first message is not hello", p.cred.pid));
     return false;
   }
   std::string why;
   try {
-    if (const int refused = hello(p, *h, s, &why); refused != 0) {
-      s.out->send({refused, why});
+    if (const int error = hello(p, *h, s, &why); error != 0) {
+      ++refused;
+      s.out->send({error, why});
       return false;
     }
   } catch (...) {  // its registry entry or its memory could not be made: refused, as above
     const service::Answer a = service::error_answer(std::current_exception());
+    ++refused;
     log(LogLevel::error, fmt::format("service: refused pid {}: {}", p.cred.pid, a.message));
     s.out->send(a);
     return false;
@@ -476,7 +487,11 @@ int SwapService::Impl::admit(const wire::Hello& h, const std::string& key, uid_t
 
 int SwapService::Impl::hello(Peer& p, const wire::Hello& h, Session& s, std::string* why) {
   const std::string job = h.job() ? h.job()->str() : "";
-  if (const int refused = check_hello(h, job, why); refused != 0) return refused;
+  if (const int refused = check_hello(h, job, why); refused != 0) {
+    log(LogLevel::warn,
+        fmt::format("service: refused pid {} of uid {}: {}", p.cred.pid, p.cred.uid, *why));
+    return refused;
+  }
   const std::uint64_t mem = h.memory_bytes(), pageable = h.pageable_bytes();
   const std::string key = job + "." + std::to_string(h.rank());
   std::unique_lock lk(mu);
@@ -764,56 +779,6 @@ std::string SwapService::Impl::status() const {
     j["clients"].push_back(e);
   }
   return j.dump();
-}
-
-void SwapService::Impl::fill_metrics(MetricsWriter& w) const {
-  std::lock_guard lk(mu);
-  w.family("tierswap_service_clients", "Clients attached to the node service.", MetricType::gauge);
-  w.sample(static_cast<double>(live.size()));
-  w.family("tierswap_service_memory_budget_bytes", "The node's shared-memory budget.",
-           MetricType::gauge);
-  w.sample(static_cast<double>(cfg.host_budget));
-  w.family("tierswap_service_memory_granted_bytes", "Shared memory granted to clients.",
-           MetricType::gauge);
-  w.sample(static_cast<double>(granted));
-  w.family("tierswap_service_pageable_budget_bytes",
-           "The node's budget of unlocked shared memory (outside the memory budget).",
-           MetricType::gauge);
-  w.sample(static_cast<double>(pageable_budget));
-  w.family("tierswap_service_pageable_granted_bytes", "Unlocked shared memory granted to clients.",
-           MetricType::gauge);
-  w.sample(static_cast<double>(pageable_granted));
-  struct Col {
-    const char* name;
-    const char* help;
-    MetricType type;
-    std::uint64_t (*value)(const Live&);
-  };
-  static constexpr Col cols[] = {
-      {"tierswap_client_nvme_read_bytes_total", "Bytes a client read from NVMe (this attach).",
-       MetricType::counter, [](const Live& l) { return l.traffic->read_bytes.load(); }},
-      {"tierswap_client_nvme_written_bytes_total", "Bytes a client wrote to NVMe (this attach).",
-       MetricType::counter, [](const Live& l) { return l.traffic->written_bytes.load(); }},
-      {"tierswap_client_memory_bytes", "Locked shared memory a client holds (in the node budget).",
-       MetricType::gauge, [](const Live& l) { return l.memory; }},
-      {"tierswap_client_pageable_bytes", "Unlocked shared memory a client holds beside it.",
-       MetricType::gauge, [](const Live& l) { return l.pageable; }},
-      {"tierswap_client_throttled_requests_total",
-       "A client's NVMe requests that waited for its share of the engine's queue.",
-       MetricType::counter, [](const Live& l) { return l.traffic->throttled.load(); }},
-      {"tierswap_client_peak_inflight_bytes",
-       "Most bytes of a client's NVMe requests in the engine at once.", MetricType::gauge,
-       [](const Live& l) { return l.traffic->peak_inflight_bytes.load(); }},
-  };
-  for (const Col& col : cols) {
-    w.family(col.name, col.help, col.type);
-    for (const auto& [k, l] : live) w.sample(static_cast<double>(col.value(l)), {{"client", k}});
-  }
-  w.family("tierswap_client_generation",
-           "A block client's committed generation (a tier manager's is in its own manifest).",
-           MetricType::gauge);
-  for (const auto& [k, c] : clients)
-    if (!c.raw) w.sample(static_cast<double>(c.generation), {{"client", k}});
 }
 
 // ---- SwapService ---------------------------------------------------------------------------

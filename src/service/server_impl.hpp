@@ -4,6 +4,7 @@
 
 #include <sys/socket.h>
 
+#include <array>
 #include <atomic>
 #include <cstdint>
 #include <deque>
@@ -160,7 +161,16 @@ struct SwapService::Impl {
   void detach(Session& s);
   void forget(const std::string& key);  // under mu
   std::string status() const;
+  // ---- the metrics endpoint (metrics.cpp) ----
   void fill_metrics(MetricsWriter& w) const;
+  void fill_client_metrics(MetricsWriter& w) const;  // under mu
+  void fill_failure_metrics(MetricsWriter& w) const;
+  /// What went wrong since the start: connections refused at their first message (another uid,
+  /// a stop, a hello the budget or the registry refused), connections dropped (what they sent,
+  /// a timeout), and requests answered with an error, by message type.
+  std::atomic<std::uint64_t> refused{0}, dropped{0};
+  std::array<std::atomic<std::uint64_t>, static_cast<std::size_t>(wire::Body::MAX) + 1> failed{};
+  void count_failed(wire::Body type) { failed[static_cast<std::size_t>(type)].fetch_add(1); }
   // ---- a graceful stop (stop.cpp) ----
   std::atomic<bool> stopping{false};
   /// While stopping: whether a request of `type` finds the session done (at a commit: nothing

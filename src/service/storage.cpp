@@ -162,7 +162,7 @@ class ServiceBackend final : public detail::IoBackend {
     c_.conn->break_off(err);  // the client's own requests (release, status) fail at once too
     log(LogLevel::error,
         fmt::format("tierswap service {}: {}: {} request(s) fail", c_.path.string(),
-                    err == ETIMEDOUT    ? "no answer within the timeout"
+                    err == ETIMEDOUT   ? "no answer within the timeout"
                     : err == ESHUTDOWN ? "the service is stopping"
                                        : "connection lost",
                     outstanding_.size()));

@@ -237,6 +237,7 @@ std::string MetricsRegistry::render() {
   }
   MetricsWriter w;
   for (auto& f : fills) f(w);
+  fill_process_metrics(w);
   return w.text();
 }
 

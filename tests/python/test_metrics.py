@@ -99,7 +99,10 @@ def test_a_pytorch_job_serves_its_metrics_while_it_runs(tmp_path):
     host = f'{{manager="{mgr}",tier="host"}}'
     assert samples["tierswap_tier_capacity_bytes"][host] >= 16 << 20
     assert types["tierswap_tier_resident_bytes"] == "gauge"
-    assert all(n.startswith("tierswap_") for n in types)
+    assert all(n.startswith(("tierswap_", "process_")) for n in types)
+    assert samples["process_resident_memory_bytes"][""] > 0
+    assert types["process_cpu_seconds_total"] == "counter"
+    assert len(samples["tierswap_build_info"]) == 1
     # After the job: nothing listens.
     with pytest.raises(OSError):
         urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=2)

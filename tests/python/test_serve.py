@@ -259,10 +259,12 @@ def test_serve_refuses_a_budget_above_the_machine_s_memory_and_makes_nothing(tmp
     assert list(swap.iterdir()) == [] and not (tmp_path / "s").exists()
 
 
-def test_the_service_log_says_when_and_whom_it_refused(tmp_path):
-    """issue 61: log lines had no time, and the default level hid refusals and attaches."""
+@pytest.mark.parametrize("journal", [False, True])
+def test_the_service_log_says_when_and_whom_it_refused(tmp_path, journal):
+    """issue 61: log lines had no time nor level for journald, and the default level hid
+    refusals and attaches."""
     import re
-    svc, sock = start_service(tmp_path)
+    svc, sock = start_service(tmp_path, journal=journal)
     try:
         r = subprocess.run([cli_path(), "release", "nosuch.0", "--socket", sock, "--timeout", "10"],
                            capture_output=True, text=True, timeout=60)
@@ -270,13 +272,17 @@ def test_the_service_log_says_when_and_whom_it_refused(tmp_path):
     finally:
         svc.send_signal(signal.SIGTERM)
         err = svc.communicate(timeout=60)[1]
-    stamp = r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z "
+    # journald stamps the time itself and reads the level from syslog's "<4>" (warning).
+    stamp = "<4>" if journal else r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z "
     assert re.search(f"^{stamp}tierswap\\[warn\\]: service: refused nosuch.0 to pid \\d+ of uid "
                      f"{os.getuid()}: client nosuch.0 is not known", err, re.M), err
+    info = "<6>" if journal else stamp
+    assert re.search(f"^{info}tierswap\\[info\\]: service: stopping", err, re.M), err
 
 
-def start_service(tmp_path, budget="256MiB", extra=()):
-    """A service on tmp_path/service-swap (made at the first start, reopened at a later one)."""
+def start_service(tmp_path, budget="256MiB", extra=(), journal=False):
+    """A service on tmp_path/service-swap (made at the first start, reopened at a later one);
+    with `journal`, its stderr taken for the journal's (JOURNAL_STREAM set)."""
     swap = tmp_path / "service-swap"
     swap.mkdir(exist_ok=True)
     sock = str(tmp_path / "service.sock")
@@ -286,7 +292,9 @@ def start_service(tmp_path, budget="256MiB", extra=()):
                             "--host-budget", budget, "--socket", sock, "--no-lock", *extra],
                            env=dict({k: v for k, v in os.environ.items()
                                      if k not in ("JOURNAL_STREAM", "TIERSWAP_LOG_LEVEL")},
-                                    NOTIFY_SOCKET=note_path), stderr=subprocess.PIPE,
+                                    NOTIFY_SOCKET=note_path,
+                                    **({"JOURNAL_STREAM": "8:1"} if journal else {})),
+                           stderr=subprocess.PIPE,
                            text=True)
     wait_for(note, "READY=1")
     return svc, sock

@@ -26,8 +26,8 @@ PACKAGES=(cmake ninja-build g++ pkg-config liburing-dev libaio-dev libfmt-dev li
 # Debian's interpreter: python3-torch is built for it (another python3 may come first on PATH).
 PYTHON=/usr/bin/python3
 # The test command also checks the NEON and SVE kernels on an x86 machine (cross compiler +
-# qemu) and fuzzes the parsers (clang's libFuzzer).
-TEST_PACKAGES=(g++-aarch64-linux-gnu qemu-user clang libclang-rt-14-dev)
+# qemu), fuzzes the parsers (clang's libFuzzer) and scores the systemd unit (systemd-analyze).
+TEST_PACKAGES=(g++-aarch64-linux-gnu qemu-user clang libclang-rt-14-dev systemd)
 
 install_missing() {
   local missing=()

@@ -35,7 +35,9 @@
 
 namespace tierswap {
 
-/// The service's socket: TIERSWAP_SERVICE when set, else "<runtime dir>/service.sock".
+/// The service's socket: TIERSWAP_SERVICE when set, else the node service's socket
+/// (/run/tierswap/service.sock, CMake's TIERSWAP_NODE_SOCKET, the systemd unit's) when it
+/// exists, else this user's "<runtime dir>/service.sock".
 std::filesystem::path default_service_socket();
 
 struct ServiceConfig {

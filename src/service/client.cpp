@@ -25,6 +25,8 @@ namespace tierswap {
 
 std::filesystem::path default_service_socket() {
   if (const char* v = std::getenv("TIERSWAP_SERVICE"); v && *v) return v;
+  std::error_code ec;  // the node's service (tools/systemd/tierswap.socket.in) where it is set up
+  if (std::filesystem::is_socket(TIERSWAP_NODE_SOCKET, ec)) return TIERSWAP_NODE_SOCKET;
   return default_runtime_dir() / "service.sock";
 }
 

@@ -148,8 +148,8 @@ void add_release(CLI::App& app) {
       "Free a node-service client's NVMe region and state (one that ended without releasing it)");
   r->add_option("client", o->client, "The client as `tierswap ps` lists it: JOB.RANK")->required();
   r->add_option("--socket", o->socket,
-                "The service's Unix socket (default: TIERSWAP_SERVICE, else <runtime "
-                "dir>/service.sock)");
+                "The service's Unix socket (default: TIERSWAP_SERVICE, else "
+                "/run/tierswap/service.sock when it exists, else <runtime dir>/service.sock)");
   r->add_option("--timeout", o->timeout, "Seconds to wait for the service")
       ->capture_default_str()
       ->check(seconds_validator(false));
@@ -174,8 +174,10 @@ void add_serve(CLI::App& app) {
   s->add_option("--pageable-budget", o->pageable_budget,
                 "Unlocked shared memory for all clients together (default: half the node's "
                 "memory)");
-  s->add_option("--socket", o->socket,
-                "Unix socket (default: TIERSWAP_SERVICE, else <runtime dir>/service.sock)");
+  s->add_option(
+      "--socket", o->socket,
+      "Unix socket (default: TIERSWAP_SERVICE, else /run/tierswap/service.sock when it exists, "
+      "else <runtime dir>/service.sock)");
   s->add_option("--metrics", o->metrics, "Serve Prometheus metrics on [HOST:]PORT (loopback)");
   s->add_flag("--allow-other-users", o->allow_other_users,
               "Accept clients of other uids (the socket becomes world-connectable)");

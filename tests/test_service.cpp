@@ -22,6 +22,7 @@
 #include <thread>
 #include <utility>
 
+#include "metrics_scrape.hpp"
 #include "service_util.hpp"
 #include "src/service/outbox.hpp"
 #include "src/service/protocol.hpp"
@@ -905,16 +906,10 @@ TEST(Service, MetricsCountClientsAndTheirTraffic) {
       std::string::npos);
 }
 
-// The value of the sample line `sample` (a name and its labels) in a scrape; -1 when absent.
+// The value of the sample `sample` (a name and its labels) in a scrape parsed strictly; -1 when
+// absent.
 double sample_of(const std::string& scrape, const std::string& sample) {
-  const std::string head = sample + " ";
-  for (std::size_t at = 0; at < scrape.size();) {
-    const std::size_t end = std::min(scrape.find('\n', at), scrape.size());
-    if (scrape.compare(at, head.size(), head) == 0)
-      return std::stod(scrape.substr(at + head.size(), end - at - head.size()));
-    at = end + 1;
-  }
-  return -1;
+  return test::sample_value(test::parse_exposition(scrape), sample);
 }
 
 // issue 61: no NVMe capacity or free, no error counters, no build or process metrics.

@@ -69,6 +69,12 @@ TEST(Metrics, ListenAddressesAreCheckedNamingTheVariable) {
       EXPECT_NE(std::string(e.what()).find("TIERSWAP_METRICS"), std::string::npos) << e.what();
     }
   }
+  // Elsewhere only when the operator says so (serve --metrics-any-host); still a real address.
+  EXPECT_EQ(parse_listen_address("0.0.0.0:9100", "K", true).host, "0.0.0.0");
+  EXPECT_EQ(parse_listen_address("[::]:80", "K", true).host, "::");
+  EXPECT_EQ(parse_listen_address("10.1.2.3:80", "K", true).port, 80);
+  for (const char* bad : {"0.0.0.0:", "host.example:80", ":80", "[::]:99999"})
+    EXPECT_THROW(parse_listen_address(bad, "K", true), std::invalid_argument) << bad;
   EXPECT_EQ(ProcessConfig::from_json(R"({"metrics": "127.0.0.1:9464"})").metrics, "127.0.0.1:9464");
   EXPECT_THROW(ProcessConfig::from_json(R"({"metrics": "nine"})"), std::invalid_argument);
 }

@@ -33,7 +33,7 @@ struct ServeOptions {
   std::vector<std::string> dirs;
   std::string capacity, host_budget = "1GiB", quota, pageable_quota, pageable_budget, socket,
                         metrics;
-  bool allow_other_users = false, no_lock = false;
+  bool allow_other_users = false, no_lock = false, metrics_any_host = false;
   double drain_seconds = 30;
 };
 
@@ -73,8 +73,9 @@ void run_serve(const ServeOptions& o) {
   c.lock_memory = !o.no_lock;
   std::unique_ptr<MetricsServer> metrics;
   if (!o.metrics.empty())
-    metrics = std::make_unique<MetricsServer>(parse_listen_address(o.metrics, "--metrics"),
-                                              [] { return MetricsRegistry::process().render(); });
+    metrics = std::make_unique<MetricsServer>(
+        parse_listen_address(o.metrics, "--metrics", o.metrics_any_host),
+        [] { return MetricsRegistry::process().render(); });
   // Block the signals before any thread starts, so only sigwait below sees them.
   sigset_t set;
   sigemptyset(&set);
@@ -178,7 +179,12 @@ void add_serve(CLI::App& app) {
       "--socket", o->socket,
       "Unix socket (default: TIERSWAP_SERVICE, else /run/tierswap/service.sock when it exists, "
       "else <runtime dir>/service.sock)");
-  s->add_option("--metrics", o->metrics, "Serve Prometheus metrics on [HOST:]PORT (loopback)");
+  s->add_option("--metrics", o->metrics,
+                "Serve Prometheus metrics on [HOST:]PORT (HOST: a loopback address unless "
+                "--metrics-any-host)");
+  s->add_flag("--metrics-any-host", o->metrics_any_host,
+              "Let --metrics listen on any address, 0.0.0.0 included (the endpoint has no "
+              "authentication: firewall it)");
   s->add_flag("--allow-other-users", o->allow_other_users,
               "Accept clients of other uids (the socket becomes world-connectable)");
   s->add_flag("--no-lock", o->no_lock, "Do not mlock the clients' shared memory");

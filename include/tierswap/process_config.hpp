@@ -47,9 +47,11 @@ struct ListenAddress {
 };
 
 /// "[HOST:]PORT": HOST a loopback address, 127.x.x.x, [::1] or `localhost` (default 127.0.0.1;
-/// the endpoints have no authentication), PORT 0..65535 (0: any free port).
-/// std::invalid_argument naming `key` otherwise.
-ListenAddress parse_listen_address(std::string_view text, std::string_view key);
+/// the endpoints have no authentication), PORT 0..65535 (0: any free port). `any_host`: HOST may
+/// be any IPv4 or bracketed IPv6 address (0.0.0.0, [::]: every interface), an operator's explicit
+/// choice (`tierswap serve --metrics-any-host`). std::invalid_argument naming `key` otherwise.
+ListenAddress parse_listen_address(std::string_view text, std::string_view key,
+                                   bool any_host = false);
 
 /// "off" | "error" | "warn" | "info" | "debug"; std::invalid_argument naming `key` otherwise.
 LogLevel parse_log_level(std::string_view text, std::string_view key);

@@ -18,7 +18,7 @@ LogLevel parse_log_level(std::string_view s, std::string_view key) {
   throw_invalid(key, s, "expected off, error, warn, info or debug");
 }
 
-ListenAddress parse_listen_address(std::string_view s, std::string_view key) {
+ListenAddress parse_listen_address(std::string_view s, std::string_view key, bool any_host) {
   ListenAddress a;
   std::string_view port = s;
   if (const auto colon = s.rfind(':'); colon != std::string_view::npos) {
@@ -32,14 +32,15 @@ ListenAddress parse_listen_address(std::string_view s, std::string_view key) {
                    : host.find_first_not_of("0123456789.") == std::string_view::npos);
     if (host.empty() || !ok)
       throw_invalid(key, s, "expected [HOST:]PORT, HOST an IPv4 address, [IPv6] or localhost");
-    // The endpoints answer anyone who reaches them (no authentication): loopback only; a
-    // scraper on another machine goes through a proxy of the operator's choosing.
+    // The endpoints answer anyone who reaches them (no authentication): loopback unless the
+    // operator says otherwise; a scraper on another machine goes through a proxy, or a firewall.
     const bool loopback =
         host == "localhost" || host == "::1" || (!bracketed && host.substr(0, 4) == "127.");
-    if (!loopback)
+    if (!loopback && !any_host)
       throw_invalid(key, s,
                     "the endpoint is unauthenticated and listens on loopback only (127.x.x.x, "
-                    "[::1] or localhost): expose it through a proxy");
+                    "[::1] or localhost): expose it through a proxy, or (tierswap serve) say "
+                    "--metrics-any-host");
     a.host = std::string(host);
   }
   const bool digits = !port.empty() && port.size() <= 5 &&

@@ -195,6 +195,9 @@ def test_serve_takes_the_socket_systemd_hands_over(tmp_path):
 @pytest.mark.parametrize("args,named", [
     (["--host-budget", "lots"], "--host-budget"),
     (["--metrics", "nine"], "--metrics"),
+    (["--metrics", "0.0.0.0:"], "loopback only"),
+    (["--metrics-any-host", "--metrics", "0.0.0.0:"], "PORT in 0..65535"),
+    (["--metrics", "0.0.0.0:9100"], "--metrics-any-host"),  # loopback unless told otherwise
     (["--client-quota", "8MiB"], "client_quota"),
     (["--pageable-quota", "much"], "--pageable-quota"),
     (["--pageable-budget", "much"], "--pageable-budget"),

@@ -666,21 +666,7 @@ TEST(Service, AConnectionWithoutAFirstMessageIsDroppedAtTheDeadlineAnIdleClientI
             std::string::npos);
 }
 
-// What `fn` returns, run in a child process as uid 65534 (nobody); 99 when it throws.
-int as_nobody(const std::function<int()>& fn) {
-  const pid_t child = ::fork();
-  if (child == 0) {
-    if (::setuid(65534) != 0) ::_exit(98);
-    try {
-      ::_exit(fn());
-    } catch (...) {
-      ::_exit(99);
-    }
-  }
-  int status = 0;
-  if (::waitpid(child, &status, 0) != child || !WIFEXITED(status)) return -1;
-  return WEXITSTATUS(status);
-}
+using test::as_nobody;
 
 TEST(Service, AnotherUidIsRefused) {
   if (::getuid() != 0) GTEST_SKIP() << "needs root to connect as another uid";

@@ -11,46 +11,16 @@
 #include <system_error>
 #include <thread>
 
+#include "service_util.hpp"
 #include "test_util.hpp"
 #include "tierswap/service.hpp"
 
 namespace tierswap {
 namespace {
 
+using test::errno_of;
 using test::TempDir;
-constexpr std::uint64_t kKiB = 1024, kMiB = 1024 * 1024;
-
-ServiceConfig stop_config(const TempDir& d) {
-  ServiceConfig c;
-  c.swap_dirs = {d.path()};
-  c.capacity = 64 * kMiB;
-  c.host_budget = 4 * kMiB;
-  c.socket = d.path() / "service.sock";
-  c.lock_memory = false;
-  return c;
-}
-
-ServiceClientConfig stop_client(const ServiceConfig& s, std::string job) {
-  ServiceClientConfig c;
-  c.socket = s.socket;
-  c.job = std::move(job);
-  c.memory_bytes = 64 * kKiB;
-  c.region_bytes = 4 * kMiB;
-  c.timeout_seconds = 30;
-  return c;
-}
-
-// The errno of what f() throws (0: nothing), its message in *what.
-template <class F>
-int errno_of(F&& f, std::string* what = nullptr) {
-  try {
-    f();
-  } catch (const std::system_error& e) {
-    if (what) *what = e.what();
-    return e.code().value();
-  }
-  return 0;
-}
+constexpr std::uint64_t kKiB = 1024;
 
 void put_pattern(ServiceClient& c, std::uint8_t seed) {
   for (std::size_t i = 0; i < 4 * kKiB; ++i) c.memory()[i] = std::byte(seed + i % 7);
@@ -66,16 +36,16 @@ bool holds_pattern(ServiceClient& c, std::uint8_t seed) {
 
 // Waits until the service refuses new clients (its stop has begun).
 void await_refusals(const ServiceConfig& sc) {
-  auto probe = stop_client(sc, "probe");
+  auto probe = test::small_client(sc, "probe");
   probe.release_when_detached = true;
   while (errno_of([&] { ServiceClient p(probe); }) != ESHUTDOWN) std::this_thread::yield();
 }
 
 TEST(ServiceStop, ClientsFinishTheirCommitThenAreToldTheServiceIsGoing) {
   TempDir d;
-  const auto sc = stop_config(d);
+  const auto sc = test::small_service(d.path());
   auto svc = std::make_unique<SwapService>(sc);
-  ServiceClient writing(stop_client(sc, "writing")), done(stop_client(sc, "done"));
+  ServiceClient writing(test::small_client(sc, "writing")), done(test::small_client(sc, "done"));
   put_pattern(writing, 1);
   ASSERT_EQ(writing.commit(), 1u);
   put_pattern(writing, 2);  // a commit under way when the stop comes
@@ -95,7 +65,7 @@ TEST(ServiceStop, ClientsFinishTheirCommitThenAreToldTheServiceIsGoing) {
   svc.reset();
 
   SwapService again(sc);
-  ServiceClient w(stop_client(sc, "writing")), k(stop_client(sc, "done"));
+  ServiceClient w(test::small_client(sc, "writing")), k(test::small_client(sc, "done"));
   EXPECT_EQ(w.attached_generation(), 2u);
   EXPECT_TRUE(holds_pattern(w, 4));
   EXPECT_EQ(k.attached_generation(), 1u);
@@ -104,9 +74,9 @@ TEST(ServiceStop, ClientsFinishTheirCommitThenAreToldTheServiceIsGoing) {
 
 TEST(ServiceStop, AClientThatReachesNoCommitIsCutOffAtTheDrainTimeAndResumesFromItsLast) {
   TempDir d;
-  const auto sc = stop_config(d);
+  const auto sc = test::small_service(d.path());
   auto svc = std::make_unique<SwapService>(sc);
-  auto c = std::make_unique<ServiceClient>(stop_client(sc, "slow"));
+  auto c = std::make_unique<ServiceClient>(test::small_client(sc, "slow"));
   put_pattern(*c, 1);
   ASSERT_EQ(c->commit(), 1u);
   put_pattern(*c, 2);  // and then no commit within the drain time
@@ -115,15 +85,15 @@ TEST(ServiceStop, AClientThatReachesNoCommitIsCutOffAtTheDrainTimeAndResumesFrom
   EXPECT_NE(errno_of([&] { c->commit(); }), 0);  // cut off
   c.reset();
   SwapService again(sc);
-  ServiceClient back(stop_client(sc, "slow"));
+  ServiceClient back(test::small_client(sc, "slow"));
   EXPECT_EQ(back.attached_generation(), 1u);
   EXPECT_TRUE(holds_pattern(back, 1));
 }
 
 TEST(ServiceStop, AClientWaitsForARestartingServiceOnlyWhenAskedTo) {
   TempDir d;
-  const auto sc = stop_config(d);
-  auto cc = stop_client(sc, "patient");
+  const auto sc = test::small_service(d.path());
+  auto cc = test::small_client(sc, "patient");
   std::string why;
   EXPECT_EQ(errno_of([&] { ServiceClient c(cc); }, &why), ENOENT);  // no service, no wait
   EXPECT_NE(why.find("is `tierswap serve` running?"), std::string::npos) << why;

@@ -30,6 +30,28 @@ TEST(Units, RejectsBadSizesNamingTheKey) {
   }
 }
 
+TEST(Units, ParsesDurationsAndRejectsBadOnesNamingTheKey) {
+  EXPECT_EQ(parse_duration("0"), 0.0);
+  EXPECT_EQ(parse_duration("90"), 90.0);
+  EXPECT_EQ(parse_duration("90s"), 90.0);
+  EXPECT_EQ(parse_duration("15m"), 900.0);
+  EXPECT_EQ(parse_duration("1.5h"), 5400.0);
+  EXPECT_EQ(parse_duration("7d"), 7 * 86400.0);
+  for (const char* bad :
+       {"", "d", "-1h", "1w", "1 h", "inf", "nan", "1e400", " 5", "5ms", "0x10"}) {
+    try {
+      parse_duration(bad, "--older-than");
+      FAIL() << "accepted '" << bad << "'";
+    } catch (const std::invalid_argument& e) {
+      EXPECT_NE(std::string(e.what()).find("--older-than"), std::string::npos) << e.what();
+    }
+  }
+  EXPECT_EQ(format_duration(45), "45 s");
+  EXPECT_EQ(format_duration(900), "15 min");
+  EXPECT_EQ(format_duration(9000), "2.5 h");
+  EXPECT_EQ(format_duration(7 * 86400), "7 d");
+}
+
 TEST(Units, FormatsBytes) {
   EXPECT_EQ(format_bytes(17), "17 B");
   EXPECT_EQ(format_bytes(1536), "1.50 KiB");

@@ -83,10 +83,10 @@ case "$cmd" in
       -DTIERSWAP_BUILD_BENCHMARKS=OFF -DTIERSWAP_WITH_CUDA=OFF -DTIERSWAP_BUILD_PYTHON=OFF >/dev/null
     cmake --build build-tsan -j "$(nproc)" \
       --target test_tier_manager test_thread_pool test_io_engine test_io_faults test_optimizer \
-        test_fault_soak test_service
+        test_fault_soak test_service test_service_lifetime
     (cd build-tsan && TIERSWAP_SKIP_LARGE=1 TSAN_OPTIONS=halt_on_error=1:second_deadlock_stack=1:suppressions="$PWD/../tests/tsan.supp" \
        ctest --output-on-failure -j 2 --timeout 900 \
-       -R '^(TierManager|TierManagerCrash|Telemetry|ThreadPool|Backends/EngineTest|Backends/FaultTest|ShardedOptimizer|MemoryOnly|FaultSoak)[.]|^Service[.](BlocksGo|ClientsAre|TheNodeBudget|Simultaneous|Malformed|Metrics|ATierManager|ARawClient)')
+       -R '^(TierManager|TierManagerCrash|Telemetry|ThreadPool|Backends/EngineTest|Backends/FaultTest|ShardedOptimizer|MemoryOnly|FaultSoak|ServiceLifetime)[.]|^Service[.](BlocksGo|ClientsAre|TheNodeBudget|Simultaneous|Malformed|Metrics|ATierManager|ARawClient)')
     CC=clang CXX=clang++ cmake -S . -B build-fuzz -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo \
       -DTIERSWAP_SANITIZE=fuzz -DTIERSWAP_BUILD_TESTS=OFF -DTIERSWAP_BUILD_BENCHMARKS=OFF \
       -DTIERSWAP_BUILD_PYTHON=OFF -DTIERSWAP_WITH_CUDA=OFF -DTIERSWAP_WITH_MPI=OFF >/dev/null

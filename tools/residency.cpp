@@ -57,18 +57,21 @@ static void print_service(const nlohmann::json& j, std::FILE* out, const std::st
   if (j.contains("shared_memory_pages"))
     fmt::print(out, "{}  shared memory on {}\n", indent, j.value("shared_memory_pages", ""));
   for (const auto& c : clients)
-    fmt::print(out, "{}  {}.{} ({}): {}, {} of NVMe, {}\n", indent, c.value("job", std::string()),
-               int_field<std::uint32_t>(c, "rank"),
-               c.value("raw", false) ? "tier manager" : "blocks",
-               c.value("attached", false)
-                   ? fmt::format("pid {}, {} shared, {} read, {} written", int_field<int>(c, "pid"),
-                                 bytes_field(c, "memory_bytes"), bytes_field(c, "nvme_read_bytes"),
-                                 bytes_field(c, "nvme_written_bytes"))
-                   : std::string("detached"),
-               bytes_field(c, "region_bytes"),
-               c.contains("generation")  // a tier manager commits in its own manifest
-                   ? fmt::format("generation {}", int_field<std::uint64_t>(c, "generation"))
-                   : std::string("generations in its swap directory's manifest"));
+    fmt::print(
+        out, "{}  {}.{} ({}): {}, {} of NVMe, {}\n", indent, c.value("job", std::string()),
+        int_field<std::uint32_t>(c, "rank"), c.value("raw", false) ? "tier manager" : "blocks",
+        c.value("attached", false)
+            ? fmt::format("pid {}, {} shared, {} read, {} written", int_field<int>(c, "pid"),
+                          bytes_field(c, "memory_bytes"), bytes_field(c, "nvme_read_bytes"),
+                          bytes_field(c, "nvme_written_bytes"))
+        : c.contains("idle_seconds")
+            ? fmt::format("detached for {}", format_duration(static_cast<double>(
+                                                 int_field<std::uint64_t>(c, "idle_seconds"))))
+            : std::string("detached"),
+        bytes_field(c, "region_bytes"),
+        c.contains("generation")  // a tier manager commits in its own manifest
+            ? fmt::format("generation {}", int_field<std::uint64_t>(c, "generation"))
+            : std::string("generations in its swap directory's manifest"));
 }
 
 namespace {

@@ -1,7 +1,8 @@
 // `tierswap serve`: the node service (include/tierswap/service.hpp) in the foreground until
 // SIGINT or SIGTERM; under systemd it takes the socket it is handed (socket activation) and
 // reports readiness (sd_notify). `tierswap release JOB.RANK`: an operator frees the region of a
-// client that ended without releasing it (a job that kept its swap files, or one that died).
+// client that ended without releasing it (a job that kept its swap files, or one that died);
+// `--older-than D` / `--all-of-job J`: every such region of the caller's that matches.
 #include <errno.h>
 #include <signal.h>
 #include <systemd/sd-daemon.h>
@@ -11,12 +12,14 @@
 #include <cstdlib>
 #include <memory>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <string>
 #include <system_error>
 #include <tuple>
 #include <utility>
 #include <vector>
 
+#include "tierswap/detail/paths.hpp"
 #include "tierswap/log.hpp"
 #include "tierswap/metrics.hpp"
 #include "tierswap/process_config.hpp"
@@ -32,7 +35,7 @@ namespace {
 struct ServeOptions {
   std::vector<std::string> dirs;
   std::string capacity, host_budget = "1GiB", quota, pageable_quota, pageable_budget, socket,
-                        metrics;
+                        metrics, region_ttl;
   bool allow_other_users = false, no_lock = false, metrics_any_host = false;
   double drain_seconds = 30;
 };
@@ -71,6 +74,7 @@ void run_serve(const ServeOptions& o) {
   c.socket = o.socket;
   c.allow_other_users = o.allow_other_users;
   c.lock_memory = !o.no_lock;
+  if (!o.region_ttl.empty()) c.region_ttl_seconds = parse_duration(o.region_ttl, "--region-ttl");
   std::unique_ptr<MetricsServer> metrics;
   if (!o.metrics.empty())
     metrics = std::make_unique<MetricsServer>(
@@ -86,9 +90,12 @@ void run_serve(const ServeOptions& o) {
   const auto st = nlohmann::json::parse(service.status_json());  // the budgets as resolved
   fmt::print(stderr,
              "tierswap serve: listening on {} ({} of shared memory for all clients, {} pageable "
-             "beside it{})\n",
+             "beside it{}{})\n",
              service.socket_path().string(), format_bytes(c.host_budget),
              format_bytes(st.at("pageable_budget").get<std::uint64_t>()),
+             c.region_ttl_seconds > 0 ? fmt::format(", regions unused for {} released",
+                                                    format_duration(c.region_ttl_seconds))
+                                      : std::string(),
              metrics ? fmt::format(", metrics on port {}", metrics->port()) : std::string());
   sd_notify(0, "READY=1");
   int sig = 0;
@@ -99,7 +106,7 @@ void run_serve(const ServeOptions& o) {
 }
 
 struct ReleaseOptions {
-  std::string client, socket;
+  std::string client, socket, older_than, job;
   double timeout = 30;
 };
 
@@ -116,28 +123,76 @@ std::pair<std::string, std::uint32_t> parse_client_key(const std::string& key) {
 
 // Attaches as the client (the service refuses while it is attached) and asks to be forgotten:
 // its region, blocks and manifest go, as at the end of a run that keeps nothing. A client's kind
-// (block or raw) is fixed at its first attach; the service names the other kind with EPROTOTYPE.
-void run_release(const ReleaseOptions& o) {
+// (block or raw) is fixed at its first attach; unknown (`raw` empty), the block kind is tried
+// first, and the service names the other kind with EPROTOTYPE. Its committed generation.
+std::uint64_t release_one(const ReleaseOptions& o, const std::string& job, std::uint32_t rank,
+                          std::optional<bool> raw) {
   ServiceClientConfig c;
-  std::tie(c.job, c.rank) = parse_client_key(o.client);
+  c.job = job;
+  c.rank = rank;
   c.socket = o.socket;
   c.memory_bytes = 4096;  // the least an attach asks; no region: only a known client attaches
   c.timeout_seconds = o.timeout;
-  for (const bool raw : {false, true}) {
-    c.raw = raw;
+  for (const bool kind : {false, true}) {
+    if (raw && *raw != kind) continue;
+    c.raw = kind;
     try {
       ServiceClient client(c);
       const std::uint64_t generation = client.attached_generation();
       client.release();
-      fmt::print(
-          "tierswap release: {} released (its region and its committed generation {} "
-          "are gone)\n",
-          o.client, generation);
-      return;
+      return generation;
     } catch (const std::system_error& e) {
-      if (raw || e.code().value() != EPROTOTYPE) throw;
+      if (kind || raw || e.code().value() != EPROTOTYPE) throw;
     }
   }
+  throw std::logic_error("release_one: no kind tried");
+}
+
+// --older-than and --all-of-job: every region of this uid (all of them for root and the
+// service's uid) that matches both, but for attached ones (named, kept). Throws when one failed.
+void release_matching(const ReleaseOptions& o) {
+  const double age = o.older_than.empty() ? 0 : parse_duration(o.older_than, "--older-than");
+  if (!o.job.empty() && !detail::valid_job_id(o.job))
+    throw std::invalid_argument(
+        fmt::format("release: --all-of-job '{}': not a job id ([A-Za-z0-9._-], 1 to 64)", o.job));
+  std::size_t released = 0, kept = 0, failed = 0;
+  for (const ServiceRegion& r : service_regions(o.socket, o.timeout)) {
+    if ((!o.job.empty() && r.job != o.job) || (!o.older_than.empty() && r.attached)) continue;
+    if (static_cast<double>(r.idle_seconds) < age) continue;
+    if (r.attached) {
+      fmt::print("tierswap release: {} is attached: kept\n", r.key());
+      ++kept;
+      continue;
+    }
+    try {
+      const std::uint64_t generation = release_one(o, r.job, r.rank, r.raw);
+      fmt::print("tierswap release: {} released ({} unused for {}{})\n", r.key(),
+                 format_bytes(r.bytes), format_duration(static_cast<double>(r.idle_seconds)),
+                 r.raw ? "" : fmt::format(", committed generation {}", generation));
+      ++released;
+    } catch (const std::system_error& e) {  // attached meanwhile, or another's: the next one
+      fmt::print(stderr, "tierswap release: {}: {}\n", r.key(), e.what());
+      ++failed;
+    }
+  }
+  fmt::print("tierswap release: {} released, {} attached and kept, {} failed\n", released, kept,
+             failed);
+  if (failed > 0)
+    throw std::runtime_error(fmt::format("release: {} of the regions failed", failed));
+}
+
+void run_release(const ReleaseOptions& o) {
+  const bool matching = !o.older_than.empty() || !o.job.empty();
+  if (o.client.empty() == !matching)
+    throw std::invalid_argument(
+        "release: name one client (JOB.RANK), or select regions with --older-than and/or "
+        "--all-of-job");
+  if (matching) return release_matching(o);
+  const auto [job, rank] = parse_client_key(o.client);
+  const std::uint64_t generation = release_one(o, job, rank, std::nullopt);
+  fmt::print(
+      "tierswap release: {} released (its region and its committed generation {} are gone)\n",
+      o.client, generation);
 }
 
 }  // namespace
@@ -146,8 +201,15 @@ void add_release(CLI::App& app) {
   auto o = std::make_shared<ReleaseOptions>();
   auto* r = app.add_subcommand(
       "release",
-      "Free a node-service client's NVMe region and state (one that ended without releasing it)");
-  r->add_option("client", o->client, "The client as `tierswap ps` lists it: JOB.RANK")->required();
+      "Free node-service clients' NVMe regions and state (ones that ended without releasing "
+      "them)");
+  r->add_option("client", o->client, "The client as `tierswap ps` lists it: JOB.RANK");
+  r->add_option("--older-than", o->older_than,
+                "Instead: every region of yours no client attached to for this long (90s, 15m, "
+                "12h, 7d)");
+  r->add_option("--all-of-job", o->job,
+                "Instead: every region of job J (with --older-than: those idle that long); "
+                "attached ones are kept");
   r->add_option("--socket", o->socket,
                 "The service's Unix socket (default: TIERSWAP_SERVICE, else "
                 "/run/tierswap/service.sock when it exists, else <runtime dir>/service.sock)");
@@ -188,6 +250,9 @@ void add_serve(CLI::App& app) {
   s->add_flag("--allow-other-users", o->allow_other_users,
               "Accept clients of other uids (the socket becomes world-connectable)");
   s->add_flag("--no-lock", o->no_lock, "Do not mlock the clients' shared memory");
+  s->add_option("--region-ttl", o->region_ttl,
+                "Release a region no client attached to for this long (90s, 15m, 12h, 7d; "
+                "default: keep it until `tierswap release`)");
   s->add_option("--drain-seconds", o->drain_seconds,
                 "At SIGTERM: how long attached clients may take to reach their next commit "
                 "before they are cut off")

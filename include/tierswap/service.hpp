@@ -64,6 +64,10 @@ struct ServiceConfig {
   /// seconds is dropped, with a logged reason: something that is not a client (a telemetry
   /// query aimed at this socket, a stopped process) does not hold a session thread forever.
   double first_message_seconds = 30;
+  /// A region no client attached to for this many seconds is released (its blocks and manifest
+  /// go, as with `tierswap release`); its last use is kept in the registry across restarts, and
+  /// an attached region never expires. 0: regions are kept until released.
+  double region_ttl_seconds = 0;
   /// Throws std::invalid_argument naming the setting.
   void validate() const;
 };
@@ -141,6 +145,27 @@ struct ServiceOffer {
 ServiceOffer service_offer(const std::filesystem::path& socket, std::uint32_t share,
                            double timeout_seconds = 30, double wait_seconds = 0);
 
+/// A region the node service keeps (a client's NVMe state), as `tierswap release` selects them.
+struct ServiceRegion {
+  std::string job;
+  std::uint32_t rank = 0;
+  std::uint64_t bytes = 0;  ///< its size in the swap space
+  std::uint32_t owner_uid = 0;
+  bool raw = false;  ///< a tier manager's (it keeps its own manifest)
+  bool attached = false;
+  /// Seconds since a client last attached or detached (0 while attached): what
+  /// ServiceConfig::region_ttl_seconds counts.
+  std::int64_t idle_seconds = 0;
+  std::string key() const { return job + "." + std::to_string(rank); }
+};
+
+/// The regions the service at `socket` (empty: default_service_socket()) keeps that this uid
+/// owns (all of them for root and the service's own uid), by key. Throws std::system_error naming
+/// the socket when it cannot connect, gets no answer within the timeout, or is answered with
+/// anything but such a list (EPROTO).
+std::vector<ServiceRegion> service_regions(const std::filesystem::path& socket,
+                                           double timeout_seconds = 30);
+
 /// A connection to the service. Every call throws std::system_error with the service's reason
 /// (or "service <socket> closed the connection" / "no answer within the timeout") on failure.
 /// Not thread-safe: one caller at a time.
@@ -176,6 +201,7 @@ class ServiceClient {
  private:
   friend class ServiceStorage;
   friend ServiceOffer service_offer(const std::filesystem::path&, std::uint32_t, double, double);
+  friend std::vector<ServiceRegion> service_regions(const std::filesystem::path&, double);
   struct Impl;
   std::unique_ptr<Impl> impl_;
 };

@@ -1,4 +1,4 @@
-// Byte-size parsing and formatting used by configs and the CLI.
+// Byte-size and duration parsing and formatting used by configs and the CLI.
 #pragma once
 
 #include <cstdint>
@@ -16,6 +16,13 @@ std::uint64_t parse_size(std::string_view text, std::string_view key = "size");
 /// 10^9, 10^12 ("20B", "1.5T", "350M"), as model sizes are named: decimal, unlike byte sizes.
 /// Every `--params` of the CLI reads this. std::invalid_argument naming `key`.
 std::uint64_t parse_param_count(std::string_view text, std::string_view key = "params");
+
+/// A duration in seconds: a number with s, m, h or d ("90", "90s", "15m", "1.5h", "7d"; no unit:
+/// seconds), finite and not negative. std::invalid_argument naming `key` and the text otherwise.
+double parse_duration(std::string_view text, std::string_view key = "duration");
+
+/// "45 s", "15 min", "2.5 h", "7 d": the largest unit that leaves at least 1 of it.
+std::string format_duration(double seconds);
 
 /// "1.50 GiB", "512 KiB", "17 B".
 std::string format_bytes(std::uint64_t bytes);

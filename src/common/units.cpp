@@ -6,6 +6,7 @@
 #include <limits>
 #include <stdexcept>
 #include <string>
+#include <utility>
 
 #include "tierswap/error.hpp"
 
@@ -77,6 +78,32 @@ std::string format_bytes(std::uint64_t bytes) {
     ++u;
   }
   return fmt::format("{:.2f} {}", v, kUnits[u]);
+}
+
+double parse_duration(std::string_view text, std::string_view key) {
+  const std::string t(text);
+  std::size_t used = 0;
+  double v = -1;
+  try {
+    v = std::stod(t, &used);
+  } catch (const std::exception&) {
+    used = 0;
+  }
+  if (t.substr(0, used).find_first_not_of("0123456789.") != std::string::npos) used = 0;
+  const std::string unit = t.substr(used);
+  static constexpr std::pair<const char*, double> kUnits[] = {
+      {"", 1}, {"s", 1}, {"m", 60}, {"h", 3600}, {"d", 86400}};
+  for (const auto& [name, mult] : kUnits)
+    if (used != 0 && unit == name && std::isfinite(v * mult) && v >= 0) return v * mult;
+  throw std::invalid_argument(fmt::format(
+      "{} '{}': expected a duration such as 90s, 15m, 12h or 7d (a number: seconds)", key, t));
+}
+
+std::string format_duration(double seconds) {
+  if (seconds >= 86400) return fmt::format("{:g} d", seconds / 86400);
+  if (seconds >= 3600) return fmt::format("{:g} h", seconds / 3600);
+  if (seconds >= 60) return fmt::format("{:g} min", seconds / 60);
+  return fmt::format("{:g} s", seconds);
 }
 
 std::uint64_t parse_param_count(std::string_view text, std::string_view key) {

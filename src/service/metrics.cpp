@@ -77,6 +77,10 @@ void SwapService::Impl::fill_client_metrics(MetricsWriter& w) const {
 }
 
 void SwapService::Impl::fill_failure_metrics(MetricsWriter& w) const {
+  w.family("tierswap_service_expired_regions_total",
+           "Regions released because no client attached to them for the region TTL.",
+           MetricType::counter);
+  w.sample(static_cast<double>(expired.load()));
   w.family("tierswap_service_refused_connections_total",
            "Connections refused at their first message (another uid, a stop, the budget).",
            MetricType::counter);

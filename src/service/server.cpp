@@ -11,6 +11,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <cmath>
 #include <cstring>
 #include <filesystem>
 #include <mutex>
@@ -68,6 +69,9 @@ void ServiceConfig::validate() const {
   if (!(first_message_seconds > 0))
     throw std::invalid_argument(
         fmt::format("service: first_message_seconds {}: must be positive", first_message_seconds));
+  if (!(region_ttl_seconds >= 0) || !std::isfinite(region_ttl_seconds))
+    throw std::invalid_argument(fmt::format(
+        "service: region_ttl_seconds {}: must be 0 (never) or more", region_ttl_seconds));
   if (pageable_budget != 0 && pageable_quota > pageable_budget)
     throw std::invalid_argument(fmt::format("service: pageable_quota {} exceeds pageable_budget {}",
                                             format_bytes(pageable_quota),
@@ -108,7 +112,7 @@ void SwapService::Impl::open_storage() {
   align = std::max<std::uint64_t>(4096, space->alignment());
   uuid = space->uuid();
   files.dir = cfg.swap_dirs.front();
-  clients = service::load_clients(files, uuid, align, ::getuid());
+  clients = service::load_clients(files, uuid, align, ::getuid(), unix_now());
   regions = std::make_unique<ExtentAllocator>(space->capacity() / align * align, align);
   for (auto& [k, c] : clients) {
     try {
@@ -172,6 +176,7 @@ void SwapService::Impl::accept_loop() {
     if (::poll(fds, 2, 1000) < 0 && errno != EINTR) return;
     if (fds[1].revents) return;
     reap_peers(false);
+    expire_idle();
     if (!(fds[0].revents & POLLIN)) continue;
     const int fd = ::accept4(listen_fd, nullptr, nullptr, SOCK_CLOEXEC);
     if (fd < 0) continue;
@@ -289,8 +294,8 @@ void SwapService::Impl::converse(Peer& p, Session& s) {
   }
 }
 
-// Before a hello: an Offer is answered and the connection ends; a Hello attaches (or is refused
-// with the reason, and the connection ends); anything else drops it. Whether to go on.
+// Before a hello: an Offer or a Status is answered and the connection ends; a Hello attaches (or
+// is refused with the reason, and the connection ends); anything else drops it. Whether to go on.
 bool SwapService::Impl::first_message(Peer& p, const wire::Message& m, Session& s) {
   if (p.cred.uid != ::getuid() && !cfg.allow_other_users) {  // told why, not just closed
     const std::string why = fmt::format(
@@ -311,6 +316,11 @@ bool SwapService::Impl::first_message(Peer& p, const wire::Message& m, Session& 
   }
   if (const auto* o = m.body_as_Offer()) {
     offer(p, *o);
+    return false;
+  }
+  if (m.body_type() == wire::Body::Status) {  // `tierswap release --older-than`: the regions
+    const bool all = p.cred.uid == 0 || p.cred.uid == ::getuid();
+    s.out->send({0, {}, 0, status(all ? std::nullopt : std::optional<uid_t>(p.cred.uid))});
     return false;
   }
   const auto* h = m.body_as_Hello();
@@ -472,6 +482,7 @@ int SwapService::Impl::admit(const wire::Hello& h, const std::string& key, uid_t
   c.bytes = e->length;
   c.raw = h.raw();
   c.uid = uid;
+  c.last_used = unix_now();
   c.rebuild(align);
   const auto added = clients.emplace(key, std::move(c)).first;
   try {  // a client the registry does not name would lose its state at the service's restart
@@ -502,6 +513,7 @@ int SwapService::Impl::hello(Peer& p, const wire::Hello& h, Session& s, std::str
                                     p.cred.uid, *why));
     return refused;
   }
+  if (reattached) touch(*rec);
   // The grant and the key are taken now (a second hello for the key is refused as attached);
   // the memory is made without the lock: locking gigabytes takes seconds, and every other
   // client's completions count their traffic under it.
@@ -712,6 +724,7 @@ void SwapService::Impl::detach(Session& s) {
       c.raw ? fmt::format("service: {} detached", s.key)
             : fmt::format("service: {} detached at generation {}", s.key, c.generation));
   s.rec = nullptr;
+  if (!s.release) touch(c);
   if (s.release) forget(s.key);  // destroys the record `c` refers to: last
   lk.unlock();
   s.mem.reset();  // unmapping gigabytes takes a while: not under the lock
@@ -739,8 +752,9 @@ void SwapService::Impl::forget(const std::string& key) {
 }
 
 // ---- status and metrics --------------------------------------------------------------------
-std::string SwapService::Impl::status() const {
+std::string SwapService::Impl::status(std::optional<uid_t> owner) const {
   std::lock_guard lk(mu);
+  const std::int64_t now = unix_now();
   nlohmann::json j = {{"service", true},
                       {"pid", ::getpid()},
                       {"socket", socket_path.string()},
@@ -758,12 +772,16 @@ std::string SwapService::Impl::status() const {
   for (const auto& d : cfg.swap_dirs) j["swap_dirs"].push_back(d.string());
   j["clients"] = nlohmann::json::array();
   for (const auto& [k, c] : clients) {
-    nlohmann::json e = {{"job", c.job},
-                        {"rank", c.rank},
-                        {"region_bytes", c.bytes},
-                        {"blocks", c.blocks.size()},
-                        {"attached", live.count(k) > 0},
-                        {"raw", c.raw}};
+    if (owner && c.uid != *owner) continue;
+    nlohmann::json e = {
+        {"job", c.job},
+        {"rank", c.rank},
+        {"region_bytes", c.bytes},
+        {"blocks", c.blocks.size()},
+        {"attached", live.count(k) > 0},
+        {"raw", c.raw},
+        {"owner_uid", c.uid},
+        {"idle_seconds", live.count(k) ? 0 : std::max<std::int64_t>(0, now - c.last_used)}};
     if (!c.raw) e["generation"] = c.generation;  // a tier manager commits in its own manifest
     if (const auto it = live.find(k); it != live.end()) {
       const Live& l = it->second;

@@ -6,12 +6,14 @@
 
 #include <array>
 #include <atomic>
+#include <chrono>
 #include <cstdint>
 #include <deque>
 #include <list>
 #include <map>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <thread>
 
@@ -160,7 +162,17 @@ struct SwapService::Impl {
   std::uint64_t commit(Session& s);
   void detach(Session& s);
   void forget(const std::string& key);  // under mu
-  std::string status() const;
+  /// The status JSON; with `owner`, only the regions that uid owns (what another uid is shown).
+  std::string status(std::optional<uid_t> owner = std::nullopt) const;
+  // ---- region lifetime (lifetime.cpp) ----
+  static std::int64_t unix_now();
+  /// Under mu: records in the registry that `c` is used now (an attach or a detach).
+  void touch(ClientRecord& c);
+  /// Releases the detached regions no client attached to for cfg.region_ttl_seconds (the
+  /// acceptor's loop calls it; it sweeps at most every tenth of the TTL).
+  void expire_idle();
+  std::chrono::steady_clock::time_point last_sweep{};  // the acceptor's
+  std::atomic<std::uint64_t> expired{0};               // regions released by their TTL
   // ---- the metrics endpoint (metrics.cpp) ----
   void fill_metrics(MetricsWriter& w) const;
   void fill_client_metrics(MetricsWriter& w) const;  // under mu

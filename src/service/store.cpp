@@ -43,13 +43,20 @@ namespace {
   throw std::runtime_error(fmt::format("{}: {}", p.string(), why));
 }
 
-void check_header(const nlohmann::json& j, const std::filesystem::path& p, const char* format,
-                  const std::string& uuid) {
+// The registry's version: 2 records each client's last use; 1 (read, never written) does not.
+constexpr int kRegistryVersion = 2;
+
+// The file's format and swap space checked; returns its version, 1 up to `newest`.
+int check_header(const nlohmann::json& j, const std::filesystem::path& p, const char* format,
+                 const std::string& uuid, int newest) {
   if (!j.is_object() || j.value("format", "") != format)
     corrupt(p, fmt::format("not a {} file", format));
-  if (j.value("version", nlohmann::json()) != 1)
-    corrupt(p, "unsupported version " + j.value("version", nlohmann::json()).dump());
+  const nlohmann::json v = j.value("version", nlohmann::json());
+  if (!v.is_number_integer() || v.get<std::int64_t>() < 1 || v.get<std::int64_t>() > newest)
+    corrupt(p,
+            fmt::format("unsupported version {} (this tierswap reads 1 to {})", v.dump(), newest));
   if (j.value("space_uuid", "") != uuid) corrupt(p, "belongs to another swap space");
+  return v.get<int>();
 }
 
 std::uint64_t u64(const nlohmann::json& j) {
@@ -60,7 +67,7 @@ void load_blocks(const ServiceFiles& f, const std::string& uuid, ClientRecord& c
   const auto p = f.manifest(c);
   if (!std::filesystem::exists(p)) return;
   const auto j = nlohmann::json::parse(detail::read_manifest_file(p), nullptr, false);
-  check_header(j, p, "tierswap.service-client", uuid);
+  check_header(j, p, "tierswap.service-client", uuid, 1);
   try {
     if (j.at("job") != c.job || j.at("rank") != c.rank) corrupt(p, "names another client");
     c.generation = u64(j.at("generation"));
@@ -85,11 +92,12 @@ void load_blocks(const ServiceFiles& f, const std::string& uuid, ClientRecord& c
 }  // namespace
 
 std::map<std::string, ClientRecord> load_clients(const ServiceFiles& f, const std::string& uuid,
-                                                 std::uint64_t align, std::uint32_t service_uid) {
+                                                 std::uint64_t align, std::uint32_t service_uid,
+                                                 std::int64_t now) {
   std::map<std::string, ClientRecord> out;
   if (!std::filesystem::exists(f.registry())) return out;
   const auto j = nlohmann::json::parse(detail::read_manifest_file(f.registry()), nullptr, false);
-  check_header(j, f.registry(), "tierswap.service", uuid);
+  const int version = check_header(j, f.registry(), "tierswap.service", uuid, kRegistryVersion);
   try {
     for (const auto& e : j.at("clients")) {
       ClientRecord c;
@@ -99,6 +107,8 @@ std::map<std::string, ClientRecord> load_clients(const ServiceFiles& f, const st
       c.bytes = u64(e.at("bytes"));
       c.raw = e.value("raw", false);
       c.uid = e.contains("uid") ? detail::json_int<std::uint32_t>(e.at("uid")) : service_uid;
+      c.last_used = version >= 2 ? detail::json_int<std::int64_t>(e.at("last_used")) : now;
+      if (c.last_used < 0) corrupt(f.registry(), "bad last use of " + c.key());
       if (!detail::valid_job_id(c.job)) corrupt(f.registry(), "bad job id '" + c.job + "'");
       load_blocks(f, uuid, c);
       try {
@@ -118,7 +128,8 @@ std::map<std::string, ClientRecord> load_clients(const ServiceFiles& f, const st
 
 void save_registry(const ServiceFiles& f, const std::string& uuid,
                    const std::map<std::string, ClientRecord>& clients) {
-  nlohmann::json j = {{"format", "tierswap.service"}, {"version", 1}, {"space_uuid", uuid}};
+  nlohmann::json j = {
+      {"format", "tierswap.service"}, {"version", kRegistryVersion}, {"space_uuid", uuid}};
   j["clients"] = nlohmann::json::array();
   for (const auto& [k, c] : clients)
     j["clients"].push_back({{"job", c.job},
@@ -126,7 +137,8 @@ void save_registry(const ServiceFiles& f, const std::string& uuid,
                             {"base", c.base},
                             {"bytes", c.bytes},
                             {"raw", c.raw},
-                            {"uid", c.uid}});
+                            {"uid", c.uid},
+                            {"last_used", c.last_used}});
   detail::write_manifest_file(f.registry(), j.dump(), true, /*recycle=*/true);
 }
 

@@ -35,6 +35,9 @@ struct ClientRecord {
   /// The uid that made the region: only it (and the service's own uid) may attach it, read it
   /// or release it. A registry written before regions had owners: the service's uid.
   std::uint32_t uid = 0;
+  /// When a client last attached or detached (Unix seconds): a detached region idle for the
+  /// service's region TTL is released. A registry of version 1 (before it): the load's time.
+  std::int64_t last_used = 0;
   std::map<std::uint64_t, BlockRecord> blocks;
 
   std::string key() const { return job + "." + std::to_string(rank); }
@@ -57,9 +60,11 @@ struct ServiceFiles {
 
 /// The regions of every known client, keyed by ClientRecord::key(); blocks and generation from
 /// each client's manifest. Throws std::runtime_error naming the file when one is corrupt or of
-/// another swap space. Records without an owner (an older registry) get `service_uid`.
+/// another swap space. Records without an owner (an older registry) get `service_uid`; without a
+/// last use (version 1), `now`.
 std::map<std::string, ClientRecord> load_clients(const ServiceFiles& f, const std::string& uuid,
-                                                 std::uint64_t align, std::uint32_t service_uid);
+                                                 std::uint64_t align, std::uint32_t service_uid,
+                                                 std::int64_t now);
 void save_registry(const ServiceFiles& f, const std::string& uuid,
                    const std::map<std::string, ClientRecord>& clients);
 void save_manifest(const ServiceFiles& f, const std::string& uuid, const ClientRecord& c);

@@ -2,8 +2,9 @@
 // client's first message, sends the input as its answer (length prefixes, FlatBuffers, sequence
 // numbers) and closes. Selector 0: the answer to an Offer (service_offer). Selector 1: the answer
 // to a Hello (ServiceClient's constructor). Selector 2: the same with a 64 KiB memfd passed beside
-// it, as a Welcome's shared memory is. A bad answer is a std::exception naming the socket; never a
-// crash, a hang, or a mapping past the memfd.
+// it, as a Welcome's shared memory is. Selector 3: the answer to a Status (service_regions, the
+// JSON list `tierswap release --older-than` acts on). A bad answer is a std::exception naming the
+// socket; never a crash, a hang, or a mapping past the memfd.
 #include <sys/mman.h>
 #include <sys/socket.h>
 #include <sys/un.h>
@@ -79,11 +80,14 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t n) {
   static const int listen_fd = listener(socket);
   static const int memfd = shared_memory();
   const auto [which, answer] = fuzz::split(data, n);
-  const int mode = which % 3;
+  const int mode = which % 4;
   std::thread service(answer_once, listen_fd, answer, mode == 2 ? memfd : -1);
   try {
     if (mode == 0) {
       (void)service_offer(socket, 2, 5);
+    } else if (mode == 3) {
+      for (const ServiceRegion& r : service_regions(socket, 5))
+        if (r.key().empty() || r.idle_seconds < 0) std::abort();  // checked as it was read
     } else {
       ServiceClientConfig cc;
       cc.socket = socket;

@@ -105,6 +105,28 @@ void text_seeds(int argc, char** argv) {
   }
 }
 
+// A service's swap space of 16 MiB in `dir`, a 1 MiB budget.
+ServiceConfig seed_service(const std::filesystem::path& dir) {
+  std::filesystem::create_directories(dir);
+  ServiceConfig c;
+  c.swap_dirs = {dir};
+  c.capacity = 16ull << 20;
+  c.host_budget = 1 << 20;
+  c.socket = dir / "s.sock";
+  c.lock_memory = false;
+  return c;
+}
+
+ServiceClientConfig seed_client(const ServiceConfig& c, const char* job, std::uint32_t rank) {
+  ServiceClientConfig cc;
+  cc.socket = c.socket;
+  cc.job = job;
+  cc.rank = rank;
+  cc.memory_bytes = 4096;
+  cc.region_bytes = 1 << 20;
+  return cc;
+}
+
 // Frames as a client sends them (service::frame): a hello and an offer (selector 0), requests
 // after a hello (selector 1), a real registry payload (selector 2) and a client's manifest (3).
 void service_seeds() {
@@ -118,6 +140,10 @@ void service_seeds() {
                                    64 << 10, 1 << 20);
   fb.Finish(wire::CreateMessage(fb, 1, wire::Body::Hello, h.Union()), wire::MessageIdentifier());
   seed("service_message", "hello", service::frame(fb), 0);
+  fb.Clear();
+  fb.Finish(wire::CreateMessage(fb, 1, wire::Body::Status, wire::CreateStatus(fb).Union()),
+            wire::MessageIdentifier());
+  seed("service_message", "status", service::frame(fb), 0);  // the regions, without a hello
   std::string reqs;
   std::uint64_t seq = 2;
   auto add = [&](wire::Body t, flatbuffers::Offset<void> body) {
@@ -134,23 +160,11 @@ void service_seeds() {
   add(wire::Body::Status, wire::CreateStatus(fb).Union());
   seed("service_message", "requests", reqs, 1);
   const auto dir = fuzz::scratch() / "service";
-  std::filesystem::create_directories(dir);
-  ServiceConfig c;
-  c.swap_dirs = {dir};
-  c.capacity = 16ull << 20;
-  c.host_budget = 1 << 20;
-  c.socket = dir / "s.sock";
-  c.lock_memory = false;
+  const ServiceConfig c = seed_service(dir);
   {
     SwapService svc(c);
     for (std::uint32_t r = 0; r < 2; ++r) {
-      ServiceClientConfig cc;
-      cc.socket = c.socket;
-      cc.job = "seed";
-      cc.rank = r;
-      cc.memory_bytes = 4096;
-      cc.region_bytes = 1 << 20;
-      ServiceClient cl(cc);
+      ServiceClient cl(seed_client(c, "seed", r));
       cl.put(1, 0, 4096);
       cl.commit();
     }
@@ -162,7 +176,8 @@ void service_seeds() {
 }
 
 // The service's answers a client reads (fuzz_service_answer): an offer (selector 0), a refused
-// hello (1), and a welcome whose sizes match the 64 KiB memfd the fake service passes (2).
+// hello (1), a welcome whose sizes match the 64 KiB memfd the fake service passes (2), and a
+// live service's status listing its regions (3).
 void service_answer_seeds() {
   flatbuffers::FlatBufferBuilder fb;
   auto answer = [&](const char* name, int selector, wire::Body t, flatbuffers::Offset<void> body) {
@@ -179,6 +194,12 @@ void service_answer_seeds() {
   const auto uuid = fb.CreateString("0123456789abcdef");
   answer("welcome", 2, wire::Body::Welcome,
          wire::CreateWelcome(fb, 64 << 10, 1 << 20, 0, false, 4096, uuid, 0).Union());
+  const ServiceConfig c = seed_service(fuzz::scratch() / "regions");
+  SwapService svc(c);
+  { ServiceClient ended(seed_client(c, "ended", 0)); }
+  ServiceClient running(seed_client(c, "running", 0));
+  answer("regions", 3, wire::Body::Reply,
+         wire::CreateReply(fb, 0, 0, 0, fb.CreateString(svc.status_json())).Union());
 }
 
 }  // namespace

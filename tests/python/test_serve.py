@@ -3,6 +3,7 @@ socket activation (LISTEN_FDS), `tierswap ps` listing the service, its Prometheu
 clean stop on SIGTERM; and bad options named."""
 import json
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -198,6 +199,7 @@ def test_serve_takes_the_socket_systemd_hands_over(tmp_path):
     (["--metrics", "0.0.0.0:"], "loopback only"),
     (["--metrics-any-host", "--metrics", "0.0.0.0:"], "PORT in 0..65535"),
     (["--metrics", "0.0.0.0:9100"], "--metrics-any-host"),  # loopback unless told otherwise
+    (["--region-ttl", "soon"], "--region-ttl 'soon'"),
     (["--client-quota", "8MiB"], "client_quota"),
     (["--pageable-quota", "much"], "--pageable-quota"),
     (["--pageable-budget", "much"], "--pageable-budget"),
@@ -266,7 +268,6 @@ def test_serve_refuses_a_budget_above_the_machine_s_memory_and_makes_nothing(tmp
 def test_the_service_log_says_when_and_whom_it_refused(tmp_path, journal):
     """issue 61: log lines had no time nor level for journald, and the default level hid
     refusals and attaches."""
-    import re
     svc, sock = start_service(tmp_path, journal=journal)
     try:
         r = subprocess.run([cli_path(), "release", "nosuch.0", "--socket", sock, "--timeout", "10"],
@@ -449,10 +450,22 @@ def test_a_killed_run_on_a_temporary_directory_leaves_no_region_in_the_service(t
         assert svc.wait(timeout=30) == 0
 
 
-def test_release_frees_the_region_of_a_job_that_kept_it(tmp_path):
+def kept_job(tmp_path, sock, name):
+    """A tinylm job on the service that trained one step and keeps its region (its optimizer,
+    attached until closed), its swap directory tmp_path/name."""
     import tierswap.torch as tt
     from tierswap import tinylm
 
+    (tmp_path / name).mkdir()
+    model = tinylm.make_model()
+    opt = tt.AdamW(tinylm.param_groups(model), swap_dir=str(tmp_path / name), host_budget="16MiB",
+                   state_tier="nvme", telemetry=False, service=sock, service_job=name,
+                   keep_swap_files=True)
+    tinylm.train_tierswap(model, opt, 1, total=1)
+    return opt
+
+
+def test_release_frees_the_region_of_a_job_that_kept_it(tmp_path):
     svc, sock = start_service(tmp_path)
 
     def release(client):
@@ -464,17 +477,12 @@ def test_release_frees_the_region_of_a_job_that_kept_it(tmp_path):
                               text=True, check=True).stdout
 
     try:
-        (tmp_path / "job").mkdir()
-        model = tinylm.make_model()
-        opt = tt.AdamW(tinylm.param_groups(model), swap_dir=str(tmp_path / "job"),
-                       host_budget="16MiB", state_tier="nvme", telemetry=False, service=sock,
-                       service_job="kept", keep_swap_files=True)
-        tinylm.train_tierswap(model, opt, 1, total=1)
+        opt = kept_job(tmp_path, sock, "kept")
         r = release("kept.0")  # while the job runs: refused, nothing lost
         assert r.returncode != 0 and "kept.0 is already attached" in r.stderr, r.stderr
         opt.close()
         lines = service_lines()
-        assert "kept.0 (tier manager): detached" in lines
+        assert re.search(r"kept\.0 \(tier manager\): detached for \d+ s", lines), lines
         # a tier manager's generations are its manifest's: the service has none to show
         assert "generations in its swap directory's manifest" in lines and "generation 0" not in lines
         for bad, named in (("ghost.0", "ghost.0 is not known"), ("kept", "JOB.RANK"),
@@ -496,6 +504,59 @@ def test_release_frees_the_region_of_a_job_that_kept_it(tmp_path):
     finally:
         svc.terminate()
         assert svc.wait(timeout=30) == 0
+
+
+def test_release_selects_regions_by_age_and_job_and_keeps_attached_ones(tmp_path):
+    """issue 61: kept regions never expired; `tierswap release --older-than D` / `--all-of-job J`
+    free what a uid's ended jobs left, never a region a job is attached to."""
+    svc, sock = start_service(tmp_path)
+
+    def release(*args):
+        return subprocess.run([cli_path(), "release", *args, "--socket", sock, "--timeout", "10"],
+                              capture_output=True, text=True, timeout=60)
+
+    try:
+        for name in ("ended", "old"):
+            kept_job(tmp_path, sock, name).close()
+        running = kept_job(tmp_path, sock, "running")
+        r = release("--older-than", "1h")
+        assert r.returncode == 0 and "0 released, 0 attached and kept, 0 failed" in r.stdout, r
+        r = release("--all-of-job", "running")
+        assert r.returncode == 0 and "running.0 is attached: kept" in r.stdout, r
+        r = release("--all-of-job", "ended")
+        assert r.returncode == 0, r.stderr
+        assert "ended.0 released" in r.stdout and "1 released" in r.stdout, r.stdout
+        time.sleep(2.1)  # the last use is kept in whole seconds
+        r = release("--older-than", "1s")
+        assert r.returncode == 0, r.stderr
+        assert "old.0 released" in r.stdout and "running.0" not in r.stdout, r.stdout
+        assert "1 released, 0 attached and kept" in r.stdout, r.stdout
+        for args, named in ((["old.0", "--all-of-job", "old"], "name one client"), ([], "name one client"),
+                            (["--older-than", "soon"], "--older-than 'soon'"),
+                            (["--all-of-job", "a/b"], "--all-of-job 'a/b'")):
+            r = release(*args)
+            assert r.returncode != 0 and named in r.stderr, (args, r.stderr)
+        running.close()
+        r = release("--all-of-job", "running")
+        assert r.returncode == 0 and "running.0 released" in r.stdout, r
+    finally:
+        svc.terminate()
+        assert svc.wait(timeout=30) == 0
+
+
+def test_serve_releases_regions_past_their_ttl(tmp_path):
+    svc, sock = start_service(tmp_path, extra=("--region-ttl", "2s"))
+    try:
+        kept_job(tmp_path, sock, "brief").close()
+    finally:
+        time.sleep(4)  # past the TTL and a sweep
+        svc.terminate()
+        assert svc.wait(timeout=30) == 0
+    err = svc.stderr.read()
+    assert "regions unused for 2 s released" in err, err
+    assert re.search(r"service: brief\.0 expired: no client attached to it for \d+ s "
+                     r"\(--region-ttl 2 s\)", err), err
+    assert "service: brief.0 released" in err, err
 
 
 def test_bench_io_measures_through_the_service_and_gives_its_region_back(tmp_path):

@@ -750,6 +750,25 @@ TEST(Service, ACommitIntoADeletedSwapFileIsRefusedNamingIt) {
   EXPECT_NE(error_of([&] { c.commit(); }).find("deleted or replaced"), std::string::npos);
 }
 
+// issue 61: after rm of the swap file, a restart (Restart=on-failure) made a new one, then
+// failed on the registry of the old ("belongs to another swap space"), again and again.
+TEST(Service, ARestartOverALostSwapFileSaysWhatWasLostAndMakesNothing) {
+  TempDir d;
+  const auto sc = service_config(d);
+  {
+    SwapService svc(sc);
+    ServiceClient c(client_config(sc, "lost"));
+    commit_one_block(c);
+  }
+  std::filesystem::remove(d.path() / SwapSpace::kFileName);
+  const auto before = test::names_in(d.path());
+  const std::string why = error_of([&] { SwapService svc(sc); });
+  EXPECT_NE(why.find(SwapSpace::kFileName), std::string::npos) << why;
+  EXPECT_NE(why.find("lost.0"), std::string::npos) << why;
+  EXPECT_NE(why.find("tierswap.service"), std::string::npos) << why;
+  EXPECT_EQ(test::names_in(d.path()), before);  // no new swap file
+}
+
 TEST(Service, ACorruptRegistryIsAnErrorAndLeftAlone) {
   TempDir d;
   const auto sc = service_config(d);

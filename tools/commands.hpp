@@ -6,9 +6,19 @@
 #include <cmath>
 #include <cstdio>
 #include <filesystem>
+#include <stdexcept>
 #include <string>
 
 namespace tierswap::cli {
+
+/// A failure that exits with `status` instead of 1 (main prints what()): `tierswap serve` exits
+/// with kExitNeedsOperator when its configuration or files are wrong, which the systemd unit does
+/// not restart (RestartPreventExitStatus), so Restart=on-failure does not loop on them.
+struct ExitStatus : std::runtime_error {
+  int status;
+  ExitStatus(int s, const std::string& what) : std::runtime_error(what), status(s) {}
+};
+inline constexpr int kExitNeedsOperator = 78;  // EX_CONFIG of sysexits.h
 
 /// The help of every `--params` (read by parse_param_count: decimal, as model sizes are named).
 inline constexpr const char* kParamsHelp = "Parameters (decimal suffixes K, M, B, T: 350M = 350e6)";

@@ -60,6 +60,22 @@ void configure_service_log() {
                                                           : LogPrefix::timestamp);
 }
 
+// The service, or ExitStatus(kExitNeedsOperator) when what stops it needs an operator (a setting,
+// a corrupt or orphaned file: a restart would fail the same way); a system error (a socket in
+// use, a drive's I/O error) stays an exit status of 1, which systemd may retry.
+SwapService start_service(const ServiceConfig& c) {
+  try {
+    return SwapService(c, inherited_socket());
+  } catch (const std::system_error&) {
+    throw;
+  } catch (const std::exception& e) {
+    throw ExitStatus(kExitNeedsOperator,
+                     fmt::format("{} (exit status {}: tierswap.service does not restart until "
+                                 "this is fixed)",
+                                 e.what(), kExitNeedsOperator));
+  }
+}
+
 void run_serve(const ServeOptions& o) {
   configure_service_log();
   ServiceConfig c;
@@ -86,7 +102,7 @@ void run_serve(const ServeOptions& o) {
   sigaddset(&set, SIGINT);
   sigaddset(&set, SIGTERM);
   pthread_sigmask(SIG_BLOCK, &set, nullptr);
-  SwapService service(c, inherited_socket());
+  SwapService service = start_service(c);
   const auto st = nlohmann::json::parse(service.status_json());  // the budgets as resolved
   fmt::print(stderr,
              "tierswap serve: listening on {} ({} of shared memory for all clients, {} pageable "
@@ -224,8 +240,7 @@ void add_serve(CLI::App& app) {
   auto* s = app.add_subcommand(
       "serve", "The node service: one swap space and one memory budget for every rank and job");
   s->add_option("--swap-dir", o->dirs, "A swap directory (repeat: one per drive, striped)")
-      ->required()
-      ->check(CLI::ExistingDirectory);
+      ->required();
   s->add_option("--capacity", o->capacity,
                 "Swap space to create when the directories hold none (e.g. 64GiB)");
   s->add_option("--host-budget", o->host_budget, "Shared memory for all clients together")

@@ -73,6 +73,9 @@ int main(int argc, char** argv) {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
     return app.exit(e);
+  } catch (const tierswap::cli::ExitStatus& e) {
+    fmt::print(stderr, "tierswap: error: {}\n", e.what());
+    return e.status;
   } catch (const std::exception& e) {
     fmt::print(stderr, "tierswap: error: {}\n", e.what());
     return 1;

@@ -33,6 +33,7 @@
 #include "tierswap/units.hpp"
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 
 namespace tierswap {
 
@@ -79,25 +80,46 @@ void ServiceConfig::validate() const {
 }
 
 // ---- storage -------------------------------------------------------------------------------
+// The swap directories exist, and a swap space is there to open or, with a capacity, may be
+// made: not where a registry names clients of one that is gone (their state went with it, and a
+// new space would only fail on that registry at every restart).
+void SwapService::Impl::check_swap_dirs() const {
+  bool any_swap_file = false;
+  for (const auto& d : cfg.swap_dirs) {
+    std::error_code ec;
+    if (!std::filesystem::is_directory(d, ec))
+      throw std::invalid_argument(
+          fmt::format("swap directory {}: {}", d.string(),
+                      std::filesystem::exists(d, ec) ? "not a directory" : "does not exist"));
+    const bool here = std::filesystem::exists(d / SwapSpace::kFileName, ec);
+    any_swap_file = any_swap_file || here;
+    if (!here && cfg.capacity == 0)
+      throw std::invalid_argument(fmt::format(
+          "swap directory {} holds no tierswap swap space ({}): give a capacity to create one "
+          "(tierswap serve --capacity SIZE)",
+          d.string(), SwapSpace::kFileName));
+  }
+  const service::ServiceFiles f{cfg.swap_dirs.front()};
+  std::error_code ec;
+  if (any_swap_file || !std::filesystem::exists(f.registry(), ec)) return;
+  const auto [keys, old_uuid] = service::registry_summary(f);
+  throw std::invalid_argument(fmt::format(
+      "the swap file {} of swap space {} is gone, and with it the state of the {} client(s) "
+      "its registry {} names ({}); nothing was created. To start an empty swap space there, "
+      "move {} and {} away",
+      (cfg.swap_dirs.front() / SwapSpace::kFileName).string(), old_uuid, keys.size(),
+      f.registry().string(), fmt::join(keys, ", "), f.registry().filename().string(),
+      (f.dir / "service-clients").string()));
+}
+
 void SwapService::Impl::open_storage() {
+  check_swap_dirs();
   SwapSpaceConfig sc;
   sc.dirs = cfg.swap_dirs;
   if (cfg.capacity > 0) {
     sc.capacity = cfg.capacity;
     space = std::make_unique<SwapSpace>(SwapSpace::open_or_create(sc));
   } else {
-    for (const auto& d : cfg.swap_dirs) {
-      std::error_code ec;
-      if (!std::filesystem::is_directory(d, ec))
-        throw std::invalid_argument(
-            fmt::format("swap directory {}: {}", d.string(),
-                        std::filesystem::exists(d, ec) ? "not a directory" : "does not exist"));
-      if (!std::filesystem::exists(d / SwapSpace::kFileName, ec))
-        throw std::invalid_argument(fmt::format(
-            "swap directory {} holds no tierswap swap space ({}): give a capacity to create one "
-            "(tierswap serve --capacity SIZE)",
-            d.string(), SwapSpace::kFileName));
-    }
     space = std::make_unique<SwapSpace>(SwapSpace::open(cfg.swap_dirs));
   }
   engine = std::make_unique<IoEngine>(*space, IoEngineConfig::from_env());

@@ -90,6 +90,7 @@ struct SwapService::Impl {
   MetricsRegistry::Source metrics;
   std::unique_ptr<TelemetryServer> telemetry;  // `tierswap ps` finds the service through it
 
+  void check_swap_dirs() const;
   void open_storage();
   void listen_on(int inherited_fd);
   ~Impl() {

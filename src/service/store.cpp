@@ -126,6 +126,19 @@ std::map<std::string, ClientRecord> load_clients(const ServiceFiles& f, const st
   return out;
 }
 
+std::pair<std::vector<std::string>, std::string> registry_summary(const ServiceFiles& f) {
+  const auto j = nlohmann::json::parse(detail::read_manifest_file(f.registry()), nullptr, false);
+  std::vector<std::string> keys;
+  try {
+    for (const auto& e : j.at("clients"))
+      keys.push_back(e.at("job").get<std::string>() + "." +
+                     std::to_string(detail::json_int<std::uint32_t>(e.at("rank"))));
+    return {keys, j.at("space_uuid").get<std::string>()};
+  } catch (const std::exception& e) {  // json's errors and json_int's
+    corrupt(f.registry(), std::string("bad client table: ") + e.what());
+  }
+}
+
 void save_registry(const ServiceFiles& f, const std::string& uuid,
                    const std::map<std::string, ClientRecord>& clients) {
   nlohmann::json j = {

@@ -8,6 +8,7 @@
 #include <map>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "tierswap/extent_allocator.hpp"
@@ -65,6 +66,10 @@ struct ServiceFiles {
 std::map<std::string, ClientRecord> load_clients(const ServiceFiles& f, const std::string& uuid,
                                                  std::uint64_t align, std::uint32_t service_uid,
                                                  std::int64_t now);
+/// The clients ("job.rank") and swap space uuid a registry names, whatever swap space is there
+/// (to say what a lost swap file took with it). Throws std::runtime_error naming a corrupt file.
+std::pair<std::vector<std::string>, std::string> registry_summary(const ServiceFiles& f);
+
 void save_registry(const ServiceFiles& f, const std::string& uuid,
                    const std::map<std::string, ClientRecord>& clients);
 void save_manifest(const ServiceFiles& f, const std::string& uuid, const ClientRecord& c);

@@ -544,6 +544,30 @@ def test_release_selects_regions_by_age_and_job_and_keeps_attached_ones(tmp_path
         assert svc.wait(timeout=30) == 0
 
 
+def test_a_restart_over_a_lost_swap_file_says_what_went_and_exits_78(tmp_path):
+    """issue 61: after the swap file was deleted, a restart made a new one and failed on the old
+    registry, which under Restart=on-failure looped. Now it makes nothing, names the clients whose
+    state went, and exits 78, which the unit does not restart (RestartPreventExitStatus=78)."""
+    svc, sock = start_service(tmp_path)
+    try:
+        kept_job(tmp_path, sock, "gone").close()
+    finally:
+        svc.terminate()
+        assert svc.wait(timeout=30) == 0
+    swap = tmp_path / "service-swap"
+    (swap / "tierswap.swap").unlink()
+    before = sorted(p.name for p in swap.iterdir())
+    r = subprocess.run([cli_path(), "serve", "--swap-dir", str(swap), "--capacity", "512MiB",
+                        "--host-budget", "256MiB", "--socket", sock, "--no-lock"],
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode == 78, r.stderr
+    assert "gone.0" in r.stderr and "is gone" in r.stderr and "exit status 78" in r.stderr, r.stderr
+    assert sorted(p.name for p in swap.iterdir()) == before
+    r = subprocess.run([cli_path(), "serve", "--swap-dir", str(tmp_path / "missing"), "--capacity",
+                        "64MiB", "--socket", sock], capture_output=True, text=True, timeout=60)
+    assert r.returncode == 78 and "does not exist" in r.stderr, r.stderr
+
+
 def test_serve_releases_regions_past_their_ttl(tmp_path):
     svc, sock = start_service(tmp_path, extra=("--region-ttl", "2s"))
     try:

@@ -1,7 +1,7 @@
 // Kill trials: a training process killed with SIGKILL at seeded random moments resumes from its
 // swap directory and ends bit-identical to a run that never stopped.
 //
-//   crash_resume [--trials N] [--seed S] [--work DIR]       the driver (what CTest runs)
+//   crash_resume [--trials N] [--seed S] [--work DIR] [--pipelined]   the driver (CTest runs it)
 //   crash_resume child DIR PHASE KILL_STEP FRACTION OUT      one training process
 //
 // A child trains a small model (two groups, ragged sizes, state streamed from NVMe under a host
@@ -13,7 +13,9 @@
 // end it writes every parameter's master weights and moments to OUT. The driver runs a reference
 // child, then per trial a child that is killed and children that resume until one finishes, and
 // compares OUT byte for byte. It fails on any difference, a child that fails, or a resume that
-// does not happen.
+// does not happen. --pipelined: the children leave each step's commit running while they go on
+// (OptimizerConfig::pipelined_commit, through TIERSWAP_PIPELINED_COMMIT), so a kill in the next
+// step's backward finds it in flight and the resumed run redoes that step.
 #include <signal.h>
 #include <spawn.h>
 #include <sys/wait.h>
@@ -59,6 +61,7 @@ TieredOptions options(const std::string& dir) {
   o.optimizer.loss_scaler.growth_interval = 3;
   o.keep_swap_files = true;
   o.resume = true;
+  o.optimizer = OptimizerConfig::from_env(o.optimizer);  // the driver's --pipelined
   return o;
 }
 
@@ -218,9 +221,15 @@ int main(int argc, char** argv) {
       else if (a == "--work")
         work = argv[i + 1];
       else {
-        std::cerr << "usage: crash_resume [--trials N] [--seed S] [--work DIR]\n";
+        std::cerr << "usage: crash_resume [--trials N] [--seed S] [--work DIR] [--pipelined]\n";
         return 2;
       }
+    }
+    if (argc % 2 == 0 && std::strcmp(argv[argc - 1], "--pipelined") == 0)
+      ::setenv("TIERSWAP_PIPELINED_COMMIT", "1", 1);  // the children read it
+    else if (argc % 2 == 0) {
+      std::cerr << "usage: crash_resume [--trials N] [--seed S] [--work DIR] [--pipelined]\n";
+      return 2;
     }
     return driver(trials, seed, work);
   } catch (const std::exception& e) {

@@ -82,8 +82,9 @@ std::filesystem::path fill(const std::filesystem::path& dir, const char* name = 
   return p;
 }
 
-TieredOptions options(const std::filesystem::path& dir) {
+TieredOptions options(const std::filesystem::path& dir, bool pipelined = false) {
   TieredOptions o = test::tiered_options(dir, 2ull << 20, 1);
+  o.optimizer.pipelined_commit = pipelined;
   o.tiers.durable = true;  // the fsyncs of a commit meet the full disk too
   o.optimizer.subgroup_size = 16384;
   o.optimizer.state_tier = OptimizerConfig::StateTier::nvme;
@@ -95,7 +96,8 @@ TieredOptions options(const std::filesystem::path& dir) {
 struct Model {
   TieredOptimizer t;
   ParamId w;
-  explicit Model(const std::filesystem::path& dir) : t(options(dir)) {
+  explicit Model(const std::filesystem::path& dir, bool pipelined = false)
+      : t(options(dir, pipelined)) {
     w = t.add_param(t.add_group(GroupConfig::defaults(OptimizerKind::adamw)),
                     {"w", {123, 457}, Dtype::bf16});
     t.finalize();
@@ -145,6 +147,40 @@ TEST(FullDisk, AStepWithoutRoomFailsNamingTheFileAndTheNextOneAfterFreeingSuccee
       check(m.t.optimizer().step_count() == 3, "the step after freeing space succeeded");
     }
     Model again(swap);  // what is on disk is the committed generation of step 3
+    check(again.t.resumed() && again.t.optimizer().step_count() == 3, "resumed at step 3");
+  });
+  if (r.rfind("skip:", 0) == 0) GTEST_SKIP() << r;
+  EXPECT_EQ(r, "");
+}
+
+// The same with the commit left running (pipelined_commit): the step returns, and its failure is
+// the next call's, which finds step 2's state, parameters and count put back.
+TEST(FullDisk, APipelinedCommitWithoutRoomFailsAtTheNextCallRolledBack) {
+  TempDir mnt;
+  const std::string r = with_small_filesystem(mnt.path(), 24, [&] {
+    const auto swap = mnt.path() / "swap";
+    std::filesystem::create_directories(swap);
+    {
+      Model m(swap, true);
+      m.step();
+      m.step();
+      const std::vector<float> before = m.t.optimizer().gather(m.w);  // step 2 landed first
+      const auto filler = fill(mnt.path());
+      std::filesystem::remove(swap / "tierswap-rank0" / "tierswap.manifest.tmp");
+      const auto filler2 = fill(mnt.path(), "filler2");
+      m.step();  // returns: its commit runs on
+      check(m.t.optimizer().step_count() == 3, "the step returned before its commit landed");
+      const std::string e = error_of([&] { (void)m.t.optimizer().gather(m.w); });
+      check(e.find("step 3's commit") != std::string::npos, "the error names the step: " + e);
+      check(e.find("No space left") != std::string::npos, "the error says ENOSPC: " + e);
+      check(m.t.optimizer().step_count() == 2, "step 3 was rolled back");
+      check(m.t.optimizer().gather(m.w) == before, "the state is step 2's");
+      std::filesystem::remove(filler);
+      std::filesystem::remove(filler2);
+      m.step();
+      check(m.t.optimizer().step_count() == 3, "the step after freeing space succeeded");
+    }  // closing waits for its commit
+    Model again(swap);
     check(again.t.resumed() && again.t.optimizer().step_count() == 3, "resumed at step 3");
   });
   if (r.rfind("skip:", 0) == 0) GTEST_SKIP() << r;

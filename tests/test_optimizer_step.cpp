@@ -582,3 +582,41 @@ TEST(ShardedOptimizer, LeaveAloneRefusesUnknownAndFrozenParametersAndChangesNoth
   r.opt->step();  // nothing was left alone: w decays
   EXPECT_NE(full(*r.opt, w)[0], 0.5f);
 }
+
+// pipelined_commit: each step's commit left running while the next step's gradients come in; the
+// same bits as commits inside step(), for streamed and resident state, every generation landing.
+TEST(ShardedOptimizer, APipelinedCommitGivesTheSameBitsAndEveryGenerationLands) {
+  for (const auto tier : {OptimizerConfig::StateTier::nvme, OptimizerConfig::StateTier::host}) {
+    OptimizerConfig oc = test::model_config();
+    oc.state_tier = tier;
+    Rig sync(tier_config(2 * kMiB, 128 * kKiB), oc);
+    oc.pipelined_commit = true;
+    Rig piped(tier_config(2 * kMiB, 128 * kKiB), oc);
+    const auto ms = test::start_model(*sync.opt), mp = test::start_model(*piped.opt);
+    const auto rs = test::train(*sync.opt, ms, 1, 5, 0, 1);
+    const auto rp = test::train(*piped.opt, mp, 1, 5, 0, 1);
+    for (std::size_t i = 0; i < rp.size(); ++i) {
+      EXPECT_TRUE(rp[i].commit_pending && !rs[i].commit_pending) << "step " << i + 1;
+      EXPECT_EQ(rp[i].commit_seconds, 0);
+      EXPECT_EQ(rp[i].generation, rs[i].generation) << "step " << i + 1;
+    }
+    expect_same_state(*sync.opt, ms, *piped.opt, mp);  // gather() lets the last one land
+    expect_same_param16(*sync.opt, ms, *piped.opt, mp);
+    EXPECT_EQ(piped.tiers->committed_generation(), sync.tiers->committed_generation());
+    EXPECT_FALSE(piped.tiers->commit_in_flight());
+  }
+}
+
+// Not taken where a failed commit could not be undone: memory-only state steps after it.
+TEST(ShardedOptimizer, APipelinedCommitIsNotTakenWithMemoryOnlyState) {
+  OptimizerConfig oc = test::model_config();
+  oc.state_tier = OptimizerConfig::StateTier::host;
+  oc.persist_resident_state = false;
+  oc.pipelined_commit = true;
+  Rig r(tier_config(4 * kMiB, 128 * kKiB), oc);
+  const auto m = test::start_model(*r.opt);
+  for (const StepResult& s : test::train(*r.opt, m, 1, 2, 0, 1)) {
+    EXPECT_FALSE(s.commit_pending);
+    EXPECT_GT(s.commit_seconds, 0);
+  }
+}

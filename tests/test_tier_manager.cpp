@@ -329,6 +329,44 @@ TEST(TierManager, RunningOutOfBudgetNamesTheBudgetAndTheRequest) {
   EXPECT_NO_THROW(r.mgr->acquire(c, Tier::host));
 }
 
+// commit_async(): the caller goes on; a writable view of a committed block waits for the commit
+// (the generation being made durable cannot change under it), reads and transient blocks do not;
+// wait_commit() returns the generation, and a second commit_async() before it is refused.
+TEST(TierManager, AnAsynchronousCommitLandsWhileReadsGoOnAndWritesWait) {
+  const std::uint64_t bytes = 64 * kKiB;
+  Rig r(small_config(bytes, 8));
+  const BlockId a = r.mgr->create(desc("a", bytes / 4));
+  BlockDesc scratch = desc("grad", bytes / 4);
+  scratch.transient = true;
+  const BlockId g = r.mgr->create(scratch);
+  {
+    BlockView v = r.mgr->acquire(a, Tier::host, Access::write);
+    fill(v, 1000);
+    r.mgr->release(v, true);
+  }
+  r.mgr->commit_async();
+  EXPECT_THROW(r.mgr->commit_async(), std::logic_error);  // the first not waited for
+  expect_pattern(*r.mgr, a, 1000);                        // a read goes on
+  {
+    BlockView v = r.mgr->acquire(g, Tier::host, Access::write);  // a transient block too
+    fill(v, 7);
+    r.mgr->release(v, true);
+  }
+  {
+    BlockView v = r.mgr->acquire(a, Tier::host, Access::write);  // waits for the commit
+    EXPECT_FALSE(r.mgr->commit_in_flight());
+    EXPECT_EQ(r.mgr->committed_generation(), 1u);
+    fill(v, 2000);
+    r.mgr->release(v, true);
+  }
+  EXPECT_EQ(r.mgr->wait_commit(), 1u);
+  EXPECT_EQ(r.mgr->wait_commit(), 1u);  // none in flight: the committed one
+  r.mgr->discard();                     // generation 2's change goes; 1 is what landed
+  expect_pattern(*r.mgr, a, 1000);
+  r.mgr->commit_async();
+  EXPECT_EQ(r.mgr->wait_commit(), 2u);
+}
+
 TEST(TierManager, DiscardRestoresTheCommittedGenerationBitForBit) {
   const std::uint64_t bytes = 64 * kKiB;
   Rig r(small_config(bytes, 8));

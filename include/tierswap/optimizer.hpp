@@ -182,6 +182,15 @@ struct OptimizerConfig {
   /// time takes the longer part, not their sum). on_param16_ready still runs on step()'s thread.
   /// false: one after the other on step()'s thread (the same bits either way). Default on.
   bool concurrent_gpu_step = true;
+  /// The commit of step t runs on the tier manager's thread while the trainer goes on (its next
+  /// forward): step() returns once the state is stepped and its writes are started. The next
+  /// call that touches the state (step, begin_backward, a gradient hand-over, save, gather, ...)
+  /// first waits for it; if it failed, step t is rolled back (state, 16-bit parameters, loss
+  /// scaler) and that call throws, naming step t. A crash before it lands resumes from step
+  /// t - 1 (one step redone). Taken with one rank, shadow slots and no memory-only state (their
+  /// step could not be undone); otherwise, and with false, the commit runs inside step().
+  /// Default off here (a step's failure is that step()'s); tierswap.torch turns it on.
+  bool pipelined_commit = false;
   void validate() const;
   /// Overrides from the environment: each setting's variable as keys() lists it (TIERSWAP_...;
   /// the README's configuration table). A value that does not parse throws naming the variable.
@@ -226,8 +235,14 @@ struct StepResult {
   /// Time the step's acquires waited for a transfer (a read landing, or a block's own
   /// write-back before a writable view); not the commit's wait (commit_seconds).
   double io_wait_seconds = 0;
-  /// The commit: waiting for the step's write-backs to land and writing the manifest.
+  /// The commit: waiting for the step's write-backs to land and writing the manifest (0 when it
+  /// was left running: pipelined_commit).
   double commit_seconds = 0;
+  /// Time this step waited at its start for the previous step's pipelined commit to land.
+  double commit_wait_seconds = 0;
+  /// Whether this step's commit was left running (pipelined_commit): `generation` is the one it
+  /// makes, durable once the next call that touches the state returns.
+  bool commit_pending = false;
   double seconds = 0;            ///< wall time of step()
   std::uint64_t generation = 0;  ///< the committed generation holding the new state
   /// Overlapped mode: sub-groups stepped during the backward whose result was kept.

@@ -329,6 +329,18 @@ class TierManager {
   /// returns its number. In in-place mode the data is overwritten in place and only the manifest
   /// is atomic. Throws std::logic_error while a writable view exists.
   std::uint64_t commit();
+  /// commit() on a thread of the manager's, so the caller goes on (a trainer's forward while its
+  /// step's state is written and made durable). Until it ends, a writable acquire of a
+  /// non-transient block, its trim(), discard(), roll_back_generation() and commit() wait for it;
+  /// reads and transient blocks do not. Throws std::logic_error while a writable view exists or
+  /// while an earlier commit_async() was not waited for.
+  void commit_async();
+  /// Waits for the commit_async() in flight and returns its generation, or rethrows what it threw
+  /// (the open generation then stays open, as after a failed commit()). Without one, returns the
+  /// committed generation.
+  std::uint64_t wait_commit();
+  /// Whether a commit_async() is still running.
+  bool commit_in_flight() const;
   /// Drops every change since the last commit (copies dirtied or written back). Throws
   /// std::logic_error in in-place mode, or while any block has a view.
   void discard();

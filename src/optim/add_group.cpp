@@ -20,6 +20,7 @@ std::vector<ParamId> ShardedOptimizer::add_group_between_steps(const GroupConfig
                                                                std::string name,
                                                                std::span<const ParamSpec> params,
                                                                const ParamInit& init) {
+  impl_->settle_commit();
   Impl& m = *impl_;
   constexpr const char* what = "add_group_between_steps";
   m.require_state(what);

@@ -300,6 +300,7 @@ std::string ShardedOptimizer::Impl::write_rank_files(const std::filesystem::path
 // or not, the previous save's files are still there, and the next save removes what no manifest
 // names).
 void ShardedOptimizer::save(const std::filesystem::path& dir) {
+  impl_->settle_commit();
   Impl& m = *impl_;
   m.require_checkpointable("save");
   m.require_state("save");
@@ -446,6 +447,7 @@ void read_tables(const std::filesystem::path& dir, Dtype moments, std::size_t ng
 // the state into a new generation (any rank failed: every rank discards it), then the commit.
 // Rank 0 holds a shared lock on the directory meanwhile, so that no save removes files under it.
 void ShardedOptimizer::load(const std::filesystem::path& dir) {
+  impl_->settle_commit();
   Impl& m = *impl_;
   m.require_checkpointable("load");
   Tables t;

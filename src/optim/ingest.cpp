@@ -151,6 +151,7 @@ void ShardedOptimizer::Impl::reduce_local(OptGroup& g) {
 }
 
 void ShardedOptimizer::begin_backward(bool final) {
+  impl_->settle_commit();
   Impl& m = *impl_;
   m.require_state("begin_backward");
   if (m.in_backward) throw std::logic_error("begin_backward: the previous backward has not ended");
@@ -202,6 +203,7 @@ void ShardedOptimizer::Impl::add_slice(OptSub& s, ParamId id, std::uint64_t b, s
 }
 
 void ShardedOptimizer::add_grad(ParamId id, const void* grad, Dtype dtype) {
+  impl_->settle_commit();
   Impl& m = *impl_;
   const OptParam& p = m.grad_param("add_grad", id, grad);
   OptGroup& g = m.groups[p.group];
@@ -250,6 +252,7 @@ bool ShardedOptimizer::in_backward() const noexcept {
 
 void ShardedOptimizer::add_grad_device(ParamId id, const void* d_grad, Dtype dtype,
                                        std::span<void* const> events) {
+  impl_->settle_commit();
   Impl& m = *impl_;
   const OptParam& p = m.grad_param("add_grad_device", id, d_grad);
   const bool gpu = m.device_ptrs;
@@ -313,6 +316,7 @@ void ShardedOptimizer::Impl::add_device_slice(OptSub& s, const OptParam& p, Para
 
 void ShardedOptimizer::add_grad_bucket(ParamId first, std::size_t count, const void* grad,
                                        Dtype dtype) {
+  impl_->settle_commit();
   Impl& m = *impl_;
   if (first + count > m.params.size() || count == 0)
     throw std::invalid_argument(
@@ -343,6 +347,7 @@ void ShardedOptimizer::end_backward() {
 }
 
 void ShardedOptimizer::drop_grads() {
+  impl_->settle_commit();
   Impl& m = *impl_;
   m.require_finalized("drop_grads");
   if (m.in_backward) throw std::logic_error("drop_grads: end_backward() first");

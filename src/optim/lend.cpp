@@ -86,6 +86,7 @@ void ShardedOptimizer::Impl::lent_chunk_sums(const OptSub& s, double* out) {
 }
 
 void ShardedOptimizer::lend_grad(ParamId id, const void* grad, Dtype dtype) {
+  impl_->settle_commit();
   Impl& m = *impl_;
   const OptParam& p = m.grad_param("lend_grad", id, grad);
   if (m.world > 1) {  // the local buffer and its reduction: nothing to lend to

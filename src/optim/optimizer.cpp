@@ -39,7 +39,19 @@ ShardedOptimizer::ShardedOptimizer(TierManager& tiers, Communicator& comm, Optim
                                    ThreadPool* pool)
     : impl_(std::make_unique<Impl>(tiers, comm, std::move(cfg), pool)) {}
 
-ShardedOptimizer::~ShardedOptimizer() = default;
+// A commit left running lands before the tier manager can go (its failure is logged: the swap
+// directory then holds the step before it).
+ShardedOptimizer::~ShardedOptimizer() {
+  if (!impl_ || !impl_->pending_commit) return;
+  try {
+    impl_->tiers.wait_commit();
+  } catch (const std::exception& e) {
+    log(LogLevel::error,
+        fmt::format("step {}'s commit failed as the optimizer closed: {}; its swap directory holds "
+                    "step {}",
+                    impl_->pending_commit->t, e.what(), impl_->pending_commit->t - 1));
+  }
+}
 
 int ShardedOptimizer::add_group(const GroupConfig& cfg, std::string name) {
   Impl& m = *impl_;
@@ -130,6 +142,7 @@ void ShardedOptimizer::Impl::register_p16(OptGroup& g) {
 }
 
 void ShardedOptimizer::set_plan(const Plan& plan) {
+  impl_->settle_commit();
   Impl& m = *impl_;
   if (m.finalized) throw std::logic_error("set_plan: the optimizer is finalized");
   if (plan.subgroups.empty()) throw std::invalid_argument("set_plan: the plan has no sub-groups");
@@ -157,6 +170,7 @@ bool ShardedOptimizer::finalized() const noexcept {
 }
 
 void ShardedOptimizer::initialize(const ParamInit& init) {
+  impl_->settle_commit();
   Impl& m = *impl_;
   m.require_finalized("initialize");
   if (!init) throw std::invalid_argument("initialize: no initializer");

@@ -67,7 +67,7 @@ void loss_scaler_json(OptimizerConfig& c, const nlohmann::json& v, const std::st
 }
 
 // Every setting of OptimizerConfig, in the README's order.
-const std::array<Field, 15> kFields = {{
+const std::array<Field, 16> kFields = {{
     // Elements, read with the count grammar ("8M" = 8,000,000, as --sub-group reads it).
     detail::elements_field<OptimizerConfig, &OptimizerConfig::subgroup_size>(
         "subgroup_size", "TIERSWAP_SUBGROUP_SIZE"),
@@ -115,6 +115,8 @@ const std::array<Field, 15> kFields = {{
         "overlap_param16_in_place", "TIERSWAP_OVERLAP_PARAM16_IN_PLACE"),
     bool_field<OptimizerConfig, &OptimizerConfig::concurrent_gpu_step>(
         "concurrent_gpu_step", "TIERSWAP_CONCURRENT_GPU_STEP"),
+    bool_field<OptimizerConfig, &OptimizerConfig::pipelined_commit>("pipelined_commit",
+                                                                    "TIERSWAP_PIPELINED_COMMIT"),
     {"loss_scaler", "", loss_scaler_json, nullptr},
 }};
 

@@ -587,6 +587,22 @@ struct ShardedOptimizer::Impl {
     std::uint64_t t = 0;                  // the step number being taken
     std::vector<std::size_t> todo, late;  // stepped before the commit; memory-only, after it
   };
+  // ---- the pipelined commit (pipelined_commit.cpp) ----
+  /// A step whose commit was left running: what rolls it back should it fail.
+  struct PendingCommit {
+    std::uint64_t t = 0;                      // the step
+    std::uint64_t generation = 0;             // the generation it makes
+    std::pair<double, std::uint32_t> scaler;  // the loss scaler before it
+  };
+  std::optional<PendingCommit> pending_commit;
+  double last_commit_wait = 0;  // seconds the last settle_commit() waited
+  /// Whether step sp's commit may be left running (see OptimizerConfig::pipelined_commit).
+  bool may_pipeline_commit(const StepPlan& sp) const;
+  /// Starts step sp.t's commit on the tier manager's thread (step_count is sp.t).
+  void start_pipelined_commit(const StepPlan& sp, std::pair<double, std::uint32_t> scaler,
+                              StepResult& r);
+  /// Waits for a pending commit; if it failed, rolls its step back and throws, naming it.
+  void settle_commit();
   /// A sub-group lent in part takes the rest of its gradient (zeros) into its block; returns how
   /// many sub-groups are lent whole.
   std::uint32_t settle_lent();
@@ -606,8 +622,9 @@ struct ShardedOptimizer::Impl {
   /// run_pipeline_and_commit(), whether any rank's pipeline failed, then whether any rank's
   /// commit failed, then whether any rank's 16-bit parameters changed.
   bool any_rank_failed(bool flag);
+  /// `scaler`: the loss scaler before this step (a pipelined commit's failure puts it back).
   void run_pipeline_and_commit(const StepPlan& sp, bool keep, std::vector<BlockView>* late_grads,
-                               StepResult& r);
+                               StepResult& r, std::pair<double, std::uint32_t> scaler);
   void commit_agreed(std::uint64_t t, bool* committed, bool* all_roll_back);
   void undo_commit_agreed(std::uint64_t t, bool committed);
   /// run_pipeline_and_commit() with the loss scaler as it is after this step (it goes into the

@@ -163,6 +163,7 @@ void ShardedOptimizer::on_param16_ready(Param16Ready fn) {
 }
 
 void ShardedOptimizer::bind_param16_device(ParamId id, void* d_param16) {
+  impl_->settle_commit();
   Impl& m = *impl_;
   m.require_finalized("bind_param16_device");
   if (id >= m.params.size())

@@ -159,6 +159,7 @@ void ShardedOptimizer::Impl::restore_local() {
 }
 
 bool ShardedOptimizer::resume() {
+  impl_->settle_commit();
   Impl& m = *impl_;
   if (m.finalized) throw std::logic_error("resume: already finalized");
   const std::string rec = m.tiers.commit_record();

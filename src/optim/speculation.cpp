@@ -148,6 +148,7 @@ void ShardedOptimizer::Impl::spec_reset() {
 }
 
 void ShardedOptimizer::set_overlap(bool on) {
+  impl_->settle_commit();
   Impl& m = *impl_;
   if (m.in_backward || m.spec_pending())
     throw std::logic_error(

@@ -40,6 +40,7 @@ int checked_slot(const std::vector<OptGroup>& groups, const char* what, const Op
 
 std::vector<std::pair<std::uint64_t, std::vector<float>>> ShardedOptimizer::shard(ParamId id,
                                                                                   BlockClass cls) {
+  impl_->settle_commit();
   Impl& m = *impl_;
   m.require_state("shard");
   if (id >= m.params.size()) throw std::invalid_argument(fmt::format("shard: no parameter {}", id));
@@ -63,6 +64,7 @@ std::vector<std::pair<std::uint64_t, std::vector<float>>> ShardedOptimizer::shar
 }
 
 std::vector<float> ShardedOptimizer::gather(ParamId id, BlockClass cls) {
+  impl_->settle_commit();
   Impl& m = *impl_;
   m.require_state("gather");
   const OptParam& p = trainable(m.params, "gather", id);
@@ -140,6 +142,7 @@ bool ShardedOptimizer::Impl::write_imported(std::span<const StateTensor> tensors
 void ShardedOptimizer::import_state(std::span<const StateTensor> tensors,
                                     std::optional<std::uint64_t> step,
                                     std::span<const std::uint64_t> group_steps) {
+  impl_->settle_commit();
   Impl& m = *impl_;
   m.require_finalized("import_state");
   if (m.in_backward || m.spec_pending())

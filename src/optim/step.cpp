@@ -269,6 +269,7 @@ ShardedOptimizer::Impl::Runs ShardedOptimizer::Impl::active_runs(const OptSub& s
 }
 
 void ShardedOptimizer::leave_alone(std::span<const ParamId> ids) {
+  impl_->settle_commit();
   Impl& m = *impl_;
   m.require_finalized("leave_alone");
   if (m.in_backward) throw std::logic_error("leave_alone: end_backward() first");
@@ -431,7 +432,8 @@ void ShardedOptimizer::Impl::keep_speculative_param16(StepResult& r, bool* p16_c
 // gives the trainer back the 16-bit values it was handed, then rethrows.
 void ShardedOptimizer::Impl::run_pipeline_and_commit(const StepPlan& sp, bool keep,
                                                      std::vector<BlockView>* late_grads,
-                                                     StepResult& r) {
+                                                     StepResult& r,
+                                                     std::pair<double, std::uint32_t> scaler) {
   bool p16_changed = false;    // param16 no longer matches the committed master weights
   bool agreed = false;         // whether every rank knows if any rank's pipeline failed
   bool all_roll_back = false;  // it did, or a rank's commit failed: every rank rolls back
@@ -455,6 +457,11 @@ void ShardedOptimizer::Impl::run_pipeline_and_commit(const StepPlan& sp, bool ke
     for (std::size_t k : sp.late)  // where the step reads it (a lent one: the caller's memory)
       if (!subs[k].all_lent())
         (*late_grads)[k] = tiers.acquire(subs[k].grad, grad_tier_of(subs[k]));
+    if (may_pipeline_commit(sp)) {  // the trainer goes on; the next call settles it
+      step_count = sp.t;
+      start_pipelined_commit(sp, scaler, r);
+      return;
+    }
     const auto c0 = Clock::now();
     tiers.flush();  // the generation's data written (the commit's own flush then finds none)
     agreed = true;
@@ -601,7 +608,8 @@ void ShardedOptimizer::Impl::finish_result(StepResult& r, const TierCounters& c0
   r.io_wait_seconds = c1.stall_seconds - c0.stall_seconds;
   r.step = step_count;
   r.next_loss_scale = scale;
-  r.generation = tiers.committed_generation();
+  r.generation = pending_commit ? pending_commit->generation : tiers.committed_generation();
+  r.commit_pending = pending_commit.has_value();
   r.seconds = seconds_since(t0);
   record_step(r);
 }
@@ -669,7 +677,7 @@ void ShardedOptimizer::Impl::commit_step(const StepPlan& sp, bool keep,
     growth_tracker = 0;
   }
   try {
-    run_pipeline_and_commit(sp, keep, late_grads, r);
+    run_pipeline_and_commit(sp, keep, late_grads, r, scaler_before);
   } catch (...) {
     std::tie(scale, growth_tracker) = scaler_before;
     throw;
@@ -677,10 +685,12 @@ void ShardedOptimizer::Impl::commit_step(const StepPlan& sp, bool keep,
 }
 
 StepResult ShardedOptimizer::Impl::step_once(std::optional<double> given_clip) {
+  settle_commit();
   require_state("step");
   if (in_backward) throw std::logic_error("step: end_backward() first");
   require_current_param16("step");
   StepResult r;
+  r.commit_wait_seconds = std::exchange(last_commit_wait, 0.0);
   r.lent_subgroups = settle_lent();
   const auto t0 = Clock::now();
   const TierCounters c0 = tiers.counters();

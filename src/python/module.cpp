@@ -93,6 +93,8 @@ py::dict step_dict(const StepResult& r) {
   d["nvme_bytes_written"] = r.bytes_in[nvme];
   d["io_wait_seconds"] = r.io_wait_seconds;
   d["commit_seconds"] = r.commit_seconds;
+  d["commit_wait_seconds"] = r.commit_wait_seconds;
+  d["commit_pending"] = r.commit_pending;
   d["seconds"] = r.seconds;
   d["generation"] = r.generation;
   d["overlapped_subgroups"] = r.overlapped_subgroups;

@@ -206,6 +206,20 @@ struct TierManager::Impl {
   std::condition_variable hash_cv;
   bool stop_hasher = false;
   std::thread hasher;
+  // A commit on a thread of its own (commit_async): while `committing`, a writable view of a
+  // non-transient block, a trim of one, discard(), roll_back_generation() and another commit wait
+  // (on cv), so the generation being made durable cannot change under it. wait_commit() joins it.
+  bool committing = false;
+  bool commit_pending = false;  // started and not yet waited for
+  std::thread committer;
+  std::uint64_t commit_result = 0;
+  std::exception_ptr commit_error;
+  void wait_not_committing(std::unique_lock<std::mutex>& lk) {
+    cv.wait(lk, [&] { return !committing; });
+  }
+  /// Under lk, `committing` set: commit()'s work (flush, sync, manifest, the flip); the lock is
+  /// released around the sync and the manifest's write. The new generation's number.
+  std::uint64_t commit_locked(std::unique_lock<std::mutex>& lk);
   std::uint64_t instance = 0;                  // the `manager` label of its metrics
   MetricsRegistry::Source metrics;             // unregistered first (~TierManager)
   std::unique_ptr<TelemetryServer> telemetry;  // declared last: stopped first

@@ -119,6 +119,7 @@ std::filesystem::path TierManager::telemetry_socket() const {
 }
 
 TierManager::~TierManager() {
+  if (impl_->committer.joinable()) impl_->committer.join();  // a commit nobody waited for
   impl_->metrics = {};
   impl_->telemetry.reset();
   impl_->stop_reaper();
@@ -309,6 +310,7 @@ void TierManager::Impl::make_device_copy(std::unique_lock<std::mutex>& lk, Block
 BlockView TierManager::acquire(BlockId id, Tier tier, Access access) {
   std::unique_lock lk(impl_->mu);
   Impl& m = *impl_;
+  if (access != Access::read && !m.blk(id).desc.transient) m.wait_not_committing(lk);
   const Block& b0 = m.blk(id);
   if (tier == Tier::nvme)
     throw std::invalid_argument("acquire: the nvme tier has no views; acquire host or gpu");
@@ -411,7 +413,7 @@ void TierManager::write_back(BlockId id) {
 void TierManager::trim(BlockId id) {
   std::unique_lock lk(impl_->mu);
   Impl& m = *impl_;
-  m.blk(id);
+  if (!m.blk(id).desc.transient) m.wait_not_committing(lk);
   for (;;) {
     m.wait_not_busy(lk, id);
     Block& b = *m.blocks[id];
@@ -448,22 +450,74 @@ void TierManager::flush() {
 }
 
 std::uint64_t TierManager::commit() {
+  commit_async();
+  return wait_commit();
+}
+
+void TierManager::commit_async() {
   std::unique_lock lk(impl_->mu);
   Impl& m = *impl_;
+  if (m.commit_pending)
+    throw std::logic_error("commit: the previous commit_async() was not waited for (wait_commit)");
   for (auto& b : m.blocks)
     if (b->writer)
       throw std::logic_error(
           fmt::format("commit: block '{}' has a writable view; release it first", b->desc.name));
-  m.flush_locked(lk);
-  if (m.cfg.durable) m.engine.sync();
-  detail::write_manifest_file(m.manifest_path(), m.manifest_payload(m.record), m.cfg.durable,
-                              /*recycle=*/true);
-  ++m.committed_gen;
-  m.prev_record = std::exchange(m.record, m.pending_record);
-  for (auto& bp : m.blocks) {
+  m.committing = m.commit_pending = true;
+  try {
+    m.committer = std::thread([&m] {
+      std::unique_lock l(m.mu);
+      try {
+        m.commit_result = m.commit_locked(l);
+      } catch (...) {
+        m.commit_error = std::current_exception();
+      }
+      m.committing = false;
+      m.cv.notify_all();
+    });
+  } catch (...) {  // no thread: nothing started
+    m.committing = m.commit_pending = false;
+    throw;
+  }
+}
+
+std::uint64_t TierManager::wait_commit() {
+  Impl& m = *impl_;
+  {
+    std::lock_guard lk(m.mu);
+    if (!m.commit_pending) return m.committed_gen;
+  }
+  m.committer.join();
+  std::lock_guard lk(m.mu);
+  m.commit_pending = false;
+  if (m.commit_error) std::rethrow_exception(std::exchange(m.commit_error, nullptr));
+  return m.commit_result;
+}
+
+bool TierManager::commit_in_flight() const {
+  std::lock_guard lk(impl_->mu);
+  return impl_->committing;
+}
+
+std::uint64_t TierManager::Impl::commit_locked(std::unique_lock<std::mutex>& lk) {
+  flush_locked(lk);
+  const CommitRecord next = pending_record;  // a set_commit_record() meanwhile is the next one's
+  const std::string payload = manifest_payload(record);
+  lk.unlock();  // the blocks of the generation cannot change (committing): the hooks' may
+  try {
+    if (cfg.durable) engine.sync();
+    detail::write_manifest_file(manifest_path(), payload, cfg.durable, /*recycle=*/true);
+  } catch (...) {
+    lk.lock();
+    throw;
+  }
+  lk.lock();
+  ++committed_gen;
+  prev_record = std::exchange(record, next);
+  for (auto& bp : blocks) {
     Block& b = *bp;
     if (b.desc.transient) continue;  // in-process contents only: nothing to commit
-    b.prev.valid = m.cfg.shadow_slots && (b.written || b.trimmed);
+    b.prev.valid = cfg.shadow_slots && (b.written || b.trimmed);
     if (b.prev.valid) b.prev = {true, b.committed, b.has_data, b.data_gen, b.checksum};
     if (b.trimmed) {
       b.has_data = false;
@@ -473,18 +527,19 @@ std::uint64_t TierManager::commit() {
       b.committed = b.write_extent();
       b.has_data = true;
       b.checksum = b.written_checksum;
-      b.data_gen = m.committed_gen;
+      b.data_gen = committed_gen;
       b.written = false;
     }
   }
-  ++m.ctr.commits;
-  m.check_invariants();
-  return m.committed_gen;
+  ++ctr.commits;
+  check_invariants();
+  return committed_gen;
 }
 
 void TierManager::discard() {
   std::unique_lock lk(impl_->mu);
   Impl& m = *impl_;
+  m.wait_not_committing(lk);
   if (!m.cfg.shadow_slots)
     throw std::logic_error("discard: in-place mode (shadow_slots=false) keeps no committed copy");
   for (auto& b : m.blocks)
@@ -508,6 +563,7 @@ void TierManager::discard() {
 bool TierManager::roll_back_generation() {
   std::unique_lock lk(impl_->mu);
   Impl& m = *impl_;
+  m.wait_not_committing(lk);
   if (!m.cfg.shadow_slots || m.prev_record.empty()) return false;
   for (auto& b : m.blocks)  // transient blocks hold nothing committed: they stay as they are
     if (!b->desc.transient && (b->changed() || b->pins[kDev] + b->pins[kHost] > 0))

@@ -72,6 +72,12 @@ Tier keywords (all optional; the defaults work untuned):
   device_tier     None: follow the parameters (CPU or CUDA); "simulated": CPU parameters handed
                   over as GPU ones, host memory standing in for the GPU's (the GPU path's logic
                   exercised without a GPU: tests)
+  pipelined_commit  step t's commit (its writes, sync and manifest) runs while the trainer computes
+                  step t+1's forward (default on): opt.step() returns once the state is stepped;
+                  the next call that touches the state waits for it, and if it failed, rolls
+                  step t back (state, parameters, loss scaler) and raises naming it. A crash
+                  resumes from step t-1 (``step_count`` says which batch is next). Taken with one
+                  rank and persisted state; else (and with False) inside step()
   persist_resident_state  host-resident state is also committed to NVMe every step (default:
                   crash-consistent, exact rollback); False keeps it in memory only (no NVMe I/O
                   for it, as torch.optim's state; save() is then its durability)
@@ -215,7 +221,7 @@ class _TieredOptimizer(Optimizer):
                  growth_interval=2000, bf16_moments=False, accumulate_fp32=False, telemetry=True,
                  hooks=False, threads=None, communicator="auto", keep_swap_files=False,
                  swap_capacity=None, persist_resident_state=True, durable=True, resume=False,
-                 service=None, service_job=None, device_tier=None):
+                 service=None, service_job=None, device_tier=None, pipelined_commit=True):
         self._native = None
         self._lock = threading.RLock()  # see _one_at_a_time
         self._tmpdir = None
@@ -235,6 +241,7 @@ class _TieredOptimizer(Optimizer):
                 "bf16_moments": bool(bf16_moments),
                 "accumulate_fp32": bool(accumulate_fp32),
                 "persist_resident_state": bool(persist_resident_state),
+                "pipelined_commit": bool(pipelined_commit),
                 "loss_scaler": _scaler(loss_scale, init_scale, growth_factor, backoff_factor,
                                        growth_interval),
             }
@@ -667,6 +674,9 @@ class _TieredOptimizer(Optimizer):
         try:
             if self._leave_alone_those_without_grad():
                 self._run_native_step(lent, time.perf_counter() - t0)
+                # What the trainer waited for: the whole call (hand-over, the previous step's
+                # commit still landing, the step); with hooks, not what ran during the backward.
+                self.last_step["exposed_seconds"] = time.perf_counter() - t0
         finally:
             self._handed.clear()
             self._record_versions()
@@ -1129,7 +1139,7 @@ _TIER_KEYWORDS = {"swap_dir", "host_budget", "state_tier", "subgroup_size", "ove
                   "growth_interval", "bf16_moments", "accumulate_fp32", "telemetry", "hooks",
                   "threads", "communicator", "keep_swap_files", "swap_capacity",
                   "persist_resident_state", "durable", "resume", "service", "service_job",
-                  "device_tier"}
+                  "device_tier", "pipelined_commit"}
 # torch.optim implementation switches: accepted and ignored (tierswap has one implementation).
 _TORCH_SWITCHES = {"foreach", "fused", "capturable", "differentiable"}
 

@@ -1,0 +1,68 @@
+// The pipelined commit: step t's commit (its writes, the sync, the manifest) left running on the
+// tier manager's thread while the trainer computes step t + 1's forward; the next call that
+// touches the state settles it, and rolls step t back if it failed.
+#include <system_error>
+#include <tuple>
+
+#include "src/optim/optimizer_impl.hpp"
+#include "tierswap/detail/clock.hpp"
+#include "tierswap/error.hpp"
+#include "tierswap/log.hpp"
+
+#include <fmt/format.h>
+
+namespace tierswap {
+
+using detail::Clock;
+using detail::seconds_since;
+
+bool ShardedOptimizer::Impl::may_pipeline_commit(const StepPlan& sp) const {
+  if (!cfg.pipelined_commit || world != 1 || !sp.late.empty() || !unusable.empty() ||
+      !tiers.config().shadow_slots)
+    return false;
+  for (const auto& s : subs)  // its step could not be undone if the commit failed
+    if (s.memory_only) return false;
+  return true;
+}
+
+void ShardedOptimizer::Impl::start_pipelined_commit(const StepPlan& sp,
+                                                    std::pair<double, std::uint32_t> scaler,
+                                                    StepResult& r) {
+  tiers.set_commit_record(commit_record());
+  const std::uint64_t generation = tiers.committed_generation() + 1;
+  tiers.commit_async();
+  pending_commit = PendingCommit{sp.t, generation, scaler};
+  r.commit_seconds = 0;
+}
+
+void ShardedOptimizer::Impl::settle_commit() {
+  if (!pending_commit) return;
+  const PendingCommit pc = *pending_commit;
+  pending_commit.reset();
+  const auto t0 = Clock::now();
+  std::exception_ptr failed;
+  try {
+    tiers.wait_commit();
+  } catch (...) {
+    failed = std::current_exception();
+  }
+  last_commit_wait = seconds_since(t0);
+  if (!failed) return;
+  const std::string why = fmt::format(
+      "step {}'s commit, left running while the trainer went on (pipelined_commit), failed: {}; "
+      "the state, the 16-bit parameters and the loss scaler are back at step {}",
+      pc.t, what_of(failed), pc.t - 1);
+  log(LogLevel::error, why);
+  step_count = pc.t - 1;
+  std::tie(scale, growth_tracker) = pc.scaler;
+  roll_back_failed_step(true);
+  try {
+    std::rethrow_exception(failed);
+  } catch (const std::system_error& e) {
+    throw std::system_error(e.code(), why);
+  } catch (const std::exception&) {
+    throw std::runtime_error(why);
+  }
+}
+
+}  // namespace tierswap

@@ -246,32 +246,40 @@ def bench_handover(a):
 def bench_tinylm(a):
     torch.set_num_threads(a.threads)
     steps = a.steps
-    # host_memory: host state kept in memory only, as torch's (no NVMe write per step).
-    cases = {"host": ("host", True), "host_memory": ("host", False), "nvme": ("nvme", True)}
+    # host_memory: host state kept in memory only, as torch's (no NVMe write per step); the
+    # *_in_step cases commit inside step() (pipelined_commit=False), the others beside the forward.
+    cases = {"host": ("host", True, True), "host_in_step": ("host", True, False),
+             "host_memory": ("host", False, True), "nvme": ("nvme", True, True),
+             "nvme_in_step": ("nvme", True, False)}
     rates = {f"tierswap_{c}": [] for c in cases}
+    exposed = {c: [] for c in cases}  # opt.step()'s wall time, each step
     rates["torch_adamw"] = []
     tokens = steps * sum(x.numel() for x, _ in tinylm.batches(0))
     for _ in range(a.reps):
-        for case, (tier, persist) in cases.items():
-            model = tinylm.make_model()
+        for case, (tier, persist, pipelined) in cases.items():
+            model = tinylm.make_model(width=a.width)
             with tempfile.TemporaryDirectory(dir=a.scratch) as d:
                 opt = tt.AdamW(tinylm.param_groups(model), swap_dir=d, state_tier=tier,
-                               host_budget="16MiB" if tier == "nvme" else "256MiB",
-                               persist_resident_state=persist,
+                               host_budget=a.nvme_budget if tier == "nvme" else "256MiB",
+                               persist_resident_state=persist, pipelined_commit=pipelined,
                                max_grad_norm=1.0, threads=a.threads, telemetry=False)
                 t0 = time.perf_counter()
-                tinylm.train_tierswap(model, opt, steps)
+                tinylm.train_tierswap(model, opt, steps, log=lambda *x, c=case: exposed[c].append(
+                    x[3]["exposed_seconds"]))
                 rates[f"tierswap_{case}"].append(tokens / (time.perf_counter() - t0))
                 opt.close()
         t0 = time.perf_counter()
-        tinylm.train_reference(tinylm.make_model(), steps)
+        tinylm.train_reference(tinylm.make_model(width=a.width), steps)
         rates["torch_adamw"].append(tokens / (time.perf_counter() - t0))
     out = {k + "_tokens_per_s": statistics.median(v) for k, v in rates.items()}
     for c in cases:  # tokens/s against the recipe's, repetition by repetition
         per = [x / t for x, t in zip(rates[f"tierswap_{c}"], rates["torch_adamw"])]
         out[f"tierswap_{c}_over_torch_median"] = statistics.median(per)
         out[f"tierswap_{c}_over_torch_per_rep"] = per
-    out.update(steps=steps, threads=a.threads, runs=rates)
+        out[f"tierswap_{c}_exposed_step_s_median"] = statistics.median(exposed[c])
+    out.update(steps=steps, threads=a.threads, width=a.width, nvme_budget=a.nvme_budget,
+               params=sum(p.numel() for p in tinylm.make_model(width=a.width).parameters()),
+               runs=rates)
     return out
 
 
@@ -284,6 +292,11 @@ def main():
     ap.add_argument("--threads", type=int, default=os.cpu_count())
     ap.add_argument("--reps", type=int, default=5)
     ap.add_argument("--steps", type=int, default=10)
+    ap.add_argument("--width", type=int, default=256,
+                    help="tinylm: the model's width (256: 3.3M parameters; 512: 13M)")
+    ap.add_argument("--nvme-budget", default="16MiB",
+                    help="tinylm: the host budget of the NVMe-state cases (16MiB: the state of "
+                         "width 256 is 2.4x it; 37MiB: width 512's is 4x it)")
     ap.add_argument("--block", type=int, default=1,
                     help="overhead: steps per side in turn (the C++ bench's --runs), so both "
                          "sides are timed in a process that has stepped before")

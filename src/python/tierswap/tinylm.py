@@ -256,11 +256,15 @@ def main(argv=None):
     print(f"tinylm: training on {device} ({where}); {n} parameters (bf16), AdamW state {opt._native.state_bytes() / 2**20:.1f} MiB "
           f"on the {a.state_tier} tier under a {a.host_budget} host budget, "
           f"{opt._native.subgroup_count()} sub-groups; swap {opt._native.rank_dirs()[0]}")
-    print(f"{'step':>4} {'loss':>8} {'tokens/s':>9} {'nvme read':>10} {'nvme written':>12} {'norm':>7}")
+    # step ms: the exposed step time, what the trainer waited in opt.step() (the hand-over, the
+    # previous step's commit still landing, the step); its commit lands during the next forward.
+    print(f"{'step':>4} {'loss':>8} {'tokens/s':>9} {'nvme read':>10} {'nvme written':>12} "
+          f"{'norm':>7} {'step ms':>8}")
 
     def log(step, loss, tps, r):
         print(f"{step:4d} {loss:8.4f} {tps:9.0f} {r['nvme_bytes_read']:10d} "
-              f"{r['nvme_bytes_written']:12d} {r['grad_norm']:7.3f}", flush=True)
+              f"{r['nvme_bytes_written']:12d} {r['grad_norm']:7.3f} "
+              f"{1e3 * r['exposed_seconds']:8.1f}", flush=True)
 
     train_tierswap(model, opt, a.steps, log=log)
     res = opt.residency()

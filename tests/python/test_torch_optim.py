@@ -1208,9 +1208,10 @@ def test_the_main_job_prints_steps_and_the_residency_table(capsys, monkeypatch, 
     assert tinylm.main(["--steps", "3"]) == 0
     out = capsys.readouterr().out
     rows = [line.split() for line in out.splitlines() if line.strip()[:1].isdigit()]
-    steps = [r for r in rows if len(r) == 6]
+    steps = [r for r in rows if len(r) == 7]
     assert [int(r[0]) for r in steps] == [0, 1, 2]
     assert all(int(r[3]) > 0 and int(r[4]) > 0 for r in steps[1:])  # NVMe read and written
+    assert all(float(r[6]) > 0 for r in steps)  # the exposed step time, ms
     assert "residency" in out and " nvme " in out
     host = next(r for r in rows + [line.split() for line in out.splitlines()] if r[:1] == ["host"])
     assert f"(host capacity: {16 << 20} pinned budget + " in out  # the main job's 16 MiB

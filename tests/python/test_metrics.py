@@ -16,8 +16,10 @@ JOB = r"""
 import sys, torch, tierswap.torch as tt
 from tierswap import tinylm
 model = tinylm.make_model()
+# commits inside step(): the counters printed below are final, not still moving as the last
+# step's commit lands (pipelined_commit)
 opt = tt.AdamW(tinylm.param_groups(model), swap_dir=sys.argv[1], host_budget="16MiB",
-               state_tier="nvme", max_grad_norm=1.0, telemetry=False)
+               state_tier="nvme", max_grad_norm=1.0, telemetry=False, pipelined_commit=False)
 tinylm.train_tierswap(model, opt, 3, total=3)
 c = opt.residency()["counters"]["tiers"]["nvme"]
 print(opt.step_count, c["bytes_in"], c["bytes_out"], flush=True)

@@ -746,8 +746,10 @@ void SwapService::Impl::detach(Session& s) {
       c.raw ? fmt::format("service: {} detached", s.key)
             : fmt::format("service: {} detached at generation {}", s.key, c.generation));
   s.rec = nullptr;
-  if (!s.release) touch(c);
-  if (s.release) forget(s.key);  // destroys the record `c` refers to: last
+  if (s.release)
+    forget(s.key);  // destroys the record `c` refers to: last
+  else
+    touch(c);
   lk.unlock();
   s.mem.reset();  // unmapping gigabytes takes a while: not under the lock
 }

@@ -637,6 +637,16 @@ TEST(Service, MalformedOversizedAndOutOfOrderMessagesDropOnlyThatClient) {
     bytes.insert(bytes.end(), offer.begin(), offer.end());
     EXPECT_TRUE(dropped_after(sc.socket, bytes));
   }
+  {
+    auto bytes = hello_frame(1, service::kProtocolVersion);  // a type from a newer protocol
+    flatbuffers::FlatBufferBuilder fb;
+    fb.Finish(
+        wire::CreateMessage(fb, 2, static_cast<wire::Body>(200), wire::CreateCommit(fb).Union()),
+        wire::MessageIdentifier());
+    const auto unknown = framed(fb);
+    bytes.insert(bytes.end(), unknown.begin(), unknown.end());
+    EXPECT_TRUE(dropped_after(sc.socket, bytes));
+  }
   auto corrupt = hello_frame(1, service::kProtocolVersion);
   corrupt[4] = 0xf0;  // the root table's offset points past the end of the message
   EXPECT_TRUE(dropped_after(sc.socket, corrupt));

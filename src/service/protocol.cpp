@@ -32,6 +32,12 @@ const wire::Message* verify_message(const std::uint8_t* data, std::size_t n, std
     *why = "message without a body";
     return nullptr;
   }
+  if (m->body_type() > wire::Body::MAX) {  // the verifier lets unknown union types through
+    *why =
+        fmt::format("message of unknown type {} (this side knows 1..{})",
+                    static_cast<unsigned>(m->body_type()), static_cast<unsigned>(wire::Body::MAX));
+    return nullptr;
+  }
   return m;
 }
 

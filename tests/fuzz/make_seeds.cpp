@@ -159,6 +159,9 @@ void service_seeds() {
   add(wire::Body::Discard, wire::CreateDiscard(fb).Union());
   add(wire::Body::Status, wire::CreateStatus(fb).Union());
   seed("service_message", "requests", reqs, 1);
+  reqs.clear();
+  add(static_cast<wire::Body>(200), wire::CreateCommit(fb).Union());  // a newer protocol's type
+  seed("service_message", "unknown_type", reqs, 1);
   const auto dir = fuzz::scratch() / "service";
   const ServiceConfig c = seed_service(dir);
   {

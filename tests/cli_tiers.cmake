@@ -92,7 +92,8 @@ foreach(bad "residency;99999999" "residency" "residency;--swap-dir;/nonexistent/
             "bench;step;--memory-only" "bench;step;--overlap;--state;gpu"
             "bench;step;--overlap;--memory-only"
             "bench;step;--state;host;--memory-only;--params;64M;--host-budget;1MiB"
-            "bench;step;--param16-in-place")
+            "bench;step;--param16-in-place" "bench;step;--trainer-seconds;0"
+            "bench;step;--trainer-seconds;1;--overlap" "bench;step;--trainer-seconds;1;--lend")
   execute_process(COMMAND ${CLI} ${bad} RESULT_VARIABLE rc ERROR_VARIABLE err OUTPUT_QUIET)
   if(rc EQUAL 0 OR err STREQUAL "")
     message(FATAL_ERROR "'${bad}' was accepted or gave no error: ${err}")
@@ -205,6 +206,19 @@ string(JSON hruns ERROR_VARIABLE e3 LENGTH "${hout}" runs_step_s)
 if(NOT rc EQUAL 0 OR e OR e2 OR e3 OR NOT hstate STREQUAL "host" OR NOT hstep GREATER 0
    OR NOT hruns EQUAL 2)
   message(FATAL_ERROR "bench step --state host: ${rc} ${hout} ${err}")
+endif()
+# --trainer-seconds: a step per simulated forward + backward, each step's exposed time; the
+# sub-groups step during the backward, the commit beside the next forward.
+execute_process(COMMAND ${CLI} bench step --params 2097152 --sub-group 262144 --host-budget 12MiB --runs 2
+                        --trainer-seconds 0.05 --json
+                RESULT_VARIABLE rc OUTPUT_VARIABLE tout ERROR_VARIABLE err)
+string(JSON tsteps ERROR_VARIABLE e LENGTH "${tout}" steps)
+string(JSON texposed ERROR_VARIABLE e2 GET "${tout}" exposed_s)
+string(JSON tspeed ERROR_VARIABLE e3 GET "${tout}" speed_fraction)
+string(JSON tover ERROR_VARIABLE e4 GET "${tout}" steps 1 overlapped_subgroups)
+if(NOT rc EQUAL 0 OR e OR e2 OR e3 OR e4 OR NOT tsteps EQUAL 2 OR texposed LESS 0
+   OR NOT tspeed GREATER 0 OR tspeed GREATER 1 OR NOT tover GREATER 0)
+  message(FATAL_ERROR "bench step --trainer-seconds: ${rc} ${tout} ${err}")
 endif()
 # Without --sub-group: the size TieredOptimizer picks for the budget (64 MiB / (3 x 4 x 12 B),
 # whole 8192-element chunks), as a tierswap.torch user gets.

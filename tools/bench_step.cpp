@@ -40,6 +40,7 @@
 #include "tierswap/tier_manager.hpp"
 #include "tierswap/tiered_optimizer.hpp"
 #include "tierswap/units.hpp"
+#include "tools/bench_step.hpp"
 #include "tools/commands.hpp"
 #include "tools/disk_busy.hpp"
 #include "tools/temp_dir.hpp"
@@ -49,32 +50,6 @@ namespace tierswap::cli {
 namespace {
 
 constexpr BlockId kNone = ~BlockId{0};  // a ZeRO-Infinity sub-group without exp_avg_sq (Lion)
-
-struct StepOptions {
-  std::vector<std::string> dirs;
-  std::string params = "256M";
-  std::string host_budget = "1GiB";
-  std::string sub_group = "auto";
-  std::string optimizer = "adamw";
-  std::string grad_tier = "host";
-  int runs = 3;
-  std::uint32_t prefetch_depth = 2;
-  unsigned threads = 2;
-  bool overlap = false;
-  std::string state = "nvme";     // --overlap: where the state lives (nvme | host)
-  bool memory_only = false;       // --overlap --state host: persist_resident_state = false
-  bool param16_in_place = false;  // --overlap: overlap_param16_in_place
-  double backward_ms = 2000;
-  bool keep = false;
-  bool json = false;
-  bool bf16_moments = false;    // also a stack with bf16 moments, alternated with the fp32 one
-  bool pinned_grads = false;    // the gradients in the pinned budget (no pageable pool)
-  bool lend = false;            // tierswap's gradients lent (lend_grad: read in place), not copied
-  std::string tensor;           // elements per parameter (default 64Mi; --overlap: a sub-group)
-  bool distinct_grads = false;  // each parameter's gradient in a buffer of its own
-  bool ascending = false;       // alternate_step_order off: every step (and io-only pass) ascends
-  bool disk_busy = false;       // sample the disks' requests in flight during each pass
-};
 
 // The sub-directories the bench creates under each --dir: removed at exit, and when a signal
 // ends the run, unless --keep.
@@ -100,132 +75,6 @@ SwapSpace make_space(const std::vector<std::filesystem::path>& dirs, const char*
   }
   sc.capacity = round_up(capacity, 1ull << 20);
   return SwapSpace::create(sc);
-}
-
-// --overlap: ordinary vs overlapped step after the same simulated backward.
-// `bench step --overlap`: one backward (simulated) + step at a time, overlapped or not.
-struct OverlapCycles {
-  const StepOptions& o;
-  TierManager& tiers;
-  ShardedOptimizer& opt;
-  const std::vector<ParamId>& ids;
-  const std::vector<std::uint16_t>& grad;
-
-  // The backward: parameter i's gradient arrives at (i + 1) / P of its length. Seconds.
-  double backward() {
-    const auto t0 = Clock::now();
-    const auto len = std::chrono::duration<double, std::milli>(o.backward_ms);
-    opt.begin_backward();
-    for (std::size_t i = 0; i < ids.size(); ++i) {
-      std::this_thread::sleep_until(
-          t0 + std::chrono::duration_cast<Clock::duration>(len * static_cast<double>(i + 1) /
-                                                           static_cast<double>(ids.size())));
-      opt.add_grad(ids[i], grad.data(), Dtype::bf16);
-    }
-    opt.end_backward();
-    return since(t0);
-  }
-  // One backward + step: its backward's length, the step's result and the NVMe bytes written
-  // over both (the overlapped mode writes during the backward).
-  std::tuple<double, StepResult, std::uint64_t> cycle(bool overlap) {
-    opt.set_overlap(overlap);
-    const std::uint64_t w0 = tiers.counters().bytes_in[static_cast<int>(Tier::nvme)];
-    const double b = backward();
-    const StepResult r = opt.step();
-    return {b, r, tiers.counters().bytes_in[static_cast<int>(Tier::nvme)] - w0};
-  }
-  // One run: an ordinary and an overlapped cycle.
-  struct Run {
-    double ordinary_s = 0, backward_s = 0, overlapped_s = 0;
-    std::uint32_t kept = 0;  // sub-groups stepped during the backward
-    std::uint64_t nvme_written = 0;
-    double hidden() const { return 1.0 - overlapped_s / ordinary_s; }
-    nlohmann::json to_json() const {
-      return {{"backward_s", backward_s},          {"ordinary_step_s", ordinary_s},
-              {"overlapped_step_s", overlapped_s}, {"overlapped_subgroups", kept},
-              {"nvme_write_bytes", nvme_written},  {"hidden_fraction", hidden()}};
-    }
-  };
-  // Run r: the two cycles, in turn first.
-  Run run(int r) {
-    Run out;
-    for (int k = 0; k < 2; ++k) {
-      const bool overlap = (r + k) % 2 == 1;
-      const auto [b, res, written] = cycle(overlap);
-      if (res.redone || res.skipped)
-        throw std::runtime_error("bench step --overlap: a step was redone or skipped");
-      if (!overlap) {
-        out.ordinary_s = res.seconds;
-        continue;
-      }
-      out.backward_s = b;
-      out.overlapped_s = res.seconds;
-      out.kept = res.overlapped_subgroups;
-      out.nvme_written = written;
-    }
-    return out;
-  }
-};
-
-void run_overlap_bench(const StepOptions& o, TierManager& tiers, ShardedOptimizer& opt,
-                       const std::vector<ParamId>& ids, const std::vector<std::uint16_t>& grad,
-                       std::uint64_t n) {
-  if (!(o.backward_ms >= 0)) throw std::invalid_argument("--backward-ms: must be >= 0");
-  OverlapCycles c{o, tiers, opt, ids, grad};
-  if (!o.json)
-    fmt::print(
-        "tierswap bench step --overlap: {} params ({}), sub-group {} params ({} sub-groups), "
-        "simulated backward {:.0f} ms, host budget {}, state on {}{}{}\n",
-        n, o.optimizer, opt.config().subgroup_size, opt.subgroup_count(), o.backward_ms,
-        o.host_budget, o.state,
-        o.state == "host" ? (o.memory_only ? " (memory-only)" : " (persisted to NVMe each step)")
-                          : "",
-        o.param16_in_place ? ", speculative 16-bit output in place" : "");
-  c.cycle(false);  // warm-up: every block has data on NVMe
-  c.cycle(true);
-  std::vector<OverlapCycles::Run> runs;
-  auto med = [&](auto field) {
-    std::vector<double> v;
-    for (const auto& r : runs) v.push_back(field(r));
-    return median(v);
-  };
-  for (int r = 0; r < o.runs; ++r) {
-    runs.push_back(c.run(r));
-    const auto& x = runs.back();
-    if (!o.json)
-      fmt::print(
-          "run {}: ordinary step {:.3f} s; overlapped: backward {:.3f} s, then step {:.3f} s "
-          "({} of {} sub-groups stepped during the backward, {} written to NVMe): {:.0f}% of "
-          "the step hidden\n",
-          r + 1, x.ordinary_s, x.backward_s, x.overlapped_s, x.kept, opt.subgroup_count(),
-          format_bytes(x.nvme_written), 100 * x.hidden());
-  }
-  const double ord = med([](const auto& x) { return x.ordinary_s; });
-  const double ovl = med([](const auto& x) { return x.overlapped_s; });
-  const double hidden = med([](const auto& x) { return x.hidden(); });
-  if (!o.json) {
-    fmt::print(
-        "median: ordinary step {:.3f} s, overlapped step after the backward {:.3f} s: {:.0f}% of "
-        "the step hidden behind a {:.0f} ms backward (median of per-run ratios)\n",
-        ord, ovl, 100 * hidden, o.backward_ms);
-    return;
-  }
-  nlohmann::json js = nlohmann::json::array();
-  for (const auto& x : runs) js.push_back(x.to_json());
-  const nlohmann::json j{{"params", n},
-                         {"optimizer", o.optimizer},
-                         {"sub_group", opt.config().subgroup_size},
-                         {"subgroups", opt.subgroup_count()},
-                         {"backward_ms", o.backward_ms},
-                         {"state", o.state},
-                         {"memory_only", o.memory_only},
-                         {"param16_in_place", o.param16_in_place},
-                         {"runs", js},
-                         {"backward_s", med([](const auto& x) { return x.backward_s; })},
-                         {"ordinary_step_s", ord},
-                         {"overlapped_step_s", ovl},
-                         {"hidden_fraction", hidden}};
-  fmt::print("{}\n", j.dump(2));
 }
 
 // What every part of the bench shares: the model's size and kind, where it lives, the pool.
@@ -258,15 +107,21 @@ struct StepBench {
     if (o.bf16_moments && o.state == "host")
       throw std::invalid_argument(
           "--bf16-moments: not with --state host (it compares the NVMe bytes of the two)");
+    if ((o.bf16_moments || o.disk_busy || o.lend || o.distinct_grads || !o.tensor.empty()) &&
+        trainer())
+      throw std::invalid_argument(
+          "--trainer-seconds: not with --bf16-moments, --disk-busy, --lend, --tensor or "
+          "--distinct-grads (it steps one optimizer, a sub-group per parameter, as a trainer's "
+          "loop does)");
     if (o.disk_busy && (o.overlap || o.state == "host"))
       throw std::invalid_argument(
           "--disk-busy: not with --overlap or --state host (it samples the three NVMe passes)");
     moments = kind == OptimizerKind::adamw ? 2 : 1;
     state_pp = 4ull * (1 + moments);
     sg = sub_group_size();
-    // Parameters of --tensor elements (64Mi by default); for --overlap one sub-group each, so
-    // that the simulated backward finishes sub-groups one by one.
-    per = o.overlap          ? sub_rounded()
+    // Parameters of --tensor elements (64Mi by default); for the loop modes one sub-group each,
+    // so that the simulated backward finishes sub-groups one by one.
+    per = loop()             ? sub_rounded()
           : o.tensor.empty() ? std::uint64_t{64} << 20
                              : parse_param_count(o.tensor, "--tensor");
   }
@@ -284,6 +139,8 @@ struct StepBench {
     return automatic_subgroup_size(budget, oc, state_pp);
   }
   std::uint64_t sub_rounded() const { return round_up(sg, kGradStatsChunk); }
+  bool trainer() const { return o.trainer_seconds > 0; }
+  bool loop() const { return o.overlap || trainer(); }  // tools/bench_overlap.cpp's modes
   std::uint64_t per_param() const { return per; }
 };
 
@@ -291,7 +148,7 @@ TierConfig step_tier_config(const StepBench& sb) {
   TierConfig tc;
   tc.host_budget = sb.budget;
   tc.device_mode = DeviceTierMode::off;
-  tc.durable = sb.o.keep;
+  tc.durable = sb.o.keep || sb.trainer();  // the trainer's commits: durable, as tierswap.torch's
   tc.telemetry = sb.o.keep;
   OptimizerConfig reads;  // slabs, write-behind and prefetches as the one-object setup tunes them
   reads.subgroup_size = sb.sg;
@@ -309,7 +166,8 @@ OptimizerConfig step_optimizer_config(const StepBench& sb, bool bf16_moments = f
   oc.state_tier =
       sb.o.state == "host" ? OptimizerConfig::StateTier::host : OptimizerConfig::StateTier::nvme;
   oc.persist_resident_state = !sb.o.memory_only;
-  oc.overlap = sb.o.overlap;  // at finalize: memory-only sub-groups get undo copies where they fit
+  oc.overlap = sb.loop();  // at finalize: memory-only sub-groups get undo copies where they fit
+  oc.pipelined_commit = sb.trainer();
   oc.overlap_param16_in_place = sb.o.param16_in_place;
   oc.grad_tier = sb.grad_tier;
   oc.prefetch_depth = sb.o.prefetch_depth;
@@ -918,8 +776,9 @@ void run_step_bench(const StepOptions& o) {
   created.keep = o.keep;
   TierswapStack ts(sb, pool, created, "tierswap", false);  // (b)
   const std::vector<std::uint16_t> grad = bench_gradient(sb);
-  if (o.overlap) {
-    run_overlap_bench(o, ts.tiers, ts.opt, ts.ids, grad, sb.n);
+  if (sb.loop()) {
+    const LoopBench lb{o, ts.tiers, ts.opt, ts.ids, grad, sb.n};
+    sb.trainer() ? run_trainer_bench(lb) : run_overlap_bench(lb);
     return;
   }
   if (o.state == "host") {
@@ -993,6 +852,13 @@ void add_step_mode_options(CLI::App* b, StepOptions* o) {
       ->needs(overlap);
   b->add_option("--backward-ms", o->backward_ms,
                 "--overlap: length of the simulated backward in milliseconds");
+  b->add_option("--trainer-seconds", o->trainer_seconds,
+                "Training steps whose forward and backward take this long (a third and two "
+                "thirds; simulated): the commit durable and pipelined beside the forward, the "
+                "step overlapped with the backward; prints the step's exposed time per step "
+                "(what the trainer waits for beyond it), to size drives for a model")
+      ->excludes(overlap)
+      ->check(CLI::PositiveNumber);
   b->add_flag("--keep", o->keep,
               "Durable mode (fsync'd manifest every step); keep the swap directory");
   b->add_flag("--bf16-moments", o->bf16_moments,

@@ -139,9 +139,18 @@ TEST(ShardedOptimizer, OverlappedStepRedoesWhatChangedAfterTheSpeculativeStep) {
   }
   b.opt->end_backward();
   TempDir ck;
+  EXPECT_TRUE(b.opt->speculation_pending());
   EXPECT_THROW(b.opt->save(ck.path()), std::logic_error);
+  // the state is not the committed one yet: gather refuses it (it returned speculative values)
+  const auto& params = test::model_params();
+  const ParamId trained = mb.ids[std::find_if(params.begin(), params.end(),
+                                              [](const auto& p) { return p.trainable; }) -
+                                 params.begin()];
+  EXPECT_THROW(b.opt->gather(trained, BlockClass::exp_avg), std::logic_error);
   EXPECT_THROW(b.opt->set_overlap(false), std::logic_error);
   b.opt->step();
+  EXPECT_FALSE(b.opt->speculation_pending());
+  EXPECT_NO_THROW(b.opt->gather(trained, BlockClass::exp_avg));
   b.opt->set_overlap(false);
   EXPECT_FALSE(b.opt->overlap());
   b.opt->save(ck.path());

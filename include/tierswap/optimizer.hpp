@@ -44,6 +44,9 @@
 // committed state is untouched, bit for bit) when a gradient is non-finite, or discards them and
 // steps everything again when clipping applies or a hyper-parameter, the loss scale or a
 // gradient changed after the speculative step. Results are bit-identical to the ordinary step.
+// When an overlapped step ends, the state of the sub-groups whose gradients became final first
+// (the next backward's first, as the backward's order repeats) is read ahead, as many as the
+// read-ahead depth, so that it arrives during the trainer's forward.
 //
 // 16-bit parameters. The kernel writes this rank's share of the 16-bit parameters; step()
 // all-gathers them, so param16(id) on every rank holds the whole model's updated 16-bit weights.
@@ -426,6 +429,9 @@ class ShardedOptimizer {
   /// speculative results wait for step()). std::logic_error otherwise, or in in-place mode.
   void set_overlap(bool on);
   bool overlap() const noexcept;
+  /// Whether speculative results of an overlapped backward wait for step(): the state is then
+  /// not the committed one, and gather() and save() refuse to read it until step() settles it.
+  bool speculation_pending();
 
   // ---- parameters and layout --------------------------------------------------------------
   /// The model's 16-bit copy of a trainable parameter (every rank holds all of it after a step).

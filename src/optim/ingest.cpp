@@ -91,6 +91,7 @@ void ShardedOptimizer::Impl::after_ingest(OptSub& s, bool final) {
       if (!cfg.overlap_param16_in_place) s.spec16.resize(s.numel);
       s.spec = OptSub::Spec::queued;
       spec.queue.push_back(static_cast<std::size_t>(&s - subs.data()));
+      spec.order.push_back(spec.queue.back());
       const bool soon = spec.queue.size() <= depth + 1;
       lk.unlock();
       spec.cv.notify_one();
@@ -176,6 +177,7 @@ void ShardedOptimizer::begin_backward(bool final) {
   m.spec.cfgs = std::move(cfgs);
   m.spec.mult = mult;
   m.spec.t = t;
+  m.spec.order.clear();  // (no worker runs: nothing is pending)
   m.spec.start([&m] { m.spec_loop(); });
 }
 

@@ -151,6 +151,9 @@ struct SpecWorker {
   std::vector<GroupConfig> cfgs;
   float mult = 1.0f;
   std::uint64_t t = 0;
+  // The sub-groups in the order their gradients became final in this final backward (queued):
+  // the next one's order, whose head step() reads ahead when it ends (read_ahead_next()).
+  std::vector<std::size_t> order;
 
   SpecWorker() = default;
   SpecWorker(const SpecWorker&) = delete;
@@ -644,6 +647,10 @@ struct ShardedOptimizer::Impl {
   bool spec_pending();
   /// Forgets every speculative result (after the tier manager discarded them, or committed).
   void spec_reset();
+  /// At the end of an overlapped step: starts reading the state of the sub-groups whose
+  /// gradients became final first in this step's backward (the next backward's first, in the
+  /// same order), as many as the read-ahead depth; they arrive during the trainer's forward.
+  void read_ahead_next();
   // Undo copies (memory-only state stepped speculatively): save before the step; restore every
   // saved one (a discarded speculative generation).
   void undo_save(OptSub& s);

@@ -159,8 +159,19 @@ void ShardedOptimizer::set_overlap(bool on) {
   m.cfg.overlap = on;
 }
 
+void ShardedOptimizer::Impl::read_ahead_next() {
+  if (!cfg.overlap) return;
+  std::lock_guard lk(spec.mu);  // (the worker is idle: step() drained it)
+  const std::size_t n = std::min<std::size_t>(spec.order.size(), depth + 1);
+  for (std::size_t i = 0; i < n; ++i) prefetch_state(subs[spec.order[i]]);
+}
+
 bool ShardedOptimizer::overlap() const noexcept {
   return impl_->cfg.overlap;
+}
+
+bool ShardedOptimizer::speculation_pending() {
+  return impl_->spec_pending();
 }
 
 }  // namespace tierswap

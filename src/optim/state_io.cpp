@@ -67,6 +67,10 @@ std::vector<float> ShardedOptimizer::gather(ParamId id, BlockClass cls) {
   impl_->settle_commit();
   Impl& m = *impl_;
   m.require_state("gather");
+  if (m.spec_pending())  // (every rank's: the same calls in the same order)
+    throw std::logic_error(
+        "gather: speculative steps of an overlapped backward wait for step(); read the state "
+        "after it");
   const OptParam& p = trainable(m.params, "gather", id);
   checked_slot(m.groups, "gather", p, cls);
   std::vector<float> out(p.numel, 0.0f);

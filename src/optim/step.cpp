@@ -743,6 +743,7 @@ StepResult ShardedOptimizer::Impl::step_once(std::optional<double> given_clip) {
   finish_result(r, c0, t0);
   if (world > 1) p16_all();  // the step is complete: an exception here leaves it done
   p16_sync();
+  read_ahead_next();
   return r;
 }
 

@@ -406,6 +406,8 @@ void bind_introspection(PyOptimizerClass& c) {
   c.def("loss_scale", [](PyOptimizer& s) { return s.opt().loss_scale(); })
       .def("step_count", [](PyOptimizer& s) { return s.opt().step_count(); })
       .def("set_overlap", [](PyOptimizer& s, bool on) { s.opt().set_overlap(on); })
+      .def("overlap", [](PyOptimizer& s) { return s.opt().overlap(); })
+      .def("speculation_pending", [](PyOptimizer& s) { return s.opt().speculation_pending(); })
       .def("subgroup_count", [](PyOptimizer& s) { return s.opt().subgroup_count(); })
       .def("subgroup_size", [](PyOptimizer& s) { return s.opt().config().subgroup_size; })
       .def("state_bytes", [](PyOptimizer& s) { return s.opt().state_bytes(); })

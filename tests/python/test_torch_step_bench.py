@@ -62,3 +62,11 @@ def test_torch_mode_compares_with_torch_and_cleans_up(tmp_path):
               "--memory-only")
     assert len(out["runs_tierswap"]) == len(out["runs_torch"]) == 2
     assert out["speedup"] > 0
+
+
+def test_tinylm_mode_reports_every_case_against_the_recipe(tmp_path):
+    out = run(tmp_path, "tinylm", "--reps", "1", "--steps", "3")
+    for case in ("host", "host_in_step", "host_memory", "nvme", "nvme_step_time", "nvme_in_step"):
+        assert out[f"tierswap_{case}_over_torch_median"] > 0, case
+        assert out[f"tierswap_{case}_exposed_step_s_median"] > 0, case
+    assert out["torch_adamw_tokens_per_s"] > 0 and out["steps"] == 3

@@ -228,9 +228,13 @@ def main(argv=None):
     ap.add_argument("--swap-dir", default=None,
                     help="where the state's files go (default: a temporary directory, removed at "
                          "the end)")
-    ap.add_argument("--hooks", action="store_true", help="hand gradients over during the backward")
-    ap.add_argument("--overlap", action="store_true",
-                    help="step sub-groups during the backward (implies --hooks)")
+    onoff = {"auto": None, "on": True, "off": False}
+    ap.add_argument("--hooks", default="auto", choices=onoff,
+                    help="hand gradients over during the backward (auto, the default: from the "
+                         "second step)")
+    ap.add_argument("--overlap", default="auto", choices=onoff,
+                    help="step sub-groups during the backward (auto, the default: wherever the "
+                         "hooks are; on implies --hooks on)")
     ap.add_argument("--bf16-moments", action="store_true",
                     help="keep AdamW's moments in bf16 (16 B/param of NVMe traffic, not 24)")
     ap.add_argument("--device", default="auto", choices=("auto", "cpu", "cuda"),
@@ -247,8 +251,8 @@ def main(argv=None):
     # No --swap-dir: the optimizer's temporary one (removed at close, or when a signal ends us).
     try:
         opt = tt.AdamW(param_groups(model), swap_dir=a.swap_dir, host_budget=a.host_budget,
-                       state_tier=a.state_tier, max_grad_norm=1.0, hooks=a.hooks or a.overlap,
-                       overlap=a.overlap, bf16_moments=a.bf16_moments)
+                       state_tier=a.state_tier, max_grad_norm=1.0, hooks=onoff[a.hooks],
+                       overlap=onoff[a.overlap], bf16_moments=a.bf16_moments)
     except (ValueError, TypeError, RuntimeError) as e:  # a bad option, a swap dir it refuses
         ap.error(str(e))
     n = sum(p.numel() for p in model.parameters())

@@ -37,7 +37,10 @@ Tier keywords (all optional; the defaults work untuned):
   state_tier      "auto" (host memory when everything fits in half the budget), "host", "nvme"
   subgroup_size   elements per sub-group, a count as the CLI's --sub-group ("4M" = 4,000,000,
                   rounded up to a multiple of 8192; default: from the budget, at most 8Mi)
-  overlap         sub-groups step during the backward (hooks=True): the bit-exact overlapped step
+  overlap         sub-groups step during the backward (with hooks): the bit-exact overlapped step.
+                  Default: on wherever hooks are (one process); a backward is taken as the last
+                  before step() as micro_batch(final=...) says, else as the count of backward
+                  passes of the step before says (a wrong guess is redone at step(), exactly)
   plan            a placement plan file (``tierswap plan --out``)
   max_grad_norm   clip the global gradient norm inside the step (0: off); or keep it 0 and call
                   opt.clip_grad_norm_(params, max_norm) where a torch recipe clips (torch's
@@ -49,7 +52,10 @@ Tier keywords (all optional; the defaults work untuned):
   telemetry       serve `tierswap ps` / `tierswap residency PID` (default on)
   hooks           hand each gradient over as soon as the backward accumulated it (frees p.grad:
                   torch.nn.utils.clip_grad_norm_ then refuses these parameters; clip with
-                  max_grad_norm)
+                  max_grad_norm). Default (None): the first step hands over at step(); from the
+                  second on hooks and overlap are on, unless that step clipped through p.grad
+                  (opt.clip_grad_norm_ or torch's) or the world has several ranks. A p.grad set
+                  by hand (not by a backward) is still taken at step()
   threads         CPU kernel threads (default: all)
   communicator    "auto" (torch.distributed's world when initialized with > 1 rank, else MPI
                   under mpirun, else one process), "torch", "single", "mpi", or a
@@ -128,6 +134,29 @@ def _one_at_a_time(method):
         with self._lock:
             return method(self, *args, **kwargs)
     return serialized
+
+
+def _settled(what):
+    """A reader of the state (state_dict, opt.state[p], save): while the overlapped step's
+    speculative results wait for step(), the state is not the committed one. A call from another
+    thread (a checkpoint thread) waits for the trainer's step() to settle them; the trainer's own
+    thread, between its backward and step(), is told to read after step()."""
+    def decorate(method):
+        @functools.wraps(method)
+        def settled(self, *args, **kwargs):
+            while True:
+                with self._lock:
+                    if not self._native.speculation_pending():
+                        return method(self, *args, **kwargs)
+                    if self._trainer == threading.get_ident():
+                        raise RuntimeError(
+                            f"{what}: the overlapped step (on by default from the second "
+                            "step) has begun stepping this backward's gradients, so the state "
+                            "is between steps: read it after step() (or before the backward), "
+                            "or build the optimizer with overlap=False")
+                time.sleep(0.001)  # the lock released: the trainer's step() settles them
+        return settled
+    return decorate
 
 
 def _close_native(native, tmpdir, params, owner):
@@ -216,10 +245,10 @@ class _TieredOptimizer(Optimizer):
     _state_keys = ()  # (torch's key, tierswap's class) of every state the kind may keep
 
     def __init__(self, params, defaults, *, swap_dir=None, host_budget=None, state_tier="auto",
-                 subgroup_size=None, overlap=False, plan=None, max_grad_norm=0.0,
+                 subgroup_size=None, overlap=None, plan=None, max_grad_norm=0.0,
                  loss_scale=None, init_scale=65536.0, growth_factor=2.0, backoff_factor=0.5,
                  growth_interval=2000, bf16_moments=False, accumulate_fp32=False, telemetry=True,
-                 hooks=False, threads=None, communicator="auto", keep_swap_files=False,
+                 hooks=None, threads=None, communicator="auto", keep_swap_files=False,
                  swap_capacity=None, persist_resident_state=True, durable=True, resume=False,
                  service=None, service_job=None, device_tier=None, pipelined_commit=True):
         self._native = None
@@ -227,16 +256,20 @@ class _TieredOptimizer(Optimizer):
         self._tmpdir = None
         self._comm = default_communicator(communicator)  # kept alive beside the native side
         try:
-            if overlap and not hooks:
+            if overlap and hooks is False:
                 raise ValueError("overlap=True steps sub-groups during the backward: it needs "
-                                 "hooks=True")
+                                 "the hooks (hooks=True or the default)")
+            if overlap and hooks is None:
+                hooks = True  # asked for by name: on from the first step
+            auto = hooks is None and overlap is not False and _shadow_slots()
             super().__init__(params, defaults)
             self._dev = _device.for_params((p for g in self.param_groups for p in g["params"]),
                                            device_tier)
             self._check_params()
             opt_cfg = {
                 "state_tier": _choice("state_tier", state_tier, ("auto", "host", "nvme")),
-                "overlap": bool(overlap),
+                # the default's undo copies are laid out now, the mode is switched on later
+                "overlap": bool(overlap) or auto,
                 "max_grad_norm": _nonneg("max_grad_norm", max_grad_norm),
                 "bf16_moments": bool(bf16_moments),
                 "accumulate_fp32": bool(accumulate_fp32),
@@ -278,6 +311,12 @@ class _TieredOptimizer(Optimizer):
         self._closer = weakref.finalize(self, _close_native, self._native, self._tmpdir,
                                         self._aliased, os.getpid())
         self._hooks = bool(hooks)
+        # hooks=None: "first step" (handed over at step(), watched), then "on" or "off"
+        self._auto = "first step" if hooks is None else None
+        self._overlap_auto = auto
+        self._reads_grads = False  # the watched step clipped through p.grad
+        self._backwards = 0  # backward passes of this step the hooks began (the default mode)
+        self._per_step = 1  # ... and of the step before: the one that ends like it is the last
         self._max_grad_norm = opt_cfg["max_grad_norm"]
         self._scaled = opt_cfg["loss_scaler"]["mode"] != "none"
         self._clip_factor = None  # clip_grad_norm_'s, for the next step
@@ -285,13 +324,16 @@ class _TieredOptimizer(Optimizer):
         self._in_backward = False
         self._final = True
         self._handed = set()  # native ids given a gradient since the last step
+        self._trainer = None  # the thread of the last backward
         self._said = set()  # the one-time warnings given
         self.last_step = None
         self.state = _StateView(self)
         for p, _ in self._ids:
             p._tierswap_owner = weakref.ref(self)
         self._record_versions()
-        if self._hooks:
+        if auto:
+            self._native.set_overlap(False)  # until the first step is over
+        if hooks is not False:
             self._install_hooks(self._ids)
             _guard_torch_clipping(self)
 
@@ -358,7 +400,7 @@ class _TieredOptimizer(Optimizer):
         self._group_ids.append([id(p) for p in group["params"]])
         self._group_at.update((id(p), gi) for p in group["params"])
         self._hyper_sent.append(h)
-        if self._hooks:
+        if self._hooks or self._auto:
             self._install_hooks(new)
 
     def _check_params(self):
@@ -564,7 +606,7 @@ class _TieredOptimizer(Optimizer):
         time (the lock; re-entrant for _begin), starting the backward if this is its first."""
         with self._lock:
             if not self._in_backward:
-                self._begin(self._final)
+                self._begin(self._final if self._auto is None else self._guess_final())
             g = self._checked_grad(p, nid)
             if g is not None:
                 try:
@@ -580,6 +622,30 @@ class _TieredOptimizer(Optimizer):
                     raise
                 self._handed.add(nid)
         p.grad = None
+
+    def _guess_final(self):
+        """The default mode's backward begun by a hook (outside micro_batch): ended when torch's
+        backward pass ends; the last before step() when it is as many passes into the step as
+        the step before had."""
+        self._backwards += 1
+        torch.autograd.Variable._execution_engine.queue_callback(self._end)
+        return self._backwards >= self._per_step
+
+    def _settle_auto(self):
+        """After a step of the default mode: counts its backward passes and, after the first
+        step, chooses hooks and overlap for the rest of the run."""
+        self._per_step, self._backwards = max(1, self._backwards), 0
+        if self._auto == "first step":
+            if self._reads_grads or self._native.world() > 1:
+                self._auto = "off"  # as hooks=False: p.grad is there between backward and step
+                return
+            self._auto, self._hooks = "on", True
+        if self._auto == "on" and self._overlap_auto:
+            # A step that clips redoes what was stepped during the backward (the factor is known
+            # once every gradient is): overlapped while the step before did not clip.
+            clipped = 0 < self._max_grad_norm <= self.last_step["grad_norm"]
+            if self._native.overlap() == clipped:
+                self._native.set_overlap(not clipped)
 
     def _lend_grads(self):
         """Lends every p.grad (step-time hand-over: the step reads them in place); returns them,
@@ -600,6 +666,7 @@ class _TieredOptimizer(Optimizer):
 
     @_one_at_a_time
     def _begin(self, final):
+        self._trainer = threading.get_ident()  # (see _settled)
         self._sync_groups()
         self._adopt_changed_weights()
         self._native.begin_backward(final)
@@ -632,7 +699,8 @@ class _TieredOptimizer(Optimizer):
     def _install_hooks(self, pairs):
         for p, nid in pairs:
             def hook(*_, p=p, nid=nid):
-                self._hand_over(p, nid)
+                if self._hooks:  # (the default mode's first step hands over at step())
+                    self._hand_over(p, nid)
             if hasattr(p, "register_post_accumulate_grad_hook"):  # torch >= 2.1
                 self._handles.append(p.register_post_accumulate_grad_hook(lambda _p, h=hook: h()))
             else:  # torch 1.13: the AccumulateGrad node's post-hook runs once p.grad is updated
@@ -659,6 +727,10 @@ class _TieredOptimizer(Optimizer):
             if not self._hooks:
                 self._begin(True)
                 lent = self._lend_grads()
+            elif any(p.grad is not None for p, _ in self._ids):  # set by hand, not by a backward
+                if not self._in_backward:
+                    self._begin(True)
+                lent = self._lend_grads()
         except BaseException as e:  # every rank learns of it, below
             problem = e
         try:  # every rank, before end_backward() (a collective without coalescing) and the step
@@ -677,6 +749,8 @@ class _TieredOptimizer(Optimizer):
                 # What the trainer waited for: the whole call (hand-over, the previous step's
                 # commit still landing, the step); with hooks, not what ran during the backward.
                 self.last_step["exposed_seconds"] = time.perf_counter() - t0
+                if self._auto is not None:
+                    self._settle_auto()
         finally:
             self._handed.clear()
             self._record_versions()
@@ -729,9 +803,13 @@ class _TieredOptimizer(Optimizer):
         needs step-time hand-over (hooks=False), max_grad_norm=0 (the native clipping, whose
         norm is the same at any world size) and one process (ranks hold local gradients)."""
         if self._hooks:
-            raise RuntimeError("clip_grad_norm_ reads p.grad before step(); with hooks=True the "
+            how = ("hooks, on by default from the second step as the first did not clip this "
+                   "way: build with hooks=False to clip as torch does, or" if self._auto else
+                   "hooks=True:")
+            raise RuntimeError(f"clip_grad_norm_ reads p.grad before step(); with {how} the "
                                "gradients were handed over and freed during the backward: clip "
                                "with max_grad_norm instead")
+        self._reads_grads = True
         if self._max_grad_norm > 0:
             raise RuntimeError(f"clip_grad_norm_ with max_grad_norm={self._max_grad_norm} set: "
                                "the gradients would be clipped twice (construct with "
@@ -770,6 +848,7 @@ class _TieredOptimizer(Optimizer):
             self._end()
             self._native.drop_grads()
             self._handed.clear()
+            self._backwards = 0
         super().zero_grad(set_to_none=set_to_none)
 
     @property
@@ -815,7 +894,7 @@ class _TieredOptimizer(Optimizer):
         for p is empty."""
         return self._group_step(p) > 0
 
-    @_one_at_a_time
+    @_settled("state_dict()")
     def state_dict(self):
         """torch's format, the state materialized from the tiers: {'state': {index: {'step',
         moments}}, 'param_groups': [...]}, plus 'master_params': {index: fp32 master weights}
@@ -835,7 +914,7 @@ class _TieredOptimizer(Optimizer):
             groups.append(g)
         return {"state": state, "param_groups": groups, "master_params": masters}
 
-    @_one_at_a_time
+    @_settled("opt.state[p]")
     def _param_state(self, p, nid, collective=False):
         """Parameter p's entry of torch's state: step and moments, gathered from the tiers."""
         if not collective and self._native.world() > 1:
@@ -984,7 +1063,7 @@ class _TieredOptimizer(Optimizer):
         keep.append(t)
         return (nid, cls, t.data_ptr(), t.numel())
 
-    @_one_at_a_time
+    @_settled("save()")
     def save(self, path):
         """tierswap's native checkpoint (the state stays on the tiers: nothing is materialized);
         loads at any world size with load(). Collective: a rank that refuses its path makes every
@@ -1147,9 +1226,15 @@ _TORCH_SWITCHES = {"foreach", "fused", "capturable", "differentiable"}
 _HOOKED = weakref.WeakSet()  # optimizers with hooks=True: their parameters' p.grad is freed
 
 
+def _shadow_slots():
+    """Whether the tier manager keeps shadow slots (TIERSWAP_SHADOW, default on): the
+    overlapped step's discard needs them, so without them the default leaves it off."""
+    return os.environ.get("TIERSWAP_SHADOW") != "0"  # "0" or "1" (anything else: refused)
+
+
 def _guard_torch_clipping(opt):
     """torch.nn.utils.clip_grad_norm_ and clip_grad_value_ refuse the parameters of an optimizer
-    with hooks=True: the hooks hand each gradient over and free p.grad during the backward, so
+    whose hooks are on (hooks=True, or the default after its first step): the hooks hand each gradient over and free p.grad during the backward, so
     torch's clipping would find none, return 0 and clip nothing. Installed with the first such
     optimizer (a name imported from torch.nn.utils before then keeps torch's function)."""
     _HOOKED.add(opt)
@@ -1165,14 +1250,19 @@ def _refusing_hooked(original, name):
     def guarded(parameters, *args, **kwargs):
         parameters = [parameters] if isinstance(parameters, torch.Tensor) else list(parameters)
         for opt in list(_HOOKED):
-            if opt._closer.alive and any(id(p) in opt._nid_of for p in parameters):
-                raise RuntimeError(
-                    f"torch.nn.utils.{name} on parameters of a tierswap optimizer built with "
-                    "hooks=True: their gradients were handed over to tierswap during the "
-                    "backward and p.grad freed, so torch would clip nothing. Clip inside the "
-                    "step with max_grad_norm=... (the same norm at any world size), or build the "
-                    "optimizer with hooks=False and call opt.clip_grad_norm_(params, max_norm) "
-                    "where the recipe clips")
+            if not opt._closer.alive or not any(id(p) in opt._nid_of for p in parameters):
+                continue
+            if not opt._hooks:  # the default mode's first step: it stays at step-time hand-over
+                opt._reads_grads = True
+                continue
+            how = ("with hooks (on by default from the second step, as the first did not clip "
+                   "this way)" if opt._auto else "built with hooks=True")
+            raise RuntimeError(
+                f"torch.nn.utils.{name} on parameters of a tierswap optimizer {how}: their "
+                "gradients were handed over to tierswap during the backward and p.grad freed, "
+                "so torch would clip nothing. Clip inside the step with max_grad_norm=... (the "
+                "same norm at any world size), or build the optimizer with hooks=False and call "
+                "opt.clip_grad_norm_(params, max_norm) where the recipe clips")
         return original(parameters, *args, **kwargs)
     guarded._tierswap_original = original
     return guarded

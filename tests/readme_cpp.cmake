@@ -1,10 +1,15 @@
-# The README's C++ examples compile against the library as written: each ```cpp block of
-# README.md becomes a function of a generated source (its #include lines hoisted to the top, the
-# names it leaves to the reader declared in a prelude), built with the normal build, so an
-# example that drifts from the API fails the build. CMake re-reads README.md when it changes.
+# The C++ examples of the README and of the documentation pages (tools/docs/*.md) compile
+# against the library as written: each ```cpp block becomes a function of a generated source
+# (its #include lines hoisted to the top, the names it leaves to the reader declared in a
+# prelude), built with the normal build, so an example that drifts from the API fails the build. CMake re-reads the pages when they change.
 set(_readme "${PROJECT_SOURCE_DIR}/README.md")
-set_property(DIRECTORY APPEND PROPERTY CMAKE_CONFIGURE_DEPENDS "${_readme}")
-file(READ "${_readme}" _text)
+file(GLOB _pages "${PROJECT_SOURCE_DIR}/tools/docs/*.md")
+set(_text "")
+foreach(_page IN ITEMS "${_readme}" ${_pages})
+  set_property(DIRECTORY APPEND PROPERTY CMAKE_CONFIGURE_DEPENDS "${_page}")
+  file(READ "${_page}" _page_text)
+  string(APPEND _text "${_page_text}\n")
+endforeach()
 set(_fence "```")
 set(_includes "")
 set(_bodies "")
@@ -26,7 +31,7 @@ while(TRUE)
   math(EXPR _n "${_n} + 1")
 endwhile()
 if(_n LESS 2)
-  message(FATAL_ERROR "tests/readme_cpp.cmake: found ${_n} cpp blocks in README.md (expected the "
+  message(FATAL_ERROR "tests/readme_cpp.cmake: found ${_n} cpp blocks in README.md and tools/docs (expected the "
                       "one-object setup and the service client at least)")
 endif()
 list(REMOVE_DUPLICATES _includes)

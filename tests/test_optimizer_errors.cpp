@@ -138,10 +138,10 @@ TEST(ShardedOptimizer, ConfigFromJsonAndEnvironment) {
 
 namespace {
 
-// The README's configuration rows "| `key` | `ENV` | ..." as key -> variable ("" for "—").
-std::map<std::string, std::string> readme_config_rows() {
-  std::ifstream f(std::string(TIERSWAP_SOURCE_DIR) + "/README.md");
-  EXPECT_TRUE(f) << "README.md not found";
+// The configuration page's rows "| `key` | `ENV` | ..." as key -> variable ("" for "—").
+std::map<std::string, std::string> documented_config_rows() {
+  std::ifstream f(std::string(TIERSWAP_SOURCE_DIR) + "/tools/docs/configuration.md");
+  EXPECT_TRUE(f) << "tools/docs/configuration.md not found";
   std::map<std::string, std::string> rows;
   std::string line;
   while (std::getline(f, line)) {
@@ -158,19 +158,19 @@ std::map<std::string, std::string> readme_config_rows() {
   return rows;
 }
 
-// Every setting has its README row with the same variable, and every row naming one of the
+// Every setting has its documented row with the same variable, and every row naming one of the
 // settings' variables is one of them; from_json's unknown-key error lists every key.
 template <class Config>
 void expect_documented(const char* what) {
   SCOPED_TRACE(what);
-  auto readme = readme_config_rows();
+  auto readme = documented_config_rows();
   const auto keys = Config::keys();
   std::set<std::string> envs;
   std::string known;
   for (const auto& [key, env] : keys) {
     SCOPED_TRACE(key);
-    ASSERT_TRUE(readme.count(key)) << "no README row for the setting";
-    EXPECT_EQ(readme[key], env) << "README's environment variable differs";
+    ASSERT_TRUE(readme.count(key)) << "no row in tools/docs/configuration.md for the setting";
+    EXPECT_EQ(readme[key], env) << "the documented environment variable differs";
     if (!env.empty()) envs.insert(env);
     known += (known.empty() ? "" : ", ") + key;
   }
@@ -178,7 +178,7 @@ void expect_documented(const char* what) {
     if (envs.count(env))
       EXPECT_TRUE(
           std::any_of(keys.begin(), keys.end(), [&](const auto& kv) { return kv.first == key; }))
-          << "README row " << key << " names " << env;
+          << "documented row " << key << " names " << env;
   try {
     Config::from_json(R"({"no_such_setting": 1})");
     ADD_FAILURE() << "an unknown key was accepted";
@@ -189,9 +189,9 @@ void expect_documented(const char* what) {
 
 }  // namespace
 
-// The README's configuration table and the settings tables say the same (a setting is added in
-// one place: its table; this test then asks for its README row).
-TEST(ShardedOptimizer, TheReadmeConfigurationTableMatchesTheSettings) {
+// The configuration page's table and the settings tables say the same (a setting is added in
+// one place: its table; this test then asks for its documented row).
+TEST(ShardedOptimizer, TheDocumentedConfigurationTableMatchesTheSettings) {
   expect_documented<OptimizerConfig>("OptimizerConfig");
   expect_documented<TierConfig>("TierConfig");
   expect_documented<IoEngineConfig>("IoEngineConfig");

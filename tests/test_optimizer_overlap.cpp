@@ -143,9 +143,9 @@ TEST(ShardedOptimizer, OverlappedStepRedoesWhatChangedAfterTheSpeculativeStep) {
   EXPECT_THROW(b.opt->save(ck.path()), std::logic_error);
   // the state is not the committed one yet: gather refuses it (it returned speculative values)
   const auto& params = test::model_params();
-  const ParamId trained = mb.ids[std::find_if(params.begin(), params.end(),
-                                              [](const auto& p) { return p.trainable; }) -
-                                 params.begin()];
+  const ParamId trained =
+      mb.ids[std::find_if(params.begin(), params.end(), [](const auto& p) { return p.trainable; }) -
+             params.begin()];
   EXPECT_THROW(b.opt->gather(trained, BlockClass::exp_avg), std::logic_error);
   EXPECT_THROW(b.opt->set_overlap(false), std::logic_error);
   b.opt->step();

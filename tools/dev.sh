@@ -10,7 +10,8 @@
 # the Python tests with pytest), an ASan+UBSan build (whole suite but the > 4 GiB transfers), a
 # ThreadSanitizer build of the concurrent components (tier manager, I/O engine, thread pool, the
 # optimizer over them, the node service without its fork()ing tests), and the libFuzzer targets (clang, ASan+UBSan): each replays its seed
-# corpus and fuzzes for TIERSWAP_FUZZ_SECONDS (default 30).
+# corpus and fuzzes for TIERSWAP_FUZZ_SECONDS (default 30). After the Python tests it builds the
+# reference documentation (tools/docs/build.sh --check: warnings are errors, links checked).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -28,6 +29,10 @@ PYTHON=/usr/bin/python3
 # The test command also checks the NEON and SVE kernels on an x86 machine (cross compiler +
 # qemu), fuzzes the parsers (clang's libFuzzer) and scores the systemd unit (systemd-analyze).
 TEST_PACKAGES=(g++-aarch64-linux-gnu qemu-user clang libclang-rt-14-dev systemd)
+# ... and builds the reference documentation with every warning an error, checks its links and
+# screenshots its index page (Sphinx with MyST and Breathe, Doxygen, headless Chromium).
+DOC_PACKAGES=(python3-sphinx python3-breathe python3-myst-parser furo doxygen chromium
+              python3-pil)
 
 install_missing() {
   local missing=()
@@ -61,12 +66,13 @@ case "$cmd" in
     PYTHONPATH=build/python exec "$PYTHON" -m tierswap.tinylm "$@"
     ;;
   test)
-    extra=()
-    [ "$(uname -m)" = x86_64 ] && extra=("${TEST_PACKAGES[@]}")
+    extra=("${DOC_PACKAGES[@]}")
+    [ "$(uname -m)" = x86_64 ] && extra+=("${TEST_PACKAGES[@]}")
     install_missing "${extra[@]}"
     build build
     (cd build && ctest --output-on-failure -j 2 --timeout 900)
     PYTHONPATH=build/python "$PYTHON" -m pytest -q -p no:cacheprovider tests/python
+    tools/docs/build.sh build --check
     # The sanitizer builds skip the Python module: an instrumented extension cannot be loaded
     # into an uninstrumented interpreter. Its C++ underneath (TieredOptimizer) is in the suite.
     # The sanitizer builds compile at -O1 with line tables only (-g1: file:line in every report):

@@ -1,7 +1,8 @@
 // Error helpers shared by every component.
 //
-// Contract (STYLE.md §3): inside io/ hot paths return -errno; at the completion boundary a negative
-// result becomes a std::system_error whose message names "<op> <path> @<offset>+<len>".
+// Contract (tools/docs/design.md, "Error handling"): inside io/ hot paths return -errno; at the
+// completion boundary a negative result becomes a std::system_error whose message names
+// "<op> <path> @<offset>+<len>".
 // Invalid configuration and API misuse throw std::invalid_argument naming the key and the value.
 #pragma once
 

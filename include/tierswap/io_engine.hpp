@@ -50,8 +50,9 @@ struct IoEngineConfig {
   std::uint32_t submit_batch = 2;
 
   /// Overrides from the environment: first the keys of the JSON file TIERSWAP_IO_CONFIG names
-  /// (what `tierswap tune` writes), then each setting's variable as keys() lists it (the README's
-  /// configuration table). A value that does not parse throws naming the variable or the file.
+  /// (what `tierswap tune` writes), then each setting's variable as keys() lists it (the
+  /// configuration page, tools/docs/configuration.md). A value that does not parse throws naming
+  /// the variable or the file.
   static IoEngineConfig from_env();
   static IoEngineConfig from_env(IoEngineConfig base);
   /// The file TIERSWAP_IO_CONFIG names, empty when it is unset or empty.
@@ -59,7 +60,8 @@ struct IoEngineConfig {
   /// Loads a JSON object of keys() (block_size a number or "1MiB"); unknown keys or bad values
   /// throw std::invalid_argument naming the key (and, for an unknown one, every known key).
   static IoEngineConfig from_json(std::string_view json);
-  /// Every setting's JSON key and environment variable ("" when none), in the README's order.
+  /// Every setting's JSON key and environment variable ("" when none), in the configuration page's
+  /// order.
   static std::vector<std::pair<std::string, std::string>> keys();
   void validate() const;
 };

@@ -196,14 +196,15 @@ struct OptimizerConfig {
   bool pipelined_commit = false;
   void validate() const;
   /// Overrides from the environment: each setting's variable as keys() lists it (TIERSWAP_...;
-  /// the README's configuration table). A value that does not parse throws naming the variable.
+  /// tools/docs/configuration.md). A value that does not parse throws naming the variable.
   static OptimizerConfig from_env();
   static OptimizerConfig from_env(OptimizerConfig base);
   /// Loads a JSON object of keys() (loss_scaler an object of mode, init_scale, growth_factor,
   /// backoff_factor, growth_interval); unknown keys or bad values throw std::invalid_argument
   /// naming the key (and, for an unknown one, every known key).
   static OptimizerConfig from_json(std::string_view json);
-  /// Every setting's JSON key and environment variable ("" when none), in the README's order.
+  /// Every setting's JSON key and environment variable ("" when none), in the configuration page's
+  /// order.
   static std::vector<std::pair<std::string, std::string>> keys();
 };
 

@@ -3,7 +3,7 @@
 // Prometheus endpoint listens. They are read from the environment once, at first use
 // (ProcessConfig::current()). Like the other config structs they are one table
 // (src/common/process_config.cpp): the variables, the JSON keys, the "unknown key" message and the
-// README's rows come from it.
+// documented rows (tools/docs/configuration.md) come from it.
 #pragma once
 
 #include <string>
@@ -33,7 +33,7 @@ struct ProcessConfig {
   static ProcessConfig from_env();
   /// Loads a JSON object of keys(); unknown keys or bad values throw naming the key.
   static ProcessConfig from_json(std::string_view json);
-  /// Every setting's JSON key and environment variable, in the README's order.
+  /// Every setting's JSON key and environment variable, in the configuration page's order.
   static std::vector<std::pair<std::string, std::string>> keys();
   /// The process's settings: from_env() at the first call that succeeds, then the same object.
   /// Throws as from_env() does while a variable is bad. Thread-safe.

@@ -36,13 +36,14 @@ struct SwapSpaceConfig {
   bool check_free_space = true;
 
   /// Overrides from the environment: each setting's variable as keys() lists it
-  /// (TIERSWAP_SWAP_DIRS ':'-separated; the README's configuration table).
+  /// (TIERSWAP_SWAP_DIRS ':'-separated; tools/docs/configuration.md).
   static SwapSpaceConfig from_env();
   static SwapSpaceConfig from_env(SwapSpaceConfig base);
   /// Loads a JSON object of keys() ("dirs": [...], "capacity": "8GiB" or a number, "direct":
   /// "auto"|"on"|"off"); unknown keys or bad values throw std::invalid_argument naming the key.
   static SwapSpaceConfig from_json(std::string_view json);
-  /// Every setting's JSON key and environment variable ("" when none), in the README's order.
+  /// Every setting's JSON key and environment variable ("" when none), in the configuration page's
+  /// order.
   static std::vector<std::pair<std::string, std::string>> keys();
   /// Throws std::invalid_argument naming the offending key.
   void validate() const;

@@ -50,7 +50,7 @@ class TelemetryServer {
 struct LiveProcess {
   int pid = 0;
   std::filesystem::path socket;
-  std::string command;  ///< from /proc/<pid>/cmdline
+  std::string command;  ///< from /proc/PID/cmdline
 };
 
 /// Sockets in `runtime_dir` whose process is alive, by pid. Stale sockets of dead processes owned

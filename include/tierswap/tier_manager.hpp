@@ -141,14 +141,16 @@ struct TierConfig {
   /// Seconds attaching waits for a service that is restarting or stopping (its socket missing
   /// or refusing, or a hello refused with ESHUTDOWN; TIERSWAP_SERVICE_WAIT); 0: fail at once.
   double service_wait = 0;
-  /// Overrides from the environment: each setting's variable as keys() lists it (the README's
-  /// configuration table). A value that does not parse throws naming the variable.
+  /// Overrides from the environment: each setting's variable as keys() lists it (the
+  /// configuration page, tools/docs/configuration.md). A value that does not parse throws naming
+  /// the variable.
   static TierConfig from_env();
   static TierConfig from_env(TierConfig base);
   /// Loads a JSON object of keys(); sizes as numbers or strings ("2GiB"). Unknown keys or bad
   /// values throw std::invalid_argument naming the key (and, for an unknown one, every known key).
   static TierConfig from_json(std::string_view json);
-  /// Every setting's JSON key and environment variable ("" when none), in the README's order.
+  /// Every setting's JSON key and environment variable ("" when none), in the configuration page's
+  /// order.
   static std::vector<std::pair<std::string, std::string>> keys();
   void validate() const;
   /// Bytes of the host or device budget to leave free when planning blocks that are never
@@ -222,7 +224,7 @@ struct ResidencySnapshot {
   std::uint64_t committed_generation = 0;
   bool checksums_verified = false;
   TierCounters counters;
-  /// The JSON the CLI prints (schema in the README).
+  /// The JSON the CLI prints (its schema: tools/docs/cli.md).
   std::string to_json() const;
 };
 
@@ -373,8 +375,9 @@ class TierManager {
   ExtentStats swap_extents() const;
   TierCounters counters() const;
   const TierConfig& config() const noexcept;
-  /// The device tier this manager runs: DeviceTierMode::gpu (GPU memory), ::simulated (host
-  /// memory standing in for it), or ::off when there is none (no budget, or switched off).
+  /// The device tier this manager runs: DeviceTierMode::gpu (GPU memory), DeviceTierMode::simulated
+  /// (host memory standing in for it), or DeviceTierMode::off when there is none (no budget, or
+  /// switched off).
   DeviceTierMode device_tier() const noexcept;
   /// Path of the manifest ("<first swap dir>/tierswap.manifest").
   std::filesystem::path manifest_path() const;

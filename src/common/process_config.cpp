@@ -55,7 +55,7 @@ namespace {
 
 using C = ProcessConfig;
 
-// Every setting of ProcessConfig, in the README's order.
+// Every setting of ProcessConfig, in the configuration page's order.
 const std::array<detail::ConfigField<C>, 4> kFields = {{
     {"log_level", "TIERSWAP_LOG_LEVEL",
      [](C& c, const nlohmann::json& v, const std::string& k) {

@@ -66,7 +66,7 @@ void loss_scaler_json(OptimizerConfig& c, const nlohmann::json& v, const std::st
   }
 }
 
-// Every setting of OptimizerConfig, in the README's order.
+// Every setting of OptimizerConfig, in the configuration page's order.
 const std::array<Field, 16> kFields = {{
     // Elements, read with the count grammar ("8M" = 8,000,000, as --sub-group reads it).
     detail::elements_field<OptimizerConfig, &OptimizerConfig::subgroup_size>(

@@ -115,7 +115,7 @@ namespace {
 using Field = detail::ConfigField<TierConfig>;
 using detail::bool_field;
 
-// Every setting of TierConfig, in the README's order.
+// Every setting of TierConfig, in the configuration page's order.
 const std::array<Field, 18> kFields = {{
     detail::size_field<TierConfig, &TierConfig::host_budget>("host_budget", "TIERSWAP_HOST_BUDGET"),
     detail::size_field<TierConfig, &TierConfig::host_slab_size>("host_slab_size",

@@ -1,6 +1,7 @@
-"""The README's Python examples run as written: the code blocks are read from README.md, the
-names they leave to the reader (MyModel, data, total, the swap directories) filled in with a
-small model and temporary directories, and what they claim checked."""
+"""The Python examples of the README and the documentation pages run as written: the code blocks
+are read from README.md and tools/docs/*.md, the names they leave to the reader (MyModel, data,
+total, the swap directories) filled in with a small model and temporary directories, and what
+they claim checked."""
 
 import os
 import re
@@ -8,23 +9,29 @@ import re
 import pytest
 import torch
 
-README = os.path.join(os.path.dirname(__file__), "..", "..", "README.md")
+ROOT = os.path.join(os.path.dirname(__file__), "..", "..")
+DOCS = os.path.join(ROOT, "tools", "docs")
+PAGES = [os.path.join(ROOT, "README.md")] + sorted(
+    os.path.join(DOCS, f) for f in os.listdir(DOCS) if f.endswith(".md"))
 
 
 def python_blocks():
-    """Every ```python block of the README (indented ones in lists too), dedented."""
-    with open(README, encoding="utf-8") as f:
-        text = f.read()
+    """Every ```python block of the README and the documentation pages (indented ones in lists
+    too), dedented; a block shown on two pages once."""
+    text = ""
+    for page in PAGES:
+        with open(page, encoding="utf-8") as f:
+            text += f.read() + "\n"
     blocks = []
     for m in re.finditer(r"^( *)```python\n(.*?)^\1```", text, re.S | re.M):
         indent = len(m.group(1))
         blocks.append("\n".join(line[indent:] for line in m.group(2).splitlines()))
-    return blocks
+    return list(dict.fromkeys(blocks))
 
 
 def block_with(needle):
     found = [b for b in python_blocks() if needle in b]
-    assert len(found) == 1, f"README: {len(found)} python blocks contain {needle!r}"
+    assert len(found) == 1, f"README and docs: {len(found)} python blocks contain {needle!r}"
     return found[0]
 
 

@@ -1,7 +1,7 @@
 """Conformance: torch's own optimizer test ideas applied to tierswap.torch, each against
 torch.optim on the same data, bit for bit (the fp32 masters are torch's fp32 parameters, the bf16
 model their rounding). Where tierswap differs by design the test pins the difference down; the
-README's table lists each one."""
+table of tools/docs/pytorch.md lists each one."""
 
 import pytest
 import torch

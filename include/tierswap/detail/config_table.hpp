@@ -1,7 +1,8 @@
 // A config struct's settings as one table (internal): each row names the JSON key, the
 // environment variable (empty when there is none) and how each sets the field. from_env(),
-// from_json(), the "unknown key" message and the README's configuration table (checked by a test)
-// all come from it, so a setting is added in one place.
+// from_json(), the "unknown key" message and the documented configuration table
+// (tools/docs/configuration.md, checked against it by a test) all come from it, so a setting is
+// added in one place.
 #pragma once
 
 #include <algorithm>

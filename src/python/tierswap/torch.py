@@ -15,7 +15,7 @@ kernel writes (zero-copy; close() gives the parameters their own storage back). 
 into ``p`` after construction (``model.load_state_dict``, ``torch.nn.init``, ``p.copy_``) become
 the fp32 masters at the next backward or step (a one-time warning says so); a write through
 ``p.data`` escapes torch's version counter and is not seen. What differs from torch.optim is
-listed in the README's table::
+listed in the table of tools/docs/pytorch.md::
 
     model = model.to(torch.bfloat16)
     opt = tierswap.torch.AdamW(model.parameters(), lr=3e-4, weight_decay=0.1,

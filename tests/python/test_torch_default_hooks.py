@@ -1,6 +1,8 @@
-"""The default hand-over (hooks=None): the first step hands gradients over at step() and watches
-the loop; from the second on the hooks hand them over during the backward and the step overlaps
-it, unless the loop reads p.grad to clip. Every case bit-identical to step-time hand-over."""
+"""The default hand-over (hooks=None) of parameters on a device (here the simulated device tier,
+CPU tensors standing in for GPU memory): the first step hands gradients over at step() and
+watches the loop; from the second on the hooks hand them over during the backward and the step
+overlaps it, unless the loop reads p.grad to clip. Every case bit-identical to step-time
+hand-over. CPU parameters keep step-time hand-over."""
 
 import pytest
 import torch
@@ -17,6 +19,7 @@ def model_of(seed=0):
 def optimizer(model, path, **kw):
     path.mkdir()
     kw.setdefault("max_grad_norm", 0.0)  # (a clip that applies redoes an overlapped step)
+    kw.setdefault("device_tier", "simulated")
     return tt.AdamW(model.parameters(), swap_dir=str(path), telemetry=False, lr=1e-2,
                     subgroup_size=8192, **kw)
 
@@ -154,3 +157,13 @@ def test_reading_the_state_between_an_overlapped_backward_and_its_step(tmp_path)
     assert opt.last_step["overlapped_subgroups"] > 0
     assert int(opt.state[p]["step"]) == 3 and opt.state_dict()["state"]
     opt.close()
+
+
+def test_cpu_parameters_keep_step_time_hand_over(tmp_path):
+    """On the CPU the backward and the step share the cores, and step() reads p.grad in place:
+    the default leaves the hooks off there."""
+    plan = [1, 2, 1, 1]
+    ref, _ = train(tmp_path / "ref", plan, hooks=False, device_tier=None)
+    got, seen = train(tmp_path / "default", plan, device_tier=None)
+    same(ref, got)
+    assert all(had for had, _ in seen) and not any(n for _, n in seen)

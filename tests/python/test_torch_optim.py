@@ -166,7 +166,9 @@ def test_clip_grad_norm_refuses_what_it_cannot_do(tmp_path):
 @pytest.mark.parametrize("mode", ["hooks", "overlap", "default"])
 def test_hooks_and_overlap_are_bit_identical_to_step_time_hand_over(tmp_path, mode, tierswap_run):
     model = tinylm.make_model()
-    opt = ts_adamw(model, tmp_path, **(dict(hooks=None) if mode == "default" else
+    # default: on the simulated device tier (CPU parameters keep step-time hand-over)
+    opt = ts_adamw(model, tmp_path, **(dict(hooks=None, device_tier="simulated")
+                                       if mode == "default" else
                                        dict(hooks=True, overlap=mode == "overlap")))
     overlapped = []
     losses = tinylm.train_tierswap(model, opt, STEPS, log=lambda *x: overlapped.append(

@@ -66,7 +66,15 @@ def test_torch_mode_compares_with_torch_and_cleans_up(tmp_path):
 
 def test_tinylm_mode_reports_every_case_against_the_recipe(tmp_path):
     out = run(tmp_path, "tinylm", "--reps", "1", "--steps", "3")
-    for case in ("host", "host_in_step", "host_memory", "nvme", "nvme_step_time", "nvme_in_step"):
+    for case in ("host", "host_in_step", "host_memory", "nvme", "nvme_hooks", "nvme_in_step"):
         assert out[f"tierswap_{case}_over_torch_median"] > 0, case
         assert out[f"tierswap_{case}_exposed_step_s_median"] > 0, case
     assert out["torch_adamw_tokens_per_s"] > 0 and out["steps"] == 3
+
+
+def test_kernel_mode_sets_the_python_step_beside_the_fused_kernel(tmp_path):
+    out = run(tmp_path, "kernel", "--params", "2M", "--tensor", "1M", "--reps", "2",
+              "--host-budget", "256MiB", "--sub-group", "1M", "--cli", cli_path())
+    assert len(out["runs_python"]) == len(out["runs_kernel"]) == 2
+    assert out["python_step_s"] > 0 and out["kernel_s"] > 0
+    assert len(out["python_over_kernel_per_rep"]) == 2

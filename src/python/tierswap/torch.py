@@ -38,9 +38,10 @@ Tier keywords (all optional; the defaults work untuned):
   subgroup_size   elements per sub-group, a count as the CLI's --sub-group ("4M" = 4,000,000,
                   rounded up to a multiple of 8192; default: from the budget, at most 8Mi)
   overlap         sub-groups step during the backward (with hooks): the bit-exact overlapped step.
-                  Default: on wherever hooks are (one process); a backward is taken as the last
-                  before step() as micro_batch(final=...) says, else as the count of backward
-                  passes of the step before says (a wrong guess is redone at step(), exactly)
+                  Default: on wherever the default hooks are (GPU parameters, one process); a
+                  backward is taken as the last before step() as micro_batch(final=...) says,
+                  else as the count of backward passes of the step before says (a wrong guess is
+                  redone at step(), exactly)
   plan            a placement plan file (``tierswap plan --out``)
   max_grad_norm   clip the global gradient norm inside the step (0: off); or keep it 0 and call
                   opt.clip_grad_norm_(params, max_norm) where a torch recipe clips (torch's
@@ -52,10 +53,11 @@ Tier keywords (all optional; the defaults work untuned):
   telemetry       serve `tierswap ps` / `tierswap residency PID` (default on)
   hooks           hand each gradient over as soon as the backward accumulated it (frees p.grad:
                   torch.nn.utils.clip_grad_norm_ then refuses these parameters; clip with
-                  max_grad_norm). Default (None): the first step hands over at step(); from the
-                  second on hooks and overlap are on, unless that step clipped through p.grad
-                  (opt.clip_grad_norm_ or torch's) or the world has several ranks. A p.grad set
-                  by hand (not by a backward) is still taken at step()
+                  max_grad_norm). Default (None): CPU parameters hand over at step() (read in
+                  place, the cores left to the backward); GPU parameters at step() in the first
+                  step, then by hooks with the overlapped step, unless that step clipped through
+                  p.grad (opt.clip_grad_norm_ or torch's) or the world has several ranks. A
+                  p.grad set by hand (not by a backward) is still taken at step()
   threads         CPU kernel threads (default: all)
   communicator    "auto" (torch.distributed's world when initialized with > 1 rank, else MPI
                   under mpirun, else one process), "torch", "single", "mpi", or a
@@ -261,10 +263,12 @@ class _TieredOptimizer(Optimizer):
                                  "the hooks (hooks=True or the default)")
             if overlap and hooks is None:
                 hooks = True  # asked for by name: on from the first step
-            auto = hooks is None and overlap is not False and _shadow_slots()
             super().__init__(params, defaults)
             self._dev = _device.for_params((p for g in self.param_groups for p in g["params"]),
                                            device_tier)
+            if hooks is None and not _hooks_by_default(self._dev):
+                hooks = False
+            auto = hooks is None and overlap is not False and _shadow_slots()
             self._check_params()
             opt_cfg = {
                 "state_tier": _choice("state_tier", state_tier, ("auto", "host", "nvme")),
@@ -1224,6 +1228,18 @@ _TORCH_SWITCHES = {"foreach", "fused", "capturable", "differentiable"}
 
 
 _HOOKED = weakref.WeakSet()  # optimizers with hooks=True: their parameters' p.grad is freed
+
+
+def _hooks_by_default(dev):
+    """Whether hooks=None hands gradients over during the backward (from the second step):
+    for parameters on a device (a GPU, or the simulated device tier standing in for one), whose
+    gradients are copied to host memory anyway and whose backward runs on the device, leaving
+    the CPU to hand over and step meanwhile. Not for CPU parameters: their backward and the
+    step share the cores, and step() reads p.grad in place (no copy); there the hooks' copies
+    and the overlapped step slowed the small model's training with NVMe state to 0.77x the
+    in-memory recipe's tokens/s, against 0.97x handed over at step() (bench/torch_step.py
+    tinylm --width 512, 2 cores)."""
+    return not dev.lends
 
 
 def _shadow_slots():

@@ -268,7 +268,7 @@ def bench_kernel(a):
                   telemetry=False, durable=False, persist_resident_state=False, hooks=False)
     for _ in range(2):
         ts.step()
-    wall, kernel, pairs = [], [], []
+    wall, kernel, pairs, handover, native = [], [], [], [], []
     for r in range(a.reps):
         k = None
         for side in (("python", "kernel") if r % 2 == 0 else ("kernel", "python")):
@@ -276,14 +276,18 @@ def bench_kernel(a):
                 k = kernel_seconds(a, n)
                 kernel.append(k)
                 continue
+            ts.step()  # untimed: the first step after the subprocess runs slower (caches, TLB)
             for _ in range(a.block):
                 t0 = time.perf_counter()
                 ts.step()
                 wall.append(time.perf_counter() - t0)
+                handover.append(ts.last_step["handover_seconds"])
+                native.append(ts.last_step["seconds"])
         pairs.append(statistics.median(wall[-a.block:]) / k)
     ts.close()
     return {"params": n, "threads": a.threads, "tensor": a.tensor, "sub_group": a.sub_group,
             "block": a.block, "python_step_s": statistics.median(wall),
+            "handover_s": statistics.median(handover), "native_step_s": statistics.median(native),
             "kernel_s": statistics.median(kernel), "python_over_kernel_per_rep": pairs,
             "python_over_kernel_median": statistics.median(pairs), "runs_python": wall,
             "runs_kernel": kernel}

@@ -21,6 +21,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <CLI/CLI.hpp>
 #include <atomic>
 #include <chrono>
 #include <cstdio>
@@ -206,31 +207,30 @@ int driver(int trials, unsigned seed, const std::string& work) {
 }  // namespace
 
 int main(int argc, char** argv) {
+  CLI::App app{"crash_resume: training processes killed at seeded moments, each resumed"};
+  int trials = 50;
+  unsigned seed = 1;
+  std::string work = "crash_resume_work";
+  bool pipelined = false;
+  app.add_option("--trials", trials, "Killed-and-resumed runs")->check(CLI::PositiveNumber);
+  app.add_option("--seed", seed, "Seed of the kill moments");
+  app.add_option("--work", work, "Scratch directory (emptied first)");
+  app.add_flag("--pipelined", pipelined,
+               "The children leave each step's commit running (pipelined_commit)");
+  // One trial's training process, started by the driver.
+  auto* ch = app.add_subcommand("child", "(internal) one training process");
+  std::string dir, phase, out;
+  int kill_step = 0;
+  double fraction = 0;
+  ch->add_option("dir", dir)->required();
+  ch->add_option("phase", phase)->required();
+  ch->add_option("kill_step", kill_step)->required();
+  ch->add_option("fraction", fraction)->required();
+  ch->add_option("out", out)->required();
+  CLI11_PARSE(app, argc, argv);
   try {
-    if (argc == 7 && std::strcmp(argv[1], "child") == 0)
-      return child(argv[2], argv[3], std::atoi(argv[4]), std::atof(argv[5]), argv[6]);
-    int trials = 50;
-    unsigned seed = 1;
-    std::string work = "crash_resume_work";
-    for (int i = 1; i + 1 < argc; i += 2) {
-      const std::string a = argv[i];
-      if (a == "--trials")
-        trials = std::atoi(argv[i + 1]);
-      else if (a == "--seed")
-        seed = static_cast<unsigned>(std::atoi(argv[i + 1]));
-      else if (a == "--work")
-        work = argv[i + 1];
-      else {
-        std::cerr << "usage: crash_resume [--trials N] [--seed S] [--work DIR] [--pipelined]\n";
-        return 2;
-      }
-    }
-    if (argc % 2 == 0 && std::strcmp(argv[argc - 1], "--pipelined") == 0)
-      ::setenv("TIERSWAP_PIPELINED_COMMIT", "1", 1);  // the children read it
-    else if (argc % 2 == 0) {
-      std::cerr << "usage: crash_resume [--trials N] [--seed S] [--work DIR] [--pipelined]\n";
-      return 2;
-    }
+    if (ch->parsed()) return child(dir, phase, kill_step, fraction, out);
+    if (pipelined) ::setenv("TIERSWAP_PIPELINED_COMMIT", "1", 1);  // the children read it
     return driver(trials, seed, work);
   } catch (const std::exception& e) {
     std::cerr << "crash_resume: " << e.what() << "\n";

@@ -153,6 +153,16 @@ def settle(seconds):
         time.sleep(seconds)
 
 
+def timed_steps(opt, n, wall, handover, native):
+    """n steps of opt: each one's wall time, gradient hand-over and native step appended."""
+    for _ in range(n):
+        t0 = time.perf_counter()
+        opt.step()
+        wall.append(time.perf_counter() - t0)
+        handover.append(opt.last_step["handover_seconds"])
+        native.append(opt.last_step["seconds"])
+
+
 def bench_overhead(a):
     n = tierswap.parse_count(a.params)
     torch.set_num_threads(a.threads)
@@ -175,12 +185,7 @@ def bench_overhead(a):
         settle(a.settle)
         for _ in range(warm):
             ts.step()
-        for _ in range(a.block):
-            t0 = time.perf_counter()
-            ts.step()
-            wall.append(time.perf_counter() - t0)
-            native.append(ts.last_step["seconds"])
-            handover.append(ts.last_step["handover_seconds"])
+        timed_steps(ts, a.block, wall, handover, native)
         settle(a.settle)
         cpp += cpp_bench_step(a, n)
         pairs.append(statistics.median(wall[-a.block:]) / statistics.median(cpp[-a.block:]))
@@ -277,12 +282,7 @@ def bench_kernel(a):
                 kernel.append(k)
                 continue
             ts.step()  # untimed: the first step after the subprocess runs slower (caches, TLB)
-            for _ in range(a.block):
-                t0 = time.perf_counter()
-                ts.step()
-                wall.append(time.perf_counter() - t0)
-                handover.append(ts.last_step["handover_seconds"])
-                native.append(ts.last_step["seconds"])
+            timed_steps(ts, a.block, wall, handover, native)
         pairs.append(statistics.median(wall[-a.block:]) / k)
     ts.close()
     return {"params": n, "threads": a.threads, "tensor": a.tensor, "sub_group": a.sub_group,

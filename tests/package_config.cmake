@@ -7,6 +7,10 @@ execute_process(COMMAND ${CMAKE_COMMAND} --install ${BUILD_DIR} --prefix ${prefi
 if(NOT rc EQUAL 0)
   message(FATAL_ERROR "install failed")
 endif()
+# Internal headers (include/tierswap/detail/) are not installed.
+if(EXISTS ${prefix}/include/tierswap/detail)
+  message(FATAL_ERROR "internal headers installed: ${prefix}/include/tierswap/detail")
+endif()
 # The consumer includes every installed public header (detail/ is internal), so each is checked
 # to compile from the installed tree: a new header must be added to it.
 file(GLOB headers RELATIVE ${prefix}/include ${prefix}/include/tierswap/*.hpp)

@@ -18,7 +18,7 @@ set(rank_tools 10)     # tools/
 function(header_layer header out)  # header: the path inside an #include "..."
   set(layer "")
   if(header MATCHES "^tierswap/(types|units|log|error|checksum|thread_pool|aligned_buffer|process_config|signal_cleanup)\\.hpp$"
-     OR header MATCHES "^tierswap/detail/(env|json|paths|file|config_table|clock|process|temp_dir)\\.hpp$")
+     OR header MATCHES "^tierswap/detail/(env|json|paths|file|manifest|config_table|clock|process|temp_dir)\\.hpp$")
     set(layer common)
   elseif(header MATCHES "^tierswap/(kernels|cuda_kernels|cuda_runtime|device)\\.hpp$" OR header MATCHES "^kernels/")
     set(layer kernels)
@@ -29,7 +29,7 @@ function(header_layer header out)  # header: the path inside an #include "..."
     set(layer telemetry)
   elseif(header MATCHES "^tierswap/communicator\\.hpp$")
     set(layer comm)
-  elseif(header MATCHES "^tierswap/tier_manager\\.hpp$" OR header MATCHES "^tierswap/detail/(manifest|tier_pools)\\.hpp$"
+  elseif(header MATCHES "^tierswap/tier_manager\\.hpp$" OR header MATCHES "^tierswap/detail/tier_pools\\.hpp$"
          OR header MATCHES "^src/tier/")
     set(layer tier)
   elseif(header MATCHES "^tierswap/service\\.hpp$" OR header MATCHES "^src/service/")

@@ -54,22 +54,29 @@ namespace {
 using Field = detail::ConfigField<IoEngineConfig>;
 using C = IoEngineConfig;
 
-// Every setting of IoEngineConfig, in the README's order.
+// Every setting of IoEngineConfig, in the configuration page's order.
 const std::array<Field, 8> kFields = {{
-    {"backend", "TIERSWAP_IO_BACKEND",
+    {"backend", "TIERSWAP_IO_BACKEND", "`auto`", "`auto`, `uring`, `aio`, `posix`",
      [](C& c, const nlohmann::json& v, const std::string& k) {
        c.backend = parse_backend(detail::json_string(v, k));
      },
      [](C& c, const char* n) {
        if (const char* v = std::getenv(n)) c.backend = parse_backend(v);
      }},
-    detail::count_field<C, &C::queue_depth>("queue_depth", "TIERSWAP_QUEUE_DEPTH"),
-    detail::size_field<C, &C::block_size>("block_size", "TIERSWAP_BLOCK_SIZE"),
-    detail::bool_field<C, &C::sqpoll>("sqpoll", "TIERSWAP_SQPOLL"),
-    detail::count_field<C, &C::sqpoll_idle_ms>("sqpoll_idle_ms", ""),
-    detail::count_field<C, &C::posix_threads>("posix_threads", "TIERSWAP_POSIX_THREADS"),
-    detail::count_field<C, &C::max_retries>("max_retries", "TIERSWAP_IO_RETRIES"),
-    detail::count_field<C, &C::submit_batch>("submit_batch", "TIERSWAP_SUBMIT_BATCH"),
+    detail::count_field<C, &C::queue_depth>("queue_depth", "TIERSWAP_QUEUE_DEPTH", "32",
+                                            "requests in flight (1..4096)"),
+    detail::size_field<C, &C::block_size>("block_size", "TIERSWAP_BLOCK_SIZE", "1 MiB",
+                                          "largest request (4 KiB..64 MiB, multiple of 4 KiB)"),
+    detail::bool_field<C, &C::sqpoll>("sqpoll", "TIERSWAP_SQPOLL", "off", "io_uring SQPOLL thread"),
+    detail::count_field<C, &C::sqpoll_idle_ms>("sqpoll_idle_ms", "", "50", "SQPOLL idle time"),
+    detail::count_field<C, &C::posix_threads>("posix_threads", "TIERSWAP_POSIX_THREADS", "4",
+                                              "workers of the posix backend"),
+    detail::count_field<C, &C::max_retries>("max_retries", "TIERSWAP_IO_RETRIES", "64",
+                                            "EAGAIN/EINTR/no-progress retries per request"),
+    detail::count_field<C, &C::submit_batch>(
+        "submit_batch", "TIERSWAP_SUBMIT_BATCH", "2",
+        "requests per submission system call (0: all ready at once); at 3 or more Linux merges "
+        "requests adjacent on disk into larger ones than `block_size`"),
 }};
 
 }  // namespace
@@ -100,8 +107,8 @@ IoEngineConfig IoEngineConfig::from_json(std::string_view text) {
   return c;
 }
 
-std::vector<std::pair<std::string, std::string>> IoEngineConfig::keys() {
-  return detail::keys_of<IoEngineConfig>(kFields);
+std::vector<Setting> IoEngineConfig::settings() {
+  return detail::settings_of<IoEngineConfig>(kFields);
 }
 
 }  // namespace tierswap

@@ -305,9 +305,9 @@ DirectIo parse_direct(std::string_view s, std::string_view key) {
   throw_invalid(key, s, "expected auto, on or off");
 }
 
-// Every setting of SwapSpaceConfig, in the README's order.
+// Every setting of SwapSpaceConfig, in the configuration page's order.
 const std::array<detail::ConfigField<C>, 5> kSwapFields = {{
-    {"dirs", "TIERSWAP_SWAP_DIRS",
+    {"dirs", "TIERSWAP_SWAP_DIRS", "—", "one directory per drive (the variable: `:`-separated)",
      [](C& c, const nlohmann::json& v, const std::string& k) {
        if (!v.is_array()) throw_invalid(k, v.dump(), "expected an array of paths");
        c.dirs.clear();
@@ -324,16 +324,19 @@ const std::array<detail::ConfigField<C>, 5> kSwapFields = {{
          s.remove_prefix(p + 1);
        }
      }},
-    detail::size_field<C, &C::capacity>("capacity", "TIERSWAP_SWAP_CAPACITY"),
-    detail::size_field<C, &C::stripe_size>("stripe_size", "TIERSWAP_STRIPE_SIZE"),
-    {"direct", "TIERSWAP_DIRECT_IO",
+    detail::size_field<C, &C::capacity>("capacity", "TIERSWAP_SWAP_CAPACITY", "—",
+                                        "logical bytes (rounded up to whole stripes)"),
+    detail::size_field<C, &C::stripe_size>("stripe_size", "TIERSWAP_STRIPE_SIZE", "1 MiB",
+                                           "stripe unit (multiple of 4 KiB)"),
+    {"direct", "TIERSWAP_DIRECT_IO", "`auto`", "`auto`, `on`, `off`",
      [](C& c, const nlohmann::json& v, const std::string& k) {
        c.direct = parse_direct(detail::json_string(v, k), k);
      },
      [](C& c, const char* n) {
        if (const char* v = std::getenv(n)) c.direct = parse_direct(v, n);
      }},
-    detail::bool_field<C, &C::check_free_space>("check_free_space", ""),
+    detail::bool_field<C, &C::check_free_space>("check_free_space", "", "true",
+                                                "refuse a space larger than the free disk"),
 }};
 
 }  // namespace
@@ -352,8 +355,8 @@ SwapSpaceConfig SwapSpaceConfig::from_json(std::string_view text) {
   return c;
 }
 
-std::vector<std::pair<std::string, std::string>> SwapSpaceConfig::keys() {
-  return detail::keys_of<SwapSpaceConfig>(kSwapFields);
+std::vector<Setting> SwapSpaceConfig::settings() {
+  return detail::settings_of<SwapSpaceConfig>(kSwapFields);
 }
 
 // ---- SwapSpace --------------------------------------------------------------------------------

@@ -17,7 +17,7 @@ set(rank_tools 10)     # tools/
 
 function(header_layer header out)  # header: the path inside an #include "..."
   set(layer "")
-  if(header MATCHES "^tierswap/(types|units|log|error|checksum|thread_pool|aligned_buffer|process_config|signal_cleanup)\\.hpp$"
+  if(header MATCHES "^tierswap/(types|units|log|error|checksum|thread_pool|aligned_buffer|process_config|setting|signal_cleanup)\\.hpp$"
      OR header MATCHES "^tierswap/detail/(env|json|paths|file|manifest|config_table|clock|process|temp_dir)\\.hpp$")
     set(layer common)
   elseif(header MATCHES "^tierswap/(kernels|cuda_kernels|cuda_runtime|device)\\.hpp$" OR header MATCHES "^kernels/")

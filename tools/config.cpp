@@ -1,5 +1,6 @@
-// `tierswap config --from-deepspeed FILE`: what a DeepSpeed config becomes in tierswap. The
-// mapping has one owner, the Python package (tierswap/deepspeed.py, also behind
+// `tierswap config --settings`: every setting of the five config structs as the configuration
+// page's table. `tierswap config --from-deepspeed FILE`: what a DeepSpeed config becomes in
+// tierswap. The mapping has one owner, the Python package (tierswap/deepspeed.py, also behind
 // tierswap.torch.from_deepspeed_config); this command runs it with the package found beside the
 // CLI: build/python in a build tree, <prefix>/TIERSWAP_PYTHON_INSTALL_DIR when installed.
 #include <unistd.h>
@@ -10,6 +11,12 @@
 #include <string>
 #include <vector>
 
+#include "tierswap/io_engine.hpp"
+#include "tierswap/optimizer.hpp"
+#include "tierswap/process_config.hpp"
+#include "tierswap/setting.hpp"
+#include "tierswap/swap_space.hpp"
+#include "tierswap/tier_manager.hpp"
 #include "tools/commands.hpp"
 
 namespace tierswap::cli {
@@ -44,17 +51,38 @@ std::filesystem::path package_dir() {
   throw std::runtime_error("config: cannot run " + python + " (set TIERSWAP_PYTHON)");
 }
 
+// Every struct's settings, in the configuration page's order.
+void print_settings() {
+  std::vector<Setting> all;
+  for (auto part : {IoEngineConfig::settings(), SwapSpaceConfig::settings(),
+                    TierConfig::settings(), OptimizerConfig::settings(),
+                    ProcessConfig::settings()})
+    all.insert(all.end(), part.begin(), part.end());
+  std::fputs(settings_markdown(all).c_str(), stdout);
+}
+
 }  // namespace
 
 void add_config(CLI::App& app) {
-  auto* cmd = app.add_subcommand("config", "Configuration: map a DeepSpeed config to tierswap's");
+  auto* cmd = app.add_subcommand(
+      "config", "Configuration: every setting, or a DeepSpeed config mapped to tierswap's");
   auto file = std::make_shared<std::string>();
-  cmd->add_option("--from-deepspeed", *file,
-                  "A DeepSpeed config (JSON): prints the tierswap.torch optimizer and keywords; "
-                  "keys without an equivalent are named in a warning")
-      ->required()
-      ->check(CLI::ExistingFile);
-  cmd->callback([file] { run_mapping(*file); });
+  auto* from = cmd->add_option("--from-deepspeed", *file,
+                               "A DeepSpeed config (JSON): prints the tierswap.torch optimizer and "
+                               "keywords; keys without an equivalent are named in a warning")
+                   ->check(CLI::ExistingFile);
+  auto settings = std::make_shared<bool>(false);
+  auto* table = cmd->add_flag("--settings", *settings,
+                              "Print every setting (JSON key, environment variable, default, "
+                              "meaning) as a Markdown table");
+  from->excludes(table);
+  cmd->require_option(1);
+  cmd->callback([file, settings] {
+    if (*settings)
+      print_settings();
+    else
+      run_mapping(*file);
+  });
 }
 
 }  // namespace tierswap::cli

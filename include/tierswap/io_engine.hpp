@@ -26,6 +26,7 @@
 #include <vector>
 
 #include "tierswap/swap_space.hpp"
+#include "tierswap/setting.hpp"
 
 namespace tierswap {
 
@@ -50,19 +51,18 @@ struct IoEngineConfig {
   std::uint32_t submit_batch = 2;
 
   /// Overrides from the environment: first the keys of the JSON file TIERSWAP_IO_CONFIG names
-  /// (what `tierswap tune` writes), then each setting's variable as keys() lists it (the
+  /// (what `tierswap tune` writes), then each setting's variable as settings() lists it (the
   /// configuration page, tools/docs/configuration.md). A value that does not parse throws naming
   /// the variable or the file.
   static IoEngineConfig from_env();
   static IoEngineConfig from_env(IoEngineConfig base);
   /// The file TIERSWAP_IO_CONFIG names, empty when it is unset or empty.
   static std::string file_from_env();
-  /// Loads a JSON object of keys() (block_size a number or "1MiB"); unknown keys or bad values
+  /// Loads a JSON object of the keys settings() lists (block_size a number or "1MiB"); unknown keys or bad values
   /// throw std::invalid_argument naming the key (and, for an unknown one, every known key).
   static IoEngineConfig from_json(std::string_view json);
-  /// Every setting's JSON key and environment variable ("" when none), in the configuration page's
-  /// order.
-  static std::vector<std::pair<std::string, std::string>> keys();
+  /// Every setting, in the configuration page's order (its table is generated from them).
+  static std::vector<Setting> settings();
   void validate() const;
 };
 

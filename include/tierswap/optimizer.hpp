@@ -67,6 +67,7 @@
 
 #include "tierswap/kernels.hpp"
 #include "tierswap/tier_manager.hpp"
+#include "tierswap/setting.hpp"
 
 namespace tierswap {
 
@@ -195,17 +196,16 @@ struct OptimizerConfig {
   /// Default off here (a step's failure is that step()'s); tierswap.torch turns it on.
   bool pipelined_commit = false;
   void validate() const;
-  /// Overrides from the environment: each setting's variable as keys() lists it (TIERSWAP_...;
+  /// Overrides from the environment: each setting's variable as settings() lists it (TIERSWAP_...;
   /// tools/docs/configuration.md). A value that does not parse throws naming the variable.
   static OptimizerConfig from_env();
   static OptimizerConfig from_env(OptimizerConfig base);
-  /// Loads a JSON object of keys() (loss_scaler an object of mode, init_scale, growth_factor,
+  /// Loads a JSON object of the keys settings() lists (loss_scaler an object of mode, init_scale, growth_factor,
   /// backoff_factor, growth_interval); unknown keys or bad values throw std::invalid_argument
   /// naming the key (and, for an unknown one, every known key).
   static OptimizerConfig from_json(std::string_view json);
-  /// Every setting's JSON key and environment variable ("" when none), in the configuration page's
-  /// order.
-  static std::vector<std::pair<std::string, std::string>> keys();
+  /// Every setting, in the configuration page's order (its table is generated from them).
+  static std::vector<Setting> settings();
 };
 
 using ParamId = std::uint32_t;

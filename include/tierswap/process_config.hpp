@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "tierswap/log.hpp"
+#include "tierswap/setting.hpp"
 
 namespace tierswap {
 
@@ -28,13 +29,13 @@ struct ProcessConfig {
   /// parse_listen_address() reads it); empty: no endpoint. See metrics.hpp.
   std::string metrics;
 
-  /// Overrides from the environment, each setting's variable as keys() lists it. A value that
+  /// Overrides from the environment, each setting's variable as settings() lists it. A value that
   /// does not parse throws std::invalid_argument naming the variable.
   static ProcessConfig from_env();
-  /// Loads a JSON object of keys(); unknown keys or bad values throw naming the key.
+  /// Loads a JSON object of the keys settings() lists; unknown keys or bad values throw naming the key.
   static ProcessConfig from_json(std::string_view json);
-  /// Every setting's JSON key and environment variable, in the configuration page's order.
-  static std::vector<std::pair<std::string, std::string>> keys();
+  /// Every setting, in the configuration page's order (its table is generated from them).
+  static std::vector<Setting> settings();
   /// The process's settings: from_env() at the first call that succeeds, then the same object.
   /// Throws as from_env() does while a variable is bad. Thread-safe.
   static const ProcessConfig& current();

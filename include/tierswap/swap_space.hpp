@@ -18,6 +18,8 @@
 #include <utility>
 #include <vector>
 
+#include "tierswap/setting.hpp"
+
 namespace tierswap {
 
 enum class DirectIo { automatic, on, off };
@@ -35,16 +37,15 @@ struct SwapSpaceConfig {
   /// Refuse to create files that would not fit in the free space of their filesystems.
   bool check_free_space = true;
 
-  /// Overrides from the environment: each setting's variable as keys() lists it
+  /// Overrides from the environment: each setting's variable as settings() lists it
   /// (TIERSWAP_SWAP_DIRS ':'-separated; tools/docs/configuration.md).
   static SwapSpaceConfig from_env();
   static SwapSpaceConfig from_env(SwapSpaceConfig base);
-  /// Loads a JSON object of keys() ("dirs": [...], "capacity": "8GiB" or a number, "direct":
+  /// Loads a JSON object of the keys settings() lists ("dirs": [...], "capacity": "8GiB" or a number, "direct":
   /// "auto"|"on"|"off"); unknown keys or bad values throw std::invalid_argument naming the key.
   static SwapSpaceConfig from_json(std::string_view json);
-  /// Every setting's JSON key and environment variable ("" when none), in the configuration page's
-  /// order.
-  static std::vector<std::pair<std::string, std::string>> keys();
+  /// Every setting, in the configuration page's order (its table is generated from them).
+  static std::vector<Setting> settings();
   /// Throws std::invalid_argument naming the offending key.
   void validate() const;
 };

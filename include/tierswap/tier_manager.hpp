@@ -36,6 +36,7 @@
 
 #include "tierswap/extent_allocator.hpp"
 #include "tierswap/types.hpp"
+#include "tierswap/setting.hpp"
 
 namespace tierswap {
 
@@ -141,17 +142,16 @@ struct TierConfig {
   /// Seconds attaching waits for a service that is restarting or stopping (its socket missing
   /// or refusing, or a hello refused with ESHUTDOWN; TIERSWAP_SERVICE_WAIT); 0: fail at once.
   double service_wait = 0;
-  /// Overrides from the environment: each setting's variable as keys() lists it (the
+  /// Overrides from the environment: each setting's variable as settings() lists it (the
   /// configuration page, tools/docs/configuration.md). A value that does not parse throws naming
   /// the variable.
   static TierConfig from_env();
   static TierConfig from_env(TierConfig base);
-  /// Loads a JSON object of keys(); sizes as numbers or strings ("2GiB"). Unknown keys or bad
+  /// Loads a JSON object of the keys settings() lists; sizes as numbers or strings ("2GiB"). Unknown keys or bad
   /// values throw std::invalid_argument naming the key (and, for an unknown one, every known key).
   static TierConfig from_json(std::string_view json);
-  /// Every setting's JSON key and environment variable ("" when none), in the configuration page's
-  /// order.
-  static std::vector<std::pair<std::string, std::string>> keys();
+  /// Every setting, in the configuration page's order (its table is generated from them).
+  static std::vector<Setting> settings();
   void validate() const;
   /// Bytes of the host or device budget to leave free when planning blocks that are never
   /// evicted (memory-only): the pool hands out whole slabs (up to two partly used) and

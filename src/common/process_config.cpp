@@ -57,22 +57,31 @@ using C = ProcessConfig;
 
 // Every setting of ProcessConfig, in the configuration page's order.
 const std::array<detail::ConfigField<C>, 4> kFields = {{
-    {"log_level", "TIERSWAP_LOG_LEVEL",
+    {"log_level", "TIERSWAP_LOG_LEVEL", "`warn`",
+     "`off`, `error`, `warn`, `info`, `debug` (process-wide)",
      [](C& c, const nlohmann::json& v, const std::string& k) {
        c.log_level = parse_log_level(detail::json_string(v, k), k);
      },
      [](C& c, const char* n) {
        if (const char* v = std::getenv(n)) c.log_level = parse_log_level(v, n);
      }},
-    {"cpu_isa", "TIERSWAP_CPU_ISA",
+    {"cpu_isa", "TIERSWAP_CPU_ISA", "`auto`",
+     "force the kernels' instruction set: `scalar`, `avx2`, `avx512`, `avx512bf16`, `neon`, `sve` "
+     "(an unknown or unsupported one is an error naming it)",
      [](C& c, const nlohmann::json& v, const std::string& k) {
        c.cpu_isa = detail::json_string(v, k);
      },
      [](C& c, const char* n) {
        if (const char* v = std::getenv(n)) c.cpu_isa = v;
      }},
-    detail::bool_field<C, &C::huge_pages>("huge_pages", "TIERSWAP_HUGE_PAGES"),
-    {"metrics", "TIERSWAP_METRICS",
+    detail::bool_field<C, &C::huge_pages>("huge_pages", "TIERSWAP_HUGE_PAGES", "true",
+                                          "buffers of 2 MiB or more ask for transparent huge pages "
+                                          "(fewer TLB misses, one segment per MiB for the disk)"),
+    {"metrics", "TIERSWAP_METRICS", "—",
+     "serve Prometheus metrics at `http://HOST:PORT/metrics`: `[HOST:]PORT`, HOST a loopback "
+     "address: 127.x.x.x, `[::1]` or `localhost` (default 127.0.0.1; the endpoint has no "
+     "authentication, others are refused: expose it through a proxy); port 0 picks a free one "
+     "(process-wide)",
      [](C& c, const nlohmann::json& v, const std::string& k) {
        c.metrics = detail::json_string(v, k);
        if (!c.metrics.empty()) parse_listen_address(c.metrics, k);
@@ -98,8 +107,8 @@ ProcessConfig ProcessConfig::from_json(std::string_view text) {
   return c;
 }
 
-std::vector<std::pair<std::string, std::string>> ProcessConfig::keys() {
-  return detail::keys_of<ProcessConfig>(kFields);
+std::vector<Setting> ProcessConfig::settings() {
+  return detail::settings_of<ProcessConfig>(kFields);
 }
 
 const ProcessConfig& ProcessConfig::current() {

@@ -117,13 +117,18 @@ using detail::bool_field;
 
 // Every setting of TierConfig, in the configuration page's order.
 const std::array<Field, 18> kFields = {{
-    detail::size_field<TierConfig, &TierConfig::host_budget>("host_budget", "TIERSWAP_HOST_BUDGET"),
-    detail::size_field<TierConfig, &TierConfig::host_slab_size>("host_slab_size",
-                                                                "TIERSWAP_HOST_SLAB"),
-    detail::size_field<TierConfig, &TierConfig::pageable_budget>("pageable_budget",
-                                                                 "TIERSWAP_PAGEABLE_BUDGET"),
-    bool_field<TierConfig, &TierConfig::lock_host_memory>("lock_host_memory", "TIERSWAP_LOCK_HOST"),
-    {"numa_node", "TIERSWAP_NUMA_NODE",
+    detail::size_field<TierConfig, &TierConfig::host_budget>(
+        "host_budget", "TIERSWAP_HOST_BUDGET", "1 GiB", "pinned host bytes (tier manager)"),
+    detail::size_field<TierConfig, &TierConfig::host_slab_size>(
+        "host_slab_size", "TIERSWAP_HOST_SLAB", "64 MiB", "host slab granularity"),
+    detail::size_field<TierConfig, &TierConfig::pageable_budget>(
+        "pageable_budget", "TIERSWAP_PAGEABLE_BUDGET", "0",
+        "host bytes beside the pinned budget for blocks that need no pinning (16-bit gradients of "
+        "CPU-stepped sub-groups), unlocked; 0: they share the pinned budget. The one-object setup "
+        "and `tierswap.torch` size it to the gradients"),
+    bool_field<TierConfig, &TierConfig::lock_host_memory>(
+        "lock_host_memory", "TIERSWAP_LOCK_HOST", "true", "pin slabs (cudaHostRegister / mlock)"),
+    {"numa_node", "TIERSWAP_NUMA_NODE", "-1", "bind host slabs to a NUMA node (-1: none)",
      [](TierConfig& c, const nlohmann::json& v, const std::string& k) {
        if (!v.is_number_integer()) throw_invalid(k, v.dump(), "expected an integer");
        c.numa_node = detail::json_int<int>(v);
@@ -131,52 +136,67 @@ const std::array<Field, 18> kFields = {{
      [](TierConfig& c, const char* n) {
        c.numa_node = static_cast<int>(detail::env_long(n, c.numa_node));
      }},
-    {"device_mode", "TIERSWAP_DEVICE_TIER",
+    {"device_mode", "TIERSWAP_DEVICE_TIER", "`auto`",
+     "`auto` (GPU if usable, else simulated when `device_budget` > 0), `gpu`, `simulated`, `off`",
      [](TierConfig& c, const nlohmann::json& v, const std::string& k) {
        c.device_mode = parse_device_mode(detail::json_string(v, k), k);
      },
      [](TierConfig& c, const char* n) {
        if (const char* v = std::getenv(n)) c.device_mode = parse_device_mode(v, n);
      }},
-    detail::size_field<TierConfig, &TierConfig::device_budget>("device_budget",
-                                                               "TIERSWAP_DEVICE_BUDGET"),
+    detail::size_field<TierConfig, &TierConfig::device_budget>(
+        "device_budget", "TIERSWAP_DEVICE_BUDGET", "0", "device tier bytes"),
     detail::number_field<TierConfig, &TierConfig::simulated_device_gbps>(
-        "simulated_device_gbps", "TIERSWAP_SIM_DEVICE_GBPS"),
-    detail::size_field<TierConfig, &TierConfig::max_dirty_bytes>("max_dirty_bytes",
-                                                                 "TIERSWAP_MAX_DIRTY"),
-    detail::count_field<TierConfig, &TierConfig::lookahead>("lookahead", "TIERSWAP_LOOKAHEAD"),
-    bool_field<TierConfig, &TierConfig::shadow_slots>("shadow_slots", "TIERSWAP_SHADOW"),
-    bool_field<TierConfig, &TierConfig::durable>("durable", "TIERSWAP_DURABLE"),
-    {"verify_on_open", "",
+        "simulated_device_gbps", "TIERSWAP_SIM_DEVICE_GBPS", "25",
+        "copy bandwidth of the simulated device tier"),
+    detail::size_field<TierConfig, &TierConfig::max_dirty_bytes>(
+        "max_dirty_bytes", "TIERSWAP_MAX_DIRTY", "256 MiB", "write-behind threshold"),
+    detail::count_field<TierConfig, &TierConfig::lookahead>("lookahead", "TIERSWAP_LOOKAHEAD", "2",
+                                                            "prefetches in flight"),
+    bool_field<TierConfig, &TierConfig::shadow_slots>(
+        "shadow_slots", "TIERSWAP_SHADOW", "true",
+        "two NVMe extents per block (rollback, crash consistency)"),
+    bool_field<TierConfig, &TierConfig::durable>("durable", "TIERSWAP_DURABLE", "true",
+                                                 "fdatasync + fsync'd manifest at each commit"),
+    {"verify_on_open", "", "true", "checksum every committed block when opening",
      [](TierConfig& c, const nlohmann::json& v, const std::string& k) {
        c.verify_on_open = detail::json_bool(v, k);
      },
      nullptr},
     // TIERSWAP_TELEMETRY is read by the endpoint itself (TelemetryConfig::from_env, when the
     // manager starts it), not here: it can only turn a configured endpoint off.
-    {"telemetry", "TIERSWAP_TELEMETRY",
+    {"telemetry", "TIERSWAP_TELEMETRY", "true", "serve the residency snapshot on a Unix socket",
      [](TierConfig& c, const nlohmann::json& v, const std::string& k) {
        c.telemetry = detail::json_bool(v, k);
      },
      nullptr},
-    {"service", "TIERSWAP_SERVICE",
+    {"service", "TIERSWAP_SERVICE", "—",
+     "the node service's socket (`tierswap serve`): the one-object setup and `tierswap.torch` keep "
+     "the state in a region of the service's swap space, through memory shared with it; the swap "
+     "directory then holds only the manifest",
      [](TierConfig& c, const nlohmann::json& v, const std::string& k) {
        c.service = detail::json_string(v, k);
      },
      [](TierConfig& c, const char* n) {
        if (const char* v = std::getenv(n)) c.service = v;
      }},
-    {"service_job", "TIERSWAP_SERVICE_JOB",
+    {"service_job", "TIERSWAP_SERVICE_JOB", "—",
+     "the job id the service knows this run by (with the rank it names the region a restarted run "
+     "reattaches to); default: derived from the swap directory's path",
      [](TierConfig& c, const nlohmann::json& v, const std::string& k) {
        c.service_job = detail::json_string(v, k);
      },
      [](TierConfig& c, const char* n) {
        if (const char* v = std::getenv(n)) c.service_job = v;
      }},
-    detail::number_field<TierConfig, &TierConfig::service_timeout>("service_timeout",
-                                                                   "TIERSWAP_SERVICE_TIMEOUT"),
-    detail::number_field<TierConfig, &TierConfig::service_wait>("service_wait",
-                                                                "TIERSWAP_SERVICE_WAIT"),
+    detail::number_field<TierConfig, &TierConfig::service_timeout>(
+        "service_timeout", "TIERSWAP_SERVICE_TIMEOUT", "30",
+        "seconds a request to the service waits for its answer; a service that does not answer "
+        "(stopped, hung) fails the step with `ETIMEDOUT`, and the connection is not used again"),
+    detail::number_field<TierConfig, &TierConfig::service_wait>(
+        "service_wait", "TIERSWAP_SERVICE_WAIT", "0",
+        "seconds attaching waits for a service that is restarting or stopping (its socket missing "
+        "or refusing, or the hello refused with `ESHUTDOWN`), trying every 0.5 s; 0: fail at once"),
 }};
 
 }  // namespace
@@ -197,8 +217,8 @@ TierConfig TierConfig::from_json(std::string_view text) {
   return c;
 }
 
-std::vector<std::pair<std::string, std::string>> TierConfig::keys() {
-  return detail::keys_of<TierConfig>(kFields);
+std::vector<Setting> TierConfig::settings() {
+  return detail::settings_of<TierConfig>(kFields);
 }
 
 }  // namespace tierswap

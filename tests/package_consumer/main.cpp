@@ -17,6 +17,7 @@
 #include <tierswap/placement.hpp>
 #include <tierswap/process_config.hpp>
 #include <tierswap/service.hpp>
+#include <tierswap/setting.hpp>
 #include <tierswap/signal_cleanup.hpp>
 #include <tierswap/swap_space.hpp>
 #include <tierswap/telemetry.hpp>

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
-# Builds the reference documentation: the pages of tools/docs/ and two generated from the code
-# (the command-line reference from the commands' --help; the C++ API from Doxygen's XML of
-# include/tierswap/), then Sphinx's HTML with every warning an error. With --check it also checks
+# Builds the reference documentation: the pages of tools/docs/ and what is generated from the code
+# (the command-line reference from the commands' --help; the configuration page's settings table
+# from `tierswap config --settings`; the C++ API from Doxygen's XML of include/tierswap/), then Sphinx's HTML with every warning an error. With --check it also checks
 # the links (every page and anchor a link names must exist) and, where Chromium is installed,
 # takes a headless screenshot of the index page (index.png beside the HTML: it rendered).
 #   tools/docs/build.sh BUILD_DIR [--check]      (cmake --build BUILD_DIR --target docs)
@@ -16,6 +16,17 @@ rm -rf "$out/src" "$out/html"
 mkdir -p "$out/src" "$out/doxygen"
 cp "$here"/*.md "$here/conf.py" "$out/src/"
 "$python" "$here/cli_reference.py" "$build/tierswap" "$out/src/cli-reference.md"
+# The configuration page's settings table, regenerated from the structs' tables in code.
+"$build/tierswap" config --settings > "$out/settings.md"
+"$python" - "$out/src/configuration.md" "$out/settings.md" <<'PY'
+import re, sys
+page, table = (open(p).read() for p in sys.argv[1:])
+new, n = re.subn(r"(<!-- settings:[^\n]*\n).*?(<!-- end of settings -->)",
+                 lambda m: m.group(1) + table + m.group(2), page, flags=re.S)
+if n != 1:
+    sys.exit("docs: configuration.md: the settings markers are missing")
+open(sys.argv[1], "w").write(new)
+PY
 sed -e "s|@INPUT@|$root/include/tierswap|" -e "s|@OUTPUT@|$out/doxygen|" "$here/Doxyfile.in" \
   > "$out/Doxyfile"
 doxygen "$out/Doxyfile" > "$out/doxygen.log"

@@ -1,8 +1,8 @@
 // A config struct's settings as one table (internal): each row names the JSON key, the
-// environment variable (empty when there is none) and how each sets the field. from_env(),
-// from_json(), the "unknown key" message and the documented configuration table
-// (tools/docs/configuration.md, checked against it by a test) all come from it, so a setting is
-// added in one place.
+// environment variable (empty when there is none), the default and meaning the documentation
+// shows, and how the key and the variable set the field. from_env(), from_json(), the "unknown
+// key" message, settings() and the configuration page's table (`tierswap config --settings`)
+// all come from it, so a setting is added in one place.
 #pragma once
 
 #include <algorithm>
@@ -18,14 +18,17 @@
 #include "tierswap/detail/env.hpp"
 #include "tierswap/detail/json.hpp"
 #include "tierswap/error.hpp"
+#include "tierswap/setting.hpp"
 #include "tierswap/units.hpp"
 
 namespace tierswap::detail {
 
 template <class C>
 struct ConfigField {
-  std::string_view key;  ///< JSON key
-  std::string_view env;  ///< environment variable, empty when none
+  std::string_view key;            ///< JSON key
+  std::string_view env;            ///< environment variable, empty when none
+  std::string_view shown_default;  ///< the default as the documentation shows it (Markdown)
+  std::string_view meaning;        ///< what it does, its values and range (Markdown)
   void (*from_json)(C&, const nlohmann::json& value, const std::string& key);
   void (*from_env)(C&, const char* name);  ///< reads `name` (null when env is empty)
 };
@@ -41,11 +44,13 @@ std::string known_keys(std::span<const ConfigField<C>> table) {
   return out;
 }
 
-/// Every field's JSON key and environment variable ("" when none), in table order (keys()).
+/// Every field as a Setting, in table order (settings()).
 template <class C>
-std::vector<std::pair<std::string, std::string>> keys_of(std::span<const ConfigField<C>> table) {
-  std::vector<std::pair<std::string, std::string>> out;
-  for (const auto& f : table) out.emplace_back(f.key, f.env);
+std::vector<Setting> settings_of(std::span<const ConfigField<C>> table) {
+  std::vector<Setting> out;
+  for (const auto& f : table)
+    out.push_back({std::string(f.key), std::string(f.env), std::string(f.shown_default),
+                   std::string(f.meaning)});
   return out;
 }
 
@@ -134,24 +139,36 @@ inline std::uint64_t json_elements(const nlohmann::json& v, const std::string& k
 
 /// A field set from a JSON boolean and from a "0"/"1" variable (env_bool).
 template <class C, bool C::*M>
-ConfigField<C> bool_field(std::string_view key, std::string_view env) {
-  return {key, env,
+ConfigField<C> bool_field(std::string_view key, std::string_view env, std::string_view shown,
+                          std::string_view meaning) {
+  return {key,
+          env,
+          shown,
+          meaning,
           [](C& c, const nlohmann::json& v, const std::string& k) { c.*M = json_bool(v, k); },
           [](C& c, const char* name) { c.*M = env_bool(name, c.*M); }};
 }
 
 /// A byte count (json_size; the variable through env_u64 as a size).
 template <class C, std::uint64_t C::*M>
-ConfigField<C> size_field(std::string_view key, std::string_view env) {
-  return {key, env,
+ConfigField<C> size_field(std::string_view key, std::string_view env, std::string_view shown,
+                          std::string_view meaning) {
+  return {key,
+          env,
+          shown,
+          meaning,
           [](C& c, const nlohmann::json& v, const std::string& k) { c.*M = json_size(v, k); },
           [](C& c, const char* n) { c.*M = env_u64(n, c.*M, true); }};
 }
 
 /// An element count (json_elements; the variable in the same grammar).
 template <class C, std::uint64_t C::*M>
-ConfigField<C> elements_field(std::string_view key, std::string_view env) {
-  return {key, env,
+ConfigField<C> elements_field(std::string_view key, std::string_view env, std::string_view shown,
+                              std::string_view meaning) {
+  return {key,
+          env,
+          shown,
+          meaning,
           [](C& c, const nlohmann::json& v, const std::string& k) { c.*M = json_elements(v, k); },
           [](C& c, const char* n) {
             if (const char* v = std::getenv(n)) c.*M = parse_param_count(v, n);
@@ -160,8 +177,12 @@ ConfigField<C> elements_field(std::string_view key, std::string_view env) {
 
 /// A count (json_count; the variable through env_u64, capped like it).
 template <class C, std::uint32_t C::*M>
-ConfigField<C> count_field(std::string_view key, std::string_view env) {
-  return {key, env,
+ConfigField<C> count_field(std::string_view key, std::string_view env, std::string_view shown,
+                           std::string_view meaning) {
+  return {key,
+          env,
+          shown,
+          meaning,
           [](C& c, const nlohmann::json& v, const std::string& k) { c.*M = json_count(v, k); },
           [](C& c, const char* n) {
             c.*M = static_cast<std::uint32_t>(
@@ -171,8 +192,12 @@ ConfigField<C> count_field(std::string_view key, std::string_view env) {
 
 /// A real number (its range is the struct's validate()'s to check).
 template <class C, double C::*M>
-ConfigField<C> number_field(std::string_view key, std::string_view env) {
-  return {key, env,
+ConfigField<C> number_field(std::string_view key, std::string_view env, std::string_view shown,
+                            std::string_view meaning) {
+  return {key,
+          env,
+          shown,
+          meaning,
           [](C& c, const nlohmann::json& v, const std::string& k) {
             if (!v.is_number()) throw_invalid(k, v.dump(), "expected a number");
             c.*M = v.get<double>();

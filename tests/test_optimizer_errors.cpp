@@ -6,6 +6,7 @@
 
 #include "optim_fixture.hpp"
 #include "tierswap/process_config.hpp"
+#include "tierswap/tiered_optimizer.hpp"
 
 using namespace tierswap::optim_test;
 
@@ -166,7 +167,32 @@ void expect_documented(const char* what) {
 TEST(ShardedOptimizer, EverySettingCarriesItsDocumentation) {
   expect_documented<OptimizerConfig>("OptimizerConfig");
   expect_documented<TierConfig>("TierConfig");
+  expect_documented<NodeServiceConfig>("NodeServiceConfig");
   expect_documented<IoEngineConfig>("IoEngineConfig");
   expect_documented<SwapSpaceConfig>("SwapSpaceConfig");
   expect_documented<ProcessConfig>("ProcessConfig");
+}
+
+// The node service's settings belong to the one-object setup that attaches (NodeServiceConfig):
+// keywords over the variables, each refused value named.
+TEST(ShardedOptimizer, NodeServiceSettingsApplyOverTheirBaseAndNameBadValues) {
+  NodeServiceConfig base;
+  base.socket = "/run/tierswap/tierswap.sock";
+  base.timeout_seconds = 5;
+  const auto c = NodeServiceConfig::from_json(R"({"service_job": "lm-1"})", base);
+  EXPECT_EQ(c.socket, "/run/tierswap/tierswap.sock");
+  EXPECT_EQ(c.job, "lm-1");
+  EXPECT_EQ(c.timeout_seconds, 5);
+  EXPECT_EQ(NodeServiceConfig::from_json(R"({"service": ""})", base).socket, "");
+  for (const char* bad : {R"({"service_job": "a/b"})", R"({"service_timeout": 0})",
+                          R"({"service_wait": -1})", R"({"service": 3})", R"({"socket": "x"})"}) {
+    SCOPED_TRACE(bad);
+    EXPECT_THROW(NodeServiceConfig::from_json(bad), std::invalid_argument);
+  }
+  try {
+    NodeServiceConfig::from_json(R"({"service_job": "a/b"})");
+    ADD_FAILURE();
+  } catch (const std::invalid_argument& e) {
+    EXPECT_NE(std::string(e.what()).find("service_job"), std::string::npos) << e.what();
+  }
 }

@@ -448,8 +448,8 @@ TEST(Resume, ThroughTheNodeServiceAKilledRunResumesBitForBit) {
   } stop{svc};
   auto through_service = [&] {
     TieredOptions o = options(dir.path());
-    o.tiers.service = sc.socket.string();
-    o.tiers.service_job = "resume-test";
+    o.service.socket = sc.socket.string();
+    o.service.job = "resume-test";
     return o;
   };
   const pid_t victim = ::fork();

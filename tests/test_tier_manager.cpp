@@ -176,26 +176,6 @@ TEST(TierManager, HostSlabsBindToARealNumaNodeAndRefuseAMissingOne) {
   }
 }
 
-// A service named in the config is the one-object setup's to attach to; a tier manager given
-// its own swap space says it does not use it (tierswap demo, an expert's own parts).
-TEST(TierManager, AServiceItDoesNotUseIsSaid) {
-  const LogLevel level = log_level();
-  set_log_level(LogLevel::warn);
-  TierConfig cfg = small_config(64 * kKiB, 4);
-  testing::internal::CaptureStderr();
-  { Rig quiet(cfg); }
-  EXPECT_EQ(testing::internal::GetCapturedStderr().find("is not used"), std::string::npos);
-  cfg.service = "/run/tierswap/service.sock";
-  testing::internal::CaptureStderr();
-  { Rig r(cfg); }
-  const std::string log = testing::internal::GetCapturedStderr();
-  set_log_level(level);
-  EXPECT_NE(log.find("service /run/tierswap/service.sock (TierConfig::service, TIERSWAP_SERVICE) "
-                     "is not used by a tier manager given its own swap space"),
-            std::string::npos)
-      << log;
-}
-
 TEST(TierManager, SimulatedDeviceTierIsLabelledAndHoldsTheNewestCopy) {
   const std::uint64_t bytes = 64 * kKiB;
   Rig r(small_config(bytes, 4, 2));

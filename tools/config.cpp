@@ -17,6 +17,7 @@
 #include "tierswap/setting.hpp"
 #include "tierswap/swap_space.hpp"
 #include "tierswap/tier_manager.hpp"
+#include "tierswap/tiered_optimizer.hpp"
 #include "tools/commands.hpp"
 
 namespace tierswap::cli {
@@ -54,9 +55,9 @@ std::filesystem::path package_dir() {
 // Every struct's settings, in the configuration page's order.
 void print_settings() {
   std::vector<Setting> all;
-  for (auto part : {IoEngineConfig::settings(), SwapSpaceConfig::settings(),
-                    TierConfig::settings(), OptimizerConfig::settings(),
-                    ProcessConfig::settings()})
+  for (auto part :
+       {IoEngineConfig::settings(), SwapSpaceConfig::settings(), TierConfig::settings(),
+        NodeServiceConfig::settings(), OptimizerConfig::settings(), ProcessConfig::settings()})
     all.insert(all.end(), part.begin(), part.end());
   std::fputs(settings_markdown(all).c_str(), stdout);
 }

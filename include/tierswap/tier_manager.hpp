@@ -125,23 +125,6 @@ struct TierConfig {
   /// Serve snapshot() on a Unix socket for `tierswap ps` / `tierswap residency` (telemetry.hpp;
   /// TIERSWAP_TELEMETRY=0 turns it off too). A socket that cannot be set up is a warning.
   bool telemetry = true;
-  /// The node service's socket (`tierswap serve`; TIERSWAP_SERVICE). When set, the one-object
-  /// setup (TieredOptimizer, and so tierswap.torch) keeps the state in a region of the service's
-  /// swap space through shared memory (service.hpp's ServiceStorage) instead of swap files of
-  /// its own; the swap directory then holds only the manifest. Empty: no service. A TierManager
-  /// constructed with it set runs on the swap space it is given and warns that it does not use it.
-  std::string service;
-  /// The job id the service knows this run by ([A-Za-z0-9._-], TIERSWAP_SERVICE_JOB); with the
-  /// rank it names the region a restarted run reattaches to. Empty: derived from the swap
-  /// directory's path.
-  std::string service_job;
-  /// Seconds each request to the service may wait for its answer (TIERSWAP_SERVICE_TIMEOUT): a
-  /// service that does not answer in time (stopped, hung) fails the request, and the connection
-  /// is not used again.
-  double service_timeout = 30;
-  /// Seconds attaching waits for a service that is restarting or stopping (its socket missing
-  /// or refusing, or a hello refused with ESHUTDOWN; TIERSWAP_SERVICE_WAIT); 0: fail at once.
-  double service_wait = 0;
   /// Overrides from the environment: each setting's variable as settings() lists it (the
   /// configuration page, tools/docs/configuration.md). A value that does not parse throws naming
   /// the variable.

@@ -27,9 +27,11 @@
 #include <filesystem>
 #include <memory>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "tierswap/optimizer.hpp"
+#include "tierswap/setting.hpp"
 #include "tierswap/tier_manager.hpp"
 
 namespace tierswap {
@@ -39,11 +41,41 @@ class IoEngine;
 class SwapSpace;
 class ThreadPool;
 
+/// How the one-object setup reaches the node service (`tierswap serve`). With a socket, the state
+/// lives in a region of the service's swap space, the host pools in memory shared with it
+/// (service.hpp's ServiceStorage) instead of swap files of the rank's own; the swap directory then
+/// holds only the tier manager's manifest.
+struct NodeServiceConfig {
+  std::string socket;  ///< the service's socket (TIERSWAP_SERVICE); empty: no service
+  /// The job id the service knows this run by ([A-Za-z0-9._-], TIERSWAP_SERVICE_JOB); with the
+  /// rank it names the region a restarted run reattaches to. Empty: derived from the first swap
+  /// directory's path.
+  std::string job;
+  /// Seconds each request to the service may wait for its answer (TIERSWAP_SERVICE_TIMEOUT): a
+  /// service that does not answer in time (stopped, hung) fails the request, and the connection
+  /// is not used again.
+  double timeout_seconds = 30;
+  /// Seconds attaching waits for a service that is restarting or stopping (its socket missing
+  /// or refusing, or a hello refused with ESHUTDOWN; TIERSWAP_SERVICE_WAIT); 0: fail at once.
+  double wait_seconds = 0;
+
+  /// Overrides from the environment, each setting's variable as settings() lists it; a value
+  /// that does not parse throws std::invalid_argument naming the variable.
+  static NodeServiceConfig from_env();
+  /// `base` (or the defaults) with the keys of a JSON object applied; unknown keys or bad values
+  /// throw naming the key.
+  static NodeServiceConfig from_json(std::string_view json, NodeServiceConfig base);
+  static NodeServiceConfig from_json(std::string_view json);
+  /// Every setting, in the configuration page's order (its table is generated from them).
+  static std::vector<Setting> settings();
+  void validate() const;
+};
+
 struct TieredOptions {
   /// One directory per drive (each gets a file; the space is striped across them). Required.
   std::vector<std::filesystem::path> swap_dirs;
   /// Pinned host bytes (0: tiers.host_budget, which TIERSWAP_HOST_BUDGET may set; 1 GiB). Through
-  /// a node service (tiers.service), 0 takes at most what the service offers this rank: 1/n of
+  /// a node service (`service`), 0 takes at most what the service offers this rank: 1/n of
   /// the node's budget for the n ranks on the node (LOCAL_WORLD_SIZE, OMPI_COMM_WORLD_LOCAL_SIZE
   /// or MPI_LOCALNRANKS; else 1), within its per-client quota and what is free, less the slab
   /// slack the rank's ask adds. A budget given here is asked for as it is (refused if too large).
@@ -60,6 +92,8 @@ struct TieredOptions {
   /// The tier manager's settings (host_budget above wins when non-zero). A host slab larger than
   /// an eighth of the budget is reduced to fit.
   TierConfig tiers = TierConfig::from_env();
+  /// The node service to keep the state in (service.socket empty: swap files of the rank's own).
+  NodeServiceConfig service = NodeServiceConfig::from_env();
   /// Tune the tier manager to the budget and sub-group size at finalize(), as `tierswap bench
   /// step` does: read-ahead of (prefetch_depth + 1) sub-groups' state blocks
   /// (tiers.lookahead), write-behind from a quarter of the budget (tiers.max_dirty_bytes), host

@@ -206,7 +206,7 @@ struct TieredOptimizer::Impl {
   std::vector<std::uint64_t> group_numel;
   std::set<std::string> names;
   std::vector<std::filesystem::path> dirs;
-  // Built at finalize(), destroyed in reverse order. Through the node service (tiers.service),
+  // Built at finalize(), destroyed in reverse order. Through the node service (o.service),
   // `storage` owns the space and the engine; `space` and `engine` then point into it.
   std::unique_ptr<ServiceStorage> storage;
   std::unique_ptr<SwapSpace> own_space;
@@ -288,7 +288,8 @@ void TieredOptimizer::Impl::size_to_budget(TierConfig& tc, OptimizerConfig& oc, 
 // per-client quota and what is free); fit_slack_within() then makes room for the slack in it.
 ServiceOffer TieredOptimizer::Impl::fit_to_service(TierConfig& tc) const {
   const std::uint32_t share = local_ranks();
-  const ServiceOffer offer = service_offer(tc.service, share, tc.service_timeout, tc.service_wait);
+  const ServiceOffer offer =
+      service_offer(o.service.socket, share, o.service.timeout_seconds, o.service.wait_seconds);
   if (round_up(tc.host_budget, 4096) <= offer.bytes) return offer;
   const std::uint64_t slack = slack_within(offer.bytes, tc.host_slab_size);
   if (offer.bytes < slack + kMinServiceBudget)
@@ -296,13 +297,13 @@ ServiceOffer TieredOptimizer::Impl::fit_to_service(TierConfig& tc) const {
         "tierswap service {}: it offers this rank {} (1/{} of its {} budget, quota {}, {} "
         "free): too little for a host budget of at least {} and its {} of slab slack; start it "
         "with a larger --host-budget, or give host_budget",
-        tc.service, format_bytes(offer.bytes), share, format_bytes(offer.budget),
+        o.service.socket, format_bytes(offer.bytes), share, format_bytes(offer.budget),
         format_bytes(offer.quota), format_bytes(offer.free), format_bytes(kMinServiceBudget),
         format_bytes(slack)));
   log(LogLevel::info,
       fmt::format("host budget {} (of {} asked): what the tierswap service at {} offers this "
                   "rank (1/{} of its {}, {} free)",
-                  format_bytes(offer.bytes), format_bytes(tc.host_budget), tc.service, share,
+                  format_bytes(offer.bytes), format_bytes(tc.host_budget), o.service.socket, share,
                   format_bytes(offer.budget), format_bytes(offer.free)));
   tc.host_budget = offer.bytes;
   return offer;
@@ -321,7 +322,7 @@ void TieredOptimizer::Impl::fit_slack_within(TierConfig& tc, OptimizerConfig& oc
     throw std::invalid_argument(fmt::format(
         "host_budget {} through the tierswap service {}: too little for its {} of slab slack, "
         "which is part of what the rank takes from the service's budget",
-        format_bytes(tc.host_budget), tc.service, format_bytes(slack)));
+        format_bytes(tc.host_budget), o.service.socket, format_bytes(slack)));
   tc = o.tiers;  // as build() began, with the budget less the slack
   tc.host_budget = (charge - slack) / 4096 * 4096;
   size_to_budget(tc, oc, auto_subgroup, bpe, blocks);
@@ -349,8 +350,9 @@ void TieredOptimizer::Impl::fit_pageable_to_offer(TierConfig& tc, const ServiceO
       fmt::format("pageable memory for the gradients: {} of the {} they need, what the tierswap "
                   "service at {} offers this rank (1/{} of its {}, {} free); {} (tierswap serve "
                   "--pageable-budget)",
-                  format_bytes(tc.pageable_budget), format_bytes(asked), tc.service, local_ranks(),
-                  format_bytes(offer.pageable_budget), format_bytes(offer.pageable_free),
+                  format_bytes(tc.pageable_budget), format_bytes(asked), o.service.socket,
+                  local_ranks(), format_bytes(offer.pageable_budget),
+                  format_bytes(offer.pageable_free),
                   tc.pageable_budget ? "the rest spill to NVMe" : "they share the pinned budget"));
 }
 
@@ -380,7 +382,7 @@ void TieredOptimizer::Impl::build_parts(TierConfig& tc, OptimizerConfig& oc,
   const bool auto_subgroup = oc.subgroup_size == 0;
   size_to_budget(tc, oc, auto_subgroup, bpe, blocks);
   std::optional<ServiceOffer> offer;
-  if (!tc.service.empty()) {
+  if (!o.service.socket.empty()) {
     if (o.host_budget == 0) offer = fit_to_service(tc);
     fit_slack_within(tc, oc, auto_subgroup, bpe, blocks);
   }
@@ -400,7 +402,6 @@ void TieredOptimizer::Impl::build_parts(TierConfig& tc, OptimizerConfig& oc,
     own_engine = std::make_unique<IoEngine>(*space, IoEngineConfig::from_env());
     engine = own_engine.get();
   }
-  tc.service.clear();  // attached above: the tier manager runs on the space it is handed
   tiers = std::make_unique<TierManager>(*space, *engine, tc);
   const unsigned threads =
       o.threads != 0 ? o.threads : std::max(1u, std::thread::hardware_concurrency());
@@ -457,7 +458,7 @@ void TieredOptimizer::Impl::open_space(
   const std::uint64_t capacity = o.swap_capacity != 0
                                      ? o.swap_capacity
                                      : swap_bytes_needed(sizes, comm->size(), oc, tc.shadow_slots);
-  if (!tc.service.empty()) return attach_service(capacity, tc, earlier);
+  if (!o.service.socket.empty()) return attach_service(capacity, tc, earlier);
   if (earlier) {
     own_space = std::make_unique<SwapSpace>(open_earlier_space());
     space = own_space.get();
@@ -473,15 +474,15 @@ void TieredOptimizer::Impl::open_space(
 }
 
 // The state in a region of the node service's swap space, the host pools in the memory it
-// shares; the rank directory keeps the tier manager's manifest. The job id (tiers.service_job,
+// shares; the rank directory keeps the tier manager's manifest. The job id (service.job,
 // else one derived from the first swap directory's path) and the rank name the region.
 void TieredOptimizer::Impl::attach_service(std::uint64_t capacity, const TierConfig& tc,
                                            bool earlier) {
   ServiceClientConfig cc;
-  cc.socket = tc.service;
-  cc.job = tc.service_job;
-  cc.timeout_seconds = tc.service_timeout;
-  cc.wait_seconds = tc.service_wait;
+  cc.socket = o.service.socket;
+  cc.job = o.service.job;
+  cc.timeout_seconds = o.service.timeout_seconds;
+  cc.wait_seconds = o.service.wait_seconds;
   if (cc.job.empty()) {
     const std::string where = std::filesystem::weakly_canonical(o.swap_dirs.front()).string();
     cc.job = "run-" + checksum_hex(checksum64(where.data(), where.size()));
@@ -500,7 +501,7 @@ void TieredOptimizer::Impl::attach_service(std::uint64_t capacity, const TierCon
     throw std::runtime_error(fmt::format(
         "resume: {} holds a manifest, but the tierswap service at {} has no region for job {} "
         "rank {}: the earlier run's state is gone (another service, or its files were removed)",
-        dirs.front().string(), tc.service, cc.job, cc.rank));
+        dirs.front().string(), o.service.socket, cc.job, cc.rank));
   space = &storage->space();
   engine = &storage->engine();
 }

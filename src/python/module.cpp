@@ -184,11 +184,11 @@ class PyOptimizer {
   PyOptimizer(std::vector<std::string> swap_dirs, std::uint64_t host_budget,
               std::string communicator, std::shared_ptr<Communicator> comm, unsigned threads,
               const std::string& optimizer_json, const std::string& tiers_json,
-              bool keep_swap_files, std::uint64_t swap_capacity, std::uint64_t subgroup_size,
-              bool resume, bool temporary)
+              const std::string& service_json, bool keep_swap_files, std::uint64_t swap_capacity,
+              std::uint64_t subgroup_size, bool resume, bool temporary)
       : t_(options(std::move(swap_dirs), host_budget, std::move(communicator), std::move(comm),
-                   threads, optimizer_json, tiers_json, keep_swap_files, swap_capacity,
-                   subgroup_size, resume, temporary)) {}
+                   threads, optimizer_json, tiers_json, service_json, keep_swap_files,
+                   swap_capacity, subgroup_size, resume, temporary)) {}
 
   TieredOptimizer& t() {
     if (closed_) throw std::logic_error("the tierswap optimizer was closed");
@@ -291,8 +291,8 @@ class PyOptimizer {
   static TieredOptions options(std::vector<std::string> dirs, std::uint64_t budget,
                                std::string comm, std::shared_ptr<Communicator> custom,
                                unsigned threads, const std::string& oj, const std::string& tj,
-                               bool keep, std::uint64_t capacity, std::uint64_t subgroup,
-                               bool resume, bool temporary) {
+                               const std::string& sj, bool keep, std::uint64_t capacity,
+                               std::uint64_t subgroup, bool resume, bool temporary) {
     TieredOptions o;
     for (auto& d : dirs) o.swap_dirs.emplace_back(std::move(d));
     o.host_budget = budget;
@@ -302,6 +302,8 @@ class PyOptimizer {
     o.optimizer = OptimizerConfig::from_json(oj);
     o.optimizer.subgroup_size = subgroup;  // 0: chosen from the host budget
     o.tiers = TierConfig::from_json(tj);
+    // The service's settings from the environment, those given as keywords over them.
+    o.service = NodeServiceConfig::from_json(sj, NodeServiceConfig::from_env());
     o.keep_swap_files = keep;
     o.swap_capacity = capacity;
     o.resume = resume;
@@ -495,11 +497,11 @@ PYBIND11_MODULE(_tierswap, m) {
   PyOptimizerClass c(m, "Optimizer");
   c.def(py::init<std::vector<std::string>, std::uint64_t, std::string,
                  std::shared_ptr<Communicator>, unsigned, const std::string&, const std::string&,
-                 bool, std::uint64_t, std::uint64_t, bool, bool>(),
+                 const std::string&, bool, std::uint64_t, std::uint64_t, bool, bool>(),
         py::arg("swap_dirs"), py::arg("host_budget"), py::arg("communicator"), py::arg("comm"),
         py::arg("threads"), py::arg("optimizer_json"), py::arg("tiers_json"),
-        py::arg("keep_swap_files"), py::arg("swap_capacity"), py::arg("subgroup_size"),
-        py::arg("resume"), py::arg("temporary") = false)
+        py::arg("service_json"), py::arg("keep_swap_files"), py::arg("swap_capacity"),
+        py::arg("subgroup_size"), py::arg("resume"), py::arg("temporary") = false)
       .def("close", &PyOptimizer::close, py::arg("failed") = false, Release());
   bind_setup(c);
   bind_backward_and_step(c);

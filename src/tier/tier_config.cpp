@@ -6,7 +6,6 @@
 
 #include "tierswap/detail/config_table.hpp"
 #include "tierswap/detail/env.hpp"
-#include "tierswap/detail/paths.hpp"
 #include "tierswap/error.hpp"
 #include "tierswap/tier_manager.hpp"
 #include "tierswap/units.hpp"
@@ -81,8 +80,6 @@ DeviceTierMode parse_device_mode(std::string_view s, const std::string& key) {
 }  // namespace
 
 void TierConfig::validate() const {
-  if (!service_job.empty() && !detail::valid_job_id(service_job))
-    throw_invalid("service_job", service_job, "expected 1-64 of [A-Za-z0-9._-]");
   if (host_budget < 4096)
     throw_invalid("host_budget", std::to_string(host_budget), "must be at least 4 KiB");
   if (host_slab_size < 4096 || host_slab_size % 4096 != 0)
@@ -94,11 +91,6 @@ void TierConfig::validate() const {
   if (device_mode == DeviceTierMode::simulated && device_budget == 0)
     throw_invalid("device_budget", "0",
                   "the simulated device tier needs a capacity (TIERSWAP_DEVICE_BUDGET)");
-  if (!(service_timeout > 0) || service_timeout > 86400)
-    throw_invalid("service_timeout", std::to_string(service_timeout),
-                  "must be in (0, 86400] seconds");
-  if (!(service_wait >= 0) || service_wait > 86400)
-    throw_invalid("service_wait", std::to_string(service_wait), "must be in [0, 86400] seconds");
   if (lookahead < 1 || lookahead > 4096)
     throw_invalid("lookahead", std::to_string(lookahead), "must be in 1..4096");
 }
@@ -116,7 +108,7 @@ using Field = detail::ConfigField<TierConfig>;
 using detail::bool_field;
 
 // Every setting of TierConfig, in the configuration page's order.
-const std::array<Field, 18> kFields = {{
+const std::array<Field, 14> kFields = {{
     detail::size_field<TierConfig, &TierConfig::host_budget>(
         "host_budget", "TIERSWAP_HOST_BUDGET", "1 GiB", "pinned host bytes (tier manager)"),
     detail::size_field<TierConfig, &TierConfig::host_slab_size>(
@@ -170,33 +162,6 @@ const std::array<Field, 18> kFields = {{
        c.telemetry = detail::json_bool(v, k);
      },
      nullptr},
-    {"service", "TIERSWAP_SERVICE", "—",
-     "the node service's socket (`tierswap serve`): the one-object setup and `tierswap.torch` keep "
-     "the state in a region of the service's swap space, through memory shared with it; the swap "
-     "directory then holds only the manifest",
-     [](TierConfig& c, const nlohmann::json& v, const std::string& k) {
-       c.service = detail::json_string(v, k);
-     },
-     [](TierConfig& c, const char* n) {
-       if (const char* v = std::getenv(n)) c.service = v;
-     }},
-    {"service_job", "TIERSWAP_SERVICE_JOB", "—",
-     "the job id the service knows this run by (with the rank it names the region a restarted run "
-     "reattaches to); default: derived from the swap directory's path",
-     [](TierConfig& c, const nlohmann::json& v, const std::string& k) {
-       c.service_job = detail::json_string(v, k);
-     },
-     [](TierConfig& c, const char* n) {
-       if (const char* v = std::getenv(n)) c.service_job = v;
-     }},
-    detail::number_field<TierConfig, &TierConfig::service_timeout>(
-        "service_timeout", "TIERSWAP_SERVICE_TIMEOUT", "30",
-        "seconds a request to the service waits for its answer; a service that does not answer "
-        "(stopped, hung) fails the step with `ETIMEDOUT`, and the connection is not used again"),
-    detail::number_field<TierConfig, &TierConfig::service_wait>(
-        "service_wait", "TIERSWAP_SERVICE_WAIT", "0",
-        "seconds attaching waits for a service that is restarting or stopping (its socket missing "
-        "or refusing, or the hello refused with `ESHUTDOWN`), trying every 0.5 s; 0: fail at once"),
 }};
 
 }  // namespace

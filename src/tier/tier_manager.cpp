@@ -76,12 +76,6 @@ void BlockView::mark_dirty() {
 // ---- TierManager -----------------------------------------------------------------------------
 TierManager::TierManager(SwapSpace& space, IoEngine& engine, TierConfig cfg) {
   cfg.validate();
-  if (!cfg.service.empty())  // the one-object setup attaches to it and hands the space over
-    log(LogLevel::warn,
-        fmt::format("service {} (TierConfig::service, TIERSWAP_SERVICE) is not used by a tier "
-                    "manager given its own swap space: TieredOptimizer and tierswap.torch run "
-                    "on the service",
-                    cfg.service));
   // Every setting is read before the reaper starts: a throw after it would destroy a joinable
   // thread (std::terminate).
   const TelemetryConfig tc = TelemetryConfig::from_env();

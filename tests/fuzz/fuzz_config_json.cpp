@@ -1,5 +1,5 @@
-// The JSON configs a user hands over: optimizer, tier manager, swap space, I/O engine (the first
-// byte picks which), each checked field by field.
+// The JSON configs a user hands over: optimizer, tier manager, swap space, I/O engine, node
+// service (the first byte picks which), each checked field by field.
 #include <cstdint>
 #include <exception>
 #include <string>
@@ -9,12 +9,13 @@
 #include "tierswap/optimizer.hpp"
 #include "tierswap/swap_space.hpp"
 #include "tierswap/tier_manager.hpp"
+#include "tierswap/tiered_optimizer.hpp"
 
 extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t n) {
   using namespace tierswap;
   const auto [which, text] = fuzz::split(data, n);
   try {
-    switch (which % 4) {
+    switch (which % 5) {
       case 0:
         OptimizerConfig::from_json(text).validate();
         break;
@@ -24,8 +25,11 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t n) {
       case 2:
         (void)SwapSpaceConfig::from_json(text);
         break;
-      default:
+      case 3:
         (void)IoEngineConfig::from_json(text);
+        break;
+      default:
+        (void)NodeServiceConfig::from_json(text);
         break;
     }
   } catch (const std::exception&) {

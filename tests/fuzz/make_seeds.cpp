@@ -95,6 +95,10 @@ void text_seeds(int argc, char** argv) {
   seed("config_json", "engine", R"({"backend": "uring", "queue_depth": 64,
            "block_size": "1MiB", "posix_threads": 4})",
        3);
+  seed("config_json", "service",
+       R"({"service": "/run/tierswap/tierswap.sock", "service_job": "lm-1",
+           "service_timeout": 30, "service_wait": 2.5})",
+       4);
   for (int i = 1; i < argc; ++i) {
     const std::filesystem::path p = argv[i];
     seed("placement_json", p.stem().string(), slurp(p), 0);

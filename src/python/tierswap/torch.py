@@ -177,24 +177,19 @@ def _close_native(native, tmpdir, params, owner):
         tmpdir.remove()
 
 
-def _tier_config(telemetry, durable, service, service_job):
-    """The tier manager's keys the constructor sets (the node service's from the environment
-    unless given)."""
-    cfg = {"telemetry": bool(telemetry), "device_mode": "off", "durable": bool(durable)}
-    service = os.environ.get("TIERSWAP_SERVICE") if service is None else service
-    if service:
+def _tier_config(telemetry, durable):
+    """The tier manager's keys the constructor sets."""
+    return {"telemetry": bool(telemetry), "device_mode": "off", "durable": bool(durable)}
+
+
+def _service_config(service, service_job):
+    """The node service's keys given as keywords; the native side applies them over its
+    variables (TIERSWAP_SERVICE, _JOB, _TIMEOUT, _WAIT)."""
+    cfg = {}
+    if service is not None:
         cfg["service"] = os.fspath(service)
-        job = os.environ.get("TIERSWAP_SERVICE_JOB") if service_job is None else service_job
-        if job:
-            cfg["service_job"] = str(job)
-        for key, var in (("service_timeout", "TIERSWAP_SERVICE_TIMEOUT"),
-                         ("service_wait", "TIERSWAP_SERVICE_WAIT")):
-            if os.environ.get(var):
-                try:
-                    cfg[key] = float(os.environ[var])
-                except ValueError:
-                    raise ValueError(f"{var}={os.environ[var]!r}: expected seconds, a "
-                                     "number") from None
+    if service_job is not None:
+        cfg["service_job"] = str(service_job)
     return cfg
 
 
@@ -293,7 +288,8 @@ class _TieredOptimizer(Optimizer):
             capacity = _positive(swap_capacity, "swap_capacity", parse_size)
             subgroup = _positive(subgroup_size, "subgroup_size", parse_count)
             threads = _threads(threads)
-            tier_cfg = _tier_config(telemetry, durable, service, service_job)
+            tier_cfg = _tier_config(telemetry, durable)
+            service_cfg = _service_config(service, service_job)
             tier_cfg.update(self._dev.tier_keys())
             dirs, self._tmpdir = _swap_dirs(swap_dir)
             problem = None
@@ -304,7 +300,7 @@ class _TieredOptimizer(Optimizer):
             self._native = _tierswap.Optimizer(
                 dirs, budget, "single" if self._comm is not None else str(communicator),
                 self._comm, threads, json.dumps(opt_cfg), json.dumps(tier_cfg),
-                bool(keep_swap_files), capacity, subgroup, bool(resume),
+                json.dumps(service_cfg), bool(keep_swap_files), capacity, subgroup, bool(resume),
                 self._tmpdir is not None)
             self._register()
         except BaseException:

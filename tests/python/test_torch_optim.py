@@ -220,7 +220,7 @@ def test_zero_grad_forgets_what_the_hooks_handed_over(tmp_path, overlap):
 def test_a_hook_hand_over_the_tiers_refuse_leaves_the_next_backward_working(tmp_path):
     """When the tiers cannot take a gradient (a read of the swap files fails, say), the native
     add_grad abandons the backward: every gradient since the last step dropped, the backward
-    over (tests/test_optimizer_step.cpp, AGradientTheTiersCannotTakeAbandonsTheBackward). The
+    over (tests/optim/test_optimizer_step.cpp, AGradientTheTiersCannotTakeAbandonsTheBackward). The
     error leaves loss.backward() from the hook; the Python side's backward ends with the native
     one's, so the next backward begins anew and the step takes only its gradients."""
     def refused(opt, model, x):

@@ -1,4 +1,4 @@
-// The failure cases of tests/optimizer_mpi_main.cpp: one rank (the last) fails inside a
+// The failure cases of tests/optim/optimizer_mpi_main.cpp: one rank (the last) fails inside a
 // collective call (its I/O, its budget, its manifest), and every rank must throw from that call,
 // the others saying that another rank failed, none left waiting in a collective. Each case
 // prints what every rank got and throws std::runtime_error naming the rank when a rank got

@@ -1,5 +1,5 @@
 // Kernel test inputs shared by the GoogleTest suite and the standalone NEON check (header-only,
-// no test framework: tests/cross/neon_vs_scalar.cpp is built by a cross compiler).
+// no test framework: tests/kernels/cross/arm_vs_scalar.cpp is built by a cross compiler).
 #pragma once
 
 #include <cstdint>

@@ -1,4 +1,4 @@
-# Multi-rank runs of the optimizer (tests/optimizer_mpi_main.cpp) under mpirun:
+# Multi-rank runs of the optimizer (tests/optim/optimizer_mpi_main.cpp) under mpirun:
 #  - 1, 2, 3 and 4 ranks give bit-identical master weights and moments after 20 steps, and so
 #    do 3 ranks reducing after every backward pass instead of once per step (no coalescing),
 #    and 2 and 3 ranks with the overlapped step (with and without coalescing; 3 ranks also with

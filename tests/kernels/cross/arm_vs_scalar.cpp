@@ -10,7 +10,7 @@
 #include <vector>
 
 #include "kernels/cpu/kernels_impl.hpp"
-#include "tests/kernel_inputs.hpp"
+#include "tests/kernels/kernel_inputs.hpp"
 
 using namespace tierswap;
 using namespace tierswap::kernels;

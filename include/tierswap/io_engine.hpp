@@ -25,8 +25,8 @@
 #include <utility>
 #include <vector>
 
-#include "tierswap/swap_space.hpp"
 #include "tierswap/setting.hpp"
+#include "tierswap/swap_space.hpp"
 
 namespace tierswap {
 
@@ -58,8 +58,9 @@ struct IoEngineConfig {
   static IoEngineConfig from_env(IoEngineConfig base);
   /// The file TIERSWAP_IO_CONFIG names, empty when it is unset or empty.
   static std::string file_from_env();
-  /// Loads a JSON object of the keys settings() lists (block_size a number or "1MiB"); unknown keys or bad values
-  /// throw std::invalid_argument naming the key (and, for an unknown one, every known key).
+  /// Loads a JSON object of the keys settings() lists (block_size a number or "1MiB"); unknown keys
+  /// or bad values throw std::invalid_argument naming the key (and, for an unknown one, every known
+  /// key).
   static IoEngineConfig from_json(std::string_view json);
   /// Every setting, in the configuration page's order (its table is generated from them).
   static std::vector<Setting> settings();

@@ -66,8 +66,8 @@
 #include <vector>
 
 #include "tierswap/kernels.hpp"
-#include "tierswap/tier_manager.hpp"
 #include "tierswap/setting.hpp"
+#include "tierswap/tier_manager.hpp"
 
 namespace tierswap {
 
@@ -200,9 +200,9 @@ struct OptimizerConfig {
   /// tools/docs/configuration.md). A value that does not parse throws naming the variable.
   static OptimizerConfig from_env();
   static OptimizerConfig from_env(OptimizerConfig base);
-  /// Loads a JSON object of the keys settings() lists (loss_scaler an object of mode, init_scale, growth_factor,
-  /// backoff_factor, growth_interval); unknown keys or bad values throw std::invalid_argument
-  /// naming the key (and, for an unknown one, every known key).
+  /// Loads a JSON object of the keys settings() lists (loss_scaler an object of mode, init_scale,
+  /// growth_factor, backoff_factor, growth_interval); unknown keys or bad values throw
+  /// std::invalid_argument naming the key (and, for an unknown one, every known key).
   static OptimizerConfig from_json(std::string_view json);
   /// Every setting, in the configuration page's order (its table is generated from them).
   static std::vector<Setting> settings();

@@ -32,7 +32,8 @@ struct ProcessConfig {
   /// Overrides from the environment, each setting's variable as settings() lists it. A value that
   /// does not parse throws std::invalid_argument naming the variable.
   static ProcessConfig from_env();
-  /// Loads a JSON object of the keys settings() lists; unknown keys or bad values throw naming the key.
+  /// Loads a JSON object of the keys settings() lists; unknown keys or bad values throw naming the
+  /// key.
   static ProcessConfig from_json(std::string_view json);
   /// Every setting, in the configuration page's order (its table is generated from them).
   static std::vector<Setting> settings();

@@ -41,8 +41,9 @@ struct SwapSpaceConfig {
   /// (TIERSWAP_SWAP_DIRS ':'-separated; tools/docs/configuration.md).
   static SwapSpaceConfig from_env();
   static SwapSpaceConfig from_env(SwapSpaceConfig base);
-  /// Loads a JSON object of the keys settings() lists ("dirs": [...], "capacity": "8GiB" or a number, "direct":
-  /// "auto"|"on"|"off"); unknown keys or bad values throw std::invalid_argument naming the key.
+  /// Loads a JSON object of the keys settings() lists ("dirs": [...], "capacity": "8GiB" or a
+  /// number, "direct": "auto"|"on"|"off"); unknown keys or bad values throw std::invalid_argument
+  /// naming the key.
   static SwapSpaceConfig from_json(std::string_view json);
   /// Every setting, in the configuration page's order (its table is generated from them).
   static std::vector<Setting> settings();

@@ -35,8 +35,8 @@
 #include <vector>
 
 #include "tierswap/extent_allocator.hpp"
-#include "tierswap/types.hpp"
 #include "tierswap/setting.hpp"
+#include "tierswap/types.hpp"
 
 namespace tierswap {
 
@@ -130,8 +130,9 @@ struct TierConfig {
   /// the variable.
   static TierConfig from_env();
   static TierConfig from_env(TierConfig base);
-  /// Loads a JSON object of the keys settings() lists; sizes as numbers or strings ("2GiB"). Unknown keys or bad
-  /// values throw std::invalid_argument naming the key (and, for an unknown one, every known key).
+  /// Loads a JSON object of the keys settings() lists; sizes as numbers or strings ("2GiB").
+  /// Unknown keys or bad values throw std::invalid_argument naming the key (and, for an unknown
+  /// one, every known key).
   static TierConfig from_json(std::string_view json);
   /// Every setting, in the configuration page's order (its table is generated from them).
   static std::vector<Setting> settings();

@@ -65,15 +65,10 @@ const std::array<detail::ConfigField<C>, 4> kFields = {{
      [](C& c, const char* n) {
        if (const char* v = std::getenv(n)) c.log_level = parse_log_level(v, n);
      }},
-    {"cpu_isa", "TIERSWAP_CPU_ISA", "`auto`",
-     "force the kernels' instruction set: `scalar`, `avx2`, `avx512`, `avx512bf16`, `neon`, `sve` "
-     "(an unknown or unsupported one is an error naming it)",
-     [](C& c, const nlohmann::json& v, const std::string& k) {
-       c.cpu_isa = detail::json_string(v, k);
-     },
-     [](C& c, const char* n) {
-       if (const char* v = std::getenv(n)) c.cpu_isa = v;
-     }},
+    detail::string_field<C, &C::cpu_isa>("cpu_isa", "TIERSWAP_CPU_ISA", "`auto`",
+                                         "force the kernels' instruction set: `scalar`, `avx2`, "
+                                         "`avx512`, `avx512bf16`, `neon`, `sve` "
+                                         "(an unknown or unsupported one is an error naming it)"),
     detail::bool_field<C, &C::huge_pages>("huge_pages", "TIERSWAP_HUGE_PAGES", "true",
                                           "buffers of 2 MiB or more ask for transparent huge pages "
                                           "(fewer TLB misses, one segment per MiB for the disk)"),

@@ -115,14 +115,9 @@ const std::array<Field, 16> kFields = {{
     bool_field<OptimizerConfig, &OptimizerConfig::overlap>(
         "overlap", "TIERSWAP_OVERLAP", "false",
         "overlapped step: sub-groups step speculatively during the final backward"),
-    {"plan", "TIERSWAP_PLAN", "—",
-     "a plan file (`tierswap plan --out`): per-sub-group state tier and step device",
-     [](OptimizerConfig& c, const nlohmann::json& v, const std::string& k) {
-       c.plan_file = json_string(v, k);
-     },
-     [](OptimizerConfig& c, const char* n) {
-       if (const char* v = std::getenv(n)) c.plan_file = v;
-     }},
+    detail::string_field<OptimizerConfig, &OptimizerConfig::plan_file>(
+        "plan", "TIERSWAP_PLAN", "—",
+        "a plan file (`tierswap plan --out`): per-sub-group state tier and step device"),
     bool_field<OptimizerConfig, &OptimizerConfig::persist_resident_state>(
         "persist_resident_state", "TIERSWAP_PERSIST_RESIDENT_STATE", "true",
         "false: host- and GPU-resident state in memory only (no NVMe I/O; durable through "

@@ -14,32 +14,18 @@ namespace {
 
 using C = NodeServiceConfig;
 
-// A string setting, from its JSON string or its variable as it is.
-template <std::string C::*M>
-detail::ConfigField<C> string_field(std::string_view key, std::string_view env,
-                                    std::string_view shown, std::string_view meaning) {
-  return {
-      key,
-      env,
-      shown,
-      meaning,
-      [](C& c, const nlohmann::json& v, const std::string& k) { c.*M = detail::json_string(v, k); },
-      [](C& c, const char* n) {
-        if (const char* v = std::getenv(n)) c.*M = v;
-      }};
-}
-
 // Every setting of NodeServiceConfig, in the configuration page's order.
 const std::array<detail::ConfigField<C>, 4> kFields = {{
-    string_field<&C::socket>(
+    detail::string_field<C, &C::socket>(
         "service", "TIERSWAP_SERVICE", "—",
         "the node service's socket (`tierswap serve`): the one-object setup and `tierswap.torch` "
         "keep the state in a region of the service's swap space, through memory shared with it; "
         "the swap directory then holds only the manifest"),
-    string_field<&C::job>("service_job", "TIERSWAP_SERVICE_JOB", "—",
-                          "the job id the service knows this run by (with the rank it names the "
-                          "region a restarted run reattaches to); default: derived from the swap "
-                          "directory's path"),
+    detail::string_field<C, &C::job>(
+        "service_job", "TIERSWAP_SERVICE_JOB", "—",
+        "the job id the service knows this run by (with the rank it names the "
+        "region a restarted run reattaches to); default: derived from the swap "
+        "directory's path"),
     detail::number_field<C, &C::timeout_seconds>(
         "service_timeout", "TIERSWAP_SERVICE_TIMEOUT", "30",
         "seconds a request to the service waits for its answer; a service that does not answer "

@@ -190,6 +190,20 @@ ConfigField<C> count_field(std::string_view key, std::string_view env, std::stri
           }};
 }
 
+/// A string, from a JSON string or the variable as it is (its grammar is validate()'s to check).
+template <class C, std::string C::*M>
+ConfigField<C> string_field(std::string_view key, std::string_view env, std::string_view shown,
+                            std::string_view meaning) {
+  return {key,
+          env,
+          shown,
+          meaning,
+          [](C& c, const nlohmann::json& v, const std::string& k) { c.*M = json_string(v, k); },
+          [](C& c, const char* n) {
+            if (const char* v = std::getenv(n)) c.*M = v;
+          }};
+}
+
 /// A real number (its range is the struct's validate()'s to check).
 template <class C, double C::*M>
 ConfigField<C> number_field(std::string_view key, std::string_view env, std::string_view shown,

@@ -72,13 +72,7 @@ ShardedOptimizer::Impl::Added ShardedOptimizer::Impl::mark_added() const {
 void ShardedOptimizer::Impl::take_back(const Added& a) noexcept {
   for (std::size_t i = a.params; i < params.size(); ++i) param_names.erase(params[i].spec.name);
   params.resize(a.params);
-  for (std::size_t gi = a.groups; gi < groups.size(); ++gi) {
-    const auto it = std::find(p16_registered.begin(), p16_registered.end(),
-                              static_cast<void*>(groups[gi].p16.data()));
-    if (it == p16_registered.end()) continue;
-    cuda::host_unregister(*it);
-    p16_registered.erase(it);
-  }
+  for (std::size_t gi = a.groups; gi < groups.size(); ++gi) p16out.forget_group(groups[gi]);
   groups.erase(groups.begin() + static_cast<std::ptrdiff_t>(a.groups), groups.end());
   subs.erase(subs.begin() + static_cast<std::ptrdiff_t>(a.subs), subs.end());
   chunks = a.chunks;
@@ -108,7 +102,7 @@ void ShardedOptimizer::Impl::add_group_local(const Added& a, const ParamInit& in
     throw no_swap_room(a.subs, e.what());
   }
   keep_params_records();
-  register_p16(groups.back());
+  p16out.register_group(groups.back());
   write_initial_state(init, a.subs);
 }
 

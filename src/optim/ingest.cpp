@@ -218,7 +218,7 @@ void ShardedOptimizer::add_grad(ParamId id, const void* grad, Dtype dtype) {
   }
   m.taking_grads("add_grad", [&] {
     for (OptSub& s : m.subs_holding(p)) {
-      const auto [b, e] = Impl::slice(p, s);
+      const auto [b, e] = slice(p, s);
       if (b < e) m.add_slice(s, id, b, e, grad, dtype);
     }
   });
@@ -294,7 +294,7 @@ void ShardedOptimizer::add_grad_device(ParamId id, const void* d_grad, Dtype dty
 template <class ToHost>
 void ShardedOptimizer::Impl::add_device_slice(OptSub& s, const OptParam& p, ParamId id,
                                               const std::byte* src, Dtype dtype, ToHost& to_host) {
-  const auto range = Impl::slice(p, s);  // not a structured binding: lambdas capture it
+  const auto range = slice(p, s);  // not a structured binding: lambdas capture it
   const std::uint64_t b = range.first, e = range.second;
   if (b >= e) return;
   const Dtype acc = acc_dtype(groups[p.group]);

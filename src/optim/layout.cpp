@@ -71,14 +71,17 @@ int OptGroup::slot_for(BlockClass cls) const {
 
 // ---- Impl --------------------------------------------------------------------------------------
 ShardedOptimizer::Impl::Impl(TierManager& t, Communicator& c, OptimizerConfig o, ThreadPool* p)
-    : tiers(t), comm(c), cfg(std::move(o)), pool(p) {
+    : tiers(t),
+      comm(c),
+      cfg(std::move(o)),
+      pool(p),
+      step_metrics({{"manager", std::to_string(t.instance())}, {"rank", std::to_string(c.rank())}},
+                   cfg.loss_scaler.mode != LossScaling::none ? cfg.loss_scaler.init_scale : 1.0) {
   cfg.validate();
   rank = comm.rank();
   world = comm.size();
   sub_size = round_up(cfg.subgroup_size, kGradStatsChunk);
   if (cfg.loss_scaler.mode != LossScaling::none) scale = cfg.loss_scaler.init_scale;
-  totals.loss_scale = scale;
-  register_metrics();
 }
 
 std::pair<std::uint64_t, std::uint64_t> ShardedOptimizer::Impl::rank_range(const OptGroup& g,
@@ -215,6 +218,7 @@ bool ShardedOptimizer::Impl::apply_placement(bool streaming) {
   if (!plan && !cfg.plan_file.empty()) plan = Plan::load(cfg.plan_file);
   gpu_simulated = tiers.device_tier() == DeviceTierMode::simulated;
   device_ptrs = cuda::available() && !gpu_simulated;
+  p16out.configure(device_ptrs, world);
   std::uint64_t rank_total = 0, pos = 0;
   for (const auto& s : subs) rank_total += s.numel;
   bool any_streaming = false;

@@ -1,44 +1,43 @@
-// The optimizer's Prometheus samples (metrics.hpp): steps taken and skipped and the time they
-// took, labelled with the tier manager's instance and this rank.
-#include "src/optim/optimizer_impl.hpp"
+// The optimizer's Prometheus samples (step_metrics.hpp).
+#include "src/optim/step_metrics.hpp"
 
 namespace tierswap {
 
-void ShardedOptimizer::Impl::record_step(const StepResult& r) {
-  std::lock_guard lk(totals.mu);
-  ++(r.skipped ? totals.skipped : totals.steps);
-  totals.seconds += r.seconds;
-  totals.io_wait_seconds += r.io_wait_seconds;
-  totals.commit_seconds += r.commit_seconds;
-  totals.last_seconds = r.seconds;
-  totals.loss_scale = r.next_loss_scale;
+StepMetrics::StepMetrics(const MetricLabels& labels, double loss_scale) : loss_scale_(loss_scale) {
+  source_ = MetricsRegistry::process().add([this, labels](MetricsWriter& w) { write(w, labels); });
 }
 
-void ShardedOptimizer::Impl::register_metrics() {
-  const MetricLabels labels = {{"manager", std::to_string(tiers.instance())},
-                               {"rank", std::to_string(rank)}};
-  metrics = MetricsRegistry::process().add([this, labels](MetricsWriter& w) {
-    std::lock_guard lk(totals.mu);
-    w.family("tierswap_steps_total", "Optimizer steps taken.", MetricType::counter);
-    w.sample(static_cast<double>(totals.steps), labels);
-    w.family("tierswap_skipped_steps_total", "Steps skipped for a non-finite gradient.",
-             MetricType::counter);
-    w.sample(static_cast<double>(totals.skipped), labels);
-    w.family("tierswap_step_seconds_total", "Wall time of step(), taken and skipped.",
-             MetricType::counter);
-    w.sample(totals.seconds, labels);
-    w.family("tierswap_step_io_wait_seconds_total",
-             "Time step()'s acquires waited for transfers (reads landing).", MetricType::counter);
-    w.sample(totals.io_wait_seconds, labels);
-    w.family("tierswap_step_commit_seconds_total",
-             "Time step()'s commits took (the last writes landing, the manifest).",
-             MetricType::counter);
-    w.sample(totals.commit_seconds, labels);
-    w.family("tierswap_last_step_seconds", "Wall time of the last step().", MetricType::gauge);
-    w.sample(totals.last_seconds, labels);
-    w.family("tierswap_loss_scale", "The loss scale of the next step.", MetricType::gauge);
-    w.sample(totals.loss_scale, labels);
-  });
+void StepMetrics::record(const StepResult& r) {
+  std::lock_guard lk(mu_);
+  ++(r.skipped ? skipped_ : steps_);
+  seconds_ += r.seconds;
+  io_wait_seconds_ += r.io_wait_seconds;
+  commit_seconds_ += r.commit_seconds;
+  last_seconds_ = r.seconds;
+  loss_scale_ = r.next_loss_scale;
+}
+
+void StepMetrics::write(MetricsWriter& w, const MetricLabels& labels) const {
+  std::lock_guard lk(mu_);
+  w.family("tierswap_steps_total", "Optimizer steps taken.", MetricType::counter);
+  w.sample(static_cast<double>(steps_), labels);
+  w.family("tierswap_skipped_steps_total", "Steps skipped for a non-finite gradient.",
+           MetricType::counter);
+  w.sample(static_cast<double>(skipped_), labels);
+  w.family("tierswap_step_seconds_total", "Wall time of step(), taken and skipped.",
+           MetricType::counter);
+  w.sample(seconds_, labels);
+  w.family("tierswap_step_io_wait_seconds_total",
+           "Time step()'s acquires waited for transfers (reads landing).", MetricType::counter);
+  w.sample(io_wait_seconds_, labels);
+  w.family("tierswap_step_commit_seconds_total",
+           "Time step()'s commits took (the last writes landing, the manifest).",
+           MetricType::counter);
+  w.sample(commit_seconds_, labels);
+  w.family("tierswap_last_step_seconds", "Wall time of the last step().", MetricType::gauge);
+  w.sample(last_seconds_, labels);
+  w.family("tierswap_loss_scale", "The loss scale of the next step.", MetricType::gauge);
+  w.sample(loss_scale_, labels);
 }
 
 }  // namespace tierswap

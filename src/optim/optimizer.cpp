@@ -126,19 +126,8 @@ void ShardedOptimizer::Impl::finalize_local() {
   if (adopt_blocks) check_record_layout();
   create_blocks();
   keep_params_records();
-  for (auto& g : groups) register_p16(g);
+  for (auto& g : groups) p16out.register_group(g);
   finalized = true;
-}
-
-// Copies of the 16-bit parameters to the GPU go straight from them.
-void ShardedOptimizer::Impl::register_p16(OptGroup& g) {
-  if (!cuda::available() || g.p16.empty()) return;
-  if (cuda::host_register(g.p16.data(), g.p16.size() * sizeof(std::uint16_t)))
-    p16_registered.push_back(g.p16.data());
-  else
-    log(LogLevel::info, fmt::format("finalize: could not page-lock the 16-bit parameters of group "
-                                    "'{}'; copies to the GPU will be staged",
-                                    g.name));
 }
 
 void ShardedOptimizer::set_plan(const Plan& plan) {
@@ -306,8 +295,7 @@ void ShardedOptimizer::Impl::commit_replaced_state(const std::string& what, Para
   unusable.clear();
   if (p16 == Param16::keep) return;
   gather_param16();
-  upload16_all();
-  p16_sync();
+  p16out.refill();
 }
 
 std::uint64_t ShardedOptimizer::state_bytes() const {

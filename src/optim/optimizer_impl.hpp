@@ -19,6 +19,10 @@
 #include <unordered_set>
 #include <vector>
 
+#include "src/optim/layout.hpp"
+#include "src/optim/param16_publisher.hpp"
+#include "src/optim/spec_worker.hpp"
+#include "src/optim/step_metrics.hpp"
 #include "tierswap/communicator.hpp"
 #include "tierswap/cuda_runtime.hpp"
 #include "tierswap/metrics.hpp"
@@ -27,157 +31,6 @@
 #include "tierswap/tier_manager.hpp"
 
 namespace tierswap {
-
-inline constexpr BlockId kNoBlock = ~BlockId{0};
-
-/// The state blocks of one sub-group, by BlockClass (kNoBlock where the optimizer has none).
-enum StateSlot : int { kMaster, kExpAvg, kExpAvgSq, kMaxExpAvgSq, kMomentum, kStateSlots };
-BlockClass state_class(int slot);
-/// The name of a state slot's class ("master", "exp_avg", ...), as records store it.
-std::string slot_name(int slot);
-/// Whether a group with `cfg` keeps state slot `slot`.
-bool keeps_slot(const GroupConfig& cfg, int slot);
-/// Same kind and the same state slots (what may change between steps: everything else).
-bool same_state_layout(const GroupConfig& a, const GroupConfig& b);
-
-struct OptParam {
-  ParamSpec spec;
-  int group = 0;
-  std::uint32_t nsubs = 0;  // this rank's sub-groups holding a piece of it
-  std::uint32_t left = 0;   // of them, not yet stepped in this step (on_param16_ready)
-  std::uint64_t numel = 0;
-  std::uint64_t offset = 0;  // in the group's flat space (trainable parameters)
-  // bind_param16_device(): the trainer's device copy of the 16-bit values (host memory standing
-  // in on a simulated device tier), kept equal to param16() by step().
-  void* d16 = nullptr;
-};
-
-struct OptSub {
-  int group = 0;
-  int index = 0;
-  std::uint64_t begin = 0, numel = 0;  // group flat space
-  BlockId state[kStateSlots] = {kNoBlock, kNoBlock, kNoBlock, kNoBlock, kNoBlock};
-  BlockId grad = kNoBlock;
-  bool streaming =
-      true;             // state on NVMe: read ahead, written behind (else resident in host memory)
-  bool on_gpu = false;  // state in GPU memory (a plan's choice)
-  // State in host or GPU memory only (persist_resident_state off, not streamed): memory-only
-  // blocks, stepped after the commit, unless `undo`.
-  bool memory_only = false;
-  // Overlapped mode, memory-only state its tier's budget can double: a speculative step first
-  // copies the state into these memory-only blocks (undo_saved), and a discarded step copies it
-  // back, so it steps during the backward and still rolls back bit for bit.
-  bool undo = false;
-  bool undo_saved = false;  // the undo blocks hold the state from before this step's speculation
-  BlockId undo_block[kStateSlots] = {kNoBlock, kNoBlock, kNoBlock, kNoBlock, kNoBlock};
-  bool step_gpu = false;  // stepped by the CUDA kernels (state on the GPU, or in place in host
-                          // memory over a coherent link)
-  // Its gradient is accumulated (add_grad_device) and stepped in the device tier: a sub-group the
-  // GPU steps, when there is a device tier with room for it (finalize()). Gradients from host
-  // memory still go to the host copy.
-  bool grad_gpu = false;
-  // Its 16-bit values of this step went from the GPU step's output straight to the bound device
-  // copies (device to device): upload16() skips it.
-  bool d16_done = false;
-  std::vector<ParamId> pids;  // which (group order: increasing ids)
-  // Which of pids' slices of the gradient block were written since it was last dropped
-  // (Impl::drop_grad): an unwritten slice holds zeros, so its first gradient is copied in rather
-  // than added (and a whole block's first gradient takes it without zero-filling it first).
-  std::vector<char> slice_written;
-  bool grad_zero = true;  // nothing written since the last drop
-  std::size_t slice_of(ParamId id) const {
-    return static_cast<std::size_t>(std::lower_bound(pids.begin(), pids.end(), id) - pids.begin());
-  }
-  std::uint32_t seen = 0;  // of them, ingested in this backward
-  // lend_grad(): slices of the gradient the step reads from the caller's memory, in the
-  // accumulation dtype ([b, e) in the group's flat space, one per parameter). Non-empty only
-  // while the gradient block holds nothing (grad_zero); all of pids' slices at step time, or
-  // copied into the block first (Impl::materialize_lent).
-  struct Lent {
-    std::uint64_t b = 0, e = 0;
-    const std::byte* data = nullptr;
-  };
-  std::vector<Lent> lent;
-  bool all_lent() const { return !lent.empty() && lent.size() == pids.size(); }
-  // Statistics chunk sums of the final gradient, taken while it was in memory at ingest (so a
-  // gradient spilled to NVMe is not read back for them). Non-empty exactly when the sub-group's
-  // gradient is final for this step (gradient_final); any later ingest clears them.
-  std::vector<double> sums;
-  // Overlapped mode (guarded by Impl::spec.mu): none, queued for (or in) a speculative step, or
-  // stepped speculatively (new state in the open generation, its 16-bit parameters in spec16).
-  enum class Spec : std::uint8_t { none, queued, stepped } spec = Spec::none;
-  std::vector<std::uint16_t> spec16;
-};
-
-struct OptGroup {
-  GroupConfig cfg;
-  std::string name;
-  Dtype dtype16 = Dtype::bf16;
-  bool has_dtype = false;
-  std::vector<ParamId> params;        // all, registration order
-  std::uint64_t numel = 0;            // trainable elements
-  std::uint64_t part = 0;             // elements per rank partition (multiple of kGradStatsChunk)
-  std::uint64_t lo = 0, hi = 0;       // this rank's partition
-  std::uint64_t subs_per_part = 0;    // sub-groups per partition: ceil(part / subgroup size)
-  std::vector<std::uint16_t> p16;     // the whole group's 16-bit parameters (flat)
-  std::vector<std::byte> local_grad;  // world size > 1: unreduced local gradient (flat)
-  bool local_dirty = false;
-  std::size_t chunk_base = 0;            // first statistics chunk in the optimizer's chunk vector
-  std::size_t first_sub = 0, nsubs = 0;  // this rank's sub-groups in Impl::subs
-  std::string params_record;  // its parameters as groups_json() lists them, as text: made by
-                              // finalize() (fixed since), spliced into every commit record
-  // The optimizer's step count when the group was added between steps (0 for the others): the
-  // group's own step count, its kernels' t, is step_count - step_base.
-  std::uint64_t step_base = 0;
-  bool has_slot(int slot) const;
-  /// The state slot holding `cls`, or -1 when this group keeps no such state.
-  int slot_for(BlockClass cls) const;
-};
-
-// The overlapped step's background thread and what it shares with the thread driving the
-// optimizer (all guarded by `mu`). It owns its thread: stop() (also its destructor) wakes it,
-// waits for the sub-group in progress and joins, so nothing runs on it once the optimizer's
-// memory starts to go.
-struct SpecWorker {
-  std::mutex mu;
-  std::condition_variable cv;       // work queued, or stop
-  std::condition_variable idle_cv;  // queue empty and nothing running
-  std::deque<std::size_t> queue;    // sub-groups to step speculatively, in order
-  bool busy = false, stopping = false;
-  std::exception_ptr error;  // the first failure of a speculative step
-  bool invalid = false;      // a result can no longer be kept (a gradient or config changed)
-  // What the speculative steps use: the hyper-parameters, multiplier and step number when the
-  // final backward began.
-  std::vector<GroupConfig> cfgs;
-  float mult = 1.0f;
-  std::uint64_t t = 0;
-  // The sub-groups in the order their gradients became final in this final backward (queued):
-  // the next one's order, whose head step() reads ahead when it ends (read_ahead_next()).
-  std::vector<std::size_t> order;
-
-  SpecWorker() = default;
-  SpecWorker(const SpecWorker&) = delete;
-  SpecWorker& operator=(const SpecWorker&) = delete;
-  ~SpecWorker() { stop(); }
-  bool running() const { return thread_.joinable(); }
-  /// Starts the thread running `loop` (once).
-  template <class Loop>
-  void start(Loop&& loop) {
-    if (!thread_.joinable()) thread_ = std::thread(std::forward<Loop>(loop));
-  }
-  void stop() noexcept {
-    if (!thread_.joinable()) return;
-    {
-      std::lock_guard lk(mu);
-      stopping = true;
-    }
-    cv.notify_all();
-    thread_.join();
-  }
-
- private:
-  std::thread thread_;
-};
 
 struct ShardedOptimizer::Impl {
   TierManager& tiers;
@@ -218,22 +71,9 @@ struct ShardedOptimizer::Impl {
   // The background thread and what it shares with the driving thread (SpecWorker above);
   // declared last among the members that outlive it, and stopped first by ~Impl.
 
-  // ---- 16-bit parameters handed to the trainer as they become final (on_param16_ready) ---------
-  Param16Ready p16_ready;
-  std::vector<void*> p16_registered;  // page-locked for the GPU (cuda::host_register)
-  void p16_begin();                   // a step starts: every parameter waits for its sub-groups
-  void p16_done(const OptSub& s);     // s stepped (world size 1): call for what is now final
-  void p16_all();                     // call for every trainable parameter
-  // Bound device copies (bind_param16_device): s's slices of them from its new 16-bit values in
-  // host memory (those a GPU step already wrote there from its kernel output are skipped), or
-  // every bound parameter whole. Copies to GPU memory are stream-ordered on the calling thread's
-  // stream; p16_sync() waits for them (step() does before it returns).
-  void upload16(const OptSub& s);
-  void upload16_all();
-  /// Copies param16()'s [b, e) (group flat space) of parameter q into its bound copy.
-  void put16(const OptParam& q, std::uint64_t b, std::uint64_t e);
-  void p16_sync();
-  bool p16_pending = false;  // copies to bound GPU memory issued and not yet waited for
+  // ---- 16-bit parameters handed to the trainer as they become final -------------------------
+  // The callback, the bound device copies and the page-locked buffers (param16_publisher.hpp).
+  Param16Publisher p16out{groups, params, subs};
   // Pointers the trainer hands over as device memory are GPU memory (a usable GPU and no
   // simulated device tier), else host memory standing in for it (a simulated device tier, also
   // on a machine with a GPU). Set at finalize().
@@ -242,16 +82,8 @@ struct ShardedOptimizer::Impl {
   /// copy could not be evicted while it is the only one).
   void promote_memory_only_gpu(const OptSub& s, BlockId b);
 
-  // ---- Prometheus samples (src/optim/metrics.cpp) -----------------------------------------------
-  struct StepTotals {
-    std::mutex mu;  // step() writes, the metrics endpoint's thread reads
-    std::uint64_t steps = 0, skipped = 0;
-    double seconds = 0, io_wait_seconds = 0, commit_seconds = 0, last_seconds = 0, loss_scale = 1;
-  };
-  StepTotals totals;
-  MetricsRegistry::Source metrics;  // unregistered first (~Impl)
-  void register_metrics();
-  void record_step(const StepResult& r);
+  // Prometheus samples of the steps (step_metrics.hpp).
+  StepMetrics step_metrics;
 
   Impl(TierManager& t, Communicator& c, OptimizerConfig o, ThreadPool* p);
   ~Impl();
@@ -270,10 +102,6 @@ struct ShardedOptimizer::Impl {
   /// parameters in many sub-groups does not pass over every sub-group for every parameter.
   std::span<OptSub> subs_holding(const OptParam& p);
   std::span<const OptSub> subs_holding(const OptParam& p) const;
-  /// The part of parameter p in sub-group s: [b, e) in the group's flat space (b >= e: none).
-  static std::pair<std::uint64_t, std::uint64_t> slice(const OptParam& p, const OptSub& s) {
-    return {std::max(p.offset, s.begin), std::min(p.offset + p.numel, s.begin + s.numel)};
-  }
   CpuKernelContext ctx() const {
     CpuKernelContext c;
     c.pool = pool;
@@ -570,8 +398,6 @@ struct ShardedOptimizer::Impl {
   void check_swap_room(std::size_t from) const;
   /// Places sub-groups [from, end) by OptimizerConfig::state_tier over the whole state.
   void place_added(std::size_t from);
-  /// Page-locks g's 16-bit parameters for copies to the GPU (when one is usable).
-  void register_p16(OptGroup& g);
   struct GradStats {
     double sum_sq = 0;
     bool nonfinite = false;        // any value on any rank

@@ -30,64 +30,6 @@ void ShardedOptimizer::Impl::promote_memory_only_gpu(const OptSub& s, BlockId b)
   tiers.release(v, false);
 }
 
-void ShardedOptimizer::Impl::p16_begin() {
-  for (auto& p : params) p.left = p.nsubs;
-  for (auto& s : subs) s.d16_done = false;
-}
-
-void ShardedOptimizer::Impl::put16(const OptParam& q, std::uint64_t b, std::uint64_t e) {
-  auto* dst = static_cast<std::uint16_t*>(q.d16) + (b - q.offset);
-  const std::uint16_t* src = groups[q.group].p16.data() + b;
-  if (device_ptrs) {
-    cuda::copy_to_device(dst, src, (e - b) * sizeof(std::uint16_t), nullptr);
-    p16_pending = true;
-  } else {
-    std::memcpy(dst, src, (e - b) * sizeof(std::uint16_t));
-  }
-}
-
-void ShardedOptimizer::Impl::upload16(const OptSub& s) {
-  if (s.d16_done) return;
-  for (ParamId id : s.pids) {
-    const OptParam& q = params[id];
-    if (q.d16 == nullptr) continue;
-    const auto [b, e] = Impl::slice(q, s);
-    put16(q, b, e);
-  }
-}
-
-void ShardedOptimizer::Impl::upload16_all() {
-  for (const OptParam& q : params)
-    if (q.d16 != nullptr) put16(q, q.offset, q.offset + q.numel);
-}
-
-void ShardedOptimizer::Impl::p16_sync() {
-  if (!p16_pending) return;
-  p16_pending = false;
-  cuda::synchronize(nullptr);
-}
-
-void ShardedOptimizer::Impl::p16_done(const OptSub& s) {
-  if (world > 1) return;
-  upload16(s);
-  if (!p16_ready) return;
-  for (ParamId id : s.pids) {
-    OptParam& p = params[id];
-    if (p.left > 0 && --p.left == 0)
-      p16_ready(id, {groups[p.group].p16.data() + p.offset, p.numel});
-  }
-}
-
-void ShardedOptimizer::Impl::p16_all() {
-  upload16_all();
-  if (!p16_ready) return;
-  for (std::size_t id = 0; id < params.size(); ++id) {
-    const OptParam& p = params[id];
-    if (p.spec.requires_grad)
-      p16_ready(static_cast<ParamId>(id), {groups[p.group].p16.data() + p.offset, p.numel});
-  }
-}
-
 std::exception_ptr ShardedOptimizer::Impl::refresh_sub16_retrying(const OptSub& s) {
   for (int attempt = 1;; ++attempt) {
     try {
@@ -118,7 +60,7 @@ void ShardedOptimizer::Impl::restore_param16() {
   std::exception_ptr failed = refresh_own_param16_retrying();
   gather_param16();
   if (failed) return mark_param16_stale(std::move(failed));
-  p16_all();  // the values the trainer was given are undone
+  p16out.all();  // the values the trainer was given are undone
 }
 
 void ShardedOptimizer::Impl::require_current_param16(const char* what) {
@@ -133,8 +75,8 @@ void ShardedOptimizer::Impl::require_current_param16(const char* what) {
         what, rank, what_of(p16_stale), world));
   if (std::exception_ptr again = refresh_own_param16_retrying()) std::rethrow_exception(again);
   gather_param16();
-  p16_all();
-  p16_sync();
+  p16out.all();
+  p16out.sync();
   const std::exception_ptr why = std::exchange(p16_stale, nullptr);
   const std::string msg = fmt::format(
       "{}: the 16-bit parameters were stale after a failed step's rollback ({}) and are restored "
@@ -159,7 +101,7 @@ void ShardedOptimizer::Impl::refresh_sub16(const OptSub& s) {
 }
 
 void ShardedOptimizer::on_param16_ready(Param16Ready fn) {
-  impl_->p16_ready = std::move(fn);
+  impl_->p16out.on_ready(std::move(fn));
 }
 
 void ShardedOptimizer::bind_param16_device(ParamId id, void* d_param16) {
@@ -168,7 +110,7 @@ void ShardedOptimizer::bind_param16_device(ParamId id, void* d_param16) {
   m.require_finalized("bind_param16_device");
   if (id >= m.params.size())
     throw std::invalid_argument(fmt::format("bind_param16_device: no parameter {}", id));
-  OptParam& p = m.params[id];
+  const OptParam& p = m.params[id];
   if (!p.spec.requires_grad)
     throw std::invalid_argument(fmt::format(
         "bind_param16_device: parameter '{}' is frozen (its 16-bit values are the trainer's)",
@@ -177,10 +119,7 @@ void ShardedOptimizer::bind_param16_device(ParamId id, void* d_param16) {
     throw std::runtime_error(
         fmt::format("bind_param16_device '{}': no usable GPU ({}) and no simulated device tier",
                     p.spec.name, device_info().reason));
-  p.d16 = d_param16;
-  if (d_param16 == nullptr) return;
-  m.put16(p, p.offset, p.offset + p.numel);
-  m.p16_sync();
+  m.p16out.bind(id, d_param16);
 }
 
 std::span<const std::uint16_t> ShardedOptimizer::param16(ParamId id) const {

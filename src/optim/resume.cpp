@@ -140,8 +140,7 @@ void ShardedOptimizer::Impl::restore_from_record() {
   agree_on_failure(comm, thrown_by([&] { restore_local(); }), {},
                    "resume: another rank could not restore its state (its error says why)");
   gather_param16();
-  upload16_all();
-  p16_sync();
+  p16out.refill();
 }
 
 void ShardedOptimizer::Impl::restore_local() {

@@ -23,9 +23,7 @@ namespace tierswap {
 
 // The speculative thread goes first: it may still write the page-locked 16-bit parameters.
 ShardedOptimizer::Impl::~Impl() {
-  metrics = {};
-  spec.stop();
-  for (void* p : p16_registered) cuda::host_unregister(p);
+  spec.stop();  // then p16out, destroyed before the groups, unregisters their 16-bit values
 }
 
 void ShardedOptimizer::Impl::spec_loop() {

@@ -50,7 +50,7 @@ std::vector<std::pair<std::uint64_t, std::vector<float>>> ShardedOptimizer::shar
   const int slot = checked_slot(m.groups, "shard", p, cls);
   const Dtype dt = m.slot_dtype(slot);
   for (const OptSub& s : m.subs_holding(p)) {
-    const auto [b, e] = Impl::slice(p, s);
+    const auto [b, e] = slice(p, s);
     if (b >= e) continue;
     BlockView v = m.tiers.acquire(s.state[slot], Tier::host);
     std::vector<float> vals(e - b);
@@ -123,7 +123,7 @@ bool ShardedOptimizer::Impl::write_imported(std::span<const StateTensor> tensors
     const Dtype dt = slot_dtype(slot);
     master |= slot == kMaster;
     for (const OptSub& s : subs_holding(p)) {
-      const auto [b, e] = Impl::slice(p, s);
+      const auto [b, e] = slice(p, s);
       if (b >= e) continue;
       const Access access =
           b == s.begin && e == s.begin + s.numel ? Access::overwrite : Access::write;

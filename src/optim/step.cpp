@@ -166,16 +166,8 @@ void ShardedOptimizer::Impl::gpu_step(OptSub& s, const GroupConfig& gc, const Gr
   }
   // The final output (not a speculative one) at world size 1: bound device copies take it from
   // the kernel's output, device to device (at world size > 1 they follow the all-gather).
-  if (world == 1 && !speculative) {
-    for (ParamId id : s.pids) {
-      const OptParam& q = params[id];
-      if (q.d16 == nullptr || (any_left_alone && left_alone[id])) continue;
-      const auto [b, e] = Impl::slice(q, s);
-      cuda::copy_on_device(static_cast<std::uint16_t*>(q.d16) + (b - q.offset), d16 + (b - s.begin),
-                           (e - b) * sizeof(std::uint16_t), nullptr);
-    }
-    s.d16_done = true;
-  }
+  if (world == 1 && !speculative)
+    p16out.from_device(s, d16, any_left_alone ? &left_alone : nullptr);
   cuda::synchronize(nullptr);
 }
 
@@ -422,7 +414,7 @@ void ShardedOptimizer::Impl::keep_speculative_param16(StepResult& r, bool* p16_c
     }
     *p16_changed = true;
     ++r.overlapped_subgroups;
-    p16_done(s);
+    p16out.done(s);
   }
 }
 
@@ -439,7 +431,7 @@ void ShardedOptimizer::Impl::run_pipeline_and_commit(const StepPlan& sp, bool ke
   bool all_roll_back = false;  // it did, or a rank's commit failed: every rank rolls back
   bool committed = false;      // this rank's commit happened (to be undone if another's did not)
   try {
-    p16_begin();
+    p16out.begin();
     if (keep) keep_speculative_param16(r, &p16_changed);
     run_steps(
         sp.todo,
@@ -450,7 +442,7 @@ void ShardedOptimizer::Impl::run_pipeline_and_commit(const StepPlan& sp, bool ke
         },
         [&](std::size_t k) {
           drop_grad(subs[k]);
-          p16_done(subs[k]);
+          p16out.done(subs[k]);
         },
         &p16_changed, r);
     late_grads->resize(subs.size());
@@ -565,7 +557,7 @@ void ShardedOptimizer::Impl::roll_back_failed_step(bool p16_changed) {
   if (!guarded("discarding the speculative steps", [&] { spec_discard(); })) p16_changed = true;
   guarded("dropping the gradients", [&] { drop_all_grads(); });
   if (p16_changed) guarded("restoring the 16-bit parameters", [&] { restore_param16(); });
-  guarded("waiting for the device copies", [&] { p16_sync(); });
+  guarded("waiting for the device copies", [&] { p16out.sync(); });
 }
 
 // The memory-only state: the committed generation is the new step for everything else, and this
@@ -591,7 +583,7 @@ void ShardedOptimizer::Impl::step_memory_only_after_commit(const StepPlan& sp,
       [&](std::size_t k) {
         (*late_grads)[k] = BlockView{};
         drop_grad(subs[k]);
-        p16_done(subs[k]);
+        p16out.done(subs[k]);
       },
       nullptr, r);
 }
@@ -611,7 +603,7 @@ void ShardedOptimizer::Impl::finish_result(StepResult& r, const TierCounters& c0
   r.generation = pending_commit ? pending_commit->generation : tiers.committed_generation();
   r.commit_pending = pending_commit.has_value();
   r.seconds = seconds_since(t0);
-  record_step(r);
+  step_metrics.record(r);
 }
 
 StepResult ShardedOptimizer::step(double clip_factor) {
@@ -741,8 +733,8 @@ StepResult ShardedOptimizer::Impl::step_once(std::optional<double> given_clip) {
   if (left.keep) spec_reset();
   gather_param16();
   finish_result(r, c0, t0);
-  if (world > 1) p16_all();  // the step is complete: an exception here leaves it done
-  p16_sync();
+  if (world > 1) p16out.all();  // the step is complete: an exception here leaves it done
+  p16out.sync();
   read_ahead_next();
   return r;
 }

@@ -75,6 +75,8 @@ void ShardedOptimizer::Impl::take_back(const Added& a) noexcept {
   for (std::size_t gi = a.groups; gi < groups.size(); ++gi) p16out.forget_group(groups[gi]);
   groups.erase(groups.begin() + static_cast<std::ptrdiff_t>(a.groups), groups.end());
   subs.erase(subs.begin() + static_cast<std::ptrdiff_t>(a.subs), subs.end());
+  books.resize(a.subs);
+  spec.per_sub.resize(a.subs);
   chunks = a.chunks;
   depth = a.depth;
 }

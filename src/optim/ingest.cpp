@@ -24,10 +24,11 @@
 namespace tierswap {
 
 bool ShardedOptimizer::Impl::take_grad_stats(OptSub& s, const BlockView& grad, Tier tier) {
+  SubGrad& gb = book(s);
   if (!final_backward) return false;
-  s.sums.assign((s.numel + kGradStatsChunk - 1) / kGradStatsChunk, 0.0);
-  chunk_sums(s, grad, tier, s.sums.data());
-  return std::all_of(s.sums.begin(), s.sums.end(), [](double v) { return std::isfinite(v); });
+  gb.sums.assign((s.numel + kGradStatsChunk - 1) / kGradStatsChunk, 0.0);
+  chunk_sums(s, grad, tier, gb.sums.data());
+  return std::all_of(gb.sums.begin(), gb.sums.end(), [](double v) { return std::isfinite(v); });
 }
 
 void ShardedOptimizer::Impl::chunk_sums(const OptSub& s, const BlockView& grad, Tier tier,
@@ -46,26 +47,28 @@ void ShardedOptimizer::Impl::chunk_sums(const OptSub& s, const BlockView& grad, 
 
 template <class Add>
 void ShardedOptimizer::Impl::ingest(OptSub& s, Tier tier, Access access, Add&& add, bool whole) {
+  SubGrad& gb = book(s);
   spec_touch(s);
   bool last = false, final = false;
   {
     BlockView v = tiers.acquire(s.grad, tier, access);
     add(v.data());
     v.mark_dirty();
-    s.grad_zero = false;
-    s.sums.clear();
-    last = whole || ++s.seen == s.pids.size();
+    gb.zero = false;
+    gb.sums.clear();
+    last = whole || ++gb.seen == s.pids.size();
     if (last) final = take_grad_stats(s, v, tier);
   }
   if (last) after_ingest(s, final);
 }
 
 void ShardedOptimizer::Impl::drop_grad(OptSub& s) {
+  SubGrad& gb = book(s);
   tiers.trim(s.grad);
-  s.lent.clear();
-  s.sums.clear();
-  std::fill(s.slice_written.begin(), s.slice_written.end(), 0);
-  s.grad_zero = true;
+  gb.lent.clear();
+  gb.sums.clear();
+  std::fill(gb.written.begin(), gb.written.end(), 0);
+  gb.zero = true;
 }
 
 const OptParam& ShardedOptimizer::Impl::grad_param(const char* what, ParamId id,
@@ -88,8 +91,8 @@ void ShardedOptimizer::Impl::after_ingest(OptSub& s, bool final) {
   if (final && cfg.overlap && (!s.memory_only || s.undo)) {
     std::unique_lock lk(spec.mu);
     if (!spec.invalid && !spec.error) {
-      if (!cfg.overlap_param16_in_place) s.spec16.resize(s.numel);
-      s.spec = OptSub::Spec::queued;
+      if (!cfg.overlap_param16_in_place) spec_of(s).out16.resize(s.numel);
+      spec_of(s).state = SubSpec::State::queued;
       spec.queue.push_back(static_cast<std::size_t>(&s - subs.data()));
       spec.order.push_back(spec.queue.back());
       const bool soon = spec.queue.size() <= depth + 1;
@@ -129,7 +132,7 @@ void ShardedOptimizer::Impl::reduce_local(OptGroup& g) {
     OptSub& s = subs[g.first_sub + k];
     // The first reduction since the drop lands on zeros: taken as it is. The reduction holds
     // every parameter's share of the sub-group at once.
-    const bool fresh = s.grad_zero;
+    const bool fresh = book(s).zero;
     failed = thrown_by([&] {
       ingest(
           s, Tier::host, fresh ? Access::overwrite : Access::write,
@@ -160,7 +163,7 @@ void ShardedOptimizer::begin_backward(bool final) {
   m.in_backward = true;
   m.final_backward = final;
   m.clear_left_alone();
-  for (auto& s : m.subs) s.seen = 0;
+  for (auto& b : m.books) b.seen = 0;
   if (!m.cfg.overlap || !final) return;
   // What a speculative step uses; if results from an earlier final backward are pending, they
   // stay valid only while all of it is unchanged.
@@ -189,7 +192,7 @@ void ShardedOptimizer::Impl::add_slice(OptSub& s, ParamId id, std::uint64_t b, s
   const std::size_t in_es = dtype_size(dtype), acc_es = dtype_size(acc);
   // A slice's first gradient since the drop lands on zeros: copied (cast), not added; over the
   // whole block, without zero-filling it first.
-  char& written = s.slice_written[s.slice_of(id)];
+  char& written = book(s).written[s.slice_of(id)];
   const bool whole = b == s.begin && e == s.begin + s.numel;
   const Access access = !written && whole ? Access::overwrite : Access::write;
   // Host memory goes to the gradient's host copy (the tier manager moves it up for a GPU step).
@@ -313,7 +316,7 @@ void ShardedOptimizer::Impl::add_device_slice(OptSub& s, const OptParam& p, Para
     ingest(s, tier, Access::write,
            [&](std::byte* v) { accumulate(v + at, acc, host, dtype, e - b, ctx()); });
   }
-  s.slice_written[s.slice_of(id)] = 1;  // added to: a later add_grad must add, not copy
+  book(s).written[s.slice_of(id)] = 1;  // added to: a later add_grad must add, not copy
 }
 
 void ShardedOptimizer::add_grad_bucket(ParamId first, std::size_t count, const void* grad,
@@ -376,7 +379,7 @@ void ShardedOptimizer::Impl::clear_local_grads() noexcept {
 bool ShardedOptimizer::gradient_final(std::size_t k) const {
   if (k >= impl_->subs.size())
     throw std::invalid_argument(fmt::format("gradient_final: no sub-group {}", k));
-  return !impl_->subs[k].sums.empty();  // taken when its final gradient was complete
+  return !impl_->books[k].sums.empty();  // taken when its final gradient was complete
 }
 
 }  // namespace tierswap

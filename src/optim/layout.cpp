@@ -170,7 +170,8 @@ void ShardedOptimizer::Impl::layout_group(OptGroup& g) {
         ++params[id].nsubs;
       }
     }
-    s.slice_written.assign(s.pids.size(), 0);
+    books.emplace_back().written.assign(s.pids.size(), 0);
+    spec.per_sub.emplace_back();
     subs.push_back(s);
   }
   g.nsubs = subs.size() - g.first_sub;

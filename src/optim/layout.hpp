@@ -60,33 +60,9 @@ struct OptSub {
   // memory still go to the host copy.
   bool grad_gpu = false;
   std::vector<ParamId> pids;  // which (group order: increasing ids)
-  // Which of pids' slices of the gradient block were written since it was last dropped
-  // (Impl::drop_grad): an unwritten slice holds zeros, so its first gradient is copied in rather
-  // than added (and a whole block's first gradient takes it without zero-filling it first).
-  std::vector<char> slice_written;
-  bool grad_zero = true;  // nothing written since the last drop
   std::size_t slice_of(ParamId id) const {
     return static_cast<std::size_t>(std::lower_bound(pids.begin(), pids.end(), id) - pids.begin());
   }
-  std::uint32_t seen = 0;  // of them, ingested in this backward
-  // lend_grad(): slices of the gradient the step reads from the caller's memory, in the
-  // accumulation dtype ([b, e) in the group's flat space, one per parameter). Non-empty only
-  // while the gradient block holds nothing (grad_zero); all of pids' slices at step time, or
-  // copied into the block first (Impl::materialize_lent).
-  struct Lent {
-    std::uint64_t b = 0, e = 0;
-    const std::byte* data = nullptr;
-  };
-  std::vector<Lent> lent;
-  bool all_lent() const { return !lent.empty() && lent.size() == pids.size(); }
-  // Statistics chunk sums of the final gradient, taken while it was in memory at ingest (so a
-  // gradient spilled to NVMe is not read back for them). Non-empty exactly when the sub-group's
-  // gradient is final for this step (gradient_final); any later ingest clears them.
-  std::vector<double> sums;
-  // Overlapped mode (guarded by Impl::spec.mu): none, queued for (or in) a speculative step, or
-  // stepped speculatively (new state in the open generation, its 16-bit parameters in spec16).
-  enum class Spec : std::uint8_t { none, queued, stepped } spec = Spec::none;
-  std::vector<std::uint16_t> spec16;
 };
 
 struct OptGroup {

@@ -23,6 +23,7 @@
 #include "src/optim/param16_publisher.hpp"
 #include "src/optim/spec_worker.hpp"
 #include "src/optim/step_metrics.hpp"
+#include "src/optim/sub_grad.hpp"
 #include "tierswap/communicator.hpp"
 #include "tierswap/cuda_runtime.hpp"
 #include "tierswap/metrics.hpp"
@@ -48,6 +49,13 @@ struct ShardedOptimizer::Impl {
   std::vector<OptParam> params;
   std::unordered_set<std::string> param_names;  // add_param's check (not a pass over params)
   std::vector<OptSub> subs;
+  std::vector<SubGrad> books;  // this step's gradient of each sub-group (sub_grad.hpp)
+  std::size_t index_of(const OptSub& s) const { return static_cast<std::size_t>(&s - subs.data()); }
+  SubGrad& book(const OptSub& s) { return books[index_of(s)]; }
+  const SubGrad& book(const OptSub& s) const { return books[index_of(s)]; }
+  /// s's speculation (SpecWorker::per_sub).
+  SubSpec& spec_of(const OptSub& s) { return spec.per_sub[index_of(s)]; }
+  const SubSpec& spec_of(const OptSub& s) const { return spec.per_sub[index_of(s)]; }
   std::size_t chunks = 0;
   std::uint64_t step_count = 0;
   double scale = 1.0;

@@ -15,6 +15,15 @@
 
 namespace tierswap {
 
+// One sub-group in the overlapped step: none, queued for (or in) a speculative step, or stepped
+// speculatively (new state in the open generation, its 16-bit parameters in `out16`), and
+// whether its undo copies hold the state from before the speculation.
+struct SubSpec {
+  enum class State : std::uint8_t { none, queued, stepped } state = State::none;  // under mu
+  std::vector<std::uint16_t> out16;
+  bool undo_saved = false;
+};
+
 // The overlapped step's background thread and what it shares with the thread driving the
 // optimizer (all guarded by `mu`). It owns its thread: stop() (also its destructor) wakes it,
 // waits for the sub-group in progress and joins, so nothing runs on it once the optimizer's
@@ -35,6 +44,8 @@ struct SpecWorker {
   // The sub-groups in the order their gradients became final in this final backward (queued):
   // the next one's order, whose head step() reads ahead when it ends (read_ahead_next()).
   std::vector<std::size_t> order;
+  // Each sub-group's speculation (Impl::subs' order).
+  std::vector<SubSpec> per_sub;
 
   SpecWorker() = default;
   SpecWorker(const SpecWorker&) = delete;

@@ -52,7 +52,7 @@ void ShardedOptimizer::Impl::spec_loop() {
       }
     }
     lk.lock();
-    s.spec = skip || err ? OptSub::Spec::none : OptSub::Spec::stepped;
+    spec_of(s).state = skip || err ? SubSpec::State::none : SubSpec::State::stepped;
     if (err && !spec.error) spec.error = err;
     spec.busy = false;
     if (spec.queue.empty()) spec.idle_cv.notify_all();
@@ -68,7 +68,7 @@ void ShardedOptimizer::Impl::spec_touch(OptSub& s) {
   if (!cfg.overlap) return;
   {
     std::lock_guard lk(spec.mu);
-    if (s.spec == OptSub::Spec::none) return;
+    if (spec_of(s).state == SubSpec::State::none) return;
   }
   spec_drain();  // the worker must be done with its gradient before it changes
   std::lock_guard lk(spec.mu);
@@ -77,8 +77,8 @@ void ShardedOptimizer::Impl::spec_touch(OptSub& s) {
 
 bool ShardedOptimizer::Impl::spec_pending() {
   std::lock_guard lk(spec.mu);
-  return std::any_of(subs.begin(), subs.end(),
-                     [](const OptSub& s) { return s.spec != OptSub::Spec::none; });
+  return std::any_of(spec.per_sub.begin(), spec.per_sub.end(),
+                     [](const SubSpec& s) { return s.state != SubSpec::State::none; });
 }
 
 // Copies block `from` into block `to` (same size) in the sub-group's memory tier: host memory,
@@ -99,20 +99,21 @@ void ShardedOptimizer::Impl::undo_copy(const OptSub& s, BlockId from, BlockId to
 void ShardedOptimizer::Impl::undo_save(OptSub& s) {
   for (int slot = 0; slot < kStateSlots; ++slot)
     if (s.state[slot] != kNoBlock) undo_copy(s, s.state[slot], s.undo_block[slot]);
-  s.undo_saved = true;
+  spec_of(s).undo_saved = true;
 }
 
 void ShardedOptimizer::Impl::undo_restore() {
   for (auto& s : subs) {
-    if (!s.undo_saved) continue;
+    if (!spec_of(s).undo_saved) continue;
     for (int slot = 0; slot < kStateSlots; ++slot)
       if (s.state[slot] != kNoBlock) undo_copy(s, s.undo_block[slot], s.state[slot]);
-    s.undo_saved = false;
+    spec_of(s).undo_saved = false;
   }
 }
 
 std::uint16_t* ShardedOptimizer::Impl::spec_out16(OptSub& s) {
-  return cfg.overlap_param16_in_place ? groups[s.group].p16.data() + s.begin : s.spec16.data();
+  return cfg.overlap_param16_in_place ? groups[s.group].p16.data() + s.begin
+                                      : spec_of(s).out16.data();
 }
 
 void ShardedOptimizer::Impl::spec_discard() {
@@ -123,7 +124,7 @@ void ShardedOptimizer::Impl::spec_discard() {
     {
       std::lock_guard lk(spec.mu);
       for (const auto& s : subs)
-        if (s.spec == OptSub::Spec::stepped) stepped.push_back(&s);
+        if (spec_of(s).state == SubSpec::State::stepped) stepped.push_back(&s);
     }
     spec_reset();
     std::exception_ptr failed;  // (the values are the trainer's: left stale, not thrown)
@@ -138,8 +139,8 @@ void ShardedOptimizer::Impl::spec_discard() {
 void ShardedOptimizer::Impl::spec_reset() {
   std::lock_guard lk(spec.mu);
   for (auto& s : subs) {
-    s.spec = OptSub::Spec::none;
-    s.undo_saved = false;  // restored (undo_restore) or kept: either way no longer needed
+    spec_of(s).state = SubSpec::State::none;
+    spec_of(s).undo_saved = false;  // restored (undo_restore) or kept: either way no longer needed
   }
   spec.invalid = false;
   spec.error = nullptr;

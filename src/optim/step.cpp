@@ -192,7 +192,7 @@ void ShardedOptimizer::Impl::step_sub(OptSub& s, const GroupConfig& gc, float mu
     // bits for any thread count), so a split step's two parts do not share them.
     CpuKernelContext kc = ctx();
     if (s.step_gpu) kc.pool = nullptr;
-    if (s.all_lent()) {  // the step reads the caller's memory (lend_grad)
+    if (book(s).all_lent()) {  // the step reads the caller's memory (lend_grad)
       step_lent(s, gc, ptr, multiplier, t, p16, kc);
     } else {
       const BlockView gv = tiers.acquire(s.grad, grad_tier_of(s));
@@ -230,7 +230,7 @@ void ShardedOptimizer::Impl::step_lent(const OptSub& s, const GroupConfig& gc, v
                                        const CpuKernelContext& kc) {
   const Dtype dt = acc_dtype(groups[s.group]);
   const Dtype dt16 = groups[s.group].dtype16;
-  for (const OptSub::Lent& l : s.lent) {  // none left alone: leave_alone() copied those in
+  for (const SubGrad::Lent& l : book(s).lent) {  // none left alone: leave_alone() copied those in
     const std::uint64_t at = l.b - s.begin;
     void* sp[kStateSlots];
     offset_slots(ptr, at, sp);
@@ -335,7 +335,7 @@ ShardedOptimizer::Impl::Speculation ShardedOptimizer::Impl::drain_speculation() 
   spec_drain();
   std::lock_guard lk(spec.mu);
   sp.error = spec.error;
-  for (const auto& s : subs) sp.any |= s.spec == OptSub::Spec::stepped;
+  for (const auto& s : subs) sp.any |= spec_of(s).state == SubSpec::State::stepped;
   sp.keep = sp.any && !spec.invalid && !spec.error;
   return sp;
 }
@@ -351,8 +351,8 @@ void ShardedOptimizer::Impl::local_grad_stats(std::vector<double>& chunk) {
   for (auto& s : subs) {
     const OptGroup& g = groups[s.group];
     double* out = chunk.data() + g.chunk_base + s.begin / kGradStatsChunk;
-    if (!s.sums.empty()) {  // taken at ingest
-      std::copy(s.sums.begin(), s.sums.end(), out);
+    if (!book(s).sums.empty()) {  // taken at ingest
+      std::copy(book(s).sums.begin(), book(s).sums.end(), out);
       continue;
     }
     const Tier tier = grad_tier_of(s);
@@ -391,7 +391,7 @@ void ShardedOptimizer::Impl::partition_todo_late(bool keep, std::uint64_t t,
                                                  std::vector<std::size_t>* todo,
                                                  std::vector<std::size_t>* late) const {
   for (std::size_t k = 0; k < subs.size(); ++k)
-    if (!keep || subs[k].spec != OptSub::Spec::stepped)
+    if (!keep || spec_of(subs[k]).state != SubSpec::State::stepped)
       (subs[k].memory_only ? *late : *todo).push_back(k);
   if (cfg.alternate_step_order && t % 2 == 0) std::reverse(todo->begin(), todo->end());
 }
@@ -399,10 +399,10 @@ void ShardedOptimizer::Impl::partition_todo_late(bool keep, std::uint64_t t,
 // The speculative results kept: their 16-bit parameters are final now.
 void ShardedOptimizer::Impl::keep_speculative_param16(StepResult& r, bool* p16_changed) {
   for (auto& s : subs) {
-    if (s.spec != OptSub::Spec::stepped) continue;
+    if (spec_of(s).state != SubSpec::State::stepped) continue;
     OptGroup& g = groups[s.group];
     std::uint16_t* dst = g.p16.data() + s.begin;
-    const std::uint16_t* src = s.spec16.data();
+    const std::uint16_t* src = spec_of(s).out16.data();
     if (cfg.overlap_param16_in_place) {
       // already there: the speculative step wrote param16() itself
     } else if (pool != nullptr && pool->size() > 1 && s.numel >= (1u << 20)) {
@@ -410,7 +410,7 @@ void ShardedOptimizer::Impl::keep_speculative_param16(StepResult& r, bool* p16_c
         std::memcpy(dst + b, src + b, (e - b) * sizeof(std::uint16_t));
       });
     } else {
-      std::copy(s.spec16.begin(), s.spec16.end(), dst);
+      std::copy(spec_of(s).out16.begin(), spec_of(s).out16.end(), dst);
     }
     *p16_changed = true;
     ++r.overlapped_subgroups;
@@ -447,7 +447,7 @@ void ShardedOptimizer::Impl::run_pipeline_and_commit(const StepPlan& sp, bool ke
         &p16_changed, r);
     late_grads->resize(subs.size());
     for (std::size_t k : sp.late)  // where the step reads it (a lent one: the caller's memory)
-      if (!subs[k].all_lent())
+      if (!book(subs[k]).all_lent())
         (*late_grads)[k] = tiers.acquire(subs[k].grad, grad_tier_of(subs[k]));
     if (may_pipeline_commit(sp)) {  // the trainer goes on; the next call settles it
       step_count = sp.t;
@@ -640,8 +640,8 @@ StepResult ShardedOptimizer::Impl::run_step(std::optional<double> given_clip) {
 std::uint32_t ShardedOptimizer::Impl::settle_lent() {
   std::uint32_t lent = 0;
   for (auto& s : subs) {
-    if (!s.lent.empty() && !s.all_lent()) materialize_lent(s);
-    lent += s.all_lent();
+    if (!book(s).lent.empty() && !book(s).all_lent()) materialize_lent(s);
+    lent += book(s).all_lent();
   }
   return lent;
 }

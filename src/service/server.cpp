@@ -1,12 +1,10 @@
 // SwapService: the listening socket, one thread per connected client, the node's memory budget,
 // the clients' regions, and the requests (put, get, commit, discard, status) over one engine.
 #include <fcntl.h>
-#include <poll.h>
 #include <sys/eventfd.h>
 #include <sys/mman.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
-#include <sys/un.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -144,93 +142,6 @@ void SwapService::Impl::open_storage() {
           fmt::format("{}: region of client {} ({} at {}) overlaps another or "
                       "lies outside the swap space: {}",
                       files.registry().string(), k, format_bytes(c.bytes), c.base, e.what()));
-    }
-  }
-}
-
-// ---- socket --------------------------------------------------------------------------------
-void SwapService::Impl::listen_on(int inherited_fd) {
-  wake_fd = ::eventfd(0, EFD_CLOEXEC);
-  if (wake_fd < 0) throw std::system_error(errno, std::system_category(), "eventfd");
-  if (inherited_fd >= 0) {
-    listen_fd = inherited_fd;
-    inherited = true;
-    sockaddr_un a{};
-    socklen_t len = sizeof a;
-    if (::getsockname(listen_fd, reinterpret_cast<sockaddr*>(&a), &len) == 0 &&
-        a.sun_family == AF_UNIX && a.sun_path[0] != '\0')
-      socket_path = a.sun_path;
-    return;
-  }
-  sockaddr_un a{};
-  a.sun_family = AF_UNIX;
-  const std::string s = socket_path.string();
-  if (s.size() >= sizeof a.sun_path)
-    throw std::system_error(ENAMETOOLONG, std::system_category(), "service socket " + s);
-  std::memcpy(a.sun_path, s.c_str(), s.size() + 1);
-  listen_fd = ::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
-  if (listen_fd < 0) throw std::system_error(errno, std::system_category(), "socket");
-  // A socket file of a dead service is replaced; one that answers is another live service.
-  if (::connect(listen_fd, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0)
-    throw std::system_error(EADDRINUSE, std::system_category(),
-                            "another tierswap service listens on " + s);
-  ::close(listen_fd);
-  listen_fd = ::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
-  struct stat st {};
-  if (::lstat(a.sun_path, &st) == 0) {
-    if (!S_ISSOCK(st.st_mode))
-      throw std::system_error(EEXIST, std::system_category(),
-                              "service socket path " + s + " exists and is not a socket");
-    ::unlink(a.sun_path);
-  }
-  const mode_t old = ::umask(cfg.allow_other_users ? 0111 : 0177);
-  const int rc = ::bind(listen_fd, reinterpret_cast<sockaddr*>(&a), sizeof a);
-  const int err = errno;
-  ::umask(old);
-  if (rc != 0) throw std::system_error(err, std::system_category(), "bind " + s);
-  if (::listen(listen_fd, 64) != 0)
-    throw std::system_error(errno, std::system_category(), "listen " + s);
-}
-
-void SwapService::Impl::accept_loop() {
-  for (;;) {
-    pollfd fds[2] = {{listen_fd, POLLIN, 0}, {wake_fd, POLLIN, 0}};
-    if (::poll(fds, 2, 1000) < 0 && errno != EINTR) return;
-    if (fds[1].revents) return;
-    reap_peers(false);
-    expire_idle();
-    if (!(fds[0].revents & POLLIN)) continue;
-    const int fd = ::accept4(listen_fd, nullptr, nullptr, SOCK_CLOEXEC);
-    if (fd < 0) continue;
-    auto peer = std::make_unique<Peer>(fd);
-    socklen_t len = sizeof peer->cred;
-    if (::getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &peer->cred, &len) != 0) continue;
-    Peer& p = *peer;
-    std::lock_guard lk(peers_mu);
-    peers.push_back(std::move(peer));
-    try {
-      p.thread = std::thread([this, &p] {
-        serve(p);
-        p.done = true;
-      });
-    } catch (const std::system_error& e) {  // out of threads: this connection alone is refused
-      ++refused;
-      log(LogLevel::error,
-          fmt::format("service: refused pid {}: no thread to serve it: {}", p.cred.pid, e.what()));
-      peers.pop_back();  // closed by ~Peer
-    }
-  }
-}
-
-void SwapService::Impl::reap_peers(bool all) {
-  std::lock_guard lk(peers_mu);
-  for (auto it = peers.begin(); it != peers.end();) {
-    if (all) ::shutdown((*it)->conn.fd(), SHUT_RDWR);
-    if (all || (*it)->done) {
-      (*it)->thread.join();
-      it = peers.erase(it);
-    } else {
-      ++it;
     }
   }
 }
@@ -781,7 +692,7 @@ std::string SwapService::Impl::status(std::optional<uid_t> owner) const {
   const std::int64_t now = unix_now();
   nlohmann::json j = {{"service", true},
                       {"pid", ::getpid()},
-                      {"socket", socket_path.string()},
+                      {"socket", listener->path().string()},
                       {"swap_dirs", nlohmann::json::array()},
                       {"host_budget", cfg.host_budget},
                       {"memory_granted", granted},
@@ -828,7 +739,8 @@ SwapService::SwapService(ServiceConfig cfg, int listen_fd) : impl_(std::make_uni
   cfg.validate();
   Impl& m = *impl_;
   m.cfg = std::move(cfg);
-  m.socket_path = m.cfg.socket.empty() ? default_service_socket() : m.cfg.socket;
+  const std::filesystem::path socket =
+      m.cfg.socket.empty() ? default_service_socket() : m.cfg.socket;
   // The budget is a cap, as in-process; above the machine's memory it caps nothing: refused
   // before anything is made.
   if (const std::uint64_t ram = machine_memory(); m.cfg.host_budget > ram)
@@ -836,7 +748,7 @@ SwapService::SwapService(ServiceConfig cfg, int listen_fd) : impl_(std::make_uni
         fmt::format("service: host_budget {} is more than this machine's memory ({}): clients "
                     "would be granted more shared memory than it can hold",
                     format_bytes(m.cfg.host_budget), format_bytes(ram)));
-  if (listen_fd < 0) make_socket_dir(m.socket_path, m.cfg.allow_other_users);
+  if (listen_fd < 0) make_socket_dir(socket, m.cfg.allow_other_users);
   m.open_storage();
   m.huge_pages = service::shmem_huge_pages();
   if (m.huge_pages.asked && !m.huge_pages.lent)
@@ -846,7 +758,7 @@ SwapService::SwapService(ServiceConfig cfg, int listen_fd) : impl_(std::make_uni
                     "> /sys/kernel/mm/transparent_hugepage/shmem_enabled` (as root; "
                     "tools/systemd/tierswap-thp.conf does it at boot)",
                     m.huge_pages.describe()));
-  m.listen_on(listen_fd);
+  m.listener = std::make_unique<service::Listener>(socket, m.cfg.allow_other_users, listen_fd);
   m.metrics = MetricsRegistry::process().add([&m](MetricsWriter& w) { m.fill_metrics(w); });
   if (const TelemetryConfig tc = TelemetryConfig::from_env(); tc.enabled) {
     try {
@@ -855,24 +767,20 @@ SwapService::SwapService(ServiceConfig cfg, int listen_fd) : impl_(std::make_uni
       log(LogLevel::warn, fmt::format("service: telemetry endpoint not started: {}", e.what()));
     }
   }
-  m.acceptor = std::thread([&m] { m.accept_loop(); });
+  m.listener->start({.serve = [&m](service::Peer& p) { m.serve(p); },
+                     .tick = [&m] { m.expire_idle(); },
+                     .refused = [&m] { ++m.refused; }});
 }
 
 SwapService::~SwapService() {
   Impl& m = *impl_;
   m.telemetry.reset();
   m.metrics = {};
-  const std::uint64_t one = 1;
-  if (::write(m.wake_fd, &one, sizeof one) < 0) { /* the poll timeout ends the loop anyway */
-  }
-  m.acceptor.join();
-  m.reap_peers(true);
-  std::error_code ec;
-  if (!m.inherited) std::filesystem::remove(m.socket_path, ec);
+  m.listener.reset();
 }
 
 const std::filesystem::path& SwapService::socket_path() const noexcept {
-  return impl_->socket_path;
+  return impl_->listener->path();
 }
 
 std::string SwapService::status_json() const {

@@ -17,6 +17,7 @@
 #include <string>
 #include <thread>
 
+#include "src/service/listener.hpp"
 #include "src/service/outbox.hpp"
 #include "src/service/protocol.hpp"
 #include "src/service/shared_memory.hpp"
@@ -29,17 +30,6 @@
 #include "tierswap/telemetry.hpp"
 
 namespace tierswap {
-namespace service {
-
-struct Peer {
-  Connection conn;
-  ucred cred{};
-  std::thread thread;
-  std::atomic<bool> done{false};
-  explicit Peer(int fd) : conn(fd) {}
-};
-
-}  // namespace service
 
 struct SwapService::Impl {
   using Peer = service::Peer;
@@ -80,27 +70,16 @@ struct SwapService::Impl {
   std::uint64_t pageable_quota = 0;   // per client (cfg.pageable_quota or its default)
   std::uint64_t pageable_budget = 0;  // the node's (cfg.pageable_budget or its default)
 
-  std::filesystem::path socket_path;
-  bool inherited = false;  // systemd's socket: not ours to remove
-  int listen_fd = -1;
-  int wake_fd = -1;
-  std::thread acceptor;
-  std::list<std::unique_ptr<Peer>> peers;  // guarded by peers_mu
-  std::mutex peers_mu;
+  // The socket and the connections' threads (listener.hpp): reset first by ~SwapService, so no
+  // connection outlives what it uses.
+  std::unique_ptr<service::Listener> listener;
   MetricsRegistry::Source metrics;
   std::unique_ptr<TelemetryServer> telemetry;  // `tierswap ps` finds the service through it
 
   void check_swap_dirs() const;
   void open_storage();
-  void listen_on(int inherited_fd);
-  ~Impl() {
-    if (listen_fd >= 0) ::close(listen_fd);
-    if (wake_fd >= 0) ::close(wake_fd);
-  }
-  void accept_loop();
   /// One connection, on a thread of its own: converse(), then whatever the client held is freed.
   void serve(Peer& p);
-  void reap_peers(bool all);
   // Requests of an attached client (its record is only touched by its own connection).
   struct Session {
     ClientRecord* rec = nullptr;

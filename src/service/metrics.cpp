@@ -33,16 +33,17 @@ void SwapService::Impl::fill_client_metrics(MetricsWriter& w) const {
   w.family("tierswap_service_memory_budget_bytes", "The node's shared-memory budget.",
            MetricType::gauge);
   w.sample(static_cast<double>(cfg.host_budget));
+  const service::MemoryBudget::Granted g = budget->granted();
   w.family("tierswap_service_memory_granted_bytes", "Shared memory granted to clients.",
            MetricType::gauge);
-  w.sample(static_cast<double>(granted));
+  w.sample(static_cast<double>(g.memory));
   w.family("tierswap_service_pageable_budget_bytes",
            "The node's budget of unlocked shared memory (outside the memory budget).",
            MetricType::gauge);
-  w.sample(static_cast<double>(pageable_budget));
+  w.sample(static_cast<double>(budget->limits().pageable_budget));
   w.family("tierswap_service_pageable_granted_bytes", "Unlocked shared memory granted to clients.",
            MetricType::gauge);
-  w.sample(static_cast<double>(pageable_granted));
+  w.sample(static_cast<double>(g.pageable));
   struct Col {
     const char* name;
     const char* help;

@@ -122,13 +122,8 @@ void SwapService::Impl::open_storage() {
   }
   engine = std::make_unique<IoEngine>(*space, IoEngineConfig::from_env());
   queue_bytes = std::uint64_t{engine->config().queue_depth} * engine->config().block_size;
-  // Unset, the node's pageable budget is half its memory (at least a given quota), and the quota a
-  // quarter of it (at most the budget).
-  const std::uint64_t ram = machine_memory() / 4096 * 4096;
-  pageable_budget = cfg.pageable_budget ? cfg.pageable_budget
-                                        : std::max(ram / 2 / 4096 * 4096, cfg.pageable_quota);
-  pageable_quota =
-      cfg.pageable_quota ? cfg.pageable_quota : std::min(ram / 4 / 4096 * 4096, pageable_budget);
+  budget = std::make_unique<service::MemoryBudget>(
+      service::MemoryBudget::limits_for(cfg, machine_memory()));
   align = std::max<std::uint64_t>(4096, space->alignment());
   uuid = space->uuid();
   files.dir = cfg.swap_dirs.front();
@@ -289,20 +284,16 @@ int SwapService::Impl::offer(Peer& p, const wire::Offer& o) {
                              o.protocol(), o.share(), service::kProtocolVersion)});
     return p.conn.send(fb);
   }
-  const std::uint64_t quota = cfg.client_quota ? cfg.client_quota : cfg.host_budget;
-  std::uint64_t free = 0, pageable_free = 0;
-  {
-    std::lock_guard lk(mu);
-    free = cfg.host_budget - granted;
-    pageable_free = pageable_budget - pageable_granted;
-  }
-  const auto share_of = [&](std::uint64_t q, std::uint64_t budget, std::uint64_t left) {
-    return std::min({q, budget / o.share(), left}) / 4096 * 4096;
+  const service::MemoryBudget::Limits& l = budget->limits();
+  const service::MemoryBudget::Granted g = budget->granted();
+  const std::uint64_t free = l.budget - g.memory, pageable_free = l.pageable_budget - g.pageable;
+  const auto share_of = [&](std::uint64_t q, std::uint64_t total, std::uint64_t left) {
+    return std::min({q, total / o.share(), left}) / 4096 * 4096;
   };
   const auto body =
-      wire::CreateOffered(fb, share_of(quota, cfg.host_budget, free), cfg.host_budget, free, quota,
-                          share_of(pageable_quota, pageable_budget, pageable_free), pageable_budget,
-                          pageable_free, pageable_quota);
+      wire::CreateOffered(fb, share_of(l.quota, l.budget, free), l.budget, free, l.quota,
+                          share_of(l.pageable_quota, l.pageable_budget, pageable_free),
+                          l.pageable_budget, pageable_free, l.pageable_quota);
   fb.Finish(p.conn.message(fb, wire::Body::Offered, body.Union()), wire::MessageIdentifier());
   return p.conn.send(fb);
 }
@@ -325,7 +316,8 @@ int SwapService::Impl::check_hello(const wire::Hello& h, const std::string& job,
                        mem, pageable);
     return EINVAL;
   }
-  if (pageable > pageable_quota) {
+  if (const std::uint64_t pageable_quota = budget->limits().pageable_quota;
+      pageable > pageable_quota) {
     *why = fmt::format("client {}.{} asks {} of pageable shared memory: the per-client quota is {}",
                        job, h.rank(), format_bytes(pageable), format_bytes(pageable_quota));
     return EINVAL;
@@ -333,34 +325,8 @@ int SwapService::Impl::check_hello(const wire::Hello& h, const std::string& job,
   return 0;
 }
 
-// Under mu: client `key`'s memory fits (within its quota and what is left of the node's budget,
-// and its pageable memory within what is left of the node's pageable budget).
-int SwapService::Impl::check_grant(const wire::Hello& h, const std::string& key,
-                                   std::string* why) const {
-  const std::uint64_t mem = h.memory_bytes(), pageable = h.pageable_bytes();
-  const std::uint64_t quota = cfg.client_quota ? cfg.client_quota : cfg.host_budget;
-  if (mem > quota || granted + mem > cfg.host_budget) {
-    *why = fmt::format(
-        "client {} asks {} of shared memory: the per-client quota is {}, and {} of "
-        "the node's {} is free",
-        key, format_bytes(mem), format_bytes(quota), format_bytes(cfg.host_budget - granted),
-        format_bytes(cfg.host_budget));
-    return EINVAL;
-  }
-  if (pageable_granted + pageable > pageable_budget) {
-    *why = fmt::format(
-        "client {} asks {} of pageable shared memory: {} of the node's pageable budget of {} is "
-        "free (tierswap serve --pageable-budget)",
-        key, format_bytes(pageable), format_bytes(pageable_budget - pageable_granted),
-        format_bytes(pageable_budget));
-    return EINVAL;
-  }
-  return 0;
-}
-
-// Under mu: client `key` may attach (not attached already, its memory granted by check_grant)
-// as the kind it was first, with a region; a first attach allocates the region and records the
-// client. *rec: its record.
+// Under mu: client `key` may attach (its region's owner, not attached already), its memory is
+// granted, and it has its region (region_for()); a refusal after the grant gives it back.
 int SwapService::Impl::admit(const wire::Hello& h, const std::string& key, uid_t uid,
                              ClientRecord** rec, std::string* why) {
   if (const auto it = clients.find(key);
@@ -375,7 +341,22 @@ int SwapService::Impl::admit(const wire::Hello& h, const std::string& key, uid_t
     *why = fmt::format("client {} is already attached (pid {})", key, live[key].pid);
     return EBUSY;
   }
-  if (const int refused = check_grant(h, key, why); refused != 0) return refused;
+  const std::uint64_t mem = h.memory_bytes(), pageable = h.pageable_bytes();
+  if (const int refused = budget->grant(key, mem, pageable, why); refused != 0) return refused;
+  try {
+    const int refused = region_for(h, key, uid, rec, why);
+    if (refused != 0) budget->give_back(mem, pageable);
+    return refused;
+  } catch (...) {
+    budget->give_back(mem, pageable);
+    throw;
+  }
+}
+
+// Under mu: a known client attaches as the kind it was first, within its region; a first attach
+// allocates the region and records the client. *rec: its record.
+int SwapService::Impl::region_for(const wire::Hello& h, const std::string& key, uid_t uid,
+                                  ClientRecord** rec, std::string* why) {
   auto it = clients.find(key);
   if (it != clients.end()) {
     if (it->second.raw != h.raw()) {
@@ -450,8 +431,6 @@ int SwapService::Impl::hello(Peer& p, const wire::Hello& h, Session& s, std::str
   // The grant and the key are taken now (a second hello for the key is refused as attached);
   // the memory is made without the lock: locking gigabytes takes seconds, and every other
   // client's completions count their traffic under it.
-  granted += mem;
-  pageable_granted += pageable;
   live[key] = Live{mem, pageable, p.cred.pid, p.cred.uid};
   s.traffic = live[key].traffic;
   lk.unlock();
@@ -460,8 +439,7 @@ int SwapService::Impl::hello(Peer& p, const wire::Hello& h, Session& s, std::str
                                         huge_pages.lent);
   } catch (...) {
     lk.lock();
-    granted -= mem;
-    pageable_granted -= pageable;
+    budget->give_back(mem, pageable);
     live.erase(key);
     throw;
   }
@@ -650,8 +628,7 @@ void SwapService::Impl::detach(Session& s) {
       ++it;
     }
   }
-  granted -= live.at(s.key).memory;
-  pageable_granted -= live.at(s.key).pageable;
+  budget->give_back(live.at(s.key).memory, live.at(s.key).pageable);
   live.erase(s.key);
   log(LogLevel::info,
       c.raw ? fmt::format("service: {} detached", s.key)
@@ -689,16 +666,17 @@ void SwapService::Impl::forget(const std::string& key) {
 // ---- status and metrics --------------------------------------------------------------------
 std::string SwapService::Impl::status(std::optional<uid_t> owner) const {
   std::lock_guard lk(mu);
+  const service::MemoryBudget::Granted g = budget->granted();
   const std::int64_t now = unix_now();
   nlohmann::json j = {{"service", true},
                       {"pid", ::getpid()},
                       {"socket", listener->path().string()},
                       {"swap_dirs", nlohmann::json::array()},
                       {"host_budget", cfg.host_budget},
-                      {"memory_granted", granted},
-                      {"pageable_quota", pageable_quota},
-                      {"pageable_budget", pageable_budget},
-                      {"pageable_granted", pageable_granted},
+                      {"memory_granted", g.memory},
+                      {"pageable_quota", budget->limits().pageable_quota},
+                      {"pageable_budget", budget->limits().pageable_budget},
+                      {"pageable_granted", g.pageable},
                       {"queue_bytes", queue_bytes},
                       {"nvme_capacity", space->capacity()},
                       {"nvme_free", regions->stats().free},

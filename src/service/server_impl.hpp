@@ -17,6 +17,7 @@
 #include <string>
 #include <thread>
 
+#include "src/service/budget.hpp"
 #include "src/service/listener.hpp"
 #include "src/service/outbox.hpp"
 #include "src/service/protocol.hpp"
@@ -53,6 +54,8 @@ struct SwapService::Impl {
     std::atomic<std::uint64_t> throttled{0};  // raw requests that waited for the client's share
   };
 
+  // The shared memory granted (budget.hpp; its own lock, taken under mu or alone).
+  std::unique_ptr<service::MemoryBudget> budget;
   // Everything below. Lock order: the engine's lock, then mu; nothing that holds mu calls into
   // the engine.
   mutable std::mutex mu;
@@ -65,10 +68,6 @@ struct SwapService::Impl {
     std::shared_ptr<Traffic> traffic = std::make_shared<Traffic>();  // the session's too
   };
   std::map<std::string, Live> live;  // attached clients
-  std::uint64_t granted = 0;
-  std::uint64_t pageable_granted = 0;
-  std::uint64_t pageable_quota = 0;   // per client (cfg.pageable_quota or its default)
-  std::uint64_t pageable_budget = 0;  // the node's (cfg.pageable_budget or its default)
 
   // The socket and the connections' threads (listener.hpp): reset first by ~SwapService, so no
   // connection outlives what it uses.
@@ -125,11 +124,13 @@ struct SwapService::Impl {
   int check_hello(const wire::Hello& h, const std::string& job, std::string* why) const;
   void converse(Peer& p, Session& s);
   bool first_message(Peer& p, const wire::Message& m, Session& s);
-  int check_grant(const wire::Hello& h, const std::string& key, std::string* why) const;
   /// Under mu: whether client `key` may attach for `uid` (its region's owner, or the service's
-  /// own uid), is not attached already, fits (check_grant); a first attach makes its region.
+  /// own uid), is not attached already, is granted its memory (budget); then region_for().
   int admit(const wire::Hello& h, const std::string& key, uid_t uid, ClientRecord** rec,
             std::string* why);
+  /// Under mu: a known client's region (same kind, big enough), or a first attach's new one.
+  int region_for(const wire::Hello& h, const std::string& key, uid_t uid, ClientRecord** rec,
+                 std::string* why);
   int hello(Peer& p, const wire::Hello& h, Session& s, std::string* why);
   /// Answers an Offer (the first and only message of its connection) with Offered, or with a
   /// Reply naming what was wrong; 0 or -errno of the send.

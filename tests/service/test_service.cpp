@@ -24,6 +24,7 @@
 
 #include "metrics_scrape.hpp"
 #include "service_util.hpp"
+#include "src/service/budget.hpp"
 #include "src/service/outbox.hpp"
 #include "src/service/protocol.hpp"
 #include "test_util.hpp"
@@ -359,6 +360,39 @@ TEST(Service, AReattachAskingALargerRegionIsRefusedAndTheRegionKept) {
             first.region_bytes);
 }
 
+// The memory budget alone: a grant within the client quota and what is left of the node's
+// budgets is taken whole, one past a limit takes nothing and names the limit, a give-back frees
+// it exactly; unset limits default from the machine's memory. (The pageable per-client quota is
+// the hello's own check, before any state is looked at.)
+TEST(Service, MemoryBudgetGrantsWithinLimitsAndGivesBackExactly) {
+  using service::MemoryBudget;
+  ServiceConfig cfg;
+  cfg.host_budget = 1 * kMiB;
+  cfg.client_quota = 768 * kKiB;
+  cfg.pageable_budget = 2 * kMiB;
+  cfg.pageable_quota = 1 * kMiB;
+  MemoryBudget b(MemoryBudget::limits_for(cfg, 64 * 1024 * kMiB));
+  std::string why;
+  EXPECT_EQ(b.grant("a.0", 768 * kKiB, 1 * kMiB, &why), 0) << why;
+  EXPECT_EQ(b.grant("b.0", 512 * kKiB, 0, &why), EINVAL);  // 256 KiB of the budget left
+  EXPECT_NE(why.find("client b.0 asks 512.00 KiB of shared memory"), std::string::npos) << why;
+  EXPECT_NE(why.find("the per-client quota is 768.00 KiB"), std::string::npos) << why;
+  EXPECT_EQ(b.grant("c.0", 4 * kKiB, 1 * kMiB + 4 * kKiB, &why), EINVAL);  // pageable budget
+  EXPECT_NE(why.find("pageable budget of 2.00 MiB"), std::string::npos) << why;
+  EXPECT_EQ(b.granted().memory, 768 * kKiB);  // the refusals took nothing
+  EXPECT_EQ(b.granted().pageable, 1 * kMiB);
+  b.give_back(768 * kKiB, 1 * kMiB);
+  EXPECT_EQ(b.granted().memory, 0u);
+  EXPECT_EQ(b.granted().pageable, 0u);
+  EXPECT_EQ(b.grant("b.0", 768 * kKiB, 2 * kMiB, &why), 0) << why;  // the whole pageable budget
+  ServiceConfig unset;
+  unset.host_budget = 1 * kMiB;
+  const MemoryBudget::Limits l = MemoryBudget::limits_for(unset, 64 * 1024 * kMiB + 100);
+  EXPECT_EQ(l.quota, 1 * kMiB);
+  EXPECT_EQ(l.pageable_budget, 32 * 1024 * kMiB);
+  EXPECT_EQ(l.pageable_quota, 16 * 1024 * kMiB);
+}
+
 // A refused hello says why by its errno too (the reason in its message): ENOENT for a client the
 // service does not know that asks for no region, EBUSY while the client is attached, EPROTOTYPE
 // for the other kind than its first attach's. `tierswap release` attaches as a known client with
@@ -373,6 +407,10 @@ TEST(Service, RefusedHellosSayWhyAndAKnownClientIsReleasedWithoutItsRegion) {
   const auto unknown = attach_refusal(known);
   EXPECT_EQ(unknown.first, ENOENT) << unknown.second;
   EXPECT_NE(unknown.second.find("kind.0 is not known"), std::string::npos) << unknown.second;
+  const auto granted = [&] {
+    return nlohmann::json::parse(svc.status_json()).at("memory_granted");
+  };
+  EXPECT_EQ(granted(), 0);  // refused after its memory was granted: the grant given back
   auto held = std::make_unique<ServiceClient>(blocks);
   held->commit();
   held->commit();  // its manifest rewritten: the one replaced is kept as the next write's file
@@ -386,6 +424,7 @@ TEST(Service, RefusedHellosSayWhyAndAKnownClientIsReleasedWithoutItsRegion) {
   const auto other = attach_refusal(raw);
   EXPECT_EQ(other.first, EPROTOTYPE) << other.second;
   EXPECT_NE(other.second.find("first attached as a block client"), std::string::npos);
+  EXPECT_EQ(granted(), 0);  // held detached (else EBUSY), the refusal's grant given back
   EXPECT_EQ(attach_refusal(known).first, 0);  // the right kind and no region: attached
   {
     ServiceClient c(known);

@@ -42,15 +42,7 @@ ShardedOptimizer::ShardedOptimizer(TierManager& tiers, Communicator& comm, Optim
 // A commit left running lands before the tier manager can go (its failure is logged: the swap
 // directory then holds the step before it).
 ShardedOptimizer::~ShardedOptimizer() {
-  if (!impl_ || !impl_->pending_commit) return;
-  try {
-    impl_->tiers.wait_commit();
-  } catch (const std::exception& e) {
-    log(LogLevel::error,
-        fmt::format("step {}'s commit failed as the optimizer closed: {}; its swap directory holds "
-                    "step {}",
-                    impl_->pending_commit->t, e.what(), impl_->pending_commit->t - 1));
-  }
+  if (impl_) impl_->commits.finish();
 }
 
 int ShardedOptimizer::add_group(const GroupConfig& cfg, std::string name) {

@@ -19,6 +19,7 @@
 #include <unordered_set>
 #include <vector>
 
+#include "src/optim/commit_pipeline.hpp"
 #include "src/optim/layout.hpp"
 #include "src/optim/param16_publisher.hpp"
 #include "src/optim/spec_worker.hpp"
@@ -424,15 +425,8 @@ struct ShardedOptimizer::Impl {
     std::uint64_t t = 0;                  // the step number being taken
     std::vector<std::size_t> todo, late;  // stepped before the commit; memory-only, after it
   };
-  // ---- the pipelined commit (pipelined_commit.cpp) ----
-  /// A step whose commit was left running: what rolls it back should it fail.
-  struct PendingCommit {
-    std::uint64_t t = 0;                      // the step
-    std::uint64_t generation = 0;             // the generation it makes
-    std::pair<double, std::uint32_t> scaler;  // the loss scaler before it
-  };
-  std::optional<PendingCommit> pending_commit;
-  double last_commit_wait = 0;  // seconds the last settle_commit() waited
+  // ---- the pipelined commit (commit_pipeline.hpp, pipelined_commit.cpp) ----
+  CommitPipeline commits{tiers};
   /// Whether step sp's commit may be left running (see OptimizerConfig::pipelined_commit).
   bool may_pipeline_commit(const StepPlan& sp) const;
   /// Starts step sp.t's commit on the tier manager's thread (step_count is sp.t).

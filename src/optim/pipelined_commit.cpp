@@ -25,29 +25,54 @@ bool ShardedOptimizer::Impl::may_pipeline_commit(const StepPlan& sp) const {
   return true;
 }
 
+void CommitPipeline::start(std::uint64_t t, const std::string& record,
+                           std::pair<double, std::uint32_t> scaler) {
+  tiers_.set_commit_record(record);
+  const std::uint64_t generation = tiers_.committed_generation() + 1;
+  tiers_.commit_async();
+  pending_ = Pending{t, generation, scaler};
+}
+
+std::optional<CommitPipeline::Failed> CommitPipeline::settle() {
+  if (!pending_) return std::nullopt;
+  const Pending pc = *pending_;
+  pending_.reset();
+  const auto t0 = Clock::now();
+  std::optional<Failed> failed;
+  try {
+    tiers_.wait_commit();
+  } catch (...) {
+    failed = Failed{pc, std::current_exception()};
+  }
+  wait_ = seconds_since(t0);
+  return failed;
+}
+
+void CommitPipeline::finish() noexcept {
+  if (!pending_) return;
+  try {
+    tiers_.wait_commit();
+  } catch (const std::exception& e) {
+    log(LogLevel::error,
+        fmt::format("step {}'s commit failed as the optimizer closed: {}; its swap directory holds "
+                    "step {}",
+                    pending_->t, e.what(), pending_->t - 1));
+  }
+  pending_.reset();
+}
+
 void ShardedOptimizer::Impl::start_pipelined_commit(const StepPlan& sp,
                                                     std::pair<double, std::uint32_t> scaler,
                                                     StepResult& r) {
-  tiers.set_commit_record(commit_record());
-  const std::uint64_t generation = tiers.committed_generation() + 1;
-  tiers.commit_async();
-  pending_commit = PendingCommit{sp.t, generation, scaler};
+  commits.start(sp.t, commit_record(), scaler);
   r.commit_seconds = 0;
 }
 
 void ShardedOptimizer::Impl::settle_commit() {
-  if (!pending_commit) return;
-  const PendingCommit pc = *pending_commit;
-  pending_commit.reset();
-  const auto t0 = Clock::now();
-  std::exception_ptr failed;
-  try {
-    tiers.wait_commit();
-  } catch (...) {
-    failed = std::current_exception();
-  }
-  last_commit_wait = seconds_since(t0);
-  if (!failed) return;
+  const std::optional<CommitPipeline::Failed> f = commits.settle();
+  if (!f) return;
+  const CommitPipeline::Pending& pc = f->step;
+  const std::exception_ptr failed = f->error;
   const std::string why = fmt::format(
       "step {}'s commit, left running while the trainer went on (pipelined_commit), failed: {}; "
       "the state, the 16-bit parameters and the loss scaler are back at step {}",

@@ -600,8 +600,9 @@ void ShardedOptimizer::Impl::finish_result(StepResult& r, const TierCounters& c0
   r.io_wait_seconds = c1.stall_seconds - c0.stall_seconds;
   r.step = step_count;
   r.next_loss_scale = scale;
-  r.generation = pending_commit ? pending_commit->generation : tiers.committed_generation();
-  r.commit_pending = pending_commit.has_value();
+  const auto& pending = commits.pending();
+  r.generation = pending ? pending->generation : tiers.committed_generation();
+  r.commit_pending = pending.has_value();
   r.seconds = seconds_since(t0);
   step_metrics.record(r);
 }
@@ -682,7 +683,7 @@ StepResult ShardedOptimizer::Impl::step_once(std::optional<double> given_clip) {
   if (in_backward) throw std::logic_error("step: end_backward() first");
   require_current_param16("step");
   StepResult r;
-  r.commit_wait_seconds = std::exchange(last_commit_wait, 0.0);
+  r.commit_wait_seconds = commits.take_wait_seconds();
   r.lent_subgroups = settle_lent();
   const auto t0 = Clock::now();
   const TierCounters c0 = tiers.counters();

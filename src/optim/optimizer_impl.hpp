@@ -1,4 +1,8 @@
-// ShardedOptimizer internals shared by optimizer.cpp (layout, ingest, step) and checkpoint.cpp.
+// ShardedOptimizer::Impl: the code that decides (layout, hand-over, step, checkpoints), over the
+// parts that own their state: the layout's records (layout.hpp), each sub-group's gradient of
+// this step (sub_grad.hpp), the overlapped step's worker (spec_worker.hpp), the 16-bit
+// publication (param16_publisher.hpp), the commit in flight (commit_pipeline.hpp) and the
+// Prometheus samples (step_metrics.hpp). Included by the optimizer's .cpp files only.
 #pragma once
 
 #include <algorithm>

@@ -1,5 +1,7 @@
-// The node service's insides, shared by server.cpp (socket, sessions, block requests, status) and
-// raw_io.cpp (a tier manager's raw reads and writes, scheduled across clients).
+// The node service's insides, shared by server.cpp (sessions, admission, block requests,
+// status), raw_io.cpp (a tier manager's raw reads and writes, scheduled across clients),
+// lifetime.cpp, metrics.cpp and stop.cpp. The socket and its threads (listener.hpp) and the
+// shared-memory budget (budget.hpp) are parts that own their state.
 #pragma once
 
 #include <sys/socket.h>

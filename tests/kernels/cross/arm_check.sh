@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
-# Builds tests/kernels/cross/arm_vs_scalar.cpp for aarch64 with the NEON kernels and the SVE instances
-# (kernels/cpu/kernels_sve.cpp at 128, 256 and 512 bits) and runs it under qemu-aarch64: at SVE
-# vector lengths 128, 256 and 512 (the matching instance must be chosen and equal the scalar
-# reference bit for bit), at 384 (no instance: NEON serves) and on a CPU without SVE.
+# Builds tests/kernels/cross/arm_vs_scalar.cpp for aarch64 with the NEON kernels and the SVE
+# instances (kernels/cpu/kernels_sve.cpp at 128, 256 and 512 bits) and runs it under
+# qemu-aarch64: at SVE vector lengths 128, 256 and 512 (the matching instance must be chosen and
+# equal the scalar reference bit for bit), at 384 (no instance: NEON serves) and on a CPU
+# without SVE.
 # Exit 77 (skipped) when the cross compiler or qemu is missing
 # (apt-get install g++-aarch64-linux-gnu qemu-user).
 set -euo pipefail
@@ -17,7 +18,8 @@ for bits in 128 256 512; do
     -c "$src/kernels/cpu/kernels_sve.cpp" -o "$out/kernels_sve$bits.o"
   objs+=("$out/kernels_sve$bits.o")
 done
-"${cxx[@]}" -static "$src/tests/kernels/cross/arm_vs_scalar.cpp" "${objs[@]}" -o "$out/arm_vs_scalar"
+"${cxx[@]}" -static "$src/tests/kernels/cross/arm_vs_scalar.cpp" "${objs[@]}" \
+  -o "$out/arm_vs_scalar"
 for bits in 128 256 512; do
   qemu-aarch64 -cpu max,sve-default-vector-length=$((bits / 8)) "$out/arm_vs_scalar" $bits
 done

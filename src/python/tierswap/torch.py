@@ -298,10 +298,12 @@ class _TieredOptimizer(Optimizer):
         try:
             _agree_before_native(self._comm, problem)
             self._native = _tierswap.Optimizer(
-                dirs, budget, "single" if self._comm is not None else str(communicator),
-                self._comm, threads, json.dumps(opt_cfg), json.dumps(tier_cfg),
-                json.dumps(service_cfg), bool(keep_swap_files), capacity, subgroup, bool(resume),
-                self._tmpdir is not None)
+                swap_dirs=dirs, host_budget=budget,
+                communicator="single" if self._comm is not None else str(communicator),
+                comm=self._comm, threads=threads, optimizer_json=json.dumps(opt_cfg),
+                tiers_json=json.dumps(tier_cfg), service_json=json.dumps(service_cfg),
+                keep_swap_files=bool(keep_swap_files), swap_capacity=capacity,
+                subgroup_size=subgroup, resume=bool(resume), temporary=self._tmpdir is not None)
             self._register()
         except BaseException:
             self._abandon()

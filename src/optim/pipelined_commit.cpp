@@ -69,6 +69,7 @@ void ShardedOptimizer::Impl::start_pipelined_commit(const StepPlan& sp,
 }
 
 void ShardedOptimizer::Impl::settle_commit() {
+  if (!commits.pending()) return;  // every hand-over call passes here: no more than a test
   const std::optional<CommitPipeline::Failed> f = commits.settle();
   if (!f) return;
   const CommitPipeline::Pending& pc = f->step;

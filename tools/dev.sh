@@ -10,7 +10,7 @@
 # the Python tests with pytest), an ASan+UBSan build (whole suite but the > 4 GiB transfers), a
 # ThreadSanitizer build of the concurrent components (tier manager, I/O engine, thread pool, the
 # optimizer over them, the node service without its fork()ing tests), and the libFuzzer targets (clang, ASan+UBSan): each replays its seed
-# corpus and fuzzes for TIERSWAP_FUZZ_SECONDS (default 30). After the Python tests it builds the
+# corpus and fuzzes for TIERSWAP_FUZZ_SECONDS (default 25). After the Python tests it builds the
 # reference documentation (tools/docs/build.sh --check: warnings are errors, links checked).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -97,7 +97,7 @@ case "$cmd" in
       -DTIERSWAP_SANITIZE=fuzz -DTIERSWAP_BUILD_TESTS=OFF -DTIERSWAP_BUILD_BENCHMARKS=OFF \
       -DTIERSWAP_BUILD_PYTHON=OFF -DTIERSWAP_WITH_CUDA=OFF -DTIERSWAP_WITH_MPI=OFF >/dev/null
     cmake --build build-fuzz -j "$(nproc)" --target fuzz
-    tests/fuzz/run.sh build-fuzz "${TIERSWAP_FUZZ_SECONDS:-30}"
+    tests/fuzz/run.sh build-fuzz "${TIERSWAP_FUZZ_SECONDS:-25}"
     ;;
   *)
     echo "usage: tools/dev.sh run [tinylm options] | tools/dev.sh test" >&2

@@ -23,13 +23,14 @@ What it measures (medians of alternating repetitions in one run; figures go to b
             state in memory only as torch's, NVMe state) against the torch.optim.AdamW
             mixed-precision recipe.
   kernel    opt.step() from Python (host state in memory only) against the fused kernel's own
-            time for the same parameters (`tierswap bench kernels`, adamw_fused_bf16), in turn.
+            time for the same parameters (`tierswap bench kernels`, adamw_fused_bf16), in turn,
+            and the floor of an exact step: the kernel plus the gradient statistics pass.
 
     PYTHONPATH=build/python /usr/bin/python3 bench/torch_step.py torch --params 256M --reps 5
     PYTHONPATH=build/python /usr/bin/python3 bench/torch_step.py overhead --params 64M
     PYTHONPATH=build/python /usr/bin/python3 bench/torch_step.py handover --params 256M --reps 15
     PYTHONPATH=build/python /usr/bin/python3 bench/torch_step.py tinylm
-    PYTHONPATH=build/python /usr/bin/python3 bench/torch_step.py kernel --params 64M --block 3
+    PYTHONPATH=build/python /usr/bin/python3 bench/torch_step.py kernel --params 64M --block 3 --pages huge
 """
 
 import argparse
@@ -81,18 +82,14 @@ def huge_page_tensor(numel, dtype):
         return torch.frombuffer(m, dtype=dtype, count=numel, offset=-base % HUGE_PAGE)
 
 
-def ts_model(n, tensor, huge_params=False):
-    """bf16 parameters of `tensor` elements each with bf16 gradients (torch's allocator); the
-    parameters on transparent huge pages with huge_params (as the C++ bench's 16-bit copies)."""
-    params = []
-    for k in shapes(n, tensor):
-        if huge_params:
-            p = huge_page_tensor(k, torch.bfloat16)
-        else:
-            p = torch.empty(k, dtype=torch.bfloat16)
-        params.append(p.uniform_(-0.02, 0.02).requires_grad_())
+def ts_model(n, tensor, huge=False):
+    """bf16 parameters of `tensor` elements each with bf16 gradients, from torch's allocator, or
+    with huge both on transparent huge pages (as the C++ bench's gradients and 16-bit copies)."""
+    def alloc(k):
+        return huge_page_tensor(k, torch.bfloat16) if huge else torch.empty(k, dtype=torch.bfloat16)
+    params = [alloc(k).uniform_(-0.02, 0.02).requires_grad_() for k in shapes(n, tensor)]
     for p in params:
-        p.grad = torch.empty_like(p).normal_(0, 1e-3)
+        p.grad = alloc(p.numel()).normal_(0, 1e-3)
     return params
 
 
@@ -166,7 +163,7 @@ def timed_steps(opt, n, wall, handover, native):
 def bench_overhead(a):
     n = tierswap.parse_count(a.params)
     torch.set_num_threads(a.threads)
-    ps = ts_model(n, a.tensor, a.param_pages == "huge")
+    ps = ts_model(n, a.tensor, a.pages == "huge")
     ts = tt.AdamW(ps, lr=1e-3, swap_dir=scratch(a, "overhead"), state_tier=a.state,
                   host_budget=a.host_budget, subgroup_size=a.sub_group, threads=a.threads,
                   telemetry=False,
@@ -195,7 +192,7 @@ def bench_overhead(a):
     own = [w - h - s for w, h, s in zip(wall, handover, native)]
     out = {"params": n, "state": a.state, "host_budget": a.host_budget, "sub_group": a.sub_group,
            "threads": a.threads, "tensor": a.tensor, "settle_s": a.settle,
-           "warmup_steps_per_block": warm, "param_pages": a.param_pages,
+           "warmup_steps_per_block": warm, "pages": a.pages,
            "cpp_grads": a.cpp_grads,
            "python_step_s": statistics.median(wall),
            "handover_s": statistics.median(handover), "native_step_s": statistics.median(native),
@@ -252,45 +249,53 @@ def bench_handover(a):
 
 
 def kernel_seconds(a, n):
-    """The fused kernel's own time for n parameters: `tierswap bench kernels`'s adamw_fused_bf16
-    (bf16 gradient in, fp32 state updated in place, bf16 parameters out), median of --block."""
+    """The fused kernel's own time for n parameters, `tierswap bench kernels`'s adamw_fused_bf16
+    (bf16 gradient in, fp32 state updated in place, bf16 parameters out), and its statistics
+    pass's, grad_stats_bf16 (the gradient read once: norm and non-finite check), medians of
+    --block."""
     r = subprocess.run([a.cli, "bench", "kernels", "--params", str(n), "--threads",
                         str(a.threads), "--reps", str(a.block), "--json"],
                        capture_output=True, text=True, check=True)
-    results = json.loads(r.stdout)["results"]
-    return next(k["median_seconds"] for k in results if k["kernel"] == "adamw_fused_bf16")
+    t = {k["kernel"]: k["median_seconds"] for k in json.loads(r.stdout)["results"]}
+    return t["adamw_fused_bf16"], t["grad_stats_bf16"]
 
 
 def bench_kernel(a):
     """opt.step() from Python, host state in memory only (no disk), against the fused kernel's
     time for the same parameters in `tierswap bench kernels`; the two in turn, --block steps or
-    kernel repetitions a side, --reps times."""
+    kernel repetitions a side, --reps times. Also the floor of an exact step: the kernel plus
+    the statistics pass, since the verdict (skip a non-finite step, the clip factor) comes
+    before the first state is written and an in-place kernel cannot be undone."""
     n = tierswap.parse_count(a.params)
     torch.set_num_threads(a.threads)
-    ps = ts_model(n, a.tensor, a.param_pages == "huge")
+    ps = ts_model(n, a.tensor, a.pages == "huge")
     ts = tt.AdamW(ps, lr=1e-3, swap_dir=scratch(a, "kernel"), state_tier="host",
                   host_budget=a.host_budget, subgroup_size=a.sub_group, threads=a.threads,
                   telemetry=False, durable=False, persist_resident_state=False, hooks=False)
     for _ in range(2):
         ts.step()
-    wall, kernel, pairs, handover, native = [], [], [], [], []
+    wall, kernel, stats, pairs, handover, native = [], [], [], [], [], []
     for r in range(a.reps):
         k = None
         for side in (("python", "kernel") if r % 2 == 0 else ("kernel", "python")):
             if side == "kernel":
-                k = kernel_seconds(a, n)
+                k, st = kernel_seconds(a, n)
                 kernel.append(k)
+                stats.append(st)
                 continue
             ts.step()  # untimed: the first step after the subprocess runs slower (caches, TLB)
             timed_steps(ts, a.block, wall, handover, native)
         pairs.append(statistics.median(wall[-a.block:]) / k)
     ts.close()
+    floor = [(k + st) / k for k, st in zip(kernel, stats)]
     return {"params": n, "threads": a.threads, "tensor": a.tensor, "sub_group": a.sub_group,
-            "block": a.block, "python_step_s": statistics.median(wall),
+            "block": a.block, "pages": a.pages, "python_step_s": statistics.median(wall),
             "handover_s": statistics.median(handover), "native_step_s": statistics.median(native),
-            "kernel_s": statistics.median(kernel), "python_over_kernel_per_rep": pairs,
-            "python_over_kernel_median": statistics.median(pairs), "runs_python": wall,
-            "runs_kernel": kernel}
+            "kernel_s": statistics.median(kernel), "grad_stats_s": statistics.median(stats),
+            "python_over_kernel_per_rep": pairs,
+            "python_over_kernel_median": statistics.median(pairs),
+            "exact_floor_over_kernel_median": statistics.median(floor), "runs_python": wall,
+            "runs_kernel": kernel, "runs_grad_stats": stats}
 
 
 def bench_tinylm(a):
@@ -367,10 +372,11 @@ def main():
     ap.add_argument("--warmup", type=int, default=None,
                     help="overhead: untimed Python steps at the start of each block (default: "
                          "what the C++ bench takes, 1 with host state, 2 with NVMe state)")
-    ap.add_argument("--param-pages", choices=("4k", "huge"), default="4k",
-                    help="overhead: the parameters' memory (what the step writes its new 16-bit "
-                         "values into): torch's allocator (4 KiB pages where THP is `madvise`) "
-                         "or transparent huge pages, as the C++ bench's own 16-bit copies")
+    ap.add_argument("--pages", choices=("4k", "huge"), default="4k",
+                    help="overhead, kernel: the memory of the parameters (what the step writes "
+                         "its new 16-bit values into) and of their gradients: torch's allocator "
+                         "(4 KiB pages where THP is `madvise`) or transparent huge pages, as the "
+                         "C++ benches' own buffers (huge on both sides: equal terms)")
     ap.add_argument("--dir", default=os.environ.get("TMPDIR", "/var/tmp"))
     ap.add_argument("--cli", default=os.path.join(os.path.dirname(__file__), "..", "build",
                                                   "tierswap"))

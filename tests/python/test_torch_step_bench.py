@@ -24,9 +24,9 @@ def run(tmp_path, *args):
 def test_overhead_blocks_time_the_steps_after_the_cpp_benchs_warm_up(tmp_path, pages):
     out = run(tmp_path, "overhead", "--params", "3M", "--tensor", "1M", "--state", "host",
               "--host-budget", "64MiB", "--sub-group", "1M", "--reps", "2", "--block", "3",
-              "--settle", "0", "--cli", cli_path(), "--param-pages", pages)
+              "--settle", "0", "--cli", cli_path(), "--pages", pages)
     assert out["warmup_steps_per_block"] == 1  # the C++ bench's with host state
-    assert out["param_pages"] == pages
+    assert out["pages"] == pages
     assert len(out["runs_python"]) == len(out["runs_cpp"]) == 6  # reps x block, no warm-up
     assert len(out["python_over_cpp_bench_per_block"]) == 2
     assert all(t > 0 for t in out["runs_python"] + out["runs_cpp"])
@@ -74,7 +74,8 @@ def test_tinylm_mode_reports_every_case_against_the_recipe(tmp_path):
 
 def test_kernel_mode_sets_the_python_step_beside_the_fused_kernel(tmp_path):
     out = run(tmp_path, "kernel", "--params", "2M", "--tensor", "1M", "--reps", "2",
-              "--host-budget", "256MiB", "--sub-group", "1M", "--cli", cli_path())
+              "--host-budget", "256MiB", "--sub-group", "1M", "--cli", cli_path(), "--pages", "huge")
     assert len(out["runs_python"]) == len(out["runs_kernel"]) == 2
-    assert out["python_step_s"] > 0 and out["kernel_s"] > 0
+    assert out["python_step_s"] > 0 and out["kernel_s"] > 0 and out["grad_stats_s"] > 0
+    assert len(out["runs_grad_stats"]) == 2 and out["exact_floor_over_kernel_median"] > 1
     assert len(out["python_over_kernel_per_rep"]) == 2

@@ -170,6 +170,8 @@ struct OptimizerConfig {
   /// them first): those step speculatively during the backward (the copy is taken first and put
   /// back if the step is discarded); the others step after the verdict.
   /// A crash loses it: save() checkpoints are its durability. NVMe-resident state is unaffected.
+  /// When every sub-group's state is memory-only (world size 1, overlap off), step() writes
+  /// nothing to the swap directory: its record already says the state cannot be resumed.
   bool persist_resident_state = true;
   /// Overlapped mode: a speculative step writes its 16-bit output straight into param16()
   /// instead of a scratch copy that step() copies into place after the verdict (2 B/param read
@@ -247,8 +249,11 @@ struct StepResult {
   /// Whether this step's commit was left running (pipelined_commit): `generation` is the one it
   /// makes, durable once the next call that touches the state returns.
   bool commit_pending = false;
-  double seconds = 0;            ///< wall time of step()
-  std::uint64_t generation = 0;  ///< the committed generation holding the new state
+  double seconds = 0;  ///< wall time of step()
+  /// The committed generation holding the new state; unchanged by a step whose state is all
+  /// memory-only (persist_resident_state off, world size 1, no overlapped mode): such a step
+  /// commits nothing, since nothing of its state is on NVMe.
+  std::uint64_t generation = 0;
   /// Overlapped mode: sub-groups stepped during the backward whose result was kept.
   std::uint32_t overlapped_subgroups = 0;
   /// Overlapped mode: speculative results were discarded and stepped again (clipping was needed,

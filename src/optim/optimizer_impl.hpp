@@ -376,6 +376,13 @@ struct ShardedOptimizer::Impl {
   std::string commit_record() const;
   /// tiers.commit() with commit_record(): every commit of the optimizer goes through here.
   std::uint64_t commit();
+  /// Whether the last commit's record says memory-only state (memory_only_state): a swap
+  /// directory resume() refuses, whatever step a later record would name.
+  bool memory_only_on_record = false;
+  /// A step of memory-only state only (world size 1, no overlapped mode, the record on disk
+  /// already saying so): its commit would write no data, only a record resume() refuses, so the
+  /// step commits nothing.
+  bool commit_adds_nothing() const;
   /// resume(): the checks of the swap directory's commit record against this optimizer that
   /// need no layout (format, version, world size, rank, dtypes); takes its sub-group size.
   void check_record(const nlohmann::json& rec);

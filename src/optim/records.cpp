@@ -2,6 +2,8 @@
 // of every generation share it) and the checks of a stored layout against this optimizer's.
 #include <fmt/format.h>
 
+#include <algorithm>
+
 #include <nlohmann/json.hpp>
 
 #include "src/optim/optimizer_impl.hpp"
@@ -176,7 +178,17 @@ std::string ShardedOptimizer::Impl::commit_record() const {
 
 std::uint64_t ShardedOptimizer::Impl::commit() {
   tiers.set_commit_record(commit_record());
-  return tiers.commit();
+  memory_only_on_record = false;  // until this commit lands (a failed one may have half-written)
+  const std::uint64_t g = tiers.commit();
+  memory_only_on_record =
+      std::any_of(subs.begin(), subs.end(), [](const OptSub& s) { return s.memory_only; });
+  return g;
+}
+
+bool ShardedOptimizer::Impl::commit_adds_nothing() const {
+  if (world != 1 || cfg.overlap || !memory_only_on_record || !unusable.empty() || subs.empty())
+    return false;
+  return std::all_of(subs.begin(), subs.end(), [](const OptSub& s) { return s.memory_only; });
 }
 
 }  // namespace tierswap

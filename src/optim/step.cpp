@@ -449,6 +449,10 @@ void ShardedOptimizer::Impl::run_pipeline_and_commit(const StepPlan& sp, bool ke
     for (std::size_t k : sp.late)  // where the step reads it (a lent one: the caller's memory)
       if (!book(subs[k]).all_lent())
         (*late_grads)[k] = tiers.acquire(subs[k].grad, grad_tier_of(subs[k]));
+    if (commit_adds_nothing()) {  // memory-only state: nothing to write
+      step_count = sp.t;
+      return;
+    }
     if (may_pipeline_commit(sp)) {  // the trainer goes on; the next call settles it
       step_count = sp.t;
       start_pipelined_commit(sp, scaler, r);

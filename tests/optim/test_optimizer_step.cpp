@@ -608,15 +608,38 @@ TEST(ShardedOptimizer, APipelinedCommitGivesTheSameBitsAndEveryGenerationLands) 
 }
 
 // Not taken where a failed commit could not be undone: memory-only state steps after it.
-TEST(ShardedOptimizer, APipelinedCommitIsNotTakenWithMemoryOnlyState) {
-  OptimizerConfig oc = test::model_config();
-  oc.state_tier = OptimizerConfig::StateTier::host;
-  oc.persist_resident_state = false;
-  oc.pipelined_commit = true;
-  Rig r(tier_config(4 * kMiB, 128 * kKiB), oc);
-  const auto m = test::start_model(*r.opt);
-  for (const StepResult& s : test::train(*r.opt, m, 1, 2, 0, 1)) {
-    EXPECT_FALSE(s.commit_pending);
-    EXPECT_GT(s.commit_seconds, 0);
+// Memory-only state throughout: nothing of a step is on NVMe, so the step commits nothing (no
+// pipelined commit either), and the generation stays the one initialize() committed, whose
+// record already refuses a resume (Resume.ARunWhoseResidentStateWasMemoryOnlyCannotResume).
+// Beside NVMe-resident sub-groups (a plan), every step commits again.
+TEST(ShardedOptimizer, AStepOfMemoryOnlyStateCommitsNothing) {
+  for (const bool with_plan : {false, true}) {
+    SCOPED_TRACE(with_plan ? "half on NVMe by a plan" : "all in host memory");
+    OptimizerConfig oc = test::model_config();
+    oc.state_tier = OptimizerConfig::StateTier::host;
+    oc.persist_resident_state = false;
+    oc.pipelined_commit = true;
+    Rig r(tier_config(4 * kMiB, 128 * kKiB), oc);
+    if (with_plan)
+      r.opt->set_plan(Plan::from_json(R"({"format": "tierswap.plan", "version": 1, "subgroups": [
+          {"numel": 1, "state_tier": "nvme", "step_device": "cpu"},
+          {"numel": 1, "state_tier": "host", "step_device": "cpu"}]})"));
+    const auto m = test::start_model(*r.opt);
+    const std::uint64_t g0 = r.tiers->committed_generation();
+    const std::uint64_t c0 = r.tiers->counters().commits;
+    std::uint64_t t = 0;
+    for (const StepResult& s : test::train(*r.opt, m, 1, 3, 0, 1)) {
+      ++t;
+      EXPECT_FALSE(s.commit_pending);
+      if (with_plan) {
+        EXPECT_GT(s.commit_seconds, 0);
+        EXPECT_EQ(s.generation, g0 + t);
+      } else {
+        EXPECT_EQ(s.commit_seconds, 0);
+        EXPECT_EQ(s.generation, g0);
+      }
+    }
+    EXPECT_EQ(r.tiers->counters().commits - c0, with_plan ? t : 0u);
+    EXPECT_EQ(r.opt->step_count(), t);
   }
 }

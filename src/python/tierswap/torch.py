@@ -88,7 +88,8 @@ Tier keywords (all optional; the defaults work untuned):
                   rank and persisted state; else (and with False) inside step()
   persist_resident_state  host-resident state is also committed to NVMe every step (default:
                   crash-consistent, exact rollback); False keeps it in memory only (no NVMe I/O
-                  for it, as torch.optim's state; save() is then its durability)
+                  for it, as torch.optim's state; save() is then its durability; with all of
+                  it in memory, a step writes nothing to the swap directory)
 
 Distributed: with torch.distributed initialized, every rank constructs the optimizer over the same
 parameters; each owns 1/world of the state, hands over its local gradients (summed over ranks:

@@ -12,21 +12,25 @@
 #include "tierswap/units.hpp"
 
 namespace tierswap {
-AlignedBuffer::AlignedBuffer(std::size_t bytes, std::size_t alignment, bool lock) {
+void* allocate_aligned(std::size_t bytes, std::size_t alignment, std::size_t* rounded) {
   if (alignment < sizeof(void*) || (alignment & (alignment - 1)) != 0)
     throw std::invalid_argument("AlignedBuffer: alignment must be a power of two >= pointer size");
-  std::size_t n = round_up(bytes == 0 ? alignment : bytes, alignment);
+  const std::size_t n = round_up(bytes == 0 ? alignment : bytes, alignment);
   // Large buffers start on a 2 MiB boundary and ask for transparent huge pages (best effort;
   // THP is often "madvise" only): streaming kernels over them then miss the TLB 512x less.
   const bool huge = n >= kHugePageBytes && ProcessConfig::current().huge_pages;
   void* p = nullptr;
   if (::posix_memalign(&p, huge && alignment < kHugePageBytes ? kHugePageBytes : alignment, n) != 0)
     throw std::bad_alloc();
-  data_ = static_cast<std::byte*>(p);
-  size_ = n;
 #ifdef MADV_HUGEPAGE
-  if (huge) (void)::madvise(data_, n & ~(kHugePageBytes - 1), MADV_HUGEPAGE);
+  if (huge) (void)::madvise(p, n & ~(kHugePageBytes - 1), MADV_HUGEPAGE);
 #endif
+  if (rounded != nullptr) *rounded = n;
+  return p;
+}
+
+AlignedBuffer::AlignedBuffer(std::size_t bytes, std::size_t alignment, bool lock) {
+  data_ = static_cast<std::byte*>(allocate_aligned(bytes, alignment, &size_));
   if (lock) locked_ = ::mlock(data_, size_) == 0;
 }
 

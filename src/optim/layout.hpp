@@ -10,6 +10,7 @@
 #include <utility>
 #include <vector>
 
+#include "tierswap/aligned_buffer.hpp"
 #include "tierswap/optimizer.hpp"
 #include "tierswap/tier_manager.hpp"
 
@@ -70,12 +71,13 @@ struct OptGroup {
   std::string name;
   Dtype dtype16 = Dtype::bf16;
   bool has_dtype = false;
-  std::vector<ParamId> params;        // all, registration order
-  std::uint64_t numel = 0;            // trainable elements
-  std::uint64_t part = 0;             // elements per rank partition (multiple of kGradStatsChunk)
-  std::uint64_t lo = 0, hi = 0;       // this rank's partition
-  std::uint64_t subs_per_part = 0;    // sub-groups per partition: ceil(part / subgroup size)
-  std::vector<std::uint16_t> p16;     // the whole group's 16-bit parameters (flat)
+  std::vector<ParamId> params;      // all, registration order
+  std::uint64_t numel = 0;          // trainable elements
+  std::uint64_t part = 0;           // elements per rank partition (multiple of kGradStatsChunk)
+  std::uint64_t lo = 0, hi = 0;     // this rank's partition
+  std::uint64_t subs_per_part = 0;  // sub-groups per partition: ceil(part / subgroup size)
+  // the whole group's 16-bit parameters (flat; on huge pages, as the state the kernels stream)
+  std::vector<std::uint16_t, HugePageAllocator<std::uint16_t>> p16;
   std::vector<std::byte> local_grad;  // world size > 1: unreduced local gradient (flat)
   bool local_dirty = false;
   std::size_t chunk_base = 0;            // first statistics chunk in the optimizer's chunk vector

@@ -15,6 +15,7 @@
 #include "test_util.hpp"
 #include "tierswap/aligned_buffer.hpp"
 #include "tierswap/detail/io_backend.hpp"
+#include "tierswap/process_config.hpp"
 #include "tierswap/units.hpp"
 
 using namespace tierswap;
@@ -400,6 +401,25 @@ TEST_P(EngineTest, SubmissionsHoldAtMostSubmitBatchRequests) {
 
 INSTANTIATE_TEST_SUITE_P(Backends, EngineTest, ::testing::ValuesIn(test::kAllBackends),
                          test::backend_name);
+
+// Large flat arrays (a group's 16-bit parameters) through HugePageAllocator start on a 2 MiB
+// boundary (advised for transparent huge pages) and hold what is written; small ones are
+// 64-byte aligned; allocate_aligned() rounds up to the alignment and refuses a bad one.
+TEST(AlignedBuffer, HugePageAllocatorPutsLargeArraysOnHugePageBoundaries) {
+  std::vector<std::uint16_t, HugePageAllocator<std::uint16_t>> big(3 << 20, 7), small(100, 1);
+  if (ProcessConfig::current().huge_pages)
+    EXPECT_EQ(reinterpret_cast<std::uintptr_t>(big.data()) % kHugePageBytes, 0u);
+  EXPECT_EQ(reinterpret_cast<std::uintptr_t>(small.data()) % 64, 0u);
+  EXPECT_EQ(std::count(big.begin(), big.end(), std::uint16_t{7}), 3 << 20);
+  big.assign(big.size() + 5, 9);  // reallocated: still one value throughout
+  EXPECT_EQ(std::count(big.begin(), big.end(), std::uint16_t{9}), (3 << 20) + 5);
+  std::size_t rounded = 0;
+  void* p = allocate_aligned(5000, 4096, &rounded);
+  EXPECT_EQ(rounded, 8192u);
+  EXPECT_EQ(reinterpret_cast<std::uintptr_t>(p) % 4096, 0u);
+  std::free(p);
+  EXPECT_THROW(allocate_aligned(64, 3), std::invalid_argument);
+}
 
 TEST(EngineConfig, ValidatesAndLoads) {
   IoEngineConfig c;

@@ -5,6 +5,7 @@
 #include <numaif.h>
 #include <sched.h>
 
+#include <algorithm>
 #include <cstring>
 #include <stdexcept>
 
@@ -13,8 +14,13 @@
 namespace tierswap {
 
 namespace {
-// Range of worker `i` of `k` over n elements, boundaries multiples of grain.
-std::pair<std::size_t, std::size_t> range_of(unsigned i, unsigned k, std::size_t n,
+// Pieces per thread: enough that a thread woken late leaves the rest to the others, few enough
+// that each is a long stream for the kernels (and their non-temporal stores' alignment prologue
+// is noise).
+constexpr std::size_t kPiecesPerThread = 4;
+
+// Range of piece `i` of `k` over n elements, boundaries multiples of grain.
+std::pair<std::size_t, std::size_t> range_of(std::size_t i, std::size_t k, std::size_t n,
                                              std::size_t grain) {
   const std::size_t units = (n + grain - 1) / grain;
   const std::size_t b = units * i / k * grain, e = units * (i + 1) / k * grain;
@@ -78,30 +84,44 @@ void ThreadPool::parallel_for(std::size_t n, std::size_t grain,
     return;
   }
   std::lock_guard run(run_mu_);
+  const std::size_t units = (n + grain - 1) / grain;
+  const std::size_t pieces = std::min<std::size_t>(units, std::size_t{size_} * kPiecesPerThread);
   {
     std::lock_guard lock(mu_);
     fn_ = &fn;
     n_ = n;
     grain_ = grain;
+    pieces_ = pieces;
+    next_.store(0, std::memory_order_relaxed);
+    failed_.store(false, std::memory_order_relaxed);
     pending_ = size_ - first_worker_;
     error_ = nullptr;
     ++generation_;
   }
   start_cv_.notify_all();
   std::exception_ptr mine;
-  if (first_worker_ == 1) {
-    try {
-      auto [b, e] = range_of(0, size_, n, grain);
-      if (b < e) fn(b, e);
-    } catch (...) {
-      mine = std::current_exception();
-    }
-  }
+  if (first_worker_ == 1) mine = run_pieces(fn, n, grain, pieces);
   std::unique_lock lock(mu_);
   done_cv_.wait(lock, [&] { return pending_ == 0; });
   fn_ = nullptr;
   if (mine) std::rethrow_exception(mine);
   if (error_) std::rethrow_exception(error_);
+}
+
+std::exception_ptr ThreadPool::run_pieces(const std::function<void(std::size_t, std::size_t)>& fn,
+                                          std::size_t n, std::size_t grain, std::size_t pieces) {
+  for (;;) {
+    if (failed_.load(std::memory_order_relaxed)) return nullptr;
+    const std::size_t i = next_.fetch_add(1, std::memory_order_relaxed);
+    if (i >= pieces) return nullptr;
+    try {
+      const auto [b, e] = range_of(i, pieces, n, grain);
+      if (b < e) fn(b, e);
+    } catch (...) {
+      failed_.store(true, std::memory_order_relaxed);
+      return std::current_exception();
+    }
+  }
 }
 
 void ThreadPool::worker(unsigned index) {
@@ -127,7 +147,7 @@ void ThreadPool::worker(unsigned index) {
   std::size_t seen = 0;
   for (;;) {
     const std::function<void(std::size_t, std::size_t)>* fn;
-    std::size_t n, grain;
+    std::size_t n, grain, pieces;
     {
       std::unique_lock lock(mu_);
       start_cv_.wait(lock, [&] { return stop_ || generation_ != seen; });
@@ -136,14 +156,9 @@ void ThreadPool::worker(unsigned index) {
       fn = fn_;
       n = n_;
       grain = grain_;
+      pieces = pieces_;
     }
-    std::exception_ptr err;
-    try {
-      auto [b, e] = range_of(index, size_, n, grain);
-      if (b < e) (*fn)(b, e);
-    } catch (...) {
-      err = std::current_exception();
-    }
+    const std::exception_ptr err = run_pieces(*fn, n, grain, pieces);
     {
       std::lock_guard lock(mu_);
       if (err && !error_) error_ = err;

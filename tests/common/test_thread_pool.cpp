@@ -2,7 +2,9 @@
 #include <numa.h>
 #include <sched.h>
 
+#include <algorithm>
 #include <atomic>
+#include <mutex>
 #include <stdexcept>
 #include <string>
 #include <thread>
@@ -27,20 +29,56 @@ TEST(ThreadPool, CoversTheRangeExactlyOnce) {
   }
 }
 
+// A range that throws: the exception comes back once every range in progress has finished, no
+// range starts after it, and the pool stays usable.
 TEST(ThreadPool, RethrowsAfterEveryRangeFinished) {
   ThreadPool pool(4);
-  std::atomic<int> ran{0};
+  std::atomic<int> ran{0}, running{0}, after_throw{0};
+  std::atomic<bool> thrown{false};
   EXPECT_THROW(pool.parallel_for(4000, 1,
                                  [&](std::size_t b, std::size_t) {
                                    ran++;
-                                   if (b == 0) throw std::runtime_error("boom");
+                                   if (thrown) after_throw++;
+                                   running++;
+                                   if (b == 0) {
+                                     thrown = true;
+                                     running--;
+                                     throw std::runtime_error("boom");
+                                   }
+                                   running--;
                                  }),
                std::runtime_error);
-  EXPECT_EQ(ran.load(), 4);
+  EXPECT_EQ(running.load(), 0);  // every range that started has finished
+  EXPECT_GE(ran.load(), 1);
+  EXPECT_LE(ran.load(), 16);  // at most the 4 pieces of each of the 4 threads
+  // A thread may have claimed its piece just before the throw; none claims one after it.
+  EXPECT_LE(after_throw.load(), 3);
   // Still usable.
   std::atomic<std::size_t> sum{0};
   pool.parallel_for(1000, 1, [&](std::size_t b, std::size_t e) { sum += e - b; });
   EXPECT_EQ(sum.load(), 1000u);
+}
+
+// Each thread takes a few pieces as it comes: ranges are disjoint, grain-aligned, cover [0, n),
+// and there are more of them than threads when n allows.
+TEST(ThreadPool, SplitsIntoAFewGrainAlignedPiecesPerThread) {
+  ThreadPool pool(2);
+  std::mutex mu;
+  std::vector<std::pair<std::size_t, std::size_t>> ranges;
+  pool.parallel_for(1 << 20, 64, [&](std::size_t b, std::size_t e) {
+    std::lock_guard lk(mu);
+    ranges.emplace_back(b, e);
+  });
+  std::sort(ranges.begin(), ranges.end());
+  ASSERT_EQ(ranges.size(), 8u);
+  std::size_t at = 0;
+  for (const auto& [b, e] : ranges) {
+    EXPECT_EQ(b, at);
+    EXPECT_EQ(b % 64, 0u);
+    EXPECT_LT(b, e);
+    at = e;
+  }
+  EXPECT_EQ(at, std::size_t{1} << 20);
 }
 
 TEST(ThreadPool, NumaBoundWorkersRunEveryRangeOnTheirNode) {

@@ -1,5 +1,6 @@
 #include "tierswap/aligned_buffer.hpp"
 
+#include <fmt/format.h>
 #include <sys/mman.h>
 
 #include <cstdlib>
@@ -14,7 +15,8 @@
 namespace tierswap {
 void* allocate_aligned(std::size_t bytes, std::size_t alignment, std::size_t* rounded) {
   if (alignment < sizeof(void*) || (alignment & (alignment - 1)) != 0)
-    throw std::invalid_argument("AlignedBuffer: alignment must be a power of two >= pointer size");
+    throw std::invalid_argument(fmt::format(
+        "aligned allocation: alignment {} is not a power of two >= the pointer size", alignment));
   const std::size_t n = round_up(bytes == 0 ? alignment : bytes, alignment);
   // Large buffers start on a 2 MiB boundary and ask for transparent huge pages (best effort;
   // THP is often "madvise" only): streaming kernels over them then miss the TLB 512x less.

@@ -40,7 +40,8 @@ class ThreadPool {
   int numa_node() const noexcept { return numa_node_; }
 
   /// Calls fn(begin, end) on disjoint ranges covering [0, n). The first exception thrown by a
-  /// range is rethrown here after every range finished (no range starts after it was thrown).
+  /// range is rethrown here after every range finished (once it is caught, no thread claims
+  /// another piece).
   void parallel_for(std::size_t n, std::size_t grain,
                     const std::function<void(std::size_t, std::size_t)>& fn);
 

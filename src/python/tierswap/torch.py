@@ -102,7 +102,6 @@ a RuntimeError (or ValueError) with its message.
 """
 
 import contextlib
-import functools
 import json
 import math
 import os
@@ -111,12 +110,15 @@ import threading
 import time
 import warnings
 import weakref
-from collections.abc import Mapping
 
 import torch
 from torch.optim import Optimizer
 
-from . import _device, _tierswap, parse_count, parse_size
+from . import _checkpoint, _device, _serial, _tierswap, parse_count, parse_size
+from . import _checks as check
+from ._checkpoint import Checkpointing, StateView
+from ._clip_guard import guard_torch_clipping
+from ._serial import one_at_a_time
 from ._swapdir import TempSwapDir
 from .distributed import default_communicator
 
@@ -125,41 +127,7 @@ __all__ = ["AdamW", "Adam", "SGD", "Lion", "from_deepspeed_config"]
 _DTYPE_NAMES = _device.DTYPE_NAMES
 _TORCH_VERSION = tuple(int(x) for x in torch.__version__.split("+")[0].split(".")[:2])
 _TORCH_DIR = os.path.dirname(torch.__file__)
-
-
-def _one_at_a_time(method):
-    """One call into the native optimizer at a time (a checkpoint thread's state_dict() while
-    the training thread steps): a second caller waits, without the GIL, for the first. It is
-    re-entrant (state_dict() gathers through _param_state()); step() runs its closure outside
-    it, so that hooks handing gradients over take it from whichever thread runs them."""
-    @functools.wraps(method)
-    def serialized(self, *args, **kwargs):
-        with self._lock:
-            return method(self, *args, **kwargs)
-    return serialized
-
-
-def _settled(what):
-    """A reader of the state (state_dict, opt.state[p], save): while the overlapped step's
-    speculative results wait for step(), the state is not the committed one. A call from another
-    thread (a checkpoint thread) waits for the trainer's step() to settle them; the trainer's own
-    thread, between its backward and step(), is told to read after step()."""
-    def decorate(method):
-        @functools.wraps(method)
-        def settled(self, *args, **kwargs):
-            while True:
-                with self._lock:
-                    if not self._native.speculation_pending():
-                        return method(self, *args, **kwargs)
-                    if self._trainer == threading.get_ident():
-                        raise RuntimeError(
-                            f"{what}: the overlapped step (on by default from the second "
-                            "step) has begun stepping this backward's gradients, so the state "
-                            "is between steps: read it after step() (or before the backward), "
-                            "or build the optimizer with overlap=False")
-                time.sleep(0.001)  # the lock released: the trainer's step() settles them
-        return settled
-    return decorate
+_OWN_FILES = {__file__, _checkpoint.__file__, _serial.__file__}
 
 
 def _close_native(native, tmpdir, params, owner):
@@ -194,50 +162,9 @@ def _service_config(service, service_job):
     return cfg
 
 
-class _StateView(Mapping):
-    """``opt.state``: each trainable parameter's state as torch's optimizer would hold it
-    (``step`` and the moments), read from the tiers when a parameter is looked up. The tensors
-    are copies: the view is read-only (set state through ``load_state_dict``). Before the first
-    step it is empty, as torch's is (a parameter's lookup gives ``{}``): there is no state yet,
-    and torch starts some from the first gradient, not from zeros (SGD's momentum buffer). At
-    world size > 1 a lookup would gather from every rank, so it is refused: ``state_dict()`` is
-    the collective."""
-
-    def __init__(self, opt):
-        self._opt = weakref.ref(opt)  # the optimizer holds the view, not the other way round
-
-    def _params(self):
-        opt = self._opt()
-        return [] if opt is None else [p for p, _ in opt._ids if opt._has_state(p)]
-
-    def __getitem__(self, p):
-        opt = self._opt()
-        nid = None if opt is None else opt._nid_of.get(id(p))
-        if nid is None:
-            raise KeyError("not a trainable parameter of this optimizer")
-        return opt._param_state(p, nid) if opt._has_state(p) else {}
-
-    def __contains__(self, p):
-        opt = self._opt()
-        return opt is not None and id(p) in opt._nid_of and opt._has_state(p)
-
-    def __iter__(self):
-        return iter(self._params())
-
-    def __len__(self):
-        return len(self._params())
-
-    def __setitem__(self, p, value):
-        raise TypeError("opt.state is read from the tiers: set state through load_state_dict()")
-
-    __delitem__ = __setitem__
-
-    def __repr__(self):
-        return f"<tierswap optimizer state of {len(self)} parameters, read from the tiers>"
-
-
-class _TieredOptimizer(Optimizer):
-    """The common part; subclasses set _kind, _state_keys and _hyper()."""
+class _TieredOptimizer(Checkpointing, Optimizer):
+    """The common part (its state's readers and writers in Checkpointing); subclasses set _kind,
+    _state_keys and _hyper()."""
 
     _kind = None
     _state_keys = ()  # (torch's key, tierswap's class) of every state the kind may keep
@@ -250,7 +177,7 @@ class _TieredOptimizer(Optimizer):
                  swap_capacity=None, persist_resident_state=True, durable=True, resume=False,
                  service=None, service_job=None, device_tier=None, pipelined_commit=True):
         self._native = None
-        self._lock = threading.RLock()  # see _one_at_a_time
+        self._lock = threading.RLock()  # see one_at_a_time
         self._tmpdir = None
         self._comm = default_communicator(communicator)  # kept alive beside the native side
         try:
@@ -267,16 +194,16 @@ class _TieredOptimizer(Optimizer):
             auto = hooks is None and overlap is not False and _shadow_slots()
             self._check_params()
             opt_cfg = {
-                "state_tier": _choice("state_tier", state_tier, ("auto", "host", "nvme")),
+                "state_tier": check.choice("state_tier", state_tier, ("auto", "host", "nvme")),
                 # the default's undo copies are laid out now, the mode is switched on later
                 "overlap": bool(overlap) or auto,
-                "max_grad_norm": _nonneg("max_grad_norm", max_grad_norm),
+                "max_grad_norm": check.nonneg("max_grad_norm", max_grad_norm),
                 "bf16_moments": bool(bf16_moments),
                 "accumulate_fp32": bool(accumulate_fp32),
                 "persist_resident_state": bool(persist_resident_state),
                 "pipelined_commit": bool(pipelined_commit),
-                "loss_scaler": _scaler(loss_scale, init_scale, growth_factor, backoff_factor,
-                                       growth_interval),
+                "loss_scaler": check.scaler(loss_scale, init_scale, growth_factor,
+                                            backoff_factor, growth_interval),
             }
             if plan is not None:
                 opt_cfg["plan"] = os.fspath(plan)
@@ -285,10 +212,10 @@ class _TieredOptimizer(Optimizer):
                                "keep_swap_files=True keeps the files for a later run")):
                 if flag and _temporary(swap_dir):
                     raise ValueError(f"{why}: give swap_dir (a temporary one is removed at close)")
-            budget = _positive(host_budget, "host_budget", parse_size)
-            capacity = _positive(swap_capacity, "swap_capacity", parse_size)
-            subgroup = _positive(subgroup_size, "subgroup_size", parse_count)
-            threads = _threads(threads)
+            budget = check.positive(host_budget, "host_budget", parse_size)
+            capacity = check.positive(swap_capacity, "swap_capacity", parse_size)
+            subgroup = check.positive(subgroup_size, "subgroup_size", parse_count)
+            threads = check.threads(threads)
             tier_cfg = _tier_config(telemetry, durable)
             service_cfg = _service_config(service, service_job)
             tier_cfg.update(self._dev.tier_keys())
@@ -330,7 +257,7 @@ class _TieredOptimizer(Optimizer):
         self._trainer = None  # the thread of the last backward
         self._said = set()  # the one-time warnings given
         self.last_step = None
-        self.state = _StateView(self)
+        self.state = StateView(self)
         for p, _ in self._ids:
             p._tierswap_owner = weakref.ref(self)
         self._record_versions()
@@ -338,7 +265,7 @@ class _TieredOptimizer(Optimizer):
             self._native.set_overlap(False)  # until the first step is over
         if hooks is not False:
             self._install_hooks(self._ids)
-            _guard_torch_clipping(self)
+            guard_torch_clipping(self)
 
     # ---- construction -----------------------------------------------------------------------
     def add_param_group(self, param_group):
@@ -349,19 +276,19 @@ class _TieredOptimizer(Optimizer):
         A resumed run (resume=True) passes every group, the added ones too, to the constructor.
         Collective at world size > 1."""
         if getattr(self, "_native", None) is None:  # torch's constructor adding its groups
-            _listed_params(param_group, len(self.param_groups))
+            check.listed_params(param_group, len(self.param_groups))
             super().add_param_group(param_group)
             return
         self._add_group_between_steps(param_group)
 
-    @_one_at_a_time
+    @one_at_a_time
     def _add_group_between_steps(self, param_group):
         gi, problem = len(self.param_groups), None
         try:
             if self._in_backward:
                 raise RuntimeError("add_param_group: between steps only (a backward is under "
                                    "way: add it after step())")
-            _listed_params(param_group, gi)
+            check.listed_params(param_group, gi)
             super().add_param_group(param_group)  # torch's checks and defaults
             self._check_group(gi, self.param_groups[gi])
             h = self._group_hyper(gi, self.param_groups[gi])
@@ -422,7 +349,7 @@ class _TieredOptimizer(Optimizer):
             self._dev.check(p, where)
             if not p.is_contiguous():
                 raise ValueError(f"{where} is not contiguous")
-            _check_not_owned(p, where)
+            check.not_owned(p, where)
             first = group["params"][0].dtype
             if p.dtype != first:
                 raise ValueError(f"{where} is {p.dtype} and param_groups[{gi}]['params'][0] "
@@ -667,15 +594,15 @@ class _TieredOptimizer(Optimizer):
         self._handed.update(r[0] for r in refs)
         return lent
 
-    @_one_at_a_time
+    @one_at_a_time
     def _begin(self, final):
-        self._trainer = threading.get_ident()  # (see _settled)
+        self._trainer = threading.get_ident()  # (see settled)
         self._sync_groups()
         self._adopt_changed_weights()
         self._native.begin_backward(final)
         self._in_backward = True
 
-    @_one_at_a_time
+    @one_at_a_time
     def _end(self):
         if self._in_backward:
             self._in_backward = False
@@ -720,7 +647,7 @@ class _TieredOptimizer(Optimizer):
         self._step()
         return loss
 
-    @_one_at_a_time
+    @one_at_a_time
     def _step(self):
         t0 = time.perf_counter()
         lent, problem = [], None  # lent: gradients the step reads in place, alive until it returns
@@ -794,9 +721,9 @@ class _TieredOptimizer(Optimizer):
                           "loss_scale='dynamic'", stacklevel=_user_level())
 
     @torch.no_grad()
-    @_one_at_a_time
+    @one_at_a_time
     def clip_grad_norm_(self, parameters, max_norm, norm_type=2.0):
-        """torch.nn.utils.clip_grad_norm_ for this optimizer, to put where a torch recipe calls
+        """``torch.nn.utils.clip_grad_norm_`` for this optimizer, to put where a torch recipe calls
         it (between the backward and step()): the total norm of the parameters' gradients and
         the clip coefficient computed as torch computes them, in fp32 and in torch's order, on
         fp32 copies of the gradients (what the mixed-precision recipe clips: its fp32 master
@@ -824,7 +751,8 @@ class _TieredOptimizer(Optimizer):
         if isinstance(parameters, torch.Tensor):
             parameters = [parameters]
         grads = [p.grad for p in parameters if p.grad is not None]
-        max_norm, norm_type = _number("max_norm", max_norm), _number("norm_type", norm_type)
+        max_norm = check.number("max_norm", max_norm)
+        norm_type = check.number("norm_type", norm_type)
         if not (max_norm > 0):
             raise ValueError(f"clip_grad_norm_: max_norm {max_norm} must be > 0")
         if not grads:
@@ -842,7 +770,7 @@ class _TieredOptimizer(Optimizer):
         self._clip_factor = coef if math.isfinite(coef) and coef > 0 else None
         return total
 
-    @_one_at_a_time
+    @one_at_a_time
     def zero_grad(self, set_to_none=True):
         self._clip_factor = None  # it was these gradients'
         if self._hooks and self._closer.alive:
@@ -856,7 +784,8 @@ class _TieredOptimizer(Optimizer):
 
     @property
     def grad_norm(self):
-        """The global norm of the last step's unscaled gradients, as clip_grad_norm_ returns it."""
+        """The global norm of the last step's unscaled gradients, as ``clip_grad_norm_`` returns
+        it."""
         return None if self.last_step is None else self.last_step["grad_norm"]
 
     @property
@@ -868,244 +797,25 @@ class _TieredOptimizer(Optimizer):
         return loss * self._native.loss_scale()
 
     @property
-    @_one_at_a_time
+    @one_at_a_time
     def step_count(self):
         return self._native.step_count()
 
     # ---- state ---------------------------------------------------------------------------------
-    def _index(self):
-        """torch's state-dict index of each parameter (all groups, in order)."""
-        out, i = {}, 0
-        for group in self.param_groups:
-            for p in group["params"]:
-                out[id(p)] = i
-                i += 1
-        return out
-
-    def _gather(self, p, nid, cls):
-        t = torch.empty(p.shape, dtype=torch.float32)
-        self._native.gather(nid, cls, t.data_ptr(), t.numel())
-        return t
-
-    def _group_step(self, p):
-        """The steps parameter p's group took (torch counts per parameter; tierswap per group:
-        a group added between steps starts at 0)."""
-        return self._native.group_step_count(self._group_at[id(p)])
-
-    def _has_state(self, p):
-        """Whether p's group took a step (or state was loaded at a step): before, torch's state
-        for p is empty."""
-        return self._group_step(p) > 0
-
-    @_settled("state_dict()")
-    def state_dict(self):
-        """torch's format, the state materialized from the tiers: {'state': {index: {'step',
-        moments}}, 'param_groups': [...]}, plus 'master_params': {index: fp32 master weights}
-        (a key torch.optim's load_state_dict ignores). Before the first step 'state' is empty,
-        as torch's is."""
-        index = self._index()
-        state, masters = {}, {}
-        for p, nid in self._ids:
-            i = index[id(p)]
-            if self._has_state(p):
-                state[i] = self._param_state(p, nid, collective=True)
-            masters[i] = self._gather(p, nid, "master")
-        groups = []
-        for group in self.param_groups:
-            g = {k: v for k, v in group.items() if k != "params"}
-            g["params"] = [index[id(p)] for p in group["params"]]
-            groups.append(g)
-        return {"state": state, "param_groups": groups, "master_params": masters}
-
-    @_settled("opt.state[p]")
-    def _param_state(self, p, nid, collective=False):
-        """Parameter p's entry of torch's state: step and moments, gathered from the tiers."""
-        if not collective and self._native.world() > 1:
-            raise RuntimeError(f"opt.state[p] would gather from every one of the "
-                               f"{self._native.world()} ranks: call state_dict() on every rank")
-        entry = {"step": torch.tensor(float(self._group_step(p)))}
-        for key, cls in self._state_keys_for(p):
-            entry[key] = self._gather(p, nid, cls)
-        return entry
-
-    def _state_keys_for(self, p):
-        """The states parameter p keeps under its group's settings."""
-        return self._state_keys
-
-    def _group_of(self, p):
-        gi = self._group_at.get(id(p))
-        if gi is None:
-            raise KeyError("parameter not in this optimizer")
-        return self.param_groups[gi]
-
-    @_one_at_a_time
-    def load_state_dict(self, state_dict):
-        """Takes torch's format (from this class or from the matching torch.optim optimizer):
-        hyper-parameters, step and moments; master weights from 'master_params' when present,
-        else the current ones are kept. Bit-exact on fp32 state. Collective at world size > 1: a
-        rank that refuses its state dict makes every rank raise, and nothing changes."""
-        before = [dict(g) for g in self.param_groups]
-        try:
-            problem = None
-            try:
-                items, step, keep = self._checked_import(state_dict)  # keep: what items point to
-                for mine, theirs in zip(self.param_groups, state_dict["param_groups"]):
-                    mine.update({k: v for k, v in theirs.items() if k != "params"})
-                self._sync_groups()
-            except (ValueError, TypeError, KeyError, RuntimeError) as e:
-                problem = e
-            self._agree(problem, "load_state_dict")
-            self._native.import_state(items, *step)
-            del keep
-        except BaseException:  # the groups as they were (state is imported whole or not at all)
-            for mine, old in zip(self.param_groups, before):
-                mine.clear()
-                mine.update(old)
-            self._sync_groups()
-            raise
-
     def _agree(self, problem, what):
-        _agree_on(problem, self._native.world(), self._native.any_rank,
-                  f"{what}: another rank refused its arguments (its error says why); nothing "
-                  "changed")
+        check.agree_on(problem, self._native.world(), self._native.any_rank,
+                       f"{what}: another rank refused its arguments (its error says why); "
+                       "nothing changed")
 
-    def _checked_import(self, state_dict):
-        """load_state_dict()'s checks: the native items to import, the step count, and the
-        tensors the items point to."""
-        _check_optimizer_state_dict(state_dict)
-        groups = state_dict["param_groups"]
-        if len(groups) != len(self.param_groups):
-            raise ValueError(f"state dict has {len(groups)} param groups, this optimizer "
-                             f"{len(self.param_groups)}")
-        for gi, (mine, theirs) in enumerate(zip(self.param_groups, groups)):
-            if len(mine["params"]) != len(theirs["params"]):
-                raise ValueError(f"param group {gi}: {len(theirs['params'])} parameters in the "
-                                 f"state dict, {len(mine['params'])} here")
-        by_saved = {}
-        for mine, theirs in zip(self.param_groups, groups):
-            by_saved.update(zip(theirs["params"], mine["params"]))
-        ids = {id(p): nid for p, nid in self._ids}
-        items, keep, steps = [], [], {}  # steps: {group index: the steps its parameters took}
-        masters = state_dict.get("master_params", {})
-        for saved, st in state_dict["state"].items():
-            p = by_saved.get(saved)
-            if p is not None and p.numel() == 0:
-                continue  # torch's empty moments for an empty parameter: nothing to hold
-            if p is None or id(p) not in ids:
-                raise ValueError(f"state dict holds state for parameter {saved}, which is not a "
-                                 "trainable parameter here")
-            needed = self._state_keys_for(p)
-            self._check_state_keys(saved, st, needed)
-            if "step" in st:
-                steps.setdefault(self._group_at[id(p)], set()).add(_step_count(st["step"], saved))
-            for key, cls in needed:
-                if st.get(key) is not None:
-                    items.append(self._state_item(p, ids[id(p)], key, cls, st[key], keep))
-            if saved in masters:
-                items.append(self._state_item(p, ids[id(p)], "master", "master", masters[saved],
-                                              keep))
-        step = self._step_counts(steps)
-        self._warn_stateless(state_dict["state"], by_saved, step[0])
-        return items, step, keep
-
-    def _step_counts(self, steps):
-        """import_state's step count and per-group counts from {group: steps of its parameters}:
-        one count for all when the groups agree (a torch dict of one run), else one per group (a
-        group without state keeps its own)."""
-        for gi, s in steps.items():
-            if len(s) > 1:
-                raise ValueError(f"param group {gi}: parameters at different steps {sorted(s)}: "
-                                 "tierswap keeps one step count per group")
-        counts = {gi: s.pop() for gi, s in steps.items()}
-        if len(set(counts.values())) <= 1:
-            return (next(iter(counts.values()), None), [])
-        per = [counts.get(gi, self._native.group_step_count(gi))
-               for gi in range(len(self.param_groups))]
-        return (max(per), per)
-
-    def _check_state_keys(self, saved, st, needed):
-        """A key this kind's state never has (the dict of another optimizer: torch would take
-        an AdamW dict into SGD and fail at its step; tierswap would mix the two), or one that
-        the parameter's group needs and the entry lacks (a partial dict: torch fails at its
-        next step; tierswap would keep the current value of that state beside the loaded ones)."""
-        known = [k for k, _ in self._state_keys]
-        stray = sorted(k for k in st if k != "step" and k not in known)
-        if stray:
-            raise ValueError(f"state dict holds {', '.join(map(repr, stray))} for parameter "
-                             f"{saved}, which {type(self).__name__}'s state does not have (it "
-                             f"has {', '.join(known)}): the state dict of another kind of "
-                             "optimizer?")
-        absent = [k for k, _ in needed if k not in st]
-        if absent:
-            has = ", ".join(map(repr, st)) or "nothing"
-            raise ValueError(f"state dict has no {', '.join(map(repr, absent))} for parameter "
-                             f"{saved} (it has {has}), which {type(self).__name__}'s state for "
-                             "its group needs: a partial state dict? (nothing was loaded)")
-
-    def _warn_stateless(self, saved_state, by_saved, step):
-        """Trainable parameters the state dict holds no state for (torch's dict of a parameter
-        that never had a gradient): torch would start them afresh, tierswap keeps their state
-        and its one step count. Said, not refused: the common case is a fresh optimizer."""
-        have = {id(by_saved[k]) for k in saved_state if k in by_saved}
-        index = self._index()
-        missing = [index[id(p)] for p, _ in self._ids if id(p) not in have]
-        step = self._native.step_count() if step is None else step  # after the load
-        if missing and step > 0:
-            warnings.warn(f"load_state_dict: no state for trainable parameter(s) {missing}: "
-                          "tierswap keeps their current state and steps them at the common step "
-                          f"count ({step}), where torch.optim would start them afresh at step 0",
-                          stacklevel=5)
-
-    @staticmethod
-    def _state_item(p, nid, key, cls, value, keep):
-        if not isinstance(value, torch.Tensor) or tuple(value.shape) != tuple(p.shape):
-            shape = tuple(value.shape) if isinstance(value, torch.Tensor) else type(value).__name__
-            raise ValueError(f"state '{key}' of parameter {nid}: {shape} for a "
-                             f"{tuple(p.shape)} parameter")
-        t = value.detach().to(device="cpu", dtype=torch.float32).contiguous()
-        keep.append(t)
-        return (nid, cls, t.data_ptr(), t.numel())
-
-    @_settled("save()")
-    def save(self, path):
-        """tierswap's native checkpoint (the state stays on the tiers: nothing is materialized);
-        loads at any world size with load(). Collective: a rank that refuses its path makes every
-        rank raise, and nothing is written."""
-        try:
-            problem = None
-            self._check_save_path(path)
-        except (OSError, ValueError) as e:
-            problem = e
-        self._agree(problem, f"save({os.fspath(path)!r})")
-        self._native.save(os.fspath(path))
-
-    def _check_save_path(self, path):
-        if os.path.exists(path) and not os.path.isdir(path):
-            raise NotADirectoryError(f"save({os.fspath(path)!r}): not a directory (a checkpoint "
-                                     "is one)")
-        if self._tmpdir is not None:
-            tmp, real = os.path.realpath(self._tmpdir.path), os.path.realpath(path)
-            if os.path.commonpath([tmp, real]) == tmp:
-                raise ValueError(f"save({os.fspath(path)!r}): inside this optimizer's temporary "
-                                 f"swap directory {tmp}, which close() removes: save elsewhere")
-        os.makedirs(path, exist_ok=True)
-
-    @_one_at_a_time
-    def load(self, path):
-        """Restores a save() checkpoint: state, step, loss scaler and hyper-parameters."""
-        self._native.load(os.fspath(path))
-        for gi, group in enumerate(self.param_groups):
-            native = self._native.group(gi)
-            self._hyper_sent[gi] = self._apply_native(group, native)
-
-    @_one_at_a_time
+    @one_at_a_time
     def residency(self):
         """What `tierswap residency --json` shows for this process: tiers, classes, blocks."""
         return json.loads(self._native.residency_json())
 
-    @_one_at_a_time
+    @one_at_a_time
     def close(self):
-        """Frees the tiers and removes the swap files (also done when the optimizer is collected)."""
+        """Frees the tiers and removes the swap files (also done when the optimizer is
+        collected)."""
         for h in self._handles:
             (h[1] if isinstance(h, tuple) else h).remove()
         self._handles = []
@@ -1131,10 +841,10 @@ class AdamW(_TieredOptimizer):
 
     @staticmethod
     def _hyper(group):
-        b1, b2 = _pair("betas", group["betas"])
-        return {"lr": _num(group, "lr"), "beta1": b1, "beta2": b2, "eps": _num(group, "eps"),
-                "weight_decay": _num(group, "weight_decay"), "amsgrad": bool(group["amsgrad"]),
-                "maximize": bool(group.get("maximize", False))}
+        b1, b2 = check.pair("betas", group["betas"])
+        return {"lr": check.num(group, "lr"), "beta1": b1, "beta2": b2,
+                "eps": check.num(group, "eps"), "weight_decay": check.num(group, "weight_decay"),
+                "amsgrad": bool(group["amsgrad"]), "maximize": bool(group.get("maximize", False))}
 
     @staticmethod
     def _apply_native(group, n):
@@ -1174,9 +884,10 @@ class SGD(_TieredOptimizer):
 
     @staticmethod
     def _hyper(group):
-        return {"lr": _num(group, "lr"), "momentum": _num(group, "momentum"),
-                "dampening": _num(group, "dampening"),
-                "weight_decay": _num(group, "weight_decay"), "nesterov": bool(group["nesterov"]),
+        return {"lr": check.num(group, "lr"), "momentum": check.num(group, "momentum"),
+                "dampening": check.num(group, "dampening"),
+                "weight_decay": check.num(group, "weight_decay"),
+                "nesterov": bool(group["nesterov"]),
                 "maximize": bool(group.get("maximize", False))}
 
     @staticmethod
@@ -1203,9 +914,9 @@ class Lion(_TieredOptimizer):
 
     @staticmethod
     def _hyper(group):
-        b1, b2 = _pair("betas", group["betas"])
-        return {"lr": _num(group, "lr"), "beta1": b1, "beta2": b2,
-                "weight_decay": _num(group, "weight_decay"),
+        b1, b2 = check.pair("betas", group["betas"])
+        return {"lr": check.num(group, "lr"), "beta1": b1, "beta2": b2,
+                "weight_decay": check.num(group, "weight_decay"),
                 "maximize": bool(group.get("maximize", False))}
 
     @staticmethod
@@ -1215,7 +926,7 @@ class Lion(_TieredOptimizer):
         return Lion._hyper(group)
 
 
-# ---- keyword checks -------------------------------------------------------------------------------
+# ---- keyword checks ---------------------------------------------------------------------------
 _TIER_KEYWORDS = {"swap_dir", "host_budget", "state_tier", "subgroup_size", "overlap", "plan",
                   "max_grad_norm", "loss_scale", "init_scale", "growth_factor", "backoff_factor",
                   "growth_interval", "bf16_moments", "accumulate_fp32", "telemetry", "hooks",
@@ -1224,9 +935,6 @@ _TIER_KEYWORDS = {"swap_dir", "host_budget", "state_tier", "subgroup_size", "ove
                   "device_tier", "pipelined_commit"}
 # torch.optim implementation switches: accepted and ignored (tierswap has one implementation).
 _TORCH_SWITCHES = {"foreach", "fused", "capturable", "differentiable"}
-
-
-_HOOKED = weakref.WeakSet()  # optimizers with hooks=True: their parameters' p.grad is freed
 
 
 def _hooks_by_default(dev):
@@ -1247,81 +955,14 @@ def _shadow_slots():
     return os.environ.get("TIERSWAP_SHADOW") != "0"  # "0" or "1" (anything else: refused)
 
 
-def _guard_torch_clipping(opt):
-    """torch.nn.utils.clip_grad_norm_ and clip_grad_value_ refuse the parameters of an optimizer
-    whose hooks are on (hooks=True, or the default after its first step): the hooks hand each gradient over and free p.grad during the backward, so
-    torch's clipping would find none, return 0 and clip nothing. Installed with the first such
-    optimizer (a name imported from torch.nn.utils before then keeps torch's function)."""
-    _HOOKED.add(opt)
-    for module in (torch.nn.utils, torch.nn.utils.clip_grad):
-        for name in ("clip_grad_norm_", "clip_grad_value_"):
-            fn = getattr(module, name, None)
-            if fn is not None and not hasattr(fn, "_tierswap_original"):
-                setattr(module, name, _refusing_hooked(fn, name))
-
-
-def _refusing_hooked(original, name):
-    @functools.wraps(original)
-    def guarded(parameters, *args, **kwargs):
-        parameters = [parameters] if isinstance(parameters, torch.Tensor) else list(parameters)
-        for opt in list(_HOOKED):
-            if not opt._closer.alive or not any(id(p) in opt._nid_of for p in parameters):
-                continue
-            if not opt._hooks:  # the default mode's first step: it stays at step-time hand-over
-                opt._reads_grads = True
-                continue
-            how = ("with hooks (on by default from the second step, as the first did not clip "
-                   "this way)" if opt._auto else "built with hooks=True")
-            raise RuntimeError(
-                f"torch.nn.utils.{name} on parameters of a tierswap optimizer {how}: their "
-                "gradients were handed over to tierswap during the backward and p.grad freed, "
-                "so torch would clip nothing. Clip inside the step with max_grad_norm=... (the "
-                "same norm at any world size), or build the optimizer with hooks=False and call "
-                "opt.clip_grad_norm_(params, max_norm) where the recipe clips")
-        return original(parameters, *args, **kwargs)
-    guarded._tierswap_original = original
-    return guarded
-
-
 def _user_level():
-    """warnings.warn's stacklevel, from its caller, of the first frame outside this module and
-    torch (the decorators of step()): the user's line."""
+    """warnings.warn's stacklevel, from its caller, of the first frame outside the optimizer's
+    modules and torch (the decorators of step()): the user's line."""
     f, level = sys._getframe(1), 1
-    while f is not None and (f.f_code.co_filename == __file__
+    while f is not None and (f.f_code.co_filename in _OWN_FILES
                              or f.f_code.co_filename.startswith(_TORCH_DIR)):
         f, level = f.f_back, level + 1
     return level
-
-
-def _check_not_owned(p, where):
-    """A parameter whose storage another live tierswap optimizer's step writes (its 16-bit copy):
-    a second optimizer would move it to its own and the first would stop reaching it."""
-    ref = getattr(p, "_tierswap_owner", None)
-    other = ref() if ref is not None else None
-    if other is not None and other._closer.alive:
-        raise ValueError(f"{where} is already trained by another tierswap optimizer, whose step "
-                         "writes its new values into the parameter's storage: a parameter can "
-                         "belong to one tierswap optimizer at a time. Give each optimizer its own "
-                         "parameters (param groups of one optimizer for different settings), or "
-                         "close() the other one first")
-
-
-def _listed_params(param_group, gi):
-    """param_group['params'] made a list in place, as torch.optim's add_param_group does: a
-    generator (model.parameters()) or any other iterable is read once, here, so that the group
-    holds its parameters (read twice, a generator gives nothing the second time)."""
-    if not isinstance(param_group, Mapping):
-        raise TypeError(f"param group {gi} is {type(param_group).__name__}: a dict with 'params'")
-    if "params" not in param_group:
-        raise ValueError(f"param group {gi} has no 'params'")
-    params = param_group["params"]
-    if isinstance(params, torch.Tensor):
-        param_group["params"] = [params]
-    elif not isinstance(params, set):  # torch refuses a set (its order is not stable)
-        param_group["params"] = list(params)
-    params = param_group["params"]
-    if isinstance(params, list) and len({id(p) for p in params}) != len(params):
-        raise ValueError(f"param group {gi} holds a parameter twice")
 
 
 def _reject_torch_only(tier):
@@ -1333,134 +974,20 @@ def _reject_torch_only(tier):
                             f"{', '.join(sorted(_TIER_KEYWORDS))})")
 
 
-def _number(name, value):
-    """float(value) of a real number (a Python or numpy number, a one-element tensor); a string
-    is a TypeError as in torch.optim ('1e-3' is not 1e-3), anything else a ValueError, each
-    naming the option."""
-    if isinstance(value, (str, bytes)):
-        raise TypeError(f"{name}={value!r}: expected a number, got a string (write {name}="
-                        f"{value.strip() if isinstance(value, str) else value!r} without quotes)")
-    try:
-        return float(value)
-    except (TypeError, ValueError, RuntimeError):
-        raise ValueError(f"{name}={value!r}: expected a number") from None
-
-
-def _threads(value):
-    """The kernel threads (0: all), or a ValueError naming the option."""
-    if value is None:
-        return 0
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise ValueError(f"threads={value!r}: a whole number >= 1 (or None: all)")
-    return value
-
-
-def _pair(name, value):
-    """A (b1, b2) pair of numbers, or a ValueError naming the option."""
-    try:
-        a, b = value
-    except (TypeError, ValueError):
-        raise ValueError(f"{name}={value!r}: expected a pair of numbers") from None
-    return _number(f"{name}[0]", a), _number(f"{name}[1]", b)
-
-
-def _num(group, key):
-    return _number(key, group[key])
-
-
-def _check_optimizer_state_dict(sd):
-    """An optimizer's state dict has 'state' (a mapping) and 'param_groups' (a list): anything
-    else (a model's state dict, a whole checkpoint) is named before it is read."""
-    if not isinstance(sd, Mapping):
-        raise TypeError(f"load_state_dict: expected an optimizer state dict (a dict), got "
-                        f"{type(sd).__name__}")
-    for key, kind, name in (("state", Mapping, "a dict"), ("param_groups", (list, tuple),
-                                                             "a list")):
-        if key not in sd:
-            keys = ", ".join(repr(k) for k in list(sd)[:5]) + (", ..." if len(sd) > 5 else "")
-            hint = (": the checkpoint's 'optimizer' entry?" if "optimizer" in sd else
-                    ": a model's state dict?" if any(isinstance(v, torch.Tensor)
-                                                     for v in sd.values()) else "")
-            raise ValueError(f"load_state_dict: not an optimizer state dict: no {key!r} "
-                             f"(its keys: {keys or 'none'}){hint}")
-        if not isinstance(sd[key], kind):
-            raise TypeError(f"load_state_dict: state dict's {key!r} is "
-                            f"{type(sd[key]).__name__}, expected {name}")
-
-
-def _step_count(value, saved):
-    """A state dict's 'step' (torch keeps a float tensor) as the count it must be."""
-    try:
-        f = float(value)
-    except (TypeError, ValueError, RuntimeError):  # RuntimeError: a tensor of several values
-        f = float("nan")
-    if not (0 <= f < 2 ** 63 and f == int(f)):  # nan and inf fail the range first
-        raise ValueError(f"state 'step' of parameter {saved}: {value!r} is not a step count "
-                         "(a whole number >= 0)")
-    return int(f)
-
-
-def _choice(name, value, allowed):
-    if value not in allowed:
-        raise ValueError(f"{name}={value!r}: one of {', '.join(allowed)}")
-    return value
-
-
-def _positive(value, name, parse):
-    """A size or count the native side reads with 0 as "the default": None gives that default,
-    and an explicit 0 (or "0") is refused instead of silently becoming it."""
-    if value is None:
-        return 0
-    v = parse(value, name)
-    if v <= 0:
-        raise ValueError(f"{name}={value!r}: must be > 0 (leave it out, or None, for the default)")
-    return v
-
-
-def _nonneg(name, value):
-    v = _number(name, value)
-    if not v >= 0:
-        raise ValueError(f"{name}={value!r}: must be >= 0")
-    return v
-
-
-def _scaler(loss_scale, init_scale, growth_factor, backoff_factor, growth_interval):
-    if loss_scale is None:
-        return {"mode": "none"}
-    base = {"growth_factor": _number("growth_factor", growth_factor),
-            "backoff_factor": _number("backoff_factor", backoff_factor),
-            "growth_interval": int(_number("growth_interval", growth_interval))}
-    if loss_scale == "dynamic":
-        return dict(base, mode="dynamic", init_scale=_number("init_scale", init_scale))
-    if isinstance(loss_scale, (int, float)) and not isinstance(loss_scale, bool):
-        return dict(base, mode="fixed", init_scale=float(loss_scale))
-    raise ValueError(f"loss_scale={loss_scale!r}: None, 'dynamic' or a number")
-
-
 def _temporary(swap_dir):
     """Whether the optimizer makes its own temporary swap directory (no swap_dir, and no
     TIERSWAP_SWAP_DIRS)."""
     return swap_dir is None and not os.environ.get("TIERSWAP_SWAP_DIRS")
 
 
-def _agree_on(problem, world, any_rank, message):
-    """Raises `problem` (this rank's exception, or None) and, at world size > 1, on every rank
-    when any rank has one (the others: RuntimeError(message)); `any_rank(flag)` is the collective
-    that tells. Before a collective that a rank refusing would leave waiting."""
-    if world > 1 and any_rank(problem is not None) and problem is None:
-        raise RuntimeError(message)
-    if problem is not None:
-        raise problem
-
-
 def _agree_before_native(comm, problem):
     """The checks before the native constructor are this rank's own, and the constructor's first
     agreement is a collective: over `comm` (torch.distributed's or MPI's) the ranks agree on them
     first."""
-    _agree_on(problem, 1 if comm is None else comm.size(),
-              None if comm is None else comm.all_reduce_or,
-              "optimizer setup: another rank refused its arguments (its error says why); nothing "
-              "was made")
+    check.agree_on(problem, 1 if comm is None else comm.size(),
+                   None if comm is None else comm.all_reduce_or,
+                   "optimizer setup: another rank refused its arguments (its error says why); "
+                   "nothing was made")
 
 
 def _swap_dirs(swap_dir):

@@ -21,7 +21,9 @@ What it measures (medians of alternating repetitions in one run; figures go to b
             on equal terms in one process (host state in memory only), alternating.
   tinylm    tokens/s of tierswap.tinylm: tierswap (host state committed to NVMe every step, host
             state in memory only as torch's, NVMe state) against the torch.optim.AdamW
-            mixed-precision recipe.
+            mixed-precision recipe, each case's run paired with a recipe run of its own (in
+            turn first and second); and per case the median exposed step time and what it
+            waited for (opt.last_step's io_wait_seconds, commit_wait_seconds).
   kernel    opt.step() from Python (host state in memory only) against the fused kernel's own
             time for the same parameters (`tierswap bench kernels`, adamw_fused_bf16), in turn,
             and the floor of an exact step: the kernel plus the gradient statistics pass.
@@ -298,47 +300,77 @@ def bench_kernel(a):
             "runs_kernel": kernel, "runs_grad_stats": stats}
 
 
-def bench_tinylm(a):
-    torch.set_num_threads(a.threads)
-    steps = a.steps
+TINYLM_CASES = {  # tierswap.torch's keywords of each tinylm case
     # host_memory: host state kept in memory only, as torch's (no NVMe write per step); the
     # *_in_step cases are the defaults before issue 60 (the gradients handed over at step(), the
     # commit inside it); nvme_hooks: handed over during the backward, the step overlapped with it
     # (the default for GPU parameters, not for these CPU ones).
-    cases = {"host": dict(state_tier="host"),
-             "host_in_step": dict(state_tier="host", pipelined_commit=False, hooks=False),
-             "host_memory": dict(state_tier="host", persist_resident_state=False),
-             "nvme": dict(state_tier="nvme"),
-             "nvme_hooks": dict(state_tier="nvme", hooks=True, overlap=True),
-             "nvme_in_step": dict(state_tier="nvme", pipelined_commit=False, hooks=False)}
-    rates = {f"tierswap_{c}": [] for c in cases}
-    exposed = {c: [] for c in cases}  # opt.step()'s wall time, each step
-    rates["torch_adamw"] = []
-    tokens = steps * sum(x.numel() for x, _ in tinylm.batches(0))
-    for _ in range(a.reps):
-        for case, kw in cases.items():
-            model = tinylm.make_model(width=a.width)
-            with tempfile.TemporaryDirectory(dir=a.scratch) as d:
-                opt = tt.AdamW(tinylm.param_groups(model), swap_dir=d,
-                               host_budget=a.nvme_budget if kw["state_tier"] == "nvme" else "256MiB",
-                               max_grad_norm=1.0, threads=a.threads, telemetry=False, **kw)
-                t0 = time.perf_counter()
-                tinylm.train_tierswap(model, opt, steps, log=lambda *x, c=case: exposed[c].append(
-                    x[3]["exposed_seconds"]))
-                rates[f"tierswap_{case}"].append(tokens / (time.perf_counter() - t0))
-                opt.close()
-        t0 = time.perf_counter()
-        tinylm.train_reference(tinylm.make_model(width=a.width), steps)
-        rates["torch_adamw"].append(tokens / (time.perf_counter() - t0))
-    out = {k + "_tokens_per_s": statistics.median(v) for k, v in rates.items()}
-    for c in cases:  # tokens/s against the recipe's, repetition by repetition
-        per = [x / t for x, t in zip(rates[f"tierswap_{c}"], rates["torch_adamw"])]
+    "host": dict(state_tier="host"),
+    "host_in_step": dict(state_tier="host", pipelined_commit=False, hooks=False),
+    "host_memory": dict(state_tier="host", persist_resident_state=False),
+    "nvme": dict(state_tier="nvme"),
+    "nvme_hooks": dict(state_tier="nvme", hooks=True, overlap=True),
+    "nvme_in_step": dict(state_tier="nvme", pipelined_commit=False, hooks=False)}
+STEP_WAITS = ("exposed_seconds", "io_wait_seconds", "commit_wait_seconds")
+
+
+def tinylm_tierswap(a, kw, tokens, waits):
+    """tokens/s of tinylm's training with tierswap's AdamW of keywords kw, over --steps steps
+    after --warmup untimed ones; each timed step's exposed time and waits (STEP_WAITS, from
+    opt.last_step) appended to waits."""
+    model = tinylm.make_model(width=a.width)
+    marks = []  # the time at each step's end
+
+    def log(step, loss, rate, r):
+        marks.append(time.perf_counter())
+        if step >= a.warmup:
+            waits.append([r[k] for k in STEP_WAITS])
+    with tempfile.TemporaryDirectory(dir=a.scratch) as d:
+        opt = tt.AdamW(tinylm.param_groups(model), swap_dir=d,
+                       host_budget=a.nvme_budget if kw["state_tier"] == "nvme" else "256MiB",
+                       max_grad_norm=1.0, threads=a.threads, telemetry=False, **kw)
+        marks.append(time.perf_counter())
+        tinylm.train_tierswap(model, opt, a.warmup + a.steps, log=log)
+        opt.close()
+    return tokens / (marks[-1] - marks[a.warmup])
+
+
+def tinylm_recipe(a, tokens):
+    """tokens/s of the recipe, timed as tinylm_tierswap times tierswap's."""
+    marks = [time.perf_counter()]
+    tinylm.train_reference(tinylm.make_model(width=a.width), a.warmup + a.steps,
+                           log=lambda *_: marks.append(time.perf_counter()))
+    return tokens / (marks[-1] - marks[a.warmup])
+
+
+def bench_tinylm(a):
+    """Each case's run beside a run of the recipe of its own, the two in turn first (a shared
+    host's load moves within seconds: a case compared with a recipe run minutes away would
+    measure the load as much as the case); per case the median of its per-pair ratios."""
+    torch.set_num_threads(a.threads)
+    tokens = a.steps * sum(x.numel() for x, _ in tinylm.batches(0))
+    rates = {c: [] for c in TINYLM_CASES}
+    recipe = {c: [] for c in TINYLM_CASES}  # the recipe's run beside each of the case's
+    waits = {c: [] for c in TINYLM_CASES}  # STEP_WAITS of each step
+    for r in range(a.reps):
+        for i, (case, kw) in enumerate(TINYLM_CASES.items()):
+            for side in (("tierswap", "torch") if (r + i) % 2 == 0 else ("torch", "tierswap")):
+                if side == "torch":
+                    recipe[case].append(tinylm_recipe(a, tokens))
+                else:
+                    rates[case].append(tinylm_tierswap(a, kw, tokens, waits[case]))
+    out = {"torch_adamw_tokens_per_s": statistics.median(sum(recipe.values(), []))}
+    for c in TINYLM_CASES:
+        per = [x / t for x, t in zip(rates[c], recipe[c])]
+        out[f"tierswap_{c}_tokens_per_s"] = statistics.median(rates[c])
         out[f"tierswap_{c}_over_torch_median"] = statistics.median(per)
         out[f"tierswap_{c}_over_torch_per_rep"] = per
-        out[f"tierswap_{c}_exposed_step_s_median"] = statistics.median(exposed[c])
-    out.update(steps=steps, threads=a.threads, width=a.width, nvme_budget=a.nvme_budget,
+        for k, name in enumerate(("exposed_step", "io_wait", "commit_wait")):
+            out[f"tierswap_{c}_{name}_s_median"] = statistics.median(w[k] for w in waits[c])
+    out.update(steps=a.steps, warmup=a.warmup, threads=a.threads, width=a.width,
+               nvme_budget=a.nvme_budget,
                params=sum(p.numel() for p in tinylm.make_model(width=a.width).parameters()),
-               runs=rates)
+               runs={"tierswap": rates, "torch_adamw": recipe})
     return out
 
 
@@ -371,7 +403,9 @@ def main():
                          "while the next block runs); 0: none")
     ap.add_argument("--warmup", type=int, default=None,
                     help="overhead: untimed Python steps at the start of each block (default: "
-                         "what the C++ bench takes, 1 with host state, 2 with NVMe state)")
+                         "what the C++ bench takes, 1 with host state, 2 with NVMe state); "
+                         "tinylm: untimed training steps before the --steps timed ones, on both "
+                         "sides (default 2: the first steps' set-up is not the training's rate)")
     ap.add_argument("--pages", choices=("4k", "huge"), default="4k",
                     help="overhead, kernel: the memory of the parameters (what the step writes "
                          "its new 16-bit values into) and of their gradients: torch's allocator "
@@ -390,6 +424,8 @@ def main():
     a = ap.parse_args()
     if a.warmup is not None and a.warmup < 0:
         ap.error(f"--warmup {a.warmup}: must be >= 0")
+    if a.what == "tinylm" and a.warmup is None:
+        a.warmup = 2
     a.tensor = tierswap.parse_count(a.tensor)
     fn = {"torch": bench_torch, "overhead": bench_overhead, "handover": bench_handover,
           "tinylm": bench_tinylm, "kernel": bench_kernel}[a.what]

@@ -65,11 +65,15 @@ def test_torch_mode_compares_with_torch_and_cleans_up(tmp_path):
 
 
 def test_tinylm_mode_reports_every_case_against_the_recipe(tmp_path):
-    out = run(tmp_path, "tinylm", "--reps", "1", "--steps", "3")
+    out = run(tmp_path, "tinylm", "--reps", "1", "--steps", "3", "--warmup", "1")
     for case in ("host", "host_in_step", "host_memory", "nvme", "nvme_hooks", "nvme_in_step"):
         assert out[f"tierswap_{case}_over_torch_median"] > 0, case
         assert out[f"tierswap_{case}_exposed_step_s_median"] > 0, case
-    assert out["torch_adamw_tokens_per_s"] > 0 and out["steps"] == 3
+        assert out[f"tierswap_{case}_io_wait_s_median"] >= 0, case
+        assert out[f"tierswap_{case}_commit_wait_s_median"] >= 0, case
+        # each case against a recipe run of its own
+        assert len(out["runs"]["torch_adamw"][case]) == len(out["runs"]["tierswap"][case]) == 1
+    assert out["torch_adamw_tokens_per_s"] > 0 and out["steps"] == 3 and out["warmup"] == 1
 
 
 def test_kernel_mode_sets_the_python_step_beside_the_fused_kernel(tmp_path):

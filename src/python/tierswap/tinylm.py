@@ -171,12 +171,13 @@ def clip_fp64(params, max_norm):
     return total
 
 
-def train_reference(model, steps, max_norm=1.0, norm="fp32", fused=False):
+def train_reference(model, steps, max_norm=1.0, norm="fp32", fused=False, log=None):
     """The standard mixed-precision recipe: torch.optim.AdamW on fp32 master copies of the bf16
     model, gradients accumulated in bf16 by autograd, clipped on the fp32 masters, the masters
     rounded back into the model after each step. `norm`: "fp32" (torch.nn.utils.clip_grad_norm_)
     or "fp64" (clip_fp64). `fused`: torch's fused AdamW (CUDA; else its single-tensor loop). The
-    masters live where the model does. Returns (losses, masters in state-dict order, optimizer)."""
+    masters live where the model does. `log(step, loss)` after each step. Returns (losses,
+    masters in state-dict order, optimizer)."""
     params = list(model.parameters())
     masters = [p.detach().float().clone().requires_grad_(True) for p in params]
     index = {id(p): i for i, p in enumerate(params)}
@@ -203,6 +204,8 @@ def train_reference(model, steps, max_norm=1.0, norm="fp32", fused=False):
             for p, m in zip(params, masters):
                 p.copy_(m)
         losses.append(total)
+        if log:
+            log(step, total)
     # in the param groups' order: torch's (and tierswap's) state-dict index
     return losses, [m for g in groups for m in g["params"]], opt
 

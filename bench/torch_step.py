@@ -349,18 +349,19 @@ def bench_tinylm(a):
     measure the load as much as the case); per case the median of its per-pair ratios."""
     torch.set_num_threads(a.threads)
     tokens = a.steps * sum(x.numel() for x, _ in tinylm.batches(0))
-    rates = {c: [] for c in TINYLM_CASES}
-    recipe = {c: [] for c in TINYLM_CASES}  # the recipe's run beside each of the case's
-    waits = {c: [] for c in TINYLM_CASES}  # STEP_WAITS of each step
+    cases = {c: TINYLM_CASES[c] for c in a.cases.split(",")}
+    rates = {c: [] for c in cases}
+    recipe = {c: [] for c in cases}  # the recipe's run beside each of the case's
+    waits = {c: [] for c in cases}  # STEP_WAITS of each step
     for r in range(a.reps):
-        for i, (case, kw) in enumerate(TINYLM_CASES.items()):
+        for i, (case, kw) in enumerate(cases.items()):
             for side in (("tierswap", "torch") if (r + i) % 2 == 0 else ("torch", "tierswap")):
                 if side == "torch":
                     recipe[case].append(tinylm_recipe(a, tokens))
                 else:
                     rates[case].append(tinylm_tierswap(a, kw, tokens, waits[case]))
     out = {"torch_adamw_tokens_per_s": statistics.median(sum(recipe.values(), []))}
-    for c in TINYLM_CASES:
+    for c in cases:
         per = [x / t for x, t in zip(rates[c], recipe[c])]
         out[f"tierswap_{c}_tokens_per_s"] = statistics.median(rates[c])
         out[f"tierswap_{c}_over_torch_median"] = statistics.median(per)
@@ -406,6 +407,9 @@ def main():
                          "what the C++ bench takes, 1 with host state, 2 with NVMe state); "
                          "tinylm: untimed training steps before the --steps timed ones, on both "
                          "sides (default 2: the first steps' set-up is not the training's rate)")
+    ap.add_argument("--cases", default=",".join(TINYLM_CASES),
+                    help="tinylm: the tierswap cases to run, comma-separated (default: all: "
+                         f"{', '.join(TINYLM_CASES)})")
     ap.add_argument("--pages", choices=("4k", "huge"), default="4k",
                     help="overhead, kernel: the memory of the parameters (what the step writes "
                          "its new 16-bit values into) and of their gradients: torch's allocator "
@@ -426,6 +430,10 @@ def main():
         ap.error(f"--warmup {a.warmup}: must be >= 0")
     if a.what == "tinylm" and a.warmup is None:
         a.warmup = 2
+    unknown = [c for c in a.cases.split(",") if c not in TINYLM_CASES]
+    if unknown:
+        ap.error(f"--cases: no case {', '.join(map(repr, unknown))} (cases: "
+                 f"{', '.join(TINYLM_CASES)})")
     a.tensor = tierswap.parse_count(a.tensor)
     fn = {"torch": bench_torch, "overhead": bench_overhead, "handover": bench_handover,
           "tinylm": bench_tinylm, "kernel": bench_kernel}[a.what]

@@ -76,6 +76,16 @@ def test_tinylm_mode_reports_every_case_against_the_recipe(tmp_path):
     assert out["torch_adamw_tokens_per_s"] > 0 and out["steps"] == 3 and out["warmup"] == 1
 
 
+def test_tinylm_mode_runs_the_cases_asked_for(tmp_path):
+    out = run(tmp_path, "tinylm", "--reps", "1", "--steps", "2", "--warmup", "0", "--cases",
+              "nvme")
+    assert list(out["runs"]["tierswap"]) == ["nvme"]
+    assert "tierswap_host_over_torch_median" not in out
+    r = subprocess.run([sys.executable, SCRIPT, "tinylm", "--cases", "host,hots"],
+                       capture_output=True, text=True)
+    assert r.returncode == 2 and "no case 'hots'" in r.stderr
+
+
 def test_kernel_mode_sets_the_python_step_beside_the_fused_kernel(tmp_path):
     out = run(tmp_path, "kernel", "--params", "2M", "--tensor", "1M", "--reps", "2",
               "--host-budget", "256MiB", "--sub-group", "1M", "--cli", cli_path(), "--pages", "huge")

@@ -943,9 +943,9 @@ def _hooks_by_default(dev):
     gradients are copied to host memory anyway and whose backward runs on the device, leaving
     the CPU to hand over and step meanwhile. Not for CPU parameters: their backward and the
     step share the cores, and step() reads p.grad in place (no copy); there the hooks' copies
-    and the overlapped step slowed the small model's training with NVMe state to 0.77x the
-    in-memory recipe's tokens/s, against 0.97x handed over at step() (bench/torch_step.py
-    tinylm --width 512, 2 cores)."""
+    and the overlapped step slowed the small model's training with NVMe state to 0.74-0.80x
+    the in-memory recipe's tokens/s, against 0.95-0.98x handed over at step()
+    (bench/torch_step.py tinylm, widths 256 and 512, 2 cores)."""
     return not dev.lends
 
 

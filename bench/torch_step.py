@@ -311,7 +311,9 @@ TINYLM_CASES = {  # tierswap.torch's keywords of each tinylm case
     "nvme": dict(state_tier="nvme"),
     "nvme_hooks": dict(state_tier="nvme", hooks=True, overlap=True),
     "nvme_in_step": dict(state_tier="nvme", pipelined_commit=False, hooks=False)}
-STEP_WAITS = ("exposed_seconds", "io_wait_seconds", "commit_wait_seconds")
+# What each timed step waited for: the name in the output, the key of opt.last_step.
+STEP_WAITS = {"exposed_step": "exposed_seconds", "io_wait": "io_wait_seconds",
+              "commit_wait": "commit_wait_seconds"}
 
 
 def tinylm_tierswap(a, kw, tokens, waits):
@@ -324,7 +326,7 @@ def tinylm_tierswap(a, kw, tokens, waits):
     def log(step, loss, rate, r):
         marks.append(time.perf_counter())
         if step >= a.warmup:
-            waits.append([r[k] for k in STEP_WAITS])
+            waits.append({name: r[k] for name, k in STEP_WAITS.items()})
     with tempfile.TemporaryDirectory(dir=a.scratch) as d:
         opt = tt.AdamW(tinylm.param_groups(model), swap_dir=d,
                        host_budget=a.nvme_budget if kw["state_tier"] == "nvme" else "256MiB",
@@ -349,7 +351,7 @@ def bench_tinylm(a):
     measure the load as much as the case); per case the median of its per-pair ratios."""
     torch.set_num_threads(a.threads)
     tokens = a.steps * sum(x.numel() for x, _ in tinylm.batches(0))
-    cases = {c: TINYLM_CASES[c] for c in a.cases.split(",")}
+    cases = {c: TINYLM_CASES[c] for c in a.cases}
     rates = {c: [] for c in cases}
     recipe = {c: [] for c in cases}  # the recipe's run beside each of the case's
     waits = {c: [] for c in cases}  # STEP_WAITS of each step
@@ -366,8 +368,8 @@ def bench_tinylm(a):
         out[f"tierswap_{c}_tokens_per_s"] = statistics.median(rates[c])
         out[f"tierswap_{c}_over_torch_median"] = statistics.median(per)
         out[f"tierswap_{c}_over_torch_per_rep"] = per
-        for k, name in enumerate(("exposed_step", "io_wait", "commit_wait")):
-            out[f"tierswap_{c}_{name}_s_median"] = statistics.median(w[k] for w in waits[c])
+        for name in STEP_WAITS:
+            out[f"tierswap_{c}_{name}_s_median"] = statistics.median(w[name] for w in waits[c])
     out.update(steps=a.steps, warmup=a.warmup, threads=a.threads, width=a.width,
                nvme_budget=a.nvme_budget,
                params=sum(p.numel() for p in tinylm.make_model(width=a.width).parameters()),
@@ -430,7 +432,8 @@ def main():
         ap.error(f"--warmup {a.warmup}: must be >= 0")
     if a.what == "tinylm" and a.warmup is None:
         a.warmup = 2
-    unknown = [c for c in a.cases.split(",") if c not in TINYLM_CASES]
+    a.cases = a.cases.split(",")
+    unknown = [c for c in a.cases if c not in TINYLM_CASES]
     if unknown:
         ap.error(f"--cases: no case {', '.join(map(repr, unknown))} (cases: "
                  f"{', '.join(TINYLM_CASES)})")

@@ -12,10 +12,6 @@
 namespace tierswap {
 namespace {
 
-bool is_memory_only(const OptSub& s) {
-  return s.memory_only;
-}
-
 constexpr std::uint32_t kRecordVersion = 1;
 
 nlohmann::json group_json(const GroupConfig& c) {
@@ -170,7 +166,7 @@ std::string ShardedOptimizer::Impl::commit_record() const {
                       {"step", step_count},
                       {"loss_scale", scale},
                       {"growth_tracker", growth_tracker}};
-  j["memory_only_state"] = std::any_of(subs.begin(), subs.end(), is_memory_only);
+  j["memory_only_state"] = std::ranges::any_of(subs, &OptSub::memory_only);
   std::string text = j.dump();
   text.pop_back();  // the closing brace: the groups go in before it
   text.append(R"(,"groups":)").append(groups_record());
@@ -182,14 +178,14 @@ std::uint64_t ShardedOptimizer::Impl::commit() {
   tiers.set_commit_record(commit_record());
   memory_only_on_record = false;  // until this commit lands (a failed one may have half-written)
   const std::uint64_t g = tiers.commit();
-  memory_only_on_record = std::any_of(subs.begin(), subs.end(), is_memory_only);
+  memory_only_on_record = std::ranges::any_of(subs, &OptSub::memory_only);
   return g;
 }
 
 bool ShardedOptimizer::Impl::commit_adds_nothing() const {
   if (world != 1 || cfg.overlap || !memory_only_on_record || !unusable.empty() || subs.empty())
     return false;
-  return std::all_of(subs.begin(), subs.end(), is_memory_only);
+  return std::ranges::all_of(subs, &OptSub::memory_only);
 }
 
 }  // namespace tierswap

@@ -48,6 +48,7 @@ class ServiceBackend final : public detail::IoBackend {
   // The batch goes out as one write (the service takes it in with one read).
   int submit(std::span<detail::IoRequest* const> reqs) noexcept override {
     std::lock_guard lk(mu_);
+    const bool was_idle = outstanding_.empty();
     for (detail::IoRequest* r : reqs) {
       const auto moff = static_cast<std::uint64_t>(r->buffer - c_.data);
       if (r->buffer < c_.data || moff + r->length > c_.bytes) {
@@ -75,7 +76,9 @@ class ServiceBackend final : public detail::IoBackend {
     }
     if (dead_ == 0 && c_.conn->has_output())
       if (const int e = c_.conn->flush(); e != 0) die(-e);  // fails the batch with the rest
-    if (!ready_.empty()) kick();
+    // A reaper that found nothing outstanding polls without a timeout: kicked, it takes one now
+    // (else a service that stopped answering would leave these requests waiting forever).
+    if (!ready_.empty() || (was_idle && !outstanding_.empty())) kick();
     return static_cast<int>(reqs.size());
   }
 
